@@ -1,0 +1,44 @@
+// Files: whole-file read, atomic write (temp + fsync + rename), and read-only mmap (base layer).
+// Every error names the path and the failing system call's reason.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "src/kiln/base/status.h"
+
+namespace kiln {
+
+Result<std::string> ReadFile(const std::string& path);
+
+// Writes `bytes` to `path` so that readers see either the old file or the whole new one:
+// write to a temp file in the same directory, fsync it, rename over `path`, fsync the directory.
+Status WriteFileAtomic(const std::string& path, std::string_view bytes);
+
+// Creates `path` and its parents (like mkdir -p). OK if it already exists as a directory.
+Status MakeDirs(const std::string& path);
+
+// A read-only private mapping of a whole file. Immutable and thread-safe once opened; the mapping
+// lives as long as the last shared_ptr (tensors viewing it hold one).
+class MappedFile {
+ public:
+  static Result<std::shared_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile() = default;
+  const uint8_t* data_ = nullptr;
+  size_t size_ = 0;
+  std::string path_;
+};
+
+}  // namespace kiln

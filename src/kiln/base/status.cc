@@ -1,0 +1,47 @@
+// Status implementation (base layer).
+#include "src/kiln/base/status.h"
+
+namespace kiln {
+
+const char* StatusCodeName(StatusCode code) {
+  switch (code) {
+    case StatusCode::kOk: return "ok";
+    case StatusCode::kInvalidArgument: return "invalid_argument";
+    case StatusCode::kNotFound: return "not_found";
+    case StatusCode::kUnimplemented: return "unimplemented";
+    case StatusCode::kCorruption: return "corruption";
+    case StatusCode::kIOError: return "io_error";
+    case StatusCode::kResourceExhausted: return "resource_exhausted";
+    case StatusCode::kInternal: return "internal";
+  }
+  return "unknown";
+}
+
+Status::Status(StatusCode code, std::string message) {
+  if (code != StatusCode::kOk) state_ = std::make_unique<State>(State{code, std::move(message)});
+}
+
+Status::Status(const Status& other)
+    : state_(other.state_ ? std::make_unique<State>(*other.state_) : nullptr) {}
+
+Status& Status::operator=(const Status& other) {
+  if (this != &other) state_ = other.state_ ? std::make_unique<State>(*other.state_) : nullptr;
+  return *this;
+}
+
+const std::string& Status::message() const {
+  static const std::string kEmpty;
+  return state_ ? state_->message : kEmpty;
+}
+
+std::string Status::ToString() const {
+  if (ok()) return "OK";
+  return std::string(StatusCodeName(state_->code)) + ": " + state_->message;
+}
+
+Status Status::WithContext(std::string_view prefix) const {
+  if (ok()) return Status();
+  return Status(state_->code, std::string(prefix) + ": " + state_->message);
+}
+
+}  // namespace kiln

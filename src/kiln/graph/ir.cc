@@ -1,0 +1,128 @@
+// Graph IR helpers: attribute accessors with named errors (graph layer).
+#include "src/kiln/graph/ir.h"
+
+#include <algorithm>
+
+namespace kiln {
+
+const char* AttributeKindName(Attribute::Kind kind) {
+  switch (kind) {
+    case Attribute::Kind::kFloat: return "float";
+    case Attribute::Kind::kInt: return "int";
+    case Attribute::Kind::kString: return "string";
+    case Attribute::Kind::kTensor: return "tensor";
+    case Attribute::Kind::kGraph: return "graph";
+    case Attribute::Kind::kFloats: return "floats";
+    case Attribute::Kind::kInts: return "ints";
+    case Attribute::Kind::kStrings: return "strings";
+    case Attribute::Kind::kGraphs: return "graphs";
+  }
+  return "?";
+}
+
+std::string Node::Describe() const {
+  if (!name.empty()) return op_type + " '" + name + "'";
+  if (!outputs.empty()) return op_type + " (output '" + outputs[0] + "')";
+  return op_type + " (unnamed)";
+}
+
+namespace {
+
+Result<const Attribute*> Lookup(const Node& n, const std::string& attr, Attribute::Kind kind) {
+  auto it = n.attrs.find(attr);
+  if (it == n.attrs.end()) {
+    return Status::InvalidArgument(n.Describe() + ": required attribute '" + attr +
+                                   "' is missing");
+  }
+  if (it->second.kind != kind) {
+    return Status::InvalidArgument(n.Describe() + ": attribute '" + attr + "' is " +
+                                   AttributeKindName(it->second.kind) + ", expected " +
+                                   AttributeKindName(kind));
+  }
+  return &it->second;
+}
+
+const Attribute* LookupOpt(const Node& n, const std::string& attr, Attribute::Kind kind) {
+  auto it = n.attrs.find(attr);
+  if (it == n.attrs.end() || it->second.kind != kind) return nullptr;
+  return &it->second;
+}
+
+}  // namespace
+
+Result<int64_t> Node::GetInt(const std::string& attr) const {
+  KILN_ASSIGN_OR_RETURN(const Attribute* a, Lookup(*this, attr, Attribute::Kind::kInt));
+  return a->i;
+}
+int64_t Node::GetInt(const std::string& attr, int64_t dflt) const {
+  const Attribute* a = LookupOpt(*this, attr, Attribute::Kind::kInt);
+  return a ? a->i : dflt;
+}
+Result<float> Node::GetFloat(const std::string& attr) const {
+  KILN_ASSIGN_OR_RETURN(const Attribute* a, Lookup(*this, attr, Attribute::Kind::kFloat));
+  return a->f;
+}
+float Node::GetFloat(const std::string& attr, float dflt) const {
+  const Attribute* a = LookupOpt(*this, attr, Attribute::Kind::kFloat);
+  return a ? a->f : dflt;
+}
+Result<std::string> Node::GetString(const std::string& attr) const {
+  KILN_ASSIGN_OR_RETURN(const Attribute* a, Lookup(*this, attr, Attribute::Kind::kString));
+  return a->s;
+}
+std::string Node::GetString(const std::string& attr, const std::string& dflt) const {
+  const Attribute* a = LookupOpt(*this, attr, Attribute::Kind::kString);
+  return a ? a->s : dflt;
+}
+Result<std::vector<int64_t>> Node::GetInts(const std::string& attr) const {
+  KILN_ASSIGN_OR_RETURN(const Attribute* a, Lookup(*this, attr, Attribute::Kind::kInts));
+  return a->ints;
+}
+std::vector<int64_t> Node::GetInts(const std::string& attr, std::vector<int64_t> dflt) const {
+  const Attribute* a = LookupOpt(*this, attr, Attribute::Kind::kInts);
+  return a ? a->ints : dflt;
+}
+Result<std::vector<float>> Node::GetFloats(const std::string& attr) const {
+  KILN_ASSIGN_OR_RETURN(const Attribute* a, Lookup(*this, attr, Attribute::Kind::kFloats));
+  return a->floats;
+}
+Result<Tensor> Node::GetTensor(const std::string& attr) const {
+  KILN_ASSIGN_OR_RETURN(const Attribute* a, Lookup(*this, attr, Attribute::Kind::kTensor));
+  return a->t;
+}
+
+std::string ValueInfo::ShapeString() const {
+  if (!has_shape) return "[?]";
+  std::string s = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    if (i) s += ",";
+    if (dims[i].known()) {
+      s += std::to_string(dims[i].value);
+    } else {
+      s += dims[i].param.empty() ? "?" : dims[i].param;
+    }
+  }
+  return s + "]";
+}
+
+int64_t Graph::opset(const std::string& domain) const {
+  auto it = opsets.find(domain == "ai.onnx" ? "" : domain);
+  return it == opsets.end() ? 1 : it->second;
+}
+
+std::vector<std::string> Graph::WeightNames() const {
+  std::vector<std::string> names;
+  for (const auto& [name, t] : initializers) {
+    if (IsWeightDType(t.dtype())) names.push_back(name);
+  }
+  return names;
+}
+
+const ValueInfo* Graph::FindInput(const std::string& name) const {
+  for (const ValueInfo& v : inputs) {
+    if (v.name == name) return &v;
+  }
+  return nullptr;
+}
+
+}  // namespace kiln

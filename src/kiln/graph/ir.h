@@ -1,0 +1,99 @@
+// The graph IR: what the ONNX importer produces and every later stage (shape inference, folding,
+// digest, eager interpreter, compiler) reads.
+//
+// A Graph is a list of Nodes in topological order over named values. Every constant tensor the
+// graph binds by name lives in `initializers`, whatever its source (ONNX initializer or Constant
+// node, which the importer lifts out): floating/8-bit ones are weights (checkpoint data, never
+// hashed), int/bool ones are structural constants (hashed, foldable). IsWeightDType() decides.
+// Legacy opset forms are kept as imported; each op's definition reads both forms by opset.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/tensor/tensor.h"
+
+namespace kiln {
+
+struct Graph;
+
+struct Attribute {
+  enum class Kind { kFloat, kInt, kString, kTensor, kGraph, kFloats, kInts, kStrings, kGraphs };
+  Kind kind = Kind::kInt;
+  float f = 0;
+  int64_t i = 0;
+  std::string s;
+  Tensor t;
+  std::shared_ptr<Graph> g;
+  std::vector<float> floats;
+  std::vector<int64_t> ints;
+  std::vector<std::string> strings;
+  std::vector<std::shared_ptr<Graph>> graphs;
+};
+const char* AttributeKindName(Attribute::Kind kind);
+
+struct Node {
+  std::string name;     // may be empty; never part of the digest
+  std::string op_type;  // "Conv"
+  std::string domain;   // "" is the default ONNX domain (ai.onnx)
+  std::vector<std::string> inputs;  // "" marks an omitted optional input
+  std::vector<std::string> outputs;
+  std::map<std::string, Attribute> attrs;
+
+  // "Conv 'conv_3'", or "Conv (output 'y')" when the node has no name. Used in every error.
+  std::string Describe() const;
+
+  bool HasAttr(const std::string& attr) const { return attrs.count(attr) != 0; }
+  // Typed accessors: an error names the node, the attribute and the kind expected.
+  Result<int64_t> GetInt(const std::string& attr) const;
+  int64_t GetInt(const std::string& attr, int64_t dflt) const;  // dflt when absent or mistyped
+  Result<float> GetFloat(const std::string& attr) const;
+  float GetFloat(const std::string& attr, float dflt) const;
+  Result<std::string> GetString(const std::string& attr) const;
+  std::string GetString(const std::string& attr, const std::string& dflt) const;
+  Result<std::vector<int64_t>> GetInts(const std::string& attr) const;
+  std::vector<int64_t> GetInts(const std::string& attr, std::vector<int64_t> dflt) const;
+  Result<std::vector<float>> GetFloats(const std::string& attr) const;
+  Result<Tensor> GetTensor(const std::string& attr) const;
+
+  // Number of inputs that are present (non-empty name) at index i.
+  bool HasInput(size_t i) const { return i < inputs.size() && !inputs[i].empty(); }
+};
+
+// One dim of a declared graph input/output: a concrete value, or a symbol ("batch"), or unknown.
+struct Dim {
+  int64_t value = -1;  // >= 0 when known
+  std::string param;   // symbolic name when value < 0 (may be empty: unknown)
+  bool known() const { return value >= 0; }
+};
+
+struct ValueInfo {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  bool has_shape = false;  // false: rank unknown
+  std::vector<Dim> dims;
+  std::string ShapeString() const;  // "[batch,3,224,224]" or "[?]" when unknown
+};
+
+struct Graph {
+  std::string name;
+  // domain -> opset version; "" is ai.onnx. Subgraphs inherit their model's opsets.
+  std::map<std::string, int64_t> opsets;
+  std::vector<ValueInfo> inputs;   // runtime inputs only (initializers are not listed here)
+  std::vector<ValueInfo> outputs;
+  std::vector<Node> nodes;  // topological order
+  std::map<std::string, Tensor> initializers;  // weights and structural constants, by name
+  // Declared types of intermediate values, when the file carried them (informational).
+  std::map<std::string, ValueInfo> value_info;
+
+  int64_t opset(const std::string& domain = "") const;
+  // Names of initializers that are weights (IsWeightDType), sorted.
+  std::vector<std::string> WeightNames() const;
+  const ValueInfo* FindInput(const std::string& name) const;
+};
+
+}  // namespace kiln

@@ -1,0 +1,118 @@
+// The op registry: one OpDef per (ONNX op type, domain, opset range), one field per concern.
+//
+// Every op kiln knows is registered once here and read by the verifier (check), shape inference
+// and folding (infer), and the eager interpreter (run). Family files (elementwise.cc, nn.cc,
+// shape_ops.cc, ...) each define a Register*Ops function that registry.cc calls in order; there
+// is no static-initializer magic, so the catalogue reads top to bottom in registry.cc.
+//
+// Contract for an op author:
+// - check(node, opset): validates attributes and input/output counts without looking at any
+//   tensor. Errors name the node (node.Describe()), the attribute, its value and the expectation.
+// - infer(ctx): output dtypes and shapes from input types. It may read an input's value through
+//   ctx.value(i) when that input is known (always during eager runs; during static shape inference
+//   only for constants); when a needed value is unknown it returns the error from ctx.RequireValue.
+// - run(ctx, outputs): outputs[i] arrive allocated with the types infer returned; the kernel
+//   fills them. Legacy opset forms (attributes that later became inputs) are read by opset here.
+//   An unsupported dtype returns Unimplemented naming op and dtype. Kernels never throw.
+#pragma once
+
+#include <climits>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/graph/ir.h"
+#include "src/kiln/tensor/tensor.h"
+
+namespace kiln {
+
+struct TensorType {
+  DType dtype = DType::kFloat32;
+  Shape shape;
+  bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
+  std::string ToString() const { return std::string(DTypeName(dtype)) + ShapeToString(shape); }
+};
+
+// What an op sees of one node application: the node, its opset, and per input slot a type and
+// (when known) a value. Omitted optional inputs have present(i) == false.
+class OpContext {
+ public:
+  OpContext(const Node& node, int64_t opset, std::vector<TensorType> types,
+            std::vector<const Tensor*> values, std::vector<bool> present, int num_threads = 1);
+
+  const Node& node() const { return node_; }
+  int64_t opset() const { return opset_; }
+  int num_threads() const { return num_threads_; }
+  size_t num_inputs() const { return types_.size(); }
+  bool present(size_t i) const { return i < present_.size() && present_[i]; }
+  // REQUIRES: present(i)
+  const TensorType& type(size_t i) const { return types_[i]; }
+  // The value of input i when known, else nullptr (also for absent inputs).
+  const Tensor* value(size_t i) const { return i < values_.size() ? values_[i] : nullptr; }
+  // The value of input i, or an error naming the node and the input ("Reshape 'r': input 1
+  // ('shape') must be a constant known before run") when it is absent or unknown.
+  Result<const Tensor*> RequireValue(size_t i, const std::string& role) const;
+  // REQUIRES: value(i) != nullptr. Convenience for kernels, where every present input is known.
+  const Tensor& in(size_t i) const { return *values_[i]; }
+  // Error prefix "<Op> '<name>'" for messages.
+  std::string where() const { return node_.Describe(); }
+
+ private:
+  const Node& node_;
+  int64_t opset_;
+  std::vector<TensorType> types_;
+  std::vector<const Tensor*> values_;
+  std::vector<bool> present_;
+  int num_threads_;
+};
+
+using CheckFn = Status (*)(const Node& node, int64_t opset);
+using InferFn = Result<std::vector<TensorType>> (*)(const OpContext& ctx);
+using RunFn = Status (*)(const OpContext& ctx, std::vector<Tensor>& outputs);
+
+struct OpDef {
+  std::string op_type;
+  std::string domain;  // "" = ai.onnx
+  int64_t since_version = 1;
+  int64_t until_version = INT64_MAX;  // inclusive
+  CheckFn check = nullptr;  // optional: absent means no attribute constraints
+  InferFn infer = nullptr;  // required
+  RunFn run = nullptr;      // required
+};
+
+class OpRegistry {
+ public:
+  // The registry with every op kiln ships; built once, immutable afterwards, thread-safe to read.
+  static const OpRegistry& Global();
+
+  // Adds a definition. REQUIRES: no overlapping opset range for the same (domain, op_type).
+  void Register(OpDef def);
+  // The definition covering (domain, op_type, opset), or NotFound/Unimplemented naming the op,
+  // its domain and opset and what is supported.
+  Result<const OpDef*> Find(const std::string& domain, const std::string& op_type,
+                            int64_t opset) const;
+  // Sorted "op_type" names for the default domain, for `kiln info` and docs.
+  std::vector<std::string> OpTypes() const;
+
+ private:
+  std::map<std::pair<std::string, std::string>, std::vector<OpDef>> defs_;
+};
+
+// Family registration functions, one per family file. Called in order by OpRegistry::Global().
+void RegisterElementwiseOps(OpRegistry& r);  // ops/elementwise.cc: unary, binary, activations
+void RegisterReduceOps(OpRegistry& r);       // ops/reduce.cc: Softmax, ReduceMean, ReduceSum
+void RegisterNnOps(OpRegistry& r);           // ops/nn.cc: MatMul, Gemm, Conv, pools, norms
+void RegisterShapeOps(OpRegistry& r);        // ops/shape_ops.cc: Reshape ... Resize, Constant...
+
+// Helpers shared by family files.
+// Unary/binary ops that keep the (broadcast) shape and dtype of input 0 / inputs.
+Result<std::vector<TensorType>> InferSameAsInput0(const OpContext& ctx);
+Result<std::vector<TensorType>> InferBroadcast(const OpContext& ctx);
+// Checks the input count is within [min, max] and the output count within [1, max_outputs].
+Status CheckArity(const Node& node, size_t min_inputs, size_t max_inputs, size_t max_outputs = 1);
+// Unimplemented "<Op> '<name>': dtype int8 is not supported (supported: float32, int64)".
+Status UnsupportedDType(const OpContext& ctx, DType dtype, const char* supported);
+
+}  // namespace kiln

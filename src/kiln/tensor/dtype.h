@@ -1,0 +1,48 @@
+// Element types kiln tensors can hold, their sizes and names, and float16 conversion.
+// Sits at the bottom of the tensor layer: everything above speaks DType.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "src/kiln/base/status.h"
+
+namespace kiln {
+
+enum class DType : uint8_t {
+  kFloat32,
+  kFloat16,
+  kInt64,
+  kInt32,
+  kInt8,
+  kUInt8,
+  kBool,  // one byte per element, 0 or 1
+};
+inline constexpr int kDTypeCount = 7;
+
+size_t DTypeSize(DType t);
+// ONNX-style lower-case names: "float32", "float16", "int64", "int32", "int8", "uint8", "bool".
+const char* DTypeName(DType t);
+Result<DType> DTypeFromName(const std::string& name);
+
+// Floating or 8-bit: tensors of these types bound by name are weights (checkpoint data); others
+// (int32/int64/bool) are structural constants whose values are part of the graph.
+bool IsWeightDType(DType t);
+bool IsFloatDType(DType t);
+
+// IEEE half <-> single, round-to-nearest-even, with inf/nan/subnormals preserved.
+uint16_t FloatToHalf(float f);
+float HalfToFloat(uint16_t h);
+
+// Maps a C++ element type to its DType.
+template <typename T>
+struct DTypeOf;
+template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat32; };
+template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kInt64; };
+template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kInt32; };
+template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::kInt8; };
+template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::kUInt8; };
+template <> struct DTypeOf<bool> { static constexpr DType value = DType::kBool; };
+
+}  // namespace kiln

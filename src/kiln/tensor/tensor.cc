@@ -1,0 +1,227 @@
+// Tensor storage, shape helpers and dtype conversion (tensor layer).
+#include "src/kiln/tensor/tensor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace kiln {
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string ShapeToString(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ",";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+std::vector<int64_t> ContiguousStrides(const Shape& shape) {
+  std::vector<int64_t> strides(shape.size(), 1);
+  for (int64_t i = static_cast<int64_t>(shape.size()) - 2; i >= 0; --i) {
+    strides[i] = strides[i + 1] * shape[i + 1];
+  }
+  return strides;
+}
+
+Result<Shape> BroadcastShapes(const Shape& a, const Shape& b) {
+  const size_t rank = std::max(a.size(), b.size());
+  Shape out(rank);
+  for (size_t i = 0; i < rank; ++i) {
+    const int64_t da = i < rank - a.size() ? 1 : a[i - (rank - a.size())];
+    const int64_t db = i < rank - b.size() ? 1 : b[i - (rank - b.size())];
+    if (da == db || db == 1) {
+      out[i] = da;
+    } else if (da == 1) {
+      out[i] = db;
+    } else {
+      return Status::InvalidArgument("shapes " + ShapeToString(a) + " and " + ShapeToString(b) +
+                                     " do not broadcast: dim " + std::to_string(i) + " is " +
+                                     std::to_string(da) + " vs " + std::to_string(db));
+    }
+  }
+  return out;
+}
+
+std::vector<int64_t> BroadcastStrides(const Shape& in, const Shape& out) {
+  std::vector<int64_t> strides(out.size(), 0);
+  const std::vector<int64_t> in_strides = ContiguousStrides(in);
+  const size_t offset = out.size() - in.size();
+  for (size_t i = 0; i < in.size(); ++i) {
+    strides[i + offset] = in[i] == 1 ? 0 : in_strides[i];
+  }
+  return strides;
+}
+
+Result<int64_t> NormalizeAxis(int64_t axis, int64_t rank, const std::string& what) {
+  if (axis < -rank || axis >= std::max<int64_t>(rank, 1)) {
+    return Status::InvalidArgument(what + ": axis " + std::to_string(axis) +
+                                   " is out of range for rank " + std::to_string(rank));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+namespace {
+struct AlignedFree {
+  void operator()(void* p) const { std::free(p); }
+};
+}  // namespace
+
+Result<Tensor> Tensor::Empty(DType dtype, Shape shape) {
+  for (int64_t d : shape) {
+    if (d < 0) {
+      return Status::InvalidArgument("tensor shape " + ShapeToString(shape) +
+                                     " has a negative dim");
+    }
+  }
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  const size_t bytes = t.nbytes();
+  const size_t alloc = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, alloc);
+  if (p == nullptr) {
+    return Status::ResourceExhausted("cannot allocate " + std::to_string(bytes) +
+                                     " bytes for tensor " + t.TypeString());
+  }
+  std::memset(p, 0, alloc);
+  t.storage_ = std::shared_ptr<void>(p, AlignedFree());
+  t.data_ = p;
+  return t;
+}
+
+Tensor Tensor::View(DType dtype, Shape shape, std::shared_ptr<const void> owner,
+                    const void* data) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.storage_ = std::move(owner);
+  t.data_ = data;
+  return t;
+}
+
+Result<Tensor> Tensor::FromBytes(DType dtype, Shape shape, const void* bytes, size_t nbytes) {
+  KILN_ASSIGN_OR_RETURN(Tensor t, Empty(dtype, std::move(shape)));
+  if (t.nbytes() != nbytes) {
+    return Status::InvalidArgument("tensor " + t.TypeString() + " needs " +
+                                   std::to_string(t.nbytes()) + " bytes, got " +
+                                   std::to_string(nbytes));
+  }
+  if (nbytes) std::memcpy(t.raw_data(), bytes, nbytes);
+  return t;
+}
+
+Result<Tensor> Tensor::Clone() const {
+  return FromBytes(dtype_, shape_, data_, nbytes());
+}
+
+Result<Tensor> Tensor::Reshaped(Shape shape) const {
+  if (NumElements(shape) != numel()) {
+    return Status::InvalidArgument("cannot reshape " + TypeString() + " to " +
+                                   ShapeToString(shape) + ": element counts differ");
+  }
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+double Tensor::GetAsDouble(int64_t i) const {
+  switch (dtype_) {
+    case DType::kFloat32: return data<float>()[i];
+    case DType::kFloat16: return HalfToFloat(data<uint16_t>()[i]);
+    case DType::kInt64: return static_cast<double>(data<int64_t>()[i]);
+    case DType::kInt32: return data<int32_t>()[i];
+    case DType::kInt8: return data<int8_t>()[i];
+    case DType::kUInt8: return data<uint8_t>()[i];
+    case DType::kBool: return data<uint8_t>()[i] ? 1.0 : 0.0;
+  }
+  return 0;
+}
+
+int64_t Tensor::GetAsInt64(int64_t i) const {
+  switch (dtype_) {
+    case DType::kInt64: return data<int64_t>()[i];
+    case DType::kInt32: return data<int32_t>()[i];
+    case DType::kInt8: return data<int8_t>()[i];
+    case DType::kUInt8: return data<uint8_t>()[i];
+    case DType::kBool: return data<uint8_t>()[i] ? 1 : 0;
+    default: {
+      const double v = GetAsDouble(i);
+      if (!std::isfinite(v)) return 0;
+      return static_cast<int64_t>(std::clamp(v, -9.2e18, 9.2e18));
+    }
+  }
+}
+
+std::vector<int64_t> Tensor::ToInt64Vector() const {
+  std::vector<int64_t> out(static_cast<size_t>(numel()));
+  for (int64_t i = 0; i < numel(); ++i) out[static_cast<size_t>(i)] = GetAsInt64(i);
+  return out;
+}
+
+std::string Tensor::TypeString() const {
+  return std::string(DTypeName(dtype_)) + ShapeToString(shape_);
+}
+
+namespace {
+
+template <typename To>
+To ConvertFromDouble(double v) {
+  if constexpr (std::is_floating_point_v<To>) {
+    return static_cast<To>(v);
+  } else {
+    if (std::isnan(v)) return 0;
+    const double lo = static_cast<double>(std::numeric_limits<To>::lowest());
+    const double hi = static_cast<double>(std::numeric_limits<To>::max());
+    return static_cast<To>(std::clamp(std::trunc(v), lo, hi));
+  }
+}
+
+template <typename To>
+void CastLoop(const Tensor& in, To* out) {
+  const int64_t n = in.numel();
+  const bool int_src = !IsFloatDType(in.dtype());
+  for (int64_t i = 0; i < n; ++i) {
+    if (int_src && !std::is_floating_point_v<To>) {
+      out[i] = static_cast<To>(in.GetAsInt64(i));  // integer to integer wraps like C++
+    } else {
+      out[i] = ConvertFromDouble<To>(in.GetAsDouble(i));
+    }
+  }
+}
+
+}  // namespace
+
+Result<Tensor> Tensor::CastTo(DType to) const {
+  if (to == dtype_) return Clone();
+  KILN_ASSIGN_OR_RETURN(Tensor out, Empty(to, shape_));
+  const int64_t n = numel();
+  switch (to) {
+    case DType::kFloat32: CastLoop(*this, out.data<float>()); break;
+    case DType::kFloat16: {
+      uint16_t* o = out.data<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) o[i] = FloatToHalf(static_cast<float>(GetAsDouble(i)));
+      break;
+    }
+    case DType::kInt64: CastLoop(*this, out.data<int64_t>()); break;
+    case DType::kInt32: CastLoop(*this, out.data<int32_t>()); break;
+    case DType::kInt8: CastLoop(*this, out.data<int8_t>()); break;
+    case DType::kUInt8: CastLoop(*this, out.data<uint8_t>()); break;
+    case DType::kBool: {
+      uint8_t* o = out.data<uint8_t>();
+      for (int64_t i = 0; i < n; ++i) o[i] = GetAsDouble(i) != 0.0 ? 1 : 0;
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace kiln

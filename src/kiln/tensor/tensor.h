@@ -1,0 +1,104 @@
+// Tensor: a dense, row-major (C-contiguous) array of one DType, and Shape helpers.
+//
+// Storage is shared and reference-counted: copying a Tensor shares its bytes (like a handle), and
+// Clone() makes a deep copy. A tensor may own aligned heap memory or view memory owned by someone
+// else (an mmap'ed safetensors file, a protobuf buffer) kept alive through `owner`.
+// Invariant: nbytes() == numel() * DTypeSize(dtype()), and data is at least 64-byte aligned when
+// kiln allocated it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/tensor/dtype.h"
+
+namespace kiln {
+
+using Shape = std::vector<int64_t>;
+
+// Product of dims (1 for a scalar). REQUIRES: all dims >= 0.
+int64_t NumElements(const Shape& shape);
+// "[1,3,224,224]"
+std::string ShapeToString(const Shape& shape);
+// Row-major element strides.
+std::vector<int64_t> ContiguousStrides(const Shape& shape);
+// Numpy-style broadcast of two shapes; error names both shapes.
+Result<Shape> BroadcastShapes(const Shape& a, const Shape& b);
+// Strides (in elements) for reading a tensor of shape `in` as if broadcast to `out`: 0 on
+// broadcast dims. REQUIRES: `in` broadcasts to `out`.
+std::vector<int64_t> BroadcastStrides(const Shape& in, const Shape& out);
+// Normalizes a possibly negative axis into [0, rank); error names `what` and the value.
+Result<int64_t> NormalizeAxis(int64_t axis, int64_t rank, const std::string& what);
+
+class Tensor {
+ public:
+  Tensor() = default;  // an empty, invalid tensor (valid() == false)
+
+  // Zero-filled, 64-byte-aligned storage. Fails with ResourceExhausted on allocation failure or
+  // InvalidArgument on a negative dim.
+  static Result<Tensor> Empty(DType dtype, Shape shape);
+  // A view over memory kept alive by `owner`. REQUIRES: data holds numel*size bytes.
+  static Tensor View(DType dtype, Shape shape, std::shared_ptr<const void> owner, const void* data);
+  // Copies `bytes` (must equal numel*size) into new storage.
+  static Result<Tensor> FromBytes(DType dtype, Shape shape, const void* bytes, size_t nbytes);
+  template <typename T>
+  static Tensor FromVector(Shape shape, const std::vector<T>& values);
+  template <typename T>
+  static Tensor Scalar(T value) {
+    return FromVector<T>({}, std::vector<T>{value});
+  }
+
+  bool valid() const { return data_ != nullptr || (storage_ && numel() == 0); }
+  DType dtype() const { return dtype_; }
+  const Shape& shape() const { return shape_; }
+  int64_t rank() const { return static_cast<int64_t>(shape_.size()); }
+  int64_t dim(int64_t i) const { return shape_[static_cast<size_t>(i)]; }
+  int64_t numel() const { return NumElements(shape_); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype_); }
+
+  void* raw_data() { return const_cast<void*>(data_); }
+  const void* raw_data() const { return data_; }
+  template <typename T>
+  T* data() {
+    return static_cast<T*>(raw_data());
+  }
+  template <typename T>
+  const T* data() const {
+    return static_cast<const T*>(raw_data());
+  }
+
+  // Deep copy into fresh aligned storage.
+  Result<Tensor> Clone() const;
+  // Same bytes, new shape. Error if element counts differ.
+  Result<Tensor> Reshaped(Shape shape) const;
+  // Converts to another dtype (float<->int truncates toward zero like ONNX Cast, bool is x != 0).
+  Result<Tensor> CastTo(DType to) const;
+  // Reads element i as double / int64 (any dtype), for small structural values and tests.
+  double GetAsDouble(int64_t i) const;
+  int64_t GetAsInt64(int64_t i) const;
+  // All elements as int64 (any integer or bool dtype); for structural constants (shapes, axes).
+  std::vector<int64_t> ToInt64Vector() const;
+  // "float32[1,3,8,8]"
+  std::string TypeString() const;
+
+ private:
+  DType dtype_ = DType::kFloat32;
+  Shape shape_;
+  std::shared_ptr<const void> storage_;  // keeps data_ alive
+  const void* data_ = nullptr;
+};
+
+template <typename T>
+Tensor Tensor::FromVector(Shape shape, const std::vector<T>& values) {
+  static_assert(!std::is_same_v<T, bool>, "use uint8_t values with FromBytes for bool tensors");
+  auto t = Tensor::Empty(DTypeOf<T>::value, std::move(shape));
+  KILN_CHECK(t.ok());
+  KILN_CHECK(static_cast<int64_t>(values.size()) == t->numel());
+  std::copy(values.begin(), values.end(), t->template data<T>());
+  return std::move(t).value();
+}
+
+}  // namespace kiln
