@@ -1,1 +1,222 @@
-// placeholder: being written
+// Interpreter tests: legacy opset forms, input checks with named errors, freeing intermediates,
+// shape inference and structural folding (which must never read a weight value).
+#include "src/kiln/eager/interpreter.h"
+
+#include <gtest/gtest.h>
+
+#include "src/kiln/eager/shape_inference.h"
+#include "src/kiln/graph/onnx_import.h"
+#include "tests/graph/onnx_builder.h"
+
+namespace kiln {
+namespace {
+
+using testing::kFloat;
+using testing::kInt64;
+using testing::OnnxBuilder;
+
+std::shared_ptr<const Graph> Import(const OnnxBuilder& b) {
+  auto g = ImportOnnxBytes(b.Bytes(), "test-model");
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  return std::make_shared<const Graph>(std::move(g).value());
+}
+
+Tensor Iota(Shape shape) {
+  std::vector<float> v(static_cast<size_t>(NumElements(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
+  return Tensor::FromVector<float>(shape, v);
+}
+
+// Slice-1 (attributes) and Slice-13 (inputs) must compute the same thing.
+TEST(Interpreter, LegacySliceAttributesMatchModernInputs) {
+  OnnxBuilder old_b(9);
+  old_b.Input("x", kFloat, {4, 6}).Output("y", kFloat, {2, 6});
+  auto& s = old_b.Node("Slice", {"x"}, {"y"});
+  OnnxBuilder::IntsAttr(s, "starts", {1, 0});
+  OnnxBuilder::IntsAttr(s, "ends", {3, 6});
+  OnnxBuilder::IntsAttr(s, "axes", {0, 1});
+  // opset 9 has no steps: take cols [0, 6) then this test compares the first 3 via a 2nd slice.
+  OnnxBuilder new_b(13);
+  new_b.Input("x", kFloat, {4, 6}).Output("y", kFloat, {2, 3});
+  new_b.Int64Init("starts", {2}, {1, 0}).Int64Init("ends", {2}, {3, 6});
+  new_b.Int64Init("axes", {2}, {0, 1}).Int64Init("steps", {2}, {1, 2});
+  new_b.Node("Slice", {"x", "starts", "ends", "axes", "steps"}, {"y"});
+  auto old_i = Interpreter::Create(Import(old_b));
+  auto new_i = Interpreter::Create(Import(new_b));
+  ASSERT_TRUE(old_i.ok()) << old_i.status().ToString();
+  ASSERT_TRUE(new_i.ok()) << new_i.status().ToString();
+  auto a = old_i->Run({{"x", Iota({4, 6})}});
+  auto b = new_i->Run({{"x", Iota({4, 6})}});
+  ASSERT_TRUE(a.ok()) << a.status().ToString();
+  ASSERT_TRUE(b.ok()) << b.status().ToString();
+  EXPECT_EQ(a->at("y").shape(), (Shape{2, 6}));
+  EXPECT_EQ(b->at("y").shape(), (Shape{2, 3}));
+  for (int r = 0; r < 2; ++r) {
+    for (int c = 0; c < 3; ++c) {
+      EXPECT_EQ(b->at("y").data<float>()[r * 3 + c], a->at("y").data<float>()[r * 6 + 2 * c]);
+    }
+  }
+}
+
+TEST(Interpreter, LegacyClipUnsqueezeAndReshapeForms) {
+  OnnxBuilder b(6);
+  b.Input("x", kFloat, {2, 3}).Output("y", kFloat, {1, 6});
+  auto& clip = b.Node("Clip", {"x"}, {"c"});
+  OnnxBuilder::FloatAttr(clip, "min", 1.0f);
+  OnnxBuilder::FloatAttr(clip, "max", 4.0f);
+  auto& unsq = b.Node("Unsqueeze", {"c"}, {"u"});
+  OnnxBuilder::IntsAttr(unsq, "axes", {0});
+  auto& reshape = b.Node("Reshape", {"u"}, {"y"});
+  OnnxBuilder::IntsAttr(reshape, "shape", {1, -1});
+  b.model().mutable_opset_import(0)->set_version(4);  // Reshape-1 form (shape attribute)
+  auto interp = Interpreter::Create(Import(b));
+  ASSERT_TRUE(interp.ok()) << interp.status().ToString();
+  auto out = interp->Run({{"x", Iota({2, 3})}});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const Tensor& y = out->at("y");
+  EXPECT_EQ(y.shape(), (Shape{1, 6}));
+  const float expected[] = {1, 1, 2, 3, 4, 4};
+  for (int i = 0; i < 6; ++i) EXPECT_FLOAT_EQ(y.data<float>()[i], expected[i]);
+}
+
+std::shared_ptr<const Graph> TwoLayer() {
+  OnnxBuilder b;
+  b.Input("x", kFloat, {-1, 4}).Output("y", kFloat, {-1, 2});
+  b.FloatInit("w1", {4, 8}, std::vector<float>(32, 0.25f));
+  b.FloatInit("w2", {8, 2}, std::vector<float>(16, 0.5f));
+  b.Node("MatMul", {"x", "w1"}, {"h"});
+  b.Node("Relu", {"h"}, {"r"});
+  b.Node("MatMul", {"r", "w2"}, {"y"});
+  return Import(b);
+}
+
+TEST(Interpreter, RunsAtAnyBatchAndBindsACheckpoint) {
+  auto interp = Interpreter::Create(TwoLayer());
+  ASSERT_TRUE(interp.ok());
+  for (int64_t batch : {1, 3, 17}) {
+    auto out = interp->Run({{"x", Iota({batch, 4})}});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    EXPECT_EQ(out->at("y").shape(), (Shape{batch, 2}));
+    // row 0 = [0,1,2,3]: h = 6*0.25 = 1.5 per unit, y = 8 * 1.5 * 0.5 = 6
+    EXPECT_FLOAT_EQ(out->at("y").data<float>()[0], 6.0f);
+  }
+  WeightMap w = GraphWeights(interp->graph());
+  w["w2"] = Tensor::FromVector<float>({8, 2}, std::vector<float>(16, 1.0f));
+  auto out = interp->Run({{"x", Iota({1, 4})}}, &w);
+  ASSERT_TRUE(out.ok());
+  EXPECT_FLOAT_EQ(out->at("y").data<float>()[0], 12.0f);
+}
+
+TEST(Interpreter, BadInputsAreNamedErrors) {
+  auto interp = Interpreter::Create(TwoLayer());
+  ASSERT_TRUE(interp.ok());
+  struct Case {
+    const char* what;
+    TensorMap inputs;
+    const char* fragment;
+  };
+  const std::vector<Case> cases = {
+      {"missing", {}, "input 'x' (float32[N,4]) is missing"},
+      {"wrong rank", {{"x", Iota({4})}}, "input 'x' has rank 1"},
+      {"wrong dim", {{"x", Iota({2, 5})}}, "expected [N,4] (dim 1)"},
+      {"wrong dtype", {{"x", Tensor::FromVector<int64_t>({1, 4}, {1, 2, 3, 4})}},
+       "input 'x' has dtype int64, expected float32"},
+      {"unknown name", {{"x", Iota({1, 4})}, {"q", Iota({1})}}, "'q' is not an input"},
+  };
+  for (const Case& c : cases) {
+    auto out = interp->Run(c.inputs);
+    ASSERT_FALSE(out.ok()) << c.what;
+    EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument) << c.what;
+    EXPECT_NE(out.status().message().find(c.fragment), std::string::npos)
+        << c.what << ": " << out.status().ToString();
+  }
+}
+
+TEST(Interpreter, FreesIntermediatesAfterTheirLastUse) {
+  // A chain of 8 Neg nodes over a 1 MiB tensor: at most two intermediates are alive at once.
+  OnnxBuilder b;
+  b.Input("x", kFloat, {256, 1024}).Output("v8", kFloat, {256, 1024});
+  for (int i = 1; i <= 8; ++i) {
+    b.Node("Neg", {i == 1 ? "x" : "v" + std::to_string(i - 1)}, {"v" + std::to_string(i)});
+  }
+  auto interp = Interpreter::Create(Import(b));
+  ASSERT_TRUE(interp.ok());
+  RunStats stats;
+  auto out = interp->Run({{"x", Iota({256, 1024})}}, nullptr, &stats);
+  ASSERT_TRUE(out.ok());
+  EXPECT_EQ(stats.nodes_run, 8);
+  EXPECT_LE(stats.peak_live_bytes, 2 * 1024 * 1024) << "intermediates are not being freed";
+  EXPECT_FLOAT_EQ(out->at("v8").data<float>()[5], 5.0f);
+}
+
+TEST(Interpreter, KernelErrorsNameTheNode) {
+  OnnxBuilder b;
+  b.Input("x", kFloat, {2, 3}).Input("y", kFloat, {4, 5}).Output("z", kFloat, {2, 5});
+  b.Node("MatMul", {"x", "y"}, {"z"}, "proj");
+  auto interp = Interpreter::Create(Import(b));
+  ASSERT_TRUE(interp.ok());
+  auto out = interp->Run({{"x", Iota({2, 3})}, {"y", Iota({4, 5})}});
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("MatMul 'proj'"), std::string::npos)
+      << out.status().ToString();
+}
+
+// Shape -> Gather -> Unsqueeze -> Concat -> Reshape: once input shapes are known the whole chain
+// is structural and folds into one constant; the weight-consuming nodes stay.
+TEST(ShapeInference, FoldsShapeChainsButNeverWeights) {
+  OnnxBuilder b;
+  b.Input("x", kFloat, {-1, 4, 6}).Output("y", kFloat, {-1, 24}).Output("wc", kInt64, {2});
+  b.FloatInit("w", {2}, {1.5f, 2.5f});
+  b.Int64Init("zero", {}, {0});
+  b.Int64Init("minus1", {1}, {-1});
+  b.Node("Shape", {"x"}, {"s"});
+  auto& g = b.Node("Gather", {"s", "zero"}, {"n"});
+  OnnxBuilder::IntAttr(g, "axis", 0);
+  b.Int64Init("axes0", {1}, {0});
+  b.Node("Unsqueeze", {"n", "axes0"}, {"n1"});
+  auto& c = b.Node("Concat", {"n1", "minus1"}, {"shape"});
+  OnnxBuilder::IntAttr(c, "axis", 0);
+  b.Node("Reshape", {"x", "shape"}, {"y"});
+  auto& cast = b.Node("Cast", {"w"}, {"wc"});  // int result computed from a weight
+  OnnxBuilder::IntAttr(cast, "to", onnx::TensorProto::INT64);
+  auto graph = Import(b);
+
+  auto inf = InferShapes(*graph, {{"x", {3, 4, 6}}});
+  ASSERT_TRUE(inf.ok()) << inf.status().ToString();
+  EXPECT_EQ(inf->types.at("y").shape, (Shape{3, 24}));
+  ASSERT_TRUE(inf->known.count("shape"));
+  EXPECT_EQ(inf->known.at("shape").ToInt64Vector(), (std::vector<int64_t>{3, -1}));
+  EXPECT_FALSE(inf->known.count("wc")) << "folding read a weight value (law 1)";
+
+  auto folded = FoldStructural(*graph, *inf);
+  ASSERT_TRUE(folded.ok());
+  std::vector<std::string> ops;
+  for (const Node& n : folded->nodes) ops.push_back(n.op_type);
+  EXPECT_EQ(ops, (std::vector<std::string>{"Reshape", "Cast"}));
+  EXPECT_TRUE(folded->initializers.count("shape"));
+  EXPECT_TRUE(folded->initializers.count("w"));
+  EXPECT_FALSE(folded->initializers.count("zero")) << "unused structural constants are dropped";
+
+  // The folded graph computes the same thing.
+  auto i1 = Interpreter::Create(graph);
+  auto i2 = Interpreter::Create(std::make_shared<const Graph>(*folded));
+  ASSERT_TRUE(i1.ok() && i2.ok());
+  auto o1 = i1->Run({{"x", Iota({3, 4, 6})}});
+  auto o2 = i2->Run({{"x", Iota({3, 4, 6})}});
+  ASSERT_TRUE(o1.ok() && o2.ok());
+  EXPECT_EQ(std::memcmp(o1->at("y").raw_data(), o2->at("y").raw_data(), o1->at("y").nbytes()), 0);
+}
+
+TEST(ShapeInference, NamesTheInputWhenShapesAreMissingOrWrong) {
+  auto graph = TwoLayer();
+  auto symbolic = InferShapes(*graph, {});
+  ASSERT_FALSE(symbolic.ok());
+  EXPECT_NE(symbolic.status().message().find("'x'"), std::string::npos);
+  auto wrong = InferShapes(*graph, {{"x", {2, 5}}});
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("dim 1"), std::string::npos)
+      << wrong.status().ToString();
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,1 +1,584 @@
-// placeholder: being written
+// Tests for the elementwise op family (src/kiln/ops/elementwise.cc): named cases per op run
+// through the registry by RunOp (check -> infer -> allocate -> run), broadcasting, legacy opset
+// forms (Clip-6 attributes vs Clip-11 inputs, the pre-7 broadcast axis), and error cases
+// asserting code and message fragment.
+//
+// To add a case: append an ElementwiseCase to the list of its group below; expected values are
+// written by hand or computed with <cmath>, never with kiln itself.
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/ops/op_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::F32;
+using testing::FloatAttr;
+using testing::I64;
+using testing::IntAttr;
+using testing::IntsAttr;
+using testing::MakeNode;
+using testing::RunOp;
+
+Tensor I32(Shape shape, std::vector<int32_t> v) {
+  return Tensor::FromVector<int32_t>(std::move(shape), v);
+}
+Tensor Bool(Shape shape, std::vector<uint8_t> v) {
+  return std::move(Tensor::FromBytes(DType::kBool, std::move(shape), v.data(), v.size())).value();
+}
+Tensor Half(Shape shape, const std::vector<float>& v) {
+  std::vector<uint16_t> h;
+  for (float f : v) h.push_back(FloatToHalf(f));
+  return std::move(Tensor::FromBytes(DType::kFloat16, std::move(shape), h.data(), h.size() * 2))
+      .value();
+}
+
+// Applies fn to every element of a float32 tensor, in double, for expected values.
+Tensor Map(const Tensor& x, const std::function<double(double)>& fn) {
+  std::vector<float> out;
+  for (int64_t i = 0; i < x.numel(); ++i) out.push_back(static_cast<float>(fn(x.GetAsDouble(i))));
+  return F32(x.shape(), out);
+}
+
+struct ElementwiseCase {
+  std::string name;  // gtest parameter name: letters, digits, underscores
+  std::string op;
+  std::vector<Tensor> inputs;  // an invalid Tensor() marks an omitted optional input
+  Tensor expected;
+  std::map<std::string, Attribute> attrs = {};
+  int64_t opset = 17;
+};
+
+void PrintTo(const ElementwiseCase& c, std::ostream* os) { *os << c.name; }
+
+class ElementwiseCases : public ::testing::TestWithParam<ElementwiseCase> {};
+
+TEST_P(ElementwiseCases, MatchesExpected) {
+  const ElementwiseCase& c = GetParam();
+  auto out = RunOp(MakeNode(c.op, c.inputs.size(), 1, c.attrs), c.inputs, c.opset);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ(out->size(), 1u);
+  testing::ExpectTensorNear((*out)[0], c.expected, 1e-6, 1e-5);
+}
+
+std::string CaseName(const ::testing::TestParamInfo<ElementwiseCase>& info) {
+  return info.param.name;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unary
+
+const Tensor kX = F32({7}, {-2.5f, -1.0f, -0.5f, 0.0f, 0.5f, 1.0f, 2.5f});
+const Tensor kPos = F32({2, 2}, {0.25f, 1.0f, 2.0f, 9.0f});
+
+double Clamp01(double v) { return std::max(0.0, std::min(1.0, v)); }
+
+std::vector<ElementwiseCase> UnaryCases() {
+  return {
+      {"Sqrt", "Sqrt", {kPos}, F32({2, 2}, {0.5f, 1.0f, std::sqrt(2.0f), 3.0f})},
+      {"Exp", "Exp", {kX}, Map(kX, [](double v) { return std::exp(v); })},
+      {"Log", "Log", {kPos}, Map(kPos, [](double v) { return std::log(v); })},
+      {"Reciprocal", "Reciprocal", {kPos}, F32({2, 2}, {4.0f, 1.0f, 0.5f, 1.0f / 9.0f})},
+      {"Sigmoid", "Sigmoid", {kX}, Map(kX, [](double v) { return 1 / (1 + std::exp(-v)); })},
+      {"SigmoidSaturates",
+       "Sigmoid",
+       {F32({3}, {-100.0f, 100.0f, -1000.0f})},
+       F32({3}, {static_cast<float>(std::exp(-100.0)), 1.0f, 0.0f})},
+      {"Tanh", "Tanh", {kX}, Map(kX, [](double v) { return std::tanh(v); })},
+      {"Erf", "Erf", {kX}, Map(kX, [](double v) { return std::erf(v); })},
+      {"Sin", "Sin", {kX}, Map(kX, [](double v) { return std::sin(v); })},
+      {"Cos", "Cos", {kX}, Map(kX, [](double v) { return std::cos(v); })},
+      {"Floor", "Floor", {kX}, F32({7}, {-3, -1, -1, 0, 0, 1, 2})},
+      {"Ceil", "Ceil", {kX}, F32({7}, {-2, -1, -0.0f, 0, 1, 1, 3})},
+      {"Softplus", "Softplus", {kX}, Map(kX, [](double v) { return std::log(1 + std::exp(v)); })},
+      {"SoftplusLarge", "Softplus", {F32({2}, {100.0f, -100.0f})}, F32({2}, {100.0f, 0.0f})},
+      {"HardSwish",
+       "HardSwish",
+       {F32({5}, {-4, -1, 0, 1, 4})},
+       Map(F32({5}, {-4, -1, 0, 1, 4}), [](double v) { return v * Clamp01(v / 6 + 0.5); })},
+      {"LeakyReluDefaultAlpha",
+       "LeakyRelu",
+       {kX},
+       Map(kX, [](double v) { return v >= 0 ? v : 0.01 * v; })},
+      {"LeakyReluAlpha",
+       "LeakyRelu",
+       {kX},
+       Map(kX, [](double v) { return v >= 0 ? v : 0.2 * v; }),
+       {{"alpha", FloatAttr(0.2f)}}},
+      {"HardSigmoidDefaults",
+       "HardSigmoid",
+       {kX},
+       Map(kX, [](double v) { return Clamp01(0.2 * v + 0.5); })},
+      {"HardSigmoidAttrs",
+       "HardSigmoid",
+       {kX},
+       Map(kX, [](double v) { return Clamp01(0.5 * v + 0.1); }),
+       {{"alpha", FloatAttr(0.5f)}, {"beta", FloatAttr(0.1f)}}},
+      {"EluDefaultAlpha",
+       "Elu",
+       {kX},
+       Map(kX, [](double v) { return v >= 0 ? v : std::exp(v) - 1; })},
+      {"EluAlpha",
+       "Elu",
+       {kX},
+       Map(kX, [](double v) { return v >= 0 ? v : 2 * (std::exp(v) - 1); }),
+       {{"alpha", FloatAttr(2.0f)}}},
+      {"ReluFloat", "Relu", {kX}, F32({7}, {0, 0, 0, 0, 0.5f, 1, 2.5f})},
+      {"ReluInt64", "Relu", {I64({3}, {-5, 0, 7})}, I64({3}, {0, 0, 7})},
+      {"NegFloat", "Neg", {kX}, F32({7}, {2.5f, 1, 0.5f, 0, -0.5f, -1, -2.5f})},
+      {"NegInt64", "Neg", {I64({2}, {3, -4})}, I64({2}, {-3, 4})},
+      {"NegInt32", "Neg", {I32({2}, {3, -4})}, I32({2}, {-3, 4})},
+      {"AbsFloat", "Abs", {kX}, F32({7}, {2.5f, 1, 0.5f, 0, 0.5f, 1, 2.5f})},
+      {"AbsInt64", "Abs", {I64({3}, {-3, 0, 4})}, I64({3}, {3, 0, 4})},
+      {"AbsInt32", "Abs", {I32({2}, {-3, 4})}, I32({2}, {3, 4})},
+      {"SignFloat", "Sign", {kX}, F32({7}, {-1, -1, -1, 0, 1, 1, 1})},
+      {"SignInt64", "Sign", {I64({3}, {-9, 0, 9})}, I64({3}, {-1, 0, 1})},
+      {"Not", "Not", {Bool({3}, {1, 0, 1})}, Bool({3}, {0, 1, 0})},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(ElementwiseUnary, ElementwiseCases, ::testing::ValuesIn(UnaryCases()),
+                         CaseName);
+
+// ---------------------------------------------------------------------------------------------
+// Binary arithmetic and broadcasting
+
+// a [2,3,4] = 0..23 and b [3,1] = {10,20,30}; expected a + b computed elementwise.
+Tensor Iota(Shape shape, float start = 0) {
+  std::vector<float> v(static_cast<size_t>(NumElements(shape)));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = start + static_cast<float>(i);
+  return F32(std::move(shape), v);
+}
+Tensor Expected234Plus31() {
+  std::vector<float> v;
+  for (int i = 0; i < 2; ++i)
+    for (int j = 0; j < 3; ++j)
+      for (int k = 0; k < 4; ++k)
+        v.push_back(static_cast<float>(i * 12 + j * 4 + k + 10 * (j + 1)));
+  return F32({2, 3, 4}, v);
+}
+
+std::vector<ElementwiseCase> BinaryCases() {
+  const Tensor a = F32({2, 2}, {1, 2, 3, 4});
+  const Tensor b = F32({2, 2}, {0.5f, -2, 4, 8});
+  return {
+      {"AddSameShape", "Add", {a, b}, F32({2, 2}, {1.5f, 0, 7, 12})},
+      {"AddBroadcast234With31",
+       "Add",
+       {Iota({2, 3, 4}), F32({3, 1}, {10, 20, 30})},
+       Expected234Plus31()},
+      {"AddBroadcastBothSides",
+       "Add",
+       {F32({2, 1}, {1, 2}), F32({1, 3}, {10, 20, 30})},
+       F32({2, 3}, {11, 21, 31, 12, 22, 32})},
+      {"AddScalar", "Add", {a, F32({}, {10})}, F32({2, 2}, {11, 12, 13, 14})},
+      {"AddInt64", "Add", {I64({3}, {1, 2, 3}), I64({}, {-5})}, I64({3}, {-4, -3, -2})},
+      {"AddInt32", "Add", {I32({2}, {1, 2}), I32({2}, {3, 4})}, I32({2}, {4, 6})},
+      {"AddEmpty", "Add", {F32({0, 3}, {}), F32({3}, {1, 2, 3})}, F32({0, 3}, {})},
+      {"SubScalarFirst", "Sub", {F32({}, {1}), a}, F32({2, 2}, {0, -1, -2, -3})},
+      {"SubInt64", "Sub", {I64({2}, {5, 5}), I64({2}, {7, -7})}, I64({2}, {-2, 12})},
+      {"MulBroadcastRow", "Mul", {a, F32({2}, {10, -1})}, F32({2, 2}, {10, -2, 30, -4})},
+      {"MulInt32", "Mul", {I32({2}, {-3, 4}), I32({2}, {5, 6})}, I32({2}, {-15, 24})},
+      {"DivFloat", "Div", {a, b}, F32({2, 2}, {2, -1, 0.75f, 0.5f})},
+      {"DivInt64TruncatesTowardZero",
+       "Div",
+       {I64({4}, {7, -7, 7, -7}), I64({4}, {2, 2, -2, -2})},
+       I64({4}, {3, -3, -3, 3})},
+      {"DivInt32TruncatesTowardZero",
+       "Div",
+       {I32({3}, {9, -9, 1}), I32({}, {4})},
+       I32({3}, {2, -2, 0})},
+      {"DivInt64MinByMinusOneWraps",
+       "Div",
+       {I64({1}, {std::numeric_limits<int64_t>::min()}), I64({1}, {-1})},
+       I64({1}, {std::numeric_limits<int64_t>::min()})},
+      {"PowGeneral",
+       "Pow",
+       {F32({3}, {2, 9, 1.5f}), F32({3}, {3, 0.5f, -1})},
+       F32({3}, {8, 3, 1 / 1.5f})},
+      {"PowScalarTwo", "Pow", {kX, F32({}, {2})}, Map(kX, [](double v) { return v * v; })},
+      {"PowScalarHalf",
+       "Pow",
+       {kPos, F32({1}, {0.5f})},
+       Map(kPos, [](double v) { return std::sqrt(v); })},
+      {"PowScalarThree", "Pow", {kX, F32({}, {3})}, Map(kX, [](double v) { return v * v * v; })},
+      {"PowFloatBaseInt64Exponent", "Pow", {F32({2}, {2, 3}), I64({}, {2})}, F32({2}, {4, 9})},
+      {"PowInt64",
+       "Pow",
+       {I64({4}, {2, -3, 5, 2}), I64({4}, {10, 3, 0, -1})},
+       I64({4}, {1024, -27, 1, 0})},
+      {"MinSingleInput", "Min", {a}, a},
+      {"MinTwo", "Min", {a, F32({}, {2.5f})}, F32({2, 2}, {1, 2, 2.5f, 2.5f})},
+      {"MaxThreeBroadcast",
+       "Max",
+       {F32({2, 1}, {1, 5}), F32({3}, {0, 3, 6}), F32({}, {2})},
+       F32({2, 3}, {2, 3, 6, 5, 5, 6})},
+      {"MaxPropagatesNaN", "Max", {F32({2}, {NAN, 1}), F32({2}, {0, NAN})}, F32({2}, {NAN, NAN})},
+      {"MaxInt64", "Max", {I64({2}, {-1, 4}), I64({2}, {3, 2})}, I64({2}, {3, 4})},
+      // Opset 6: broadcast=1 with axis=1 lines B [3] up with A's dim 1 (numpy would use dim 2).
+      {"AddLegacyBroadcastAxis",
+       "Add",
+       {Iota({2, 3, 2}), F32({3}, {100, 200, 300})},
+       F32({2, 3, 2}, {100, 101, 202, 203, 304, 305, 106, 107, 208, 209, 310, 311}),
+       {{"broadcast", IntAttr(1)}, {"axis", IntAttr(1)}},
+       6},
+      {"AddLegacyBroadcastNoAxis",
+       "Add",
+       {Iota({2, 3}), F32({3}, {100, 200, 300})},
+       F32({2, 3}, {100, 201, 302, 103, 204, 305}),
+       {{"broadcast", IntAttr(1)}},
+       6},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(ElementwiseBinary, ElementwiseCases, ::testing::ValuesIn(BinaryCases()),
+                         CaseName);
+
+// ---------------------------------------------------------------------------------------------
+// Comparisons, logic, Where, Clip, Cast
+
+std::vector<ElementwiseCase> SelectCases() {
+  const Tensor x = F32({4}, {1, 2, 3, NAN});
+  const Tensor two = F32({}, {2});
+  return {
+      {"EqualFloatScalar", "Equal", {x, two}, Bool({4}, {0, 1, 0, 0})},
+      {"EqualNaNIsFalse", "Equal", {x, x}, Bool({4}, {1, 1, 1, 0})},
+      {"EqualInt64Broadcast",
+       "Equal",
+       {I64({2, 1}, {1, 2}), I64({3}, {1, 2, 3})},
+       Bool({2, 3}, {1, 0, 0, 0, 1, 0})},
+      {"EqualInt32", "Equal", {I32({2}, {5, 6}), I32({2}, {5, 7})}, Bool({2}, {1, 0})},
+      {"EqualBool", "Equal", {Bool({3}, {1, 0, 1}), Bool({3}, {1, 1, 0})}, Bool({3}, {1, 0, 0})},
+      {"EqualFloat16", "Equal", {Half({2}, {0.5f, 1}), Half({2}, {0.5f, 2})}, Bool({2}, {1, 0})},
+      {"Less", "Less", {x, two}, Bool({4}, {1, 0, 0, 0})},
+      {"LessOrEqual", "LessOrEqual", {x, two}, Bool({4}, {1, 1, 0, 0})},
+      {"Greater", "Greater", {x, two}, Bool({4}, {0, 0, 1, 0})},
+      {"GreaterOrEqualInt64",
+       "GreaterOrEqual",
+       {I64({3}, {1, 2, 3}), I64({}, {2})},
+       Bool({3}, {0, 1, 1})},
+      {"And", "And", {Bool({4}, {0, 0, 1, 1}), Bool({4}, {0, 1, 0, 1})}, Bool({4}, {0, 0, 0, 1})},
+      {"OrBroadcast", "Or", {Bool({2, 1}, {0, 1}), Bool({2}, {0, 1})}, Bool({2, 2}, {0, 1, 1, 1})},
+      {"WhereSameShape",
+       "Where",
+       {Bool({3}, {1, 0, 1}), F32({3}, {1, 2, 3}), F32({3}, {4, 5, 6})},
+       F32({3}, {1, 5, 3})},
+      {"WhereThreeWayBroadcast",
+       "Where",
+       {Bool({2, 1}, {1, 0}), F32({1, 3}, {1, 2, 3}), F32({}, {-1})},
+       F32({2, 3}, {1, 2, 3, -1, -1, -1})},
+      {"WhereInt64",
+       "Where",
+       {Bool({3}, {0, 1, 0}), I64({3}, {1, 2, 3}), I64({1}, {9})},
+       I64({3}, {9, 2, 9})},
+      {"WhereInt32CondBroadcast",
+       "Where",
+       {Bool({}, {1}), I32({2}, {1, 2}), I32({2}, {3, 4})},
+       I32({2}, {1, 2})},
+      // Clip: the same bounds through the opset 6 attributes and the opset 11 inputs.
+      {"Clip6Attributes",
+       "Clip",
+       {kX},
+       F32({7}, {-1, -1, -0.5f, 0, 0.5f, 0.75f, 0.75f}),
+       {{"min", FloatAttr(-1)}, {"max", FloatAttr(0.75f)}},
+       6},
+      {"Clip11Inputs",
+       "Clip",
+       {kX, F32({}, {-1}), F32({}, {0.75f})},
+       F32({7}, {-1, -1, -0.5f, 0, 0.5f, 0.75f, 0.75f}),
+       {},
+       11},
+      {"Clip6OnlyMin",
+       "Clip",
+       {kX},
+       F32({7}, {0, 0, 0, 0, 0.5f, 1, 2.5f}),
+       {{"min", FloatAttr(0)}},
+       6},
+      {"Clip11OnlyMax",
+       "Clip",
+       {kX, Tensor(), F32({}, {0})},
+       F32({7}, {-2.5f, -1, -0.5f, 0, 0, 0, 0}),
+       {},
+       13},
+      {"Clip11NoBounds", "Clip", {kX}, kX, {}, 13},
+      {"Clip11MinAboveMaxGivesMax",
+       "Clip",
+       {kX, F32({}, {2}), F32({}, {1})},
+       F32({7}, {1, 1, 1, 1, 1, 1, 1}),
+       {},
+       13},
+      {"Clip13Int64",
+       "Clip",
+       {I64({4}, {-9, 0, 5, 9}), I64({}, {-1}), I64({}, {6})},
+       I64({4}, {-1, 0, 5, 6}),
+       {},
+       13},
+      {"ClipKeepsNaN",
+       "Clip",
+       {F32({1}, {NAN}), F32({}, {0}), F32({}, {1})},
+       F32({1}, {NAN}),
+       {},
+       13},
+      {"CastFloatToInt64Truncates",
+       "Cast",
+       {F32({4}, {1.9f, -1.9f, 0.5f, 3})},
+       I64({4}, {1, -1, 0, 3}),
+       {{"to", IntAttr(7)}}},
+      {"CastFloatToInt32",
+       "Cast",
+       {F32({2}, {-7.5f, 7.5f})},
+       I32({2}, {-7, 7}),
+       {{"to", IntAttr(6)}}},
+      {"CastInt64ToFloat",
+       "Cast",
+       {I64({2}, {-3, 1 << 20})},
+       F32({2}, {-3, 1 << 20}),
+       {{"to", IntAttr(1)}}},
+      {"CastFloatToBool",
+       "Cast",
+       {F32({3}, {0, -0.5f, 2})},
+       Bool({3}, {0, 1, 1}),
+       {{"to", IntAttr(9)}}},
+      {"CastBoolToFloat", "Cast", {Bool({2}, {1, 0})}, F32({2}, {1, 0}), {{"to", IntAttr(1)}}},
+      {"CastFloatToFloat16",
+       "Cast",
+       {F32({2}, {0.5f, -2})},
+       Half({2}, {0.5f, -2}),
+       {{"to", IntAttr(10)}}},
+      {"CastInt64ToInt8",
+       "Cast",
+       {I64({2}, {-3, 100})},
+       Tensor::FromVector<int8_t>({2}, {-3, 100}),
+       {{"to", IntAttr(3)}}},
+      {"CastInt64ToUInt8",
+       "Cast",
+       {I64({2}, {3, 200})},
+       Tensor::FromVector<uint8_t>({2}, {3, 200}),
+       {{"to", IntAttr(2)}}},
+      {"CastSameType", "Cast", {kX}, kX, {{"to", IntAttr(1)}}},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(ElementwiseSelect, ElementwiseCases, ::testing::ValuesIn(SelectCases()),
+                         CaseName);
+
+// ---------------------------------------------------------------------------------------------
+// Registration and errors
+
+TEST(ElementwiseRegistry, ClipHasTwoForms) {
+  auto legacy = OpRegistry::Global().Find("", "Clip", 6);
+  ASSERT_TRUE(legacy.ok()) << legacy.status().ToString();
+  EXPECT_EQ((*legacy)->until_version, 10);
+  auto modern = OpRegistry::Global().Find("", "Clip", 11);
+  ASSERT_TRUE(modern.ok()) << modern.status().ToString();
+  EXPECT_EQ((*modern)->since_version, 11);
+}
+
+TEST(ElementwiseRegistry, AllOpsRegistered) {
+  for (const char* op : {"Add",
+                         "Sub",
+                         "Mul",
+                         "Div",
+                         "Pow",
+                         "Sqrt",
+                         "Exp",
+                         "Log",
+                         "Neg",
+                         "Abs",
+                         "Reciprocal",
+                         "Relu",
+                         "LeakyRelu",
+                         "Sigmoid",
+                         "Tanh",
+                         "Erf",
+                         "HardSigmoid",
+                         "HardSwish",
+                         "Clip",
+                         "Sin",
+                         "Cos",
+                         "Where",
+                         "Equal",
+                         "Cast",
+                         "Not",
+                         "Less",
+                         "Greater",
+                         "LessOrEqual",
+                         "GreaterOrEqual",
+                         "And",
+                         "Or",
+                         "Min",
+                         "Max",
+                         "Floor",
+                         "Ceil",
+                         "Sign",
+                         "Softplus",
+                         "Elu"}) {
+    EXPECT_TRUE(OpRegistry::Global().Find("", op, 17).ok()) << op;
+  }
+}
+
+struct ErrorCase {
+  std::string name;
+  std::string op;
+  std::vector<Tensor> inputs;
+  StatusCode code;
+  std::vector<std::string> fragments;  // each must appear in the message
+  std::map<std::string, Attribute> attrs = {};
+  int64_t opset = 17;
+};
+
+void PrintTo(const ErrorCase& c, std::ostream* os) { *os << c.name; }
+
+class ElementwiseErrors : public ::testing::TestWithParam<ErrorCase> {};
+
+TEST_P(ElementwiseErrors, FailsWithMessage) {
+  const ErrorCase& c = GetParam();
+  auto out = RunOp(MakeNode(c.op, c.inputs.size(), 1, c.attrs), c.inputs, c.opset);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), c.code) << out.status().ToString();
+  for (const std::string& f : c.fragments) {
+    EXPECT_NE(out.status().message().find(f), std::string::npos)
+        << "missing '" << f << "' in: " << out.status().message();
+  }
+}
+
+std::vector<ErrorCase> ErrorCases() {
+  const Tensor x = F32({2, 3}, {1, 2, 3, 4, 5, 6});
+  return {
+      {"BadBroadcastNamesBothShapes",
+       "Add",
+       {x, F32({4}, {1, 2, 3, 4})},
+       StatusCode::kInvalidArgument,
+       {"Add 'n0'", "[2,3]", "[4]"}},
+      {"MixedDTypes",
+       "Mul",
+       {x, I64({}, {2})},
+       StatusCode::kInvalidArgument,
+       {"Mul 'n0'", "int64", "float32"}},
+      {"SqrtInt64Unsupported",
+       "Sqrt",
+       {I64({1}, {4})},
+       StatusCode::kUnimplemented,
+       {"Sqrt 'n0'", "int64", "float32"}},
+      {"AddInt8Unsupported",
+       "Add",
+       {Tensor::FromVector<int8_t>({1}, {1}), Tensor::FromVector<int8_t>({1}, {1})},
+       StatusCode::kUnimplemented,
+       {"Add 'n0'", "int8"}},
+      {"NotOnFloat", "Not", {x}, StatusCode::kUnimplemented, {"Not 'n0'", "float32", "bool"}},
+      {"CastToStringUnimplemented",
+       "Cast",
+       {x},
+       StatusCode::kUnimplemented,
+       {"Cast 'n0'", "'to'=8", "STRING"},
+       {{"to", IntAttr(8)}}},
+      {"CastToDoubleUnimplemented",
+       "Cast",
+       {x},
+       StatusCode::kUnimplemented,
+       {"'to'=11", "DOUBLE"},
+       {{"to", IntAttr(11)}}},
+      {"CastMissingTo", "Cast", {x}, StatusCode::kInvalidArgument, {"Cast 'n0'", "'to'"}},
+      {"DivInt64ByZero",
+       "Div",
+       {I64({3}, {1, 2, 3}), I64({3}, {1, 0, 1})},
+       StatusCode::kInvalidArgument,
+       {"Div 'n0'", "division by zero", "element 1"}},
+      {"DivInt32ByScalarZero",
+       "Div",
+       {I32({2}, {1, 2}), I32({}, {0})},
+       StatusCode::kInvalidArgument,
+       {"division by zero"}},
+      {"PowIntBaseFloatExponent",
+       "Pow",
+       {I64({1}, {2}), F32({}, {0.5f})},
+       StatusCode::kUnimplemented,
+       {"Pow 'n0'", "int64 base", "float32 exponent"}},
+      {"WhereConditionNotBool",
+       "Where",
+       {x, x, x},
+       StatusCode::kInvalidArgument,
+       {"Where 'n0'", "condition", "float32", "bool"}},
+      {"WhereBranchDTypesDiffer",
+       "Where",
+       {Bool({1}, {1}), x, I64({1}, {1})},
+       StatusCode::kInvalidArgument,
+       {"Where 'n0'", "float32", "int64"}},
+      {"WhereBadBroadcast",
+       "Where",
+       {Bool({2}, {1, 0}), x, x},
+       StatusCode::kInvalidArgument,
+       {"Where 'n0'", "[2]", "[2,3]"}},
+      {"LeakyReluAlphaNotFloat",
+       "LeakyRelu",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"LeakyRelu 'n0'", "'alpha'", "float"},
+       {{"alpha", IntAttr(1)}}},
+      {"Clip11BoundNotScalar",
+       "Clip",
+       {x, F32({2}, {0, 1})},
+       StatusCode::kInvalidArgument,
+       {"Clip 'n0'", "input 1 ('min')", "float32[2]"},
+       {},
+       11},
+      {"Clip11BoundDTypeDiffers",
+       "Clip",
+       {x, I64({}, {0})},
+       StatusCode::kInvalidArgument,
+       {"Clip 'n0'", "int64[]"},
+       {},
+       13},
+      {"Clip11RejectsAttributes",
+       "Clip",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"Clip 'n0'", "'min'", "opset 11"},
+       {{"min", FloatAttr(0)}},
+       11},
+      {"Clip6RejectsInputs",
+       "Clip",
+       {x, F32({}, {0})},
+       StatusCode::kInvalidArgument,
+       {"Clip 'n0'", "2 inputs"},
+       {},
+       6},
+      {"BinaryArity", "Add", {x}, StatusCode::kInvalidArgument, {"Add 'n0'", "1 inputs"}},
+      {"LegacyBroadcastAxisDoesNotFit",
+       "Add",
+       {x, x},
+       StatusCode::kInvalidArgument,
+       {"Add 'n0'", "axis=1", "does not fit"},
+       {{"broadcast", IntAttr(1)}, {"axis", IntAttr(1)}},
+       6},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(ElementwiseErrorCases, ElementwiseErrors,
+                         ::testing::ValuesIn(ErrorCases()),
+                         [](const ::testing::TestParamInfo<ErrorCase>& info) {
+                           return info.param.name;
+                         });
+
+// A larger broadcast checked element by element against index arithmetic, exercising the
+// strided path with more than one broadcast dim.
+TEST(ElementwiseBroadcast, StridedPathMatchesIndexing) {
+  const Tensor a = Iota({3, 1, 5, 1});
+  const Tensor b = Iota({4, 1, 6}, 100);
+  auto out = RunOp(MakeNode("Sub", 2), {a, b});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const Tensor& y = (*out)[0];
+  ASSERT_EQ(y.shape(), (Shape{3, 4, 5, 6}));
+  for (int i = 0; i < 3; ++i)
+    for (int j = 0; j < 4; ++j)
+      for (int k = 0; k < 5; ++k)
+        for (int l = 0; l < 6; ++l) {
+          const float expected = static_cast<float>(i * 5 + k) - (100.0f + j * 6 + l);
+          ASSERT_EQ(y.data<float>()[((i * 4 + j) * 5 + k) * 6 + l], expected)
+              << i << "," << j << "," << k << "," << l;
+        }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,1 +1,424 @@
-// placeholder: being written
+// Tests for the reduce op family (src/kiln/ops/reduce.cc): Softmax/LogSoftmax in their opset < 13
+// (flatten at axis) and opset 13 (along axis) forms, and the Reduce* ops with axes as attribute
+// or input, keepdims, negative axes, empty axes and noop_with_empty_axes; errors assert code and
+// message fragment.
+//
+// To add a case: append a ReduceCase to the list of its group; expected values are written by
+// hand or computed with <cmath> loops here, never with kiln itself.
+#include <cmath>
+#include <limits>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "tests/ops/op_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::F32;
+using testing::I64;
+using testing::IntAttr;
+using testing::IntsAttr;
+using testing::MakeNode;
+using testing::RunOp;
+
+Tensor I32(Shape shape, std::vector<int32_t> v) {
+  return Tensor::FromVector<int32_t>(std::move(shape), v);
+}
+
+// x[i][j][k] = 6i + 2j + k, shape [2,3,2].
+Tensor Iota232() {
+  std::vector<float> v;
+  for (int i = 0; i < 12; ++i) v.push_back(static_cast<float>(i));
+  return F32({2, 3, 2}, v);
+}
+
+// Softmax (or log-softmax) of consecutive chunks of `row` elements, in double.
+std::vector<float> SoftmaxRows(const std::vector<float>& v, size_t row, bool log = false) {
+  std::vector<float> out;
+  for (size_t r = 0; r < v.size(); r += row) {
+    double sum = 0;
+    for (size_t j = 0; j < row; ++j) sum += std::exp(double{v[r + j]});
+    for (size_t j = 0; j < row; ++j) {
+      out.push_back(
+          static_cast<float>(log ? v[r + j] - std::log(sum) : std::exp(double{v[r + j]}) / sum));
+    }
+  }
+  return out;
+}
+
+const std::vector<float> kLogits = {0.5f, -1, 2, 0, 1, 3, -2, 0.25f, 1.5f, 4, -0.5f, 1};
+
+// Softmax of kLogits as [2,3,2] along axis 1 (stride 2), written with explicit indices.
+std::vector<float> SoftmaxAxis1Of232() {
+  std::vector<float> out(12);
+  for (int i = 0; i < 2; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      double sum = 0;
+      for (int j = 0; j < 3; ++j) sum += std::exp(double{kLogits[i * 6 + j * 2 + k]});
+      for (int j = 0; j < 3; ++j) {
+        out[i * 6 + j * 2 + k] =
+            static_cast<float>(std::exp(double{kLogits[i * 6 + j * 2 + k]}) / sum);
+      }
+    }
+  }
+  return out;
+}
+
+struct ReduceCase {
+  std::string name;
+  std::string op;
+  std::vector<Tensor> inputs;  // an invalid Tensor() marks an omitted optional input
+  Tensor expected;
+  std::map<std::string, Attribute> attrs = {};
+  int64_t opset = 17;
+};
+
+void PrintTo(const ReduceCase& c, std::ostream* os) { *os << c.name; }
+
+class ReduceCases : public ::testing::TestWithParam<ReduceCase> {};
+
+TEST_P(ReduceCases, MatchesExpected) {
+  const ReduceCase& c = GetParam();
+  auto out = RunOp(MakeNode(c.op, c.inputs.size(), 1, c.attrs), c.inputs, c.opset);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ(out->size(), 1u);
+  testing::ExpectTensorNear((*out)[0], c.expected, 1e-6, 1e-5);
+}
+
+std::string CaseName(const ::testing::TestParamInfo<ReduceCase>& info) { return info.param.name; }
+
+// ---------------------------------------------------------------------------------------------
+// Softmax family
+
+std::vector<ReduceCase> SoftmaxCases() {
+  const Tensor x = F32({2, 2, 3}, kLogits);
+  return {
+      // The same rank-3 input: opset 11 flattens to [2,6] at axis 1; opset 13 uses axis -1.
+      {"Softmax11DefaultAxisFlattens",
+       "Softmax",
+       {x},
+       F32({2, 2, 3}, SoftmaxRows(kLogits, 6)),
+       {},
+       11},
+      {"Softmax13DefaultAxisIsLast",
+       "Softmax",
+       {x},
+       F32({2, 2, 3}, SoftmaxRows(kLogits, 3)),
+       {},
+       13},
+      {"Softmax11Axis2",
+       "Softmax",
+       {x},
+       F32({2, 2, 3}, SoftmaxRows(kLogits, 3)),
+       {{"axis", IntAttr(2)}},
+       11},
+      {"Softmax11Axis0IsWholeTensor",
+       "Softmax",
+       {x},
+       F32({2, 2, 3}, SoftmaxRows(kLogits, 12)),
+       {{"axis", IntAttr(0)}},
+       11},
+      {"Softmax13Axis1Strided",
+       "Softmax",
+       {F32({2, 3, 2}, kLogits)},
+       F32({2, 3, 2}, SoftmaxAxis1Of232()),
+       {{"axis", IntAttr(1)}},
+       13},
+      {"Softmax13NegativeAxis",
+       "Softmax",
+       {F32({2, 3, 2}, kLogits)},
+       F32({2, 3, 2}, SoftmaxAxis1Of232()),
+       {{"axis", IntAttr(-2)}},
+       13},
+      {"SoftmaxLargeLogitsStable",
+       "Softmax",
+       {F32({1, 3}, {1000, 1001, 1002})},
+       F32({1, 3}, SoftmaxRows({0, 1, 2}, 3)),
+       {},
+       13},
+      {"LogSoftmax13", "LogSoftmax", {x}, F32({2, 2, 3}, SoftmaxRows(kLogits, 3, true)), {}, 13},
+      {"LogSoftmax11Flattens",
+       "LogSoftmax",
+       {x},
+       F32({2, 2, 3}, SoftmaxRows(kLogits, 6, true)),
+       {},
+       11},
+      {"LogSoftmaxLargeLogitsStable",
+       "LogSoftmax",
+       {F32({2}, {1000, 0})},
+       F32({2}, {static_cast<float>(-std::log1p(std::exp(-1000.0))), -1000})},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(ReduceSoftmax, ReduceCases, ::testing::ValuesIn(SoftmaxCases()), CaseName);
+
+// ---------------------------------------------------------------------------------------------
+// Reductions over Iota232 (x[i][j][k] = 6i + 2j + k)
+
+std::vector<ReduceCase> ReductionCases() {
+  const Tensor x = Iota232();
+  const Tensor axis1 = I64({1}, {1});
+  const float inf = std::numeric_limits<float>::infinity();
+  return {
+      // ReduceSum: axes attribute (opset 11) and axes input (opset 13) agree.
+      {"Sum11AxesAttr",
+       "ReduceSum",
+       {x},
+       F32({2, 1, 2}, {6, 9, 24, 27}),
+       {{"axes", IntsAttr({1})}},
+       11},
+      {"Sum13AxesInput", "ReduceSum", {x, axis1}, F32({2, 1, 2}, {6, 9, 24, 27}), {}, 13},
+      {"Sum13NoKeepdims",
+       "ReduceSum",
+       {x, axis1},
+       F32({2, 2}, {6, 9, 24, 27}),
+       {{"keepdims", IntAttr(0)}},
+       13},
+      {"Sum13NegativeAxis",
+       "ReduceSum",
+       {x, I64({1}, {-1})},
+       F32({2, 3}, {1, 5, 9, 13, 17, 21}),
+       {{"keepdims", IntAttr(0)}},
+       13},
+      {"Sum13TwoAxes",
+       "ReduceSum",
+       {x, I64({2}, {0, 2})},
+       F32({3}, {14, 22, 30}),
+       {{"keepdims", IntAttr(0)}},
+       13},
+      {"Sum13AxesInt32", "ReduceSum", {x, I32({2}, {2, 0})}, F32({1, 3, 1}, {14, 22, 30}), {}, 13},
+      {"Sum13OmittedAxesReducesAll", "ReduceSum", {x}, F32({1, 1, 1}, {66}), {}, 13},
+      {"Sum13EmptyAxesReducesAll",
+       "ReduceSum",
+       {x, I64({0}, {})},
+       F32({}, {66}),
+       {{"keepdims", IntAttr(0)}},
+       13},
+      {"Sum13NoopWithEmptyAxes",
+       "ReduceSum",
+       {x, Tensor()},
+       x,
+       {{"noop_with_empty_axes", IntAttr(1)}},
+       13},
+      {"Sum11NoAxesReducesAll", "ReduceSum", {x}, F32({}, {66}), {{"keepdims", IntAttr(0)}}, 11},
+      {"SumInt64",
+       "ReduceSum",
+       {I64({2, 2}, {1, 2, 3, 4}), I64({1}, {0})},
+       I64({1, 2}, {4, 6}),
+       {},
+       13},
+      {"SumEmptyInputIsZero",
+       "ReduceSum",
+       {F32({2, 0}, {}), I64({1}, {1})},
+       F32({2, 1}, {0, 0}),
+       {},
+       13},
+      // ReduceMean: attribute until 17, input from 18.
+      {"Mean17AxesAttr",
+       "ReduceMean",
+       {x},
+       F32({2, 1, 2}, {2, 3, 8, 9}),
+       {{"axes", IntsAttr({1})}},
+       17},
+      {"Mean18AxesInput", "ReduceMean", {x, axis1}, F32({2, 1, 2}, {2, 3, 8, 9}), {}, 18},
+      {"Mean13NegativeAxesAttr",
+       "ReduceMean",
+       {x},
+       F32({2, 3}, {0.5f, 2.5f, 4.5f, 6.5f, 8.5f, 10.5f}),
+       {{"axes", IntsAttr({-1})}, {"keepdims", IntAttr(0)}},
+       13},
+      {"Mean18NoopWithEmptyAxes", "ReduceMean", {x}, x, {{"noop_with_empty_axes", IntAttr(1)}}, 18},
+      {"MeanInt32Truncates", "ReduceMean", {I32({3}, {1, 2, 4})}, I32({1}, {2}), {}, 13},
+      {"Max17",
+       "ReduceMax",
+       {x},
+       F32({2, 3}, {1, 3, 5, 7, 9, 11}),
+       {{"axes", IntsAttr({2})}, {"keepdims", IntAttr(0)}},
+       17},
+      {"Max18",
+       "ReduceMax",
+       {x, I64({1}, {2})},
+       F32({2, 3}, {1, 3, 5, 7, 9, 11}),
+       {{"keepdims", IntAttr(0)}},
+       18},
+      {"MaxPropagatesNaN", "ReduceMax", {F32({3}, {1, NAN, 2})}, F32({1}, {NAN})},
+      {"MaxOfEmptyIsMinusInf",
+       "ReduceMax",
+       {F32({2, 0}, {})},
+       F32({2}, {-inf, -inf}),
+       {{"axes", IntsAttr({1})}, {"keepdims", IntAttr(0)}}},
+      {"MinAxis0",
+       "ReduceMin",
+       {x},
+       F32({3, 2}, {0, 1, 2, 3, 4, 5}),
+       {{"axes", IntsAttr({0})}, {"keepdims", IntAttr(0)}}},
+      {"MinInt64",
+       "ReduceMin",
+       {I64({2, 2}, {5, -2, 3, 9})},
+       I64({2, 1}, {-2, 3}),
+       {{"axes", IntsAttr({1})}}},
+      {"ProdAxis2",
+       "ReduceProd",
+       {x},
+       F32({2, 3, 1}, {0, 6, 20, 42, 72, 110}),
+       {{"axes", IntsAttr({2})}}},
+      {"ProdInt64OfShape",
+       "ReduceProd",
+       {I64({4}, {1, 3, 224, 224})},
+       I64({}, {150528}),
+       {{"keepdims", IntAttr(0)}}},
+      {"L2All",
+       "ReduceL2",
+       {x},
+       F32({}, {static_cast<float>(std::sqrt(506.0))}),
+       {{"keepdims", IntAttr(0)}}},
+      {"L2Axis1",
+       "ReduceL2",
+       {F32({2, 2}, {3, 4, 6, 8})},
+       F32({2, 1}, {5, 10}),
+       {{"axes", IntsAttr({1})}}},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(ReduceOps, ReduceCases, ::testing::ValuesIn(ReductionCases()), CaseName);
+
+// Summing 4M copies of 0.1f in float32 would drift by hundreds; the double accumulator stays
+// within one float ulp of the exact sum.
+TEST(ReduceAccuracy, SumAccumulatesInDouble) {
+  const int64_t n = int64_t{1} << 22;
+  const Tensor x = F32({n}, std::vector<float>(static_cast<size_t>(n), 0.1f));
+  auto out = RunOp(MakeNode("ReduceSum", 1), {x}, 13);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  const double exact = static_cast<double>(n) * double{0.1f};
+  EXPECT_NEAR((*out)[0].GetAsDouble(0), exact, 0.04);
+}
+
+TEST(ReduceRegistry, FormsSplitByOpset) {
+  const OpRegistry& r = OpRegistry::Global();
+  struct Split {
+    const char* op;
+    int64_t first_new;
+  };
+  for (const Split s : {Split{"Softmax", 13}, Split{"LogSoftmax", 13}, Split{"ReduceSum", 13},
+                        Split{"ReduceMean", 18}, Split{"ReduceMax", 18}, Split{"ReduceMin", 18},
+                        Split{"ReduceProd", 18}, Split{"ReduceL2", 18}}) {
+    auto old_form = r.Find("", s.op, s.first_new - 1);
+    auto new_form = r.Find("", s.op, s.first_new);
+    ASSERT_TRUE(old_form.ok() && new_form.ok()) << s.op;
+    EXPECT_EQ((*old_form)->since_version, 1) << s.op;
+    EXPECT_EQ((*old_form)->until_version, s.first_new - 1) << s.op;
+    EXPECT_EQ((*new_form)->since_version, s.first_new) << s.op;
+    EXPECT_EQ((*new_form)->until_version, INT64_MAX) << s.op;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+struct ReduceErrorCase {
+  std::string name;
+  std::string op;
+  std::vector<Tensor> inputs;
+  StatusCode code;
+  std::vector<std::string> fragments;  // each must appear in the message
+  std::map<std::string, Attribute> attrs = {};
+  int64_t opset = 17;
+};
+
+void PrintTo(const ReduceErrorCase& c, std::ostream* os) { *os << c.name; }
+
+class ReduceErrors : public ::testing::TestWithParam<ReduceErrorCase> {};
+
+TEST_P(ReduceErrors, FailsWithMessage) {
+  const ReduceErrorCase& c = GetParam();
+  auto out = RunOp(MakeNode(c.op, c.inputs.size(), 1, c.attrs), c.inputs, c.opset);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), c.code) << out.status().ToString();
+  for (const std::string& f : c.fragments) {
+    EXPECT_NE(out.status().message().find(f), std::string::npos)
+        << "missing '" << f << "' in: " << out.status().message();
+  }
+}
+
+std::vector<ReduceErrorCase> ErrorCases() {
+  const Tensor x = Iota232();
+  return {
+      {"DuplicateAxesInput",
+       "ReduceSum",
+       {x, I64({2}, {1, -2})},
+       StatusCode::kInvalidArgument,
+       {"ReduceSum 'n0'", "[1,-2]", "more than once"},
+       {},
+       13},
+      {"DuplicateAxesAttr",
+       "ReduceMean",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"ReduceMean 'n0'", "[0,0]", "more than once"},
+       {{"axes", IntsAttr({0, 0})}}},
+      {"AxisOutOfRange",
+       "ReduceMax",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"ReduceMax 'n0'", "axis 3", "rank 3"},
+       {{"axes", IntsAttr({3})}}},
+      {"AxesAttrAtOpset13",
+       "ReduceSum",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"ReduceSum 'n0'", "'axes'", "input 1"},
+       {{"axes", IntsAttr({1})}},
+       13},
+      {"AxesInputAtOpset11",
+       "ReduceSum",
+       {x, I64({1}, {1})},
+       StatusCode::kInvalidArgument,
+       {"ReduceSum 'n0'", "2 inputs"},
+       {},
+       11},
+      {"AxesInputFloat",
+       "ReduceSum",
+       {x, F32({1}, {1})},
+       StatusCode::kInvalidArgument,
+       {"ReduceSum 'n0'", "axes", "float32[1]"},
+       {},
+       13},
+      {"L2Int64Unsupported",
+       "ReduceL2",
+       {I64({2}, {3, 4})},
+       StatusCode::kUnimplemented,
+       {"ReduceL2 'n0'", "int64"}},
+      {"SumInt8Unsupported",
+       "ReduceSum",
+       {Tensor::FromVector<int8_t>({1}, {1})},
+       StatusCode::kUnimplemented,
+       {"ReduceSum 'n0'", "int8"},
+       {},
+       13},
+      {"SoftmaxInt64Unsupported",
+       "Softmax",
+       {I64({2}, {1, 2})},
+       StatusCode::kUnimplemented,
+       {"Softmax 'n0'", "int64"}},
+      {"SoftmaxAxisOutOfRange",
+       "Softmax",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"Softmax 'n0'", "'axis'", "axis 3"},
+       {{"axis", IntAttr(3)}}},
+      {"KeepdimsNotInt",
+       "ReduceSum",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"ReduceSum 'n0'", "'keepdims'"},
+       {{"keepdims", IntsAttr({1})}},
+       13},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(ReduceErrorCases, ReduceErrors, ::testing::ValuesIn(ErrorCases()),
+                         [](const ::testing::TestParamInfo<ReduceErrorCase>& info) {
+                           return info.param.name;
+                         });
+
+}  // namespace
+}  // namespace kiln

@@ -1,1 +1,22 @@
-int main() { return 0; }
+// `kiln`: the one binary. Subcommands live in cmd_*.cc; this file only wires them.
+
+#include "src/kiln/cli/commands.h"
+
+
+
+int main(int argc, char** argv) {
+  CLI::App app{"kiln: ahead-of-time compiled ONNX cells, proven against an eager interpreter"};
+  app.require_subcommand(1);
+  int exit_code = 0;
+  kiln::cli::AddInfoCommand(app, &exit_code);
+  kiln::cli::AddRunCommand(app, &exit_code);
+  kiln::cli::AddCheckpointCommand(app, &exit_code);
+  kiln::cli::AddDemoCommand(app, &exit_code);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);
+    return rc == 0 ? 0 : 2;
+  }
+  return exit_code;
+}

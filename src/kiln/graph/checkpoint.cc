@@ -1,1 +1,108 @@
-// placeholder: being written
+// Checkpoint binding and derivation (graph layer).
+#include "src/kiln/graph/checkpoint.h"
+
+#include <cmath>
+
+#include "src/kiln/tensor/safetensors.h"
+
+namespace kiln {
+
+WeightMap GraphWeights(const Graph& graph) {
+  WeightMap out;
+  for (const auto& [name, t] : graph.initializers) {
+    if (IsWeightDType(t.dtype())) out.emplace(name, t);
+  }
+  return out;
+}
+
+Result<WeightMap> BindCheckpoint(const Graph& graph, const WeightMap& checkpoint,
+                                 const std::string& what, bool require_complete) {
+  WeightMap bound = GraphWeights(graph);
+  for (const auto& [name, t] : checkpoint) {
+    auto it = bound.find(name);
+    if (it == bound.end()) {
+      auto init = graph.initializers.find(name);
+      if (init != graph.initializers.end()) {
+        return Status::InvalidArgument(what + ": tensor '" + name + "' names a structural " +
+                                       "constant (" + init->second.TypeString() +
+                                       "), which is part of the graph and cannot be replaced");
+      }
+      return Status::NotFound(what + ": tensor '" + name +
+                              "' is not a weight of the graph (no initializer or Constant of "
+                              "that name)");
+    }
+    if (t.dtype() != it->second.dtype() || t.shape() != it->second.shape()) {
+      return Status::InvalidArgument(what + ": tensor '" + name + "' is " + t.TypeString() +
+                                     ", the graph expects " + it->second.TypeString());
+    }
+    it->second = t;
+  }
+  if (require_complete) {
+    for (const auto& [name, t] : bound) {
+      if (!checkpoint.count(name)) {
+        return Status::NotFound(what + ": weight '" + name + "' (" + t.TypeString() +
+                                ") is missing from the checkpoint");
+      }
+    }
+  }
+  return bound;
+}
+
+Result<WeightMap> LoadCheckpoint(const Graph& graph, const std::string& path,
+                                 bool require_complete) {
+  KILN_ASSIGN_OR_RETURN(SafetensorsFile file, ReadSafetensors(path));
+  return BindCheckpoint(graph, file.tensors, "checkpoint '" + path + "'", require_complete);
+}
+
+namespace {
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+uint64_t NameHash(const std::string& s) {  // FNV-1a: portable, stable
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
+double Uniform(uint64_t& state) {  // (0, 1]
+  return (static_cast<double>(SplitMix64(state) >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
+}  // namespace
+
+Result<WeightMap> DeriveCheckpoint(const Graph& graph, uint64_t seed, double scale) {
+  WeightMap out;
+  for (const auto& [name, w] : GraphWeights(graph)) {
+    KILN_ASSIGN_OR_RETURN(Tensor t, w.Clone());
+    if (IsFloatDType(t.dtype()) && t.numel() > 0) {
+      double sumsq = 0;
+      for (int64_t i = 0; i < t.numel(); ++i) sumsq += t.GetAsDouble(i) * t.GetAsDouble(i);
+      double rms = std::sqrt(sumsq / static_cast<double>(t.numel()));
+      if (rms == 0) rms = 1e-2;
+      uint64_t state = seed ^ NameHash(name);
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        // Box-Muller; uses only +,*,log,sqrt,cos so results are the same wherever libm is IEEE.
+        const double u1 = Uniform(state), u2 = Uniform(state);
+        const double n = std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+        const double v = t.GetAsDouble(i) + scale * rms * n;
+        if (t.dtype() == DType::kFloat32) {
+          t.data<float>()[i] = static_cast<float>(v);
+        } else {
+          t.data<uint16_t>()[i] = FloatToHalf(static_cast<float>(v));
+        }
+      }
+    }
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
+}  // namespace kiln

@@ -1,1 +1,453 @@
-// placeholder: being written
+// ONNX import through libonnx's protobuf classes (graph layer). See onnx_import.h for the
+// guarantees; this file is the only one in kiln that includes ONNX protobuf headers.
+#include "src/kiln/graph/onnx_import.h"
+
+#include <onnx/onnx_pb.h>
+
+#include <algorithm>
+#include <cstring>
+#include <deque>
+#include <limits>
+#include <set>
+#include <unordered_map>
+
+#include "src/kiln/base/file.h"
+
+namespace kiln {
+namespace {
+
+constexpr int64_t kMaxTensorBytes = int64_t{1} << 36;  // 64 GiB: anything larger is corrupt here
+
+struct Importer {
+  std::string what;  // the source, for errors
+  ImportOptions options;
+
+  Status Error(StatusCode code, const std::string& msg) const {
+    return Status(code, what + ": " + msg);
+  }
+
+  Result<DType> MapDType(int32_t t, const std::string& obj) const {
+    switch (t) {
+      case onnx::TensorProto::FLOAT: return DType::kFloat32;
+      case onnx::TensorProto::FLOAT16: return DType::kFloat16;
+      case onnx::TensorProto::INT64: return DType::kInt64;
+      case onnx::TensorProto::INT32: return DType::kInt32;
+      case onnx::TensorProto::INT8: return DType::kInt8;
+      case onnx::TensorProto::UINT8: return DType::kUInt8;
+      case onnx::TensorProto::BOOL: return DType::kBool;
+      default: {
+        const std::string name =
+            onnx::TensorProto_DataType_IsValid(t)
+                ? onnx::TensorProto_DataType_Name(static_cast<onnx::TensorProto_DataType>(t))
+                : std::string("<invalid>");
+        return Error(StatusCode::kUnimplemented,
+                     obj + " has element type " + std::to_string(t) + " (" + name +
+                         "); kiln supports FLOAT, FLOAT16, INT64, INT32, INT8, UINT8, BOOL");
+      }
+    }
+  }
+
+  Result<Tensor> ReadExternal(const onnx::TensorProto& tp, DType dtype, const Shape& shape,
+                              const std::string& obj) const {
+    std::string location;
+    int64_t offset = 0, length = -1;
+    for (const auto& kv : tp.external_data()) {
+      if (kv.key() == "location") {
+        location = kv.value();
+      } else if (kv.key() == "offset" || kv.key() == "length") {
+        char* end = nullptr;
+        const long long v = std::strtoll(kv.value().c_str(), &end, 10);
+        if (end == kv.value().c_str() || *end != '\0' || v < 0) {
+          return Error(StatusCode::kCorruption, obj + ": external data " + kv.key() + " '" +
+                                                    kv.value() + "' is not a non-negative integer");
+        }
+        (kv.key() == "offset" ? offset : length) = v;
+      }
+    }
+    if (location.empty()) {
+      return Error(StatusCode::kCorruption, obj + ": external data has no 'location'");
+    }
+    if (location[0] == '/' || location.find("..") != std::string::npos) {
+      return Error(StatusCode::kInvalidArgument,
+                   obj + ": external data location '" + location +
+                       "' must be a relative path inside the model's directory");
+    }
+    const std::string path = (options.base_dir.empty() ? "." : options.base_dir) + "/" + location;
+    auto file = MappedFile::Open(path);
+    if (!file.ok()) {
+      return Status(file.status().code(), what + ": " + obj + ": external data file: " +
+                                              file.status().message());
+    }
+    const int64_t need = NumElements(shape) * static_cast<int64_t>(DTypeSize(dtype));
+    if (length < 0) length = need;
+    if (length != need) {
+      return Error(StatusCode::kCorruption, obj + ": external data length " +
+                                                std::to_string(length) + " != " +
+                                                std::to_string(need) + " bytes for its shape");
+    }
+    const auto size = static_cast<int64_t>((*file)->size());
+    if (offset > size || length > size - offset) {
+      return Error(StatusCode::kCorruption,
+                   obj + ": external data [" + std::to_string(offset) + ", " +
+                       std::to_string(offset + length) + ") is outside '" + path + "' (" +
+                       std::to_string(size) + " bytes)");
+    }
+    return Tensor::FromBytes(dtype, shape, (*file)->data() + offset, static_cast<size_t>(length));
+  }
+
+  Result<Tensor> ConvertTensor(const onnx::TensorProto& tp, const std::string& obj) const {
+    KILN_ASSIGN_OR_RETURN(DType dtype, MapDType(tp.data_type(), obj));
+    Shape shape;
+    int64_t count = 1;
+    for (int64_t d : tp.dims()) {
+      if (d < 0) {
+        return Error(StatusCode::kCorruption, obj + " has negative dim " + std::to_string(d));
+      }
+      if (d > 0 && count > kMaxTensorBytes / d) {
+        return Error(StatusCode::kCorruption, obj + " has an implausibly large shape");
+      }
+      count *= d;
+      shape.push_back(d);
+    }
+    if (count * static_cast<int64_t>(DTypeSize(dtype)) > kMaxTensorBytes) {
+      return Error(StatusCode::kCorruption, obj + " has an implausibly large shape");
+    }
+    if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
+      return ReadExternal(tp, dtype, shape, obj);
+    }
+    const size_t nbytes = static_cast<size_t>(count) * DTypeSize(dtype);
+    if (tp.has_raw_data()) {
+      if (tp.raw_data().size() != nbytes) {
+        return Error(StatusCode::kCorruption,
+                     obj + " (" + DTypeName(dtype) + ShapeToString(shape) + ") has " +
+                         std::to_string(tp.raw_data().size()) + " raw bytes, expected " +
+                         std::to_string(nbytes));
+      }
+      return Tensor::FromBytes(dtype, shape, tp.raw_data().data(), nbytes);
+    }
+    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(dtype, shape));
+    auto mismatch = [&](int64_t got) {
+      return Error(StatusCode::kCorruption, obj + " (" + t.TypeString() + ") holds " +
+                                                std::to_string(got) + " values, expected " +
+                                                std::to_string(count));
+    };
+    switch (dtype) {
+      case DType::kFloat32:
+        if (tp.float_data_size() != count) return mismatch(tp.float_data_size());
+        std::copy(tp.float_data().begin(), tp.float_data().end(), t.data<float>());
+        break;
+      case DType::kInt64:
+        if (tp.int64_data_size() != count) return mismatch(tp.int64_data_size());
+        std::copy(tp.int64_data().begin(), tp.int64_data().end(), t.data<int64_t>());
+        break;
+      case DType::kInt32:
+        if (tp.int32_data_size() != count) return mismatch(tp.int32_data_size());
+        std::copy(tp.int32_data().begin(), tp.int32_data().end(), t.data<int32_t>());
+        break;
+      case DType::kFloat16:
+        if (tp.int32_data_size() != count) return mismatch(tp.int32_data_size());
+        for (int64_t i = 0; i < count; ++i) {
+          t.data<uint16_t>()[i] = static_cast<uint16_t>(tp.int32_data(static_cast<int>(i)));
+        }
+        break;
+      case DType::kInt8:
+      case DType::kUInt8:
+      case DType::kBool:
+        if (tp.int32_data_size() != count) return mismatch(tp.int32_data_size());
+        for (int64_t i = 0; i < count; ++i) {
+          const int32_t v = tp.int32_data(static_cast<int>(i));
+          t.data<uint8_t>()[i] =
+              dtype == DType::kBool ? (v != 0) : static_cast<uint8_t>(static_cast<int8_t>(v));
+        }
+        break;
+    }
+    return t;
+  }
+
+  Result<ValueInfo> ConvertValueInfo(const onnx::ValueInfoProto& vi,
+                                     const std::string& role) const {
+    ValueInfo out;
+    out.name = vi.name();
+    const std::string obj = role + " '" + vi.name() + "'";
+    if (!vi.type().has_tensor_type()) {
+      return Error(StatusCode::kUnimplemented,
+                   obj + " is not a tensor (sequence/map/optional values are not supported)");
+    }
+    const auto& tt = vi.type().tensor_type();
+    KILN_ASSIGN_OR_RETURN(out.dtype, MapDType(tt.elem_type(), obj));
+    if (tt.has_shape()) {
+      out.has_shape = true;
+      for (const auto& d : tt.shape().dim()) {
+        Dim dim;
+        if (d.has_dim_value() && d.dim_value() >= 0) {
+          dim.value = d.dim_value();
+        } else if (d.has_dim_param()) {
+          dim.param = d.dim_param();
+        }
+        out.dims.push_back(dim);
+      }
+    }
+    return out;
+  }
+
+  Result<Attribute> ConvertAttribute(const onnx::AttributeProto& ap, const Node& node,
+                                     const std::map<std::string, int64_t>& opsets) const {
+    Attribute a;
+    const std::string obj = node.Describe() + " attribute '" + ap.name() + "'";
+    if (!ap.ref_attr_name().empty()) {
+      return Error(StatusCode::kUnimplemented,
+                   obj + " refers to a function attribute; model-local functions are not "
+                         "supported");
+    }
+    switch (ap.type()) {
+      case onnx::AttributeProto::FLOAT: a.kind = Attribute::Kind::kFloat; a.f = ap.f(); break;
+      case onnx::AttributeProto::INT: a.kind = Attribute::Kind::kInt; a.i = ap.i(); break;
+      case onnx::AttributeProto::STRING: a.kind = Attribute::Kind::kString; a.s = ap.s(); break;
+      case onnx::AttributeProto::FLOATS:
+        a.kind = Attribute::Kind::kFloats;
+        a.floats.assign(ap.floats().begin(), ap.floats().end());
+        break;
+      case onnx::AttributeProto::INTS:
+        a.kind = Attribute::Kind::kInts;
+        a.ints.assign(ap.ints().begin(), ap.ints().end());
+        break;
+      case onnx::AttributeProto::STRINGS:
+        a.kind = Attribute::Kind::kStrings;
+        a.strings.assign(ap.strings().begin(), ap.strings().end());
+        break;
+      case onnx::AttributeProto::TENSOR: {
+        a.kind = Attribute::Kind::kTensor;
+        KILN_ASSIGN_OR_RETURN(a.t, ConvertTensor(ap.t(), obj));
+        break;
+      }
+      case onnx::AttributeProto::GRAPH: {
+        a.kind = Attribute::Kind::kGraph;
+        KILN_ASSIGN_OR_RETURN(Graph g, ConvertGraph(ap.g(), opsets, /*top_level=*/false));
+        a.g = std::make_shared<Graph>(std::move(g));
+        break;
+      }
+      case onnx::AttributeProto::GRAPHS: {
+        a.kind = Attribute::Kind::kGraphs;
+        for (const auto& gp : ap.graphs()) {
+          KILN_ASSIGN_OR_RETURN(Graph g, ConvertGraph(gp, opsets, /*top_level=*/false));
+          a.graphs.push_back(std::make_shared<Graph>(std::move(g)));
+        }
+        break;
+      }
+      default:
+        return Error(StatusCode::kUnimplemented,
+                     obj + " has attribute type " + std::to_string(ap.type()) +
+                         " (sparse tensors and type protos are not supported)");
+    }
+    return a;
+  }
+
+  // Turns a top-level Constant node into the tensor it yields.
+  Result<Tensor> ConstantValue(const Node& n) const {
+    if (n.attrs.size() != 1) {
+      return Error(StatusCode::kInvalidArgument,
+                   n.Describe() + " must have exactly one value attribute, has " +
+                       std::to_string(n.attrs.size()));
+    }
+    const auto& [name, a] = *n.attrs.begin();
+    if (name == "value" && a.kind == Attribute::Kind::kTensor) return a.t;
+    if (name == "value_float" && a.kind == Attribute::Kind::kFloat) return Tensor::Scalar(a.f);
+    if (name == "value_int" && a.kind == Attribute::Kind::kInt) return Tensor::Scalar(a.i);
+    if (name == "value_floats" && a.kind == Attribute::Kind::kFloats) {
+      return Tensor::FromVector<float>({static_cast<int64_t>(a.floats.size())}, a.floats);
+    }
+    if (name == "value_ints" && a.kind == Attribute::Kind::kInts) {
+      return Tensor::FromVector<int64_t>({static_cast<int64_t>(a.ints.size())}, a.ints);
+    }
+    return Error(StatusCode::kUnimplemented, n.Describe() + " attribute '" + name + "' (" +
+                                                 AttributeKindName(a.kind) +
+                                                 ") is not a supported Constant value");
+  }
+
+  Status TopoSort(Graph& g, const std::set<std::string>& outer_names) const {
+    std::set<std::string> available = outer_names;
+    for (const auto& v : g.inputs) available.insert(v.name);
+    for (const auto& [name, t] : g.initializers) available.insert(name);
+    std::unordered_map<std::string, size_t> producer;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      for (const auto& o : g.nodes[i].outputs) {
+        if (o.empty()) continue;
+        if (available.count(o) || !producer.emplace(o, i).second) {
+          return Error(StatusCode::kInvalidArgument,
+                       g.nodes[i].Describe() + " output '" + o +
+                           "' is already defined (by a graph input, initializer or node); "
+                           "values must be defined once");
+        }
+      }
+    }
+    // Kahn's algorithm, stable: among ready nodes the file order wins, so sorted files stay as is.
+    std::vector<int> pending(g.nodes.size(), 0);
+    std::unordered_map<std::string, std::vector<size_t>> consumers;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      std::set<std::string> seen;
+      for (const auto& in : g.nodes[i].inputs) {
+        if (in.empty() || !producer.count(in) || !seen.insert(in).second) continue;
+        ++pending[i];
+        consumers[in].push_back(i);
+      }
+    }
+    std::set<size_t> ready;
+    for (size_t i = 0; i < g.nodes.size(); ++i) {
+      if (pending[i] == 0) ready.insert(i);
+    }
+    std::vector<Node> sorted;
+    sorted.reserve(g.nodes.size());
+    std::vector<bool> done(g.nodes.size(), false);
+    while (!ready.empty()) {
+      const size_t i = *ready.begin();
+      ready.erase(ready.begin());
+      done[i] = true;
+      for (const auto& o : g.nodes[i].outputs) {
+        auto it = consumers.find(o);
+        if (it == consumers.end()) continue;
+        for (size_t c : it->second) {
+          if (--pending[c] == 0) ready.insert(c);
+        }
+      }
+      sorted.push_back(g.nodes[i]);
+    }
+    if (sorted.size() != g.nodes.size()) {
+      for (size_t i = 0; i < g.nodes.size(); ++i) {
+        if (!done[i]) {
+          return Error(StatusCode::kInvalidArgument,
+                       "graph has a cycle through " + g.nodes[i].Describe());
+        }
+      }
+    }
+    g.nodes = std::move(sorted);
+    return Status::OK();
+  }
+
+  Result<Graph> ConvertGraph(const onnx::GraphProto& gp, const std::map<std::string, int64_t>& opsets,
+                             bool top_level, const std::set<std::string>& outer = {}) const {
+    Graph g;
+    g.name = gp.name();
+    g.opsets = opsets;
+    if (gp.sparse_initializer_size() > 0) {
+      return Error(StatusCode::kUnimplemented,
+                   "graph '" + gp.name() + "' has sparse initializers, which are not supported");
+    }
+    for (const auto& tp : gp.initializer()) {
+      if (tp.name().empty()) {
+        return Error(StatusCode::kCorruption, "graph '" + gp.name() + "' has an unnamed initializer");
+      }
+      KILN_ASSIGN_OR_RETURN(Tensor t, ConvertTensor(tp, "initializer '" + tp.name() + "'"));
+      if (!g.initializers.emplace(tp.name(), std::move(t)).second) {
+        return Error(StatusCode::kInvalidArgument,
+                     "initializer '" + tp.name() + "' is defined twice");
+      }
+    }
+    for (const auto& vi : gp.input()) {
+      if (g.initializers.count(vi.name())) continue;  // a weight listed as an input
+      KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, "graph input"));
+      g.inputs.push_back(std::move(v));
+    }
+    for (const auto& vi : gp.output()) {
+      KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, "graph output"));
+      g.outputs.push_back(std::move(v));
+    }
+    for (const auto& vi : gp.value_info()) {
+      auto v = ConvertValueInfo(vi, "value_info");
+      if (v.ok()) g.value_info[vi.name()] = std::move(v).value();  // informational only
+    }
+    std::set<std::string> scope = outer;
+    for (const auto& v : g.inputs) scope.insert(v.name);
+    for (const auto& [name, t] : g.initializers) scope.insert(name);
+    for (const auto& np : gp.node()) {
+      Node n;
+      n.name = np.name();
+      n.op_type = np.op_type();
+      n.domain = np.domain() == "ai.onnx" ? "" : np.domain();
+      n.inputs.assign(np.input().begin(), np.input().end());
+      n.outputs.assign(np.output().begin(), np.output().end());
+      if (n.op_type.empty()) {
+        return Error(StatusCode::kInvalidArgument, "a node (output '" +
+                                                       (n.outputs.empty() ? "" : n.outputs[0]) +
+                                                       "') has an empty op_type");
+      }
+      if (!opsets.count(n.domain)) {
+        return Error(StatusCode::kInvalidArgument,
+                     n.Describe() + " uses domain '" + n.domain +
+                         "' which the model does not import (no opset_import entry)");
+      }
+      for (const auto& o : n.outputs) scope.insert(o);
+      for (const auto& ap : np.attribute()) {
+        KILN_ASSIGN_OR_RETURN(Attribute a, ConvertAttribute(ap, n, opsets));
+        if (!n.attrs.emplace(ap.name(), std::move(a)).second) {
+          return Error(StatusCode::kInvalidArgument,
+                       n.Describe() + " has attribute '" + ap.name() + "' twice");
+        }
+      }
+      if (top_level && n.domain.empty() && n.op_type == "Constant") {
+        if (n.outputs.size() != 1 || n.outputs[0].empty()) {
+          return Error(StatusCode::kInvalidArgument, n.Describe() + " must have one output");
+        }
+        KILN_ASSIGN_OR_RETURN(Tensor t, ConstantValue(n));
+        if (!g.initializers.emplace(n.outputs[0], std::move(t)).second) {
+          return Error(StatusCode::kInvalidArgument,
+                       n.Describe() + " output '" + n.outputs[0] + "' is already defined");
+        }
+        continue;
+      }
+      g.nodes.push_back(std::move(n));
+    }
+    KILN_RETURN_IF_ERROR(TopoSort(g, outer));
+    return g;
+  }
+
+  Result<Graph> Import(std::string_view bytes) const {
+    if (bytes.size() > static_cast<size_t>(std::numeric_limits<int>::max())) {
+      return Error(StatusCode::kUnimplemented,
+                   "model is larger than 2 GiB; keep weights in external data files");
+    }
+    onnx::ModelProto model;
+    if (!model.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      return Error(StatusCode::kCorruption,
+                   "is not a valid ONNX ModelProto (" + std::to_string(bytes.size()) +
+                       " bytes could not be parsed; truncated or not an ONNX file?)");
+    }
+    if (!model.has_graph()) return Error(StatusCode::kCorruption, "model has no graph");
+    std::map<std::string, int64_t> opsets;
+    for (const auto& os : model.opset_import()) {
+      const std::string domain = os.domain() == "ai.onnx" ? "" : os.domain();
+      opsets[domain] = os.version();
+    }
+    if (!opsets.count("")) {
+      if (model.ir_version() >= 3) {
+        return Error(StatusCode::kInvalidArgument,
+                     "model imports no default-domain opset (opset_import lacks ai.onnx)");
+      }
+      opsets[""] = 1;
+    }
+    if (model.functions_size() > 0) {
+      // Accepted as long as no node calls one: a call fails later as an unknown op by name.
+    }
+    KILN_ASSIGN_OR_RETURN(Graph g, ConvertGraph(model.graph(), opsets, /*top_level=*/true));
+    return g;
+  }
+};
+
+}  // namespace
+
+Result<Graph> ImportOnnxBytes(std::string_view bytes, const std::string& what,
+                              const ImportOptions& options) {
+  Importer imp{what, options};
+  return imp.Import(bytes);
+}
+
+Result<Graph> ImportOnnxFile(const std::string& path) {
+  auto bytes = ReadFile(path);
+  if (!bytes.ok()) return bytes.status();
+  ImportOptions options;
+  const size_t slash = path.find_last_of('/');
+  options.base_dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  if (options.base_dir.empty()) options.base_dir = "/";
+  return ImportOnnxBytes(*bytes, "model '" + path + "'", options);
+}
+
+}  // namespace kiln

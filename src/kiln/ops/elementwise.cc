@@ -1,3 +1,919 @@
-// (being written) elementwise op family
+// Elementwise op family (ops layer): unary math and activations, broadcasting binary arithmetic,
+// comparisons and logic, Where, Clip and Cast, each with its reference kernel.
+//
+// RegisterElementwiseOps is called by OpRegistry::Global() (registry.cc). The kernels are the
+// oracle that compiled cells are checked against, so they are plain loops over dense row-major
+// tensors. The only tricks are fast paths for the common cases (same shape, one scalar operand)
+// and numpy broadcasting through strides (ForEachBroadcast) for the rest.
+//
+// Dtypes: float32 everywhere. The ops shape computations use (Add Sub Mul Div Pow Min Max Neg Abs
+// Sign Relu Clip) also take int64 and int32; Equal, Less, Greater, ... and Where take any dtype;
+// And, Or and Not take bool; Cast converts between all kiln dtypes. Anything else is
+// UnsupportedDType naming the op and dtype, reported by infer (so the verifier sees it) and again
+// by run. Integer arithmetic wraps like two's complement instead of being undefined, and integer
+// division by zero is an InvalidArgument error, never a trap.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <type_traits>
+#include <vector>
+
 #include "src/kiln/ops/registry.h"
-namespace kiln { void RegisterElementwiseOps(OpRegistry&) {} }
+
+namespace kiln {
+namespace {
+
+// ---------------------------------------------------------------------------------------------
+// Dtype dispatch
+
+// A list of element types an op accepts. `bool` stands for kiln's one-byte bool (stored as
+// uint8_t 0/1); float16 has no arithmetic type here, so ops that accept it convert it first.
+template <typename... Ts>
+struct Types {};
+using ArithTypes = Types<float, int64_t, int32_t>;
+using SignedTypes = Types<float, int64_t, int32_t, int8_t>;
+using AllButHalf = Types<float, int64_t, int32_t, int8_t, uint8_t, bool>;
+using BoolTypes = Types<bool>;
+using FloatTypes = Types<float>;
+
+template <typename T>
+struct Elem {
+  using type = T;
+  static constexpr DType dtype = DTypeOf<T>::value;
+};
+template <>
+struct Elem<bool> {
+  using type = uint8_t;
+  static constexpr DType dtype = DType::kBool;
+};
+
+// "float32, int64, int32" for error messages.
+template <typename... Ts>
+std::string TypeNames(Types<Ts...>) {
+  std::string s;
+  ((s += (s.empty() ? "" : ", ") + std::string(DTypeName(Elem<Ts>::dtype))), ...);
+  return s;
+}
+
+template <typename... Ts>
+bool Accepts(Types<Ts...>, DType dtype) {
+  return ((Elem<Ts>::dtype == dtype) || ...);
+}
+
+template <typename List>
+Status RequireDType(const OpContext& ctx, DType dtype, List list) {
+  if (Accepts(list, dtype)) return Status::OK();
+  return UnsupportedDType(ctx, dtype, TypeNames(list).c_str());
+}
+
+// Calls fn.template operator()<E>() with E the storage type of `dtype`, when `dtype` is in the
+// list; otherwise returns UnsupportedDType naming the op, the dtype and the list.
+template <typename Fn, typename... Ts>
+Status Dispatch(const OpContext& ctx, DType dtype, Types<Ts...> list, Fn&& fn) {
+  Status result;
+  bool matched = false;
+  auto try_one = [&]<typename T>() {
+    if (matched || Elem<T>::dtype != dtype) return;
+    matched = true;
+    result = fn.template operator()<typename Elem<T>::type>();
+  };
+  (try_one.template operator()<Ts>(), ...);
+  if (!matched) return UnsupportedDType(ctx, dtype, TypeNames(list).c_str());
+  return result;
+}
+
+// Two's-complement arithmetic for integers (signed overflow is undefined in C++); plain for
+// floats.
+template <typename T>
+T WrapAdd(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) + static_cast<U>(b));
+  } else {
+    return a + b;
+  }
+}
+template <typename T>
+T WrapSub(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) - static_cast<U>(b));
+  } else {
+    return a - b;
+  }
+}
+template <typename T>
+T WrapMul(T a, T b) {
+  if constexpr (std::is_integral_v<T>) {
+    using U = std::make_unsigned_t<T>;
+    return static_cast<T>(static_cast<U>(a) * static_cast<U>(b));
+  } else {
+    return a * b;
+  }
+}
+template <typename T>
+T WrapNeg(T a) {
+  return WrapSub(T(0), a);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Broadcast iteration
+
+// Calls f(out_index, offsets) for every element of `out_shape` in row-major order, where
+// offsets[k] is the element offset of the matching element of input k, whose shape
+// in_shapes[k] broadcasts to out_shape. Offsets advance by broadcast strides (0 on broadcast
+// dims), so the cost per element is K adds; the odometer over outer dims runs once per row.
+template <size_t K, typename F>
+void ForEachBroadcast(const Shape& out_shape, const std::array<Shape, K>& in_shapes, F&& f) {
+  const int64_t n = NumElements(out_shape);
+  if (n == 0) return;
+  const size_t rank = out_shape.size();
+  if (rank == 0) {
+    f(int64_t{0}, std::array<int64_t, K>{});
+    return;
+  }
+  std::array<std::vector<int64_t>, K> strides;
+  std::array<int64_t, K> inner_stride;
+  for (size_t k = 0; k < K; ++k) {
+    strides[k] = BroadcastStrides(in_shapes[k], out_shape);
+    inner_stride[k] = strides[k][rank - 1];
+  }
+  const int64_t inner = out_shape[rank - 1];
+  std::vector<int64_t> index(rank, 0);
+  std::array<int64_t, K> row{};  // offsets of the first element of the current row
+  for (int64_t o = 0; o < n; o += inner) {
+    std::array<int64_t, K> off = row;
+    for (int64_t j = 0; j < inner; ++j) {
+      f(o + j, off);
+      for (size_t k = 0; k < K; ++k) off[k] += inner_stride[k];
+    }
+    for (size_t d = rank - 1; d-- > 0;) {
+      for (size_t k = 0; k < K; ++k) row[k] += strides[k][d];
+      if (++index[d] < out_shape[d]) break;
+      for (size_t k = 0; k < K; ++k) row[k] -= strides[k][d] * out_shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
+// out[i] = fn(a[i'], b[i'']) with numpy broadcasting. `out` may alias `a` when a has the output
+// shape (each element is read before it is written).
+template <typename T, typename R, typename Fn>
+void BinaryKernel(const Tensor& a, const Tensor& b, Tensor& out, Fn fn) {
+  const T* pa = a.data<T>();
+  const T* pb = b.data<T>();
+  R* po = out.data<R>();
+  const int64_t n = out.numel();
+  // A same-numel operand has the output's row-major layout (its dims are 1 or the output's).
+  if (a.numel() == n && b.numel() == n) {
+    for (int64_t i = 0; i < n; ++i) po[i] = fn(pa[i], pb[i]);
+  } else if (a.numel() == n && b.numel() == 1) {
+    const T s = pb[0];
+    for (int64_t i = 0; i < n; ++i) po[i] = fn(pa[i], s);
+  } else if (a.numel() == 1 && b.numel() == n) {
+    const T s = pa[0];
+    for (int64_t i = 0; i < n; ++i) po[i] = fn(s, pb[i]);
+  } else {
+    ForEachBroadcast<2>(
+        out.shape(), {a.shape(), b.shape()},
+        [&](int64_t i, const std::array<int64_t, 2>& off) { po[i] = fn(pa[off[0]], pb[off[1]]); });
+  }
+}
+
+template <typename T, typename R, typename Fn>
+void UnaryKernel(const Tensor& x, Tensor& out, Fn fn) {
+  const T* px = x.data<T>();
+  R* po = out.data<R>();
+  const int64_t n = out.numel();
+  for (int64_t i = 0; i < n; ++i) po[i] = fn(px[i]);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checks
+
+Status RequireFloatAttr(const Node& node, const char* attr) {
+  if (!node.HasAttr(attr)) return Status::OK();
+  return node.GetFloat(attr).status();
+}
+
+Status CheckUnary(const Node& node, int64_t) { return CheckArity(node, 1, 1); }
+Status CheckBinary(const Node& node, int64_t) { return CheckArity(node, 2, 2); }
+Status CheckVariadic(const Node& node, int64_t) {
+  return CheckArity(node, 1, std::numeric_limits<size_t>::max());
+}
+Status CheckWhere(const Node& node, int64_t) { return CheckArity(node, 3, 3); }
+
+// Unary ops with float attributes alpha and/or beta (LeakyRelu, HardSigmoid, Elu).
+Status CheckAlphaBeta(const Node& node, int64_t) {
+  KILN_RETURN_IF_ERROR(CheckArity(node, 1, 1));
+  KILN_RETURN_IF_ERROR(RequireFloatAttr(node, "alpha"));
+  return RequireFloatAttr(node, "beta");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shapes of binary operands, with the pre-opset-7 broadcast form
+
+// The shape input i is read as. Before opset 7 binary ops broadcast only under attribute
+// broadcast=1, and then B lines up with A starting at dim `axis` (when given) rather than at the
+// right: A [2,3,4,5] with B [3,4] and axis=1 reads B as [3,4,1]. Later opsets use numpy rules.
+Result<Shape> OperandShape(const OpContext& ctx, size_t i) {
+  const Shape& shape = ctx.type(i).shape;
+  const Node& node = ctx.node();
+  if (i != 1 || ctx.opset() >= 7 || node.GetInt("broadcast", 0) == 0 || !node.HasAttr("axis")) {
+    return shape;
+  }
+  const Shape& a = ctx.type(0).shape;
+  const int64_t rank_a = static_cast<int64_t>(a.size());
+  const int64_t rank_b = static_cast<int64_t>(shape.size());
+  KILN_ASSIGN_OR_RETURN(int64_t axis, node.GetInt("axis"));
+  KILN_ASSIGN_OR_RETURN(int64_t norm,
+                        NormalizeAxis(axis, rank_a, ctx.where() + ": attribute 'axis'"));
+  if (norm + rank_b > rank_a) {
+    return Status::InvalidArgument(
+        ctx.where() + ": legacy broadcast attribute axis=" + std::to_string(axis) +
+        " does not fit B " + ShapeToString(shape) + " inside A " + ShapeToString(a));
+  }
+  Shape padded = shape;
+  padded.resize(static_cast<size_t>(rank_a - norm), 1);
+  return padded;
+}
+
+// Input i as a tensor of OperandShape(ctx, i) (a reshaped view for the legacy form).
+Result<Tensor> Operand(const OpContext& ctx, size_t i) {
+  KILN_ASSIGN_OR_RETURN(Shape shape, OperandShape(ctx, i));
+  if (shape == ctx.in(i).shape()) return ctx.in(i);
+  return ctx.in(i).Reshaped(shape);
+}
+
+// Broadcast shape of all present operands; with `same_dtype`, every operand must have input 0's
+// dtype.
+Result<TensorType> BroadcastOperands(const OpContext& ctx, bool same_dtype) {
+  if (!ctx.present(0)) return Status::InvalidArgument(ctx.where() + ": input 0 is absent");
+  TensorType t = ctx.type(0);
+  for (size_t i = 1; i < ctx.num_inputs(); ++i) {
+    if (!ctx.present(i)) continue;
+    if (same_dtype && ctx.type(i).dtype != t.dtype) {
+      return Status::InvalidArgument(ctx.where() + ": input " + std::to_string(i) + " has dtype " +
+                                     DTypeName(ctx.type(i).dtype) + ", expected " +
+                                     DTypeName(t.dtype) + " like input 0");
+    }
+    KILN_ASSIGN_OR_RETURN(Shape shape, OperandShape(ctx, i));
+    auto b = BroadcastShapes(t.shape, shape);
+    if (!b.ok()) return b.status().WithContext(ctx.where());
+    t.shape = *b;
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Unary ops
+
+// Unary float32 ops: Op::Apply(x, alpha, beta), with Op::kAlpha / kBeta the attribute defaults.
+struct NoAttrs {
+  static constexpr float kAlpha = 0.0f, kBeta = 0.0f;
+};
+struct SqrtOp : NoAttrs {
+  static float Apply(float x, float, float) { return std::sqrt(x); }
+};
+struct ExpOp : NoAttrs {
+  static float Apply(float x, float, float) { return std::exp(x); }
+};
+struct LogOp : NoAttrs {
+  static float Apply(float x, float, float) { return std::log(x); }
+};
+struct ReciprocalOp : NoAttrs {
+  static float Apply(float x, float, float) { return 1.0f / x; }
+};
+struct SigmoidOp : NoAttrs {
+  // Split by sign so exp never overflows.
+  static float Apply(float x, float, float) {
+    if (x >= 0) return 1.0f / (1.0f + std::exp(-x));
+    const float e = std::exp(x);
+    return e / (1.0f + e);
+  }
+};
+struct TanhOp : NoAttrs {
+  static float Apply(float x, float, float) { return std::tanh(x); }
+};
+struct ErfOp : NoAttrs {
+  static float Apply(float x, float, float) { return std::erf(x); }
+};
+struct SinOp : NoAttrs {
+  static float Apply(float x, float, float) { return std::sin(x); }
+};
+struct CosOp : NoAttrs {
+  static float Apply(float x, float, float) { return std::cos(x); }
+};
+struct FloorOp : NoAttrs {
+  static float Apply(float x, float, float) { return std::floor(x); }
+};
+struct CeilOp : NoAttrs {
+  static float Apply(float x, float, float) { return std::ceil(x); }
+};
+struct SoftplusOp : NoAttrs {
+  // log(1 + exp(x)), written so that large |x| neither overflows nor loses the result.
+  static float Apply(float x, float, float) {
+    return x > 0 ? x + std::log1p(std::exp(-x)) : std::log1p(std::exp(x));
+  }
+};
+struct HardSwishOp : NoAttrs {
+  static float Apply(float x, float, float) {
+    return x * std::max(0.0f, std::min(1.0f, x / 6.0f + 0.5f));
+  }
+};
+struct LeakyReluOp {
+  static constexpr float kAlpha = 0.01f, kBeta = 0.0f;
+  static float Apply(float x, float alpha, float) { return x >= 0 ? x : alpha * x; }
+};
+struct HardSigmoidOp {
+  static constexpr float kAlpha = 0.2f, kBeta = 0.5f;
+  static float Apply(float x, float alpha, float beta) {
+    return std::max(0.0f, std::min(1.0f, alpha * x + beta));
+  }
+};
+struct EluOp {
+  static constexpr float kAlpha = 1.0f, kBeta = 0.0f;
+  static float Apply(float x, float alpha, float) { return x >= 0 ? x : alpha * std::expm1(x); }
+};
+
+Result<std::vector<TensorType>> InferUnaryFloat(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, InferSameAsInput0(ctx));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, out[0].dtype, FloatTypes{}));
+  return out;
+}
+
+template <typename Op>
+Status RunUnaryFloat(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  const Tensor& x = ctx.in(0);
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, x.dtype(), FloatTypes{}));
+  const float alpha = ctx.node().GetFloat("alpha", Op::kAlpha);
+  const float beta = ctx.node().GetFloat("beta", Op::kBeta);
+  UnaryKernel<float, float>(x, outputs[0], [=](float v) { return Op::Apply(v, alpha, beta); });
+  return Status::OK();
+}
+
+// Unary ops over signed numbers: Op::Apply<T>(x).
+struct NegOp {
+  template <typename T>
+  static T Apply(T x) {
+    return WrapNeg(x);
+  }
+};
+struct AbsOp {
+  template <typename T>
+  static T Apply(T x) {
+    if constexpr (std::is_integral_v<T>) {
+      return x < 0 ? WrapNeg(x) : x;
+    } else {
+      return std::fabs(x);
+    }
+  }
+};
+struct SignOp {
+  template <typename T>
+  static T Apply(T x) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(x)) return x;
+    }
+    return static_cast<T>(x > 0 ? 1 : (x < 0 ? -1 : 0));
+  }
+};
+struct ReluOp {
+  template <typename T>
+  static T Apply(T x) {
+    return x > 0 ? x : (x < 0 ? T(0) : x);  // keeps NaN (neither branch) and -0
+  }
+};
+
+Result<std::vector<TensorType>> InferUnarySigned(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, InferSameAsInput0(ctx));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, out[0].dtype, SignedTypes{}));
+  return out;
+}
+
+template <typename Op>
+Status RunUnarySigned(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  const Tensor& x = ctx.in(0);
+  return Dispatch(ctx, x.dtype(), SignedTypes{}, [&]<typename T>() {
+    UnaryKernel<T, T>(x, outputs[0], [](T v) { return Op::template Apply<T>(v); });
+    return Status::OK();
+  });
+}
+
+Result<std::vector<TensorType>> InferNot(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, InferSameAsInput0(ctx));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, out[0].dtype, BoolTypes{}));
+  return out;
+}
+
+Status RunNot(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  const Tensor& x = ctx.in(0);
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, x.dtype(), BoolTypes{}));
+  UnaryKernel<uint8_t, uint8_t>(x, outputs[0], [](uint8_t v) -> uint8_t { return v ? 0 : 1; });
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Binary and variadic arithmetic
+
+struct AddOp {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return WrapAdd(a, b);
+  }
+};
+struct SubOp {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return WrapSub(a, b);
+  }
+};
+struct MulOp {
+  template <typename T>
+  static T Apply(T a, T b) {
+    return WrapMul(a, b);
+  }
+};
+struct DivOp {
+  // Integers truncate toward zero like C. b == 0 was refused before the loop; MIN / -1, which
+  // traps on x86, wraps to MIN.
+  template <typename T>
+  static T Apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) {
+      if (b == -1) return WrapNeg(a);
+    }
+    return a / b;
+  }
+};
+struct MinOp {
+  // NaN propagates, as in numpy.minimum.
+  template <typename T>
+  static T Apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a)) return a;
+    }
+    return a < b ? a : b;
+  }
+};
+struct MaxOp {
+  template <typename T>
+  static T Apply(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (std::isnan(a)) return a;
+    }
+    return a > b ? a : b;
+  }
+};
+
+Result<std::vector<TensorType>> InferArith(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, ArithTypes{}));
+  return std::vector<TensorType>{t};
+}
+
+// InvalidArgument when an integer divisor holds a zero.
+template <typename T>
+Status CheckNoZeroDivisor(const OpContext& ctx, const Tensor& b) {
+  const T* p = b.data<T>();
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    if (p[i] == 0) {
+      return Status::InvalidArgument(ctx.where() + ": integer division by zero (input 1 'B' " +
+                                     b.TypeString() + " holds 0 at element " + std::to_string(i) +
+                                     ")");
+    }
+  }
+  return Status::OK();
+}
+
+// out = in0 op in1 op in2 ... with broadcasting; one input is a copy (variadic Min/Max).
+template <typename Op>
+Status RunArith(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  Tensor& out = outputs[0];
+  return Dispatch(ctx, ctx.in(0).dtype(), ArithTypes{}, [&]<typename T>() -> Status {
+    auto fn = [](T a, T b) { return Op::template Apply<T>(a, b); };
+    const Tensor& a = ctx.in(0);
+    if (ctx.num_inputs() == 1) {
+      std::memcpy(out.raw_data(), a.raw_data(), out.nbytes());
+      return Status::OK();
+    }
+    KILN_ASSIGN_OR_RETURN(Tensor b, Operand(ctx, 1));
+    if constexpr (std::is_same_v<Op, DivOp> && std::is_integral_v<T>) {
+      KILN_RETURN_IF_ERROR(CheckNoZeroDivisor<T>(ctx, b));
+    }
+    if (ctx.num_inputs() == 2) {
+      BinaryKernel<T, T>(a, b, out, fn);
+      return Status::OK();
+    }
+    // Three or more inputs: expand input 0 to the output shape, then fold the rest in place.
+    BinaryKernel<T, T>(a, a, out, [](T x, T) { return x; });
+    for (size_t i = 1; i < ctx.num_inputs(); ++i) BinaryKernel<T, T>(out, ctx.in(i), out, fn);
+    return Status::OK();
+  });
+}
+
+// Pow: the exponent may have another dtype than the base (opset 12+); the output has the base's.
+// Integer bases need an integer exponent.
+Result<std::vector<TensorType>> InferPow(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/false));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, ctx.type(0).dtype, ArithTypes{}));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, ctx.type(1).dtype, ArithTypes{}));
+  if (ctx.type(0).dtype != DType::kFloat32 && ctx.type(1).dtype == DType::kFloat32) {
+    return Status::Unimplemented(ctx.where() + ": " + DTypeName(ctx.type(0).dtype) +
+                                 " base with float32 exponent is not supported (an integer "
+                                 "base needs an int64 or int32 exponent)");
+  }
+  return std::vector<TensorType>{t};
+}
+
+// Integer power by squaring, wrapping on overflow. A negative exponent truncates 1/b^-e toward
+// zero (so 0 unless |b| == 1; 0^-e is defined as 0 rather than trapping).
+template <typename T>
+T IntPow(T base, T exp) {
+  if (exp < 0) {
+    if (base == 1) return 1;
+    if (base == -1) return (exp % 2 == 0) ? 1 : -1;
+    return 0;
+  }
+  T result = 1;
+  while (exp > 0) {
+    if (exp & 1) result = WrapMul(result, base);
+    base = WrapMul(base, base);
+    exp >>= 1;
+  }
+  return result;
+}
+
+Status RunPow(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  Tensor& out = outputs[0];
+  const Tensor& base = ctx.in(0);
+  KILN_ASSIGN_OR_RETURN(Tensor exponent, Operand(ctx, 1));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, exponent.dtype(), ArithTypes{}));
+  return Dispatch(ctx, base.dtype(), ArithTypes{}, [&]<typename T>() -> Status {
+    if (exponent.dtype() != base.dtype()) {
+      if (std::is_integral_v<T> && exponent.dtype() == DType::kFloat32) {
+        return Status::Unimplemented(ctx.where() + ": " + DTypeName(base.dtype()) +
+                                     " base with float32 exponent is not supported");
+      }
+      KILN_ASSIGN_OR_RETURN(exponent, exponent.CastTo(base.dtype()));
+    }
+    if constexpr (std::is_floating_point_v<T>) {
+      // Fast paths for x^2 and x^0.5, decided here from the value at run time (the exponent
+      // may be a graph input). A single-element exponent leaves the base's layout unchanged.
+      if (exponent.numel() == 1 && base.numel() == out.numel()) {
+        const float e = exponent.data<float>()[0];
+        if (e == 2.0f) {
+          UnaryKernel<float, float>(base, out, [](float x) { return x * x; });
+          return Status::OK();
+        }
+        if (e == 0.5f) {
+          UnaryKernel<float, float>(base, out, [](float x) { return std::sqrt(x); });
+          return Status::OK();
+        }
+      }
+      BinaryKernel<float, float>(base, exponent, out,
+                                 [](float x, float e) { return std::pow(x, e); });
+    } else {
+      BinaryKernel<T, T>(base, exponent, out, [](T x, T e) { return IntPow(x, e); });
+    }
+    return Status::OK();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Comparisons and logic (output bool)
+
+struct EqualOp {
+  template <typename T>
+  static bool Apply(T a, T b) {
+    return a == b;
+  }
+};
+struct LessOp {
+  template <typename T>
+  static bool Apply(T a, T b) {
+    return a < b;
+  }
+};
+struct GreaterOp {
+  template <typename T>
+  static bool Apply(T a, T b) {
+    return a > b;
+  }
+};
+struct LessOrEqualOp {
+  template <typename T>
+  static bool Apply(T a, T b) {
+    return a <= b;
+  }
+};
+struct GreaterOrEqualOp {
+  template <typename T>
+  static bool Apply(T a, T b) {
+    return a >= b;
+  }
+};
+struct AndOp {
+  template <typename T>
+  static bool Apply(T a, T b) {
+    return a && b;
+  }
+};
+struct OrOp {
+  template <typename T>
+  static bool Apply(T a, T b) {
+    return a || b;
+  }
+};
+
+Result<std::vector<TensorType>> InferCompare(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
+  t.dtype = DType::kBool;  // any input dtype is accepted
+  return std::vector<TensorType>{t};
+}
+
+Result<std::vector<TensorType>> InferLogic(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, BoolTypes{}));
+  return std::vector<TensorType>{t};
+}
+
+// float16 operands are widened to float32 first, which is exact.
+template <typename Op, typename List>
+Status RunCompare(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  Tensor a = ctx.in(0);
+  KILN_ASSIGN_OR_RETURN(Tensor b, Operand(ctx, 1));
+  if (a.dtype() == DType::kFloat16 && b.dtype() == DType::kFloat16 &&
+      Accepts(List{}, DType::kFloat32)) {
+    KILN_ASSIGN_OR_RETURN(a, a.CastTo(DType::kFloat32));
+    KILN_ASSIGN_OR_RETURN(b, b.CastTo(DType::kFloat32));
+  }
+  return Dispatch(ctx, a.dtype(), List{}, [&]<typename T>() {
+    BinaryKernel<T, uint8_t>(
+        a, b, outputs[0], [](T x, T y) -> uint8_t { return Op::template Apply<T>(x, y) ? 1 : 0; });
+    return Status::OK();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Where(condition, X, Y): three-way broadcast; X and Y may have any dtype, copied bytewise.
+
+Result<std::vector<TensorType>> InferWhere(const OpContext& ctx) {
+  if (ctx.type(0).dtype != DType::kBool) {
+    return Status::InvalidArgument(ctx.where() + ": input 0 ('condition') has dtype " +
+                                   DTypeName(ctx.type(0).dtype) + ", expected bool");
+  }
+  if (ctx.type(1).dtype != ctx.type(2).dtype) {
+    return Status::InvalidArgument(ctx.where() + ": inputs 1 ('X') and 2 ('Y') have dtypes " +
+                                   DTypeName(ctx.type(1).dtype) + " and " +
+                                   DTypeName(ctx.type(2).dtype) + ", expected the same");
+  }
+  KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/false));
+  t.dtype = ctx.type(1).dtype;
+  return std::vector<TensorType>{t};
+}
+
+template <typename E>  // an unsigned integer as wide as the element
+void WhereKernel(const Tensor& c, const Tensor& x, const Tensor& y, Tensor& out) {
+  const uint8_t* pc = c.data<uint8_t>();
+  const E* px = x.data<E>();
+  const E* py = y.data<E>();
+  E* po = out.data<E>();
+  const int64_t n = out.numel();
+  if (c.numel() == n && x.numel() == n && y.numel() == n) {
+    for (int64_t i = 0; i < n; ++i) po[i] = pc[i] ? px[i] : py[i];
+    return;
+  }
+  ForEachBroadcast<3>(out.shape(), {c.shape(), x.shape(), y.shape()},
+                      [&](int64_t i, const std::array<int64_t, 3>& off) {
+                        po[i] = pc[off[0]] ? px[off[1]] : py[off[2]];
+                      });
+}
+
+Status RunWhere(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  const Tensor& c = ctx.in(0);
+  const Tensor& x = ctx.in(1);
+  const Tensor& y = ctx.in(2);
+  switch (DTypeSize(x.dtype())) {
+    case 1:
+      WhereKernel<uint8_t>(c, x, y, outputs[0]);
+      break;
+    case 2:
+      WhereKernel<uint16_t>(c, x, y, outputs[0]);
+      break;
+    case 4:
+      WhereKernel<uint32_t>(c, x, y, outputs[0]);
+      break;
+    case 8:
+      WhereKernel<uint64_t>(c, x, y, outputs[0]);
+      break;
+    default:
+      return UnsupportedDType(ctx, x.dtype(), "elements of 1, 2, 4 or 8 bytes");
+  }
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Clip: bounds are attributes min/max before opset 11 (float32 only, as in ONNX), optional scalar
+// inputs 1 and 2 from opset 11. min > max gives max everywhere; NaN passes through.
+
+Status CheckClipAttrs(const Node& node, int64_t) {
+  KILN_RETURN_IF_ERROR(CheckArity(node, 1, 1));
+  KILN_RETURN_IF_ERROR(RequireFloatAttr(node, "min"));
+  return RequireFloatAttr(node, "max");
+}
+
+Status CheckClipInputs(const Node& node, int64_t) {
+  KILN_RETURN_IF_ERROR(CheckArity(node, 1, 3));
+  for (const char* attr : {"min", "max"}) {
+    if (node.HasAttr(attr)) {
+      return Status::InvalidArgument(node.Describe() + ": attribute '" + attr +
+                                     "' is not allowed from opset 11 (bounds are inputs 1 and 2)");
+    }
+  }
+  return Status::OK();
+}
+
+Status CheckClipBound(const OpContext& ctx, size_t i, const char* role) {
+  if (!ctx.present(i)) return Status::OK();
+  const TensorType& t = ctx.type(i);
+  if (t.dtype != ctx.type(0).dtype || NumElements(t.shape) != 1) {
+    return Status::InvalidArgument(ctx.where() + ": input " + std::to_string(i) + " ('" + role +
+                                   "') is " + t.ToString() + ", expected a single " +
+                                   DTypeName(ctx.type(0).dtype) + " value like input 0");
+  }
+  return Status::OK();
+}
+
+Result<std::vector<TensorType>> InferClip(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, InferSameAsInput0(ctx));
+  if (ctx.opset() < 11) {
+    KILN_RETURN_IF_ERROR(RequireDType(ctx, out[0].dtype, FloatTypes{}));
+  } else {
+    KILN_RETURN_IF_ERROR(RequireDType(ctx, out[0].dtype, ArithTypes{}));
+    KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 1, "min"));
+    KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 2, "max"));
+  }
+  return out;
+}
+
+Status RunClip(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  const Tensor& x = ctx.in(0);
+  if (ctx.opset() < 11) {
+    KILN_RETURN_IF_ERROR(RequireDType(ctx, x.dtype(), FloatTypes{}));
+    const float lo = ctx.node().GetFloat("min", std::numeric_limits<float>::lowest());
+    const float hi = ctx.node().GetFloat("max", std::numeric_limits<float>::max());
+    UnaryKernel<float, float>(x, outputs[0], [=](float v) {
+      v = v < lo ? lo : v;
+      return v > hi ? hi : v;
+    });
+    return Status::OK();
+  }
+  KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 1, "min"));
+  KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 2, "max"));
+  return Dispatch(ctx, x.dtype(), ArithTypes{}, [&]<typename T>() {
+    const T lo = ctx.present(1) ? ctx.in(1).data<T>()[0] : std::numeric_limits<T>::lowest();
+    const T hi = ctx.present(2) ? ctx.in(2).data<T>()[0] : std::numeric_limits<T>::max();
+    UnaryKernel<T, T>(x, outputs[0], [=](T v) {
+      v = v < lo ? lo : v;
+      return v > hi ? hi : v;
+    });
+    return Status::OK();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cast: attribute `to` is an ONNX TensorProto.DataType number.
+
+const char* OnnxTypeName(int64_t to) {
+  static constexpr const char* kNames[] = {
+      "UNDEFINED",      "FLOAT",      "UINT8",          "INT8",       "UINT16",   "INT16",
+      "INT32",          "INT64",      "STRING",         "BOOL",       "FLOAT16",  "DOUBLE",
+      "UINT32",         "UINT64",     "COMPLEX64",      "COMPLEX128", "BFLOAT16", "FLOAT8E4M3FN",
+      "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "UINT4",      "INT4"};
+  if (to < 0 || to >= static_cast<int64_t>(std::size(kNames))) return "unknown";
+  return kNames[to];
+}
+
+Result<DType> CastTarget(const Node& node) {
+  KILN_ASSIGN_OR_RETURN(int64_t to, node.GetInt("to"));
+  switch (to) {
+    case 1:
+      return DType::kFloat32;
+    case 10:
+      return DType::kFloat16;
+    case 7:
+      return DType::kInt64;
+    case 6:
+      return DType::kInt32;
+    case 3:
+      return DType::kInt8;
+    case 2:
+      return DType::kUInt8;
+    case 9:
+      return DType::kBool;
+    default:
+      break;
+  }
+  return Status::Unimplemented(node.Describe() + ": attribute 'to'=" + std::to_string(to) + " (" +
+                               OnnxTypeName(to) +
+                               ") is not supported (supported: 1 FLOAT, 10 FLOAT16, 7 INT64, "
+                               "6 INT32, 3 INT8, 2 UINT8, 9 BOOL)");
+}
+
+Status CheckCast(const Node& node, int64_t) {
+  KILN_RETURN_IF_ERROR(CheckArity(node, 1, 1));
+  return CastTarget(node).status();
+}
+
+Result<std::vector<TensorType>> InferCast(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out, InferSameAsInput0(ctx));
+  KILN_ASSIGN_OR_RETURN(out[0].dtype, CastTarget(ctx.node()));
+  return out;
+}
+
+Status RunCast(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  KILN_ASSIGN_OR_RETURN(DType to, CastTarget(ctx.node()));
+  KILN_ASSIGN_OR_RETURN(Tensor converted, ctx.in(0).CastTo(to));
+  // Fill the preallocated output rather than replace it: the caller owns its placement.
+  if (converted.nbytes())
+    std::memcpy(outputs[0].raw_data(), converted.raw_data(), converted.nbytes());
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------------
+// The table
+
+struct ElementwiseOp {
+  const char* op_type;
+  int64_t since_version;
+  int64_t until_version;
+  CheckFn check;
+  InferFn infer;
+  RunFn run;
+};
+
+constexpr int64_t kMax = INT64_MAX;
+
+constexpr ElementwiseOp kOps[] = {
+    // Unary float32 math and activations.
+    {"Sqrt", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SqrtOp>},
+    {"Exp", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<ExpOp>},
+    {"Log", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<LogOp>},
+    {"Reciprocal", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<ReciprocalOp>},
+    {"Sigmoid", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SigmoidOp>},
+    {"Tanh", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<TanhOp>},
+    {"Erf", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<ErfOp>},
+    {"Sin", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SinOp>},
+    {"Cos", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<CosOp>},
+    {"Floor", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<FloorOp>},
+    {"Ceil", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<CeilOp>},
+    {"Softplus", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SoftplusOp>},
+    {"HardSwish", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<HardSwishOp>},
+    {"LeakyRelu", 1, kMax, CheckAlphaBeta, InferUnaryFloat, RunUnaryFloat<LeakyReluOp>},
+    {"HardSigmoid", 1, kMax, CheckAlphaBeta, InferUnaryFloat, RunUnaryFloat<HardSigmoidOp>},
+    {"Elu", 1, kMax, CheckAlphaBeta, InferUnaryFloat, RunUnaryFloat<EluOp>},
+    // Unary over signed numbers.
+    {"Neg", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<NegOp>},
+    {"Abs", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<AbsOp>},
+    {"Sign", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<SignOp>},
+    {"Relu", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<ReluOp>},
+    {"Not", 1, kMax, CheckUnary, InferNot, RunNot},
+    // Broadcasting arithmetic (the opset < 7 broadcast/axis form is read by OperandShape).
+    {"Add", 1, kMax, CheckBinary, InferArith, RunArith<AddOp>},
+    {"Sub", 1, kMax, CheckBinary, InferArith, RunArith<SubOp>},
+    {"Mul", 1, kMax, CheckBinary, InferArith, RunArith<MulOp>},
+    {"Div", 1, kMax, CheckBinary, InferArith, RunArith<DivOp>},
+    {"Pow", 1, kMax, CheckBinary, InferPow, RunPow},
+    {"Min", 1, kMax, CheckVariadic, InferArith, RunArith<MinOp>},
+    {"Max", 1, kMax, CheckVariadic, InferArith, RunArith<MaxOp>},
+    // Comparisons and logic, output bool.
+    {"Equal", 1, kMax, CheckBinary, InferCompare, RunCompare<EqualOp, AllButHalf>},
+    {"Less", 1, kMax, CheckBinary, InferCompare, RunCompare<LessOp, AllButHalf>},
+    {"Greater", 1, kMax, CheckBinary, InferCompare, RunCompare<GreaterOp, AllButHalf>},
+    {"LessOrEqual", 1, kMax, CheckBinary, InferCompare, RunCompare<LessOrEqualOp, AllButHalf>},
+    {"GreaterOrEqual", 1, kMax, CheckBinary, InferCompare,
+     RunCompare<GreaterOrEqualOp, AllButHalf>},
+    {"And", 1, kMax, CheckBinary, InferLogic, RunCompare<AndOp, BoolTypes>},
+    {"Or", 1, kMax, CheckBinary, InferLogic, RunCompare<OrOp, BoolTypes>},
+    // Selection, clamping, conversion.
+    {"Where", 1, kMax, CheckWhere, InferWhere, RunWhere},
+    {"Clip", 1, 10, CheckClipAttrs, InferClip, RunClip},
+    {"Clip", 11, kMax, CheckClipInputs, InferClip, RunClip},
+    {"Cast", 1, kMax, CheckCast, InferCast, RunCast},
+};
+static_assert(std::size(kOps) == 39, "update the op list in the report and tests");
+
+}  // namespace
+
+void RegisterElementwiseOps(OpRegistry& r) {
+  for (const ElementwiseOp& op : kOps) {
+    r.Register(
+        OpDef{op.op_type, "", op.since_version, op.until_version, op.check, op.infer, op.run});
+  }
+}
+
+}  // namespace kiln

@@ -7,8 +7,7 @@
 namespace kiln {
 
 OpContext::OpContext(const Node& node, int64_t opset, std::vector<TensorType> types,
-                     std::vector<const Tensor*> values, std::vector<bool> present,
-                     int num_threads)
+                     std::vector<const Tensor*> values, std::vector<bool> present, int num_threads)
     : node_(node),
       opset_(opset),
       types_(std::move(types)),
@@ -59,9 +58,10 @@ Result<const OpDef*> OpRegistry::Find(const std::string& domain, const std::stri
   auto it = defs_.find({dom, op_type});
   const std::string qualified = (dom.empty() ? "" : dom + ".") + op_type;
   if (it == defs_.end()) {
-    return Status::Unimplemented("op " + qualified + " is not supported by kiln (no kernel for "
-                                 "this op type in domain '" + (dom.empty() ? "ai.onnx" : dom) +
-                                 "')");
+    return Status::Unimplemented("op " + qualified +
+                                 " is not supported by kiln (no kernel for "
+                                 "this op type in domain '" +
+                                 (dom.empty() ? "ai.onnx" : dom) + "')");
   }
   std::string ranges;
   for (const OpDef& d : it->second) {
@@ -115,8 +115,9 @@ Status CheckArity(const Node& node, size_t min_inputs, size_t max_inputs, size_t
   if (node.inputs.size() < min_inputs || node.inputs.size() > max_inputs) {
     return Status::InvalidArgument(
         node.Describe() + ": has " + std::to_string(node.inputs.size()) + " inputs, expected " +
-        (min_inputs == max_inputs ? std::to_string(min_inputs)
-                                  : std::to_string(min_inputs) + " to " + std::to_string(max_inputs)));
+        (min_inputs == max_inputs
+             ? std::to_string(min_inputs)
+             : std::to_string(min_inputs) + " to " + std::to_string(max_inputs)));
   }
   for (size_t i = 0; i < min_inputs; ++i) {
     if (node.inputs[i].empty()) {

@@ -1,1 +1,456 @@
-// placeholder: being written
+// NumPy .npy reading and writing (tensor layer); see npy.h for what is accepted.
+//
+// File layout: "\x93NUMPY", major, minor, header length (u16 LE for 1.0, u32 LE for 2.0/3.0),
+// then a Python dict literal such as {'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }
+// padded with spaces and a newline, then the raw element bytes.
+#include "src/kiln/tensor/npy.h"
+
+#include <bit>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "src/kiln/base/file.h"
+
+namespace kiln {
+
+static_assert(std::endian::native == std::endian::little,
+              ".npy and kiln tensors are little-endian; a big-endian host needs byte swapping");
+
+namespace {
+
+constexpr char kMagic[] = "\x93NUMPY";
+constexpr size_t kMagicLen = 6;
+// Deep enough for any header numpy writes; stops a hostile "((((((..." from recursing far.
+constexpr int kMaxNesting = 8;
+// numpy leaves room for the first dim to grow in place (GROWTH_AXIS_MAX_DIGITS).
+constexpr size_t kGrowthAxisMaxDigits = 21;
+constexpr size_t kHeaderAlign = 64;
+
+// A value of the Python literal subset .npy headers use.
+struct PyValue {
+  enum class Kind { kString, kBool, kNone, kInt, kTuple, kList, kDict };
+  Kind kind = Kind::kNone;
+  std::string str;
+  bool boolean = false;
+  int64_t integer = 0;
+  std::vector<PyValue> items;                     // tuple / list
+  std::vector<std::pair<std::string, PyValue>> entries;  // dict, in file order
+};
+
+const char* KindName(PyValue::Kind k) {
+  switch (k) {
+    case PyValue::Kind::kString: return "a string";
+    case PyValue::Kind::kBool: return "a bool";
+    case PyValue::Kind::kNone: return "None";
+    case PyValue::Kind::kInt: return "an integer";
+    case PyValue::Kind::kTuple: return "a tuple";
+    case PyValue::Kind::kList: return "a list";
+    case PyValue::Kind::kDict: return "a dict";
+  }
+  return "?";
+}
+
+// A careful recursive-descent parser for the header dict: bounds-checked at every step, errors
+// as strings naming the header offset.
+class HeaderParser {
+ public:
+  explicit HeaderParser(std::string_view text) : s_(text) {}
+
+  // Parses the whole header: one dict, then only whitespace.
+  std::optional<PyValue> ParseHeader(std::string* error) {
+    SkipSpace();
+    std::optional<PyValue> v = ParseValue(0, error);
+    if (!v) return std::nullopt;
+    if (v->kind != PyValue::Kind::kDict) {
+      *error = std::string("header is ") + KindName(v->kind) + ", expected a dict";
+      return std::nullopt;
+    }
+    SkipSpace();
+    if (pos_ != s_.size()) {
+      *error = Here("unexpected text after the header dict");
+      return std::nullopt;
+    }
+    return v;
+  }
+
+ private:
+  std::string Here(const std::string& msg) const {
+    return msg + " at header offset " + std::to_string(pos_);
+  }
+  bool AtEnd() const { return pos_ >= s_.size(); }
+  char Peek() const { return AtEnd() ? '\0' : s_[pos_]; }
+  void SkipSpace() {
+    while (!AtEnd() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' ||
+                        s_[pos_] == '\r')) {
+      ++pos_;
+    }
+  }
+  bool Consume(std::string_view word) {
+    if (s_.substr(pos_, word.size()) != word) return false;
+    pos_ += word.size();
+    return true;
+  }
+
+  std::optional<PyValue> ParseValue(int depth, std::string* error) {
+    if (depth > kMaxNesting) {
+      *error = Here("header nests deeper than " + std::to_string(kMaxNesting) + " levels");
+      return std::nullopt;
+    }
+    SkipSpace();
+    if (AtEnd()) {
+      *error = Here("header ends where a value was expected");
+      return std::nullopt;
+    }
+    const char c = Peek();
+    PyValue v;
+    if (c == '\'' || c == '"') {
+      v.kind = PyValue::Kind::kString;
+      ++pos_;
+      while (!AtEnd() && s_[pos_] != c) {
+        if (s_[pos_] == '\\') {
+          *error = Here("escape sequences in header strings are not supported");
+          return std::nullopt;
+        }
+        v.str += s_[pos_++];
+      }
+      if (AtEnd()) {
+        *error = Here("unterminated string in header");
+        return std::nullopt;
+      }
+      ++pos_;  // closing quote
+      return v;
+    }
+    if (c == '-' || (c >= '0' && c <= '9')) return ParseInt(error);
+    if (Consume("True")) {
+      v.kind = PyValue::Kind::kBool;
+      v.boolean = true;
+      return v;
+    }
+    if (Consume("False")) {
+      v.kind = PyValue::Kind::kBool;
+      return v;
+    }
+    if (Consume("None")) return v;
+    if (c == '(' || c == '[') {
+      v.kind = c == '(' ? PyValue::Kind::kTuple : PyValue::Kind::kList;
+      const char close = c == '(' ? ')' : ']';
+      ++pos_;
+      bool last_had_comma = false;
+      while (true) {
+        SkipSpace();
+        if (Peek() == close) {
+          ++pos_;
+          // "(5)" is a parenthesized 5 in Python, not a tuple; "(5,)" is the tuple.
+          if (v.kind == PyValue::Kind::kTuple && v.items.size() == 1 && !last_had_comma) {
+            PyValue inner = std::move(v.items[0]);
+            return inner;
+          }
+          return v;
+        }
+        std::optional<PyValue> item = ParseValue(depth + 1, error);
+        if (!item) return std::nullopt;
+        v.items.push_back(std::move(*item));
+        SkipSpace();
+        last_had_comma = Peek() == ',';
+        if (last_had_comma) {
+          ++pos_;
+        } else if (Peek() != close) {
+          *error = Here(std::string("expected ',' or '") + close + "' in a sequence");
+          return std::nullopt;
+        }
+      }
+    }
+    if (c == '{') {
+      v.kind = PyValue::Kind::kDict;
+      ++pos_;
+      while (true) {
+        SkipSpace();
+        if (Peek() == '}') {
+          ++pos_;
+          return v;
+        }
+        std::optional<PyValue> key = ParseValue(depth + 1, error);
+        if (!key) return std::nullopt;
+        if (key->kind != PyValue::Kind::kString) {
+          *error = Here(std::string("header dict key is ") + KindName(key->kind) +
+                        ", expected a string");
+          return std::nullopt;
+        }
+        SkipSpace();
+        if (Peek() != ':') {
+          *error = Here("expected ':' after key '" + key->str + "'");
+          return std::nullopt;
+        }
+        ++pos_;
+        std::optional<PyValue> value = ParseValue(depth + 1, error);
+        if (!value) return std::nullopt;
+        for (const auto& [k, unused] : v.entries) {
+          if (k == key->str) {
+            *error = Here("duplicate header key '" + k + "'");
+            return std::nullopt;
+          }
+        }
+        v.entries.emplace_back(key->str, std::move(*value));
+        SkipSpace();
+        if (Peek() == ',') {
+          ++pos_;
+        } else if (Peek() != '}') {
+          *error = Here("expected ',' or '}' in the header dict");
+          return std::nullopt;
+        }
+      }
+    }
+    *error = Here(std::string("unexpected character '") + c + "'");
+    return std::nullopt;
+  }
+
+  std::optional<PyValue> ParseInt(std::string* error) {
+    PyValue v;
+    v.kind = PyValue::Kind::kInt;
+    bool negative = false;
+    if (Peek() == '-') {
+      negative = true;
+      ++pos_;
+    }
+    if (AtEnd() || s_[pos_] < '0' || s_[pos_] > '9') {
+      *error = Here("expected digits");
+      return std::nullopt;
+    }
+    uint64_t magnitude = 0;
+    while (!AtEnd() && s_[pos_] >= '0' && s_[pos_] <= '9') {
+      const uint64_t digit = static_cast<uint64_t>(s_[pos_] - '0');
+      if (magnitude > (static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) - digit) / 10) {
+        *error = Here("integer does not fit in 64 bits");
+        return std::nullopt;
+      }
+      magnitude = magnitude * 10 + digit;
+      ++pos_;
+    }
+    if (Peek() == 'L') ++pos_;  // Python 2 long literal, as old numpy wrote shapes ("(3L, 4L)")
+    v.integer = negative ? -static_cast<int64_t>(magnitude) : static_cast<int64_t>(magnitude);
+    return v;
+  }
+
+  std::string_view s_;
+  size_t pos_ = 0;
+};
+
+struct DescrEntry {
+  char kind;
+  char size;
+  DType dtype;
+  const char* write_descr;
+};
+constexpr DescrEntry kDescrs[] = {
+    {'f', '4', DType::kFloat32, "<f4"}, {'f', '2', DType::kFloat16, "<f2"},
+    {'i', '8', DType::kInt64, "<i8"},   {'i', '4', DType::kInt32, "<i4"},
+    {'i', '1', DType::kInt8, "|i1"},    {'u', '1', DType::kUInt8, "|u1"},
+    {'b', '1', DType::kBool, "|b1"},
+};
+static_assert(sizeof(kDescrs) / sizeof(kDescrs[0]) == kDTypeCount, "one descr per DType");
+
+Result<DType> DTypeFromDescr(const std::string& descr, const std::string& prefix) {
+  if (descr.size() == 3) {
+    const char order = descr[0];
+    for (const DescrEntry& e : kDescrs) {
+      if (descr[1] != e.kind || descr[2] != e.size) continue;
+      if (order == '>' && e.size != '1') {
+        return Status::Unimplemented(prefix + "dtype '" + descr +
+                                     "' is big-endian; kiln reads little-endian data only");
+      }
+      if (order == '<' || order == '|' || order == '=' || order == '>') return e.dtype;
+    }
+  }
+  return Status::Unimplemented(prefix + "dtype '" + descr +
+                               "' is not supported (expected one of <f4 <f2 <i8 <i4 |i1 |u1 |b1)");
+}
+
+const char* DescrOf(DType t) {
+  for (const DescrEntry& e : kDescrs) {
+    if (e.dtype == t) return e.write_descr;
+  }
+  KILN_CHECK(false);
+  return "";
+}
+
+uint32_t ReadLE(const uint8_t* p, int nbytes) {
+  uint32_t v = 0;
+  for (int i = nbytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  return v;
+}
+
+}  // namespace
+
+Result<Tensor> ParseNpy(std::string_view bytes, const std::string& what) {
+  const std::string prefix = "npy '" + what + "': ";
+  const auto* p = reinterpret_cast<const uint8_t*>(bytes.data());
+  const size_t size = bytes.size();
+
+  // 1. Magic, version, header length.
+  if (size < kMagicLen + 2 || std::memcmp(p, kMagic, kMagicLen) != 0) {
+    return Status::Corruption(prefix + "does not start with the .npy magic \"\\x93NUMPY\" (" +
+                              std::to_string(size) + " bytes)");
+  }
+  const int major = p[6];
+  const int minor = p[7];
+  int len_bytes = 0;
+  if (major == 1 && minor == 0) {
+    len_bytes = 2;
+  } else if ((major == 2 || major == 3) && minor == 0) {
+    len_bytes = 4;
+  } else {
+    return Status::Unimplemented(prefix + "format version " + std::to_string(major) + "." +
+                                 std::to_string(minor) +
+                                 " is not supported (expected 1.0, 2.0 or 3.0)");
+  }
+  const size_t prelude = kMagicLen + 2 + static_cast<size_t>(len_bytes);
+  if (size < prelude) {
+    return Status::Corruption(prefix + "truncated: " + std::to_string(size) +
+                              " bytes, too short for the header length field");
+  }
+  const size_t header_len = ReadLE(p + kMagicLen + 2, len_bytes);
+  if (header_len > size - prelude) {
+    return Status::Corruption(prefix + "header length " + std::to_string(header_len) +
+                              " runs past the end of the file (" + std::to_string(size - prelude) +
+                              " bytes after the prelude)");
+  }
+
+  // 2. The header dict: exactly descr, fortran_order and shape, as numpy requires.
+  std::string error;
+  HeaderParser parser(bytes.substr(prelude, header_len));
+  std::optional<PyValue> header = parser.ParseHeader(&error);
+  if (!header) return Status::Corruption(prefix + "malformed header: " + error);
+  const PyValue* descr = nullptr;
+  const PyValue* fortran = nullptr;
+  const PyValue* shape_value = nullptr;
+  for (const auto& [key, value] : header->entries) {
+    if (key == "descr") {
+      descr = &value;
+    } else if (key == "fortran_order") {
+      fortran = &value;
+    } else if (key == "shape") {
+      shape_value = &value;
+    } else {
+      return Status::Corruption(prefix + "unexpected header key '" + key +
+                                "' (expected descr, fortran_order, shape)");
+    }
+  }
+  if (!descr || !fortran || !shape_value) {
+    return Status::Corruption(prefix + "header lacks " +
+                              (!descr ? "'descr'" : !fortran ? "'fortran_order'" : "'shape'"));
+  }
+  if (descr->kind != PyValue::Kind::kString) {
+    if (descr->kind == PyValue::Kind::kList) {
+      return Status::Unimplemented(prefix + "structured dtypes are not supported");
+    }
+    return Status::Corruption(prefix + "'descr' is " + KindName(descr->kind) +
+                              ", expected a string");
+  }
+  KILN_ASSIGN_OR_RETURN(DType dtype, DTypeFromDescr(descr->str, prefix));
+  if (fortran->kind != PyValue::Kind::kBool) {
+    return Status::Corruption(prefix + "'fortran_order' is " + KindName(fortran->kind) +
+                              ", expected True or False");
+  }
+  if (shape_value->kind != PyValue::Kind::kTuple) {
+    return Status::Corruption(prefix + "'shape' is " + KindName(shape_value->kind) +
+                              ", expected a tuple of integers");
+  }
+  Shape shape;
+  const size_t elem_size = DTypeSize(dtype);
+  uint64_t numel = 1;
+  bool overflow = false;
+  for (const PyValue& d : shape_value->items) {
+    if (d.kind != PyValue::Kind::kInt || d.integer < 0) {
+      return Status::Corruption(prefix + "'shape' has " +
+                                (d.kind == PyValue::Kind::kInt
+                                     ? "the negative dim " + std::to_string(d.integer)
+                                     : std::string(KindName(d.kind))) +
+                                ", expected non-negative integers");
+    }
+    shape.push_back(d.integer);
+    overflow = overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(d.integer), &numel);
+  }
+  uint64_t data_bytes = 0;
+  overflow = overflow || __builtin_mul_overflow(numel, elem_size, &data_bytes) ||
+             numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  if (fortran->boolean && shape.size() > 1) {
+    // For rank <= 1 Fortran and C order are the same bytes.
+    return Status::Unimplemented(prefix + "fortran_order=True arrays are not supported; save a "
+                                 "C-contiguous array (np.ascontiguousarray)");
+  }
+
+  // 3. The data: exactly numel * element size bytes.
+  const size_t available = size - prelude - header_len;
+  if (overflow || data_bytes != available) {
+    return Status::Corruption(
+        prefix + std::string(DTypeName(dtype)) + ShapeToString(shape) + " needs " +
+        (overflow ? std::string("more than 2^64") : std::to_string(data_bytes)) +
+        " data bytes, file has " + std::to_string(available) +
+        (overflow || data_bytes > available ? " (truncated)" : " (trailing bytes)"));
+  }
+  const uint8_t* data = p + prelude + header_len;
+  if (dtype == DType::kBool) {
+    for (size_t i = 0; i < available; ++i) {
+      if (data[i] > 1) {
+        return Status::Corruption(prefix + "bool element " + std::to_string(i) + " is byte " +
+                                  std::to_string(data[i]) + ", expected 0 or 1");
+      }
+    }
+  }
+  return Tensor::FromBytes(dtype, std::move(shape), data, available);
+}
+
+Result<Tensor> ReadNpy(const std::string& path) {
+  KILN_ASSIGN_OR_RETURN(std::string bytes, ReadFile(path));
+  return ParseNpy(bytes, path);
+}
+
+std::string SerializeNpy(const Tensor& tensor) {
+  KILN_CHECK(tensor.valid());
+  std::string shape = "(";
+  for (size_t i = 0; i < tensor.shape().size(); ++i) {
+    if (i) shape += ", ";
+    shape += std::to_string(tensor.shape()[i]);
+  }
+  if (tensor.shape().size() == 1) shape += ",";
+  shape += ")";
+  std::string header = std::string("{'descr': '") + DescrOf(tensor.dtype()) +
+                       "', 'fortran_order': False, 'shape': " + shape + ", }";
+  // Same bytes as np.save: growth room for the first dim, then pad so the data starts 64-aligned
+  // (a full 64 spaces when already aligned, as numpy does), ending in a newline.
+  if (!tensor.shape().empty()) {
+    const size_t digits = std::to_string(tensor.shape()[0]).size();
+    if (digits < kGrowthAxisMaxDigits) header.append(kGrowthAxisMaxDigits - digits, ' ');
+  }
+  int len_bytes = 2;
+  size_t pad = kHeaderAlign - ((kMagicLen + 2 + 2 + header.size() + 1) % kHeaderAlign);
+  if (header.size() + pad + 1 > 0xffff) {
+    len_bytes = 4;
+    pad = kHeaderAlign - ((kMagicLen + 2 + 4 + header.size() + 1) % kHeaderAlign);
+  }
+  header.append(pad, ' ');
+  header += '\n';
+
+  std::string out(kMagic, kMagicLen);
+  out += static_cast<char>(len_bytes == 2 ? 1 : 2);
+  out += '\0';
+  const uint32_t hlen = static_cast<uint32_t>(header.size());
+  for (int i = 0; i < len_bytes; ++i) out += static_cast<char>((hlen >> (8 * i)) & 0xff);
+  out += header;
+  if (tensor.nbytes() > 0) {
+    out.append(static_cast<const char*>(tensor.raw_data()), tensor.nbytes());
+  }
+  return out;
+}
+
+Status WriteNpy(const std::string& path, const Tensor& tensor) {
+  if (!tensor.valid()) {
+    return Status::InvalidArgument("cannot write npy '" + path + "': the tensor is empty/invalid");
+  }
+  return WriteFileAtomic(path, SerializeNpy(tensor));
+}
+
+}  // namespace kiln

@@ -1,0 +1,26 @@
+// The `kiln` subcommands (cli layer). Each Add*Command registers one subcommand on the app; its
+// callback stores the process exit code in *exit_code (0 ok, 1 error, 2 usage). Errors are
+// printed as "kiln <cmd>: <status>" on stderr; nothing throws past the callback.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+#include "src/kiln/base/status.h"
+
+namespace kiln::cli {
+
+void AddInfoCommand(CLI::App& app, int* exit_code);
+void AddRunCommand(CLI::App& app, int* exit_code);
+void AddCheckpointCommand(CLI::App& app, int* exit_code);
+void AddDemoCommand(CLI::App& app, int* exit_code);
+
+// Prints "kiln <cmd>: <code>: <message>" and returns 1.
+int ReportError(const std::string& cmd, const Status& status);
+
+// Replaces characters unsafe in file names (anything but [A-Za-z0-9._-]) with '_'; never returns
+// "", "." or "..".
+std::string SafeFileName(const std::string& name);
+
+}  // namespace kiln::cli

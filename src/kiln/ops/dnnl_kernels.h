@@ -1,0 +1,53 @@
+// oneDNN-backed float32 kernels: row-major SGEMM and 2-D convolution (ops layer).
+//
+// The eager interpreter's MatMul/Gemm/Conv kernels (ops/nn.cc) call these, and so does the
+// compiled-cell runtime later, which is why they sit behind this small header with no oneDNN
+// types in it. Every function returns a Status and never throws: oneDNN's dnnl::error is caught
+// inside and becomes ResourceExhausted (allocation failure) or Internal (anything else).
+//
+// Threading: oneDNN here runs on OpenMP. `num_threads` > 0 caps the OpenMP team for that call
+// (set on the calling thread and restored afterwards); 0 keeps the runtime's default. All
+// functions may be called concurrently from several threads.
+#pragma once
+
+#include <compare>
+#include <cstdint>
+
+#include "src/kiln/base/status.h"
+
+namespace kiln {
+
+// C = alpha * op(A) * op(B) + beta * C, all row-major; op(X) is X or X^T as trans_* says.
+// op(A) is [M,K], op(B) is [K,N], C is [M,N]. lda/ldb/ldc are row strides in elements of the
+// matrices as stored (A is [K,M] in memory when trans_a). When beta == 0, C is not read.
+// Errors: InvalidArgument for negative sizes or leading dims too small for the stored shape.
+Status Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+             int64_t ldc, int num_threads = 0);
+
+// One 2-D convolution: geometry plus grouping. A 1-D convolution is H = R = 1 with unit
+// stride/dilation and zero pads along H.
+struct Conv2dParams {
+  int64_t N = 1, C = 1, H = 1, W = 1;  // input, NCHW
+  int64_t K = 1;                       // output channels
+  int64_t R = 1, S = 1;                // kernel height, width
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_t = 0, pad_l = 0, pad_b = 0, pad_r = 0;
+  int64_t dil_h = 1, dil_w = 1;  // ONNX convention: 1 = dense kernel
+  int64_t group = 1;             // divides C and K
+
+  // Output extents: (H + pad_t + pad_b - ((R - 1) * dil_h + 1)) / stride_h + 1, likewise W.
+  int64_t OutH() const;
+  int64_t OutW() const;
+  auto operator<=>(const Conv2dParams&) const = default;
+};
+
+// y[N,K,OutH,OutW] = conv(x[N,C,H,W], w[K,C/group,R,S]) + bias[K] (bias may be null).
+// All buffers dense row-major float32; y is fully overwritten. Primitives are cached per
+// (params, effective thread count), so repeated calls with the same geometry only execute.
+// Errors: InvalidArgument naming the field for inconsistent params (group not dividing C or K,
+// non-positive sizes or strides, negative pads, empty output).
+Status Conv2d(const Conv2dParams& p, const float* x, const float* w, const float* bias, float* y,
+              int num_threads = 0);
+
+}  // namespace kiln

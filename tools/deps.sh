@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian 12 packages kiln builds and tests with (see docs/dependencies.md for why
+# each is here). Idempotent: apt runs only when something is missing. Needs root (or sudo).
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libonnx-dev libprotobuf-dev protobuf-compiler
+  libdnnl-dev
+  libssl-dev nlohmann-json3-dev libcli11-dev
+  libgtest-dev libgmock-dev
+)
+if [ "${KILN_WITH_PYTHON:-0}" = 1 ]; then
+  PACKAGES+=(python3 python3-numpy python3-onnx python3-torch)
+fi
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "kiln: installing ${missing[*]}" >&2
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
