@@ -266,8 +266,24 @@ def read_safetensors(path):
 # --------------------------------------------------------------------------
 
 
+# Float inputs that determine a shape by value: kiln treats a float constant feeding one of these
+# as structural (part of the graph), not as a weight, so checkpoints leave them out.
+SHAPE_INPUTS = {"Resize": (1, 2), "Upsample": (1,), "Range": (0, 1, 2)}
+
+
+def structural_float_names(model):
+    names = set()
+    for node in model.graph.node:
+        for i, name in enumerate(node.input):
+            if i in SHAPE_INPUTS.get(node.op_type, ()):
+                names.add(name)
+    return names
+
+
 def float_tensors_of(model):
-    """Float initializers (by name) + float Constant node values (by output)."""
+    """Float initializers (by name) + float Constant node values (by output), minus the float
+    constants that determine a shape (Resize scales etc.), which are structural."""
+    structural = structural_float_names(model)
     out = {}
     for init in model.graph.initializer:
         if init.data_type == onnx.TensorProto.FLOAT:
@@ -287,7 +303,7 @@ def float_tensors_of(model):
                 name = node.output[0]
                 assert name not in out, "name clash: %s" % name
                 out[name] = val
-    return out
+    return {k: v for k, v in out.items() if k not in structural}
 
 
 def op_counts(model):

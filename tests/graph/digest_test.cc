@@ -180,3 +180,31 @@ TEST(GraphDigest, ExamplesHaveDistinctDigests) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A float constant that determines a shape (Resize scales) is structural: hashed by value, not a
+// weight, untouched by checkpoints — else a derived checkpoint would change the output shape.
+TEST(GraphDigest, ShapeDeterminingFloatsAreStructural) {
+  auto build = [](float scale) {
+    testing::OnnxBuilder b;
+    b.Input("x", testing::kFloat, {1, 1, 2, 2}).Output("y", testing::kFloat, {1, 1, 4, 4});
+    b.FloatConstant("scales", {4}, {1, 1, scale, scale});
+    b.Node("Resize", {"x", "", "scales"}, {"y"});
+    auto g = ImportOnnxBytes(b.Bytes(), "resize");
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return *g;
+  };
+  const Graph g2 = build(2.0f), g3 = build(3.0f);
+  EXPECT_TRUE(g2.structural_floats.count("scales"));
+  EXPECT_FALSE(g2.IsWeight("scales"));
+  EXPECT_TRUE(g2.WeightNames().empty());
+  EXPECT_NE(*GraphDigest(g2), *GraphDigest(g3));
+  auto derived = DeriveCheckpoint(g2, 3);
+  ASSERT_TRUE(derived.ok());
+  EXPECT_TRUE(derived->empty());
+}
+
+}  // namespace
+}  // namespace kiln

@@ -11,10 +11,9 @@
 // caller. So canonical JSON holds only null, bools, integers, strings, arrays and objects.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "src/kiln/base/status.h"
 

@@ -22,18 +22,25 @@ LogLevel LevelFromEnvironment() {
   if (env == nullptr || *env == '\0') return LogLevel::kInfo;
   if (std::optional<LogLevel> level = ParseLogLevel(env)) return *level;
   // Say so once rather than silently ignoring a typo in the environment.
-  std::fprintf(stderr, "kiln W KILN_LOG_LEVEL='%s' is not one of debug|info|warning|error|off; "
-                       "using info\n", env);
+  std::fprintf(stderr,
+               "kiln W KILN_LOG_LEVEL='%s' is not one of debug|info|warning|error|off; "
+               "using info\n",
+               env);
   return LogLevel::kInfo;
 }
 
 char LevelLetter(LogLevel level) {
   switch (level) {
-    case LogLevel::kDebug: return 'D';
-    case LogLevel::kInfo: return 'I';
-    case LogLevel::kWarning: return 'W';
-    case LogLevel::kError: return 'E';
-    case LogLevel::kOff: break;
+    case LogLevel::kDebug:
+      return 'D';
+    case LogLevel::kInfo:
+      return 'I';
+    case LogLevel::kWarning:
+      return 'W';
+    case LogLevel::kError:
+      return 'E';
+    case LogLevel::kOff:
+      break;
   }
   return '?';
 }

@@ -81,9 +81,10 @@ inline constexpr LogLevel kSeverity_ERROR = LogLevel::kError;
 }  // namespace kiln
 
 // KILN_LOG(INFO) << ...; severity is one of DEBUG, INFO, WARN, WARNING, ERROR.
-#define KILN_LOG(severity)                                                           \
-  !::kiln::LogEnabled(::kiln::log_internal::kSeverity_##severity)                                \
-      ? (void)0                                                                      \
-      : ::kiln::log_internal::Voidify() &                                            \
-            ::kiln::log_internal::LogLine(::kiln::log_internal::kSeverity_##severity, __FILE__, __LINE__) \
+#define KILN_LOG(severity)                                                                      \
+  !::kiln::LogEnabled(::kiln::log_internal::kSeverity_##severity)                               \
+      ? (void)0                                                                                 \
+      : ::kiln::log_internal::Voidify() &                                                       \
+            ::kiln::log_internal::LogLine(::kiln::log_internal::kSeverity_##severity, __FILE__, \
+                                          __LINE__)                                             \
                 .stream()

@@ -36,7 +36,7 @@ int RunInfo(const std::string& path, bool facts) {
   }
   int64_t weight_count = 0, weight_bytes = 0, const_count = 0;
   for (const auto& [name, t] : g.initializers) {
-    if (IsWeightDType(t.dtype())) {
+    if (g.IsWeight(name)) {
       ++weight_count;
       weight_bytes += static_cast<int64_t>(t.nbytes());
     } else {

@@ -84,7 +84,7 @@ Result<TensorMap> Interpreter::Run(const TensorMap& inputs, const WeightMap* wei
   // Values visible to nodes. Weights and inputs are shared handles: no copy.
   std::map<std::string, Tensor> env;
   for (const auto& [name, t] : g.initializers) {
-    if (weights != nullptr && IsWeightDType(t.dtype())) {
+    if (weights != nullptr && g.IsWeight(name)) {
       auto it = weights->find(name);
       if (it == weights->end()) {
         return Status::NotFound("weight '" + name + "' is not bound (the checkpoint lacks it)");

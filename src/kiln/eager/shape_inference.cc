@@ -61,7 +61,7 @@ Result<InferredGraph> InferShapes(const Graph& g,
   }
   for (const auto& [name, t] : g.initializers) {
     out.types[name] = TensorType{t.dtype(), t.shape()};
-    if (!IsWeightDType(t.dtype())) out.known[name] = t;
+    if (!g.IsWeight(name)) out.known[name] = t;
   }
 
   const OpRegistry& registry = OpRegistry::Global();
@@ -156,7 +156,7 @@ Result<Graph> FoldStructural(const Graph& g, const InferredGraph& inf) {
   for (const Node& n : out.nodes) used.insert(n.inputs.begin(), n.inputs.end());
   for (const ValueInfo& v : out.outputs) used.insert(v.name);
   for (auto it = out.initializers.begin(); it != out.initializers.end();) {
-    if (!IsWeightDType(it->second.dtype()) && !used.count(it->first)) {
+    if (!out.IsWeight(it->first) && !used.count(it->first)) {
       it = out.initializers.erase(it);
     } else {
       ++it;

@@ -2,6 +2,7 @@
 #include "src/kiln/graph/checkpoint.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "src/kiln/tensor/safetensors.h"
 
@@ -10,7 +11,7 @@ namespace kiln {
 WeightMap GraphWeights(const Graph& graph) {
   WeightMap out;
   for (const auto& [name, t] : graph.initializers) {
-    if (IsWeightDType(t.dtype())) out.emplace(name, t);
+    if (graph.IsWeight(name)) out.emplace(name, t);
   }
   return out;
 }
@@ -22,6 +23,11 @@ Result<WeightMap> BindCheckpoint(const Graph& graph, const WeightMap& checkpoint
     auto it = bound.find(name);
     if (it == bound.end()) {
       auto init = graph.initializers.find(name);
+      if (init != graph.initializers.end() && init->second.dtype() == t.dtype() &&
+          init->second.shape() == t.shape() &&
+          std::memcmp(init->second.raw_data(), t.raw_data(), t.nbytes()) == 0) {
+        continue;  // naive exporters save structural constants too: harmless when unchanged
+      }
       if (init != graph.initializers.end()) {
         return Status::InvalidArgument(what + ": tensor '" + name + "' names a structural " +
                                        "constant (" + init->second.TypeString() +

@@ -58,7 +58,7 @@ class Digester {
     nlohmann::json weights = nlohmann::json::array();
     nlohmann::json constants = nlohmann::json::array();
     for (const auto& [name, t] : g.initializers) {  // std::map: sorted by name
-      if (IsWeightDType(t.dtype())) {
+      if (g.IsWeight(name)) {
         nlohmann::json j = {{"name", name}, {"dtype", DTypeName(t.dtype())},
                             {"shape", ShapeJson(t.shape())}};
         id[name] = "w:" + Sha256Hex(j.dump());

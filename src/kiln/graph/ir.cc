@@ -110,10 +110,24 @@ int64_t Graph::opset(const std::string& domain) const {
   return it == opsets.end() ? 1 : it->second;
 }
 
+bool IsShapeInput(const std::string& domain, const std::string& op_type, size_t index) {
+  if (!domain.empty()) return false;
+  if (op_type == "Resize") return index == 1 || index == 2;
+  if (op_type == "Upsample") return index == 1;
+  if (op_type == "Range") return index <= 2;
+  return false;
+}
+
+bool Graph::IsWeight(const std::string& name) const {
+  auto it = initializers.find(name);
+  return it != initializers.end() && IsWeightDType(it->second.dtype()) &&
+         !structural_floats.count(name);
+}
+
 std::vector<std::string> Graph::WeightNames() const {
   std::vector<std::string> names;
   for (const auto& [name, t] : initializers) {
-    if (IsWeightDType(t.dtype())) names.push_back(name);
+    if (IsWeight(name)) names.push_back(name);
   }
   return names;
 }

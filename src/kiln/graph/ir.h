@@ -4,13 +4,16 @@
 // A Graph is a list of Nodes in topological order over named values. Every constant tensor the
 // graph binds by name lives in `initializers`, whatever its source (ONNX initializer or Constant
 // node, which the importer lifts out): floating/8-bit ones are weights (checkpoint data, never
-// hashed), int/bool ones are structural constants (hashed, foldable). IsWeightDType() decides.
+// hashed), int/bool ones are structural constants (hashed, foldable). One exception: a float
+// initializer that determines a shape (Resize scales, Upsample scales, Range bounds) is structural
+// too, because a cell specialized to one shape cannot take another value (see IsWeight).
 // Legacy opset forms are kept as imported; each op's definition reads both forms by opset.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -79,6 +82,10 @@ struct ValueInfo {
   std::string ShapeString() const;  // "[batch,3,224,224]" or "[?]" when unknown
 };
 
+// True when input `index` of op (domain, op_type) determines the shape of its output by value
+// even though its dtype is float: Resize roi/scales, Upsample scales, Range start/limit/delta.
+bool IsShapeInput(const std::string& domain, const std::string& op_type, size_t index);
+
 struct Graph {
   std::string name;
   // domain -> opset version; "" is ai.onnx. Subgraphs inherit their model's opsets.
@@ -91,7 +98,13 @@ struct Graph {
   std::map<std::string, ValueInfo> value_info;
 
   int64_t opset(const std::string& domain = "") const;
-  // Names of initializers that are weights (IsWeightDType), sorted.
+  // Float initializers that are structural because they feed a shape-determining input
+  // (IsShapeInput). Filled by the importer; hashed by value, never replaced by a checkpoint.
+  std::set<std::string> structural_floats;
+
+  // True for an initializer that is a weight: a weight dtype and not structural.
+  bool IsWeight(const std::string& name) const;
+  // Names of initializers that are weights, sorted.
   std::vector<std::string> WeightNames() const;
   const ValueInfo* FindInput(const std::string& name) const;
 };

@@ -397,6 +397,15 @@ struct Importer {
       g.nodes.push_back(std::move(n));
     }
     KILN_RETURN_IF_ERROR(TopoSort(g, outer));
+    for (const Node& n : g.nodes) {
+      for (size_t i = 0; i < n.inputs.size(); ++i) {
+        auto it = g.initializers.find(n.inputs[i]);
+        if (it != g.initializers.end() && IsWeightDType(it->second.dtype()) &&
+            IsShapeInput(n.domain, n.op_type, i)) {
+          g.structural_floats.insert(n.inputs[i]);
+        }
+      }
+    }
     return g;
   }
 

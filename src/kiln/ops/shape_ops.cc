@@ -476,8 +476,9 @@ Result<SlicePlan> PlanSlice(const OpContext& ctx) {
   for (size_t i = 0; i < norm_axes.size(); ++i) {
     const int64_t a = norm_axes[i], dim = in[a], step = (*steps)[i];
     int64_t s = starts[i], e = ends[i];
-    if (step == 0)
+    if (step == 0) {
       return Invalid(ctx, "steps " + Str(*steps) + " contains 0 for axis " + std::to_string(a));
+    }
     if (s < 0) s += dim;  // no overflow: dim >= 0 and s < 0
     if (e < 0) e += dim;
     int64_t len = 0;

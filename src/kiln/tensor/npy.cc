@@ -36,19 +36,26 @@ struct PyValue {
   std::string str;
   bool boolean = false;
   int64_t integer = 0;
-  std::vector<PyValue> items;                     // tuple / list
+  std::vector<PyValue> items;                            // tuple / list
   std::vector<std::pair<std::string, PyValue>> entries;  // dict, in file order
 };
 
 const char* KindName(PyValue::Kind k) {
   switch (k) {
-    case PyValue::Kind::kString: return "a string";
-    case PyValue::Kind::kBool: return "a bool";
-    case PyValue::Kind::kNone: return "None";
-    case PyValue::Kind::kInt: return "an integer";
-    case PyValue::Kind::kTuple: return "a tuple";
-    case PyValue::Kind::kList: return "a list";
-    case PyValue::Kind::kDict: return "a dict";
+    case PyValue::Kind::kString:
+      return "a string";
+    case PyValue::Kind::kBool:
+      return "a bool";
+    case PyValue::Kind::kNone:
+      return "None";
+    case PyValue::Kind::kInt:
+      return "an integer";
+    case PyValue::Kind::kTuple:
+      return "a tuple";
+    case PyValue::Kind::kList:
+      return "a list";
+    case PyValue::Kind::kDict:
+      return "a dict";
   }
   return "?";
 }
@@ -83,8 +90,8 @@ class HeaderParser {
   bool AtEnd() const { return pos_ >= s_.size(); }
   char Peek() const { return AtEnd() ? '\0' : s_[pos_]; }
   void SkipSpace() {
-    while (!AtEnd() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' ||
-                        s_[pos_] == '\r')) {
+    while (!AtEnd() &&
+           (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) {
       ++pos_;
     }
   }
@@ -340,7 +347,9 @@ Result<Tensor> ParseNpy(std::string_view bytes, const std::string& what) {
   }
   if (!descr || !fortran || !shape_value) {
     return Status::Corruption(prefix + "header lacks " +
-                              (!descr ? "'descr'" : !fortran ? "'fortran_order'" : "'shape'"));
+                              (!descr     ? "'descr'"
+                               : !fortran ? "'fortran_order'"
+                                          : "'shape'"));
   }
   if (descr->kind != PyValue::Kind::kString) {
     if (descr->kind == PyValue::Kind::kList) {
@@ -378,7 +387,8 @@ Result<Tensor> ParseNpy(std::string_view bytes, const std::string& what) {
              numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   if (fortran->boolean && shape.size() > 1) {
     // For rank <= 1 Fortran and C order are the same bytes.
-    return Status::Unimplemented(prefix + "fortran_order=True arrays are not supported; save a "
+    return Status::Unimplemented(prefix +
+                                 "fortran_order=True arrays are not supported; save a "
                                  "C-contiguous array (np.ascontiguousarray)");
   }
 

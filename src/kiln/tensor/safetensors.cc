@@ -5,9 +5,8 @@
 #include <bit>
 #include <cstring>
 #include <limits>
-#include <vector>
-
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
@@ -35,8 +34,8 @@ constexpr DTypeToken kDTypeTokens[] = {
 static_assert(sizeof(kDTypeTokens) / sizeof(kDTypeTokens[0]) == kDTypeCount,
               "one safetensors token per DType");
 // Valid in the format, not (yet) in kiln.
-constexpr const char* kUnsupportedTokens[] = {"BF16", "F64",     "I16",     "U16",
-                                              "U32",  "U64",     "F8_E4M3", "F8_E5M2"};
+constexpr const char* kUnsupportedTokens[] = {"BF16", "F64", "I16",     "U16",
+                                              "U32",  "U64", "F8_E4M3", "F8_E5M2"};
 
 const char* TokenOf(DType t) {
   for (const DTypeToken& e : kDTypeTokens) {
@@ -118,7 +117,8 @@ Result<Entry> ParseEntry(const std::string& name, const nlohmann::json& info, ui
   bool overflow = false;
   for (const nlohmann::json& d : shape) {
     uint64_t dim = 0;
-    if (!GetNonNegative(d, &dim) || dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+    if (!GetNonNegative(d, &dim) ||
+        dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
       return Status::Corruption(where + "shape " + shape.dump() + " has dim " + d.dump() +
                                 ", expected non-negative integers");
     }
