@@ -4,6 +4,9 @@
 // what escapes in ErrorFromException.
 #include "src/kiln/ops/dnnl_kernels.h"
 
+#include <cmath>
+#include <new>
+
 #include <algorithm>
 #include <map>
 #include <memory>
@@ -348,6 +351,43 @@ Status Conv2d(const Conv2dParams& p, const float* x, const float* w, const float
   } catch (...) {
     return ErrorFromException(what);
   }
+}
+
+Status ApplyPostOp(int post_op, float* y, int64_t n) {
+  switch (post_op) {
+    case 0: return Status::OK();
+    case 1:
+      for (int64_t i = 0; i < n; ++i) y[i] = y[i] > 0.0f ? y[i] : 0.0f;
+      return Status::OK();
+    case 2:
+      for (int64_t i = 0; i < n; ++i) y[i] = 1.0f / (1.0f + std::exp(-y[i]));
+      return Status::OK();
+    case 3:
+      for (int64_t i = 0; i < n; ++i) y[i] = y[i] / (1.0f + std::exp(-y[i]));
+      return Status::OK();
+    case 4:
+      for (int64_t i = 0; i < n; ++i) y[i] = std::tanh(y[i]);
+      return Status::OK();
+    case 5:
+      for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * y[i] * (1.0f + std::erf(y[i] * 0.70710678f));
+      return Status::OK();
+    default:
+      return Status::InvalidArgument("unknown fused post-op code " + std::to_string(post_op));
+  }
+}
+
+Status Conv2dFused(const Conv2dParams& p, const float* x, const float* w, const float* bias,
+                   float* y, const ConvEpilogue& epi, int num_threads) {
+  const int64_t n = p.N * p.K * p.OutH() * p.OutW();
+  if (!epi.sum) {
+    KILN_RETURN_IF_ERROR(Conv2d(p, x, w, bias, y, num_threads));
+    return ApplyPostOp(epi.post_op, y, n);
+  }
+  std::unique_ptr<float[]> tmp(new (std::nothrow) float[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+  if (!tmp) return Status::ResourceExhausted("Conv2d epilogue: cannot allocate a temporary");
+  KILN_RETURN_IF_ERROR(Conv2d(p, x, w, bias, tmp.get(), num_threads));
+  for (int64_t i = 0; i < n; ++i) y[i] += tmp[i];
+  return ApplyPostOp(epi.post_op, y, n);
 }
 
 }  // namespace kiln

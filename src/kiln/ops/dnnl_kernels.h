@@ -50,4 +50,19 @@ struct Conv2dParams {
 Status Conv2d(const Conv2dParams& p, const float* x, const float* w, const float* bias, float* y,
               int num_threads = 0);
 
+// An elementwise epilogue fused into a convolution: y = post_op(conv + bias [+ y_in]).
+// post_op uses the kiln_post_op codes of runtime/cell_abi.h (0 none, 1 relu, 2 sigmoid, 3 silu,
+// 4 tanh, 5 gelu_erf).
+struct ConvEpilogue {
+  int post_op = 0;
+  bool sum = false;  // add the output buffer's prior contents (a residual) before post_op
+};
+
+// Conv2d with a fused epilogue. When epi.sum, y holds the residual on entry.
+Status Conv2dFused(const Conv2dParams& p, const float* x, const float* w, const float* bias,
+                   float* y, const ConvEpilogue& epi, int num_threads = 0);
+
+// Applies a kiln_post_op code in place to n floats; InvalidArgument for an unknown code.
+Status ApplyPostOp(int post_op, float* y, int64_t n);
+
 }  // namespace kiln

@@ -1,0 +1,151 @@
+// Admission checks before load (cell layer; see admission.h).
+#include "src/kiln/cell/admission.h"
+
+#include <algorithm>
+#include <array>
+#include <optional>
+
+#include "src/kiln/base/canonical_json.h"
+#include "src/kiln/cell/key.h"
+
+namespace kiln {
+
+namespace {
+
+using Json = nlohmann::json;
+
+constexpr std::array<const char*, 7> kTokens = {
+    kRefusalSizeMismatch,      kRefusalDigestMismatch, kRefusalCellCorrupt,
+    kRefusalMetadataInvalid,   kRefusalKeyMismatch,    kRefusalSmMismatch,
+    kRefusalToolchainMismatch,
+};
+
+Status Refuse(StatusCode code, const char* token, const std::string& msg) {
+  return Status(code, std::string(token) + ": " + msg);
+}
+
+// Position of `sm` in KnownSmLevels(), or nullopt.
+std::optional<size_t> SmRank(const std::string& sm) {
+  const auto& levels = KnownSmLevels();
+  auto it = std::find(levels.begin(), levels.end(), sm);
+  if (it == levels.end()) return std::nullopt;
+  return static_cast<size_t>(it - levels.begin());
+}
+
+// A value as a message shows it: strings bare, anything else as compact JSON.
+std::string Show(const Json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  Result<std::string> text = CanonicalJson(v);
+  return text.ok() ? *text : v.dump();
+}
+
+// The dotted path of the first field (in sorted key order, depth first) where `cell` and `here`
+// differ, with both values; nullopt if they are equal.
+std::optional<std::string> FirstDifference(const Json& cell, const Json& here,
+                                           const std::string& path) {
+  if (cell.is_object() && here.is_object()) {
+    // Both maps iterate in sorted order; walk the union of their keys.
+    auto a = cell.begin();
+    auto b = here.begin();
+    while (a != cell.end() || b != here.end()) {
+      if (b == here.end() || (a != cell.end() && a.key() < b.key())) {
+        return "field '" + path + a.key() + "' is '" + Show(a.value()) +
+               "' in the cell, absent here";
+      }
+      if (a == cell.end() || b.key() < a.key()) {
+        return "field '" + path + b.key() + "' is absent in the cell, '" + Show(b.value()) +
+               "' here";
+      }
+      if (auto d = FirstDifference(a.value(), b.value(), path + a.key() + ".")) return d;
+      ++a;
+      ++b;
+    }
+    return std::nullopt;
+  }
+  if (cell == here) return std::nullopt;
+  const std::string name = path.empty() ? "toolchain block" : path.substr(0, path.size() - 1);
+  return "field '" + name + "' is '" + Show(cell) + "' in the cell, '" + Show(here) + "' here";
+}
+
+}  // namespace
+
+Result<AdmittedCell> AdmitCell(std::string_view tar_bytes, const std::string& expected_digest,
+                               uint64_t expected_size, const AdmissionPolicy& policy) {
+  // 1. Bytes: size, then digest, then the archive itself.
+  if (expected_size != 0 && tar_bytes.size() != expected_size) {
+    return Refuse(StatusCode::kCorruption, kRefusalSizeMismatch,
+                  "cell is " + std::to_string(tar_bytes.size()) + " bytes, expected " +
+                      std::to_string(expected_size));
+  }
+  AdmittedCell out;
+  out.digest = CellDigest(tar_bytes);
+  if (!expected_digest.empty() && out.digest != expected_digest) {
+    return Refuse(StatusCode::kCorruption, kRefusalDigestMismatch,
+                  "cell bytes hash to " + out.digest + ", expected " + expected_digest);
+  }
+  Result<CellFiles> files = UnpackCell(tar_bytes, "cell " + out.digest);
+  if (!files.ok()) {
+    return Refuse(StatusCode::kCorruption, kRefusalCellCorrupt, files.status().message());
+  }
+  out.files = std::move(*files);
+
+  // 2. Metadata: shape, then the key restated from it (law 3).
+  Result<CellMetadata> metadata = ParseMetadata(out.files.metadata_json, "metadata.json");
+  if (!metadata.ok()) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalMetadataInvalid,
+                  metadata.status().message());
+  }
+  out.metadata = std::move(*metadata);
+  Result<std::string> restated = RestateKey(out.metadata);
+  if (!restated.ok()) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalKeyMismatch, restated.status().message());
+  }
+  if (*restated != policy.expected_key) {
+    return Refuse(
+        StatusCode::kInvalidArgument, kRefusalKeyMismatch,
+        "cell restates to key '" + *restated + "', expected '" + policy.expected_key + "'");
+  }
+
+  // 3. Axes this machine must match: sm executable here, toolchain equal.
+  const std::optional<size_t> local_rank = SmRank(policy.local_sm);
+  if (!local_rank) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSmMismatch,
+                  "this machine's level '" + policy.local_sm + "' is not a known level");
+  }
+  const std::optional<size_t> cell_rank = SmRank(out.metadata.sm);
+  if (!cell_rank || *cell_rank > *local_rank) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSmMismatch,
+                  "cell is built for '" + out.metadata.sm + "', this machine runs up to '" +
+                      policy.local_sm + "'");
+  }
+  Result<std::string> here = CanonicalJson(policy.local_toolchain);
+  if (!here.ok()) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalToolchainMismatch,
+                  "this machine's toolchain block is not canonical: " + here.status().message());
+  }
+  Result<std::string> cell = CanonicalJson(out.metadata.toolchain);
+  if (!cell.ok()) {  // RestateKey digested it, so this cannot fail; refuse rather than assume
+    return Refuse(StatusCode::kInvalidArgument, kRefusalToolchainMismatch,
+                  "the cell's toolchain block is not canonical: " + cell.status().message());
+  }
+  if (*here != *cell) {
+    std::optional<std::string> diff =
+        FirstDifference(out.metadata.toolchain, policy.local_toolchain, "");
+    return Refuse(
+        StatusCode::kInvalidArgument, kRefusalToolchainMismatch,
+        diff ? *diff : "toolchain blocks differ: " + *cell + " in the cell, " + *here + " here");
+  }
+  return out;
+}
+
+std::string RefusalToken(const Status& status) {
+  if (status.ok()) return "";
+  const std::string& msg = status.message();
+  for (const char* token : kTokens) {
+    const std::string prefix = std::string(token) + ": ";
+    if (msg.rfind(prefix, 0) == 0) return token;
+  }
+  return "";
+}
+
+}  // namespace kiln

@@ -1,0 +1,285 @@
+// The cell loader (see loader.h).
+#include "src/kiln/cell/loader.h"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/file.h"
+#include "src/kiln/cell/pack.h"
+#include "src/kiln/runtime/host.h"
+
+namespace kiln {
+
+const char* LaneName(Lane lane) { return lane == Lane::kExported ? "exported" : "intake"; }
+
+Result<std::shared_ptr<CellLibrary>> CellLibrary::Open(const std::string& so_path) {
+  void* h = ::dlopen(so_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (h == nullptr) {
+    const char* err = ::dlerror();
+    return Status::Corruption("cannot load cell '" + so_path + "': " + (err ? err : "?"));
+  }
+  std::shared_ptr<CellLibrary> lib(new CellLibrary());
+  lib->handle_ = h;
+  auto abi = reinterpret_cast<int (*)()>(::dlsym(h, "kiln_cell_abi_version"));
+  auto describe = reinterpret_cast<const char* (*)()>(::dlsym(h, "kiln_cell_describe"));
+  lib->init = reinterpret_cast<decltype(lib->init)>(::dlsym(h, "kiln_cell_entry_init"));
+  lib->run = reinterpret_cast<decltype(lib->run)>(::dlsym(h, "kiln_cell_entry_run"));
+  lib->release = reinterpret_cast<decltype(lib->release)>(::dlsym(h, "kiln_cell_entry_release"));
+  if (!abi || !describe || !lib->init || !lib->run || !lib->release) {
+    return Status::Corruption("cell '" + so_path + "' does not export the kiln cell ABI");
+  }
+  if (abi() != KILN_CELL_ABI_VERSION) {
+    return Status::InvalidArgument("cell '" + so_path + "' speaks ABI " + std::to_string(abi()) +
+                                   ", this process " + std::to_string(KILN_CELL_ABI_VERSION));
+  }
+  KILN_ASSIGN_OR_RETURN(lib->describe_, ParseJson(describe(), "cell describe()"));
+  return lib;
+}
+
+CellLibrary::~CellLibrary() {
+  if (handle_) ::dlclose(handle_);
+}
+
+ArmedCell::~ArmedCell() {
+  for (kiln_cell_entry* h : handles_) {
+    if (h) library_->release(h);
+  }
+}
+
+void ArmedCell::Revoke(const std::string& reason) {
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  if (!revoked_.exchange(true)) revoke_reason_ = reason;
+}
+
+Status ArmedCell::BindAll(const WeightMap& weights) {
+  std::vector<kiln_cell_entry*> handles;
+  auto release_all = [&] {
+    for (kiln_cell_entry* h : handles) library_->release(h);
+  };
+  for (const EntryMetadata& e : entries_) {
+    std::vector<const void*> ptrs;
+    for (const TensorSpec& c : e.constants) {
+      auto it = weights.find(c.name);
+      if (it == weights.end()) {
+        release_all();
+        return Status::NotFound("cell constant '" + c.name + "' has no bound weight");
+      }
+      if (it->second.dtype() != c.dtype || it->second.shape() != c.shape) {
+        release_all();
+        return Status::InvalidArgument("cell constant '" + c.name + "' is " +
+                                       std::string(DTypeName(c.dtype)) + ShapeToString(c.shape) +
+                                       ", the weight is " + it->second.TypeString());
+      }
+      ptrs.push_back(it->second.raw_data());
+    }
+    kiln_cell_entry* h = nullptr;
+    const int rc = library_->init(e.index, HostApi(), ptrs.data(),
+                                  static_cast<uint32_t>(ptrs.size()), threads_, &h);
+    if (rc != KILN_CELL_OK) {
+      release_all();
+      return Status(rc == KILN_CELL_RESOURCE_EXHAUSTED ? StatusCode::kResourceExhausted
+                                                       : StatusCode::kInternal,
+                    "cell entry " + std::to_string(e.index) + " init failed with code " +
+                        std::to_string(rc));
+    }
+    handles.push_back(h);
+  }
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  for (kiln_cell_entry* h : handles_) {
+    if (h) library_->release(h);
+  }
+  handles_ = std::move(handles);
+  return Status::OK();
+}
+
+Result<std::unique_ptr<ArmedCell>> ArmedCell::Arm(std::shared_ptr<CellLibrary> library,
+                                                  std::vector<EntryMetadata> entries,
+                                                  const WeightMap& weights, Lane lane,
+                                                  std::string ref, int num_threads) {
+  // The library must describe exactly the entries the metadata declares.
+  const nlohmann::json& d = library->describe();
+  if (!d.contains("entries") || d["entries"].size() != entries.size()) {
+    return Status::Corruption("cell describes " +
+                              std::to_string(d.contains("entries") ? d["entries"].size() : 0) +
+                              " entries, its metadata " + std::to_string(entries.size()));
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const auto& de = d["entries"][i];
+    if (de.value("workspace_bytes", uint64_t{0}) != entries[i].workspace_bytes ||
+        de["constants"].size() != entries[i].constants.size() ||
+        de["inputs"].size() != entries[i].inputs.size() ||
+        de["outputs"].size() != entries[i].outputs.size()) {
+      return Status::Corruption("cell entry " + std::to_string(i) +
+                                " differs between describe() and metadata.json");
+    }
+  }
+  std::unique_ptr<ArmedCell> cell(new ArmedCell());
+  cell->library_ = std::move(library);
+  cell->entries_ = std::move(entries);
+  cell->lane_ = lane;
+  cell->ref_ = std::move(ref);
+  cell->threads_ = num_threads;
+  cell->weights_ = weights;
+  KILN_RETURN_IF_ERROR(cell->BindAll(cell->weights_));
+  return cell;
+}
+
+Status ArmedCell::Rebind(const WeightMap& weights) {
+  WeightMap keep = weights;
+  KILN_RETURN_IF_ERROR(BindAll(keep));
+  std::unique_lock<std::shared_mutex> lock(mu_);
+  weights_ = std::move(keep);
+  return Status::OK();
+}
+
+int ArmedCell::Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch) const {
+  int found = -1;
+  int best_rank = -1;  // higher = closer: 0 dtype, 1 missing/rank, 2 dim
+  std::string best;
+  for (size_t i = 0; i < entries_.size(); ++i) {
+    const EntryMetadata& e = entries_[i];
+    int rank = 3;
+    std::string why;
+    for (const TensorSpec& s : e.inputs) {
+      auto it = inputs.find(s.name);
+      if (it == inputs.end()) {
+        rank = std::min(rank, 1);
+        if (why.empty()) why = "input '" + s.name + "' is missing";
+        continue;
+      }
+      const Tensor& t = it->second;
+      if (t.dtype() != s.dtype) {
+        rank = std::min(rank, 0);
+        if (why.empty()) {
+          why = "input '" + s.name + "' is " + DTypeName(t.dtype()) + ", entry " +
+                std::to_string(i) + " takes " + DTypeName(s.dtype);
+        }
+      } else if (t.rank() != static_cast<int64_t>(s.shape.size())) {
+        rank = std::min(rank, 1);
+        if (why.empty()) {
+          why = "input '" + s.name + "' has rank " + std::to_string(t.rank()) + ", entry " +
+                std::to_string(i) + " takes " + ShapeToString(s.shape);
+        }
+      } else if (t.shape() != s.shape) {
+        rank = std::min(rank, 2);
+        if (why.empty()) {
+          why = "input '" + s.name + "' is " + ShapeToString(t.shape()) + ", entry " +
+                std::to_string(i) + " takes " + ShapeToString(s.shape);
+        }
+      }
+    }
+    if (inputs.size() != e.inputs.size() && why.empty()) {
+      rank = 1;
+      why = "request has " + std::to_string(inputs.size()) + " inputs, entry takes " +
+            std::to_string(e.inputs.size());
+    }
+    if (rank == 3) {
+      if (found >= 0) {
+        if (mismatch) *mismatch = "entry_ambiguous: entries " + std::to_string(found) + " and " +
+                                  std::to_string(i) + " both admit the request";
+        return -1;
+      }
+      found = static_cast<int>(i);
+    } else if (rank > best_rank) {
+      best_rank = rank;
+      best = why;
+    }
+  }
+  if (found < 0 && mismatch) *mismatch = best;
+  return found;
+}
+
+Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
+                                                     const std::map<std::string, Tensor>& inputs,
+                                                     CellRunError* error) const {
+  auto fail = [&](CellRunError e, Status s) -> Result<std::map<std::string, Tensor>> {
+    if (error) *error = e;
+    return s;
+  };
+  if (error) *error = CellRunError::kNone;
+  if (revoked_) return fail(CellRunError::kRevoked, Status::Internal("cell is revoked"));
+  if (index < 0 || index >= static_cast<int>(entries_.size())) {
+    return fail(CellRunError::kOutOfEnvelope, Status::InvalidArgument("no such entry"));
+  }
+  const EntryMetadata& e = entries_[static_cast<size_t>(index)];
+  std::vector<const void*> in_ptrs;
+  std::vector<Tensor> realigned;  // inputs copied once into aligned buffers when needed
+  realigned.reserve(e.inputs.size());
+  for (const TensorSpec& s : e.inputs) {
+    auto it = inputs.find(s.name);
+    if (it == inputs.end() || it->second.dtype() != s.dtype || it->second.shape() != s.shape) {
+      return fail(CellRunError::kOutOfEnvelope,
+                  Status::InvalidArgument("input '" + s.name + "' does not match entry " +
+                                          std::to_string(index)));
+    }
+    const void* p = it->second.raw_data();
+    if (reinterpret_cast<uintptr_t>(p) % 64 != 0) {
+      auto copy = it->second.Clone();
+      if (!copy.ok()) return fail(CellRunError::kResource, copy.status());
+      realigned.push_back(std::move(copy).value());
+      p = realigned.back().raw_data();
+    }
+    in_ptrs.push_back(p);
+  }
+  std::map<std::string, Tensor> outputs;
+  std::vector<void*> out_ptrs;
+  for (const TensorSpec& s : e.outputs) {
+    auto t = Tensor::Empty(s.dtype, s.shape);
+    if (!t.ok()) return fail(CellRunError::kResource, t.status());
+    out_ptrs.push_back(t->raw_data());
+    outputs[s.name] = std::move(t).value();
+  }
+  void* ws = nullptr;
+  if (e.workspace_bytes > 0) {
+    ws = std::aligned_alloc(64, (e.workspace_bytes + 63) / 64 * 64);
+    if (!ws) {
+      return fail(CellRunError::kResource,
+                  Status::ResourceExhausted("cannot allocate " +
+                                            std::to_string(e.workspace_bytes) +
+                                            " bytes of cell workspace"));
+    }
+  }
+  int rc;
+  {
+    std::shared_lock<std::shared_mutex> lock(mu_);
+    rc = library_->run(handles_[static_cast<size_t>(index)], in_ptrs.data(), out_ptrs.data(), ws,
+                       e.workspace_bytes);
+  }
+  std::free(ws);
+  if (rc == KILN_CELL_RESOURCE_EXHAUSTED) {
+    return fail(CellRunError::kResource,
+                Status::ResourceExhausted("cell entry " + std::to_string(index) +
+                                          " ran out of memory"));
+  }
+  if (rc != KILN_CELL_OK) {
+    return fail(CellRunError::kCellFault,
+                Status::Internal("cell_fault: entry " + std::to_string(index) + " returned code " +
+                                 std::to_string(rc)));
+  }
+  return outputs;
+}
+
+Result<std::shared_ptr<CellLibrary>> OpenCellBytes(const std::string& so_bytes,
+                                                   const std::string& private_dir) {
+  KILN_RETURN_IF_ERROR(MakeDirs(private_dir));
+  ::chmod(private_dir.c_str(), 0700);
+  const std::string path = private_dir + "/cell.so";
+  KILN_RETURN_IF_ERROR(WriteFileAtomic(path, so_bytes));
+  return CellLibrary::Open(path);
+}
+
+Result<std::unique_ptr<ArmedCell>> LoadAdmittedCell(const AdmittedCell& cell,
+                                                    const WeightMap& weights, Lane lane,
+                                                    const std::string& private_dir,
+                                                    int num_threads) {
+  KILN_ASSIGN_OR_RETURN(auto lib, OpenCellBytes(cell.files.shared_object, private_dir));
+  return ArmedCell::Arm(std::move(lib), cell.metadata.entries, weights, lane,
+                        CellRef(cell.metadata.key, cell.digest), num_threads);
+}
+
+}  // namespace kiln

@@ -1,0 +1,111 @@
+// The cell loader: dlopen a verified cell, bind a checkpoint's weights by name, and hand back an
+// armed object that knows its own lane and state (cell layer).
+//
+// Law 4: nothing reaches dlopen unverified. LoadAdmittedCell takes only an AdmittedCell (the
+// product of AdmitCell: digest, size, key restatement, sm, toolchain all checked) or, for a cell
+// this process just built and proved, the bytes it built. Law 9: the lane is a property of the
+// ArmedCell itself, recorded here — the one seam every adopt route passes — never looked up in a
+// process-global registry.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <shared_mutex>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/cell/admission.h"
+#include "src/kiln/cell/metadata.h"
+#include "src/kiln/graph/checkpoint.h"
+#include "src/kiln/runtime/cell_abi.h"
+
+namespace kiln {
+
+enum class Lane { kExported, kIntake };
+const char* LaneName(Lane lane);
+
+// A dlopen'ed cell shared object and its exported functions. Closed when the last user goes.
+class CellLibrary {
+ public:
+  // REQUIRES: the bytes at `so_path` were verified (admission or this process's own build).
+  static Result<std::shared_ptr<CellLibrary>> Open(const std::string& so_path);
+  ~CellLibrary();
+  CellLibrary(const CellLibrary&) = delete;
+  CellLibrary& operator=(const CellLibrary&) = delete;
+
+  const nlohmann::json& describe() const { return describe_; }
+  int (*init)(uint32_t, const kiln_host_api*, const void* const*, uint32_t, int,
+              kiln_cell_entry**) = nullptr;
+  int (*run)(kiln_cell_entry*, const void* const*, void* const*, void*, uint64_t) = nullptr;
+  void (*release)(kiln_cell_entry*) = nullptr;
+
+ private:
+  CellLibrary() = default;
+  void* handle_ = nullptr;
+  nlohmann::json describe_;
+};
+
+// Why a call did not run in the cell. kCellFault revokes; kResource and kOutOfEnvelope do not.
+enum class CellRunError { kNone, kOutOfEnvelope, kCellFault, kResource, kRevoked };
+
+class ArmedCell {
+ public:
+  // Binds `weights` (every constant-table entry by name, dtype and shape checked) into every
+  // entry. `ref` is "<key>@<digest>" ("" for an intake cell).
+  static Result<std::unique_ptr<ArmedCell>> Arm(std::shared_ptr<CellLibrary> library,
+                                                std::vector<EntryMetadata> entries,
+                                                const WeightMap& weights, Lane lane,
+                                                std::string ref, int num_threads);
+  ~ArmedCell();
+
+  Lane lane() const { return lane_; }
+  const std::string& ref() const { return ref_; }
+  bool revoked() const { return revoked_.load(); }
+  const std::string& revoke_reason() const { return revoke_reason_; }
+  // Sticky for the life of the object (law 7): a revoked cell never runs again.
+  void Revoke(const std::string& reason);
+  const std::vector<EntryMetadata>& entries() const { return entries_; }
+
+  // The one entry whose class admits `inputs` exactly, or -1 with `mismatch` naming the closest
+  // entry's first difference (ranked dtype < missing/rank < dim).
+  int Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch) const;
+
+  // Runs entry `index`. On failure `error` says whose fault it was; the Status names it.
+  Result<std::map<std::string, Tensor>> Run(int index, const std::map<std::string, Tensor>& inputs,
+                                            CellRunError* error) const;
+
+  // Re-binds a new checkpoint of the same architecture (same names, dtypes, shapes).
+  Status Rebind(const WeightMap& weights);
+
+ private:
+  ArmedCell() = default;
+  Status BindAll(const WeightMap& weights);
+
+  std::shared_ptr<CellLibrary> library_;
+  std::vector<EntryMetadata> entries_;
+  std::vector<kiln_cell_entry*> handles_;
+  WeightMap weights_;  // keeps bound tensors alive while entries point at them
+  Lane lane_ = Lane::kExported;
+  std::string ref_;
+  int threads_ = 1;
+  std::atomic<bool> revoked_{false};
+  std::string revoke_reason_;
+  mutable std::shared_mutex mu_;  // Run shares it; Rebind and Revoke take it alone
+};
+
+// Writes the verified .so into `private_dir` (created 0700) and opens it.
+Result<std::shared_ptr<CellLibrary>> OpenCellBytes(const std::string& so_bytes,
+                                                   const std::string& private_dir);
+
+// Admitted bytes -> armed cell (law 4: AdmitCell ran first; this only loads and binds).
+Result<std::unique_ptr<ArmedCell>> LoadAdmittedCell(const AdmittedCell& cell,
+                                                    const WeightMap& weights, Lane lane,
+                                                    const std::string& private_dir,
+                                                    int num_threads);
+
+}  // namespace kiln

@@ -1,0 +1,415 @@
+// metadata.json: serialization, strict parsing and key restatement (cell layer; see metadata.h).
+//
+// Parse checks types and required fields only; RestateKey checks how the recorded facts relate
+// (axes against the blocks they digest, entries against the envelope). Admission runs both, in
+// that order, before anything is loaded (DESIGN.md §2 laws 3-4).
+#include "src/kiln/cell/metadata.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+
+#include "src/kiln/base/canonical_json.h"
+
+namespace kiln {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// ---- serialization --------------------------------------------------------------------------
+
+Json SpecToJson(const TensorSpec& t) {
+  return Json{{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}};
+}
+
+Json SpecsToJson(const std::vector<TensorSpec>& specs) {
+  Json out = Json::array();
+  for (const TensorSpec& t : specs) out.push_back(SpecToJson(t));
+  return out;
+}
+
+Json ShapeClassToJson(const ShapeClass& c) {
+  Json out = Json::object();
+  for (const auto& [input, shape] : c) out[input] = shape;
+  return out;
+}
+
+Json MetadataToJson(const CellMetadata& m) {
+  Json entries = Json::array();
+  for (const EntryMetadata& e : m.entries) {
+    entries.push_back(Json{{"index", e.index},
+                           {"shape_class", ShapeClassToJson(e.shape_class)},
+                           {"inputs", SpecsToJson(e.inputs)},
+                           {"outputs", SpecsToJson(e.outputs)},
+                           {"workspace_bytes", e.workspace_bytes},
+                           {"constants", SpecsToJson(e.constants)}});
+  }
+  return Json{{"format_version", m.format_version},
+              {"key", m.key},
+              {"family", m.family},
+              {"codegen_version", m.codegen_version},
+              {"axes",
+               {{"graph", m.axes.graph},
+                {"envelope", m.axes.envelope},
+                {"sm", m.axes.sm},
+                {"toolchain", m.axes.toolchain}}},
+              {"envelope", m.envelope},
+              {"toolchain", m.toolchain},
+              {"sm", m.sm},
+              {"entries", std::move(entries)},
+              {"fence",
+               {{"checkpoint_free", m.fence.checkpoint_free},
+                {"perturbed_checkpoint_matched", m.fence.perturbed_checkpoint_matched},
+                {"constant_table_complete", m.fence.constant_table_complete}}}};
+}
+
+// ---- parsing --------------------------------------------------------------------------------
+
+// A reader for one JSON object at `path` ("$.entries[0]"): typed field access that names the
+// path, the field and the expectation, and a final check that no field went unread.
+class ObjectReader {
+ public:
+  ObjectReader(const Json& obj, std::string path) : obj_(obj), path_(std::move(path)) {}
+
+  Status CheckIsObject() const {
+    if (!obj_.is_object()) {
+      return Status::InvalidArgument(path_ + " is " + TypeOf(obj_) + ", expected an object");
+    }
+    return Status::OK();
+  }
+
+  Result<const Json*> Field(const std::string& name) {
+    auto it = obj_.find(name);
+    if (it == obj_.end()) {
+      return Status::InvalidArgument(path_ + " has no field '" + name + "'; it is required");
+    }
+    read_.insert(name);
+    return &*it;
+  }
+
+  Result<std::string> String(const std::string& name) {
+    KILN_ASSIGN_OR_RETURN(const Json* v, Field(name));
+    if (!v->is_string()) return TypeError(name, *v, "a string");
+    return v->get<std::string>();
+  }
+
+  Result<bool> Bool(const std::string& name) {
+    KILN_ASSIGN_OR_RETURN(const Json* v, Field(name));
+    if (!v->is_boolean()) return TypeError(name, *v, "a bool");
+    return v->get<bool>();
+  }
+
+  // A non-negative integer no larger than `max`.
+  Result<uint64_t> Unsigned(const std::string& name, uint64_t max) {
+    KILN_ASSIGN_OR_RETURN(const Json* v, Field(name));
+    if (v->is_number_unsigned()) {
+      const uint64_t u = v->get<uint64_t>();
+      if (u <= max) return u;
+    } else if (v->is_number_integer() && v->get<int64_t>() >= 0 &&
+               static_cast<uint64_t>(v->get<int64_t>()) <= max) {
+      return static_cast<uint64_t>(v->get<int64_t>());
+    }
+    return TypeError(name, *v, "an integer in [0, " + std::to_string(max) + "]");
+  }
+
+  Result<const Json*> Object(const std::string& name) {
+    KILN_ASSIGN_OR_RETURN(const Json* v, Field(name));
+    if (!v->is_object()) return TypeError(name, *v, "an object");
+    return v;
+  }
+
+  Result<const Json*> Array(const std::string& name) {
+    KILN_ASSIGN_OR_RETURN(const Json* v, Field(name));
+    if (!v->is_array()) return TypeError(name, *v, "an array");
+    return v;
+  }
+
+  // Refuses the first field (in sorted order) that no accessor read.
+  Status NoUnknownFields() const {
+    for (auto it = obj_.begin(); it != obj_.end(); ++it) {
+      if (read_.count(it.key()) == 0) {
+        return Status::InvalidArgument(path_ + " has unknown field '" + it.key() +
+                                       "'; format_version " + std::to_string(kCellFormatVersion) +
+                                       " does not define it");
+      }
+    }
+    return Status::OK();
+  }
+
+  const std::string& path() const { return path_; }
+
+  static std::string TypeOf(const Json& v) {
+    switch (v.type()) {
+      case Json::value_t::null:
+        return "null";
+      case Json::value_t::boolean:
+        return "a bool";
+      case Json::value_t::number_integer:
+      case Json::value_t::number_unsigned:
+        return "the integer " + v.dump();
+      case Json::value_t::number_float:
+        return "the float " + v.dump();
+      case Json::value_t::string:
+        return "a string";
+      case Json::value_t::array:
+        return "an array";
+      case Json::value_t::object:
+        return "an object";
+      default:
+        return "an unsupported value";
+    }
+  }
+
+ private:
+  Status TypeError(const std::string& name, const Json& v, const std::string& expected) const {
+    return Status::InvalidArgument(path_ + "." + name + " is " + TypeOf(v) + ", expected " +
+                                   expected);
+  }
+
+  const Json& obj_;
+  std::string path_;
+  std::set<std::string> read_;
+};
+
+Result<Shape> ParseDims(const Json& v, const std::string& path) {
+  if (!v.is_array()) {
+    return Status::InvalidArgument(path + " is " + ObjectReader::TypeOf(v) +
+                                   ", expected an array of dims");
+  }
+  Shape shape;
+  for (size_t i = 0; i < v.size(); ++i) {
+    const Json& d = v[i];
+    const bool ok =
+        (d.is_number_unsigned() &&
+         d.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) ||
+        (d.is_number_integer() && !d.is_number_unsigned() && d.get<int64_t>() >= 0);
+    if (!ok) {
+      return Status::InvalidArgument(path + "[" + std::to_string(i) + "] is " +
+                                     ObjectReader::TypeOf(d) +
+                                     ", expected a non-negative integer dim");
+    }
+    shape.push_back(d.get<int64_t>());
+  }
+  return shape;
+}
+
+Result<TensorSpec> ParseSpec(const Json& v, const std::string& path) {
+  ObjectReader r(v, path);
+  KILN_RETURN_IF_ERROR(r.CheckIsObject());
+  TensorSpec t;
+  KILN_ASSIGN_OR_RETURN(t.name, r.String("name"));
+  if (t.name.empty()) return Status::InvalidArgument(path + ".name is empty; expected a name");
+  KILN_ASSIGN_OR_RETURN(std::string dtype, r.String("dtype"));
+  Result<DType> dt = DTypeFromName(dtype);
+  if (!dt.ok()) return dt.status().WithContext(path + ".dtype");
+  t.dtype = *dt;
+  KILN_ASSIGN_OR_RETURN(const Json* shape, r.Array("shape"));
+  KILN_ASSIGN_OR_RETURN(t.shape, ParseDims(*shape, path + ".shape"));
+  KILN_RETURN_IF_ERROR(r.NoUnknownFields());
+  return t;
+}
+
+// A list of specs whose names are unique within the list (weights and I/O are bound by name).
+Result<std::vector<TensorSpec>> ParseSpecs(ObjectReader& r, const std::string& name) {
+  KILN_ASSIGN_OR_RETURN(const Json* arr, r.Array(name));
+  std::vector<TensorSpec> out;
+  std::set<std::string> names;
+  for (size_t i = 0; i < arr->size(); ++i) {
+    const std::string path = r.path() + "." + name + "[" + std::to_string(i) + "]";
+    KILN_ASSIGN_OR_RETURN(TensorSpec t, ParseSpec((*arr)[i], path));
+    if (!names.insert(t.name).second) {
+      return Status::InvalidArgument(path + " names '" + t.name + "' again; each " + name +
+                                     " name must appear once");
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+Result<EntryMetadata> ParseEntry(const Json& v, const std::string& path) {
+  ObjectReader r(v, path);
+  KILN_RETURN_IF_ERROR(r.CheckIsObject());
+  EntryMetadata e;
+  KILN_ASSIGN_OR_RETURN(uint64_t index, r.Unsigned("index", std::numeric_limits<uint32_t>::max()));
+  e.index = static_cast<uint32_t>(index);
+  KILN_ASSIGN_OR_RETURN(const Json* sc, r.Object("shape_class"));
+  if (sc->empty()) {
+    return Status::InvalidArgument(path + ".shape_class names no input; expected at least one");
+  }
+  for (auto it = sc->begin(); it != sc->end(); ++it) {
+    KILN_ASSIGN_OR_RETURN(e.shape_class[it.key()],
+                          ParseDims(it.value(), path + ".shape_class." + it.key()));
+  }
+  KILN_ASSIGN_OR_RETURN(e.inputs, ParseSpecs(r, "inputs"));
+  KILN_ASSIGN_OR_RETURN(e.outputs, ParseSpecs(r, "outputs"));
+  KILN_ASSIGN_OR_RETURN(e.workspace_bytes,
+                        r.Unsigned("workspace_bytes", std::numeric_limits<uint64_t>::max()));
+  KILN_ASSIGN_OR_RETURN(e.constants, ParseSpecs(r, "constants"));
+  KILN_RETURN_IF_ERROR(r.NoUnknownFields());
+  return e;
+}
+
+Result<KeyAxes> ParseAxes(const Json& v, const std::string& path) {
+  ObjectReader r(v, path);
+  KILN_RETURN_IF_ERROR(r.CheckIsObject());
+  KeyAxes a;
+  KILN_ASSIGN_OR_RETURN(a.graph, r.String("graph"));
+  KILN_ASSIGN_OR_RETURN(a.envelope, r.String("envelope"));
+  KILN_ASSIGN_OR_RETURN(a.sm, r.String("sm"));
+  KILN_ASSIGN_OR_RETURN(a.toolchain, r.String("toolchain"));
+  KILN_RETURN_IF_ERROR(r.NoUnknownFields());  // an unknown axis is refused by name (§5)
+  return a;
+}
+
+Result<FenceFlags> ParseFence(const Json& v, const std::string& path) {
+  ObjectReader r(v, path);
+  KILN_RETURN_IF_ERROR(r.CheckIsObject());
+  FenceFlags f;
+  KILN_ASSIGN_OR_RETURN(f.checkpoint_free, r.Bool("checkpoint_free"));
+  KILN_ASSIGN_OR_RETURN(f.perturbed_checkpoint_matched, r.Bool("perturbed_checkpoint_matched"));
+  KILN_ASSIGN_OR_RETURN(f.constant_table_complete, r.Bool("constant_table_complete"));
+  KILN_RETURN_IF_ERROR(r.NoUnknownFields());
+  return f;
+}
+
+Result<CellMetadata> MetadataFromJson(const Json& j) {
+  ObjectReader r(j, "$");
+  KILN_RETURN_IF_ERROR(r.CheckIsObject());
+  CellMetadata m;
+  // The version first: a newer layout is refused as such, not as a list of unknown fields.
+  KILN_ASSIGN_OR_RETURN(const Json* version, r.Field("format_version"));
+  if (!version->is_number_integer() || version->get<int64_t>() != kCellFormatVersion) {
+    return Status::InvalidArgument("$.format_version is " + version->dump() +
+                                   "; this build reads format_version " +
+                                   std::to_string(kCellFormatVersion) + " only");
+  }
+  m.format_version = kCellFormatVersion;
+  KILN_ASSIGN_OR_RETURN(m.key, r.String("key"));
+  if (!IsWellFormedKey(m.key)) {
+    return Status::InvalidArgument("$.key is '" + m.key + "', expected ck1- and 56 lowercase hex");
+  }
+  KILN_ASSIGN_OR_RETURN(m.family, r.String("family"));
+  KILN_ASSIGN_OR_RETURN(m.codegen_version, r.String("codegen_version"));
+  KILN_ASSIGN_OR_RETURN(const Json* axes, r.Object("axes"));
+  KILN_ASSIGN_OR_RETURN(m.axes, ParseAxes(*axes, "$.axes"));
+  KILN_ASSIGN_OR_RETURN(const Json* envelope, r.Object("envelope"));
+  m.envelope = *envelope;
+  KILN_ASSIGN_OR_RETURN(const Json* toolchain, r.Object("toolchain"));
+  m.toolchain = *toolchain;
+  KILN_ASSIGN_OR_RETURN(m.sm, r.String("sm"));
+  KILN_ASSIGN_OR_RETURN(const Json* entries, r.Array("entries"));
+  for (size_t i = 0; i < entries->size(); ++i) {
+    const std::string path = "$.entries[" + std::to_string(i) + "]";
+    KILN_ASSIGN_OR_RETURN(EntryMetadata e, ParseEntry((*entries)[i], path));
+    if (e.index != i) {
+      return Status::InvalidArgument(path + ".index is " + std::to_string(e.index) + ", expected " +
+                                     std::to_string(i) +
+                                     " (entries are recorded in index order from 0)");
+    }
+    m.entries.push_back(std::move(e));
+  }
+  KILN_ASSIGN_OR_RETURN(const Json* fence, r.Object("fence"));
+  KILN_ASSIGN_OR_RETURN(m.fence, ParseFence(*fence, "$.fence"));
+  KILN_RETURN_IF_ERROR(r.NoUnknownFields());
+  return m;
+}
+
+// ---- restatement ----------------------------------------------------------------------------
+
+Status CheckAxis(const char* axis, const std::string& restated, const std::string& recorded) {
+  if (restated != recorded) {
+    return Status::InvalidArgument(std::string("metadata axis '") + axis + "' restates to '" +
+                                   restated + "' but records '" + recorded + "'");
+  }
+  return Status::OK();
+}
+
+// The envelope block must be exactly EnvelopeFacts of the envelope it describes, and the entries
+// must serve its shape classes one to one: a cell answers for the whole envelope in its key.
+Status CheckEntriesCoverEnvelope(const CellMetadata& m) {
+  Result<Envelope> env = EnvelopeFromFacts(m.envelope);
+  if (!env.ok()) return env.status().WithContext("metadata envelope");
+  KILN_ASSIGN_OR_RETURN(Json canonical, EnvelopeFacts(*env));
+  if (canonical != m.envelope) {
+    return Status::InvalidArgument(
+        "metadata envelope is not in canonical form (classes sorted, no other fields); "
+        "expected " +
+        canonical.dump());
+  }
+  std::vector<std::string> classes;
+  for (const Json& c : canonical["classes"]) {
+    KILN_ASSIGN_OR_RETURN(std::string text, CanonicalJson(c));
+    classes.push_back(std::move(text));
+  }
+  std::vector<int64_t> served_by(classes.size(), -1);
+  for (size_t i = 0; i < m.entries.size(); ++i) {
+    KILN_ASSIGN_OR_RETURN(std::string text,
+                          CanonicalJson(ShapeClassToJson(m.entries[i].shape_class)));
+    auto it = std::find(classes.begin(), classes.end(), text);
+    if (it == classes.end()) {
+      return Status::InvalidArgument("metadata entry " + std::to_string(i) + " shape class " +
+                                     text + " is not a class of the envelope");
+    }
+    const size_t c = static_cast<size_t>(it - classes.begin());
+    if (served_by[c] >= 0) {
+      return Status::InvalidArgument("metadata entries " + std::to_string(served_by[c]) + " and " +
+                                     std::to_string(i) + " both serve shape class " + text +
+                                     "; expected one entry per class");
+    }
+    served_by[c] = static_cast<int64_t>(i);
+  }
+  for (size_t c = 0; c < classes.size(); ++c) {
+    if (served_by[c] < 0) {
+      return Status::InvalidArgument("metadata envelope class " + classes[c] +
+                                     " has no entry; expected one entry per class");
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<std::string> SerializeMetadata(const CellMetadata& m) {
+  KILN_ASSIGN_OR_RETURN(std::string text, CanonicalJson(MetadataToJson(m)));
+  // Never write what ParseMetadata would refuse: a minted cell must be admissible by shape.
+  KILN_RETURN_IF_ERROR(ParseMetadata(text, "metadata being serialized").status());
+  return text;
+}
+
+Result<CellMetadata> ParseMetadata(std::string_view json_text, const std::string& what) {
+  KILN_ASSIGN_OR_RETURN(Json j, ParseJson(json_text, what));
+  Result<CellMetadata> m = MetadataFromJson(j);
+  if (!m.ok()) return m.status().WithContext(what);
+  return m;
+}
+
+Result<std::string> RestateKey(const CellMetadata& m) {
+  if (m.format_version != kCellFormatVersion) {
+    return Status::InvalidArgument("metadata format_version is " +
+                                   std::to_string(m.format_version) + ", expected " +
+                                   std::to_string(kCellFormatVersion));
+  }
+  Result<std::string> envelope = FactsDigest(m.envelope);
+  if (!envelope.ok()) return envelope.status().WithContext("metadata envelope");
+  KILN_RETURN_IF_ERROR(CheckAxis("envelope", *envelope, m.axes.envelope));
+  Result<std::string> toolchain = FactsDigest(m.toolchain);
+  if (!toolchain.ok()) return toolchain.status().WithContext("metadata toolchain");
+  KILN_RETURN_IF_ERROR(CheckAxis("toolchain", *toolchain, m.axes.toolchain));
+  if (m.sm != m.axes.sm) {
+    return Status::InvalidArgument("metadata axis 'sm' records '" + m.axes.sm +
+                                   "' but the cell's sm is '" + m.sm + "'");
+  }
+  KILN_RETURN_IF_ERROR(CheckEntriesCoverEnvelope(m));
+  Result<std::string> key = KeyFromAxes(m.axes);
+  if (!key.ok()) return key.status().WithContext("metadata");
+  if (*key != m.key) {
+    return Status::InvalidArgument("metadata key '" + m.key +
+                                   "' does not restate: axes graph=" + m.axes.graph +
+                                   " envelope=" + m.axes.envelope + " sm=" + m.axes.sm +
+                                   " toolchain=" + m.axes.toolchain + " give key '" + *key + "'");
+  }
+  return *key;
+}
+
+}  // namespace kiln

@@ -1,0 +1,155 @@
+// Minting (see mint.h).
+#include "src/kiln/cell/mint.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+
+#include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/file.h"
+#include "src/kiln/cell/pack.h"
+#include "src/kiln/graph/digest.h"
+
+namespace kiln {
+
+namespace {
+
+double Ms(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+Result<TensorSpec> SpecFromJson(const nlohmann::json& j) {
+  TensorSpec s;
+  s.name = j.at("name").get<std::string>();
+  KILN_ASSIGN_OR_RETURN(s.dtype, DTypeFromName(j.at("dtype").get<std::string>()));
+  s.shape = j.at("shape").get<Shape>();
+  return s;
+}
+
+struct TempDir {
+  std::string path;
+  bool owned = false;
+  ~TempDir() {
+    if (owned && !path.empty() && std::getenv("KILN_KEEP_MINT_DIR") == nullptr) {
+      std::string out;
+      (void)RunProcess({"/bin/rm", "-rf", path}, &out);
+    }
+  }
+};
+
+}  // namespace
+
+Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope,
+                              const std::string& sm) {
+  KeyAxes axes;
+  KILN_ASSIGN_OR_RETURN(axes.graph, GraphDigest(graph));
+  KILN_ASSIGN_OR_RETURN(nlohmann::json env, EnvelopeFacts(envelope));
+  KILN_ASSIGN_OR_RETURN(axes.envelope, FactsDigest(env));
+  axes.sm = sm.empty() ? DefaultSmTarget() : sm;
+  KILN_ASSIGN_OR_RETURN(Toolchain tc, LocalToolchain());
+  KILN_ASSIGN_OR_RETURN(axes.toolchain, tc.Digest());
+  return axes;
+}
+
+Result<MintResult> MintCell(const MintRequest& req) {
+  MintResult out;
+  auto stage = std::chrono::steady_clock::now();
+  auto mark = [&](const char* name) {
+    out.stages.push_back({name, Ms(stage)});
+    stage = std::chrono::steady_clock::now();
+  };
+  const Graph& graph = *req.graph;
+  // key
+  KILN_ASSIGN_OR_RETURN(out.axes, DeriveKeyAxes(graph, req.envelope, req.sm));
+  KILN_ASSIGN_OR_RETURN(out.key, KeyFromAxes(out.axes));
+  KILN_ASSIGN_OR_RETURN(Toolchain toolchain, LocalToolchain());
+  mark("key");
+  // compile
+  std::vector<Program> programs;
+  KILN_ASSIGN_OR_RETURN(EmittedCell emitted, GenerateCell(graph, req.envelope, out.axes.graph,
+                                                          req.compile, &out.passes, &programs));
+  mark("compile");
+  // build
+  TempDir dir;
+  dir.path = req.work_dir;
+  if (dir.path.empty()) {
+    char tmpl[] = "/tmp/kiln-mint-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) return Status::IOError("cannot create a mint directory");
+    dir.path = tmpl;
+    dir.owned = true;
+  } else {
+    KILN_RETURN_IF_ERROR(MakeDirs(dir.path));
+  }
+  auto driver = MakeSystemCompilerDriver(toolchain);
+  KILN_ASSIGN_OR_RETURN(std::string so_bytes,
+                        BuildSharedObject(emitted.source, programs.size(), out.axes.sm, out.key,
+                                          *driver, dir.path, req.compile.parallel_compiles,
+                                          &out.passes));
+  mark("build");
+  // metadata (entries from the describe JSON the cell itself will report)
+  CellMetadata& md = out.metadata;
+  md.key = out.key;
+  md.family = req.family;
+  md.codegen_version = kCodegenVersion;
+  md.axes = out.axes;
+  KILN_ASSIGN_OR_RETURN(md.envelope, EnvelopeFacts(req.envelope));
+  md.toolchain = toolchain.Block();
+  md.sm = out.axes.sm;
+  for (size_t i = 0; i < programs.size(); ++i) {
+    const nlohmann::json& d = emitted.describe["entries"][i];
+    EntryMetadata e;
+    e.index = static_cast<uint32_t>(i);
+    e.shape_class = req.envelope.classes[i];
+    for (const auto& j : d["inputs"]) {
+      KILN_ASSIGN_OR_RETURN(TensorSpec s, SpecFromJson(j));
+      e.inputs.push_back(s);
+    }
+    for (const auto& j : d["outputs"]) {
+      KILN_ASSIGN_OR_RETURN(TensorSpec s, SpecFromJson(j));
+      e.outputs.push_back(s);
+    }
+    for (const auto& j : d["constants"]) {
+      KILN_ASSIGN_OR_RETURN(TensorSpec s, SpecFromJson(j));
+      e.constants.push_back(s);
+    }
+    e.workspace_bytes = d["workspace_bytes"].get<uint64_t>();
+    md.entries.push_back(std::move(e));
+  }
+  // load: the exact bytes that will be sealed (law 6)
+  KILN_ASSIGN_OR_RETURN(auto library, OpenCellBytes(so_bytes, dir.path + "/proof"));
+  KILN_ASSIGN_OR_RETURN(auto cell, ArmedCell::Arm(library, md.entries, req.weights,
+                                                  Lane::kExported, "", req.num_threads));
+  KILN_ASSIGN_OR_RETURN(Interpreter eager, Interpreter::Create(req.graph));
+  mark("load");
+  // gate
+  KILN_ASSIGN_OR_RETURN(out.gate, RunGate(*cell, eager, req.weights, req.thresholds));
+  mark("gate");
+  if (out.gate.verdict == Verdict::kUnmeasurable) {
+    return Status::InvalidArgument("unmeasurable: " + out.gate.Summary());
+  }
+  if (out.gate.verdict != Verdict::kHealthy) {
+    return Status::InvalidArgument("numerics_refused: " + out.gate.Summary() +
+                                   "; only HEALTHY cells are sealed");
+  }
+  // fence
+  KILN_ASSIGN_OR_RETURN(out.fence, RunFenceProof(*cell, eager, req.weights, req.thresholds));
+  md.fence.checkpoint_free = true;
+  md.fence.perturbed_checkpoint_matched = true;
+  md.fence.constant_table_complete = true;
+  mark("fence");
+  // seal
+  CellFiles files;
+  KILN_ASSIGN_OR_RETURN(files.metadata_json, SerializeMetadata(md));
+  files.shared_object = std::move(so_bytes);
+  files.source = emitted.source;
+  KILN_ASSIGN_OR_RETURN(out.tar, PackCell(files));
+  out.digest = CellDigest(out.tar);
+  out.ref = CellRef(out.key, out.digest);
+  mark("seal");
+  return out;
+}
+
+}  // namespace kiln

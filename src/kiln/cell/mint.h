@@ -1,0 +1,60 @@
+// Minting: build a cell on this machine, prove it, seal it (cell layer; DESIGN.md §4 Mint).
+//
+// Stages, each timed: key (derived without compiling) -> compile (passes per class) -> build
+// (entries compiled as parallel compiler processes, linked) -> load -> gate (strict: only
+// HEALTHY ships) -> fence (perturbed checkpoint + complete constant table) -> seal (metadata,
+// deterministic tar, digest). Law 6: the .so bytes packed are the very bytes that were loaded
+// and proven; nothing is rebuilt between proof and seal. Law 15: one key with one toolchain gives
+// byte-identical cells.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/cell/gate.h"
+#include "src/kiln/cell/metadata.h"
+#include "src/kiln/compile/pipeline.h"
+
+namespace kiln {
+
+struct MintRequest {
+  std::shared_ptr<const Graph> graph;
+  Envelope envelope;
+  std::string family;      // e.g. "root/micro-diffusion"
+  WeightMap weights;       // the checkpoint the proof runs with
+  NumericsThresholds thresholds;
+  std::string sm;          // "" = DefaultSmTarget()
+  CompileOptions compile;
+  std::string work_dir;    // "" = a fresh temp dir, removed afterwards
+  int num_threads = 1;
+};
+
+struct StageTime {
+  std::string stage;
+  double ms = 0;
+};
+
+struct MintResult {
+  std::string key;
+  KeyAxes axes;
+  std::string digest;  // sha256:...
+  std::string ref;     // key@digest
+  std::string tar;     // the sealed bytes
+  CellMetadata metadata;
+  GateReport gate;
+  GateReport fence;
+  std::vector<StageTime> stages;
+  std::vector<PassTiming> passes;
+};
+
+// The key and its axes for a target, without compiling (`kiln key`).
+Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, const std::string& sm);
+
+// Mints. A gate or fence refusal is InvalidArgument whose message starts with the refusal token
+// (`numerics_refused`, `fence_refused`, `unmeasurable`) and names the worst entry.
+Result<MintResult> MintCell(const MintRequest& request);
+
+}  // namespace kiln

@@ -1,0 +1,160 @@
+// LocalStore: on-disk cells by key (cell layer; see store.h).
+#include "src/kiln/cell/store.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/log.h"
+#include "src/kiln/cell/key.h"
+#include "src/kiln/cell/pack.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr const char* kTarName = "cell.tar";
+constexpr const char* kRefName = "ref";
+
+Status CheckKey(const std::string& key) {
+  if (!IsWellFormedKey(key)) {
+    return Status::InvalidArgument("local store: key '" + key +
+                                   "' is not a cell key (expected ck1- and 56 lowercase hex)");
+  }
+  return Status::OK();
+}
+
+bool IsWellFormedDigest(const std::string& digest) {
+  if (digest.size() != 7 + 64 || digest.rfind("sha256:", 0) != 0) return false;
+  return std::all_of(digest.begin() + 7, digest.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+// What one read of an entry found.
+struct Lookup {
+  enum class Kind { kAbsent, kHit, kCorrupt } kind = Kind::kAbsent;
+  std::string reason;  // for kCorrupt
+  std::string digest;
+  std::string bytes;
+};
+
+Lookup ReadEntry(const std::string& tar_path, const std::string& ref_path) {
+  Lookup out;
+  Result<std::string> ref = ReadFile(ref_path);
+  Result<std::string> tar = ReadFile(tar_path);
+  const bool ref_absent = !ref.ok() && ref.status().code() == StatusCode::kNotFound;
+  const bool tar_absent = !tar.ok() && tar.status().code() == StatusCode::kNotFound;
+  if (ref_absent && tar_absent) return out;  // a plain miss
+  out.kind = Lookup::Kind::kCorrupt;
+  if (ref_absent || tar_absent) {
+    out.reason =
+        std::string("half an entry: '") + (ref_absent ? kRefName : kTarName) + "' is missing";
+    return out;
+  }
+  if (!ref.ok()) {
+    out.reason = "unreadable ref: " + ref.status().message();
+    return out;
+  }
+  if (!tar.ok()) {
+    out.reason = "unreadable cell: " + tar.status().message();
+    return out;
+  }
+  if (!IsWellFormedDigest(*ref)) {
+    out.reason =
+        "ref holds " + std::to_string(ref->size()) + " bytes that are not 'sha256:<64 hex>'";
+    return out;
+  }
+  const std::string actual = CellDigest(*tar);
+  if (actual != *ref) {
+    out.reason = "cell bytes hash to " + actual + " but the ref records " + *ref;
+    return out;
+  }
+  out.kind = Lookup::Kind::kHit;
+  out.digest = std::move(*ref);
+  out.bytes = std::move(*tar);
+  return out;
+}
+
+}  // namespace
+
+Result<std::string> DefaultStoreRoot() {
+  const char* cache = std::getenv("KILN_CACHE_DIR");
+  if (cache != nullptr && *cache != '\0') return std::string(cache) + "/cells";
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && *home != '\0') return std::string(home) + "/.cache/kiln/cells";
+  return Status::InvalidArgument(
+      "local store: neither KILN_CACHE_DIR nor HOME is set; set one to place the cell store");
+}
+
+LocalStore::LocalStore(std::string root) : root_(std::move(root)) {}
+
+Status LocalStore::Put(const std::string& key, std::string_view tar_bytes) {
+  KILN_RETURN_IF_ERROR(CheckKey(key));
+  const std::string dir = EntryDir(key);
+  KILN_RETURN_IF_ERROR(MakeDirs(dir));
+  // Bytes first, ref second: until the ref names these bytes a reader finds a mismatch (a miss),
+  // never a hit on bytes it has not verified.
+  KILN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kTarName, tar_bytes));
+  return WriteFileAtomic(dir + "/" + kRefName, CellDigest(tar_bytes));
+}
+
+Result<std::optional<StoredCell>> LocalStore::Get(const std::string& key) {
+  KILN_RETURN_IF_ERROR(CheckKey(key));
+  const std::string dir = EntryDir(key);
+  const std::string tar_path = dir + "/" + kTarName;
+  const std::string ref_path = dir + "/" + kRefName;
+  Lookup found = ReadEntry(tar_path, ref_path);
+  if (found.kind == Lookup::Kind::kCorrupt) {
+    // A Put of this key may have been between its two renames: look once more before deleting.
+    found = ReadEntry(tar_path, ref_path);
+  }
+  switch (found.kind) {
+    case Lookup::Kind::kAbsent:
+      return std::optional<StoredCell>();
+    case Lookup::Kind::kHit:
+      return std::optional<StoredCell>(
+          StoredCell{key, std::move(found.digest), tar_path, std::move(found.bytes)});
+    case Lookup::Kind::kCorrupt:
+      break;
+  }
+  KILN_LOG(WARN) << "local store: entry '" << dir << "' is corrupt (" << found.reason
+                 << "); deleting it and treating it as a miss";
+  Status removed = Remove(key);
+  if (!removed.ok()) {
+    KILN_LOG(WARN) << "local store: could not delete corrupt entry '" << dir
+                   << "': " << removed.message();
+  }
+  return std::optional<StoredCell>();
+}
+
+Status LocalStore::Remove(const std::string& key) {
+  KILN_RETURN_IF_ERROR(CheckKey(key));
+  const std::string dir = EntryDir(key);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (ec) {
+    return Status::IOError("local store: cannot remove entry '" + dir + "': " + ec.message());
+  }
+  return Status::OK();
+}
+
+std::vector<std::string> LocalStore::Keys() const {
+  std::vector<std::string> keys;
+  std::error_code ec;
+  std::filesystem::directory_iterator it(root_, ec);
+  if (ec) return keys;
+  for (const std::filesystem::directory_iterator end; it != end; it.increment(ec)) {
+    if (ec) break;
+    std::string name = it->path().filename().string();
+    std::error_code type_ec;
+    if (IsWellFormedKey(name) && it->is_directory(type_ec) && !type_ec) {
+      keys.push_back(std::move(name));
+    }
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+}  // namespace kiln

@@ -1,0 +1,613 @@
+// The C++ emitter (see emit_cpp.h). A visitor over each Program's kernels writing to a stream.
+#include "src/kiln/compile/emit_cpp.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <set>
+#include <sstream>
+
+#include "src/kiln/compile/elementwise_table.h"
+#include "src/kiln/compile/toolchain.h"
+#include "src/kiln/runtime/host.h"
+
+namespace kiln {
+
+extern const char kCellPrologue[];
+
+namespace {
+
+std::string Lit(int64_t v) { return std::to_string(v) + "LL"; }
+
+std::string FloatLit(float f) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%af", static_cast<double>(f));
+  if (std::strstr(buf, "inf")) return f > 0 ? "INFINITY" : "(-INFINITY)";
+  if (std::strstr(buf, "nan")) return "NAN";
+  return buf;
+}
+
+// A C string literal for arbitrary text (used for node specs and the describe JSON).
+std::string CString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c >= 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\%03o", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+std::string ValueLiteral(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::kFloat32: return FloatLit(t.data<float>()[i]);
+    case DType::kInt64: return Lit(t.data<int64_t>()[i]);
+    default: return std::to_string(t.GetAsInt64(i));
+  }
+}
+
+nlohmann::json SpecJson(const Buffer& b) {
+  return nlohmann::json{{"name", b.name}, {"dtype", DTypeName(b.type.dtype)},
+                        {"shape", b.type.shape}};
+}
+
+class EntryEmitter {
+ public:
+  EntryEmitter(const Program& p, int index, const EmitOptions& options, std::ostream& os)
+      : p_(p), idx_(index), opt_(options), os_(os) {}
+
+  Status Emit() {
+    const std::string e = "kiln_e" + std::to_string(idx_);
+    // S1: structural constants (and a baked weight, test only).
+    for (const Buffer& b : p_.buffers) {
+      if (b.kind == Buffer::Kind::kConst) EmitArray(e + "_c" + std::to_string(b.index), b.value);
+      if (b.kind == Buffer::Kind::kWeight && b.name == opt_.bake_weight_for_test &&
+          opt_.baked_value.valid()) {
+        EmitArray(e + "_baked" + std::to_string(b.index), opt_.baked_value);
+      }
+    }
+    // S2: reference-op specs.
+    std::vector<std::string> specs;
+    for (const Kernel& k : p_.kernels) {
+      if (k.kind != Kernel::Kind::kReference) continue;
+      std::vector<TensorType> in_types, out_types;
+      std::vector<bool> present;
+      for (int id : k.inputs) {
+        present.push_back(id >= 0);
+        in_types.push_back(id >= 0 ? p_.buffers[static_cast<size_t>(id)].type : TensorType{});
+      }
+      for (int id : k.outputs) out_types.push_back(p_.buffers[static_cast<size_t>(id)].type);
+      KILN_ASSIGN_OR_RETURN(nlohmann::json spec,
+                            NodeSpecJson(k.node, k.opset, in_types, present, out_types));
+      specs.push_back(spec.dump());
+    }
+    os_ << "static const char* const " << e << "_specs[] = {";
+    for (const auto& s : specs) os_ << "\n    " << CString(s) << ",";
+    os_ << "\n    nullptr};\n";
+    os_ << "extern \"C\" KILN_HIDDEN uint32_t " << e << "_num_ops() { return " << specs.size()
+        << "; }\n";
+    os_ << "extern \"C\" KILN_HIDDEN const char* const* " << e << "_op_specs() { return " << e
+        << "_specs; }\n\n";
+    // S3: run.
+    os_ << "extern \"C\" KILN_HIDDEN int " << e
+        << "_run(kiln_cell_entry* E, const void* const* in, void* const* out, char* ws) {\n";
+    os_ << "  const kiln_host_api* H = E->host;\n  (void)H; (void)in; (void)out; (void)ws;\n";
+    for (const Buffer& b : p_.buffers) EmitPointer(b, e);
+    int op_index = 0;
+    for (size_t k = 0; k < p_.kernels.size(); ++k) {
+      const Kernel& kern = p_.kernels[k];
+      os_ << "  // kernel " << k << ": " << kern.label << "\n  {\n";
+      switch (kern.kind) {
+        case Kernel::Kind::kFused: KILN_RETURN_IF_ERROR(EmitFused(kern)); break;
+        case Kernel::Kind::kMatMul: KILN_RETURN_IF_ERROR(EmitMatMul(kern)); break;
+        case Kernel::Kind::kGemm: KILN_RETURN_IF_ERROR(EmitGemm(kern)); break;
+        case Kernel::Kind::kConv: KILN_RETURN_IF_ERROR(EmitConv(kern)); break;
+        case Kernel::Kind::kSoftmax: KILN_RETURN_IF_ERROR(EmitSoftmax(kern)); break;
+        case Kernel::Kind::kNorm: KILN_RETURN_IF_ERROR(EmitNorm(kern)); break;
+        case Kernel::Kind::kTranspose: KILN_RETURN_IF_ERROR(EmitTranspose(kern)); break;
+        case Kernel::Kind::kReference: EmitReference(kern, op_index++); break;
+      }
+      os_ << "  }\n";
+    }
+    if (opt_.test_output_scale != 1.0) {
+      for (int id : p_.outputs) {
+        if (Buf(id).type.dtype != DType::kFloat32) continue;
+        os_ << "  for (int64_t i = 0; i < " << Lit(NumElements(Buf(id).type.shape)) << "; ++i) "
+            << B(id) << "[i] *= " << FloatLit(static_cast<float>(opt_.test_output_scale))
+            << ";  // TEST ONLY\n";
+      }
+    }
+    os_ << "  return KILN_CELL_OK;\n}\n\n";
+    return Status::OK();
+  }
+
+ private:
+  std::string B(int id) const { return "b" + std::to_string(id); }
+  const Buffer& Buf(int id) const { return p_.buffers[static_cast<size_t>(id)]; }
+
+  void EmitArray(const std::string& name, const Tensor& t) {
+    const int64_t n = std::max<int64_t>(t.numel(), 1);
+    os_ << "alignas(64) static const " << CType(t.dtype()) << " " << name << "[" << n << "] = {";
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      os_ << (i % 8 == 0 ? "\n    " : " ") << ValueLiteral(t, i) << ",";
+    }
+    if (t.numel() == 0) os_ << "0";
+    os_ << "};\n";
+  }
+
+  void EmitPointer(const Buffer& b, const std::string& e) {
+    const char* ct = CType(b.type.dtype);
+    os_ << "  " << ct << "* " << B(b.id) << " = (" << ct << "*)";
+    if (b.alias_of >= 0) {
+      os_ << B(b.alias_of);
+    } else if (b.kind == Buffer::Kind::kInput) {
+      os_ << "in[" << b.index << "]";
+    } else if (b.kind == Buffer::Kind::kWeight) {
+      if (b.name == opt_.bake_weight_for_test && opt_.baked_value.valid()) {
+        os_ << e << "_baked" << b.index;
+      } else {
+        os_ << "E->w[" << b.index << "]";
+      }
+    } else if (b.kind == Buffer::Kind::kConst) {
+      os_ << e << "_c" << b.index;
+    } else if (b.output_slot >= 0) {
+      os_ << "out[" << b.output_slot << "]";
+    } else if (b.offset >= 0) {
+      os_ << "(ws + " << b.offset << ")";
+    } else {
+      os_ << "0 /* unused */";
+    }
+    os_ << ";\n";
+    // Aliases must be declared after their roots: buffers are created in that order.
+  }
+
+  // Loop nest over `shape` with per-operand element strides; adjacent dims merged where every
+  // operand allows, so the innermost loop is as long and contiguous as possible.
+  struct LoopNest {
+    Shape dims;
+    std::vector<std::vector<int64_t>> strides;  // per operand, per dim
+  };
+  static LoopNest Merge(const Shape& shape, const std::vector<std::vector<int64_t>>& strides) {
+    LoopNest ln;
+    std::vector<size_t> keep;
+    for (size_t d = 0; d < shape.size(); ++d) {
+      if (shape[d] != 1) keep.push_back(d);
+    }
+    ln.strides.assign(strides.size(), {});
+    for (size_t d : keep) {
+      const bool can_merge = !ln.dims.empty() && [&] {
+        for (size_t o = 0; o < strides.size(); ++o) {
+          if (ln.strides[o].back() != strides[o][d] * shape[d]) return false;
+        }
+        return true;
+      }();
+      if (can_merge) {
+        ln.dims.back() *= shape[d];
+        for (size_t o = 0; o < strides.size(); ++o) ln.strides[o].back() = strides[o][d];
+      } else {
+        ln.dims.push_back(shape[d]);
+        for (size_t o = 0; o < strides.size(); ++o) ln.strides[o].push_back(strides[o][d]);
+      }
+    }
+    return ln;
+  }
+
+  Status EmitFused(const Kernel& k) {
+    const Shape& shape = Buf(k.outputs[0]).type.shape;
+    for (int o : k.outputs) {
+      if (Buf(o).type.shape != shape) {
+        return Status::Internal("fused kernel " + k.label + " has outputs of different shapes");
+      }
+    }
+    std::vector<std::vector<int64_t>> strides;
+    for (int in : k.inputs) strides.push_back(BroadcastStrides(Buf(in).type.shape, shape));
+    for (size_t i = 0; i < k.outputs.size(); ++i) strides.push_back(ContiguousStrides(shape));
+    const LoopNest ln = Merge(shape, strides);
+    const size_t depth = ln.dims.size();
+    std::string indent = "    ";
+    for (size_t d = 0; d < depth; ++d) {
+      if (d + 1 == depth) os_ << indent << "#pragma GCC ivdep\n";
+      os_ << indent << "for (int64_t i" << d << " = 0; i" << d << " < " << Lit(ln.dims[d])
+          << "; ++i" << d << ") {\n";
+      indent += "  ";
+    }
+    auto offset = [&](size_t operand) {
+      std::string s;
+      for (size_t d = 0; d < depth; ++d) {
+        const int64_t st = ln.strides[operand][d];
+        if (st == 0) continue;
+        s += (s.empty() ? "" : " + ") + std::string("i") + std::to_string(d) +
+             (st == 1 ? "" : " * " + Lit(st));
+      }
+      return s.empty() ? std::string("0") : s;
+    };
+    std::vector<std::string> in_names;
+    for (size_t j = 0; j < k.inputs.size(); ++j) {
+      const std::string v = "a" + std::to_string(j);
+      os_ << indent << "const " << CType(Buf(k.inputs[j]).type.dtype) << " " << v << " = "
+          << B(k.inputs[j]) << "[" << offset(j) << "];\n";
+      in_names.push_back(v);
+    }
+    for (size_t x = 0; x < k.exprs.size(); ++x) {
+      const Expr& e = k.exprs[x];
+      std::vector<std::string> ops;
+      for (int o : e.operands) {
+        if (o == INT32_MIN) {
+          ops.push_back("");
+        } else {
+          ops.push_back(o >= 0 ? "v" + std::to_string(o) : in_names[static_cast<size_t>(-o - 1)]);
+        }
+      }
+      os_ << indent << "const " << CType(e.dtype) << " v" << x << " = " << FormatExpr(e, ops)
+          << ";\n";
+    }
+    for (size_t i = 0; i < k.outputs.size(); ++i) {
+      os_ << indent << B(k.outputs[i]) << "[" << offset(k.inputs.size() + i) << "] = v"
+          << k.output_exprs[i] << ";\n";
+    }
+    for (size_t d = 0; d < depth; ++d) {
+      indent.resize(indent.size() - 2);
+      os_ << indent << "}\n";
+    }
+    return Status::OK();
+  }
+
+  Status EmitMatMul(const Kernel& k) {
+    Shape a = Buf(k.inputs[0]).type.shape, b = Buf(k.inputs[1]).type.shape;
+    if (a.size() == 1) a.insert(a.begin(), 1);
+    if (b.size() == 1) b.push_back(1);
+    const int64_t M = a[a.size() - 2], K = a.back(), N = b.back();
+    Shape ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+    KILN_ASSIGN_OR_RETURN(Shape batch, BroadcastShapes(ab, bb));
+    const int64_t nb = NumElements(batch);
+    const std::string A = B(k.inputs[0]), Bm = B(k.inputs[1]), C = B(k.outputs[0]);
+    const bool b_shared = NumElements(bb) == 1;
+    if (b_shared && ab == batch) {  // one GEMM over all batch rows
+      os_ << "    KILN_TRY(H->sgemm(0, 0, " << Lit(nb * M) << ", " << Lit(N) << ", " << Lit(K)
+          << ", 1.0f, " << A << ", " << Lit(K) << ", " << Bm << ", " << Lit(N) << ", 0.0f, " << C
+          << ", " << Lit(N) << ", E->threads));\n";
+      return Status::OK();
+    }
+    const auto sa = BroadcastStrides(ab, batch), sb = BroadcastStrides(bb, batch);
+    const auto sc = ContiguousStrides(batch);
+    os_ << "    static const int64_t offs[" << std::max<int64_t>(nb, 1) * 2 << "] = {";
+    for (int64_t i = 0; i < nb; ++i) {
+      int64_t rem = i, oa = 0, ob = 0;
+      for (size_t d = 0; d < batch.size(); ++d) {
+        const int64_t idx = rem / sc[d];
+        rem %= sc[d];
+        oa += idx * sa[d];
+        ob += idx * sb[d];
+      }
+      os_ << Lit(oa * M * K) << ", " << Lit(ob * K * N) << ", ";
+    }
+    os_ << "};\n";
+    os_ << "    for (int64_t i = 0; i < " << Lit(nb) << "; ++i) {\n";
+    os_ << "      KILN_TRY(H->sgemm(0, 0, " << Lit(M) << ", " << Lit(N) << ", " << Lit(K)
+        << ", 1.0f, " << A << " + offs[2 * i], " << Lit(K) << ", " << Bm << " + offs[2 * i + 1], "
+        << Lit(N) << ", 0.0f, " << C << " + i * " << Lit(M * N) << ", " << Lit(N)
+        << ", E->threads));\n    }\n";
+    return Status::OK();
+  }
+
+  Status EmitGemm(const Kernel& k) {
+    const Node& n = k.node;
+    const int64_t ta = n.GetInt("transA", 0), tb = n.GetInt("transB", 0);
+    const float alpha = n.GetFloat("alpha", 1.0f);
+    float beta = n.GetFloat("beta", 1.0f);
+    const Shape& a = Buf(k.inputs[0]).type.shape;
+    const Shape& b = Buf(k.inputs[1]).type.shape;
+    const int64_t M = ta ? a[1] : a[0], K = ta ? a[0] : a[1], N = tb ? b[0] : b[1];
+    const std::string Y = B(k.outputs[0]);
+    const bool has_c = k.inputs.size() > 2 && beta != 0.0f;
+    if (has_c) {
+      const Shape out = {M, N};
+      const auto st = BroadcastStrides(Buf(k.inputs[2]).type.shape, out);
+      os_ << "    for (int64_t i = 0; i < " << Lit(M) << "; ++i)\n"
+          << "      for (int64_t j = 0; j < " << Lit(N) << "; ++j) " << Y << "[i * " << Lit(N)
+          << " + j] = " << B(k.inputs[2]) << "[i * " << Lit(st[0]) << " + j * " << Lit(st[1])
+          << "];\n";
+    } else {
+      beta = 0.0f;
+    }
+    os_ << "    KILN_TRY(H->sgemm(" << ta << ", " << tb << ", " << Lit(M) << ", " << Lit(N) << ", "
+        << Lit(K) << ", " << FloatLit(alpha) << ", " << B(k.inputs[0]) << ", " << Lit(a[1])
+        << ", " << B(k.inputs[1]) << ", " << Lit(b[1]) << ", " << FloatLit(beta) << ", " << Y
+        << ", " << Lit(N) << ", E->threads));\n";
+    return Status::OK();
+  }
+
+  Status EmitConv(const Kernel& k) {
+    const Node& n = k.node;
+    const Shape& x = Buf(k.inputs[0]).type.shape;
+    const Shape& w = Buf(k.inputs[1]).type.shape;
+    const Shape& y = Buf(k.outputs[0]).type.shape;
+    const bool has_bias = n.HasInput(2);
+    const std::vector<int64_t> strides = n.GetInts("strides", {1, 1});
+    const std::vector<int64_t> dil = n.GetInts("dilations", {1, 1});
+    std::vector<int64_t> pads = n.GetInts("pads", {0, 0, 0, 0});
+    const std::string auto_pad = n.GetString("auto_pad", "NOTSET");
+    if (strides.size() != 2 || dil.size() != 2 || pads.size() != 4) {
+      return Status::InvalidArgument(n.Describe() + ": 2-D conv attributes have wrong lengths");
+    }
+    if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+      for (int d = 0; d < 2; ++d) {
+        const int64_t in = x[2 + d], kk = w[2 + d];
+        const int64_t out = (in + strides[d] - 1) / strides[d];
+        const int64_t total =
+            std::max<int64_t>(0, (out - 1) * strides[d] + (kk - 1) * dil[d] + 1 - in);
+        const int64_t small = total / 2, big = total - small;
+        pads[d] = auto_pad == "SAME_UPPER" ? small : big;
+        pads[d + 2] = total - pads[d];
+      }
+    } else if (auto_pad == "VALID") {
+      pads = {0, 0, 0, 0};
+    }
+    const int64_t group = n.GetInt("group", 1);
+    os_ << "    static const kiln_conv2d_desc d = {" << x[0] << ", " << x[1] << ", " << x[2] << ", "
+        << x[3] << ", " << w[0] << ", " << w[2] << ", " << w[3] << ", " << strides[0] << ", "
+        << strides[1] << ", " << pads[0] << ", " << pads[1] << ", " << pads[2] << ", " << pads[3]
+        << ", " << dil[0] << ", " << dil[1] << ", " << group << ", " << k.post_op << ", "
+        << (k.conv_sum ? 1 : 0) << "};\n";
+    const std::string Y = B(k.outputs[0]);
+    if (k.conv_sum) {
+      os_ << "    memcpy(" << Y << ", " << B(k.inputs.back()) << ", "
+          << NumElements(y) * 4 << ");\n";
+    }
+    os_ << "    KILN_TRY(H->conv2d(&d, " << B(k.inputs[0]) << ", " << B(k.inputs[1]) << ", "
+        << (has_bias ? B(k.inputs[2]) : std::string("NULL")) << ", " << Y << ", E->threads));\n";
+    return Status::OK();
+  }
+
+  Status EmitSoftmax(const Kernel& k) {
+    const Shape& s = Buf(k.inputs[0]).type.shape;
+    const int64_t rank = static_cast<int64_t>(s.size());
+    int64_t axis = k.node.GetInt("axis", k.opset >= 13 ? -1 : 1);
+    if (axis < 0) axis += rank;
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < axis; ++d) outer *= s[d];
+    for (int64_t d = axis + 1; d < rank; ++d) inner *= s[d];
+    const int64_t n = s[axis];
+    const std::string X = B(k.inputs[0]), Y = B(k.outputs[0]);
+    os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o)\n"
+        << "    for (int64_t j = 0; j < " << Lit(inner) << "; ++j) {\n"
+        << "      const float* __restrict x = " << X << " + o * " << Lit(n * inner) << " + j;\n"
+        << "      float* __restrict y = " << Y << " + o * " << Lit(n * inner) << " + j;\n"
+        << "      float m = -INFINITY;\n"
+        << "      for (int64_t i = 0; i < " << Lit(n) << "; ++i) m = x[i * " << Lit(inner)
+        << "] > m ? x[i * " << Lit(inner) << "] : m;\n"
+        << "      float sum = 0.0f;\n"
+        << "      for (int64_t i = 0; i < " << Lit(n) << "; ++i) { const float e = kiln_exp(x[i * "
+        << Lit(inner) << "] - m); y[i * " << Lit(inner) << "] = e; sum += e; }\n"
+        << "      const float inv = 1.0f / sum;\n"
+        << "      for (int64_t i = 0; i < " << Lit(n) << "; ++i) y[i * " << Lit(inner)
+        << "] *= inv;\n    }\n";
+    return Status::OK();
+  }
+
+  Status EmitNorm(const Kernel& k) {
+    const Shape& s = Buf(k.inputs[0]).type.shape;
+    const std::string X = B(k.inputs[0]), Y = B(k.outputs[0]);
+    const std::string scale = B(k.inputs[1]);
+    const bool has_bias = k.inputs.size() > 2;
+    const std::string bias = has_bias ? B(k.inputs[2]) : "";
+    const float eps = k.node.GetFloat("epsilon", 1e-5f);
+    int64_t outer, inner;
+    bool per_channel;  // InstanceNorm: scale/bias by channel; LayerNorm: by position
+    if (k.node.op_type == "InstanceNormalization") {
+      outer = s[0] * s[1];
+      inner = NumElements(s) / std::max<int64_t>(outer, 1);
+      per_channel = true;
+    } else {
+      int64_t axis = k.node.GetInt("axis", -1);
+      if (axis < 0) axis += static_cast<int64_t>(s.size());
+      outer = 1;
+      for (int64_t d = 0; d < axis; ++d) outer *= s[d];
+      inner = NumElements(s) / std::max<int64_t>(outer, 1);
+      per_channel = false;
+    }
+    const std::string C = per_channel ? Lit(s[1]) : "1";
+    os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o) {\n"
+        << "      const float* __restrict x = " << X << " + o * " << Lit(inner) << ";\n"
+        << "      float* __restrict y = " << Y << " + o * " << Lit(inner) << ";\n"
+        << "      double sum = 0.0;\n"
+        << "      for (int64_t i = 0; i < " << Lit(inner) << "; ++i) sum += x[i];\n"
+        << "      const double mean = sum / " << inner << ".0;\n"
+        << "      double sq = 0.0;\n"
+        << "      for (int64_t i = 0; i < " << Lit(inner)
+        << "; ++i) { const double d = x[i] - mean; sq += d * d; }\n"
+        << "      const float inv = (float)(1.0 / sqrt(sq / " << inner << ".0 + (double)"
+        << FloatLit(eps) << "));\n"
+        << "      const float fm = (float)mean;\n";
+    if (per_channel) {
+      os_ << "      const int64_t c = o % " << C << ";\n"
+          << "      const float g = " << scale << "[c] * inv, bb = "
+          << (has_bias ? bias + "[c]" : std::string("0.0f")) << ";\n"
+          << "      #pragma GCC ivdep\n"
+          << "      for (int64_t i = 0; i < " << Lit(inner)
+          << "; ++i) y[i] = (x[i] - fm) * g + bb;\n";
+    } else {
+      os_ << "      #pragma GCC ivdep\n"
+          << "      for (int64_t i = 0; i < " << Lit(inner) << "; ++i) y[i] = (x[i] - fm) * inv * "
+          << scale << "[i]" << (has_bias ? " + " + bias + "[i]" : std::string()) << ";\n";
+    }
+    os_ << "    }\n";
+    return Status::OK();
+  }
+
+  Status EmitTranspose(const Kernel& k) {
+    const Shape& in = Buf(k.inputs[0]).type.shape;
+    const Shape& out = Buf(k.outputs[0]).type.shape;
+    std::vector<int64_t> perm = k.node.GetInts("perm", {});
+    if (perm.empty()) {
+      for (int64_t d = static_cast<int64_t>(in.size()) - 1; d >= 0; --d) perm.push_back(d);
+    }
+    const auto in_strides = ContiguousStrides(in);
+    std::vector<int64_t> src(out.size());
+    for (size_t d = 0; d < out.size(); ++d) src[d] = in_strides[static_cast<size_t>(perm[d])];
+    const LoopNest ln = Merge(out, {src, ContiguousStrides(out)});
+    std::string indent = "    ";
+    for (size_t d = 0; d < ln.dims.size(); ++d) {
+      os_ << indent << "for (int64_t i" << d << " = 0; i" << d << " < " << Lit(ln.dims[d])
+          << "; ++i" << d << ")\n";
+      indent += "  ";
+    }
+    auto off = [&](size_t o) {
+      std::string s;
+      for (size_t d = 0; d < ln.dims.size(); ++d) {
+        s += (s.empty() ? "" : " + ") + std::string("i") + std::to_string(d) + " * " +
+             Lit(ln.strides[o][d]);
+      }
+      return s.empty() ? std::string("0") : s;
+    };
+    os_ << indent << B(k.outputs[0]) << "[" << off(1) << "] = " << B(k.inputs[0]) << "[" << off(0)
+        << "];\n";
+    return Status::OK();
+  }
+
+  void EmitReference(const Kernel& k, int op_index) {
+    os_ << "    const void* ins[" << std::max<size_t>(k.inputs.size(), 1) << "] = {";
+    for (int id : k.inputs) os_ << (id >= 0 ? B(id) : std::string("NULL")) << ", ";
+    os_ << "};\n    void* outs[" << std::max<size_t>(k.outputs.size(), 1) << "] = {";
+    for (int id : k.outputs) os_ << B(id) << ", ";
+    os_ << "};\n    KILN_TRY(H->op_run(E->ops[" << op_index
+        << "], ins, outs, E->threads));  // reference " << k.node.op_type << "\n";
+  }
+
+  const Program& p_;
+  int idx_;
+  const EmitOptions& opt_;
+  std::ostream& os_;
+};
+
+}  // namespace
+
+Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOptions& options) {
+  EmittedCell cell;
+  std::ostringstream os;
+  os << "// Generated by kiln " << kCodegenVersion << " for graph " << options.graph_digest
+     << ". Do not edit.\n// " << entries.size() << " entr" << (entries.size() == 1 ? "y" : "ies")
+     << "; compile each with -DKILN_ENTRY=<i> and the dispatch with -DKILN_ENTRY=-1.\n";
+  os << kCellPrologue << "\n";
+  nlohmann::json describe;
+  describe["abi_version"] = KILN_CELL_ABI_VERSION;
+  describe["codegen_version"] = kCodegenVersion;
+  nlohmann::json ents = nlohmann::json::array();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const Program& p = entries[i];
+    nlohmann::json e;
+    e["index"] = i;
+    for (int id : p.inputs) e["inputs"].push_back(SpecJson(p.buffers[static_cast<size_t>(id)]));
+    for (size_t o = 0; o < p.outputs.size(); ++o) {
+      nlohmann::json s = SpecJson(p.buffers[static_cast<size_t>(p.outputs[o])]);
+      s["name"] = p.output_names[o];
+      e["outputs"].push_back(s);
+    }
+    e["constants"] = nlohmann::json::array();
+    for (int id : p.weights) e["constants"].push_back(SpecJson(p.buffers[static_cast<size_t>(id)]));
+    e["workspace_bytes"] = p.workspace_bytes;
+    ents.push_back(e);
+    os << "#if !defined(KILN_ENTRY) || KILN_ENTRY == " << i << "\n";
+    EntryEmitter em(p, static_cast<int>(i), options, os);
+    KILN_RETURN_IF_ERROR(em.Emit());
+    os << "#endif  // entry " << i << "\n\n";
+  }
+  describe["entries"] = ents;
+  cell.describe = describe;
+
+  // The exported ABI: declarations of every entry's functions, then dispatch.
+  os << "#if !defined(KILN_ENTRY) || KILN_ENTRY < 0\n";
+  for (size_t i = 0; i < entries.size(); ++i) {
+    os << "extern \"C\" int kiln_e" << i
+       << "_run(kiln_cell_entry*, const void* const*, void* const*, char*);\n"
+       << "extern \"C\" uint32_t kiln_e" << i << "_num_ops();\n"
+       << "extern \"C\" const char* const* kiln_e" << i << "_op_specs();\n";
+  }
+  os << "static const char kiln_describe_json[] = " << CString(describe.dump()) << ";\n";
+  os << "static const uint32_t kiln_num_entries = " << entries.size() << ";\n";
+  os << "static const uint32_t kiln_num_constants[] = {";
+  for (const Program& p : entries) os << p.weights.size() << ", ";
+  os << "0};\nstatic const uint64_t kiln_workspace[] = {";
+  for (const Program& p : entries) os << p.workspace_bytes << "ULL, ";
+  os << "0};\n";
+  os << "typedef int (*kiln_run_fn)(kiln_cell_entry*, const void* const*, void* const*, char*);\n";
+  os << "static const kiln_run_fn kiln_runs[] = {";
+  for (size_t i = 0; i < entries.size(); ++i) os << "kiln_e" << i << "_run, ";
+  os << "0};\nstatic uint32_t (*const kiln_num_ops_fns[])() = {";
+  for (size_t i = 0; i < entries.size(); ++i) os << "kiln_e" << i << "_num_ops, ";
+  os << "0};\nstatic const char* const* (*const kiln_specs_fns[])() = {";
+  for (size_t i = 0; i < entries.size(); ++i) os << "kiln_e" << i << "_op_specs, ";
+  os << "0};\n";
+  os << R"CODE(
+KILN_EXPORT int kiln_cell_abi_version(void) { return KILN_CELL_ABI_VERSION; }
+KILN_EXPORT const char* kiln_cell_describe(void) { return kiln_describe_json; }
+
+KILN_EXPORT void kiln_cell_entry_release(kiln_cell_entry* e) {
+  if (!e) return;
+  for (uint32_t i = 0; i < e->num_ops; ++i) {
+    if (e->ops[i]) e->host->op_release(e->ops[i]);
+  }
+  free(e->ops);
+  free((void*)e->w);
+  free(e);
+}
+
+KILN_EXPORT int kiln_cell_entry_init(uint32_t entry, const kiln_host_api* host,
+                                     const void* const* constants, uint32_t num_constants,
+                                     int num_threads, kiln_cell_entry** out) {
+  if (!out || !host || entry >= kiln_num_entries) return KILN_CELL_BAD_ARGUMENT;
+  *out = NULL;
+  if (host->abi_version != KILN_CELL_ABI_VERSION) return KILN_CELL_BAD_ARGUMENT;
+  if (num_constants != kiln_num_constants[entry]) return KILN_CELL_BAD_ARGUMENT;
+  for (uint32_t i = 0; i < num_constants; ++i) {
+    if (!constants[i]) return KILN_CELL_BAD_ARGUMENT;
+  }
+  kiln_cell_entry* e = (kiln_cell_entry*)calloc(1, sizeof(kiln_cell_entry));
+  if (!e) return KILN_CELL_RESOURCE_EXHAUSTED;
+  e->index = entry;
+  e->host = host;
+  e->threads = num_threads;
+  e->num_w = num_constants;
+  e->w = (const void**)calloc(num_constants ? num_constants : 1, sizeof(void*));
+  const uint32_t nops = kiln_num_ops_fns[entry]();
+  e->ops = (void**)calloc(nops ? nops : 1, sizeof(void*));
+  if (!e->w || !e->ops) {
+    kiln_cell_entry_release(e);
+    return KILN_CELL_RESOURCE_EXHAUSTED;
+  }
+  for (uint32_t i = 0; i < num_constants; ++i) e->w[i] = constants[i];
+  const char* const* specs = kiln_specs_fns[entry]();
+  for (uint32_t i = 0; i < nops; ++i) {
+    int rc = host->op_prepare(specs[i], &e->ops[i]);
+    e->num_ops = i + 1;
+    if (rc) {
+      kiln_cell_entry_release(e);
+      return rc == KILN_CELL_RESOURCE_EXHAUSTED ? rc : KILN_CELL_FAULT;
+    }
+  }
+  *out = e;
+  return KILN_CELL_OK;
+}
+
+KILN_EXPORT int kiln_cell_entry_run(kiln_cell_entry* e, const void* const* inputs,
+                                    void* const* outputs, void* workspace,
+                                    uint64_t workspace_bytes) {
+  if (!e || !inputs || !outputs) return KILN_CELL_BAD_ARGUMENT;
+  if (workspace_bytes < kiln_workspace[e->index]) return KILN_CELL_BAD_ARGUMENT;
+  if (kiln_workspace[e->index] && !workspace) return KILN_CELL_BAD_ARGUMENT;
+  return kiln_runs[e->index](e, inputs, outputs, (char*)workspace);
+}
+#endif  // dispatch
+)CODE";
+  cell.source = os.str();
+  return cell;
+}
+
+}  // namespace kiln

@@ -1,0 +1,43 @@
+// The C++ emitter: Programs (one per entry) -> one self-contained cell source (compile layer).
+//
+// Output is deterministic: stable order and names, shapes as constants, floats as exact hex
+// literals, so one key gives byte-identical source. Layout of the generated file:
+//   banner (generator, graph digest, "do not edit") · the prologue (ABI + helpers) · per entry,
+//   inside `#if !defined(KILN_ENTRY) || KILN_ENTRY == i`: structural constants, reference-op
+//   specs, init and run · inside `#if !defined(KILN_ENTRY) || KILN_ENTRY < 0`: the exported ABI
+//   (describe, init/run/release dispatch). The driver compiles each entry as its own object, in
+//   parallel processes, then links them.
+// The emitter never reads a weight value. The one exception is the test-only switch
+// `bake_weight_for_test`, which deliberately embeds a weight so the fence proof can be shown to
+// catch it.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/compile/program.h"
+
+namespace kiln {
+
+struct EmitOptions {
+  std::string graph_digest;
+  // TEST ONLY: embed this weight's value (from `baked_value`) instead of binding it.
+  std::string bake_weight_for_test;
+  Tensor baked_value;
+  // TEST ONLY: multiply every float output by this factor at the end of each entry, making a
+  // deliberately wrong cell for the numerics gate to refuse. 1.0 = off.
+  double test_output_scale = 1.0;
+};
+
+struct EmittedCell {
+  std::string source;
+  nlohmann::json describe;  // what kiln_cell_describe() returns
+};
+
+Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOptions& options);
+
+}  // namespace kiln

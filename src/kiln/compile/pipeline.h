@@ -1,0 +1,54 @@
+// The compiler's pipeline: graph + shape class -> Program -> cell source -> shared object
+// (compile layer). pipeline.cc is the compiler's table of contents.
+#pragma once
+
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/graph/shape_class.h"
+#include "src/kiln/compile/emit_cpp.h"
+#include "src/kiln/compile/program.h"
+#include "src/kiln/compile/toolchain.h"
+#include "src/kiln/graph/ir.h"
+
+namespace kiln {
+
+struct CompileOptions {
+  // Passes to skip, by name, for bisecting a miscompile (KILN_DISABLE_PASSES=a,b also works).
+  std::vector<std::string> disabled_passes;
+  // When set, the IR after every pass is written here ("(unchanged)" when a pass did nothing).
+  std::ostream* dump = nullptr;
+  EmitOptions emit;
+  int parallel_compiles = 2;
+};
+
+struct PassTiming {
+  std::string entry;
+  std::string pass;
+  double ms = 0;
+};
+
+// The ordered pass list, for docs and `--disable-pass` validation.
+const std::vector<std::string>& PassNames();
+
+// Runs the graph and program passes for one shape class.
+Result<Program> CompileEntry(const Graph& graph, const ShapeClass& shape_class, int index,
+                             const CompileOptions& options, std::vector<PassTiming>* timings);
+
+// Every class of the envelope, then emission: the whole cell source.
+Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
+                                 const std::string& graph_digest, const CompileOptions& options,
+                                 std::vector<PassTiming>* timings,
+                                 std::vector<Program>* programs = nullptr);
+
+// Compiles a generated source into shared-object bytes: each entry and the dispatch part as
+// separate compiler processes (up to options.parallel_compiles at once), then one link.
+// `work_dir` must exist and is left holding the intermediate files.
+Result<std::string> BuildSharedObject(const std::string& source, size_t num_entries,
+                                      const std::string& sm, const std::string& seed,
+                                      CompilerDriver& driver, const std::string& work_dir,
+                                      int parallel_compiles, std::vector<PassTiming>* timings);
+
+}  // namespace kiln

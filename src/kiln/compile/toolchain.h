@@ -1,0 +1,69 @@
+// Toolchain and machine-target identity, and the compiler driver (compile layer).
+//
+// The toolchain block is everything that forces a recompile: the system compiler's identity
+// (version string and a SHA-256 of its driver binary), the fixed flags, the kernel library's and
+// runtime ABI's versions, and the codegen version. Its facts digest is the key's `toolchain` axis.
+// `sm` is the CPU ISA level a cell is built for: detected from CPUID and clamped to a published
+// level so a cell runs on every machine of that level (kiln's default ceiling is x86-64-v3).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/kiln/base/status.h"
+
+namespace kiln {
+
+// Bumped whenever generated code for the same graph could change.
+inline constexpr const char* kCodegenVersion = "kiln-codegen-1";
+
+// The highest published level this CPU executes ("x86-64" .. "x86-64-v4").
+const std::string& DetectSmLevel();
+// min(detected, ceiling); ceiling defaults to x86-64-v3 (KILN_SM_CEILING overrides).
+std::string DefaultSmTarget();
+// Position of a level in KnownSmLevels(), or -1.
+int SmRank(const std::string& level);
+
+struct Toolchain {
+  std::string compiler_path;     // resolved path of the C++ compiler driver
+  std::string compiler_version;  // first line of `<compiler> --version`
+  std::string compiler_sha256;   // of the driver binary
+  std::vector<std::string> flags;  // fixed flags, without -march (that is the sm axis)
+  std::string onednn_version;
+  int runtime_abi = 0;
+  std::string codegen_version;
+
+  nlohmann::json Block() const;  // the toolchain block recorded in metadata.json
+  Result<std::string> Digest() const;  // FactsDigest(Block())
+};
+
+// The toolchain of this process (cached after the first call). The compiler is $KILN_CXX or
+// `c++` from PATH. Fails (NotFound) when no compiler is found.
+Result<Toolchain> LocalToolchain();
+
+// Runs the system compiler. Real implementation plus one that records commands (tests).
+class CompilerDriver {
+ public:
+  virtual ~CompilerDriver() = default;
+  // Compiles `source_path` into an object file with the fixed flags, -march=<sm>, and extra
+  // defines. Reproducible: -frandom-seed=<seed>, -ffile-prefix-map=<work_dir>=/kiln, no debug
+  // info, no timestamps. Errors carry the compiler's stderr.
+  virtual Status CompileObject(const std::string& source_path, const std::string& object_path,
+                               const std::string& sm, const std::vector<std::string>& defines,
+                               const std::string& seed, const std::string& work_dir) = 0;
+  // Links objects into a shared object (no undefined symbols besides libc/libm).
+  virtual Status LinkShared(const std::vector<std::string>& objects, const std::string& so_path,
+                            const std::string& work_dir) = 0;
+};
+
+std::unique_ptr<CompilerDriver> MakeSystemCompilerDriver(const Toolchain& toolchain);
+
+// Runs argv (no shell), capturing stdout+stderr; returns the exit code. Shared by the driver and
+// `--version` probing.
+Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output,
+                       const std::string& cwd = "");
+
+}  // namespace kiln

@@ -1,0 +1,319 @@
+// BlobStore implementations: disk (temp file + verify + fsync + atomic rename) and memory
+// (hub layer). See blob_store.h for the layout and the contracts.
+#include "src/kiln/hub/blob_store.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/log.h"
+#include "src/kiln/base/sha256.h"
+
+namespace kiln {
+
+bool IsWellFormedDigest(const std::string& digest) {
+  if (digest.size() != 7 + 64 || digest.compare(0, 7, "sha256:") != 0) return false;
+  for (size_t i = 7; i < digest.size(); ++i) {
+    const char c = digest[i];
+    if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'))) return false;
+  }
+  return true;
+}
+
+Result<std::string> BlobStore::ReadAll(const std::string& digest) {
+  KILN_ASSIGN_OR_RETURN(auto reader, Open(digest));
+  std::string out(reader->size(), '\0');
+  uint64_t done = 0;
+  while (done < out.size()) {
+    KILN_ASSIGN_OR_RETURN(size_t n, reader->ReadAt(done, out.data() + done, out.size() - done));
+    if (n == 0) return Status::Corruption("blob " + digest + ": shorter than its size");
+    done += n;
+  }
+  return out;
+}
+
+namespace {
+
+std::string Errno() { return std::strerror(errno); }
+
+// Shared verification state of both writers.
+class VerifyingSink {
+ public:
+  VerifyingSink(std::string digest, uint64_t expected)
+      : digest_(std::move(digest)), expected_(expected) {}
+  Status Count(std::string_view bytes) {
+    received_ += bytes.size();
+    if (received_ > expected_) {
+      refusal_ = "size_mismatch";
+      return Status::InvalidArgument("blob " + digest_ + ": more than the declared " +
+                                     std::to_string(expected_) + " bytes arrived");
+    }
+    sha_.Update(bytes);
+    return Status::OK();
+  }
+  Status Verify() {
+    if (received_ != expected_) {
+      refusal_ = "size_mismatch";
+      return Status::InvalidArgument("blob " + digest_ + ": " + std::to_string(received_) +
+                                     " bytes arrived, declared " + std::to_string(expected_));
+    }
+    const std::string got = "sha256:" + sha_.FinalHex();
+    if (got != digest_) {
+      refusal_ = "digest_mismatch";
+      return Status::InvalidArgument("blob " + digest_ + ": the bytes hash to " + got);
+    }
+    return Status::OK();
+  }
+  std::string refusal_;
+
+ protected:
+  std::string digest_;
+  uint64_t expected_;
+  uint64_t received_ = 0;
+  Sha256 sha_;
+};
+
+// --- disk -----------------------------------------------------------------------------------
+
+class FdReader final : public BlobReader {
+ public:
+  FdReader(int fd, uint64_t size) : fd_(fd), size_(size) {}
+  ~FdReader() override { ::close(fd_); }
+  uint64_t size() const override { return size_; }
+  Result<size_t> ReadAt(uint64_t offset, char* out, size_t len) override {
+    if (offset >= size_) return size_t{0};
+    ssize_t n;
+    do {
+      n = ::pread(fd_, out, len, static_cast<off_t>(offset));
+    } while (n < 0 && errno == EINTR);
+    if (n < 0) return Status::IOError("blob read: " + Errno());
+    return static_cast<size_t>(n);
+  }
+
+ private:
+  int fd_;
+  uint64_t size_;
+};
+
+class DiskWriter final : public BlobWriter {
+ public:
+  DiskWriter(std::string digest, uint64_t expected, int fd, std::string temp, std::string final_path,
+             std::string dir)
+      : sink_(digest, expected),
+        digest_(std::move(digest)),
+        fd_(fd),
+        temp_(std::move(temp)),
+        final_(std::move(final_path)),
+        dir_(std::move(dir)) {}
+  ~DiskWriter() override {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(temp_.c_str());
+  }
+  Status Append(std::string_view bytes) override {
+    KILN_RETURN_IF_ERROR(sink_.Count(bytes));
+    size_t done = 0;
+    while (done < bytes.size()) {
+      const ssize_t n = ::write(fd_, bytes.data() + done, bytes.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return Status::IOError("blob write '" + temp_ + "': " + Errno());
+      done += static_cast<size_t>(n);
+    }
+    return Status::OK();
+  }
+  Status Commit() override {
+    KILN_RETURN_IF_ERROR(sink_.Verify());
+    if (::fsync(fd_) != 0) return Status::IOError("fsync '" + temp_ + "': " + Errno());
+    ::close(fd_);
+    fd_ = -1;
+    if (::rename(temp_.c_str(), final_.c_str()) != 0) {
+      return Status::IOError("rename '" + temp_ + "' -> '" + final_ + "': " + Errno());
+    }
+    committed_ = true;
+    const int dfd = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY);
+    if (dfd >= 0) {
+      ::fsync(dfd);
+      ::close(dfd);
+    }
+    return Status::OK();
+  }
+  const std::string& refusal() const override { return sink_.refusal_; }
+
+ private:
+  VerifyingSink sink_;
+  std::string digest_;
+  int fd_;
+  std::string temp_, final_, dir_;
+  bool committed_ = false;
+};
+
+class DiskBlobStore final : public BlobStore {
+ public:
+  explicit DiskBlobStore(std::string root) : root_(std::move(root)) {}
+
+  Status Init() {
+    KILN_RETURN_IF_ERROR(MakeDirs(root_ + "/sha256"));
+    KILN_RETURN_IF_ERROR(MakeDirs(root_ + "/tmp"));
+    std::error_code ec;
+    int removed = 0;
+    for (const auto& e : std::filesystem::directory_iterator(root_ + "/tmp", ec)) {
+      std::filesystem::remove(e.path(), ec);
+      ++removed;
+    }
+    if (removed > 0) {
+      KILN_LOG(INFO) << "blob store " << root_ << ": removed " << removed
+                     << " partial upload(s) left by an earlier run";
+    }
+    return Status::OK();
+  }
+
+  Result<std::unique_ptr<BlobWriter>> BeginWrite(const std::string& digest,
+                                                 uint64_t expected_size) override {
+    if (!IsWellFormedDigest(digest)) {
+      return Status::InvalidArgument("blob digest '" + digest + "' is not sha256:<64 hex>");
+    }
+    const std::string hex = digest.substr(7);
+    const std::string temp =
+        root_ + "/tmp/" + hex + "." + std::to_string(::getpid()) + "-" +
+        std::to_string(counter_.fetch_add(1)) + ".part";
+    const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return Status::IOError("create '" + temp + "': " + Errno());
+    return std::unique_ptr<BlobWriter>(std::make_unique<DiskWriter>(
+        digest, expected_size, fd, temp, root_ + "/sha256/" + hex, root_ + "/sha256"));
+  }
+  bool Has(const std::string& digest) override {
+    if (!IsWellFormedDigest(digest)) return false;
+    return ::access((root_ + "/sha256/" + digest.substr(7)).c_str(), F_OK) == 0;
+  }
+  Result<std::unique_ptr<BlobReader>> Open(const std::string& digest) override {
+    if (!IsWellFormedDigest(digest)) {
+      return Status::InvalidArgument("blob digest '" + digest + "' is not sha256:<64 hex>");
+    }
+    const std::string path = root_ + "/sha256/" + digest.substr(7);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      if (errno == ENOENT) return Status::NotFound("blob " + digest + " is not stored");
+      return Status::IOError("open '" + path + "': " + Errno());
+    }
+    const off_t size = ::lseek(fd, 0, SEEK_END);
+    if (size < 0) {
+      ::close(fd);
+      return Status::IOError("seek '" + path + "': " + Errno());
+    }
+    return std::unique_ptr<BlobReader>(std::make_unique<FdReader>(fd, size));
+  }
+  int TempFileCount() override {
+    std::error_code ec;
+    int n = 0;
+    for (auto it = std::filesystem::directory_iterator(root_ + "/tmp", ec);
+         !ec && it != std::filesystem::directory_iterator(); ++it) {
+      ++n;
+    }
+    return n;
+  }
+
+ private:
+  std::string root_;
+  std::atomic<uint64_t> counter_{0};
+};
+
+// --- memory ---------------------------------------------------------------------------------
+
+class StringReader final : public BlobReader {
+ public:
+  explicit StringReader(std::shared_ptr<const std::string> bytes) : bytes_(std::move(bytes)) {}
+  uint64_t size() const override { return bytes_->size(); }
+  Result<size_t> ReadAt(uint64_t offset, char* out, size_t len) override {
+    if (offset >= bytes_->size()) return size_t{0};
+    const size_t n = std::min<uint64_t>(len, bytes_->size() - offset);
+    std::memcpy(out, bytes_->data() + offset, n);
+    return n;
+  }
+
+ private:
+  std::shared_ptr<const std::string> bytes_;
+};
+
+struct MemoryBlobs {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<const std::string>> blobs;
+  int temps = 0;
+};
+
+class MemoryWriter final : public BlobWriter {
+ public:
+  MemoryWriter(std::string digest, uint64_t expected, std::shared_ptr<MemoryBlobs> blobs)
+      : sink_(digest, expected), digest_(std::move(digest)), blobs_(std::move(blobs)) {
+    std::lock_guard<std::mutex> lock(blobs_->mu);
+    ++blobs_->temps;
+  }
+  ~MemoryWriter() override {
+    std::lock_guard<std::mutex> lock(blobs_->mu);
+    --blobs_->temps;
+  }
+  Status Append(std::string_view bytes) override {
+    KILN_RETURN_IF_ERROR(sink_.Count(bytes));
+    bytes_.append(bytes);
+    return Status::OK();
+  }
+  Status Commit() override {
+    KILN_RETURN_IF_ERROR(sink_.Verify());
+    std::lock_guard<std::mutex> lock(blobs_->mu);
+    blobs_->blobs.emplace(digest_, std::make_shared<const std::string>(std::move(bytes_)));
+    return Status::OK();
+  }
+  const std::string& refusal() const override { return sink_.refusal_; }
+
+ private:
+  VerifyingSink sink_;
+  std::string digest_;
+  std::string bytes_;
+  std::shared_ptr<MemoryBlobs> blobs_;
+};
+
+class MemoryBlobStore final : public BlobStore {
+ public:
+  Result<std::unique_ptr<BlobWriter>> BeginWrite(const std::string& digest,
+                                                 uint64_t expected_size) override {
+    if (!IsWellFormedDigest(digest)) {
+      return Status::InvalidArgument("blob digest '" + digest + "' is not sha256:<64 hex>");
+    }
+    return std::unique_ptr<BlobWriter>(
+        std::make_unique<MemoryWriter>(digest, expected_size, blobs_));
+  }
+  bool Has(const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(blobs_->mu);
+    return blobs_->blobs.count(digest) != 0;
+  }
+  Result<std::unique_ptr<BlobReader>> Open(const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(blobs_->mu);
+    auto it = blobs_->blobs.find(digest);
+    if (it == blobs_->blobs.end()) return Status::NotFound("blob " + digest + " is not stored");
+    return std::unique_ptr<BlobReader>(std::make_unique<StringReader>(it->second));
+  }
+  int TempFileCount() override {
+    std::lock_guard<std::mutex> lock(blobs_->mu);
+    return blobs_->temps;
+  }
+
+ private:
+  std::shared_ptr<MemoryBlobs> blobs_ = std::make_shared<MemoryBlobs>();
+};
+
+}  // namespace
+
+Result<std::unique_ptr<BlobStore>> OpenDiskBlobStore(const std::string& root) {
+  auto store = std::make_unique<DiskBlobStore>(root);
+  KILN_RETURN_IF_ERROR(store->Init());
+  return std::unique_ptr<BlobStore>(std::move(store));
+}
+
+std::unique_ptr<BlobStore> NewMemoryBlobStore() { return std::make_unique<MemoryBlobStore>(); }
+
+}  // namespace kiln

@@ -1,0 +1,75 @@
+// BlobStore: cell bytes by content digest (hub layer). The hub's rows (store.h) name a digest;
+// the bytes live here. A blob becomes visible only whole and verified: an upload streams into a
+// temp file, its SHA-256 and size are checked against what the publisher declared, it is fsynced
+// and renamed into place. A crash mid-upload leaves only a temp file, which Open removes.
+//
+// Disk layout under the root directory:
+//   sha256/<64 hex>            a verified blob, never modified after the rename
+//   tmp/<64 hex>.<n>.part      an upload in progress (deleted at startup: never resumed)
+//
+// Implementations: disk (NewDiskBlobStore) and memory (NewMemoryBlobStore, for unit tests).
+// Every method may be called from any thread; concurrent uploads of one digest each write their
+// own temp file and the first rename wins (the bytes are equal by construction).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "src/kiln/base/status.h"
+
+namespace kiln {
+
+// A random-access view of one stored blob. Owned by the caller; valid after the blob is deleted
+// (disk: the file descriptor keeps the bytes).
+class BlobReader {
+ public:
+  virtual ~BlobReader() = default;
+  virtual uint64_t size() const = 0;
+  // Reads up to `len` bytes at `offset` into `out`; returns the count (0 at end). IOError on a
+  // failed read.
+  virtual Result<size_t> ReadAt(uint64_t offset, char* out, size_t len) = 0;
+};
+
+// One upload. Append streams bytes; Commit verifies and publishes; destroying an uncommitted
+// writer deletes its temp bytes. Not thread-safe: one thread drives one writer.
+class BlobWriter {
+ public:
+  virtual ~BlobWriter() = default;
+  // InvalidArgument (refusal() == "size_mismatch") once more bytes arrive than declared.
+  virtual Status Append(std::string_view bytes) = 0;
+  // Checks size then SHA-256, fsyncs and renames into place. On failure nothing becomes visible;
+  // refusal() says "size_mismatch" or "digest_mismatch" (or is empty for an I/O error).
+  virtual Status Commit() = 0;
+  // The refusal token of the last failure, or "".
+  virtual const std::string& refusal() const = 0;
+};
+
+class BlobStore {
+ public:
+  BlobStore() = default;
+  virtual ~BlobStore() = default;
+  BlobStore(const BlobStore&) = delete;
+  BlobStore& operator=(const BlobStore&) = delete;
+
+  // REQUIRES: digest is "sha256:<64 lowercase hex>" (IsWellFormedDigest).
+  virtual Result<std::unique_ptr<BlobWriter>> BeginWrite(const std::string& digest,
+                                                         uint64_t expected_size) = 0;
+  virtual bool Has(const std::string& digest) = 0;
+  // NotFound naming the digest when absent.
+  virtual Result<std::unique_ptr<BlobReader>> Open(const std::string& digest) = 0;
+  // The whole blob in memory (unpacking a cell at publish time).
+  Result<std::string> ReadAll(const std::string& digest);
+  // How many upload temp files exist now (tests: no partial blob after a crash).
+  virtual int TempFileCount() = 0;
+};
+
+// "sha256:" + 64 lowercase hex.
+bool IsWellFormedDigest(const std::string& digest);
+
+// Creates `root` if needed and deletes every leftover temp file under root/tmp.
+Result<std::unique_ptr<BlobStore>> OpenDiskBlobStore(const std::string& root);
+std::unique_ptr<BlobStore> NewMemoryBlobStore();
+
+}  // namespace kiln

@@ -1,0 +1,207 @@
+// The in-memory HubStore (hub layer): unit tests of the hub handlers run against it. Same
+// contracts as the SQLite and PostgreSQL stores (store.h), one mutex around plain containers.
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+
+#include "src/kiln/hub/store.h"
+
+namespace kiln {
+
+namespace {
+
+class MemoryStore final : public HubStore {
+ public:
+  std::string Describe() const override { return "memory"; }
+
+  Result<CellRow> InsertCellIfAbsent(const CellRow& row) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, inserted] = cells_.emplace(row.key, row);
+    if (inserted) order_.push_back(row.key);
+    return it->second;
+  }
+  Result<std::optional<CellRow>> GetCell(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cells_.find(key);
+    if (it == cells_.end()) return std::optional<CellRow>();
+    return std::optional<CellRow>(it->second);
+  }
+  Result<std::vector<CellRow>> ListCells(int limit) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<CellRow> out;
+    for (auto it = order_.rbegin(); it != order_.rend() && (int)out.size() < limit; ++it) {
+      out.push_back(cells_.at(*it));
+    }
+    return out;
+  }
+
+  Status PutIntent(const IntentRow& row) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    intents_[{row.key, row.digest}] = row;
+    return Status::OK();
+  }
+  Result<std::optional<IntentRow>> GetIntent(const std::string& key,
+                                             const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = intents_.find({key, digest});
+    if (it == intents_.end()) return std::optional<IntentRow>();
+    return std::optional<IntentRow>(it->second);
+  }
+  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [k, row] : intents_) {
+      if (row.digest == digest) return std::optional<IntentRow>(row);
+    }
+    return std::optional<IntentRow>();
+  }
+
+  Status Revoke(const RevocationRow& row) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    revocations_.emplace(std::make_pair(row.key, row.digest), row);
+    return Status::OK();
+  }
+  Result<std::optional<RevocationRow>> GetRevocation(const std::string& key,
+                                                     const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = revocations_.find({key, digest});
+    if (it == revocations_.end()) return std::optional<RevocationRow>();
+    return std::optional<RevocationRow>(it->second);
+  }
+  Result<std::vector<RevocationRow>> ListRevocations() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<RevocationRow> out;
+    for (const auto& [k, row] : revocations_) out.push_back(row);
+    return out;
+  }
+
+  Status PutToken(const TokenRow& row) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_[row.token_sha256] = row;
+    return Status::OK();
+  }
+  Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = tokens_.find(token_sha256);
+    if (it == tokens_.end()) return std::optional<TokenRow>();
+    return std::optional<TokenRow>(it->second);
+  }
+
+  Result<int> AddObligations(const std::vector<ObligationRow>& rows) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    int created = 0;
+    for (const auto& row : rows) {
+      created += obligations_.emplace(std::make_tuple(row.release, row.target, row.sm), row).second;
+    }
+    return created;
+  }
+  Result<std::vector<ObligationRow>> ListObligations(const std::string& release) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<ObligationRow> out;
+    for (const auto& [k, row] : obligations_) {
+      if (row.release == release) out.push_back(row);
+    }
+    return out;
+  }
+  Result<std::vector<ObligationRow>> ListAllObligations() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<ObligationRow> out;
+    for (const auto& [k, row] : obligations_) out.push_back(row);
+    return out;
+  }
+  Result<int> DischargeObligations(const std::string& key, const std::string& digest,
+                                   const std::string& release, const std::string& target,
+                                   const std::string& sm, int64_t now) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (auto& [k, row] : obligations_) {
+      if (row.state != "owed") continue;
+      const bool by_key = row.key == key;
+      const bool by_slot = row.key.empty() && !release.empty() && row.release == release &&
+                           row.target == target && row.sm == sm;
+      if (!by_key && !by_slot) continue;
+      row.key = key;
+      row.state = "discharged";
+      row.cell_digest = digest;
+      row.updated_at = now;
+      ++n;
+    }
+    return n;
+  }
+  Result<std::optional<ObligationRow>> SettleObligation(const std::string& release,
+                                                        const std::string& target,
+                                                        const std::string& sm,
+                                                        const std::string& token,
+                                                        int64_t now) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = obligations_.find({release, target, sm});
+    if (it == obligations_.end()) return std::optional<ObligationRow>();
+    if (it->second.state == "owed") {
+      it->second.state = "settled:" + token;
+      it->second.updated_at = now;
+    }
+    return std::optional<ObligationRow>(it->second);
+  }
+
+  Status InsertEvents(const std::vector<EventRow>& rows) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (EventRow row : rows) {
+      row.id = ++next_event_id_;
+      events_.push_back(std::move(row));
+    }
+    return Status::OK();
+  }
+  Result<std::vector<EventRow>> QueryEvents(const EventFilter& f) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<EventRow> out;
+    for (auto it = events_.rbegin(); it != events_.rend() && (int)out.size() < f.limit; ++it) {
+      if (!f.worker.empty() && it->worker != f.worker) continue;
+      if (!f.kind.empty() && it->kind != f.kind) continue;
+      if (!f.phase.empty() && it->phase != f.phase) continue;
+      if (it->ts < f.since_ts) continue;
+      out.push_back(*it);
+    }
+    return out;
+  }
+  Result<std::vector<WorkerSummary>> ListWorkers() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::map<std::string, WorkerSummary> by_worker;
+    for (const auto& e : events_) {
+      auto& w = by_worker[e.worker];
+      w.worker = e.worker;
+      w.last_ts = std::max(w.last_ts, e.ts);
+      ++w.events;
+    }
+    std::vector<WorkerSummary> out;
+    for (auto& [k, w] : by_worker) out.push_back(w);
+    return out;
+  }
+  Result<int64_t> AdoptedCount(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<std::string> workers;
+    for (const auto& e : events_) {
+      if ((e.key == key || e.key.rfind(key + "@", 0) == 0) && e.kind == "boot_adopt" && (e.phase == "hit" || e.phase == "local_hit")) {
+        workers.insert(e.worker);
+      }
+    }
+    return static_cast<int64_t>(workers.size());
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, CellRow> cells_;
+  std::vector<std::string> order_;
+  std::map<std::pair<std::string, std::string>, IntentRow> intents_;
+  std::map<std::pair<std::string, std::string>, RevocationRow> revocations_;
+  std::map<std::string, TokenRow> tokens_;
+  std::map<std::tuple<std::string, std::string, std::string>, ObligationRow> obligations_;
+  std::vector<EventRow> events_;
+  int64_t next_event_id_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<HubStore> NewMemoryStore() { return std::make_unique<MemoryStore>(); }
+
+}  // namespace kiln

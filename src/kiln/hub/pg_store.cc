@@ -1,0 +1,430 @@
+// The PostgreSQL HubStore (hub layer): several hub processes share one database. First-writer-
+// wins per key holds across processes because cells.key is the PRIMARY KEY and the insert is
+// INSERT … ON CONFLICT DO NOTHING followed by a read of the row that owns the key.
+//
+// libpqxx throws; every call is wrapped here so that no exception leaves this file. A small pool
+// of connections serves the calling threads; a connection that broke is replaced once and the
+// operation retried (all operations are idempotent or conflict-safe).
+#include <pqxx/pqxx>
+
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+
+#include "src/kiln/base/log.h"
+#include "src/kiln/hub/store.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS cells (
+  key TEXT PRIMARY KEY, digest TEXT NOT NULL, size BIGINT NOT NULL, family TEXT NOT NULL,
+  publisher TEXT NOT NULL, tier TEXT NOT NULL, release TEXT NOT NULL, receipt TEXT NOT NULL,
+  created_at BIGINT NOT NULL, seq BIGSERIAL);
+CREATE TABLE IF NOT EXISTS intents (
+  key TEXT NOT NULL, digest TEXT NOT NULL, size BIGINT NOT NULL, family TEXT NOT NULL,
+  release TEXT NOT NULL, target TEXT NOT NULL, publisher TEXT NOT NULL,
+  created_at BIGINT NOT NULL, PRIMARY KEY (key, digest));
+CREATE INDEX IF NOT EXISTS intents_digest ON intents(digest);
+CREATE TABLE IF NOT EXISTS revocations (
+  key TEXT NOT NULL, digest TEXT NOT NULL, reason TEXT NOT NULL, revoked_by TEXT NOT NULL,
+  revoked_at BIGINT NOT NULL, PRIMARY KEY (key, digest));
+CREATE TABLE IF NOT EXISTS tokens (
+  token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, tier TEXT NOT NULL,
+  org TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS obligations (
+  release TEXT NOT NULL, target TEXT NOT NULL, sm TEXT NOT NULL, key TEXT NOT NULL,
+  state TEXT NOT NULL, cell_digest TEXT NOT NULL, updated_at BIGINT NOT NULL,
+  PRIMARY KEY (release, target, sm));
+CREATE TABLE IF NOT EXISTS events (
+  id BIGSERIAL PRIMARY KEY, worker TEXT NOT NULL, seq BIGINT NOT NULL,
+  kind TEXT NOT NULL, phase TEXT NOT NULL, key TEXT NOT NULL, duration_ms DOUBLE PRECISION NOT NULL,
+  detail TEXT NOT NULL, ts BIGINT NOT NULL);
+CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
+CREATE INDEX IF NOT EXISTS events_key ON events(key);
+)sql";
+
+constexpr const char* kCellCols =
+    "key, digest, size, family, publisher, tier, release, receipt, created_at";
+constexpr const char* kIntentCols =
+    "key, digest, size, family, release, target, publisher, created_at";
+constexpr const char* kObligationCols = "release, target, sm, key, state, cell_digest, updated_at";
+constexpr const char* kEventCols = "id, worker, seq, kind, phase, key, duration_ms, detail, ts";
+
+std::string S(const pqxx::field& f) { return f.is_null() ? std::string() : f.as<std::string>(); }
+int64_t I(const pqxx::field& f) { return f.is_null() ? 0 : f.as<int64_t>(); }
+
+CellRow ReadCell(const pqxx::row& r) {
+  CellRow c;
+  c.key = S(r[0]);
+  c.digest = S(r[1]);
+  c.size = static_cast<uint64_t>(I(r[2]));
+  c.family = S(r[3]);
+  c.publisher = S(r[4]);
+  c.tier = S(r[5]);
+  c.release = S(r[6]);
+  c.receipt = S(r[7]);
+  c.created_at = I(r[8]);
+  return c;
+}
+IntentRow ReadIntent(const pqxx::row& r) {
+  IntentRow i;
+  i.key = S(r[0]);
+  i.digest = S(r[1]);
+  i.size = static_cast<uint64_t>(I(r[2]));
+  i.family = S(r[3]);
+  i.release = S(r[4]);
+  i.target = S(r[5]);
+  i.publisher = S(r[6]);
+  i.created_at = I(r[7]);
+  return i;
+}
+RevocationRow ReadRevocation(const pqxx::row& r) {
+  return RevocationRow{S(r[0]), S(r[1]), S(r[2]), S(r[3]), I(r[4])};
+}
+ObligationRow ReadObligation(const pqxx::row& r) {
+  ObligationRow o;
+  o.release = S(r[0]);
+  o.target = S(r[1]);
+  o.sm = S(r[2]);
+  o.key = S(r[3]);
+  o.state = S(r[4]);
+  o.cell_digest = S(r[5]);
+  o.updated_at = I(r[6]);
+  return o;
+}
+EventRow ReadEvent(const pqxx::row& r) {
+  EventRow e;
+  e.id = I(r[0]);
+  e.worker = S(r[1]);
+  e.seq = I(r[2]);
+  e.kind = S(r[3]);
+  e.phase = S(r[4]);
+  e.key = S(r[5]);
+  e.duration_ms = r[6].is_null() ? 0 : r[6].as<double>();
+  e.detail = S(r[7]);
+  e.ts = I(r[8]);
+  return e;
+}
+
+class PostgresStore final : public HubStore {
+ public:
+  PostgresStore(std::string url, int pool_size) : url_(std::move(url)), pool_size_(pool_size) {}
+
+  std::string Describe() const override { return "postgresql"; }
+
+  Status Init() {
+    return Do("create schema", [&](pqxx::work& w) {
+      w.exec("SELECT pg_advisory_xact_lock(7394001)");  // one hub creates the schema at a time
+      w.exec(kSchema);
+    });
+  }
+
+  Result<CellRow> InsertCellIfAbsent(const CellRow& c) override {
+    CellRow out;
+    KILN_RETURN_IF_ERROR(Do("insert cell", [&](pqxx::work& w) {
+      w.exec_params(
+          "INSERT INTO cells (key, digest, size, family, publisher, tier, release, receipt, "
+          "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (key) DO NOTHING",
+          c.key, c.digest, static_cast<int64_t>(c.size), c.family, c.publisher, c.tier, c.release,
+          c.receipt, c.created_at);
+      auto r = w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1",
+                             c.key);
+      if (r.empty()) throw std::runtime_error("cell row vanished after insert");
+      out = ReadCell(r[0]);
+    }));
+    return out;
+  }
+  Result<std::optional<CellRow>> GetCell(const std::string& key) override {
+    std::optional<CellRow> out;
+    KILN_RETURN_IF_ERROR(Do("get cell", [&](pqxx::work& w) {
+      auto r = w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1",
+                             key);
+      if (!r.empty()) out = ReadCell(r[0]);
+    }));
+    return out;
+  }
+  Result<std::vector<CellRow>> ListCells(int limit) override {
+    std::vector<CellRow> out;
+    KILN_RETURN_IF_ERROR(Do("list cells", [&](pqxx::work& w) {
+      auto r = w.exec_params(std::string("SELECT ") + kCellCols +
+                                 " FROM cells ORDER BY created_at DESC, seq DESC LIMIT $1",
+                             limit);
+      for (const auto& row : r) out.push_back(ReadCell(row));
+    }));
+    return out;
+  }
+
+  Status PutIntent(const IntentRow& i) override {
+    return Do("put intent", [&](pqxx::work& w) {
+      w.exec_params(
+          "INSERT INTO intents (key, digest, size, family, release, target, publisher, "
+          "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (key, digest) DO UPDATE SET "
+          "size = EXCLUDED.size, family = EXCLUDED.family, release = EXCLUDED.release, "
+          "target = EXCLUDED.target, publisher = EXCLUDED.publisher, "
+          "created_at = EXCLUDED.created_at",
+          i.key, i.digest, static_cast<int64_t>(i.size), i.family, i.release, i.target,
+          i.publisher, i.created_at);
+    });
+  }
+  Result<std::optional<IntentRow>> GetIntent(const std::string& key,
+                                             const std::string& digest) override {
+    std::optional<IntentRow> out;
+    KILN_RETURN_IF_ERROR(Do("get intent", [&](pqxx::work& w) {
+      auto r = w.exec_params(std::string("SELECT ") + kIntentCols +
+                                 " FROM intents WHERE key = $1 AND digest = $2",
+                             key, digest);
+      if (!r.empty()) out = ReadIntent(r[0]);
+    }));
+    return out;
+  }
+  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) override {
+    std::optional<IntentRow> out;
+    KILN_RETURN_IF_ERROR(Do("find intent", [&](pqxx::work& w) {
+      auto r = w.exec_params(
+          std::string("SELECT ") + kIntentCols + " FROM intents WHERE digest = $1 LIMIT 1",
+          digest);
+      if (!r.empty()) out = ReadIntent(r[0]);
+    }));
+    return out;
+  }
+
+  Status Revoke(const RevocationRow& v) override {
+    return Do("revoke", [&](pqxx::work& w) {
+      w.exec_params(
+          "INSERT INTO revocations (key, digest, reason, revoked_by, revoked_at) VALUES "
+          "($1,$2,$3,$4,$5) ON CONFLICT (key, digest) DO NOTHING",
+          v.key, v.digest, v.reason, v.revoked_by, v.revoked_at);
+    });
+  }
+  Result<std::optional<RevocationRow>> GetRevocation(const std::string& key,
+                                                     const std::string& digest) override {
+    std::optional<RevocationRow> out;
+    KILN_RETURN_IF_ERROR(Do("get revocation", [&](pqxx::work& w) {
+      auto r = w.exec_params(
+          "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations WHERE key = $1 "
+          "AND digest = $2",
+          key, digest);
+      if (!r.empty()) out = ReadRevocation(r[0]);
+    }));
+    return out;
+  }
+  Result<std::vector<RevocationRow>> ListRevocations() override {
+    std::vector<RevocationRow> out;
+    KILN_RETURN_IF_ERROR(Do("list revocations", [&](pqxx::work& w) {
+      auto r = w.exec(
+          "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations ORDER BY "
+          "revoked_at, key");
+      for (const auto& row : r) out.push_back(ReadRevocation(row));
+    }));
+    return out;
+  }
+
+  Status PutToken(const TokenRow& t) override {
+    return Do("put token", [&](pqxx::work& w) {
+      w.exec_params(
+          "INSERT INTO tokens (token_sha256, name, role, tier, org) VALUES ($1,$2,$3,$4,$5) "
+          "ON CONFLICT (token_sha256) DO UPDATE SET name = EXCLUDED.name, role = EXCLUDED.role, "
+          "tier = EXCLUDED.tier, org = EXCLUDED.org",
+          t.token_sha256, t.name, t.role, t.tier, t.org);
+    });
+  }
+  Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
+    std::optional<TokenRow> out;
+    KILN_RETURN_IF_ERROR(Do("get token", [&](pqxx::work& w) {
+      auto r = w.exec_params(
+          "SELECT token_sha256, name, role, tier, org FROM tokens WHERE token_sha256 = $1",
+          token_sha256);
+      if (!r.empty()) {
+        out = TokenRow{S(r[0][0]), S(r[0][1]), S(r[0][2]), S(r[0][3]), S(r[0][4])};
+      }
+    }));
+    return out;
+  }
+
+  Result<int> AddObligations(const std::vector<ObligationRow>& rows) override {
+    int created = 0;
+    KILN_RETURN_IF_ERROR(Do("add obligations", [&](pqxx::work& w) {
+      created = 0;
+      for (const auto& o : rows) {
+        auto r = w.exec_params(
+            "INSERT INTO obligations (release, target, sm, key, state, cell_digest, updated_at) "
+            "VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT (release, target, sm) DO NOTHING",
+            o.release, o.target, o.sm, o.key, o.state, o.cell_digest, o.updated_at);
+        created += static_cast<int>(r.affected_rows());
+      }
+    }));
+    return created;
+  }
+  Result<std::vector<ObligationRow>> ListObligations(const std::string& release) override {
+    std::vector<ObligationRow> out;
+    KILN_RETURN_IF_ERROR(Do("list obligations", [&](pqxx::work& w) {
+      auto r = w.exec_params(std::string("SELECT ") + kObligationCols +
+                                 " FROM obligations WHERE release = $1 ORDER BY target, sm",
+                             release);
+      for (const auto& row : r) out.push_back(ReadObligation(row));
+    }));
+    return out;
+  }
+  Result<std::vector<ObligationRow>> ListAllObligations() override {
+    std::vector<ObligationRow> out;
+    KILN_RETURN_IF_ERROR(Do("list obligations", [&](pqxx::work& w) {
+      auto r = w.exec(std::string("SELECT ") + kObligationCols +
+                      " FROM obligations ORDER BY release, target, sm");
+      for (const auto& row : r) out.push_back(ReadObligation(row));
+    }));
+    return out;
+  }
+  Result<int> DischargeObligations(const std::string& key, const std::string& digest,
+                                   const std::string& release, const std::string& target,
+                                   const std::string& sm, int64_t now) override {
+    int n = 0;
+    KILN_RETURN_IF_ERROR(Do("discharge obligations", [&](pqxx::work& w) {
+      auto r = w.exec_params(
+          "UPDATE obligations SET state = 'discharged', key = $1, cell_digest = $2, "
+          "updated_at = $3 WHERE state = 'owed' AND (key = $1 OR (key = '' AND $4 <> '' AND "
+          "release = $4 AND target = $5 AND sm = $6))",
+          key, digest, now, release, target, sm);
+      n = static_cast<int>(r.affected_rows());
+    }));
+    return n;
+  }
+  Result<std::optional<ObligationRow>> SettleObligation(const std::string& release,
+                                                        const std::string& target,
+                                                        const std::string& sm,
+                                                        const std::string& token,
+                                                        int64_t now) override {
+    std::optional<ObligationRow> out;
+    KILN_RETURN_IF_ERROR(Do("settle obligation", [&](pqxx::work& w) {
+      w.exec_params(
+          "UPDATE obligations SET state = $1, updated_at = $2 WHERE release = $3 AND "
+          "target = $4 AND sm = $5 AND state = 'owed'",
+          "settled:" + token, now, release, target, sm);
+      auto r = w.exec_params(std::string("SELECT ") + kObligationCols +
+                                 " FROM obligations WHERE release = $1 AND target = $2 AND sm = $3",
+                             release, target, sm);
+      if (!r.empty()) out = ReadObligation(r[0]);
+    }));
+    return out;
+  }
+
+  Status InsertEvents(const std::vector<EventRow>& rows) override {
+    return Do("insert events", [&](pqxx::work& w) {
+      for (const auto& e : rows) {
+        w.exec_params(
+            "INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts) VALUES "
+            "($1,$2,$3,$4,$5,$6,$7,$8)",
+            e.worker, e.seq, e.kind, e.phase, e.key, e.duration_ms, e.detail, e.ts);
+      }
+    });
+  }
+  Result<std::vector<EventRow>> QueryEvents(const EventFilter& f) override {
+    std::vector<EventRow> out;
+    KILN_RETURN_IF_ERROR(Do("query events", [&](pqxx::work& w) {
+      auto r = w.exec_params(std::string("SELECT ") + kEventCols +
+                                 " FROM events WHERE ($1 = '' OR worker = $1) AND "
+                                 "($2 = '' OR kind = $2) AND ($3 = '' OR phase = $3) AND "
+                                 "ts >= $4 ORDER BY id DESC LIMIT $5",
+                             f.worker, f.kind, f.phase, f.since_ts, f.limit);
+      for (const auto& row : r) out.push_back(ReadEvent(row));
+    }));
+    return out;
+  }
+  Result<std::vector<WorkerSummary>> ListWorkers() override {
+    std::vector<WorkerSummary> out;
+    KILN_RETURN_IF_ERROR(Do("list workers", [&](pqxx::work& w) {
+      auto r = w.exec("SELECT worker, MAX(ts), COUNT(*) FROM events GROUP BY worker ORDER BY worker");
+      for (const auto& row : r) out.push_back(WorkerSummary{S(row[0]), I(row[1]), I(row[2])});
+    }));
+    return out;
+  }
+  Result<int64_t> AdoptedCount(const std::string& key) override {
+    int64_t n = 0;
+    KILN_RETURN_IF_ERROR(Do("adopted count", [&](pqxx::work& w) {
+      auto r = w.exec_params(
+          "SELECT COUNT(DISTINCT worker) FROM events WHERE kind = 'boot_adopt' AND phase IN "
+          "('hit', 'local_hit') AND (key = $1 OR key LIKE $1 || '@%')",
+          key);
+      n = I(r[0][0]);
+    }));
+    return n;
+  }
+
+ private:
+  // Runs `body` in one transaction on a pooled connection; translates every exception.
+  Status Do(const char* what, const std::function<void(pqxx::work&)>& body) {
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      std::unique_ptr<pqxx::connection> conn;
+      try {
+        conn = Acquire();
+        {
+          pqxx::work w(*conn);
+          body(w);
+          w.commit();
+        }
+        Release(std::move(conn));
+        return Status::OK();
+      } catch (const pqxx::broken_connection& e) {
+        // Dropped (server restart, idle kill) or never made: discard it; retry once.
+        if (conn) Release(nullptr);
+        if (attempt == 1) {
+          return Status::IOError(std::string("postgresql: ") + what + ": connection broken: " +
+                                 e.what());
+        }
+      } catch (const std::exception& e) {
+        if (conn) Release(conn->is_open() ? std::move(conn) : nullptr);
+        return Status::IOError(std::string("postgresql: ") + what + ": " + e.what());
+      }
+    }
+    return Status::IOError(std::string("postgresql: ") + what + ": retries exhausted");
+  }
+
+  // Throws (inside Do) when a new connection cannot be made.
+  std::unique_ptr<pqxx::connection> Acquire() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !idle_.empty() || open_ < pool_size_; });
+    if (!idle_.empty()) {
+      auto c = std::move(idle_.back());
+      idle_.pop_back();
+      return c;
+    }
+    ++open_;
+    lock.unlock();
+    try {
+      return std::make_unique<pqxx::connection>(url_);
+    } catch (...) {
+      std::lock_guard<std::mutex> relock(mu_);
+      --open_;
+      cv_.notify_one();
+      throw;
+    }
+  }
+  void Release(std::unique_ptr<pqxx::connection> c) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (c) {
+      idle_.push_back(std::move(c));
+    } else {
+      --open_;
+    }
+    cv_.notify_one();
+  }
+
+  std::string url_;
+  int pool_size_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::unique_ptr<pqxx::connection>> idle_;
+  int open_ = 0;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<HubStore>> OpenPostgresStore(const std::string& url, int pool_size) {
+  auto store = std::make_unique<PostgresStore>(url, pool_size < 1 ? 1 : pool_size);
+  KILN_RETURN_IF_ERROR(store->Init());
+  return std::unique_ptr<HubStore>(std::move(store));
+}
+
+}  // namespace kiln

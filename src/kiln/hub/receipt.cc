@@ -1,0 +1,497 @@
+// Receipts: JWS/EdDSA signing and offline verification, and the hub's persisted key ring (hub
+// layer, `kiln_receipt` library). See receipt.h for the wire format.
+#include "src/kiln/hub/receipt.h"
+
+#include <openssl/evp.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <mutex>
+
+#include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/sha256.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+
+struct PkeyDeleter {
+  void operator()(EVP_PKEY* p) const { EVP_PKEY_free(p); }
+};
+struct MdCtxDeleter {
+  void operator()(EVP_MD_CTX* p) const { EVP_MD_CTX_free(p); }
+};
+using PkeyPtr = std::unique_ptr<EVP_PKEY, PkeyDeleter>;
+using MdCtxPtr = std::unique_ptr<EVP_MD_CTX, MdCtxDeleter>;
+
+Result<std::string> RawPublicOf(EVP_PKEY* pkey) {
+  std::string out(32, '\0');
+  size_t len = out.size();
+  if (EVP_PKEY_get_raw_public_key(pkey, reinterpret_cast<unsigned char*>(out.data()), &len) != 1 ||
+      len != 32) {
+    return Status::Internal("Ed25519: cannot read the raw public key");
+  }
+  return out;
+}
+
+bool Ed25519Verify(std::string_view raw_public, std::string_view message,
+                   std::string_view signature) {
+  if (raw_public.size() != 32 || signature.size() != 64) return false;
+  PkeyPtr pkey(EVP_PKEY_new_raw_public_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(raw_public.data()), 32));
+  if (!pkey) return false;
+  MdCtxPtr ctx(EVP_MD_CTX_new());
+  if (!ctx || EVP_DigestVerifyInit(ctx.get(), nullptr, nullptr, nullptr, pkey.get()) != 1) {
+    return false;
+  }
+  return EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(signature.data()),
+                          signature.size(),
+                          reinterpret_cast<const unsigned char*>(message.data()),
+                          message.size()) == 1;
+}
+
+bool IsHex(std::string_view s) {
+  return std::all_of(s.begin(), s.end(),
+                     [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+Result<std::string> HexDecode(std::string_view hex) {
+  if (hex.size() % 2 != 0 || !IsHex(hex)) return Status::InvalidArgument("not lowercase hex");
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = static_cast<char>(std::stoi(std::string(hex.substr(2 * i, 2)), nullptr, 16));
+  }
+  return out;
+}
+
+ReceiptVerdict Refuse(std::string token, std::string message) {
+  ReceiptVerdict v;
+  v.token = std::move(token);
+  v.message = std::move(message);
+  return v;
+}
+
+}  // namespace
+
+// --- base64url ------------------------------------------------------------------------------
+
+std::string Base64UrlEncode(std::string_view bytes) {
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  const auto* b = reinterpret_cast<const unsigned char*>(bytes.data());
+  for (; i + 2 < bytes.size(); i += 3) {
+    const uint32_t v = (b[i] << 16) | (b[i + 1] << 8) | b[i + 2];
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += kAlphabet[(v >> 6) & 63];
+    out += kAlphabet[v & 63];
+  }
+  const size_t rest = bytes.size() - i;
+  if (rest == 1) {
+    const uint32_t v = b[i] << 16;
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+  } else if (rest == 2) {
+    const uint32_t v = (b[i] << 16) | (b[i + 1] << 8);
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += kAlphabet[(v >> 6) & 63];
+  }
+  return out;
+}
+
+Result<std::string> Base64UrlDecode(std::string_view text, const std::string& what) {
+  auto value_of = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '-') return 62;
+    if (c == '_') return 63;
+    return -1;
+  };
+  if (text.size() % 4 == 1) {
+    return Status::InvalidArgument(what + ": base64url length " + std::to_string(text.size()) +
+                                   " is impossible (length mod 4 == 1)");
+  }
+  std::string out;
+  out.reserve(text.size() * 3 / 4);
+  uint32_t acc = 0;
+  int bits = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const int v = value_of(text[i]);
+    if (v < 0) {
+      return Status::InvalidArgument(what + ": byte " + std::to_string(i) +
+                                     " is not in the base64url alphabet (no padding allowed)");
+    }
+    acc = (acc << 6) | static_cast<uint32_t>(v);
+    bits += 6;
+    if (bits >= 8) {
+      bits -= 8;
+      out += static_cast<char>((acc >> bits) & 0xff);
+    }
+  }
+  if (bits > 0 && (acc & ((1u << bits) - 1)) != 0) {
+    return Status::InvalidArgument(what + ": base64url has non-zero trailing bits");
+  }
+  return out;
+}
+
+// --- claims ---------------------------------------------------------------------------------
+
+nlohmann::json ClaimsToJson(const ReceiptClaims& c) {
+  return nlohmann::json{{"key", c.key},         {"digest", c.digest},       {"size", c.size},
+                        {"family", c.family},   {"publisher", c.publisher}, {"tier", c.tier},
+                        {"release", c.release}, {"iat", c.iat}};
+}
+
+Result<ReceiptClaims> ClaimsFromJson(const nlohmann::json& j) {
+  if (!j.is_object()) return Status::InvalidArgument("receipt claims: not a JSON object");
+  static const char* kKnown[] = {"key",  "digest",  "size", "family",
+                                 "publisher", "tier", "release", "iat"};
+  for (const auto& [name, _] : j.items()) {
+    if (std::find_if(std::begin(kKnown), std::end(kKnown),
+                     [&](const char* k) { return name == k; }) == std::end(kKnown)) {
+      return Status::InvalidArgument("receipt claims: unknown claim '" + name + "'");
+    }
+  }
+  ReceiptClaims c;
+  auto str = [&](const char* name, std::string* out) -> Status {
+    auto it = j.find(name);
+    if (it == j.end() || !it->is_string()) {
+      return Status::InvalidArgument(std::string("receipt claims: '") + name +
+                                     "' is missing or not a string");
+    }
+    *out = it->get<std::string>();
+    return Status::OK();
+  };
+  KILN_RETURN_IF_ERROR(str("key", &c.key));
+  KILN_RETURN_IF_ERROR(str("digest", &c.digest));
+  KILN_RETURN_IF_ERROR(str("family", &c.family));
+  KILN_RETURN_IF_ERROR(str("publisher", &c.publisher));
+  KILN_RETURN_IF_ERROR(str("tier", &c.tier));
+  KILN_RETURN_IF_ERROR(str("release", &c.release));
+  auto size = j.find("size");
+  if (size == j.end() || !size->is_number_unsigned()) {
+    return Status::InvalidArgument("receipt claims: 'size' is missing or not an unsigned integer");
+  }
+  c.size = size->get<uint64_t>();
+  auto iat = j.find("iat");
+  if (iat == j.end() || !iat->is_number_integer()) {
+    return Status::InvalidArgument("receipt claims: 'iat' is missing or not an integer");
+  }
+  c.iat = iat->get<int64_t>();
+  if (c.tier != "platform" && c.tier != "org") {
+    return Status::InvalidArgument("receipt claims: tier '" + c.tier +
+                                   "' is not 'platform' or 'org'");
+  }
+  return c;
+}
+
+// --- keys -----------------------------------------------------------------------------------
+
+std::string KeyIdOf(std::string_view raw_public) { return Sha256Hex(raw_public).substr(0, 16); }
+
+Result<SigningKey> SigningKey::Generate() {
+  EVP_PKEY* raw = nullptr;
+  std::unique_ptr<EVP_PKEY_CTX, void (*)(EVP_PKEY_CTX*)> ctx(
+      EVP_PKEY_CTX_new_id(EVP_PKEY_ED25519, nullptr), EVP_PKEY_CTX_free);
+  if (!ctx || EVP_PKEY_keygen_init(ctx.get()) != 1 || EVP_PKEY_keygen(ctx.get(), &raw) != 1) {
+    return Status::Internal("Ed25519: key generation failed");
+  }
+  PkeyPtr pkey(raw);
+  std::string priv(32, '\0');
+  size_t len = priv.size();
+  if (EVP_PKEY_get_raw_private_key(pkey.get(), reinterpret_cast<unsigned char*>(priv.data()),
+                                   &len) != 1 ||
+      len != 32) {
+    return Status::Internal("Ed25519: cannot read the generated private key");
+  }
+  return FromRawPrivate(priv);
+}
+
+Result<SigningKey> SigningKey::FromRawPrivate(std::string_view raw) {
+  if (raw.size() != 32) {
+    return Status::InvalidArgument("Ed25519 private key: " + std::to_string(raw.size()) +
+                                   " bytes, expected 32");
+  }
+  PkeyPtr pkey(EVP_PKEY_new_raw_private_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(raw.data()), 32));
+  if (!pkey) return Status::InvalidArgument("Ed25519 private key: OpenSSL refused the bytes");
+  SigningKey key;
+  key.raw_private_ = std::string(raw);
+  KILN_ASSIGN_OR_RETURN(key.raw_public_, RawPublicOf(pkey.get()));
+  key.kid_ = KeyIdOf(key.raw_public_);
+  return key;
+}
+
+Result<std::string> SigningKey::Sign(std::string_view message) const {
+  PkeyPtr pkey(EVP_PKEY_new_raw_private_key(
+      EVP_PKEY_ED25519, nullptr, reinterpret_cast<const unsigned char*>(raw_private_.data()),
+      raw_private_.size()));
+  MdCtxPtr ctx(EVP_MD_CTX_new());
+  if (!pkey || !ctx || EVP_DigestSignInit(ctx.get(), nullptr, nullptr, nullptr, pkey.get()) != 1) {
+    return Status::Internal("Ed25519: cannot initialize signing with key " + kid_);
+  }
+  std::string sig(64, '\0');
+  size_t len = sig.size();
+  if (EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &len,
+                     reinterpret_cast<const unsigned char*>(message.data()),
+                     message.size()) != 1 ||
+      len != 64) {
+    return Status::Internal("Ed25519: signing with key " + kid_ + " failed");
+  }
+  return sig;
+}
+
+Status PublicKeySet::AddRaw(std::string_view raw_public) {
+  if (raw_public.size() != 32) {
+    return Status::InvalidArgument("Ed25519 public key: " + std::to_string(raw_public.size()) +
+                                   " bytes, expected 32");
+  }
+  keys_[KeyIdOf(raw_public)] = std::string(raw_public);
+  return Status::OK();
+}
+
+const std::string* PublicKeySet::Find(const std::string& kid) const {
+  auto it = keys_.find(kid);
+  return it == keys_.end() ? nullptr : &it->second;
+}
+
+namespace {
+
+Status AddJwk(const nlohmann::json& jwk, PublicKeySet* set) {
+  if (!jwk.is_object()) return Status::InvalidArgument("JWK: not a JSON object");
+  auto get = [&](const char* name) -> std::string {
+    auto it = jwk.find(name);
+    return it != jwk.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  if (get("kty") != "OKP" || get("crv") != "Ed25519") {
+    return Status::InvalidArgument("JWK '" + get("kid") + "': kty '" + get("kty") + "' crv '" +
+                                   get("crv") + "', expected OKP Ed25519");
+  }
+  KILN_ASSIGN_OR_RETURN(std::string raw, Base64UrlDecode(get("x"), "JWK '" + get("kid") + "' x"));
+  if (raw.size() != 32) {
+    return Status::InvalidArgument("JWK '" + get("kid") + "': x holds " +
+                                   std::to_string(raw.size()) + " bytes, expected 32");
+  }
+  const std::string kid = get("kid");
+  if (!kid.empty() && kid != KeyIdOf(raw)) {
+    return Status::InvalidArgument("JWK: kid '" + kid + "' does not name its key (expected '" +
+                                   KeyIdOf(raw) + "')");
+  }
+  return set->AddRaw(raw);
+}
+
+}  // namespace
+
+Result<PublicKeySet> PublicKeySet::FromJwks(const nlohmann::json& jwks) {
+  if (!jwks.is_object() || !jwks.contains("keys") || !jwks["keys"].is_array()) {
+    return Status::InvalidArgument("JWKS: expected an object with a 'keys' array");
+  }
+  PublicKeySet set;
+  for (const auto& jwk : jwks["keys"]) KILN_RETURN_IF_ERROR(AddJwk(jwk, &set));
+  return set;
+}
+
+Result<PublicKeySet> PublicKeySet::FromText(std::string_view text, const std::string& what) {
+  std::string t(text);
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.back()))) t.pop_back();
+  while (!t.empty() && std::isspace(static_cast<unsigned char>(t.front()))) t.erase(0, 1);
+  if (!t.empty() && t.front() == '{') {
+    KILN_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(t, what));
+    if (j.contains("keys")) {
+      auto set = FromJwks(j);
+      if (!set.ok()) return set.status().WithContext(what);
+      return set;
+    }
+    PublicKeySet set;
+    KILN_RETURN_IF_ERROR(AddJwk(j, &set).WithContext(what));
+    return set;
+  }
+  PublicKeySet set;
+  if (t.size() == 64 && IsHex(t)) {
+    KILN_ASSIGN_OR_RETURN(std::string raw, HexDecode(t));
+    KILN_RETURN_IF_ERROR(set.AddRaw(raw));
+    return set;
+  }
+  KILN_ASSIGN_OR_RETURN(std::string raw, Base64UrlDecode(t, what));
+  KILN_RETURN_IF_ERROR(set.AddRaw(raw).WithContext(what));
+  return set;
+}
+
+nlohmann::json PublicKeySet::ToJwks() const {
+  nlohmann::json keys = nlohmann::json::array();
+  for (const auto& [kid, raw] : keys_) {
+    keys.push_back({{"kty", "OKP"},
+                    {"crv", "Ed25519"},
+                    {"x", Base64UrlEncode(raw)},
+                    {"kid", kid},
+                    {"alg", "EdDSA"},
+                    {"use", "sig"}});
+  }
+  return nlohmann::json{{"keys", keys}};
+}
+
+// --- JWS ------------------------------------------------------------------------------------
+
+Result<std::string> SignReceipt(const ReceiptClaims& claims, const SigningKey& key) {
+  KILN_ASSIGN_OR_RETURN(
+      std::string header,
+      CanonicalJson({{"alg", "EdDSA"}, {"kid", key.kid()}, {"typ", "kiln-receipt"}}));
+  KILN_ASSIGN_OR_RETURN(std::string body, CanonicalJson(ClaimsToJson(claims)));
+  std::string signing_input = Base64UrlEncode(header) + "." + Base64UrlEncode(body);
+  KILN_ASSIGN_OR_RETURN(std::string sig, key.Sign(signing_input));
+  return signing_input + "." + Base64UrlEncode(sig);
+}
+
+ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
+                             const ExpectedClaims& expected) {
+  // 1. Shape: three base64url parts; header and claims are JSON objects.
+  const size_t d1 = jws.find('.');
+  const size_t d2 = d1 == std::string_view::npos ? d1 : jws.find('.', d1 + 1);
+  if (d1 == std::string_view::npos || d2 == std::string_view::npos ||
+      jws.find('.', d2 + 1) != std::string_view::npos) {
+    return Refuse("receipt_malformed", "receipt: expected three '.'-separated parts");
+  }
+  auto header_bytes = Base64UrlDecode(jws.substr(0, d1), "receipt header");
+  auto claims_bytes = Base64UrlDecode(jws.substr(d1 + 1, d2 - d1 - 1), "receipt claims");
+  auto sig = Base64UrlDecode(jws.substr(d2 + 1), "receipt signature");
+  if (!header_bytes.ok()) return Refuse("receipt_malformed", header_bytes.status().message());
+  if (!claims_bytes.ok()) return Refuse("receipt_malformed", claims_bytes.status().message());
+  if (!sig.ok()) return Refuse("receipt_malformed", sig.status().message());
+  auto header = ParseJson(*header_bytes, "receipt header");
+  if (!header.ok()) return Refuse("receipt_malformed", header.status().message());
+  if (!header->is_object()) return Refuse("receipt_malformed", "receipt header: not an object");
+  // 2. Algorithm: only EdDSA; "none" and every other value refused.
+  const auto alg = header->find("alg");
+  const std::string alg_text =
+      alg != header->end() && alg->is_string() ? alg->get<std::string>() : "(missing)";
+  if (alg_text != "EdDSA") {
+    return Refuse("receipt_alg_refused",
+                  "receipt header alg '" + alg_text + "' refused, expected 'EdDSA'");
+  }
+  // 3. Key id known.
+  const auto kid_it = header->find("kid");
+  const std::string kid =
+      kid_it != header->end() && kid_it->is_string() ? kid_it->get<std::string>() : "";
+  const std::string* raw_public = trusted.Find(kid);
+  if (raw_public == nullptr) {
+    return Refuse("receipt_unknown_kid", "receipt kid '" + kid + "' is not among " +
+                                             std::to_string(trusted.size()) + " trusted keys");
+  }
+  // 4. Signature over the signing input exactly as received.
+  if (!Ed25519Verify(*raw_public, jws.substr(0, d2), *sig)) {
+    return Refuse("receipt_bad_signature",
+                  "receipt signature does not verify under key '" + kid + "'");
+  }
+  // 5. Claims, then equality with what the caller fetched.
+  auto claims_json = ParseJson(*claims_bytes, "receipt claims");
+  if (!claims_json.ok()) return Refuse("receipt_malformed", claims_json.status().message());
+  auto claims = ClaimsFromJson(*claims_json);
+  if (!claims.ok()) return Refuse("receipt_malformed", claims.status().message());
+  auto mismatch = [&](const char* name, const std::string& got, const std::string& want) {
+    return Refuse("receipt_claim_mismatch", std::string("receipt claim '") + name + "' is '" +
+                                                got + "', expected '" + want + "'");
+  };
+  if (!expected.key.empty() && claims->key != expected.key) {
+    return mismatch("key", claims->key, expected.key);
+  }
+  if (!expected.digest.empty() && claims->digest != expected.digest) {
+    return mismatch("digest", claims->digest, expected.digest);
+  }
+  if (expected.size && claims->size != *expected.size) {
+    return mismatch("size", std::to_string(claims->size), std::to_string(*expected.size));
+  }
+  if (!expected.family.empty() && claims->family != expected.family) {
+    return mismatch("family", claims->family, expected.family);
+  }
+  ReceiptVerdict ok;
+  ok.kid = kid;
+  ok.claims = std::move(claims).value();
+  return ok;
+}
+
+// --- key ring -------------------------------------------------------------------------------
+
+struct SigningKeyRing::State {
+  mutable std::mutex mu;
+  std::shared_ptr<const SigningKey> current;
+  PublicKeySet all;
+};
+
+SigningKeyRing::~SigningKeyRing() = default;
+
+namespace {
+
+Status PersistKey(const std::string& signing_dir, const SigningKey& key) {
+  const std::string priv_path = signing_dir + "/" + key.kid() + ".key";
+  KILN_RETURN_IF_ERROR(WriteFileAtomic(priv_path, key.raw_private()));
+  if (::chmod(priv_path.c_str(), 0600) != 0) {
+    return Status::IOError("chmod 0600 '" + priv_path + "' failed");
+  }
+  KILN_RETURN_IF_ERROR(WriteFileAtomic(signing_dir + "/" + key.kid() + ".pub", key.raw_public()));
+  return WriteFileAtomic(signing_dir + "/current", key.kid() + "\n");
+}
+
+}  // namespace
+
+Result<std::unique_ptr<SigningKeyRing>> SigningKeyRing::OpenOrCreate(const std::string& dir) {
+  const std::string signing_dir = dir + "/signing";
+  KILN_RETURN_IF_ERROR(MakeDirs(signing_dir));
+  std::unique_ptr<SigningKeyRing> ring(new SigningKeyRing());
+  ring->dir_ = signing_dir;
+  ring->state_ = std::make_unique<State>();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(signing_dir, ec)) {
+    if (entry.path().extension() != ".pub") continue;
+    KILN_ASSIGN_OR_RETURN(std::string raw, ReadFile(entry.path().string()));
+    KILN_RETURN_IF_ERROR(ring->state_->all.AddRaw(raw).WithContext(entry.path().string()));
+  }
+  if (ec) return Status::IOError("listing '" + signing_dir + "': " + ec.message());
+  auto current = ReadFile(signing_dir + "/current");
+  if (current.ok()) {
+    std::string kid = *current;
+    while (!kid.empty() && (kid.back() == '\n' || kid.back() == ' ')) kid.pop_back();
+    KILN_ASSIGN_OR_RETURN(std::string priv, ReadFile(signing_dir + "/" + kid + ".key"));
+    KILN_ASSIGN_OR_RETURN(SigningKey key, SigningKey::FromRawPrivate(priv));
+    if (key.kid() != kid) {
+      return Status::Corruption("signing key '" + signing_dir + "/" + kid +
+                                ".key' has key id '" + key.kid() + "', expected '" + kid + "'");
+    }
+    KILN_RETURN_IF_ERROR(ring->state_->all.AddRaw(key.raw_public()));
+    ring->state_->current = std::make_shared<const SigningKey>(std::move(key));
+    return ring;
+  }
+  KILN_ASSIGN_OR_RETURN(std::string kid, ring->Rotate());
+  (void)kid;
+  return ring;
+}
+
+std::shared_ptr<const SigningKey> SigningKeyRing::Current() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->current;
+}
+
+PublicKeySet SigningKeyRing::PublicKeys() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->all;
+}
+
+Result<std::string> SigningKeyRing::Rotate() {
+  KILN_ASSIGN_OR_RETURN(SigningKey key, SigningKey::Generate());
+  KILN_RETURN_IF_ERROR(PersistKey(dir_, key));
+  std::lock_guard<std::mutex> lock(state_->mu);
+  KILN_RETURN_IF_ERROR(state_->all.AddRaw(key.raw_public()));
+  const std::string kid = key.kid();
+  state_->current = std::make_shared<const SigningKey>(std::move(key));
+  return kid;
+}
+
+}  // namespace kiln

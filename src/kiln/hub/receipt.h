@@ -1,0 +1,152 @@
+// Receipts: the hub's Ed25519-signed statement that binds a cell key to the bytes it stored (hub
+// layer; DESIGN.md §9, REFERENCE.md "Receipt checks"). Built into the small `kiln_receipt`
+// library so that the client and the worker can verify receipts without linking the hub server.
+//
+// Wire format: JWS compact serialization, three base64url (no padding) parts joined by '.':
+//   header  {"alg":"EdDSA","kid":"<16 hex>","typ":"kiln-receipt"}   (canonical JSON)
+//   claims  {"digest":"sha256:<hex>","family":"root/…","iat":<unix s>,"key":"ck1-…",
+//            "publisher":"<token name>","release":"<name or empty>","size":<bytes>,
+//            "tier":"platform"|"org"}                                (canonical JSON)
+//   signature  Ed25519 over ASCII(header_b64 + "." + claims_b64)
+// Key id: the first 16 hex of SHA-256 of the raw 32-byte public key. A JWKS lists every public
+// key the hub ever signed with (rotation never drops one), as {"kty":"OKP","crv":"Ed25519",
+// "x":<base64url raw key>,"kid":…,"alg":"EdDSA","use":"sig"}.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/kiln/base/status.h"
+
+namespace kiln {
+
+// base64url without padding (RFC 4648 §5). Decode refuses padding, whitespace and any character
+// outside the alphabet, and non-canonical trailing bits.
+std::string Base64UrlEncode(std::string_view bytes);
+Result<std::string> Base64UrlDecode(std::string_view text, const std::string& what);
+
+struct ReceiptClaims {
+  std::string key;
+  std::string digest;  // "sha256:<64 hex>"
+  uint64_t size = 0;
+  std::string family;
+  std::string publisher;
+  std::string tier;  // "platform" | "org"
+  std::string release;
+  int64_t iat = 0;  // issued-at, unix seconds
+  bool operator==(const ReceiptClaims&) const = default;
+};
+
+nlohmann::json ClaimsToJson(const ReceiptClaims& c);
+// Refuses a missing or mistyped field by name; unknown fields are refused too (a verifier must
+// never skip a claim it does not understand).
+Result<ReceiptClaims> ClaimsFromJson(const nlohmann::json& j);
+
+// An Ed25519 private key. Immutable after creation; any thread may sign concurrently.
+class SigningKey {
+ public:
+  static Result<SigningKey> Generate();
+  // From the 32-byte raw private key (seed).
+  static Result<SigningKey> FromRawPrivate(std::string_view raw);
+
+  const std::string& kid() const { return kid_; }
+  const std::string& raw_public() const { return raw_public_; }
+  const std::string& raw_private() const { return raw_private_; }
+  // The 64-byte Ed25519 signature of `message`.
+  Result<std::string> Sign(std::string_view message) const;
+
+ private:
+  std::string raw_private_;
+  std::string raw_public_;
+  std::string kid_;
+};
+
+// "first 16 hex of SHA-256(raw public key)".
+std::string KeyIdOf(std::string_view raw_public);
+
+// Public keys trusted to verify receipts, by key id.
+class PublicKeySet {
+ public:
+  // Adds a raw 32-byte Ed25519 public key; its kid is computed.
+  Status AddRaw(std::string_view raw_public);
+  // Parses a JWKS document ({"keys":[…]}); every key must be OKP/Ed25519 and its kid must equal
+  // KeyIdOf(x) (a kid that lies about its key is refused).
+  static Result<PublicKeySet> FromJwks(const nlohmann::json& jwks);
+  // Accepts a JWKS document, or a single JWK object, or a base64url raw key, or 64 hex chars.
+  static Result<PublicKeySet> FromText(std::string_view text, const std::string& what);
+
+  bool Has(const std::string& kid) const { return keys_.count(kid) != 0; }
+  const std::string* Find(const std::string& kid) const;
+  size_t size() const { return keys_.size(); }
+  nlohmann::json ToJwks() const;
+  const std::map<std::string, std::string>& keys() const { return keys_; }
+
+ private:
+  std::map<std::string, std::string> keys_;  // kid -> raw public key
+};
+
+// The JWS compact serialization of `claims` signed by `key`.
+Result<std::string> SignReceipt(const ReceiptClaims& claims, const SigningKey& key);
+
+// What a verifier expects a receipt to say; empty / nullopt fields are not compared.
+struct ExpectedClaims {
+  std::string key;
+  std::string digest;
+  std::optional<uint64_t> size;
+  std::string family;
+};
+
+// The outcome of an offline receipt check. `token` is empty when the receipt verified; otherwise
+// one of (checked in this order):
+//   receipt_malformed      not three base64url parts, header/claims not JSON objects, bad claims
+//   receipt_alg_refused    header alg is not "EdDSA" (e.g. "none", "HS256")
+//   receipt_unknown_kid    no trusted key has the header's kid
+//   receipt_bad_signature  the Ed25519 signature does not verify (bytes altered or foreign key)
+//   receipt_claim_mismatch a claim differs from `expected` (message names claim and both values)
+struct ReceiptVerdict {
+  std::string token;
+  std::string message;
+  std::string kid;
+  ReceiptClaims claims;
+  bool ok() const { return token.empty(); }
+};
+
+ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
+                             const ExpectedClaims& expected);
+
+// The hub's signing keys, persisted under `dir`:
+//   dir/signing/current          the kid of the active key
+//   dir/signing/<kid>.key        raw 32-byte private key (mode 0600)
+//   dir/signing/<kid>.pub        raw 32-byte public key (kept forever: old receipts stay verifiable)
+// Thread-safe: Current() and Jwks() may be called from any thread while Rotate() runs.
+class SigningKeyRing {
+ public:
+  // Loads the ring from `dir`, generating and persisting a first key if there is none.
+  static Result<std::unique_ptr<SigningKeyRing>> OpenOrCreate(const std::string& dir);
+  ~SigningKeyRing();
+  SigningKeyRing(const SigningKeyRing&) = delete;
+  SigningKeyRing& operator=(const SigningKeyRing&) = delete;
+
+  // The key new receipts are signed with.
+  std::shared_ptr<const SigningKey> Current() const;
+  // Every public key, current and retired.
+  PublicKeySet PublicKeys() const;
+  nlohmann::json Jwks() const { return PublicKeys().ToJwks(); }
+  // Generates a new key, persists it, makes it current. Returns the new kid.
+  Result<std::string> Rotate();
+
+ private:
+  SigningKeyRing() = default;
+  struct State;
+  std::unique_ptr<State> state_;
+  std::string dir_;
+};
+
+}  // namespace kiln

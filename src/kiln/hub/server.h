@@ -1,0 +1,145 @@
+// The hub: routes over a HubStore, a BlobStore and a SigningKeyRing (hub layer; DESIGN.md §9,
+// docs/hub-api.md is the wire reference).
+//
+// Two parts. HubService holds every route as a plain method (principal + parsed inputs in, Reply
+// out) so handlers are unit-tested against the in-memory stores without sockets. HubServer binds
+// HubService to cpp-httplib: it parses the transport (path captures, bearer header, streamed
+// bodies, ranges) and is the one place that turns a Reply into HTTP. No exception escapes a
+// handler: the server's exception handler answers 500 {error:"internal"}.
+//
+// Error bodies are always {"error":"<token>","message":"<prose>"} (plus route-specific fields);
+// the token is the contract, the message is for people.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <variant>
+
+#include <nlohmann/json.hpp>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/hub/authz.h"
+#include "src/kiln/hub/blob_store.h"
+#include "src/kiln/hub/receipt.h"
+#include "src/kiln/hub/store.h"
+
+namespace kiln {
+
+// One route's answer. `html` non-empty means a text/html page instead of `body`.
+struct Reply {
+  int status = 200;
+  nlohmann::json body = nlohmann::json::object();
+  std::string html;
+
+  static Reply Json(int status, nlohmann::json body) { return Reply{status, std::move(body), ""}; }
+  // {"error":token,"message":message} merged with `extra`.
+  static Reply Error(int status, const std::string& token, const std::string& message,
+                     nlohmann::json extra = nlohmann::json::object());
+  // The translation of a store/blob Status that no route expected: 503 store_unavailable for
+  // IOError, 500 internal otherwise.
+  static Reply FromStatus(const Status& status);
+  bool ok() const { return status >= 200 && status < 300; }
+};
+
+// Pulls a request body chunk by chunk into `sink` (returns false to stop); false if the
+// transport failed.
+using BodyReader = std::function<bool(const std::function<bool(std::string_view)>& sink)>;
+
+class HubService {
+ public:
+  // `now` returns unix seconds (tests pass a fixed clock); defaults to the system clock.
+  HubService(std::unique_ptr<HubStore> store, std::unique_ptr<BlobStore> blobs,
+             std::unique_ptr<SigningKeyRing> keys, std::function<int64_t()> now = nullptr);
+  ~HubService();
+  HubService(const HubService&) = delete;
+  HubService& operator=(const HubService&) = delete;
+
+  // The principal of an "Authorization: Bearer …" header, or 401 unauthenticated. Lookups are
+  // cached for a few seconds (resolve is the hot path).
+  std::variant<Principal, Reply> Authenticate(const std::string& authorization_header);
+
+  Reply Health();
+  Reply ResolveCell(const Principal& p, const std::string& key);
+  Reply PublishIntent(const Principal& p, std::string_view body);
+  Reply UploadBlob(const Principal& p, const std::string& digest, const BodyReader& read_body);
+  Reply PublishComplete(const Principal& p, std::string_view body);
+  Reply GetReceipt(const Principal& p, const std::string& key, const std::string& digest);
+  Reply Revocations();
+  Reply Revoke(const Principal& p, std::string_view body);
+  Reply Jwks();
+  Reply RotateKey(const Principal& p);
+  Reply CreateRelease(const Principal& p, std::string_view body);
+  Reply ReleaseObligations(const Principal& p, const std::string& release);
+  Reply SettleObligation(const Principal& p, std::string_view body);
+  Reply PostEvents(const Principal& p, std::string_view body);
+  Reply QueryEvents(const Principal& p, const std::map<std::string, std::string>& query);
+  Reply Dashboard();
+  // Blob download: the reader, or a Reply (400 bad_digest, 404 not_found, 403).
+  std::variant<std::unique_ptr<BlobReader>, Reply> OpenBlob(const Principal& p,
+                                                            const std::string& digest);
+
+  HubStore& store() { return *store_; }
+  BlobStore& blobs() { return *blobs_; }
+  SigningKeyRing& keys() { return *keys_; }
+
+ private:
+  int64_t Now() const;
+  std::unique_ptr<HubStore> store_;
+  std::unique_ptr<BlobStore> blobs_;
+  std::unique_ptr<SigningKeyRing> keys_;
+  std::function<int64_t()> now_;
+  struct TokenCache;
+  std::unique_ptr<TokenCache> token_cache_;
+};
+
+struct HubOptions {
+  std::string data_dir;          // created if missing: hub.sqlite, blobs/, signing/, tokens.json
+  std::string db_url;            // "postgresql://…" or empty for SQLite under data_dir
+  std::string tokens_file;       // default data_dir/tokens.json
+  std::string bind = "127.0.0.1";
+  int port = 8470;               // 0: any free port (see HubServer::port())
+  int threads = 32;              // request threads (each keep-alive connection holds one)
+  uint64_t max_blob_bytes = 2ull << 30;
+};
+
+// What the first start of a data dir produced: the admin token, to print once.
+struct HubFirstStart {
+  bool created_tokens_file = false;
+  std::string admin_token;
+};
+
+class HubServer {
+ public:
+  // Opens stores and keys under options.data_dir (creating them on first start), loads the
+  // tokens file into the store, binds the port. Does not serve yet.
+  static Result<std::unique_ptr<HubServer>> Open(const HubOptions& options,
+                                                 HubFirstStart* first_start = nullptr);
+  ~HubServer();
+  HubServer(const HubServer&) = delete;
+  HubServer& operator=(const HubServer&) = delete;
+
+  int port() const { return port_; }
+  HubService& service() { return *service_; }
+  // Serves until Stop(); returns when the listener closes.
+  Status Serve();
+  // Any thread; idempotent.
+  void Stop();
+
+ private:
+  HubServer() = default;
+  void InstallRoutes();
+  HubOptions options_;
+  int port_ = 0;
+  std::unique_ptr<HubService> service_;
+  struct Http;
+  std::unique_ptr<Http> http_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,420 @@
+// The SQLite HubStore (hub layer): the default, one database file under the hub's data dir, so
+// `kiln hub` starts with nothing installed by hand. One connection in WAL mode behind a mutex;
+// first-writer-wins per key is the PRIMARY KEY on cells.key with INSERT … ON CONFLICT DO NOTHING.
+#include <sqlite3.h>
+
+#include <mutex>
+
+#include "src/kiln/hub/store.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr const char* kSchema = R"sql(
+CREATE TABLE IF NOT EXISTS cells (
+  key TEXT PRIMARY KEY, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
+  publisher TEXT NOT NULL, tier TEXT NOT NULL, release TEXT NOT NULL, receipt TEXT NOT NULL,
+  created_at INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS intents (
+  key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
+  release TEXT NOT NULL, target TEXT NOT NULL, publisher TEXT NOT NULL,
+  created_at INTEGER NOT NULL, PRIMARY KEY (key, digest));
+CREATE INDEX IF NOT EXISTS intents_digest ON intents(digest);
+CREATE TABLE IF NOT EXISTS revocations (
+  key TEXT NOT NULL, digest TEXT NOT NULL, reason TEXT NOT NULL, revoked_by TEXT NOT NULL,
+  revoked_at INTEGER NOT NULL, PRIMARY KEY (key, digest));
+CREATE TABLE IF NOT EXISTS tokens (
+  token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, tier TEXT NOT NULL,
+  org TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS obligations (
+  release TEXT NOT NULL, target TEXT NOT NULL, sm TEXT NOT NULL, key TEXT NOT NULL,
+  state TEXT NOT NULL, cell_digest TEXT NOT NULL, updated_at INTEGER NOT NULL,
+  PRIMARY KEY (release, target, sm));
+CREATE TABLE IF NOT EXISTS events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, worker TEXT NOT NULL, seq INTEGER NOT NULL,
+  kind TEXT NOT NULL, phase TEXT NOT NULL, key TEXT NOT NULL, duration_ms REAL NOT NULL,
+  detail TEXT NOT NULL, ts INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
+CREATE INDEX IF NOT EXISTS events_key ON events(key);
+)sql";
+
+// A prepared statement with positional binds; finalized on destruction.
+class Stmt {
+ public:
+  Stmt(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Stmt() { sqlite3_finalize(stmt_); }
+  Stmt(const Stmt&) = delete;
+  Stmt& operator=(const Stmt&) = delete;
+
+  Stmt& Bind(const std::string& v) {
+    sqlite3_bind_text(stmt_, ++n_, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT);
+    return *this;
+  }
+  Stmt& Bind(int64_t v) {
+    sqlite3_bind_int64(stmt_, ++n_, v);
+    return *this;
+  }
+  Stmt& Bind(double v) {
+    sqlite3_bind_double(stmt_, ++n_, v);
+    return *this;
+  }
+  // SQLITE_ROW, SQLITE_DONE, or an error code.
+  int Step() { return rc_ == SQLITE_OK ? sqlite3_step(stmt_) : rc_; }
+  Status Run(const char* what) {
+    const int rc = Step();
+    if (rc != SQLITE_DONE && rc != SQLITE_ROW) return Error(what, rc);
+    return Status::OK();
+  }
+  Status Error(const char* what, int rc) const {
+    return Status::IOError(std::string("sqlite: ") + what + ": " + sqlite3_errstr(rc) + " (" +
+                           sqlite3_errmsg(db_) + ")");
+  }
+  std::string Text(int col) const {
+    const auto* p = sqlite3_column_text(stmt_, col);
+    return p ? std::string(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, col))
+             : std::string();
+  }
+  int64_t Int(int col) const { return sqlite3_column_int64(stmt_, col); }
+  double Real(int col) const { return sqlite3_column_double(stmt_, col); }
+
+ private:
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_ = SQLITE_OK;
+  int n_ = 0;
+};
+
+constexpr const char* kCellCols =
+    "key, digest, size, family, publisher, tier, release, receipt, created_at";
+CellRow ReadCell(const Stmt& s) {
+  CellRow r;
+  r.key = s.Text(0);
+  r.digest = s.Text(1);
+  r.size = static_cast<uint64_t>(s.Int(2));
+  r.family = s.Text(3);
+  r.publisher = s.Text(4);
+  r.tier = s.Text(5);
+  r.release = s.Text(6);
+  r.receipt = s.Text(7);
+  r.created_at = s.Int(8);
+  return r;
+}
+IntentRow ReadIntent(const Stmt& s) {
+  IntentRow r;
+  r.key = s.Text(0);
+  r.digest = s.Text(1);
+  r.size = static_cast<uint64_t>(s.Int(2));
+  r.family = s.Text(3);
+  r.release = s.Text(4);
+  r.target = s.Text(5);
+  r.publisher = s.Text(6);
+  r.created_at = s.Int(7);
+  return r;
+}
+RevocationRow ReadRevocation(const Stmt& s) {
+  return RevocationRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4)};
+}
+ObligationRow ReadObligation(const Stmt& s) {
+  ObligationRow r;
+  r.release = s.Text(0);
+  r.target = s.Text(1);
+  r.sm = s.Text(2);
+  r.key = s.Text(3);
+  r.state = s.Text(4);
+  r.cell_digest = s.Text(5);
+  r.updated_at = s.Int(6);
+  return r;
+}
+EventRow ReadEvent(const Stmt& s) {
+  EventRow r;
+  r.id = s.Int(0);
+  r.worker = s.Text(1);
+  r.seq = s.Int(2);
+  r.kind = s.Text(3);
+  r.phase = s.Text(4);
+  r.key = s.Text(5);
+  r.duration_ms = s.Real(6);
+  r.detail = s.Text(7);
+  r.ts = s.Int(8);
+  return r;
+}
+
+class SqliteStore final : public HubStore {
+ public:
+  SqliteStore(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
+  ~SqliteStore() override { sqlite3_close(db_); }
+
+  std::string Describe() const override { return "sqlite:" + path_; }
+
+  Status Exec(const char* sql, const char* what) {
+    char* err = nullptr;
+    if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+      std::string msg = err ? err : "unknown error";
+      sqlite3_free(err);
+      return Status::IOError(std::string("sqlite: ") + what + " in '" + path_ + "': " + msg);
+    }
+    return Status::OK();
+  }
+
+  Result<CellRow> InsertCellIfAbsent(const CellRow& row) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    {
+      Stmt s(db_,
+             "INSERT INTO cells (key, digest, size, family, publisher, tier, release, receipt, "
+             "created_at) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(key) DO NOTHING");
+      s.Bind(row.key).Bind(row.digest).Bind(static_cast<int64_t>(row.size)).Bind(row.family);
+      s.Bind(row.publisher).Bind(row.tier).Bind(row.release).Bind(row.receipt).Bind(row.created_at);
+      KILN_RETURN_IF_ERROR(s.Run("insert cell"));
+    }
+    KILN_ASSIGN_OR_RETURN(auto existing, GetCellLocked(row.key));
+    if (!existing) return Status::Internal("sqlite: cell '" + row.key + "' vanished after insert");
+    return *existing;
+  }
+  Result<std::optional<CellRow>> GetCell(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return GetCellLocked(key);
+  }
+  Result<std::vector<CellRow>> ListCells(int limit) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, (std::string("SELECT ") + kCellCols +
+                 " FROM cells ORDER BY created_at DESC, rowid DESC LIMIT ?")
+                    .c_str());
+    s.Bind(static_cast<int64_t>(limit));
+    std::vector<CellRow> out;
+    int rc;
+    while ((rc = s.Step()) == SQLITE_ROW) out.push_back(ReadCell(s));
+    if (rc != SQLITE_DONE) return s.Error("list cells", rc);
+    return out;
+  }
+
+  Status PutIntent(const IntentRow& r) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "INSERT OR REPLACE INTO intents (key, digest, size, family, release, target, publisher, "
+           "created_at) VALUES (?,?,?,?,?,?,?,?)");
+    s.Bind(r.key).Bind(r.digest).Bind(static_cast<int64_t>(r.size)).Bind(r.family).Bind(r.release);
+    s.Bind(r.target).Bind(r.publisher).Bind(r.created_at);
+    return s.Run("put intent");
+  }
+  Result<std::optional<IntentRow>> GetIntent(const std::string& key,
+                                             const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT key, digest, size, family, release, target, publisher, created_at FROM intents "
+           "WHERE key = ? AND digest = ?");
+    s.Bind(key).Bind(digest);
+    return One<IntentRow>(s, ReadIntent, "get intent");
+  }
+  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT key, digest, size, family, release, target, publisher, created_at FROM intents "
+           "WHERE digest = ? LIMIT 1");
+    s.Bind(digest);
+    return One<IntentRow>(s, ReadIntent, "find intent");
+  }
+
+  Status Revoke(const RevocationRow& r) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "INSERT INTO revocations (key, digest, reason, revoked_by, revoked_at) VALUES "
+           "(?,?,?,?,?) ON CONFLICT(key, digest) DO NOTHING");
+    s.Bind(r.key).Bind(r.digest).Bind(r.reason).Bind(r.revoked_by).Bind(r.revoked_at);
+    return s.Run("revoke");
+  }
+  Result<std::optional<RevocationRow>> GetRevocation(const std::string& key,
+                                                     const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations WHERE key = ? AND "
+           "digest = ?");
+    s.Bind(key).Bind(digest);
+    return One<RevocationRow>(s, ReadRevocation, "get revocation");
+  }
+  Result<std::vector<RevocationRow>> ListRevocations() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations ORDER BY "
+           "revoked_at, key");
+    return All<RevocationRow>(s, ReadRevocation, "list revocations");
+  }
+
+  Status PutToken(const TokenRow& r) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "INSERT OR REPLACE INTO tokens (token_sha256, name, role, tier, org) VALUES (?,?,?,?,?)");
+    s.Bind(r.token_sha256).Bind(r.name).Bind(r.role).Bind(r.tier).Bind(r.org);
+    return s.Run("put token");
+  }
+  Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, "SELECT token_sha256, name, role, tier, org FROM tokens WHERE token_sha256 = ?");
+    s.Bind(token_sha256);
+    return One<TokenRow>(
+        s, [](const Stmt& s) { return TokenRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4)}; },
+        "get token");
+  }
+
+  Result<int> AddObligations(const std::vector<ObligationRow>& rows) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin"));
+    int created = 0;
+    for (const auto& r : rows) {
+      Stmt s(db_,
+             "INSERT INTO obligations (release, target, sm, key, state, cell_digest, updated_at) "
+             "VALUES (?,?,?,?,?,?,?) ON CONFLICT(release, target, sm) DO NOTHING");
+      s.Bind(r.release).Bind(r.target).Bind(r.sm).Bind(r.key).Bind(r.state).Bind(r.cell_digest);
+      s.Bind(r.updated_at);
+      Status st = s.Run("add obligation");
+      if (!st.ok()) {
+        Exec("ROLLBACK", "rollback").IgnoreError();
+        return st;
+      }
+      created += sqlite3_changes(db_);
+    }
+    KILN_RETURN_IF_ERROR(Exec("COMMIT", "commit"));
+    return created;
+  }
+  Result<std::vector<ObligationRow>> ListObligations(const std::string& release) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT release, target, sm, key, state, cell_digest, updated_at FROM obligations "
+           "WHERE release = ? ORDER BY target, sm");
+    s.Bind(release);
+    return All<ObligationRow>(s, ReadObligation, "list obligations");
+  }
+  Result<std::vector<ObligationRow>> ListAllObligations() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT release, target, sm, key, state, cell_digest, updated_at FROM obligations "
+           "ORDER BY release, target, sm");
+    return All<ObligationRow>(s, ReadObligation, "list obligations");
+  }
+  Result<int> DischargeObligations(const std::string& key, const std::string& digest,
+                                   const std::string& release, const std::string& target,
+                                   const std::string& sm, int64_t now) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "UPDATE obligations SET state = 'discharged', key = ?, cell_digest = ?, updated_at = ? "
+           "WHERE state = 'owed' AND (key = ? OR (key = '' AND ? <> '' AND release = ? AND "
+           "target = ? AND sm = ?))");
+    s.Bind(key).Bind(digest).Bind(now).Bind(key).Bind(release).Bind(release).Bind(target).Bind(sm);
+    KILN_RETURN_IF_ERROR(s.Run("discharge obligations"));
+    return sqlite3_changes(db_);
+  }
+  Result<std::optional<ObligationRow>> SettleObligation(const std::string& release,
+                                                        const std::string& target,
+                                                        const std::string& sm,
+                                                        const std::string& token,
+                                                        int64_t now) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    {
+      Stmt s(db_,
+             "UPDATE obligations SET state = ?, updated_at = ? WHERE release = ? AND target = ? "
+             "AND sm = ? AND state = 'owed'");
+      s.Bind("settled:" + token).Bind(now).Bind(release).Bind(target).Bind(sm);
+      KILN_RETURN_IF_ERROR(s.Run("settle obligation"));
+    }
+    Stmt s(db_,
+           "SELECT release, target, sm, key, state, cell_digest, updated_at FROM obligations "
+           "WHERE release = ? AND target = ? AND sm = ?");
+    s.Bind(release).Bind(target).Bind(sm);
+    return One<ObligationRow>(s, ReadObligation, "get obligation");
+  }
+
+  Status InsertEvents(const std::vector<EventRow>& rows) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin"));
+    for (const auto& r : rows) {
+      Stmt s(db_,
+             "INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts) VALUES "
+             "(?,?,?,?,?,?,?,?)");
+      s.Bind(r.worker).Bind(r.seq).Bind(r.kind).Bind(r.phase).Bind(r.key).Bind(r.duration_ms);
+      s.Bind(r.detail).Bind(r.ts);
+      Status st = s.Run("insert event");
+      if (!st.ok()) {
+        Exec("ROLLBACK", "rollback").IgnoreError();
+        return st;
+      }
+    }
+    return Exec("COMMIT", "commit");
+  }
+  Result<std::vector<EventRow>> QueryEvents(const EventFilter& f) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT id, worker, seq, kind, phase, key, duration_ms, detail, ts FROM events WHERE "
+           "(? = '' OR worker = ?) AND (? = '' OR kind = ?) AND (? = '' OR phase = ?) AND ts >= ? "
+           "ORDER BY id DESC LIMIT ?");
+    s.Bind(f.worker).Bind(f.worker).Bind(f.kind).Bind(f.kind).Bind(f.phase).Bind(f.phase);
+    s.Bind(f.since_ts).Bind(static_cast<int64_t>(f.limit));
+    return All<EventRow>(s, ReadEvent, "query events");
+  }
+  Result<std::vector<WorkerSummary>> ListWorkers() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, "SELECT worker, MAX(ts), COUNT(*) FROM events GROUP BY worker ORDER BY worker");
+    return All<WorkerSummary>(
+        s, [](const Stmt& s) { return WorkerSummary{s.Text(0), s.Int(1), s.Int(2)}; },
+        "list workers");
+  }
+  Result<int64_t> AdoptedCount(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT COUNT(DISTINCT worker) FROM events WHERE kind = 'boot_adopt' AND phase IN "
+           "('hit', 'local_hit') AND (key = ? OR key LIKE ? || '@%')");
+    s.Bind(key).Bind(key);
+    const int rc = s.Step();
+    if (rc != SQLITE_ROW) return s.Error("adopted count", rc);
+    return s.Int(0);
+  }
+
+ private:
+  Result<std::optional<CellRow>> GetCellLocked(const std::string& key) {
+    Stmt s(db_, (std::string("SELECT ") + kCellCols + " FROM cells WHERE key = ?").c_str());
+    s.Bind(key);
+    return One<CellRow>(s, ReadCell, "get cell");
+  }
+  template <typename T, typename F>
+  Result<std::optional<T>> One(Stmt& s, F read, const char* what) {
+    const int rc = s.Step();
+    if (rc == SQLITE_DONE) return std::optional<T>();
+    if (rc != SQLITE_ROW) return s.Error(what, rc);
+    return std::optional<T>(read(s));
+  }
+  template <typename T, typename F>
+  Result<std::vector<T>> All(Stmt& s, F read, const char* what) {
+    std::vector<T> out;
+    int rc;
+    while ((rc = s.Step()) == SQLITE_ROW) out.push_back(read(s));
+    if (rc != SQLITE_DONE) return s.Error(what, rc);
+    return out;
+  }
+
+  std::mutex mu_;
+  sqlite3* db_;
+  std::string path_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<HubStore>> OpenSqliteStore(const std::string& path) {
+  sqlite3* db = nullptr;
+  const int rc = sqlite3_open_v2(path.c_str(), &db,
+                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                                 nullptr);
+  if (rc != SQLITE_OK) {
+    std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
+    sqlite3_close(db);
+    return Status::IOError("sqlite: cannot open '" + path + "': " + msg);
+  }
+  auto store = std::make_unique<SqliteStore>(db, path);
+  sqlite3_busy_timeout(db, 5000);
+  KILN_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL", "enable WAL"));
+  KILN_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL", "set synchronous"));
+  KILN_RETURN_IF_ERROR(store->Exec(kSchema, "create schema"));
+  return std::unique_ptr<HubStore>(std::move(store));
+}
+
+}  // namespace kiln

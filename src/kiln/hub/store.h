@@ -1,0 +1,178 @@
+// HubStore: the hub's rows — cells, publish intents, revocations, tokens, releases and their
+// obligations, worker events (hub layer; DESIGN.md §9). Blob bytes live in a BlobStore, not here.
+//
+// Implementations: SQLite (the default, one file under the data dir), PostgreSQL (several hub
+// processes share one database; first-writer-wins is a UNIQUE key + INSERT … ON CONFLICT DO
+// NOTHING, so it holds across processes), and an in-memory one for unit tests.
+//
+// Contracts common to every method:
+//   - Any thread may call any method concurrently; implementations synchronize internally.
+//   - Success returns OK / a value; a backend failure returns IOError naming the backend and the
+//     operation (never an exception). "Not there" is a value (std::nullopt / false), not an error.
+//   - Results are returned by value; the caller owns them.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+
+namespace kiln {
+
+// One stored cell: the first publisher's bytes for a key. At most one row per key, forever.
+struct CellRow {
+  std::string key;
+  std::string digest;  // "sha256:<hex>"
+  uint64_t size = 0;
+  std::string family;
+  std::string publisher;  // token name
+  std::string tier;       // "platform" | "org"
+  std::string release;    // may be empty
+  std::string receipt;    // JWS
+  int64_t created_at = 0;  // unix seconds
+};
+
+// A publisher's declared upload: PUT /v1/blobs/<digest> is accepted only against an intent.
+struct IntentRow {
+  std::string key;
+  std::string digest;
+  uint64_t size = 0;
+  std::string family;
+  std::string release;
+  std::string target;  // optional: the release target this cell is for
+  std::string publisher;
+  int64_t created_at = 0;
+};
+
+struct RevocationRow {
+  std::string key;
+  std::string digest;
+  std::string reason;
+  std::string revoked_by;
+  int64_t revoked_at = 0;
+};
+
+// A bearer token, stored by SHA-256 of its text; the text itself is never stored.
+struct TokenRow {
+  std::string token_sha256;  // 64 hex
+  std::string name;
+  std::string role;  // "publisher" | "worker" | "admin"
+  std::string tier;  // publishers: "platform" | "org"; empty otherwise
+  std::string org;   // tier org: the org name; families "<org>/…" only
+};
+
+// A cell owed per (release, target, sm). state: "owed", "discharged", or "settled:<token>".
+struct ObligationRow {
+  std::string release;
+  std::string target;
+  std::string sm;
+  std::string key;  // expected key if declared, or the discharging cell's key; may be empty
+  std::string state = "owed";
+  std::string cell_digest;  // set when discharged
+  int64_t updated_at = 0;
+};
+
+struct EventRow {
+  int64_t id = 0;  // assigned by the store, increasing in insertion order
+  std::string worker;
+  int64_t seq = 0;  // the worker's process-monotonic sequence number
+  std::string kind;
+  std::string phase;
+  std::string key;
+  double duration_ms = 0;
+  std::string detail;
+  int64_t ts = 0;  // unix milliseconds, as the worker reported it
+};
+
+struct EventFilter {
+  std::string worker;  // empty: any
+  std::string kind;
+  std::string phase;
+  int64_t since_ts = 0;  // ts >= since_ts
+  int limit = 100;
+};
+
+struct WorkerSummary {
+  std::string worker;
+  int64_t last_ts = 0;
+  int64_t events = 0;
+};
+
+class HubStore {
+ public:
+  HubStore() = default;
+  virtual ~HubStore() = default;
+  HubStore(const HubStore&) = delete;
+  HubStore& operator=(const HubStore&) = delete;
+
+  // A short name for logs: "sqlite:<path>", "postgresql", "memory".
+  virtual std::string Describe() const = 0;
+
+  // --- cells --------------------------------------------------------------------------------
+  // Inserts `row` if no row has its key. Returns the row that owns the key afterwards: `row`
+  // itself if this call inserted it, else the existing first writer's row (never overwritten).
+  virtual Result<CellRow> InsertCellIfAbsent(const CellRow& row) = 0;
+  virtual Result<std::optional<CellRow>> GetCell(const std::string& key) = 0;
+  // Newest first.
+  virtual Result<std::vector<CellRow>> ListCells(int limit) = 0;
+
+  // --- intents ------------------------------------------------------------------------------
+  // Records or replaces the intent for (key, digest).
+  virtual Status PutIntent(const IntentRow& row) = 0;
+  virtual Result<std::optional<IntentRow>> GetIntent(const std::string& key,
+                                                      const std::string& digest) = 0;
+  // Any intent for `digest` (uploads are addressed by digest only).
+  virtual Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) = 0;
+
+  // --- revocations --------------------------------------------------------------------------
+  // Idempotent: a second revocation of (key, digest) keeps the first row.
+  virtual Status Revoke(const RevocationRow& row) = 0;
+  virtual Result<std::optional<RevocationRow>> GetRevocation(const std::string& key,
+                                                             const std::string& digest) = 0;
+  virtual Result<std::vector<RevocationRow>> ListRevocations() = 0;
+
+  // --- tokens -------------------------------------------------------------------------------
+  // Inserts or replaces the token with this hash.
+  virtual Status PutToken(const TokenRow& row) = 0;
+  virtual Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) = 0;
+
+  // --- releases and obligations -------------------------------------------------------------
+  // Creates one obligation per row that does not exist yet (same release, target, sm); existing
+  // ones keep their state. Returns how many were created.
+  virtual Result<int> AddObligations(const std::vector<ObligationRow>& rows) = 0;
+  virtual Result<std::vector<ObligationRow>> ListObligations(const std::string& release) = 0;
+  // Every obligation of every release, release then target then sm.
+  virtual Result<std::vector<ObligationRow>> ListAllObligations() = 0;
+  // Discharges owed obligations by a stored cell: those whose key equals `key`, and those of
+  // (release, target, sm) with no key declared (then their key becomes `key`). Returns how many.
+  virtual Result<int> DischargeObligations(const std::string& key, const std::string& digest,
+                                           const std::string& release, const std::string& target,
+                                           const std::string& sm, int64_t now) = 0;
+  // Sets state "settled:<token>" on an owed obligation. Returns the row afterwards (its state
+  // says whether this call settled it), or nullopt if there is no such obligation.
+  virtual Result<std::optional<ObligationRow>> SettleObligation(const std::string& release,
+                                                                const std::string& target,
+                                                                const std::string& sm,
+                                                                const std::string& token,
+                                                                int64_t now) = 0;
+
+  // --- events -------------------------------------------------------------------------------
+  virtual Status InsertEvents(const std::vector<EventRow>& rows) = 0;
+  // Newest first, at most filter.limit rows.
+  virtual Result<std::vector<EventRow>> QueryEvents(const EventFilter& filter) = 0;
+  virtual Result<std::vector<WorkerSummary>> ListWorkers() = 0;
+  // How many distinct workers reported adopting `key` (kind boot_adopt, phase hit|local_hit).
+  virtual Result<int64_t> AdoptedCount(const std::string& key) = 0;
+};
+
+// Opens (creating the schema if needed) the SQLite store at `path`.
+Result<std::unique_ptr<HubStore>> OpenSqliteStore(const std::string& path);
+// Connects to PostgreSQL ("postgresql://…"), creating the schema if needed; `pool_size`
+// connections are shared by the calling threads.
+Result<std::unique_ptr<HubStore>> OpenPostgresStore(const std::string& url, int pool_size = 8);
+std::unique_ptr<HubStore> NewMemoryStore();
+
+}  // namespace kiln

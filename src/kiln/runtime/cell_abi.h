@@ -1,0 +1,91 @@
+/* The cell ABI: the versioned C interface every cell's shared object exports, and the host
+ * services a cell calls back into. Runtime layer: both the code generator (which emits cells
+ * against this header) and the loader (which calls them) include it; it includes nothing of kiln.
+ *
+ * Why a host-services table instead of linking kernels into the .so: a cell then depends on no
+ * library at link time (only libc/libm), so the bytes are reproducible and the kernel library a
+ * cell uses is exactly the one the adopting process verified (the toolchain axis records its
+ * version). The table is passed at entry init and must outlive the entry.
+ *
+ * Lifecycle, per entry (one entry = one shape class):
+ *   kiln_cell_describe()            -> JSON: entries, I/O types, workspace bytes, constant table
+ *   kiln_cell_entry_init(...)       -> binds weight pointers (in constant-table order) + threads
+ *   kiln_cell_entry_run(...)        -> any number of times, caller-provided I/O and workspace;
+ *                                      concurrent runs of one entry need distinct workspaces
+ *   kiln_cell_entry_release(...)
+ * Status codes separate a cell fault (a bug in the cell: the caller revokes it) from resource
+ * exhaustion (the machine's state: the caller serves eager and keeps the cell). No C++ exception
+ * ever crosses this boundary.
+ */
+#ifndef KILN_RUNTIME_CELL_ABI_H_
+#define KILN_RUNTIME_CELL_ABI_H_
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KILN_CELL_ABI_VERSION 1
+
+enum kiln_cell_status {
+  KILN_CELL_OK = 0,
+  KILN_CELL_BAD_ARGUMENT = 1,      /* the caller passed something the cell did not declare */
+  KILN_CELL_FAULT = 2,             /* the cell (or a kernel it called) failed: revoke it */
+  KILN_CELL_RESOURCE_EXHAUSTED = 3 /* allocation failed: serve eager, keep the cell */
+};
+
+/* Elementwise post-op fused into a convolution or GEMM epilogue. */
+enum kiln_post_op {
+  KILN_POST_NONE = 0,
+  KILN_POST_RELU = 1,
+  KILN_POST_SIGMOID = 2,
+  KILN_POST_SILU = 3, /* x * sigmoid(x) */
+  KILN_POST_TANH = 4,
+  KILN_POST_GELU_ERF = 5
+};
+
+typedef struct kiln_conv2d_desc {
+  int64_t n, c, h, w;    /* input NCHW */
+  int64_t k, r, s;       /* output channels, kernel height/width */
+  int64_t stride_h, stride_w;
+  int64_t pad_t, pad_l, pad_b, pad_r;
+  int64_t dil_h, dil_w;  /* ONNX convention: 1 = dense */
+  int64_t group;
+  int32_t post_op;       /* enum kiln_post_op, applied after bias (and after sum) */
+  int32_t sum;           /* 1: y = conv(x) + bias + y_in (residual add into the output buffer) */
+} kiln_conv2d_desc;
+
+typedef struct kiln_host_api {
+  uint32_t abi_version; /* KILN_CELL_ABI_VERSION of the host */
+  /* Row-major C = alpha * op(A) * op(B) + beta * C. Returns a kiln_cell_status. */
+  int (*sgemm)(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+               int64_t ldc, int num_threads);
+  /* NCHW convolution with optional bias (may be NULL) and fused epilogue. */
+  int (*conv2d)(const kiln_conv2d_desc* desc, const float* x, const float* w, const float* bias,
+                float* y, int num_threads);
+  /* The reference kernel of one op, for ops the emitter does not specialize. `node_json`
+   * describes the op (type, domain, opset, attributes, input/output types and structural input
+   * values); prepared once at entry init, run with every input and output pointer. */
+  int (*op_prepare)(const char* node_json, void** op);
+  int (*op_run)(void* op, const void* const* inputs, void* const* outputs, int num_threads);
+  void (*op_release)(void* op);
+} kiln_host_api;
+
+typedef struct kiln_cell_entry kiln_cell_entry;
+
+/* Exported by every cell. */
+int kiln_cell_abi_version(void);
+const char* kiln_cell_describe(void);
+int kiln_cell_entry_init(uint32_t entry, const kiln_host_api* host, const void* const* constants,
+                         uint32_t num_constants, int num_threads, kiln_cell_entry** out);
+int kiln_cell_entry_run(kiln_cell_entry* entry, const void* const* inputs, void* const* outputs,
+                        void* workspace, uint64_t workspace_bytes);
+void kiln_cell_entry_release(kiln_cell_entry* entry);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_RUNTIME_CELL_ABI_H_ */

@@ -1,0 +1,264 @@
+// The host services a cell calls back into (see host.h).
+#include "src/kiln/runtime/host.h"
+
+#include <cstdio>
+#include <memory>
+#include <new>
+
+#include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/log.h"
+#include "src/kiln/ops/dnnl_kernels.h"
+
+namespace kiln {
+
+int StatusToCellCode(const Status& s) {
+  if (s.ok()) return KILN_CELL_OK;
+  if (s.code() == StatusCode::kResourceExhausted) return KILN_CELL_RESOURCE_EXHAUSTED;
+  return KILN_CELL_FAULT;
+}
+
+namespace {
+
+nlohmann::json TypeJson(const TensorType& t) {
+  return nlohmann::json{{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}};
+}
+
+Result<TensorType> TypeFromJson(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("dtype") || !j.contains("shape")) {
+    return Status::InvalidArgument("node spec: type needs dtype and shape");
+  }
+  TensorType t;
+  KILN_ASSIGN_OR_RETURN(t.dtype, DTypeFromName(j["dtype"].get<std::string>()));
+  t.shape = j["shape"].get<Shape>();
+  return t;
+}
+
+Result<nlohmann::json> AttrJson(const Attribute& a) {
+  nlohmann::json j;
+  j["kind"] = AttributeKindName(a.kind);
+  switch (a.kind) {
+    case Attribute::Kind::kFloat: j["v"] = a.f; break;
+    case Attribute::Kind::kInt: j["v"] = a.i; break;
+    case Attribute::Kind::kString: j["v"] = a.s; break;
+    case Attribute::Kind::kFloats: j["v"] = a.floats; break;
+    case Attribute::Kind::kInts: j["v"] = a.ints; break;
+    case Attribute::Kind::kStrings: j["v"] = a.strings; break;
+    case Attribute::Kind::kTensor: {
+      std::vector<double> values;
+      for (int64_t i = 0; i < a.t.numel(); ++i) values.push_back(a.t.GetAsDouble(i));
+      j["v"] = {{"dtype", DTypeName(a.t.dtype())}, {"shape", a.t.shape()}, {"data", values}};
+      break;
+    }
+    case Attribute::Kind::kGraph:
+    case Attribute::Kind::kGraphs:
+      return Status::Unimplemented("subgraph attributes cannot run through the runtime yet");
+  }
+  return j;
+}
+
+Result<Attribute> AttrFromJson(const std::string& name, const nlohmann::json& j) {
+  Attribute a;
+  const std::string kind = j.at("kind").get<std::string>();
+  const nlohmann::json& v = j.at("v");
+  if (kind == "float") {
+    a.kind = Attribute::Kind::kFloat;
+    a.f = v.get<float>();
+  } else if (kind == "int") {
+    a.kind = Attribute::Kind::kInt;
+    a.i = v.get<int64_t>();
+  } else if (kind == "string") {
+    a.kind = Attribute::Kind::kString;
+    a.s = v.get<std::string>();
+  } else if (kind == "floats") {
+    a.kind = Attribute::Kind::kFloats;
+    a.floats = v.get<std::vector<float>>();
+  } else if (kind == "ints") {
+    a.kind = Attribute::Kind::kInts;
+    a.ints = v.get<std::vector<int64_t>>();
+  } else if (kind == "strings") {
+    a.kind = Attribute::Kind::kStrings;
+    a.strings = v.get<std::vector<std::string>>();
+  } else if (kind == "tensor") {
+    a.kind = Attribute::Kind::kTensor;
+    KILN_ASSIGN_OR_RETURN(DType dt, DTypeFromName(v.at("dtype").get<std::string>()));
+    KILN_ASSIGN_OR_RETURN(Tensor f, Tensor::FromVector<float>(v.at("shape").get<Shape>(),
+                                                              v.at("data").get<std::vector<float>>())
+                                        .CastTo(dt));
+    a.t = f;
+    if (dt == DType::kInt64) {  // integers above 2^24 do not survive float: rebuild exactly
+      std::vector<int64_t> ints;
+      for (const auto& x : v.at("data")) ints.push_back(static_cast<int64_t>(x.get<double>()));
+      a.t = Tensor::FromVector<int64_t>(v.at("shape").get<Shape>(), ints);
+    }
+  } else {
+    return Status::InvalidArgument("node spec: attribute '" + name + "' has unknown kind '" +
+                                   kind + "'");
+  }
+  return a;
+}
+
+// One prepared reference op.
+struct PreparedOp {
+  Node node;
+  int64_t opset = 0;
+  const OpDef* def = nullptr;
+  std::vector<TensorType> input_types;
+  std::vector<bool> present;
+  std::vector<TensorType> output_types;
+};
+
+Result<std::unique_ptr<PreparedOp>> Prepare(const char* text) {
+  KILN_ASSIGN_OR_RETURN(nlohmann::json j, ParseJson(text, "node spec"));
+  auto op = std::make_unique<PreparedOp>();
+  try {
+    op->node.op_type = j.at("op").get<std::string>();
+    op->node.domain = j.at("domain").get<std::string>();
+    op->node.name = j.value("name", "");
+    op->opset = j.at("opset").get<int64_t>();
+    for (auto it = j.at("attrs").begin(); it != j.at("attrs").end(); ++it) {
+      KILN_ASSIGN_OR_RETURN(op->node.attrs[it.key()], AttrFromJson(it.key(), it.value()));
+    }
+    size_t i = 0;
+    for (const auto& in : j.at("inputs")) {
+      const bool present = !in.is_null();
+      op->present.push_back(present);
+      op->node.inputs.push_back(present ? "in" + std::to_string(i) : "");
+      if (present) {
+        KILN_ASSIGN_OR_RETURN(TensorType t, TypeFromJson(in));
+        op->input_types.push_back(t);
+      } else {
+        op->input_types.emplace_back();
+      }
+      ++i;
+    }
+    i = 0;
+    for (const auto& out : j.at("outputs")) {
+      KILN_ASSIGN_OR_RETURN(TensorType t, TypeFromJson(out));
+      op->output_types.push_back(t);
+      op->node.outputs.push_back("out" + std::to_string(i++));
+    }
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string("node spec is malformed: ") + e.what());
+  }
+  KILN_ASSIGN_OR_RETURN(op->def,
+                        OpRegistry::Global().Find(op->node.domain, op->node.op_type, op->opset));
+  if (op->def->check) KILN_RETURN_IF_ERROR(op->def->check(op->node, op->opset));
+  return op;
+}
+
+int HostSgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
+              const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
+              int64_t ldc, int num_threads) {
+  return StatusToCellCode(
+      Sgemm(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
+            num_threads));
+}
+
+int HostConv2d(const kiln_conv2d_desc* d, const float* x, const float* w, const float* bias,
+               float* y, int num_threads) {
+  Conv2dParams p;
+  p.N = d->n;
+  p.C = d->c;
+  p.H = d->h;
+  p.W = d->w;
+  p.K = d->k;
+  p.R = d->r;
+  p.S = d->s;
+  p.stride_h = d->stride_h;
+  p.stride_w = d->stride_w;
+  p.pad_t = d->pad_t;
+  p.pad_l = d->pad_l;
+  p.pad_b = d->pad_b;
+  p.pad_r = d->pad_r;
+  p.dil_h = d->dil_h;
+  p.dil_w = d->dil_w;
+  p.group = d->group;
+  ConvEpilogue epi;
+  epi.post_op = d->post_op;
+  epi.sum = d->sum != 0;
+  return StatusToCellCode(Conv2dFused(p, x, w, bias, y, epi, num_threads));
+}
+
+int HostOpPrepare(const char* node_json, void** out) {
+  try {
+    auto op = Prepare(node_json);
+    if (!op.ok()) {
+      KILN_LOG(ERROR) << "cell op_prepare: " << op.status().ToString();
+      return KILN_CELL_BAD_ARGUMENT;
+    }
+    *out = op->release();
+    return KILN_CELL_OK;
+  } catch (const std::bad_alloc&) {
+    return KILN_CELL_RESOURCE_EXHAUSTED;
+  } catch (...) {
+    return KILN_CELL_FAULT;
+  }
+}
+
+int HostOpRun(void* handle, const void* const* inputs, void* const* outputs, int num_threads) {
+  try {
+    const PreparedOp& op = *static_cast<const PreparedOp*>(handle);
+    std::vector<Tensor> in_views(op.input_types.size());
+    std::vector<const Tensor*> values(op.input_types.size(), nullptr);
+    for (size_t i = 0; i < op.input_types.size(); ++i) {
+      if (!op.present[i]) continue;
+      in_views[i] =
+          Tensor::View(op.input_types[i].dtype, op.input_types[i].shape, nullptr, inputs[i]);
+      values[i] = &in_views[i];
+    }
+    std::vector<Tensor> outs;
+    for (size_t i = 0; i < op.output_types.size(); ++i) {
+      outs.push_back(
+          Tensor::View(op.output_types[i].dtype, op.output_types[i].shape, nullptr, outputs[i]));
+    }
+    OpContext ctx(op.node, op.opset, op.input_types, values, op.present, num_threads);
+    Status s = op.def->run(ctx, outs);
+    if (!s.ok()) {
+      KILN_LOG(ERROR) << "cell reference op " << op.node.Describe() << ": " << s.ToString();
+    }
+    return StatusToCellCode(s);
+  } catch (const std::bad_alloc&) {
+    return KILN_CELL_RESOURCE_EXHAUSTED;
+  } catch (...) {
+    return KILN_CELL_FAULT;
+  }
+}
+
+void HostOpRelease(void* handle) { delete static_cast<PreparedOp*>(handle); }
+
+}  // namespace
+
+Result<nlohmann::json> NodeSpecJson(const Node& node, int64_t opset,
+                                    const std::vector<TensorType>& input_types,
+                                    const std::vector<bool>& input_present,
+                                    const std::vector<TensorType>& output_types) {
+  nlohmann::json j;
+  j["op"] = node.op_type;
+  j["domain"] = node.domain;
+  j["name"] = node.name;
+  j["opset"] = opset;
+  nlohmann::json attrs = nlohmann::json::object();
+  for (const auto& [name, a] : node.attrs) {
+    auto aj = AttrJson(a);
+    if (!aj.ok()) return aj.status().WithContext(node.Describe());
+    attrs[name] = *aj;
+  }
+  j["attrs"] = attrs;
+  nlohmann::json ins = nlohmann::json::array();
+  for (size_t i = 0; i < input_types.size(); ++i) {
+    ins.push_back(input_present[i] ? TypeJson(input_types[i]) : nlohmann::json());
+  }
+  j["inputs"] = ins;
+  nlohmann::json outs = nlohmann::json::array();
+  for (const TensorType& t : output_types) outs.push_back(TypeJson(t));
+  j["outputs"] = outs;
+  return j;
+}
+
+const kiln_host_api* HostApi() {
+  static const kiln_host_api api = {KILN_CELL_ABI_VERSION, HostSgemm, HostConv2d,
+                                    HostOpPrepare,         HostOpRun,  HostOpRelease};
+  return &api;
+}
+
+}  // namespace kiln

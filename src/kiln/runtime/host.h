@@ -1,0 +1,35 @@
+// The host side of the cell ABI (runtime layer): the kiln_host_api table a process hands to every
+// cell entry it initializes. GEMM and convolution go to the kernel library (ops/dnnl_kernels.h);
+// ops the code generator does not specialize run the op registry's reference kernel, described
+// by a JSON node spec embedded in the cell (NodeSpecJson builds it at codegen time).
+// No compiler code lives here: hub/ and worker/ may link this layer.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/graph/ir.h"
+#include "src/kiln/ops/registry.h"
+#include "src/kiln/runtime/cell_abi.h"
+
+namespace kiln {
+
+// The process-wide host table (immutable, thread-safe).
+const kiln_host_api* HostApi();
+
+// A node spec for op_prepare: op type, domain, opset, attributes, input/output types, and the
+// values of structural (non-weight) constant inputs. Refuses subgraph attributes (Unimplemented).
+// Never contains a weight value (law 1): `constant_inputs` must hold only structural values.
+Result<nlohmann::json> NodeSpecJson(const Node& node, int64_t opset,
+                                    const std::vector<TensorType>& input_types,
+                                    const std::vector<bool>& input_present,
+                                    const std::vector<TensorType>& output_types);
+
+// Translates a Status into the ABI code: ResourceExhausted -> RESOURCE_EXHAUSTED, anything else
+// -> FAULT. The one place this mapping lives.
+int StatusToCellCode(const Status& s);
+
+}  // namespace kiln

@@ -1,0 +1,140 @@
+// The worker manifest (kiln.toml): what one endpoint serves and how (DESIGN.md §10). Worker layer.
+//
+// A manifest names the endpoint, the hub it adopts from, its targets (graph, checkpoint, envelope,
+// lane policy, export declaration, numerics thresholds), the KServe model names (functions) that
+// route to each target, and the mint driver's limits. This file only parses and validates; it
+// opens no graph, checkpoint or key file (the boot routes do, and name the path when they fail).
+//
+// Parsing is strict: an unknown key at any level (a typo such as `envelop`), a value of the wrong
+// type, a missing required field, or a value out of range is refused with a message that names the
+// file, the line, the key path (`targets.denoiser.envelope[1].latent[2]`), the value found and the
+// value expected. docs/manifest.md describes the format with an annotated example.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/cell/key.h"
+
+namespace kiln {
+
+// `targets.<name>.lane`: whether a target may be served eager (DESIGN.md §1, law 11).
+enum class LanePolicy {
+  kOptional,   // "optional": eager is allowed (the default)
+  kMandatory,  // "mandatory": serve only from a cell; without one, refuse retryably
+};
+
+// "optional" or "mandatory".
+const char* LanePolicyName(LanePolicy lane);
+
+// `[endpoint]`: the serving process itself.
+struct EndpointSpec {
+  std::string name;         // required; [A-Za-z0-9._-]+, names the endpoint in events/hub
+  std::string release;      // optional ("" when absent); the hub release whose obligations
+                            // this endpoint discharges
+  int port = 8080;          // HTTP port of the KServe v2 front end; 0 = pick a free port
+  int max_concurrency = 4;  // requests run at once (>= 1); more wait in line
+  int threads = 0;          // compute threads per request; 0 = auto (the machine's cores)
+};
+
+// `[hub]` (optional): where cells are resolved, fetched and published.
+struct HubSpec {
+  std::string url;                 // required; "http://..." or "https://..."
+  std::string token;               // bearer token: `token` verbatim, or the value of the
+                                   // environment variable named by `token_env` (read at parse
+                                   // time; unset or empty is refused). "" = no token
+  std::string token_env;           // the variable's name when the token came from the
+                                   // environment ("" otherwise); never the secret itself
+  std::vector<std::string> trust;  // receipt-verifying keys (JWKS or public-key files), resolved
+                                   // against the manifest's directory; empty = fetch the hub's
+                                   // own /.well-known/jwks.json
+  int timeout_ms = 5000;           // per hub request (> 0)
+};
+
+// `targets.<name>.numerics`: the mint-time numerics gate (DESIGN.md §8). 0 < floor <= warn <= 1,
+// 0 < retention <= 1. Integers are accepted where a float is expected (`warn = 1`).
+struct NumericsSpec {
+  double floor = 0.999;      // cos below this: DESTROYED
+  double warn = 0.99999;     // floor <= cos < warn: DEGRADED; only cos >= warn is HEALTHY
+  double retention = 0.999;  // |s|/|r| outside [retention, 1/retention]: at least DEGRADED
+};
+
+// `targets.<name>.export`: present = this target's cells are exported (minted, published and
+// adopted through the hub); absent = intake lane (compiled here, never published; law 12).
+struct ExportSpec {
+  std::string family;  // required; "<owner>/<name>", e.g. "root/micro-diffusion" or "acme/foo"
+};
+
+// `[targets.<name>]`: one graph the endpoint serves.
+struct TargetSpec {
+  std::string name;        // the table's key; [A-Za-z0-9._-]+
+  std::string graph;       // required: path to the .onnx file, resolved against base_dir
+  std::string checkpoint;  // optional: path to a .safetensors file, resolved; "" = the graph's
+                           // own embedded weights
+  LanePolicy lane = LanePolicy::kOptional;
+  std::optional<ExportSpec> export_spec;  // nullopt = intake lane. A mandatory target without
+                                          // one still parses; the worker refuses it at boot
+                                          // (`mandatory_lane_needs_a_cell`)
+  Envelope envelope;  // required, non-empty; classes in declaration order, no duplicates,
+                      // every class names the same inputs, every dim >= 0
+  NumericsSpec numerics;
+  std::string sm;  // optional machine-target override, one of KnownSmLevels();
+                   // "" = detect on this machine
+
+  bool exported() const { return export_spec.has_value(); }
+};
+
+// `[functions.<model name>]`: a KServe model name that routes to a target.
+struct FunctionSpec {
+  std::string name;                  // the table's key: the canonical model name
+  std::string target;                // required; must name a declared target
+  std::vector<std::string> aliases;  // other model names for the same function
+};
+
+// `[mint]` (optional): limits of the mint driver (DESIGN.md §4, law 16).
+struct MintSpec {
+  int stall_window_s = 120;   // kill a child with no CPU or disk progress for this long (> 0)
+  int memory_budget_mb = 0;   // skip a mint that would exceed this; 0 = auto (from free memory)
+  int parallel_compiles = 2;  // entry compiles run at once, each a process (>= 1)
+};
+
+struct Manifest {
+  std::string source;    // what was parsed (the file path, or a label), for messages
+  std::string base_dir;  // relative paths inside were resolved against this directory
+
+  EndpointSpec endpoint;
+  std::optional<HubSpec> hub;  // nullopt = no hub: local store and self-mint only
+
+  // Sorted by name, not by declaration order: toml++ tables do not keep the order of their keys,
+  // and sorting makes every consumer (boot order, events, metadata) deterministic.
+  std::vector<TargetSpec> targets;
+  // Sorted by model name, for the same reason.
+  std::vector<FunctionSpec> functions;
+  // Every model name and every alias -> its target's name. Names are unique across all functions.
+  std::map<std::string, std::string> function_to_target;
+
+  MintSpec mint;
+
+  // The target called `name`; NotFound names the known targets.
+  Result<const TargetSpec*> FindTarget(const std::string& name) const;
+  // The target that model name or alias `model` routes to; NotFound names the known model names.
+  Result<const TargetSpec*> FindTargetForFunction(const std::string& model) const;
+};
+
+// Reads and parses the manifest at `path`; relative paths inside resolve against its directory
+// (made absolute). ReadFile's error (NotFound, IOError) when the file cannot be read;
+// InvalidArgument for anything in it.
+Result<Manifest> LoadManifest(const std::string& path);
+
+// Parses manifest text. `what` names it in messages (usually the path); relative paths inside
+// resolve against `base_dir` ("" leaves them relative to the working directory). Reads the
+// environment only for `hub.token_env`.
+Result<Manifest> ParseManifest(std::string_view toml_text, const std::string& what,
+                               const std::string& base_dir);
+
+}  // namespace kiln

@@ -1,0 +1,166 @@
+// Tests for admission (cell layer, DESIGN.md §2 laws 3-4): a good cell is admitted, and each
+// refusal token has its own case whose message starts with the token and names the values.
+#include "src/kiln/cell/admission.h"
+
+#include <gtest/gtest.h>
+
+#include "src/kiln/base/canonical_json.h"
+#include "tests/cell/cell_fixtures.h"
+
+namespace kiln {
+namespace {
+
+using cell_testing::SampleCellBytes;
+using cell_testing::SampleFiles;
+using cell_testing::SampleMetadata;
+using cell_testing::SampleToolchain;
+
+AdmissionPolicy Policy(const std::string& local_sm = "x86-64-v3") {
+  AdmissionPolicy p;
+  p.expected_key = SampleMetadata().key;
+  p.local_sm = local_sm;
+  p.local_toolchain = SampleToolchain();
+  return p;
+}
+
+void ExpectRefusal(const Result<AdmittedCell>& r, const std::string& token, StatusCode code,
+                   const std::string& fragment) {
+  ASSERT_FALSE(r.ok()) << "expected " << token;
+  const Status s = r.status();
+  EXPECT_EQ(RefusalToken(s), token) << s.ToString();
+  EXPECT_EQ(s.code(), code) << s.ToString();
+  EXPECT_EQ(s.message().rfind(token + ": ", 0), 0u) << s.message();
+  EXPECT_NE(s.message().find(fragment), std::string::npos)
+      << "message: " << s.message() << "\nexpected fragment: " << fragment;
+}
+
+// The sample cell with its metadata.json replaced by `text`, repacked.
+std::string WithMetadataText(const std::string& text) {
+  CellFiles f = SampleFiles();
+  f.metadata_json = text;
+  return PackCell(f).value();
+}
+
+TEST(AdmissionTest, AdmitsAGoodCell) {
+  const std::string bytes = SampleCellBytes();
+  Result<AdmittedCell> r = AdmitCell(bytes, CellDigest(bytes), bytes.size(), Policy());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->digest, CellDigest(bytes));
+  EXPECT_EQ(r->metadata.key, SampleMetadata().key);
+  EXPECT_EQ(r->files.shared_object, SampleFiles().shared_object);
+  // Digest and size are optional checks.
+  EXPECT_TRUE(AdmitCell(bytes, "", 0, Policy()).ok());
+}
+
+TEST(AdmissionTest, SizeLieIsSizeMismatch) {
+  const std::string bytes = SampleCellBytes();
+  ExpectRefusal(AdmitCell(bytes, CellDigest(bytes), bytes.size() + 1, Policy()), "size_mismatch",
+                StatusCode::kCorruption,
+                "cell is " + std::to_string(bytes.size()) + " bytes, expected " +
+                    std::to_string(bytes.size() + 1));
+}
+
+TEST(AdmissionTest, WrongDigestIsDigestMismatch) {
+  const std::string bytes = SampleCellBytes();
+  const std::string wrong = "sha256:" + std::string(64, '0');
+  ExpectRefusal(AdmitCell(bytes, wrong, bytes.size(), Policy()), "digest_mismatch",
+                StatusCode::kCorruption,
+                "cell bytes hash to " + CellDigest(bytes) + ", expected " + wrong);
+}
+
+TEST(AdmissionTest, BrokenArchiveIsCellCorrupt) {
+  const std::string bytes = SampleCellBytes();
+  const std::string cut = bytes.substr(0, bytes.size() - 700);
+  ExpectRefusal(AdmitCell(cut, "", 0, Policy()), "cell_corrupt", StatusCode::kCorruption,
+                "truncated archive");
+}
+
+TEST(AdmissionTest, UnparsableMetadataIsMetadataInvalid) {
+  ExpectRefusal(AdmitCell(WithMetadataText("{\"format_version\":1}"), "", 0, Policy()),
+                "metadata_invalid", StatusCode::kInvalidArgument, "has no field 'key'");
+  ExpectRefusal(AdmitCell(WithMetadataText("not json"), "", 0, Policy()), "metadata_invalid",
+                StatusCode::kInvalidArgument, "invalid JSON");
+}
+
+TEST(AdmissionTest, EditedMetadataIsKeyMismatch) {
+  // Someone relabels the cell's toolchain without changing its key: the restatement catches it.
+  CellMetadata m = SampleMetadata();
+  m.toolchain["compiler"] = "g++ 13.1";
+  ExpectRefusal(AdmitCell(WithMetadataText(SerializeMetadata(m).value()), "", 0, Policy()),
+                "key_mismatch", StatusCode::kInvalidArgument, "metadata axis 'toolchain'");
+}
+
+TEST(AdmissionTest, CellOfAnotherKeyIsKeyMismatch) {
+  // Self-consistent metadata of another key (another graph) is still not the cell asked for.
+  CellMetadata m = SampleMetadata();
+  m.axes.graph = "fedcba9876543210";
+  m.key = KeyFromAxes(m.axes).value();
+  ExpectRefusal(AdmitCell(SampleCellBytes(m), "", 0, Policy()), "key_mismatch",
+                StatusCode::kInvalidArgument,
+                "cell restates to key '" + m.key + "', expected '" + SampleMetadata().key + "'");
+}
+
+TEST(AdmissionTest, V4CellOnV3MachineIsSmMismatch) {
+  const CellMetadata v4 = SampleMetadata("x86-64-v4");
+  AdmissionPolicy policy = Policy("x86-64-v3");
+  policy.expected_key = v4.key;
+  ExpectRefusal(AdmitCell(SampleCellBytes(v4), "", 0, policy), "sm_mismatch",
+                StatusCode::kInvalidArgument,
+                "cell is built for 'x86-64-v4', this machine runs up to 'x86-64-v3'");
+}
+
+TEST(AdmissionTest, LowerLevelCellRunsOnHigherMachine) {
+  EXPECT_TRUE(AdmitCell(SampleCellBytes(), "", 0, Policy("x86-64-v4")).ok());
+}
+
+TEST(AdmissionTest, UnknownLocalLevelIsSmMismatch) {
+  ExpectRefusal(AdmitCell(SampleCellBytes(), "", 0, Policy("sm_90")), "sm_mismatch",
+                StatusCode::kInvalidArgument, "this machine's level 'sm_90' is not a known level");
+}
+
+TEST(AdmissionTest, DifferentToolchainIsToolchainMismatchNamingTheField) {
+  AdmissionPolicy policy = Policy();
+  policy.local_toolchain["compiler"] = "g++ 13.1";
+  ExpectRefusal(AdmitCell(SampleCellBytes(), "", 0, policy), "toolchain_mismatch",
+                StatusCode::kInvalidArgument,
+                "toolchain_mismatch: field 'compiler' is 'g++ 12.2' in the cell, 'g++ 13.1' here");
+}
+
+TEST(AdmissionTest, ToolchainDifferencesNameNestedAndAbsentFields) {
+  AdmissionPolicy policy = Policy();
+  policy.local_toolchain["kernel_libs"]["onednn"] = "3.5.0";
+  ExpectRefusal(AdmitCell(SampleCellBytes(), "", 0, policy), "toolchain_mismatch",
+                StatusCode::kInvalidArgument,
+                "field 'kernel_libs.onednn' is '3.4.1' in the cell, '3.5.0' here");
+  policy = Policy();
+  policy.local_toolchain["sanitizer"] = "asan";
+  ExpectRefusal(AdmitCell(SampleCellBytes(), "", 0, policy), "toolchain_mismatch",
+                StatusCode::kInvalidArgument,
+                "field 'sanitizer' is absent in the cell, 'asan' here");
+  policy = Policy();
+  policy.local_toolchain["flags"][0] = "-O3";
+  ExpectRefusal(AdmitCell(SampleCellBytes(), "", 0, policy), "toolchain_mismatch",
+                StatusCode::kInvalidArgument, "field 'flags' is '[\"-O2\"");
+}
+
+TEST(AdmissionTest, ChecksRunInOrder) {
+  // Bytes that are wrong in every way report the first check only.
+  const std::string bytes = "garbage";
+  ExpectRefusal(AdmitCell(bytes, "sha256:" + std::string(64, '1'), 8, Policy("sm_90")),
+                "size_mismatch", StatusCode::kCorruption, "expected 8");
+  ExpectRefusal(AdmitCell(bytes, "sha256:" + std::string(64, '1'), 7, Policy("sm_90")),
+                "digest_mismatch", StatusCode::kCorruption, "expected sha256:");
+  ExpectRefusal(AdmitCell(bytes, "", 7, Policy("sm_90")), "cell_corrupt", StatusCode::kCorruption,
+                "truncated archive");
+}
+
+TEST(AdmissionTest, RefusalTokenReadsThePrefix) {
+  EXPECT_EQ(RefusalToken(Status::OK()), "");
+  EXPECT_EQ(RefusalToken(Status::Corruption("digest_mismatch: x")), "digest_mismatch");
+  EXPECT_EQ(RefusalToken(Status::InvalidArgument("toolchain_mismatch: x")), "toolchain_mismatch");
+  EXPECT_EQ(RefusalToken(Status::InvalidArgument("something else: x")), "");
+  EXPECT_EQ(RefusalToken(Status::InvalidArgument("sm_mismatch")), "");  // no ": " after it
+}
+
+}  // namespace
+}  // namespace kiln

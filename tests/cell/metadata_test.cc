@@ -1,0 +1,219 @@
+// Tests for metadata.json (cell layer, DESIGN.md §6 and §2 law 3): byte-identical round trip,
+// strict parsing, and key restatement that names the edited axis.
+#include "src/kiln/cell/metadata.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+
+#include "src/kiln/base/canonical_json.h"
+#include "tests/cell/cell_fixtures.h"
+
+namespace kiln {
+namespace {
+
+using cell_testing::SampleMetadata;
+using cell_testing::SampleToolchain;
+
+void ExpectError(const Status& s, StatusCode code, const std::string& fragment) {
+  ASSERT_FALSE(s.ok()) << "expected an error containing: " << fragment;
+  EXPECT_EQ(s.code(), code) << s.ToString();
+  EXPECT_NE(s.message().find(fragment), std::string::npos)
+      << "message: " << s.message() << "\nexpected fragment: " << fragment;
+}
+
+// The serialized sample as JSON, edited by `edit`, back to text.
+std::string EditedText(const std::function<void(nlohmann::json&)>& edit) {
+  nlohmann::json j = ParseJson(SerializeMetadata(SampleMetadata()).value(), "sample").value();
+  edit(j);
+  return j.dump();
+}
+
+TEST(MetadataTest, RoundTripIsByteIdentical) {
+  const CellMetadata m = SampleMetadata();
+  Result<std::string> text = SerializeMetadata(m);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  Result<CellMetadata> parsed = ParseMetadata(*text, "metadata.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  Result<std::string> again = SerializeMetadata(*parsed);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ(*again, *text);
+
+  EXPECT_EQ(parsed->key, m.key);
+  EXPECT_EQ(parsed->family, m.family);
+  EXPECT_EQ(parsed->codegen_version, m.codegen_version);
+  EXPECT_EQ(parsed->axes.graph, m.axes.graph);
+  EXPECT_EQ(parsed->axes.envelope, m.axes.envelope);
+  EXPECT_EQ(parsed->axes.sm, m.axes.sm);
+  EXPECT_EQ(parsed->axes.toolchain, m.axes.toolchain);
+  EXPECT_EQ(parsed->envelope, m.envelope);
+  EXPECT_EQ(parsed->toolchain, m.toolchain);
+  EXPECT_EQ(parsed->sm, m.sm);
+  EXPECT_EQ(parsed->entries, m.entries);
+  EXPECT_EQ(parsed->fence, m.fence);
+}
+
+TEST(MetadataTest, SerializedTextIsCanonical) {
+  const std::string text = SerializeMetadata(SampleMetadata()).value();
+  EXPECT_EQ(text.rfind("{\"axes\":{\"envelope\":", 0), 0u) << text.substr(0, 60);
+  EXPECT_EQ(text.find("\": "), std::string::npos);
+  EXPECT_NE(text.find("\"dtype\":\"float32\""), std::string::npos);
+  EXPECT_EQ(CanonicalJson(ParseJson(text, "t").value()).value(), text);
+}
+
+TEST(MetadataTest, SerializeRefusesWhatParseWouldRefuse) {
+  CellMetadata m = SampleMetadata();
+  m.key = "not-a-key";
+  ExpectError(SerializeMetadata(m).status(), StatusCode::kInvalidArgument, "$.key");
+  m = SampleMetadata();
+  m.toolchain = nlohmann::json{{"opt_level", 2.5}};
+  ExpectError(SerializeMetadata(m).status(), StatusCode::kInvalidArgument, "float");
+}
+
+TEST(MetadataTest, ParseRefusesUnknownTopLevelFieldByName) {
+  const std::string text = EditedText([](nlohmann::json& j) { j["built_at"] = "2024-01-01"; });
+  ExpectError(ParseMetadata(text, "metadata.json").status(), StatusCode::kInvalidArgument,
+              "unknown field 'built_at'");
+}
+
+TEST(MetadataTest, ParseRefusesOtherFormatVersions) {
+  const std::string text = EditedText([](nlohmann::json& j) { j["format_version"] = 2; });
+  ExpectError(ParseMetadata(text, "metadata.json").status(), StatusCode::kInvalidArgument,
+              "$.format_version is 2");
+}
+
+TEST(MetadataTest, ParseRefusesMissingField) {
+  const std::string text = EditedText([](nlohmann::json& j) { j.erase("family"); });
+  ExpectError(ParseMetadata(text, "metadata.json").status(), StatusCode::kInvalidArgument,
+              "has no field 'family'");
+}
+
+TEST(MetadataTest, ParseRefusesMistypedFields) {
+  ExpectError(ParseMetadata(
+                  EditedText([](nlohmann::json& j) { j["entries"][1]["workspace_bytes"] = "64"; }),
+                  "metadata.json")
+                  .status(),
+              StatusCode::kInvalidArgument, "$.entries[1].workspace_bytes is a string");
+  ExpectError(ParseMetadata(EditedText([](nlohmann::json& j) {
+                              j["entries"][0]["inputs"][0]["shape"][0] = -1;
+                            }),
+                            "metadata.json")
+                  .status(),
+              StatusCode::kInvalidArgument, "$.entries[0].inputs[0].shape[0]");
+  ExpectError(ParseMetadata(EditedText([](nlohmann::json& j) {
+                              j["entries"][0]["constants"][0]["dtype"] = "float64";
+                            }),
+                            "metadata.json")
+                  .status(),
+              StatusCode::kInvalidArgument, "unknown dtype 'float64'");
+  ExpectError(
+      ParseMetadata(EditedText([](nlohmann::json& j) { j["fence"]["checkpoint_free"] = 1; }),
+                    "metadata.json")
+          .status(),
+      StatusCode::kInvalidArgument, "$.fence.checkpoint_free");
+  ExpectError(
+      ParseMetadata(EditedText([](nlohmann::json& j) { j["toolchain"] = "g++"; }), "metadata.json")
+          .status(),
+      StatusCode::kInvalidArgument, "$.toolchain is a string, expected an object");
+}
+
+TEST(MetadataTest, ParseRefusesUnknownAxisAndEntryField) {
+  ExpectError(ParseMetadata(EditedText([](nlohmann::json& j) { j["axes"]["checkpoint"] = "x"; }),
+                            "metadata.json")
+                  .status(),
+              StatusCode::kInvalidArgument, "$.axes has unknown field 'checkpoint'");
+  ExpectError(ParseMetadata(EditedText([](nlohmann::json& j) { j["axes"].erase("toolchain"); }),
+                            "metadata.json")
+                  .status(),
+              StatusCode::kInvalidArgument, "$.axes has no field 'toolchain'");
+  ExpectError(ParseMetadata(EditedText([](nlohmann::json& j) { j["entries"][0]["ms"] = 3; }),
+                            "metadata.json")
+                  .status(),
+              StatusCode::kInvalidArgument, "$.entries[0] has unknown field 'ms'");
+}
+
+TEST(MetadataTest, ParseRefusesDuplicateKeysAndBadJson) {
+  std::string text = SerializeMetadata(SampleMetadata()).value();
+  text.insert(1, "\"family\":\"other\",");
+  ExpectError(ParseMetadata(text, "metadata.json").status(), StatusCode::kInvalidArgument,
+              "duplicate key 'family'");
+  ExpectError(ParseMetadata("{\"format_version\":1", "metadata.json").status(),
+              StatusCode::kInvalidArgument, "metadata.json: invalid JSON");
+  ExpectError(ParseMetadata("[]", "metadata.json").status(), StatusCode::kInvalidArgument,
+              "expected an object");
+}
+
+TEST(MetadataTest, ParseRefusesEntriesOutOfIndexOrder) {
+  ExpectError(ParseMetadata(EditedText([](nlohmann::json& j) { j["entries"][1]["index"] = 5; }),
+                            "metadata.json")
+                  .status(),
+              StatusCode::kInvalidArgument, "$.entries[1].index is 5, expected 1");
+}
+
+TEST(MetadataTest, RestateKeyAcceptsTheSample) {
+  const CellMetadata m = SampleMetadata();
+  Result<std::string> key = RestateKey(m);
+  ASSERT_TRUE(key.ok()) << key.status().ToString();
+  EXPECT_EQ(*key, m.key);
+}
+
+TEST(MetadataTest, RestateKeyRefusesEditedEnvelope) {
+  CellMetadata m = SampleMetadata();
+  m.envelope["classes"][0]["x"][0] = 2;  // claim a class the key never covered
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument,
+              "metadata axis 'envelope' restates to");
+}
+
+TEST(MetadataTest, RestateKeyRefusesEditedToolchain) {
+  CellMetadata m = SampleMetadata();
+  m.toolchain["compiler"] = "g++ 13.1";
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument,
+              "metadata axis 'toolchain' restates to '" + FactsDigest(m.toolchain).value() +
+                  "' but records '" + m.axes.toolchain + "'");
+}
+
+TEST(MetadataTest, RestateKeyRefusesEditedGraphAxis) {
+  CellMetadata m = SampleMetadata();
+  m.axes.graph = "fedcba9876543210";
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument, "graph=fedcba9876543210");
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument,
+              "metadata key '" + m.key + "' does not restate");
+}
+
+TEST(MetadataTest, RestateKeyRefusesEditedSm) {
+  CellMetadata m = SampleMetadata();
+  m.sm = "x86-64-v2";  // the block says one level, the axis another
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument, "metadata axis 'sm'");
+  m.axes.sm = "x86-64-v2";  // consistent, but not what the key was minted from
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument, "sm=x86-64-v2");
+  m.sm = m.axes.sm = "sm_90";
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument, "key axis 'sm'");
+}
+
+TEST(MetadataTest, RestateKeyRefusesEntryOutsideTheEnvelope) {
+  CellMetadata m = SampleMetadata();
+  m.entries[1].shape_class["x"] = {2, 8};
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument,
+              "metadata entry 1 shape class {\"x\":[2,8]} is not a class of the envelope");
+}
+
+TEST(MetadataTest, RestateKeyRefusesUncoveredOrDoublyServedClass) {
+  CellMetadata m = SampleMetadata();
+  m.entries.pop_back();
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument, "has no entry");
+  m = SampleMetadata();
+  m.entries[1].shape_class = m.entries[0].shape_class;
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument,
+              "metadata entries 0 and 1 both serve");
+}
+
+TEST(MetadataTest, RestateKeyRefusesNonCanonicalEnvelope) {
+  CellMetadata m = SampleMetadata();
+  m.envelope["note"] = "extra";
+  m.axes.envelope = FactsDigest(m.envelope).value();  // digest-consistent, still refused
+  m.key = KeyFromAxes(m.axes).value();
+  ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument, "not in canonical form");
+}
+
+}  // namespace
+}  // namespace kiln

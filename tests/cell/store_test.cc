@@ -1,0 +1,182 @@
+// Tests for the local cell store (cell layer): put/get, re-verification on every lookup (a corrupt
+// entry is deleted and reported as a miss), key validation, listing and concurrent puts.
+#include "src/kiln/cell/store.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/cell/pack.h"
+#include "tests/cell/cell_fixtures.h"
+
+namespace kiln {
+namespace {
+
+using cell_testing::SampleCellBytes;
+using cell_testing::SampleMetadata;
+
+class StoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "kiln_store_test_XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::system(("rm -rf '" + dir_ + "'").c_str()); }
+
+  static bool Exists(const std::string& path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0;
+  }
+
+  std::string dir_;
+  const std::string key_ = SampleMetadata().key;
+  const std::string bytes_ = SampleCellBytes();
+};
+
+TEST_F(StoreTest, PutThenGetReturnsVerifiedBytes) {
+  LocalStore store(dir_ + "/cells");  // the root need not exist yet
+  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  EXPECT_EQ(ReadFile(dir_ + "/cells/" + key_ + "/ref").value(), CellDigest(bytes_));
+  Result<std::optional<StoredCell>> got = store.Get(key_);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ASSERT_TRUE(got->has_value());
+  const StoredCell& cell = **got;
+  EXPECT_EQ(cell.key, key_);
+  EXPECT_EQ(cell.digest, CellDigest(bytes_));
+  EXPECT_EQ(cell.path, dir_ + "/cells/" + key_ + "/cell.tar");
+  EXPECT_EQ(cell.bytes, bytes_);
+}
+
+TEST_F(StoreTest, AbsentKeyIsAMiss) {
+  LocalStore store(dir_);
+  Result<std::optional<StoredCell>> got = store.Get(key_);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_FALSE(got->has_value());
+}
+
+TEST_F(StoreTest, CorruptCellOnDiskIsDeletedAndMissed) {
+  LocalStore store(dir_);
+  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  std::string flipped = bytes_;
+  flipped[600] ^= 1;  // one bit inside metadata.json
+  ASSERT_TRUE(WriteFileAtomic(dir_ + "/" + key_ + "/cell.tar", flipped).ok());
+  Result<std::optional<StoredCell>> got = store.Get(key_);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  EXPECT_FALSE(got->has_value());
+  EXPECT_FALSE(Exists(dir_ + "/" + key_));
+  EXPECT_TRUE(store.Keys().empty());
+  // A fresh Put heals it.
+  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  EXPECT_TRUE(store.Get(key_).value().has_value());
+}
+
+TEST_F(StoreTest, MalformedRefOrHalfEntryIsDeletedAndMissed) {
+  LocalStore store(dir_);
+  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(WriteFileAtomic(dir_ + "/" + key_ + "/ref", "sha256:nothex").ok());
+  EXPECT_FALSE(store.Get(key_).value().has_value());
+  EXPECT_FALSE(Exists(dir_ + "/" + key_));
+
+  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_EQ(::unlink((dir_ + "/" + key_ + "/ref").c_str()), 0);
+  EXPECT_FALSE(store.Get(key_).value().has_value());
+  EXPECT_FALSE(Exists(dir_ + "/" + key_));
+}
+
+TEST_F(StoreTest, UnreadableEntryIsDeletedAndMissed) {
+  LocalStore store(dir_);
+  ASSERT_TRUE(MakeDirs(dir_ + "/" + key_ + "/cell.tar").ok());  // a directory where bytes belong
+  ASSERT_TRUE(WriteFileAtomic(dir_ + "/" + key_ + "/ref", CellDigest(bytes_)).ok());
+  EXPECT_FALSE(store.Get(key_).value().has_value());
+  EXPECT_FALSE(Exists(dir_ + "/" + key_));
+}
+
+TEST_F(StoreTest, MalformedKeysAreRefused) {
+  LocalStore store(dir_);
+  const std::string bad[] = {"",
+                             "../../etc",
+                             "ck1-" + std::string(56, 'A'),
+                             "ck1-" + std::string(55, 'a') + "/",
+                             key_ + "/..",
+                             "ck1-../../../../../tmp" + std::string(38, '0')};
+  for (const std::string& key : bad) {
+    Status put = store.Put(key, bytes_);
+    EXPECT_EQ(put.code(), StatusCode::kInvalidArgument) << key;
+    EXPECT_NE(put.message().find("is not a cell key"), std::string::npos) << put.message();
+    EXPECT_EQ(store.Get(key).status().code(), StatusCode::kInvalidArgument) << key;
+    EXPECT_EQ(store.Remove(key).code(), StatusCode::kInvalidArgument) << key;
+  }
+  EXPECT_TRUE(store.Keys().empty());
+}
+
+TEST_F(StoreTest, KeysListsEntriesSortedAndIgnoresOtherNames) {
+  LocalStore store(dir_);
+  const std::string other = SampleMetadata("x86-64-v4").key;
+  ASSERT_TRUE(store.Put(other, "b").ok());
+  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(MakeDirs(dir_ + "/not-a-key").ok());
+  std::vector<std::string> expected = {key_, other};
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(store.Keys(), expected);
+  EXPECT_TRUE(LocalStore(dir_ + "/absent").Keys().empty());
+}
+
+TEST_F(StoreTest, RemoveDeletesAndIsIdempotent) {
+  LocalStore store(dir_);
+  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(store.Remove(key_).ok());
+  EXPECT_FALSE(store.Get(key_).value().has_value());
+  EXPECT_TRUE(store.Remove(key_).ok());
+}
+
+TEST_F(StoreTest, PutReplacesAnEntry) {
+  LocalStore store(dir_);
+  ASSERT_TRUE(store.Put(key_, "old bytes").ok());
+  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  EXPECT_EQ(store.Get(key_).value()->bytes, bytes_);
+}
+
+TEST_F(StoreTest, ConcurrentPutsOfOneKeyLeaveAVerifiedEntry) {
+  LocalStore store(dir_);
+  std::vector<std::thread> threads;
+  std::vector<Status> results(8);
+  for (size_t i = 0; i < results.size(); ++i) {
+    threads.emplace_back([&, i] {
+      LocalStore own(dir_);  // one object per thread and one shared: both are allowed
+      results[i] = (i % 2 ? own : store).Put(key_, bytes_);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (const Status& s : results) EXPECT_TRUE(s.ok()) << s.ToString();
+  Result<std::optional<StoredCell>> got = store.Get(key_);
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ((*got)->bytes, bytes_);
+  // No temp files are left behind.
+  EXPECT_EQ(std::system(("test $(ls -A '" + dir_ + "/" + key_ + "' | wc -l) -eq 2").c_str()), 0);
+}
+
+TEST(DefaultStoreRootTest, HonorsKilnCacheDirThenHome) {
+  const char* saved_cache = std::getenv("KILN_CACHE_DIR");
+  const char* saved_home = std::getenv("HOME");
+  const std::string cache = saved_cache ? saved_cache : "";
+  const std::string home = saved_home ? saved_home : "";
+
+  ::setenv("KILN_CACHE_DIR", "/var/cache/kiln-test", 1);
+  ::setenv("HOME", "/home/someone", 1);
+  EXPECT_EQ(DefaultStoreRoot().value(), "/var/cache/kiln-test/cells");
+  ::unsetenv("KILN_CACHE_DIR");
+  EXPECT_EQ(DefaultStoreRoot().value(), "/home/someone/.cache/kiln/cells");
+  ::unsetenv("HOME");
+  EXPECT_EQ(DefaultStoreRoot().status().code(), StatusCode::kInvalidArgument);
+
+  if (saved_cache) ::setenv("KILN_CACHE_DIR", cache.c_str(), 1);
+  if (saved_home) ::setenv("HOME", home.c_str(), 1);
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,561 @@
+// Tests for the worker manifest parser (src/kiln/worker/manifest.h): the example manifests, every
+// refusal by key path, defaults, path resolution and hub.token_env.
+#include "src/kiln/worker/manifest.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/graph/onnx_import.h"
+
+namespace kiln {
+namespace {
+
+const std::string kSourceDir = KILN_SOURCE_DIR;
+
+// A minimal valid manifest; bad cases below are this text with one thing broken.
+constexpr const char* kMinimal = R"(
+[endpoint]
+name = "demo"
+
+[targets.mlp]
+graph = "model.onnx"
+envelope = [{ x = [1, 64] }]
+
+[functions.mlp]
+target = "mlp"
+)";
+
+Result<Manifest> Parse(const std::string& text) {
+  return ParseManifest(text, "kiln.toml", "/srv/models");
+}
+
+TEST(ManifestTest, MinimalManifestGetsTheDefaults) {
+  Result<Manifest> m = Parse(kMinimal);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->source, "kiln.toml");
+  EXPECT_EQ(m->endpoint.name, "demo");
+  EXPECT_EQ(m->endpoint.release, "");
+  EXPECT_EQ(m->endpoint.port, 8080);
+  EXPECT_EQ(m->endpoint.max_concurrency, 4);
+  EXPECT_EQ(m->endpoint.threads, 0);
+  EXPECT_FALSE(m->hub.has_value());
+  ASSERT_EQ(m->targets.size(), 1u);
+  const TargetSpec& t = m->targets[0];
+  EXPECT_EQ(t.name, "mlp");
+  EXPECT_EQ(t.graph, "/srv/models/model.onnx");
+  EXPECT_EQ(t.checkpoint, "");
+  EXPECT_EQ(t.lane, LanePolicy::kOptional);
+  EXPECT_FALSE(t.exported());
+  EXPECT_EQ(t.sm, "");
+  EXPECT_DOUBLE_EQ(t.numerics.floor, 0.999);
+  EXPECT_DOUBLE_EQ(t.numerics.warn, 0.99999);
+  EXPECT_DOUBLE_EQ(t.numerics.retention, 0.999);
+  EXPECT_EQ(m->mint.stall_window_s, 120);
+  EXPECT_EQ(m->mint.memory_budget_mb, 0);
+  EXPECT_EQ(m->mint.parallel_compiles, 2);
+  EXPECT_EQ(m->function_to_target.at("mlp"), "mlp");
+}
+
+TEST(ManifestTest, FullManifestParsesEveryField) {
+  ASSERT_EQ(::setenv("KILN_MANIFEST_TEST_TOKEN", "s3cret", 1), 0);
+  Result<Manifest> m = Parse(R"(
+[endpoint]
+name = "studio"
+release = "2024-06-r1"
+port = 9000
+max_concurrency = 8
+threads = 16
+
+[hub]
+url = "https://hub.example:8443"
+token_env = "KILN_MANIFEST_TEST_TOKEN"
+trust = ["keys/jwks.json", "/etc/kiln/hub.pub"]
+timeout_ms = 2500
+
+[targets.denoiser]
+graph = "unet/model.onnx"
+checkpoint = "unet/ft.safetensors"
+lane = "mandatory"
+export = { family = "acme/unet" }
+sm = "x86-64-v3"
+numerics = { floor = 0.99, warn = 0.999, retention = 0.98 }
+
+[[targets.denoiser.envelope]]
+latent = [1, 4, 64, 64]
+timestep = [1]
+
+[[targets.denoiser.envelope]]
+latent = [2, 4, 64, 64]
+timestep = [2]
+
+[targets.decoder]
+graph = "/abs/vae.onnx"
+envelope = [{ z = [1, 4, 64, 64] }]
+
+[functions.sd]
+target = "denoiser"
+aliases = ["stable", "sd-v1"]
+
+[functions.vae]
+target = "decoder"
+
+[mint]
+stall_window_s = 300
+memory_budget_mb = 8192
+parallel_compiles = 4
+)");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->endpoint.release, "2024-06-r1");
+  EXPECT_EQ(m->endpoint.port, 9000);
+  EXPECT_EQ(m->endpoint.max_concurrency, 8);
+  EXPECT_EQ(m->endpoint.threads, 16);
+  ASSERT_TRUE(m->hub.has_value());
+  EXPECT_EQ(m->hub->url, "https://hub.example:8443");
+  EXPECT_EQ(m->hub->token, "s3cret");
+  EXPECT_EQ(m->hub->token_env, "KILN_MANIFEST_TEST_TOKEN");
+  EXPECT_EQ(m->hub->trust,
+            (std::vector<std::string>{"/srv/models/keys/jwks.json", "/etc/kiln/hub.pub"}));
+  EXPECT_EQ(m->hub->timeout_ms, 2500);
+
+  // Sorted by name, not declaration order.
+  ASSERT_EQ(m->targets.size(), 2u);
+  EXPECT_EQ(m->targets[0].name, "decoder");
+  EXPECT_EQ(m->targets[1].name, "denoiser");
+  const TargetSpec& d = m->targets[1];
+  EXPECT_EQ(d.graph, "/srv/models/unet/model.onnx");
+  EXPECT_EQ(d.checkpoint, "/srv/models/unet/ft.safetensors");
+  EXPECT_EQ(d.lane, LanePolicy::kMandatory);
+  ASSERT_TRUE(d.exported());
+  EXPECT_EQ(d.export_spec->family, "acme/unet");
+  EXPECT_EQ(d.sm, "x86-64-v3");
+  EXPECT_DOUBLE_EQ(d.numerics.floor, 0.99);
+  EXPECT_DOUBLE_EQ(d.numerics.warn, 0.999);
+  EXPECT_DOUBLE_EQ(d.numerics.retention, 0.98);
+  ASSERT_EQ(d.envelope.classes.size(), 2u);  // declaration order kept
+  EXPECT_EQ(d.envelope.classes[0].at("latent"), (Shape{1, 4, 64, 64}));
+  EXPECT_EQ(d.envelope.classes[1].at("timestep"), (Shape{2}));
+  EXPECT_EQ(m->targets[0].graph, "/abs/vae.onnx");
+
+  ASSERT_EQ(m->functions.size(), 2u);
+  EXPECT_EQ(m->functions[0].name, "sd");
+  EXPECT_EQ(m->functions[0].aliases, (std::vector<std::string>{"stable", "sd-v1"}));
+  EXPECT_EQ(
+      m->function_to_target,
+      (std::map<std::string, std::string>{
+          {"sd", "denoiser"}, {"stable", "denoiser"}, {"sd-v1", "denoiser"}, {"vae", "decoder"}}));
+  EXPECT_EQ(m->mint.stall_window_s, 300);
+  EXPECT_EQ(m->mint.memory_budget_mb, 8192);
+  EXPECT_EQ(m->mint.parallel_compiles, 4);
+
+  Result<const TargetSpec*> via_alias = m->FindTargetForFunction("sd-v1");
+  ASSERT_TRUE(via_alias.ok()) << via_alias.status().ToString();
+  EXPECT_EQ((*via_alias)->name, "denoiser");
+  ::unsetenv("KILN_MANIFEST_TEST_TOKEN");
+}
+
+TEST(ManifestTest, MandatoryTargetWithoutExportStillParses) {
+  // The worker refuses it at boot (mandatory_lane_needs_a_cell); the parser keeps it.
+  std::string text = kMinimal;
+  text.replace(text.find("graph ="), 0, "lane = \"mandatory\"\n");
+  Result<Manifest> m = Parse(text);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->targets[0].lane, LanePolicy::kMandatory);
+  EXPECT_FALSE(m->targets[0].exported());
+}
+
+TEST(ManifestTest, FindTargetNamesTheKnownTargetsOnAMiss) {
+  Result<Manifest> m = Parse(kMinimal);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_TRUE(m->FindTarget("mlp").ok());
+  Result<const TargetSpec*> miss = m->FindTarget("mpl");
+  ASSERT_FALSE(miss.ok());
+  EXPECT_EQ(miss.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(miss.status().message().find("\"mpl\""), std::string::npos) << miss.status().message();
+  EXPECT_NE(miss.status().message().find("known targets: mlp"), std::string::npos)
+      << miss.status().message();
+  Result<const TargetSpec*> fn = m->FindTargetForFunction("nope");
+  ASSERT_FALSE(fn.ok());
+  EXPECT_NE(fn.status().message().find("known model names: mlp"), std::string::npos)
+      << fn.status().message();
+}
+
+TEST(ManifestTest, TheDocumentedFullExampleParses) {
+  Result<std::string> doc = ReadFile(kSourceDir + "/docs/manifest.md");
+  ASSERT_TRUE(doc.ok()) << doc.status().ToString();
+  const size_t section = doc->find("## An annotated full example");
+  ASSERT_NE(section, std::string::npos);
+  const size_t begin = doc->find("```toml\n", section);
+  ASSERT_NE(begin, std::string::npos);
+  const size_t end = doc->find("```", begin + 8);
+  ASSERT_NE(end, std::string::npos);
+  ASSERT_EQ(::setenv("KILN_HUB_TOKEN", "doc-token", 1), 0);
+  Result<Manifest> m = Parse(doc->substr(begin + 8, end - begin - 8));
+  ::unsetenv("KILN_HUB_TOKEN");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->targets.size(), 2u);
+  EXPECT_FALSE(m->targets[0].exported());  // decoder: intake
+  EXPECT_TRUE(m->targets[1].exported());   // denoiser
+  EXPECT_EQ(m->targets[1].envelope.classes.size(), 2u);
+  EXPECT_EQ(m->function_to_target.size(), 4u);
+}
+
+// Each bad manifest: `from` in kMinimal replaced by `to`, refused with every listed fragment.
+struct BadCase {
+  const char* label;
+  const char* from;
+  const char* to;
+  std::vector<std::string> fragments;
+};
+
+TEST(ManifestTest, BadManifestsAreRefusedByKeyPath) {
+  const std::vector<BadCase> cases = {
+      {"typo envelop",
+       "envelope =",
+       "envelop =",
+       {"kiln.toml:7:", "targets.mlp.envelop: unknown key", "did you mean \"envelope\"?"}},
+      {"unknown top-level table",
+       "[endpoint]",
+       "[endpiont]",
+       {"endpiont: unknown key", "at the top level", "did you mean \"endpoint\"?"}},
+      {"unknown endpoint key",
+       "name = \"demo\"",
+       "name = \"demo\"\nprot = 80",
+       {"endpoint.prot: unknown key", "did you mean \"port\"?"}},
+      {"unknown function key",
+       "target = \"mlp\"",
+       "target = \"mlp\"\nalias = [\"a\"]",
+       {"functions.mlp.alias: unknown key", "did you mean \"aliases\"?"}},
+      {"graph wrong type",
+       "graph = \"model.onnx\"",
+       "graph = 42",
+       {"targets.mlp.graph is an integer (42), expected a string"}},
+      {"port wrong type",
+       "name = \"demo\"",
+       "name = \"demo\"\nport = \"80\"",
+       {"endpoint.port is a string (\"80\"), expected an integer"}},
+      {"port out of range",
+       "name = \"demo\"",
+       "name = \"demo\"\nport = 70000",
+       {"endpoint.port is 70000, expected an integer port in 0..65535"}},
+      {"missing graph",
+       "graph = \"model.onnx\"\n",
+       "",
+       {"targets.mlp.graph is missing, expected a path"}},
+      {"missing endpoint name", "name = \"demo\"", "", {"endpoint.name is missing"}},
+      {"missing endpoint", "[endpoint]\nname = \"demo\"", "", {"endpoint is missing"}},
+      {"no targets",
+       "[targets.mlp]\ngraph = \"model.onnx\"\nenvelope = [{ x = [1, 64] }]",
+       "",
+       {"targets is missing, expected at least one [targets.<name>]"}},
+      {"empty envelope",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = []",
+       {"targets.mlp.envelope is empty, expected"}},
+      {"missing envelope", "envelope = [{ x = [1, 64] }]", "", {"targets.mlp.envelope is missing"}},
+      {"envelope not an array",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = { x = [1, 64] }",
+       {"targets.mlp.envelope is a table, expected a non-empty array"}},
+      {"negative dim",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [1, 64] }, { x = [2, -64] }]",
+       {"targets.mlp.envelope[1].x[1] is -64, expected an integer dimension >= 0"}},
+      {"float dim",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [1, 64.0] }]",
+       {"targets.mlp.envelope[0].x[1] is a float (64.0), expected an integer dimension"}},
+      {"duplicate class",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [1, 64] }, { x = [4, 64] }, { x = [1, 64] }]",
+       {"targets.mlp.envelope[2] repeats targets.mlp.envelope[0]"}},
+      {"class names other inputs",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [1, 64] }, { y = [1, 64] }]",
+       {"targets.mlp.envelope[1] names input \"y\"", "same graph inputs"}},
+      {"empty class",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{}]",
+       {"targets.mlp.envelope[0] names no input"}},
+      {"unknown function target",
+       "target = \"mlp\"",
+       "target = \"mpl\"",
+       {"functions.mlp.target is \"mpl\", which names no target", "did you mean \"mlp\"?",
+        "(mlp)"}},
+      {"alias collides with a model name",
+       "target = \"mlp\"",
+       "target = \"mlp\"\n[functions.other]\ntarget = \"mlp\"\naliases = [\"mlp\"]",
+       {"functions.other.aliases[0] is \"mlp\", which is already the model name of "
+        "functions.mlp"}},
+      {"alias collides with an alias",
+       "target = \"mlp\"",
+       "target = \"mlp\"\naliases = [\"a\"]\n[functions.other]\ntarget = \"mlp\"\n"
+       "aliases = [\"b\", \"a\"]",
+       {"functions.other.aliases[1] is \"a\", which is already an alias in "
+        "functions.mlp.aliases[0]"}},
+      {"alias not a string",
+       "target = \"mlp\"",
+       "target = \"mlp\"\naliases = [1]",
+       {"functions.mlp.aliases[0] is an integer (1), expected a string"}},
+      {"lane sometimes",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\nlane = \"sometimes\"",
+       {"targets.mlp.lane is \"sometimes\", expected \"optional\" or \"mandatory\""}},
+      {"floor above warn",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\nnumerics = { floor = 0.9999, warn = 0.999 }",
+       {"targets.mlp.numerics: floor 0.9999 is above warn 0.999",
+        "expected 0 < floor <= warn <= 1"}},
+      {"retention zero",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\nnumerics = { retention = 0.0 }",
+       {"targets.mlp.numerics.retention is 0.0, expected a number in (0, 1]"}},
+      {"warn above one",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\nnumerics = { warn = 1.5 }",
+       {"targets.mlp.numerics.warn is 1.5"}},
+      {"numerics nan",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\nnumerics = { floor = nan }",
+       {"targets.mlp.numerics.floor is nan"}},
+      {"numerics typo",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\nnumerics = { flor = 0.9 }",
+       {"targets.mlp.numerics.flor: unknown key", "did you mean \"floor\"?"}},
+      {"bad sm",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\nsm = \"x86-64-v5\"",
+       {"targets.mlp.sm is \"x86-64-v5\", expected one of x86-64, x86-64-v2, x86-64-v3, "
+        "x86-64-v4"}},
+      {"export without family",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\nexport = {}",
+       {"targets.mlp.export.family is missing"}},
+      {"bad family",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\nexport = { family = \"micro-diffusion\" }",
+       {"targets.mlp.export.family is \"micro-diffusion\", expected a family \"<owner>/<name>\""}},
+      {"export typo",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\nexport = { famliy = \"root/mlp\" }",
+       {"targets.mlp.export.famliy: unknown key", "did you mean \"family\"?"}},
+      {"bad target name",
+       "[targets.mlp]",
+       "[targets.\"m l p\"]",
+       {"targets.\"m l p\": target name \"m l p\" is not a name"}},
+      {"bad model name",
+       "[functions.mlp]",
+       "[functions.\"a/b\"]",
+       {"functions.\"a/b\": model name \"a/b\" is not a name"}},
+      {"empty checkpoint",
+       "graph = \"model.onnx\"",
+       "graph = \"model.onnx\"\ncheckpoint = \"\"",
+       {"targets.mlp.checkpoint is empty, expected a path"}},
+      {"hub without url",
+       "[functions.mlp]",
+       "[hub]\ntimeout_ms = 10\n[functions.mlp]",
+       {"hub.url is missing"}},
+      {"hub url scheme",
+       "[functions.mlp]",
+       "[hub]\nurl = \"hub:8080\"\n[functions.mlp]",
+       {"hub.url is \"hub:8080\", expected an http:// or https:// URL"}},
+      {"hub token and token_env",
+       "[functions.mlp]",
+       "[hub]\nurl = \"http://h\"\ntoken = \"t\"\ntoken_env = \"T\"\n[functions.mlp]",
+       {"hub.token and hub.token_env are both set"}},
+      {"hub timeout zero",
+       "[functions.mlp]",
+       "[hub]\nurl = \"http://h\"\ntimeout_ms = 0\n[functions.mlp]",
+       {"hub.timeout_ms is 0, expected an integer in 1..3600000"}},
+      {"mint typo",
+       "[functions.mlp]",
+       "[mint]\nstall_window = 60\n[functions.mlp]",
+       {"mint.stall_window: unknown key", "did you mean \"stall_window_s\"?"}},
+      {"mint parallel zero",
+       "[functions.mlp]",
+       "[mint]\nparallel_compiles = 0\n[functions.mlp]",
+       {"mint.parallel_compiles is 0, expected an integer in 1..1024"}},
+      {"toml syntax", "name = \"demo\"", "name = \"demo", {"kiln.toml:3:", "not valid TOML"}},
+      {"duplicate key",
+       "name = \"demo\"",
+       "name = \"demo\"\nname = \"again\"",
+       {"kiln.toml:4:", "not valid TOML"}},
+  };
+  for (const BadCase& c : cases) {
+    SCOPED_TRACE(c.label);
+    std::string text = kMinimal;
+    const size_t at = text.find(c.from);
+    ASSERT_NE(at, std::string::npos) << "test bug: '" << c.from << "' not in the base manifest";
+    text.replace(at, std::string(c.from).size(), c.to);
+    Result<Manifest> m = Parse(text);
+    ASSERT_FALSE(m.ok()) << "accepted:\n" << text;
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    const Status status = m.status();  // status() returns a copy; keep it alive
+    const std::string& msg = status.message();
+    EXPECT_EQ(msg.rfind("kiln.toml:", 0), 0u) << msg;
+    for (const std::string& f : c.fragments) {
+      EXPECT_NE(msg.find(f), std::string::npos) << "missing '" << f << "' in: " << msg;
+    }
+  }
+}
+
+TEST(ManifestTest, TokenEnvReadsTheEnvironmentAndRefusesAnUnsetVariable) {
+  const std::string text = std::string(kMinimal) +
+                           "\n[hub]\nurl = \"http://127.0.0.1:7070\"\n"
+                           "token_env = \"KILN_MANIFEST_TEST_TOKEN2\"\n";
+  ::unsetenv("KILN_MANIFEST_TEST_TOKEN2");
+  Result<Manifest> unset = Parse(text);
+  ASSERT_FALSE(unset.ok());
+  EXPECT_NE(unset.status().message().find(
+                "hub.token_env names \"KILN_MANIFEST_TEST_TOKEN2\", which is not set"),
+            std::string::npos)
+      << unset.status().message();
+
+  ASSERT_EQ(::setenv("KILN_MANIFEST_TEST_TOKEN2", "", 1), 0);
+  Result<Manifest> empty = Parse(text);
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("which is empty"), std::string::npos)
+      << empty.status().message();
+
+  ASSERT_EQ(::setenv("KILN_MANIFEST_TEST_TOKEN2", "tok-123", 1), 0);
+  Result<Manifest> set = Parse(text);
+  ASSERT_TRUE(set.ok()) << set.status().ToString();
+  EXPECT_EQ(set->hub->token, "tok-123");
+  EXPECT_EQ(set->hub->token_env, "KILN_MANIFEST_TEST_TOKEN2");
+  ::unsetenv("KILN_MANIFEST_TEST_TOKEN2");
+
+  // A literal token is kept verbatim and token_env stays empty.
+  Result<Manifest> literal =
+      Parse(std::string(kMinimal) + "\n[hub]\nurl = \"https://h\"\ntoken = \"abc\"\n");
+  ASSERT_TRUE(literal.ok()) << literal.status().ToString();
+  EXPECT_EQ(literal->hub->token, "abc");
+  EXPECT_EQ(literal->hub->token_env, "");
+  EXPECT_EQ(literal->hub->timeout_ms, 5000);
+  EXPECT_TRUE(literal->hub->trust.empty());
+}
+
+TEST(ManifestTest, RelativePathsResolveAgainstTheManifestDirectory) {
+  std::string tmpl = testing::TempDir() + "kiln_manifest_test_XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_TRUE(MakeDirs(dir + "/conf").ok());
+  const std::string text = R"(
+[endpoint]
+name = "demo"
+[hub]
+url = "http://h"
+trust = ["../keys/hub.jwks"]
+[targets.mlp]
+graph = "../models/./mlp.onnx"
+checkpoint = "ft.safetensors"
+envelope = [{ x = [1, 64] }]
+[targets.abs]
+graph = "/opt/graphs/abs.onnx"
+envelope = [{ x = [1, 64] }]
+)";
+  ASSERT_TRUE(WriteFileAtomic(dir + "/conf/kiln.toml", text).ok());
+  Result<Manifest> m = LoadManifest(dir + "/conf/kiln.toml");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const std::string base = std::filesystem::path(dir).lexically_normal().string();
+  EXPECT_EQ(m->base_dir, base + "/conf");
+  EXPECT_EQ(m->source, dir + "/conf/kiln.toml");
+  Result<const TargetSpec*> mlp = m->FindTarget("mlp");
+  ASSERT_TRUE(mlp.ok());
+  EXPECT_EQ((*mlp)->graph, base + "/models/mlp.onnx");
+  EXPECT_EQ((*mlp)->checkpoint, base + "/conf/ft.safetensors");
+  EXPECT_EQ(m->hub->trust, std::vector<std::string>{base + "/keys/hub.jwks"});
+  Result<const TargetSpec*> abs = m->FindTarget("abs");
+  ASSERT_TRUE(abs.ok());
+  EXPECT_EQ((*abs)->graph, "/opt/graphs/abs.onnx");
+  EXPECT_TRUE(m->functions.empty());
+
+  // A relative manifest path still yields absolute paths inside.
+  char cwd[4096];
+  ASSERT_NE(::getcwd(cwd, sizeof(cwd)), nullptr);
+  ASSERT_EQ(::chdir(dir.c_str()), 0);
+  Result<Manifest> rel = LoadManifest("conf/kiln.toml");
+  ASSERT_EQ(::chdir(cwd), 0);
+  ASSERT_TRUE(rel.ok()) << rel.status().ToString();
+  EXPECT_EQ(rel->targets[1].graph, base + "/models/mlp.onnx");
+
+  // An empty base_dir leaves relative paths relative (to the working directory).
+  Result<Manifest> bare = ParseManifest(kMinimal, "inline", "");
+  ASSERT_TRUE(bare.ok()) << bare.status().ToString();
+  EXPECT_EQ(bare->targets[0].graph, "model.onnx");
+  std::system(("rm -rf '" + dir + "'").c_str());
+}
+
+TEST(ManifestTest, MissingFileIsRefusedNamingThePath) {
+  Result<Manifest> m = LoadManifest("/nonexistent/kiln.toml");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.status().code(), StatusCode::kNotFound);
+  EXPECT_NE(m.status().message().find("/nonexistent/kiln.toml"), std::string::npos)
+      << m.status().message();
+}
+
+// The example manifests parse, point at real files, and their envelopes name each graph's real
+// inputs with shapes that agree with the graph's declared dims.
+struct ExampleCase {
+  const char* dir;
+  const char* target;
+  const char* family;
+  const char* model;
+  const char* alias;
+  size_t classes;
+};
+
+TEST(ManifestTest, ExampleManifestsParseAndMatchTheirGraphs) {
+  const std::vector<ExampleCase> cases = {
+      {"mlp", "mlp", "root/mlp", "mlp", "mlp-classifier", 3},
+      {"micro-diffusion", "denoiser", "root/micro-diffusion", "micro-diffusion", "denoiser", 1},
+      {"transformer", "encoder", "root/transformer", "transformer", "encoder", 1},
+  };
+  for (const ExampleCase& c : cases) {
+    SCOPED_TRACE(c.dir);
+    const std::string dir = kSourceDir + "/examples/" + c.dir;
+    Result<Manifest> m = LoadManifest(dir + "/kiln.toml");
+    ASSERT_TRUE(m.ok()) << m.status().ToString();
+    ASSERT_EQ(m->targets.size(), 1u);
+    const TargetSpec& t = m->targets[0];
+    EXPECT_EQ(t.name, c.target);
+    EXPECT_TRUE(std::filesystem::exists(t.graph)) << t.graph;
+    EXPECT_TRUE(std::filesystem::exists(t.checkpoint)) << t.checkpoint;
+    EXPECT_EQ(std::filesystem::path(t.graph).parent_path(),
+              std::filesystem::path(dir).lexically_normal());
+    EXPECT_EQ(t.lane, LanePolicy::kOptional);
+    ASSERT_TRUE(t.exported());
+    EXPECT_EQ(t.export_spec->family, c.family);
+    EXPECT_EQ(m->function_to_target.at(c.model), c.target);
+    EXPECT_EQ(m->function_to_target.at(c.alias), c.target);
+    ASSERT_EQ(t.envelope.classes.size(), c.classes);
+
+    Result<Graph> g = ImportOnnxFile(t.graph);
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    for (const ShapeClass& cls : t.envelope.classes) {
+      EXPECT_EQ(cls.size(), g->inputs.size());
+      for (const ValueInfo& in : g->inputs) {
+        SCOPED_TRACE(in.name);
+        auto it = cls.find(in.name);
+        ASSERT_NE(it, cls.end()) << "envelope class lacks graph input " << in.name;
+        ASSERT_EQ(it->second.size(), in.dims.size());
+        for (size_t d = 0; d < in.dims.size(); ++d) {
+          if (in.dims[d].known()) {
+            EXPECT_EQ(it->second[d], in.dims[d].value) << "dim " << d;
+          }
+        }
+      }
+    }
+  }
+  // The mlp's classes are the three batch sizes, in declaration order.
+  Result<Manifest> mlp = LoadManifest(kSourceDir + "/examples/mlp/kiln.toml");
+  ASSERT_TRUE(mlp.ok());
+  EXPECT_EQ(mlp->targets[0].envelope.classes[2].at("x"), (Shape{16, 64}));
+}
+
+}  // namespace
+}  // namespace kiln
