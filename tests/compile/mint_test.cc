@@ -2,12 +2,17 @@
 // the mint owns (1, 2, 5, 6, 15) with tests that fail when a law breaks.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/mint.h"
 #include "src/kiln/cell/pack.h"
+#include "src/kiln/cell/store.h"
+#include "src/kiln/compile/toolchain.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/base/file.h"
 #include "src/kiln/tensor/npy.h"
 
 namespace kiln {
@@ -69,6 +74,93 @@ TEST(Mint, MicroDiffusionAndTransformerAreHealthy) {
     std::printf("%s: %s\n", c.name, m->gate.Summary().c_str());
     for (const auto& s : m->stages) std::printf("  %-8s %8.1f ms\n", s.stage.c_str(), s.ms);
   }
+}
+
+Envelope MlpEnvelope() { return Envelope{{{{"x", {1, 64}}}, {{"x", {4, 64}}}}}; }
+
+// Law 1: both checkpoints of an example give one key, and one cell serves both.
+TEST(MintLaws, OneKeyAndOneCellServeBothCheckpoints) {
+  Target t = Load("mlp");
+  auto derived = DeriveCheckpoint(*t.graph, 7);
+  ASSERT_TRUE(derived.ok());
+  auto a = DeriveKeyAxes(*t.graph, MlpEnvelope(), "");
+  Graph rebound = *t.graph;
+  for (const auto& [n, w] : *derived) rebound.initializers[n] = w;
+  auto b = DeriveKeyAxes(rebound, MlpEnvelope(), "");
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*KeyFromAxes(*a), *KeyFromAxes(*b));
+
+  auto m = MintCell(Request(t, MlpEnvelope(), "root/mlp"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  AdmissionPolicy policy{m->key, DetectSmLevel(), LocalToolchain()->Block()};
+  auto admitted = AdmitCell(m->tar, m->digest, m->tar.size(), policy);
+  ASSERT_TRUE(admitted.ok()) << admitted.status().ToString();
+  auto cell = LoadAdmittedCell(*admitted, t.weights, Lane::kExported, "/tmp/kiln-test-law1-" +
+                               std::to_string(::getpid()), 1);
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  auto eager = Interpreter::Create(t.graph);
+  ASSERT_TRUE(eager.ok());
+  for (const WeightMap* w : {&t.weights, &*derived}) {
+    ASSERT_TRUE((*cell)->Rebind(*w).ok());
+    auto report = RunGate(**cell, *eager, *w, NumericsThresholds{});
+    ASSERT_TRUE(report.ok());
+    EXPECT_EQ(report->verdict, Verdict::kHealthy) << report->Summary();
+  }
+}
+
+// Law 2: a cell with a weight baked into its code is refused by the fence proof, by name.
+TEST(MintLaws, FenceRefusesABakedWeightByName) {
+  Target t = Load("mlp");
+  MintRequest r = Request(t, MlpEnvelope(), "root/mlp");
+  const std::string victim = t.graph->WeightNames().back();
+  r.compile.emit.bake_weight_for_test = victim;
+  r.compile.emit.baked_value = t.weights.at(victim);
+  auto m = MintCell(r);
+  ASSERT_FALSE(m.ok()) << "a baked weight passed the fence";
+  EXPECT_NE(m.status().message().find("fence_refused"), std::string::npos)
+      << m.status().ToString();
+  EXPECT_NE(m.status().message().find("'" + victim + "'"), std::string::npos)
+      << m.status().ToString();
+}
+
+// Law 5: the strict gate refuses the gray band and below the floor; nothing reaches the store.
+TEST(MintLaws, GateRefusesGrayBandAndDestroyedAndNothingIsStored) {
+  Target t = Load("mlp");
+  const std::string root = "/tmp/kiln-test-store-" + std::to_string(::getpid());
+  LocalStore store(root);
+  struct Case {
+    double scale;
+    const char* verdict;
+  };
+  for (const Case& c : {Case{1.01, "DEGRADED"}, Case{-1.0, "DESTROYED"}}) {
+    MintRequest r = Request(t, MlpEnvelope(), "root/mlp");
+    r.compile.emit.test_output_scale = c.scale;
+    auto m = MintCell(r);
+    ASSERT_FALSE(m.ok()) << "scale " << c.scale << " was sealed";
+    EXPECT_NE(m.status().message().find("numerics_refused"), std::string::npos);
+    EXPECT_NE(m.status().message().find(c.verdict), std::string::npos) << m.status().ToString();
+  }
+  EXPECT_TRUE(store.Keys().empty());
+}
+
+// Law 15 and 6: two mints of one key in different directories give byte-identical cells, and the
+// sealed shared object is the one that was proven (its bytes are in the tar).
+TEST(MintLaws, TwoMintsAreByteIdentical) {
+  Target t = Load("mlp");
+  MintRequest r1 = Request(t, MlpEnvelope(), "root/mlp");
+  MintRequest r2 = r1;
+  r1.work_dir = "/tmp/kiln-test-repro-a-" + std::to_string(::getpid());
+  r2.work_dir = "/tmp/kiln-test-repro-b-" + std::to_string(::getpid()) + "/deeper/path";
+  auto a = MintCell(r1), b = MintCell(r2);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->key, b->key);
+  EXPECT_EQ(a->digest, b->digest);
+  EXPECT_TRUE(a->tar == b->tar);
+  auto files = UnpackCell(a->tar, "minted");
+  ASSERT_TRUE(files.ok());
+  auto proven = ReadFile(r1.work_dir + "/proof/cell.so");
+  ASSERT_TRUE(proven.ok());
+  EXPECT_TRUE(files->shared_object == *proven) << "sealed bytes differ from the proven bytes";
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/pack.h"
+#include "src/kiln/cell/admission.h"
 #include "src/kiln/graph/digest.h"
 
 namespace kiln {
@@ -57,10 +58,19 @@ Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope,
 Result<MintResult> MintCell(const MintRequest& req) {
   MintResult out;
   auto stage = std::chrono::steady_clock::now();
+  static const char* const kStages[] = {"key",  "compile", "build", "load",
+                                         "gate", "fence",   "seal"};
+  size_t next_stage = 0;
+  auto announce = [&] {
+    if (req.on_stage && next_stage < 7) req.on_stage(kStages[next_stage]);
+  };
   auto mark = [&](const char* name) {
     out.stages.push_back({name, Ms(stage)});
     stage = std::chrono::steady_clock::now();
+    ++next_stage;
+    announce();
   };
+  announce();
   const Graph& graph = *req.graph;
   // key
   KILN_ASSIGN_OR_RETURN(out.axes, DeriveKeyAxes(graph, req.envelope, req.sm));
@@ -149,6 +159,37 @@ Result<MintResult> MintCell(const MintRequest& req) {
   out.digest = CellDigest(out.tar);
   out.ref = CellRef(out.key, out.digest);
   mark("seal");
+  return out;
+}
+
+Result<MintResult> MintAndStore(const MintRequest& request, LocalStore& store) {
+  KILN_ASSIGN_OR_RETURN(MintResult result, MintCell(request));
+  KILN_RETURN_IF_ERROR(store.Put(result.key, result.tar));
+  return result;
+}
+
+Result<LocalCell> CompileThroughStore(const MintRequest& request, LocalStore& store,
+                                      const std::string& private_dir) {
+  const auto start = std::chrono::steady_clock::now();
+  LocalCell out;
+  KILN_ASSIGN_OR_RETURN(KeyAxes axes, DeriveKeyAxes(*request.graph, request.envelope, request.sm));
+  KILN_ASSIGN_OR_RETURN(std::string key, KeyFromAxes(axes));
+  KILN_ASSIGN_OR_RETURN(auto hit, store.Get(key));
+  std::string bytes;
+  if (hit) {
+    out.store_hit = true;
+    bytes = std::move(hit->bytes);
+  } else {
+    KILN_ASSIGN_OR_RETURN(MintResult minted, MintAndStore(request, store));
+    bytes = std::move(minted.tar);
+  }
+  KILN_ASSIGN_OR_RETURN(Toolchain toolchain, LocalToolchain());
+  AdmissionPolicy policy{key, DetectSmLevel(), toolchain.Block()};
+  KILN_ASSIGN_OR_RETURN(AdmittedCell admitted, AdmitCell(bytes, "", 0, policy));
+  KILN_ASSIGN_OR_RETURN(out.cell, LoadAdmittedCell(admitted, request.weights, Lane::kExported,
+                                                   private_dir, request.num_threads));
+  out.ref = out.cell->ref();
+  out.ms = Ms(start);
   return out;
 }
 

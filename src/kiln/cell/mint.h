@@ -8,6 +8,7 @@
 // byte-identical cells.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -16,6 +17,7 @@
 #include "src/kiln/base/status.h"
 #include "src/kiln/cell/gate.h"
 #include "src/kiln/cell/metadata.h"
+#include "src/kiln/cell/store.h"
 #include "src/kiln/compile/pipeline.h"
 
 namespace kiln {
@@ -30,6 +32,8 @@ struct MintRequest {
   CompileOptions compile;
   std::string work_dir;    // "" = a fresh temp dir, removed afterwards
   int num_threads = 1;
+  // Called as each stage starts ("key", "compile", "build", "load", "gate", "fence", "seal").
+  std::function<void(const std::string& stage)> on_stage;
 };
 
 struct StageTime {
@@ -56,5 +60,20 @@ Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, cons
 // Mints. A gate or fence refusal is InvalidArgument whose message starts with the refusal token
 // (`numerics_refused`, `fence_refused`, `unmeasurable`) and names the worst entry.
 Result<MintResult> MintCell(const MintRequest& request);
+
+// Mints and, only if the mint succeeded, stores the sealed bytes in `store` (a refused cell
+// leaves nothing behind).
+Result<MintResult> MintAndStore(const MintRequest& request, LocalStore& store);
+
+// `kiln run --compile` and benchmarks: the cell for (graph, envelope) from the local store, or
+// minted and stored on a miss; admitted (law 4) and armed with `weights`.
+struct LocalCell {
+  std::unique_ptr<ArmedCell> cell;
+  std::string ref;
+  bool store_hit = false;
+  double ms = 0;  // lookup (+ mint) + admission + load
+};
+Result<LocalCell> CompileThroughStore(const MintRequest& request, LocalStore& store,
+                                      const std::string& private_dir);
 
 }  // namespace kiln

@@ -15,6 +15,8 @@ void AddInfoCommand(CLI::App& app, int* exit_code);
 void AddRunCommand(CLI::App& app, int* exit_code);
 void AddCheckpointCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
+void AddCellCommands(CLI::App& app, int* exit_code);  // key, mint, inspect
+void AddBenchCommand(CLI::App& app, int* exit_code);
 
 // Prints "kiln <cmd>: <code>: <message>" and returns 1.
 int ReportError(const std::string& cmd, const Status& status);

@@ -12,6 +12,8 @@ int main(int argc, char** argv) {
   kiln::cli::AddRunCommand(app, &exit_code);
   kiln::cli::AddCheckpointCommand(app, &exit_code);
   kiln::cli::AddDemoCommand(app, &exit_code);
+  kiln::cli::AddCellCommands(app, &exit_code);
+  kiln::cli::AddBenchCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,221 @@
+// `kiln key`, `kiln mint` and `kiln inspect`: the cell-facing subcommands (cli layer).
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/cell/pack.h"
+#include "src/kiln/cli/commands.h"
+#include "src/kiln/cli/target_util.h"
+#include "src/kiln/graph/onnx_import.h"
+
+namespace kiln::cli {
+
+Result<MintRequest> RequestForTarget(const Manifest& manifest, const std::string& name) {
+  const TargetSpec* t = nullptr;
+  if (name.empty()) {
+    if (manifest.targets.size() != 1) {
+      std::string names;
+      for (const auto& x : manifest.targets) names += (names.empty() ? "" : ", ") + x.name;
+      return Status::InvalidArgument("manifest '" + manifest.source + "' has " +
+                                     std::to_string(manifest.targets.size()) +
+                                     " targets; pick one with --target (" + names + ")");
+    }
+    t = &manifest.targets[0];
+  } else {
+    KILN_ASSIGN_OR_RETURN(t, manifest.FindTarget(name));
+  }
+  MintRequest r;
+  KILN_ASSIGN_OR_RETURN(Graph g, ImportOnnxFile(t->graph));
+  r.graph = std::make_shared<const Graph>(std::move(g));
+  if (!t->checkpoint.empty()) {
+    KILN_ASSIGN_OR_RETURN(r.weights, LoadCheckpoint(*r.graph, t->checkpoint));
+  } else {
+    r.weights = GraphWeights(*r.graph);
+  }
+  r.envelope = t->envelope;
+  r.family = t->export_spec ? t->export_spec->family : "intake/" + t->name;
+  r.thresholds = {t->numerics.floor, t->numerics.warn, t->numerics.retention};
+  r.sm = t->sm;
+  r.compile.parallel_compiles = manifest.mint.parallel_compiles;
+  return r;
+}
+
+Result<ShapeClass> ParseClassSpec(const std::string& spec) {
+  ShapeClass c;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t end = spec.find(';', pos);
+    if (end == std::string::npos) end = spec.size();
+    const std::string item = spec.substr(pos, end - pos);
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || item.size() < eq + 3 || item[eq + 1] != '[' ||
+        item.back() != ']') {
+      return Status::InvalidArgument("class spec item '" + item + "' must be NAME=[d0,d1,...]");
+    }
+    Shape s;
+    const std::string dims = item.substr(eq + 2, item.size() - eq - 3);
+    size_t p = 0;
+    while (p < dims.size()) {
+      size_t q = dims.find(',', p);
+      if (q == std::string::npos) q = dims.size();
+      char* e = nullptr;
+      const std::string d = dims.substr(p, q - p);
+      const long long v = std::strtoll(d.c_str(), &e, 10);
+      if (d.empty() || *e != '\0' || v < 0) {
+        return Status::InvalidArgument("class spec '" + item + "': dim '" + d +
+                                       "' is not a non-negative integer");
+      }
+      s.push_back(v);
+      p = q + 1;
+    }
+    c[item.substr(0, eq)] = s;
+    pos = end + 1;
+  }
+  if (c.empty()) return Status::InvalidArgument("empty class spec");
+  return c;
+}
+
+std::string ClassSpec(const ShapeClass& c) {
+  std::string s;
+  for (const auto& [name, shape] : c) s += (s.empty() ? "" : ";") + name + "=" + ShapeToString(shape);
+  return s;
+}
+
+std::string PrivateCellDir() {
+  return "/tmp/kiln-cells-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid());
+}
+
+namespace {
+
+struct Args {
+  std::string manifest;
+  std::string target;
+  std::string cell;
+  bool source = false;
+};
+
+Status DoKey(const Args& a) {
+  const auto start = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
+  KILN_ASSIGN_OR_RETURN(MintRequest r, RequestForTarget(m, a.target));
+  KILN_ASSIGN_OR_RETURN(KeyAxes axes, DeriveKeyAxes(*r.graph, r.envelope, r.sm));
+  KILN_ASSIGN_OR_RETURN(std::string key, KeyFromAxes(axes));
+  const double ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%s\n  graph      %s\n  envelope   %s  (%zu class%s)\n  sm         %s\n"
+              "  toolchain  %s\n  derived in %.1f ms, nothing compiled\n",
+              key.c_str(), axes.graph.c_str(), axes.envelope.c_str(), r.envelope.classes.size(),
+              r.envelope.classes.size() == 1 ? "" : "es", axes.sm.c_str(),
+              axes.toolchain.c_str(), ms);
+  return Status::OK();
+}
+
+Status DoMint(const Args& a) {
+  KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
+  KILN_ASSIGN_OR_RETURN(MintRequest r, RequestForTarget(m, a.target));
+  const bool tty = ::isatty(1);
+  int step = 0;
+  r.on_stage = [&](const std::string& stage) {
+    ++step;
+    if (tty) {
+      std::printf("\r  minting [%d/7] %-8s", step, stage.c_str());
+      std::fflush(stdout);
+    }
+  };
+  KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
+  LocalStore store(root);
+  auto result = MintAndStore(r, store);
+  if (tty) std::printf("\r%40s\r", "");
+  if (!result.ok()) return result.status();
+  std::printf("%s\n", result->ref.c_str());
+  std::printf("  gate   %s\n  fence  %s (perturbed checkpoint)\n", result->gate.Summary().c_str(),
+              result->fence.Summary().c_str());
+  std::printf("  stored %s/%s\n  stage      ms\n", root.c_str(), result->key.c_str());
+  double total = 0;
+  for (const StageTime& s : result->stages) {
+    std::printf("  %-8s %8.1f\n", s.stage.c_str(), s.ms);
+    total += s.ms;
+  }
+  std::printf("  %-8s %8.1f  (%zu class%s, %.1f ms per class)\n", "total", total,
+              r.envelope.classes.size(), r.envelope.classes.size() == 1 ? "" : "es",
+              total / static_cast<double>(r.envelope.classes.size()));
+  return Status::OK();
+}
+
+Status DoInspect(const Args& a) {
+  std::string bytes;
+  auto file = ReadFile(a.cell);
+  if (file.ok()) {
+    bytes = std::move(file).value();
+  } else if (IsWellFormedKey(a.cell)) {
+    KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
+    LocalStore store(root);
+    KILN_ASSIGN_OR_RETURN(auto hit, store.Get(a.cell));
+    if (!hit) return Status::NotFound("no cell for key " + a.cell + " in " + root);
+    bytes = std::move(hit->bytes);
+  } else {
+    return file.status();
+  }
+  KILN_ASSIGN_OR_RETURN(CellFiles files, UnpackCell(bytes, a.cell));
+  KILN_ASSIGN_OR_RETURN(CellMetadata md, ParseMetadata(files.metadata_json, a.cell));
+  std::printf("cell     %s\nfamily   %s\ncodegen  %s\n", CellRef(md.key, CellDigest(bytes)).c_str(),
+              md.family.c_str(), md.codegen_version.c_str());
+  std::printf("axes     graph=%s envelope=%s sm=%s toolchain=%s\n", md.axes.graph.c_str(),
+              md.axes.envelope.c_str(), md.axes.sm.c_str(), md.axes.toolchain.c_str());
+  std::printf("compiler %s\n", md.toolchain.value("compiler", "?").c_str());
+  std::printf("fence    checkpoint_free=%d perturbed_checkpoint_matched=%d "
+              "constant_table_complete=%d\n",
+              md.fence.checkpoint_free, md.fence.perturbed_checkpoint_matched,
+              md.fence.constant_table_complete);
+  std::printf("sizes    cell.so %zu bytes, source %zu bytes, metadata %zu bytes\n",
+              files.shared_object.size(), files.source.size(), files.metadata_json.size());
+  for (const EntryMetadata& e : md.entries) {
+    std::printf("entry %u  class %s  workspace %llu bytes\n", e.index,
+                ClassSpec(e.shape_class).c_str(), (unsigned long long)e.workspace_bytes);
+    for (const TensorSpec& s : e.outputs) {
+      std::printf("  output   %-24s %s%s\n", s.name.c_str(), DTypeName(s.dtype),
+                  ShapeToString(s.shape).c_str());
+    }
+    std::printf("  constants (%zu, bound at init in this order):\n", e.constants.size());
+    for (const TensorSpec& s : e.constants) {
+      std::printf("    %-32s %s%s\n", s.name.c_str(), DTypeName(s.dtype),
+                  ShapeToString(s.shape).c_str());
+    }
+  }
+  if (a.source) std::printf("\n%s", files.source.c_str());
+  return Status::OK();
+}
+
+}  // namespace
+
+void AddCellCommands(CLI::App& app, int* exit_code) {
+  auto args = std::make_shared<Args>();
+  auto* key = app.add_subcommand("key", "Derive a target's cell key and its axes, no compile");
+  key->add_option("--manifest", args->manifest, "kiln.toml")->required();
+  key->add_option("--target", args->target, "target name (default: the only one)");
+  key->callback([=] {
+    Status s = DoKey(*args);
+    *exit_code = s.ok() ? 0 : ReportError("key", s);
+  });
+  auto* mint = app.add_subcommand(
+      "mint", "Compile every class of a target, prove it, seal it and store it locally");
+  mint->add_option("--manifest", args->manifest, "kiln.toml")->required();
+  mint->add_option("--target", args->target, "target name (default: the only one)");
+  mint->callback([=] {
+    Status s = DoMint(*args);
+    *exit_code = s.ok() ? 0 : ReportError("mint", s);
+  });
+  auto* inspect = app.add_subcommand("inspect", "Describe a cell: axes, entries, constants");
+  inspect->add_option("cell", args->cell, "cell.tar path, or a key in the local store")
+      ->required();
+  inspect->add_flag("--source", args->source, "also print the generated C++ source");
+  inspect->callback([=] {
+    Status s = DoInspect(*args);
+    *exit_code = s.ok() ? 0 : ReportError("inspect", s);
+  });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,198 @@
+// `kiln hub`, `kiln publish`, `kiln resolve`: the hub server and its two everyday clients (cli
+// layer). The routes they use are documented in docs/hub-api.md.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <thread>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/sha256.h"
+#include "src/kiln/cli/commands.h"
+#include "src/kiln/client/hub_client.h"
+#include "src/kiln/hub/server.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct HubArgs {
+  HubOptions options;
+};
+
+int RunHub(HubArgs& args) {
+  // SIGINT/SIGTERM are taken by one thread that stops the server; every other thread (the
+  // request pool starts after this) has them blocked.
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  HubFirstStart first;
+  auto hub = HubServer::Open(args.options, &first);
+  if (!hub.ok()) return ReportError("hub", hub.status());
+  if (first.created_tokens_file) {
+    std::printf(
+        "kiln hub: created %s/tokens.json with an admin token. It is shown once and stored only "
+        "as its SHA-256:\n  admin token: %s\n",
+        args.options.data_dir.c_str(), first.admin_token.c_str());
+  }
+  std::printf("kiln hub: listening on http://%s:%d (%s)\n", args.options.bind.c_str(),
+              (*hub)->port(), (*hub)->service().store().Describe().c_str());
+  std::fflush(stdout);
+  HubServer* server = hub->get();
+  std::thread([set, server] {
+    int sig = 0;
+    sigwait(&set, &sig);
+    std::fprintf(stderr, "kiln hub: signal %d, stopping\n", sig);
+    server->Stop();
+  }).detach();
+  Status served = (*hub)->Serve();
+  if (!served.ok()) return ReportError("hub", served);
+  return 0;
+}
+
+struct ClientArgs {
+  std::string hub;
+  std::string token;
+  double timeout_s = 30;
+};
+
+Result<std::unique_ptr<HubClient>> MakeClient(const ClientArgs& a) {
+  HubClientOptions o;
+  o.url = a.hub;
+  o.token = a.token;
+  if (o.token.empty()) {
+    if (const char* env = std::getenv("KILN_HUB_TOKEN")) o.token = env;
+  }
+  o.io_timeout_s = a.timeout_s;
+  return HubClient::Create(o);
+}
+
+void AddClientOptions(CLI::App* cmd, ClientArgs* a) {
+  cmd->add_option("--hub", a->hub, "hub URL, e.g. http://127.0.0.1:8470")->required();
+  cmd->add_option("--token", a->token, "bearer token (default: $KILN_HUB_TOKEN)");
+  cmd->add_option("--timeout", a->timeout_s, "seconds per socket operation");
+}
+
+struct PublishArgs {
+  ClientArgs client;
+  std::string cell;
+  PublishOptions options;
+};
+
+int RunPublish(const PublishArgs& a) {
+  auto bytes = ReadFile(a.cell);
+  if (!bytes.ok()) return ReportError("publish", bytes.status());
+  auto client = MakeClient(a.client);
+  if (!client.ok()) return ReportError("publish", client.status());
+  PublishAnswer p = (*client)->Publish(*bytes, a.options);
+  nlohmann::json out{{"key", p.key}, {"digest", p.digest}};
+  if (!p.ok()) {
+    out["refused"] = p.token;
+    out["message"] = p.message;
+    if (!p.receipt.empty()) out["owner_receipt"] = p.receipt;
+    std::printf("%s\n", out.dump(2).c_str());
+    std::fprintf(stderr, "kiln publish: refused: %s: %s\n", p.token.c_str(), p.message.c_str());
+    return 1;
+  }
+  out["already"] = p.already;
+  out["receipt"] = p.receipt;
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+struct ResolveArgs {
+  ClientArgs client;
+  std::string key;
+  std::string trust;
+};
+
+// Exit: 0 found (and verified when --trust is given), 3 miss, 1 refused or receipt refused.
+int RunResolve(const ResolveArgs& a) {
+  auto client = MakeClient(a.client);
+  if (!client.ok()) return ReportError("resolve", client.status());
+  ResolveAnswer r = (*client)->Resolve(a.key);
+  nlohmann::json out{{"answer", ResolveKindName(r.kind)}, {"key", a.key}};
+  if (r.kind == ResolveAnswer::Kind::kMiss) {
+    std::printf("%s\n", out.dump(2).c_str());
+    return 3;
+  }
+  if (r.kind == ResolveAnswer::Kind::kRefused) {
+    out["refused"] = r.token;
+    out["message"] = r.message;
+    out["http_status"] = r.http_status;
+    std::printf("%s\n", out.dump(2).c_str());
+    return 1;
+  }
+  out["digest"] = r.digest;
+  out["size"] = r.size;
+  out["family"] = r.family;
+  out["publisher"] = r.publisher;
+  out["tier"] = r.tier;
+  out["receipt"] = r.receipt;
+  if (a.trust.empty()) {
+    out["receipt_verified"] = false;
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+  }
+  auto trusted = LoadTrustedKeys(a.trust);
+  if (!trusted.ok()) return ReportError("resolve", trusted.status());
+  ReceiptVerdict v = VerifyResolvedReceipt(r, *trusted);
+  if (!v.ok()) {
+    out["receipt_verified"] = false;
+    out["refused"] = v.token;
+    out["message"] = v.message;
+    std::printf("%s\n", out.dump(2).c_str());
+    return 1;
+  }
+  out["receipt_verified"] = true;
+  out["kid"] = v.kid;
+  out["claims"] = ClaimsToJson(v.claims);
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+}  // namespace
+
+void AddHubCommand(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand("hub", "Run a kiln hub: cells, receipts, obligations, events");
+  auto args = std::make_shared<HubArgs>();
+  cmd->add_option("--data", args->options.data_dir, "data dir (created on first start)")
+      ->required();
+  cmd->add_option("--port", args->options.port, "TCP port (0: any free port)");
+  cmd->add_option("--bind", args->options.bind, "address to listen on");
+  cmd->add_option("--db", args->options.db_url,
+                  "postgresql://… to share one database between hubs (default: SQLite in --data)");
+  cmd->add_option("--tokens", args->options.tokens_file,
+                  "tokens file (default: DATA/tokens.json, created with an admin token)");
+  cmd->add_option("--threads", args->options.threads, "request threads");
+  cmd->callback([=] { *exit_code = RunHub(*args); });
+}
+
+void AddPublishCommand(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand("publish", "Publish a cell to a hub (intent, upload, complete)");
+  auto args = std::make_shared<PublishArgs>();
+  cmd->add_option("cell", args->cell, "cell tar")->required();
+  AddClientOptions(cmd, &args->client);
+  cmd->add_option("--release", args->options.release, "release this cell discharges");
+  cmd->add_option("--target", args->options.target, "release target this cell is for");
+  cmd->add_option("--family", args->options.family, "family (default: the cell's metadata)");
+  cmd->callback([=] { *exit_code = RunPublish(*args); });
+}
+
+void AddResolveCommand(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand("resolve", "Ask a hub for the cell of a key; verify its receipt");
+  auto args = std::make_shared<ResolveArgs>();
+  cmd->add_option("key", args->key, "cell key (ck1-…)")->required();
+  AddClientOptions(cmd, &args->client);
+  cmd->add_option("--trust", args->trust,
+                  "trusted signing keys: a JWKS/JWK file, or a raw Ed25519 key (base64url or hex)");
+  cmd->callback([=] { *exit_code = RunResolve(*args); });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,24 @@
+// Helpers the cell-facing subcommands share: a manifest target loaded into a MintRequest, and
+// shape-class specs from the command line (cli layer).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "src/kiln/cell/mint.h"
+#include "src/kiln/worker/manifest.h"
+
+namespace kiln::cli {
+
+// The manifest's target `name` ("" = the only target) with its graph imported, its checkpoint
+// bound, its envelope, family, thresholds and sm.
+Result<MintRequest> RequestForTarget(const Manifest& manifest, const std::string& name);
+
+// "x=[4,64]" or "latent=[1,4,64,64];timestep=[1];cond=[1,64]".
+Result<ShapeClass> ParseClassSpec(const std::string& spec);
+std::string ClassSpec(const ShapeClass& c);
+
+// The process's private directory for loaded cells.
+std::string PrivateCellDir();
+
+}  // namespace kiln::cli

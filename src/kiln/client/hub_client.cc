@@ -1,0 +1,336 @@
+// HubClient over cpp-httplib (client layer). Translates transport failures and hub error bodies
+// into typed answers; see hub_client.h for the contracts.
+#include "src/kiln/client/hub_client.h"
+
+#include <httplib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+#include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/sha256.h"
+#include "src/kiln/cell/metadata.h"
+#include "src/kiln/cell/pack.h"
+
+namespace kiln {
+
+struct HubClient::Impl {
+  HubClientOptions options;
+  std::unique_ptr<httplib::Client> http;
+  std::mutex mu;  // httplib::Client is used by one request at a time
+
+  httplib::Headers Headers() const {
+    httplib::Headers h;
+    if (!options.token.empty()) h.emplace("Authorization", "Bearer " + options.token);
+    return h;
+  }
+};
+
+namespace {
+
+void SetTimeout(double seconds, const std::function<void(time_t, time_t)>& set) {
+  const double s = seconds > 0 ? seconds : 1;
+  set(static_cast<time_t>(s), static_cast<time_t>(std::fmod(s, 1.0) * 1e6));
+}
+
+HubAnswer Transport(const httplib::Error err, const std::string& url, const std::string& path) {
+  HubAnswer a;
+  const bool timeout = err == httplib::Error::ConnectionTimeout || err == httplib::Error::Read ||
+                       err == httplib::Error::Write;
+  const bool unreachable = err == httplib::Error::Connection;
+  a.token = timeout ? "hub_timeout" : unreachable ? "hub_unreachable" : "hub_transport_error";
+  a.message = "hub " + url + path + ": " + httplib::to_string(err);
+  return a;
+}
+
+HubAnswer FromResponse(const httplib::Response& res, const std::string& url,
+                       const std::string& path) {
+  HubAnswer a;
+  a.http_status = res.status;
+  auto body = ParseJson(res.body, "hub answer to " + path);
+  if (body.ok()) a.body = std::move(body).value();
+  const bool success = res.status >= 200 && res.status < 300;
+  if (success && !body.ok()) {
+    a.token = "hub_bad_response";
+    a.message = "hub " + url + path + " answered " + std::to_string(res.status) +
+                " with a body that is not JSON: " + body.status().message();
+    return a;
+  }
+  if (!success) {
+    if (a.body.is_object() && a.body.contains("error") && a.body["error"].is_string()) {
+      a.token = a.body["error"].get<std::string>();
+      a.message = a.body.value("message", std::string());
+    } else {
+      a.token = "hub_bad_response";
+      a.message = "hub " + url + path + " answered " + std::to_string(res.status) +
+                  " without an error token";
+    }
+  }
+  return a;
+}
+
+}  // namespace
+
+const char* ResolveKindName(ResolveAnswer::Kind kind) {
+  switch (kind) {
+    case ResolveAnswer::Kind::kFound: return "found";
+    case ResolveAnswer::Kind::kMiss: return "miss";
+    case ResolveAnswer::Kind::kRefused: return "refused";
+  }
+  return "refused";
+}
+
+HubClient::~HubClient() = default;
+
+Result<std::unique_ptr<HubClient>> HubClient::Create(const HubClientOptions& options) {
+  if (options.url.rfind("http://", 0) != 0) {
+    return Status::InvalidArgument("hub URL '" + options.url + "' must start with http://");
+  }
+  std::unique_ptr<HubClient> c(new HubClient());
+  c->impl_ = std::make_unique<Impl>();
+  c->impl_->options = options;
+  while (!c->impl_->options.url.empty() && c->impl_->options.url.back() == '/') {
+    c->impl_->options.url.pop_back();
+  }
+  c->impl_->http = std::make_unique<httplib::Client>(c->impl_->options.url);
+  if (!c->impl_->http->is_valid()) {
+    return Status::InvalidArgument("hub URL '" + options.url + "' is not valid");
+  }
+  auto& http = *c->impl_->http;
+  SetTimeout(options.connect_timeout_s, [&](time_t s, time_t us) { http.set_connection_timeout(s, us); });
+  SetTimeout(options.io_timeout_s, [&](time_t s, time_t us) { http.set_read_timeout(s, us); });
+  SetTimeout(options.io_timeout_s, [&](time_t s, time_t us) { http.set_write_timeout(s, us); });
+  http.set_keep_alive(true);
+  return c;
+}
+
+HubAnswer HubClient::Call(const std::string& method, const std::string& path,
+                          const std::string& body, const std::string& content_type) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& http = *impl_->http;
+  httplib::Result res = method == "GET"    ? http.Get(path, impl_->Headers())
+                        : method == "PUT"  ? http.Put(path, impl_->Headers(), body, content_type)
+                                           : http.Post(path, impl_->Headers(), body, content_type);
+  if (!res) return Transport(res.error(), impl_->options.url, path);
+  return FromResponse(*res, impl_->options.url, path);
+}
+
+ResolveAnswer HubClient::Resolve(const std::string& key) {
+  ResolveAnswer r;
+  HubAnswer a = Call("GET", "/v1/cells/" + key);
+  r.http_status = a.http_status;
+  if (!a.ok()) {
+    r.token = a.token;
+    r.message = a.message;
+    return r;
+  }
+  const auto& b = a.body;
+  if (!b.is_object() || !b.contains("found") || !b["found"].is_boolean()) {
+    r.token = "hub_bad_response";
+    r.message = "resolve " + key + ": the answer has no boolean 'found'";
+    return r;
+  }
+  if (!b["found"].get<bool>()) {
+    r.kind = ResolveAnswer::Kind::kMiss;
+    return r;
+  }
+  try {
+    r.key = b.at("key").get<std::string>();
+    r.digest = b.at("digest").get<std::string>();
+    r.size = b.at("size").get<uint64_t>();
+    r.family = b.at("family").get<std::string>();
+    r.receipt = b.at("receipt").get<std::string>();
+    r.publisher = b.value("publisher", std::string());
+    r.tier = b.value("tier", std::string());
+    r.release = b.value("release", std::string());
+  } catch (const std::exception& e) {
+    r.token = "hub_bad_response";
+    r.message = "resolve " + key + ": found answer is missing a field: " + e.what();
+    return r;
+  }
+  // The hub must answer exactly what was asked.
+  if (r.key != key) {
+    r.token = "resolve_key_mismatch";
+    r.message = "resolve " + key + ": the hub answered for key " + r.key;
+    return r;
+  }
+  r.kind = ResolveAnswer::Kind::kFound;
+  return r;
+}
+
+PublishAnswer HubClient::Publish(std::string_view cell_tar, const PublishOptions& options) {
+  PublishAnswer out;
+  auto refuse = [&](const HubAnswer& a) {
+    out.token = a.token;
+    out.message = a.message;
+    out.http_status = a.http_status;
+    if (a.body.is_object() && a.body.contains("receipt") && a.body["receipt"].is_string()) {
+      out.receipt = a.body["receipt"].get<std::string>();
+    }
+    return out;
+  };
+  auto files = UnpackCell(cell_tar, "cell to publish");
+  if (!files.ok()) {
+    out.token = "bad_cell";
+    out.message = files.status().message();
+    return out;
+  }
+  auto meta = ParseMetadata(files->metadata_json, "metadata.json of the cell to publish");
+  if (!meta.ok()) {
+    out.token = "bad_metadata";
+    out.message = meta.status().message();
+    return out;
+  }
+  out.key = meta->key;
+  out.digest = CellDigest(cell_tar);
+  nlohmann::json intent{{"key", out.key},
+                        {"digest", out.digest},
+                        {"size", cell_tar.size()},
+                        {"family", options.family.empty() ? meta->family : options.family}};
+  if (!options.release.empty()) intent["release"] = options.release;
+  if (!options.target.empty()) intent["target"] = options.target;
+  HubAnswer a = Call("POST", "/v1/publish/intent", intent.dump());
+  if (!a.ok()) return refuse(a);
+  if (a.body.value("already", false)) {
+    out.already = true;
+    out.receipt = a.body.value("receipt", std::string());
+    return out;
+  }
+  if (!a.body.value("have_blob", false)) {
+    HubAnswer up = Call("PUT", "/v1/blobs/" + out.digest, std::string(cell_tar),
+                        "application/octet-stream");
+    if (!up.ok()) return refuse(up);
+  }
+  HubAnswer done = Call("POST", "/v1/publish/complete",
+                        nlohmann::json{{"key", out.key}, {"digest", out.digest}}.dump());
+  if (!done.ok()) return refuse(done);
+  out.already = done.body.value("already", false);
+  out.receipt = done.body.value("receipt", std::string());
+  return out;
+}
+
+HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& dest_path,
+                               std::optional<uint64_t> expected_size) {
+  const std::string part = dest_path + ".part";
+  std::error_code ec;
+  uint64_t have = std::filesystem::exists(part, ec) ? std::filesystem::file_size(part, ec) : 0;
+  if (ec) have = 0;
+  if (expected_size && have > *expected_size) {
+    std::filesystem::remove(part, ec);
+    have = 0;
+  }
+  std::ofstream out(part, std::ios::binary | std::ios::app);
+  if (!out) {
+    HubAnswer a;
+    a.token = "io_error";
+    a.message = "cannot open '" + part + "' for writing";
+    return a;
+  }
+  httplib::Headers headers = impl_->Headers();
+  if (have > 0) headers.emplace("Range", "bytes=" + std::to_string(have) + "-");
+  const std::string path = "/v1/blobs/" + digest;
+  int status = 0;
+  std::string error_body;
+  httplib::Result res;
+  {
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    res = impl_->http->Get(
+        path, headers,
+        [&](const httplib::Response& r) {
+          status = r.status;
+          // A 200 to a Range request is the whole blob: start over.
+          if (status == 200 && have > 0) {
+            out.close();
+            out.open(part, std::ios::binary | std::ios::trunc);
+            have = 0;
+          }
+          return true;
+        },
+        [&](const char* data, size_t len) {
+          if (status == 200 || status == 206) {
+            out.write(data, static_cast<std::streamsize>(len));
+            return static_cast<bool>(out);
+          }
+          error_body.append(data, len);
+          return error_body.size() < (1 << 20);
+        });
+  }
+  out.close();
+  if (!res) return Transport(res.error(), impl_->options.url, path);
+  if (status != 200 && status != 206) {
+    httplib::Response r;
+    r.status = status;
+    r.body = error_body;
+    return FromResponse(r, impl_->options.url, path);
+  }
+  HubAnswer a;
+  a.http_status = status;
+  auto hex = Sha256File(part);
+  if (!hex.ok()) {
+    a.token = "io_error";
+    a.message = hex.status().message();
+    return a;
+  }
+  const uint64_t size = std::filesystem::file_size(part, ec);
+  if ("sha256:" + *hex != digest || (expected_size && size != *expected_size)) {
+    std::filesystem::remove(part, ec);
+    a.token = "digest_mismatch";
+    a.message = "blob " + digest + " from the hub hashes to sha256:" + *hex + " (" +
+                std::to_string(size) + " bytes)";
+    return a;
+  }
+  std::filesystem::rename(part, dest_path, ec);
+  if (ec) {
+    a.token = "io_error";
+    a.message = "rename '" + part + "' -> '" + dest_path + "': " + ec.message();
+  }
+  return a;
+}
+
+HubAnswer HubClient::GetReceipt(const std::string& key, const std::string& digest) {
+  return Call("GET", "/v1/receipts/" + key + "/" + digest);
+}
+HubAnswer HubClient::GetJwks() { return Call("GET", "/.well-known/jwks.json"); }
+HubAnswer HubClient::GetRevocations() { return Call("GET", "/v1/revocations"); }
+HubAnswer HubClient::Revoke(const std::string& key, const std::string& digest,
+                            const std::string& reason) {
+  return Call("POST", "/v1/admin/revoke",
+              nlohmann::json{{"key", key}, {"digest", digest}, {"reason", reason}}.dump());
+}
+HubAnswer HubClient::PostEvents(const nlohmann::json& rows) {
+  return Call("POST", "/v1/events", rows.dump());
+}
+HubAnswer HubClient::SettleObligation(const std::string& release, const std::string& target,
+                                      const std::string& sm, const std::string& token) {
+  return Call("POST", "/v1/obligations/settle",
+              nlohmann::json{{"release", release}, {"target", target}, {"sm", sm}, {"token", token}}
+                  .dump());
+}
+
+Result<PublicKeySet> LoadTrustedKeys(const std::string& path_or_text) {
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(path_or_text, ec)) {
+    KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path_or_text));
+    return PublicKeySet::FromText(text, "trusted keys '" + path_or_text + "'");
+  }
+  return PublicKeySet::FromText(path_or_text, "trusted keys (literal)");
+}
+
+ReceiptVerdict VerifyResolvedReceipt(const ResolveAnswer& answer, const PublicKeySet& trusted) {
+  if (answer.kind != ResolveAnswer::Kind::kFound) {
+    ReceiptVerdict v;
+    v.token = "receipt_malformed";
+    v.message = "no receipt: the resolve answer is '" +
+                std::string(ResolveKindName(answer.kind)) + "'";
+    return v;
+  }
+  ExpectedClaims expected{answer.key, answer.digest, answer.size, answer.family};
+  return VerifyReceipt(answer.receipt, trusted, expected);
+}
+
+}  // namespace kiln

@@ -1,0 +1,111 @@
+// HubClient: how workers and the CLI talk to a kiln hub (client layer; docs/hub-api.md).
+//
+// Every call has a connect timeout and a read/write timeout. Every answer is typed: a resolve is
+// Found, Miss ({found:false}, the only miss) or Refused with a token — the hub's error token
+// ("revoked", "unauthenticated", …) or a transport token ("hub_unreachable", "hub_timeout",
+// "hub_bad_response"). A refusal is never a miss: a worker that cannot ask the hub must not
+// conclude that no cell exists.
+//
+// Receipts are verified offline (VerifyResolvedReceipt) against trusted public keys configured
+// by the operator (a JWKS file, a JWK, or a raw Ed25519 key), never against keys fetched at the
+// time of the check.
+//
+// A HubClient serializes its own requests; use one per thread for parallel calls.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include <nlohmann/json.hpp>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/hub/receipt.h"
+
+namespace kiln {
+
+struct HubClientOptions {
+  std::string url;    // "http://127.0.0.1:8470"
+  std::string token;  // bearer token; may be empty for public routes
+  double connect_timeout_s = 3;
+  double io_timeout_s = 30;  // read and write, per socket operation
+};
+
+// The outcome of one call. `token` is empty on success; otherwise the hub's error token or a
+// transport token. `body` is the JSON the hub answered (also on refusals).
+struct HubAnswer {
+  int http_status = 0;
+  std::string token;
+  std::string message;
+  nlohmann::json body;
+  bool ok() const { return token.empty(); }
+};
+
+struct ResolveAnswer {
+  enum class Kind { kFound, kMiss, kRefused };
+  Kind kind = Kind::kRefused;
+  // kFound
+  std::string key, digest, family, publisher, tier, release, receipt;
+  uint64_t size = 0;
+  // kRefused
+  std::string token, message;
+  int http_status = 0;
+};
+const char* ResolveKindName(ResolveAnswer::Kind kind);  // "found" | "miss" | "refused"
+
+struct PublishOptions {
+  std::string release;
+  std::string target;
+  std::string family;  // default: the family in the cell's metadata
+};
+
+struct PublishAnswer {
+  bool ok() const { return token.empty(); }
+  bool already = false;  // the hub already held exactly these bytes for this key
+  std::string key, digest, receipt;
+  std::string token, message;  // refusal, e.g. key_taken (receipt then holds the owner's)
+  int http_status = 0;
+};
+
+class HubClient {
+ public:
+  static Result<std::unique_ptr<HubClient>> Create(const HubClientOptions& options);
+  ~HubClient();
+  HubClient(const HubClient&) = delete;
+  HubClient& operator=(const HubClient&) = delete;
+
+  ResolveAnswer Resolve(const std::string& key);
+  // intent -> upload (skipped when the hub has the bytes) -> complete.
+  PublishAnswer Publish(std::string_view cell_tar, const PublishOptions& options);
+  // Downloads a blob into `dest_path`, resuming from `dest_path + ".part"` with an HTTP Range,
+  // verifying SHA-256 (and size when given) before an atomic rename. Token digest_mismatch if
+  // the bytes are not the digest.
+  HubAnswer FetchBlob(const std::string& digest, const std::string& dest_path,
+                      std::optional<uint64_t> expected_size = std::nullopt);
+  HubAnswer GetReceipt(const std::string& key, const std::string& digest);
+  HubAnswer GetJwks();
+  HubAnswer GetRevocations();
+  HubAnswer Revoke(const std::string& key, const std::string& digest, const std::string& reason);
+  HubAnswer PostEvents(const nlohmann::json& rows);
+  HubAnswer SettleObligation(const std::string& release, const std::string& target,
+                             const std::string& sm, const std::string& token);
+  // Any JSON route: method "GET" | "POST" | "PUT".
+  HubAnswer Call(const std::string& method, const std::string& path,
+                 const std::string& body = "", const std::string& content_type = "application/json");
+
+ private:
+  HubClient() = default;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Trusted receipt keys from a file or literal text (JWKS, JWK, base64url or hex raw key).
+Result<PublicKeySet> LoadTrustedKeys(const std::string& path_or_text);
+
+// Checks a Found answer's receipt offline: EdDSA only, known kid, valid signature, claims equal
+// to the answer's key, digest, size and family (see VerifyReceipt for the tokens).
+ReceiptVerdict VerifyResolvedReceipt(const ResolveAnswer& answer, const PublicKeySet& trusted);
+
+}  // namespace kiln

@@ -1,0 +1,200 @@
+// Tests of receipts (src/kiln/hub/receipt.h): base64url, JWS EdDSA sign/verify, every refusal
+// token of the offline check, JWKS parsing, and the persisted key ring with rotation.
+#include "src/kiln/hub/receipt.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "src/kiln/base/canonical_json.h"
+
+namespace kiln {
+namespace {
+
+ReceiptClaims SampleClaims() {
+  ReceiptClaims c;
+  c.key = "ck1-" + std::string(56, 'a');
+  c.digest = "sha256:" + std::string(64, 'b');
+  c.size = 4096;
+  c.family = "root/micro-mlp";
+  c.publisher = "ci";
+  c.tier = "platform";
+  c.release = "r1";
+  c.iat = 1700000000;
+  return c;
+}
+
+ExpectedClaims ExpectedOf(const ReceiptClaims& c) {
+  return ExpectedClaims{c.key, c.digest, c.size, c.family};
+}
+
+PublicKeySet Trust(const SigningKey& k) {
+  PublicKeySet s;
+  EXPECT_TRUE(s.AddRaw(k.raw_public()).ok());
+  return s;
+}
+
+// Splits a JWS into its three parts.
+std::vector<std::string> Parts(const std::string& jws) {
+  const size_t a = jws.find('.'), b = jws.find('.', a + 1);
+  return {jws.substr(0, a), jws.substr(a + 1, b - a - 1), jws.substr(b + 1)};
+}
+
+TEST(Base64Url, RoundTripsAllLengthsWithoutPadding) {
+  std::string bytes;
+  for (int i = 0; i < 70; ++i) {
+    const std::string enc = Base64UrlEncode(bytes);
+    EXPECT_EQ(enc.find('='), std::string::npos);
+    auto dec = Base64UrlDecode(enc, "t");
+    ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+    EXPECT_EQ(*dec, bytes);
+    bytes.push_back(static_cast<char>(i * 37 + 251));
+  }
+  EXPECT_EQ(Base64UrlEncode("\xfb\xff"), "-_8");
+}
+
+TEST(Base64Url, RefusesPaddingAndForeignCharacters) {
+  EXPECT_FALSE(Base64UrlDecode("YQ==", "t").ok());
+  EXPECT_FALSE(Base64UrlDecode("a+b/", "t").ok());
+  EXPECT_FALSE(Base64UrlDecode("a", "t").ok());
+  EXPECT_FALSE(Base64UrlDecode("YR", "t").ok());  // non-zero trailing bits
+}
+
+TEST(Receipt, SignedReceiptVerifiesAndCarriesItsClaims) {
+  auto key = SigningKey::Generate();
+  ASSERT_TRUE(key.ok());
+  const ReceiptClaims c = SampleClaims();
+  auto jws = SignReceipt(c, *key);
+  ASSERT_TRUE(jws.ok());
+  auto header = ParseJson(Base64UrlDecode(Parts(*jws)[0], "h").value(), "h").value();
+  EXPECT_EQ(header["alg"], "EdDSA");
+  EXPECT_EQ(header["typ"], "kiln-receipt");
+  EXPECT_EQ(header["kid"], key->kid());
+  ReceiptVerdict v = VerifyReceipt(*jws, Trust(*key), ExpectedOf(c));
+  ASSERT_TRUE(v.ok()) << v.token << ": " << v.message;
+  EXPECT_EQ(v.claims, c);
+  EXPECT_EQ(v.kid, key->kid());
+  EXPECT_EQ(key->kid().size(), 16u);
+}
+
+TEST(Receipt, AlteredClaimIsRefusedAsBadSignature) {
+  auto key = SigningKey::Generate().value();
+  const ReceiptClaims c = SampleClaims();
+  auto parts = Parts(SignReceipt(c, key).value());
+  ReceiptClaims altered = c;
+  altered.size = 1;  // a publisher lying about the size after the fact
+  const std::string forged = parts[0] + "." +
+                             Base64UrlEncode(CanonicalJson(ClaimsToJson(altered)).value()) + "." +
+                             parts[2];
+  ReceiptVerdict v = VerifyReceipt(forged, Trust(key), ExpectedClaims{});
+  EXPECT_EQ(v.token, "receipt_bad_signature") << v.message;
+}
+
+TEST(Receipt, ForeignSignatureIsRefused) {
+  auto hub = SigningKey::Generate().value();
+  auto foreign = SigningKey::Generate().value();
+  const ReceiptClaims c = SampleClaims();
+  // Signed by an untrusted key: unknown kid.
+  ReceiptVerdict v = VerifyReceipt(SignReceipt(c, foreign).value(), Trust(hub), ExpectedOf(c));
+  EXPECT_EQ(v.token, "receipt_unknown_kid") << v.message;
+  // Signed by an untrusted key that claims the trusted kid: bad signature.
+  auto parts = Parts(SignReceipt(c, foreign).value());
+  const std::string header =
+      Base64UrlEncode(CanonicalJson({{"alg", "EdDSA"}, {"kid", hub.kid()}, {"typ", "kiln-receipt"}})
+                          .value());
+  const std::string input = header + "." + parts[1];
+  const std::string jws = input + "." + Base64UrlEncode(foreign.Sign(input).value());
+  v = VerifyReceipt(jws, Trust(hub), ExpectedOf(c));
+  EXPECT_EQ(v.token, "receipt_bad_signature") << v.message;
+}
+
+TEST(Receipt, AlgNoneAndOtherAlgorithmsAreRefused) {
+  auto key = SigningKey::Generate().value();
+  const ReceiptClaims c = SampleClaims();
+  auto parts = Parts(SignReceipt(c, key).value());
+  for (const char* alg : {"none", "HS256", "ES256"}) {
+    const std::string header = Base64UrlEncode(
+        CanonicalJson({{"alg", alg}, {"kid", key.kid()}, {"typ", "kiln-receipt"}}).value());
+    ReceiptVerdict v = VerifyReceipt(header + "." + parts[1] + "." + (std::string(alg) == "none" ? "" : parts[2]),
+                                     Trust(key), ExpectedOf(c));
+    EXPECT_EQ(v.token, "receipt_alg_refused") << alg << ": " << v.message;
+  }
+}
+
+TEST(Receipt, ClaimMismatchNamesTheClaim) {
+  auto key = SigningKey::Generate().value();
+  const ReceiptClaims c = SampleClaims();
+  const std::string jws = SignReceipt(c, key).value();
+  ExpectedClaims e = ExpectedOf(c);
+  e.digest = "sha256:" + std::string(64, 'c');
+  ReceiptVerdict v = VerifyReceipt(jws, Trust(key), e);
+  EXPECT_EQ(v.token, "receipt_claim_mismatch");
+  EXPECT_NE(v.message.find("'digest'"), std::string::npos) << v.message;
+  e = ExpectedOf(c);
+  e.family = "acme/other";
+  EXPECT_EQ(VerifyReceipt(jws, Trust(key), e).token, "receipt_claim_mismatch");
+  e = ExpectedOf(c);
+  e.size = 4097;
+  EXPECT_EQ(VerifyReceipt(jws, Trust(key), e).token, "receipt_claim_mismatch");
+  e = ExpectedOf(c);
+  e.key = "ck1-" + std::string(56, 'f');
+  EXPECT_EQ(VerifyReceipt(jws, Trust(key), e).token, "receipt_claim_mismatch");
+}
+
+TEST(Receipt, MalformedReceiptsAreRefusedAsSuch) {
+  auto key = SigningKey::Generate().value();
+  for (const char* bad : {"", "a.b", "a.b.c.d", "!!.!!.!!", "e30.e30.AAAA"}) {
+    ReceiptVerdict v = VerifyReceipt(bad, Trust(key), ExpectedClaims{});
+    EXPECT_FALSE(v.ok()) << bad;
+    EXPECT_TRUE(v.token == "receipt_malformed" || v.token == "receipt_alg_refused") << bad;
+  }
+}
+
+TEST(PublicKeySet, JwksRoundTripAndLyingKidRefused) {
+  auto a = SigningKey::Generate().value();
+  auto b = SigningKey::Generate().value();
+  PublicKeySet s;
+  ASSERT_TRUE(s.AddRaw(a.raw_public()).ok());
+  ASSERT_TRUE(s.AddRaw(b.raw_public()).ok());
+  auto back = PublicKeySet::FromJwks(s.ToJwks());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_TRUE(back->Has(a.kid()));
+  EXPECT_TRUE(back->Has(b.kid()));
+  nlohmann::json jwks = s.ToJwks();
+  jwks["keys"][0]["kid"] = "0000000000000000";
+  EXPECT_FALSE(PublicKeySet::FromJwks(jwks).ok());
+  // Text forms: JWKS, one JWK, base64url raw key.
+  EXPECT_TRUE(PublicKeySet::FromText(s.ToJwks().dump(), "t")->Has(a.kid()));
+  EXPECT_TRUE(PublicKeySet::FromText(s.ToJwks()["keys"][0].dump(), "t").ok());
+  EXPECT_TRUE(PublicKeySet::FromText(Base64UrlEncode(a.raw_public()), "t")->Has(a.kid()));
+}
+
+TEST(SigningKeyRing, PersistsAndRotationKeepsOldReceiptsVerifiable) {
+  const std::string dir = ::testing::TempDir() + "/kiln_keyring_test";
+  std::filesystem::remove_all(dir);
+  auto ring = SigningKeyRing::OpenOrCreate(dir);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  const std::string kid1 = (*ring)->Current()->kid();
+  const ReceiptClaims c = SampleClaims();
+  const std::string old_receipt = SignReceipt(c, *(*ring)->Current()).value();
+
+  auto kid2 = (*ring)->Rotate();
+  ASSERT_TRUE(kid2.ok());
+  EXPECT_NE(*kid2, kid1);
+  EXPECT_EQ((*ring)->Current()->kid(), *kid2);
+  auto jwks = PublicKeySet::FromJwks((*ring)->Jwks()).value();
+  EXPECT_EQ(jwks.size(), 2u);
+  EXPECT_TRUE(VerifyReceipt(old_receipt, jwks, ExpectedOf(c)).ok());
+
+  // Reopened: the same current key and both public keys.
+  ring->reset();
+  auto again = SigningKeyRing::OpenOrCreate(dir);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->Current()->kid(), *kid2);
+  EXPECT_EQ((*again)->PublicKeys().size(), 2u);
+  EXPECT_TRUE(VerifyReceipt(old_receipt, (*again)->PublicKeys(), ExpectedOf(c)).ok());
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace kiln

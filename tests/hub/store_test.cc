@@ -1,0 +1,194 @@
+// Tests of the HubStore contract (src/kiln/hub/store.h) on every implementation: memory, SQLite,
+// and PostgreSQL when KILN_TEST_PG_URL is set (tools/pg.sh starts a throwaway cluster). Names are
+// made unique per run so the tests hold on a shared, non-empty PostgreSQL database.
+#include "src/kiln/hub/store.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <thread>
+
+#include "src/kiln/base/sha256.h"
+
+namespace kiln {
+namespace {
+
+std::string Nonce() {
+  static const std::string n = std::to_string(std::random_device{}()) + "-" +
+                               std::to_string(::getpid());
+  return n;
+}
+std::string Key(const std::string& s) { return "ck1-" + Sha256Hex(Nonce() + s).substr(0, 56); }
+std::string Digest(const std::string& s) { return "sha256:" + Sha256Hex(Nonce() + s); }
+
+class StoreTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "memory") {
+      store_ = NewMemoryStore();
+    } else if (GetParam() == "sqlite") {
+      dir_ = ::testing::TempDir() + "/kiln_store_test";
+      std::filesystem::remove_all(dir_);
+      std::filesystem::create_directories(dir_);
+      auto s = OpenSqliteStore(dir_ + "/hub.sqlite");
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      store_ = std::move(s).value();
+    } else {
+      const char* url = std::getenv("KILN_TEST_PG_URL");
+      if (url == nullptr || *url == '\0') {
+        GTEST_SKIP() << "KILN_TEST_PG_URL is not set; start one with tools/pg.sh";
+      }
+      auto s = OpenPostgresStore(url, 4);
+      ASSERT_TRUE(s.ok()) << s.status().ToString();
+      store_ = std::move(s).value();
+    }
+  }
+  void TearDown() override {
+    store_.reset();
+    if (!dir_.empty()) std::filesystem::remove_all(dir_);
+  }
+  CellRow Cell(const std::string& key, const std::string& digest, const std::string& receipt) {
+    return CellRow{key, digest, 100, "root/m", "ci", "platform", "r1", receipt, 1000};
+  }
+  std::string dir_;
+  std::unique_ptr<HubStore> store_;
+};
+
+TEST_P(StoreTest, FirstWriterWinsPerKey) {
+  const std::string k = Key("fww");
+  auto first = store_->InsertCellIfAbsent(Cell(k, Digest("a"), "receipt-a"));
+  ASSERT_TRUE(first.ok()) << first.status().ToString();
+  EXPECT_EQ(first->digest, Digest("a"));
+  auto second = store_->InsertCellIfAbsent(Cell(k, Digest("b"), "receipt-b"));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->digest, Digest("a"));
+  EXPECT_EQ(second->receipt, "receipt-a");
+  auto got = store_->GetCell(k).value();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->receipt, "receipt-a");
+  EXPECT_FALSE(store_->GetCell(Key("absent")).value().has_value());
+}
+
+TEST_P(StoreTest, ConcurrentInsertsLeaveExactlyOneOwner) {
+  const std::string k = Key("race");
+  std::vector<std::thread> threads;
+  std::vector<std::string> owners(16);
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      auto r = store_->InsertCellIfAbsent(Cell(k, Digest("d" + std::to_string(i)), "r"));
+      owners[i] = r.ok() ? r->digest : "error: " + r.status().ToString();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& o : owners) EXPECT_EQ(o, owners[0]);
+  EXPECT_EQ(store_->GetCell(k).value()->digest, owners[0]);
+}
+
+TEST_P(StoreTest, IntentsByKeyDigestAndByDigest) {
+  IntentRow i{Key("i"), Digest("i"), 42, "root/m", "r1", "denoiser", "ci", 5};
+  ASSERT_TRUE(store_->PutIntent(i).ok());
+  auto got = store_->GetIntent(i.key, i.digest).value();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->size, 42u);
+  EXPECT_EQ(got->target, "denoiser");
+  EXPECT_EQ(store_->FindIntentByDigest(i.digest).value()->key, i.key);
+  EXPECT_FALSE(store_->FindIntentByDigest(Digest("none")).value().has_value());
+}
+
+TEST_P(StoreTest, RevocationsAreStickyAndListed) {
+  RevocationRow r{Key("rv"), Digest("rv"), "cell_fault on fleet", "admin", 7};
+  ASSERT_TRUE(store_->Revoke(r).ok());
+  RevocationRow again = r;
+  again.reason = "second";
+  ASSERT_TRUE(store_->Revoke(again).ok());
+  auto got = store_->GetRevocation(r.key, r.digest).value();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->reason, "cell_fault on fleet");
+  bool listed = false;
+  const auto revocations = store_->ListRevocations().value();
+  for (const auto& row : revocations) listed |= row.key == r.key;
+  EXPECT_TRUE(listed);
+}
+
+TEST_P(StoreTest, TokensByHash) {
+  TokenRow t{Sha256Hex(Nonce() + "tok"), "acme-ci", "publisher", "org", "acme"};
+  ASSERT_TRUE(store_->PutToken(t).ok());
+  auto got = store_->GetToken(t.token_sha256).value();
+  ASSERT_TRUE(got.has_value());
+  EXPECT_EQ(got->org, "acme");
+  EXPECT_FALSE(store_->GetToken(Sha256Hex("unknown" + Nonce())).value().has_value());
+}
+
+TEST_P(StoreTest, ObligationsDischargeBySlotOrKeyAndSettleTerminally) {
+  const std::string rel = "rel-" + Nonce();
+  const std::string k = Key("ob");
+  std::vector<ObligationRow> rows(3);
+  rows[0].release = rel, rows[0].target = "denoiser", rows[0].sm = "x86-64-v3";
+  rows[1].release = rel, rows[1].target = "decoder", rows[1].sm = "x86-64-v3";
+  rows[2].release = rel, rows[2].target = "vae", rows[2].sm = "x86-64-v3", rows[2].key = k;
+  EXPECT_EQ(store_->AddObligations(rows).value(), 3);
+  EXPECT_EQ(store_->AddObligations(rows).value(), 0);  // idempotent
+
+  // By slot (release, target, sm): the key is learned at discharge.
+  const std::string k2 = Key("ob2");
+  EXPECT_EQ(store_->DischargeObligations(k2, Digest("ob2"), rel, "denoiser", "x86-64-v3", 9).value(),
+            1);
+  // By declared key.
+  EXPECT_EQ(store_->DischargeObligations(k, Digest("ob"), "", "", "", 9).value(), 1);
+  // A deterministic refusal settles; a settled obligation is never discharged afterwards.
+  auto settled = store_->SettleObligation(rel, "decoder", "x86-64-v3", "no_export_declaration", 9);
+  ASSERT_TRUE(settled.ok());
+  EXPECT_EQ((*settled)->state, "settled:no_export_declaration");
+  EXPECT_EQ(store_->DischargeObligations(Key("late"), Digest("late"), rel, "decoder", "x86-64-v3",
+                                         10)
+                .value(),
+            0);
+  auto again = store_->SettleObligation(rel, "denoiser", "x86-64-v3", "declaration_refused", 11);
+  EXPECT_EQ((*again)->state, "discharged");
+  EXPECT_FALSE(store_->SettleObligation(rel, "nope", "x86-64-v3", "t", 1).value().has_value());
+
+  auto list = store_->ListObligations(rel).value();
+  ASSERT_EQ(list.size(), 3u);
+  std::map<std::string, ObligationRow> by_target;
+  for (const auto& o : list) by_target[o.target] = o;
+  EXPECT_EQ(by_target["denoiser"].state, "discharged");
+  EXPECT_EQ(by_target["denoiser"].key, k2);
+  EXPECT_EQ(by_target["vae"].cell_digest, Digest("ob"));
+  EXPECT_EQ(by_target["decoder"].state, "settled:no_export_declaration");
+}
+
+TEST_P(StoreTest, EventsFilterAndAdoptionCounts) {
+  const std::string w1 = "w1-" + Nonce(), w2 = "w2-" + Nonce();
+  const std::string k = Key("ev");
+  std::vector<EventRow> rows;
+  rows.push_back({0, w1, 1, "boot_adopt", "hit", k, 3.5, "key=" + k, 1000});
+  rows.push_back({0, w1, 2, "serve_degrade", "cell_fault", k, 0, "fn=f", 2000});
+  rows.push_back({0, w2, 1, "boot_adopt", "local_hit", k + "@" + Digest("ev"), 1, "", 3000});
+  rows.push_back({0, w2, 2, "boot_adopt", "miss", Key("other"), 1, "", 4000});
+  ASSERT_TRUE(store_->InsertEvents(rows).ok());
+  EventFilter f;
+  f.worker = w1;
+  auto got = store_->QueryEvents(f).value();
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].kind, "serve_degrade");  // newest first
+  f = EventFilter{};
+  f.worker = w2;
+  f.phase = "miss";
+  EXPECT_EQ(store_->QueryEvents(f).value().size(), 1u);
+  f = EventFilter{};
+  f.worker = w1;
+  f.since_ts = 1500;
+  EXPECT_EQ(store_->QueryEvents(f).value().size(), 1u);
+  EXPECT_EQ(store_->AdoptedCount(k).value(), 2);
+  bool saw = false;
+  const auto workers = store_->ListWorkers().value();
+  for (const auto& w : workers) saw |= (w.worker == w1 && w.events == 2);
+  EXPECT_TRUE(saw);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("memory", "sqlite", "postgresql"));
+
+}  // namespace
+}  // namespace kiln
