@@ -11,7 +11,7 @@ shown as a header). Rows: (model, class, threads). Columns: median ms per engine
   vs torch.jit    torch_jit_frozen / kiln_compiled     (> 1: kiln compiled is faster)
 
 and a second table of peak RSS (MiB, with the delta over the process's pre-model baseline in
-parentheses). Geometric means over the rows that have the value close each column. A repeated
+parentheses; `act N` where an engine reports only "activation_mb", as kiln bench does). Geometric means over the rows that have the value close each column. A repeated
 (engine, model, class, threads) keeps the last line. Plain python3, no numpy.
 """
 
@@ -136,7 +136,8 @@ def main(argv):
     # Memory.
     out.append("")
     out.append("Peak RSS MiB (delta over the process's baseline before the model was loaded); "
-               "one process per engine and (model, class).")
+               "one process per engine and (model, class). `act N`: the engine reports only "
+               "its activation memory (MiB), not RSS.")
     out.append("")
     head = ["model", "class", "T"] + [SHORT.get(e, e) for e in engines]
     out.append("| " + " | ".join(head) + " |")
@@ -153,6 +154,8 @@ def main(argv):
                 peak[e].append(p)
                 delta[e].append(d)
                 cells.append("%.0f (%s)" % (p, "?" if d is None else "%+.0f" % d))
+            elif r and r.get("activation_mb") is not None:
+                cells.append("act %.1f" % r["activation_mb"])
             else:
                 cells.append("–")
         out.append("| " + " | ".join(cells) + " |")

@@ -1,0 +1,526 @@
+// End-to-end tests of the hub as users run it: real `kiln hub` processes on loopback, driven
+// through kiln's own HubClient (and raw sockets where a client would be too polite), on SQLite
+// and — when KILN_TEST_PG_URL is set (tools/pg.sh) — on PostgreSQL with two hub processes
+// sharing one database. The binary is $KILN_HUB_BINARY if set, else the built `kiln`.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/sha256.h"
+#include "src/kiln/cell/pack.h"
+#include "src/kiln/client/hub_client.h"
+#include "src/kiln/hub/authz.h"
+#include "tests/hub/hub_fixtures.h"
+
+namespace kiln {
+namespace {
+
+using hub_testing::MakeCell;
+using hub_testing::MakeMetadata;
+
+std::string Binary() {
+  const char* env = std::getenv("KILN_HUB_BINARY");
+  return env && *env ? env : KILN_BINARY;
+}
+
+std::string Nonce() {
+  static const std::string n =
+      std::to_string(std::random_device{}()) + "-" + std::to_string(::getpid());
+  return n;
+}
+// A graph axis unique to this run (PostgreSQL databases outlive a run).
+std::string Graph(const std::string& name) { return Sha256Hex(Nonce() + name).substr(0, 16); }
+
+int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+const char* kPlatform = "tok-platform-publisher";
+const char* kAcme = "tok-acme-publisher";
+const char* kWorker = "tok-worker";
+const char* kAdmin = "tok-admin";
+
+// Result<T> has no value_or; logs only.
+template <typename T>
+T ValueOr(const Result<T>& r, T fallback) {
+  return r.ok() ? r.value() : fallback;
+}
+
+// One `kiln hub` child process.
+class HubProcess {
+ public:
+  HubProcess(std::string data_dir, std::string db_url)
+      : data_(std::move(data_dir)), db_(std::move(db_url)) {}
+  ~HubProcess() { Kill(SIGKILL); }
+
+  // Starts the process and waits until /v1/health answers.
+  ::testing::AssertionResult Start() {
+    port_ = FreePort();
+    const std::string log = data_ + "/hub-" + std::to_string(port_) + ".log";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<std::string> args = {Binary(), "hub", "--data", data_, "--port",
+                                        std::to_string(port_), "--bind", "127.0.0.1",
+                                        "--tokens", data_ + "/../tokens.json", "--threads", "40"};
+      if (!db_.empty()) args.insert(args.end(), {"--db", db_});
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    auto client = Client("");
+    for (int i = 0; i < 200; ++i) {
+      if (client->Call("GET", "/v1/health").ok()) return ::testing::AssertionSuccess();
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return ::testing::AssertionFailure() << "kiln hub exited early: " << ValueOr(ReadFile(log), std::string());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return ::testing::AssertionFailure() << "kiln hub did not become healthy; log: "
+                                         << ValueOr(ReadFile(log), std::string());
+  }
+  void Kill(int sig) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, sig);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+  std::unique_ptr<HubClient> Client(const std::string& token) const {
+    HubClientOptions o;
+    o.url = url();
+    o.token = token;
+    o.connect_timeout_s = 2;
+    o.io_timeout_s = 20;
+    return HubClient::Create(o).value();
+  }
+
+ private:
+  std::string data_, db_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+class HubApiTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    if (GetParam() == "postgresql") {
+      const char* url = std::getenv("KILN_TEST_PG_URL");
+      if (url == nullptr || *url == '\0') {
+        GTEST_SKIP() << "KILN_TEST_PG_URL is not set; start PostgreSQL with tools/pg.sh";
+      }
+      db_ = url;
+    }
+    root_ = ::testing::TempDir() + "/kiln_hub_api_" + GetParam() + "_" + Nonce();
+    std::filesystem::remove_all(root_);
+    std::filesystem::create_directories(root_ + "/data");
+    std::vector<TokenRow> tokens = {
+        {Sha256Hex(kPlatform), "ci", "publisher", "platform", ""},
+        {Sha256Hex(kAcme), "acme-ci", "publisher", "org", "acme"},
+        {Sha256Hex(kWorker), "worker-1", "worker", "", ""},
+        {Sha256Hex(kAdmin), "admin", "admin", "", ""},
+    };
+    ASSERT_TRUE(WriteFileAtomic(root_ + "/tokens.json", TokensFileText(tokens)).ok());
+    hub_ = std::make_unique<HubProcess>(root_ + "/data", db_);
+    ASSERT_TRUE(hub_->Start());
+  }
+  void TearDown() override {
+    hub_.reset();
+    if (!HasFailure()) std::filesystem::remove_all(root_);
+  }
+  int TempFiles() {
+    int n = 0;
+    for (auto it = std::filesystem::directory_iterator(root_ + "/data/blobs/tmp");
+         it != std::filesystem::directory_iterator(); ++it) {
+      ++n;
+    }
+    return n;
+  }
+  PublicKeySet Trusted() {
+    HubAnswer a = hub_->Client("")->GetJwks();
+    EXPECT_TRUE(a.ok()) << a.message;
+    return PublicKeySet::FromJwks(a.body).value();
+  }
+
+  std::string root_, db_;
+  std::unique_ptr<HubProcess> hub_;
+};
+
+TEST_P(HubApiTest, PublishResolveVerifyAndFetchWithResume) {
+  const CellMetadata m = MakeMetadata(Graph("e2e"));
+  const std::string cell = MakeCell(m);
+  auto worker = hub_->Client(kWorker);
+  ResolveAnswer miss = worker->Resolve(m.key);
+  EXPECT_EQ(miss.kind, ResolveAnswer::Kind::kMiss) << miss.token << " " << miss.message;
+
+  PublishAnswer p = hub_->Client(kPlatform)->Publish(cell, {});
+  ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
+  EXPECT_FALSE(p.already);
+
+  ResolveAnswer hit = worker->Resolve(m.key);
+  ASSERT_EQ(hit.kind, ResolveAnswer::Kind::kFound) << hit.token << " " << hit.message;
+  EXPECT_EQ(hit.digest, CellDigest(cell));
+  EXPECT_EQ(hit.size, cell.size());
+  ReceiptVerdict v = VerifyResolvedReceipt(hit, Trusted());
+  ASSERT_TRUE(v.ok()) << v.token << ": " << v.message;
+  EXPECT_EQ(v.claims.publisher, "ci");
+
+  // Fetch whole, then resume from a partial file with a Range request.
+  const std::string dest = root_ + "/fetched.tar";
+  HubAnswer f = worker->FetchBlob(hit.digest, dest, hit.size);
+  ASSERT_TRUE(f.ok()) << f.token << ": " << f.message;
+  EXPECT_EQ(ReadFile(dest).value(), cell);
+  std::filesystem::remove(dest);
+  {
+    std::ofstream part(dest + ".part", std::ios::binary);
+    part.write(cell.data(), 1000);
+  }
+  f = worker->FetchBlob(hit.digest, dest, hit.size);
+  ASSERT_TRUE(f.ok()) << f.token << ": " << f.message;
+  EXPECT_EQ(f.http_status, 206);
+  EXPECT_EQ(ReadFile(dest).value(), cell);
+
+  // The same bytes again: the same receipt.
+  PublishAnswer again = hub_->Client(kPlatform)->Publish(cell, {});
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again.already);
+  EXPECT_EQ(again.receipt, p.receipt);
+  HubAnswer rec = worker->GetReceipt(m.key, hit.digest);
+  EXPECT_EQ(rec.body["receipt"], p.receipt);
+}
+
+TEST_P(HubApiTest, TamperedBlobBytesRefusedAsDigestMismatch) {
+  const CellMetadata m = MakeMetadata(Graph("tamper"));
+  std::string cell = MakeCell(m);
+  const std::string digest = CellDigest(cell);
+  auto pub = hub_->Client(kPlatform);
+  ASSERT_TRUE(pub->Call("POST", "/v1/publish/intent",
+                        nlohmann::json{{"key", m.key}, {"digest", digest}, {"size", cell.size()},
+                                       {"family", m.family}}
+                            .dump())
+                  .ok());
+  cell[100] ^= 1;
+  HubAnswer up = pub->Call("PUT", "/v1/blobs/" + digest, cell, "application/octet-stream");
+  EXPECT_EQ(up.http_status, 422);
+  EXPECT_EQ(up.token, "digest_mismatch");
+  EXPECT_EQ(TempFiles(), 0);
+  EXPECT_EQ(hub_->Client(kWorker)->Resolve(m.key).kind, ResolveAnswer::Kind::kMiss);
+}
+
+TEST_P(HubApiTest, SizeLieRefusedAsSizeMismatch) {
+  const CellMetadata m = MakeMetadata(Graph("sizelie"));
+  const std::string cell = MakeCell(m);
+  const std::string digest = CellDigest(cell);
+  auto pub = hub_->Client(kPlatform);
+  ASSERT_TRUE(pub->Call("POST", "/v1/publish/intent",
+                        nlohmann::json{{"key", m.key}, {"digest", digest},
+                                       {"size", cell.size() + 7}, {"family", m.family}}
+                            .dump())
+                  .ok());
+  HubAnswer up = pub->Call("PUT", "/v1/blobs/" + digest, cell, "application/octet-stream");
+  EXPECT_EQ(up.http_status, 422);
+  EXPECT_EQ(up.token, "size_mismatch");
+  EXPECT_EQ(TempFiles(), 0);
+}
+
+TEST_P(HubApiTest, MetadataThatDoesNotRestateRefused) {
+  CellMetadata m;
+  const std::string cell = hub_testing::MakeNonRestatingCell(&m);
+  PublishAnswer p = hub_->Client(kPlatform)->Publish(cell, {});
+  EXPECT_EQ(p.token, "key_restatement_failed") << p.message;
+  EXPECT_EQ(p.http_status, 422);
+}
+
+TEST_P(HubApiTest, UnauthorizedTokensRefused) {
+  const CellMetadata m = MakeMetadata(Graph("unauth"));
+  PublishAnswer nobody = hub_->Client("not-a-token")->Publish(MakeCell(m), {});
+  EXPECT_EQ(nobody.token, "unauthenticated");
+  EXPECT_EQ(nobody.http_status, 401);
+  PublishAnswer worker = hub_->Client(kWorker)->Publish(MakeCell(m), {});
+  EXPECT_EQ(worker.token, "forbidden");
+  EXPECT_EQ(worker.http_status, 403);
+  // A refused resolve is typed and is not a miss.
+  ResolveAnswer r = hub_->Client("")->Resolve(m.key);
+  EXPECT_EQ(r.kind, ResolveAnswer::Kind::kRefused);
+  EXPECT_EQ(r.token, "unauthenticated");
+}
+
+TEST_P(HubApiTest, TenantWritingPlatformFamilyRefused) {
+  const CellMetadata m = MakeMetadata(Graph("tenant"), "root/micro-mlp");
+  PublishAnswer p = hub_->Client(kAcme)->Publish(MakeCell(m), {});
+  EXPECT_EQ(p.token, "family_forbidden") << p.message;
+  EXPECT_EQ(p.http_status, 403);
+  const CellMetadata own = MakeMetadata(Graph("tenant-own"), "acme/micro-mlp");
+  PublishAnswer ok = hub_->Client(kAcme)->Publish(MakeCell(own), {});
+  EXPECT_TRUE(ok.ok()) << ok.token << ": " << ok.message;
+}
+
+TEST_P(HubApiTest, RevokedCellRefusedNotMissed) {
+  const CellMetadata m = MakeMetadata(Graph("revoke"));
+  const std::string cell = MakeCell(m);
+  ASSERT_TRUE(hub_->Client(kPlatform)->Publish(cell, {}).ok());
+  HubAnswer rv = hub_->Client(kAdmin)->Revoke(m.key, CellDigest(cell), "cell_fault on worker-3");
+  ASSERT_TRUE(rv.ok()) << rv.message;
+  ResolveAnswer r = hub_->Client(kWorker)->Resolve(m.key);
+  EXPECT_EQ(r.kind, ResolveAnswer::Kind::kRefused);
+  EXPECT_EQ(r.token, "revoked");
+  EXPECT_EQ(r.http_status, 410);
+  HubAnswer list = hub_->Client("")->GetRevocations();
+  ASSERT_TRUE(list.ok());
+  bool listed = false;
+  for (const auto& row : list.body["revocations"]) listed |= row["key"] == m.key;
+  EXPECT_TRUE(listed);
+  // Only admins revoke.
+  EXPECT_EQ(hub_->Client(kPlatform)->Revoke(m.key, CellDigest(cell), "x").token, "forbidden");
+}
+
+TEST_P(HubApiTest, AlteredClaimOrForeignSignatureRefusedByTheClient) {
+  const CellMetadata m = MakeMetadata(Graph("forge"));
+  const std::string cell = MakeCell(m);
+  ASSERT_TRUE(hub_->Client(kPlatform)->Publish(cell, {}).ok());
+  ResolveAnswer hit = hub_->Client(kWorker)->Resolve(m.key);
+  ASSERT_EQ(hit.kind, ResolveAnswer::Kind::kFound);
+  const PublicKeySet trusted = Trusted();
+  ASSERT_TRUE(VerifyResolvedReceipt(hit, trusted).ok());
+
+  // Altered claim: the size re-encoded into the signed claims.
+  const size_t a = hit.receipt.find('.'), b = hit.receipt.find('.', a + 1);
+  auto claims = ParseJson(Base64UrlDecode(hit.receipt.substr(a + 1, b - a - 1), "c").value(), "c")
+                    .value();
+  claims["size"] = 1;
+  ResolveAnswer altered = hit;
+  altered.size = 1;
+  altered.receipt = hit.receipt.substr(0, a) + "." +
+                    Base64UrlEncode(CanonicalJson(claims).value()) + hit.receipt.substr(b);
+  EXPECT_EQ(VerifyResolvedReceipt(altered, trusted).token, "receipt_bad_signature");
+  // The hub's receipt but an answer that claims other bytes.
+  ResolveAnswer other_bytes = hit;
+  other_bytes.digest = "sha256:" + std::string(64, '0');
+  EXPECT_EQ(VerifyResolvedReceipt(other_bytes, trusted).token, "receipt_claim_mismatch");
+  // A receipt signed by a foreign key.
+  auto foreign = SigningKey::Generate().value();
+  ReceiptClaims c = ClaimsFromJson(ParseJson(Base64UrlDecode(hit.receipt.substr(a + 1, b - a - 1),
+                                                             "c")
+                                                 .value(),
+                                             "c")
+                                       .value())
+                        .value();
+  ResolveAnswer forged = hit;
+  forged.receipt = SignReceipt(c, foreign).value();
+  EXPECT_EQ(VerifyResolvedReceipt(forged, trusted).token, "receipt_unknown_kid");
+}
+
+TEST_P(HubApiTest, ThirtyTwoConcurrentPublishersOfOneKeyLeaveOneRow) {
+  const CellMetadata m = MakeMetadata(Graph("race32"));
+  // A second hub process on the same database (PostgreSQL) splits the publishers across
+  // processes; on SQLite both go to the one hub.
+  std::unique_ptr<HubProcess> second;
+  if (!db_.empty()) {
+    second = std::make_unique<HubProcess>(root_ + "/data", db_);
+    ASSERT_TRUE(second->Start());
+  }
+  constexpr int kPublishers = 32;
+  std::vector<PublishAnswer> answers(kPublishers);
+  std::vector<std::string> cells(kPublishers);
+  for (int i = 0; i < kPublishers; ++i) {
+    cells[i] = MakeCell(m, "publisher " + std::to_string(i % 24));  // some publish equal bytes
+  }
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  for (int i = 0; i < kPublishers; ++i) {
+    threads.emplace_back([&, i] {
+      auto client = (second && i % 2) ? second->Client(kPlatform) : hub_->Client(kPlatform);
+      ready++;
+      while (ready.load() < kPublishers) std::this_thread::yield();
+      answers[i] = client->Publish(cells[i], {});
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  ResolveAnswer owner = hub_->Client(kWorker)->Resolve(m.key);
+  ASSERT_EQ(owner.kind, ResolveAnswer::Kind::kFound);
+  int winners = 0;
+  for (int i = 0; i < kPublishers; ++i) {
+    const PublishAnswer& a = answers[i];
+    if (a.ok()) {
+      // Success means these are the owner's bytes, with the owner's receipt.
+      EXPECT_EQ(a.digest, owner.digest) << i;
+      EXPECT_EQ(a.receipt, owner.receipt) << i;
+      winners += !a.already;
+    } else {
+      EXPECT_EQ(a.token, "key_taken") << i << ": " << a.message;
+      EXPECT_EQ(a.receipt, owner.receipt) << i;
+      EXPECT_NE(CellDigest(cells[i]), owner.digest) << i;
+    }
+  }
+  EXPECT_LE(winners, kPublishers);
+  EXPECT_GE(winners, 1);
+  // Exactly one row: the receipt the store holds is the one everybody saw, and it verifies.
+  EXPECT_TRUE(VerifyResolvedReceipt(owner, Trusted()).ok());
+  EXPECT_EQ(TempFiles(), 0);
+  // Every stored blob is whole: its name is its hash.
+  for (auto& e : std::filesystem::directory_iterator(root_ + "/data/blobs/sha256")) {
+    EXPECT_EQ(Sha256File(e.path().string()).value(), e.path().filename().string());
+  }
+}
+
+// Opens a raw connection and sends the headers and the first half of an upload, then stops.
+int SendHalfAnUpload(int port, const std::string& digest, const std::string& bytes) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -1;
+  const std::string head = "PUT /v1/blobs/" + digest + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
+                           "Authorization: Bearer " + kPlatform + "\r\n" +
+                           "Content-Type: application/octet-stream\r\nContent-Length: " +
+                           std::to_string(bytes.size()) + "\r\n\r\n";
+  const std::string half = head + bytes.substr(0, bytes.size() / 2);
+  if (::send(fd, half.data(), half.size(), 0) != static_cast<ssize_t>(half.size())) return -1;
+  return fd;
+}
+
+TEST_P(HubApiTest, KillDashNineMidUploadLeavesNoPartialRowOrBlob) {
+  const CellMetadata m = MakeMetadata(Graph("kill9"));
+  const std::string cell = MakeCell(m, std::string(300000, 'p'));
+  const std::string digest = CellDigest(cell);
+  auto pub = hub_->Client(kPlatform);
+  ASSERT_TRUE(pub->Call("POST", "/v1/publish/intent",
+                        nlohmann::json{{"key", m.key}, {"digest", digest}, {"size", cell.size()},
+                                       {"family", m.family}}
+                            .dump())
+                  .ok());
+  const int fd = SendHalfAnUpload(hub_->port(), digest, cell);
+  ASSERT_GE(fd, 0);
+  // Wait until the hub is streaming the upload into its temp file.
+  for (int i = 0; i < 100 && TempFiles() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(TempFiles(), 1);
+  hub_->Kill(SIGKILL);
+  ::close(fd);
+  EXPECT_EQ(TempFiles(), 1) << "the killed hub leaves its temp file";
+
+  ASSERT_TRUE(hub_->Start());
+  EXPECT_EQ(TempFiles(), 0) << "restart removes partial uploads";
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/data/blobs/sha256/" + digest.substr(7)));
+  auto worker = hub_->Client(kWorker);
+  EXPECT_EQ(worker->Resolve(m.key).kind, ResolveAnswer::Kind::kMiss);
+  // The upload can be redone from the start.
+  PublishAnswer p = hub_->Client(kPlatform)->Publish(cell, {});
+  ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
+  EXPECT_EQ(worker->Resolve(m.key).kind, ResolveAnswer::Kind::kFound);
+}
+
+TEST_P(HubApiTest, ReleasesEventsAndDashboardOverHttp) {
+  const CellMetadata m = MakeMetadata(Graph("release"));
+  const std::string rel = "rel-" + Nonce();
+  auto admin = hub_->Client(kAdmin);
+  HubAnswer created = admin->Call(
+      "POST", "/v1/releases",
+      nlohmann::json{{"name", rel},
+                     {"targets",
+                      {{{"target", "denoiser"}, {"sm", "x86-64-v3"}},
+                       {{"target", "decoder"}, {"sm", "x86-64-v3"}}}}}
+          .dump());
+  ASSERT_TRUE(created.ok()) << created.message;
+  PublishOptions opts;
+  opts.release = rel;
+  opts.target = "denoiser";
+  ASSERT_TRUE(hub_->Client(kPlatform)->Publish(MakeCell(m), opts).ok());
+  auto worker = hub_->Client(kWorker);
+  ASSERT_TRUE(worker->SettleObligation(rel, "decoder", "x86-64-v3", "no_export_declaration").ok());
+  HubAnswer obligations = worker->Call("GET", "/v1/releases/" + rel + "/obligations");
+  ASSERT_TRUE(obligations.ok());
+  std::map<std::string, std::string> state;
+  for (const auto& o : obligations.body["obligations"]) state[o["target"]] = o["state"];
+  EXPECT_EQ(state["denoiser"], "discharged");
+  EXPECT_EQ(state["decoder"], "settled:no_export_declaration");
+
+  nlohmann::json rows = nlohmann::json::array(
+      {{{"seq", 1}, {"kind", "boot_adopt"}, {"phase", "hit"}, {"key", m.key}, {"duration_ms", 3}}});
+  ASSERT_TRUE(worker->PostEvents(rows).ok());
+  HubAnswer q = worker->Call("GET", "/v1/events?worker=worker-1&kind=boot_adopt");
+  ASSERT_TRUE(q.ok());
+  EXPECT_GE(q.body["events"].size(), 1u);
+
+  auto page = worker->Call("GET", "/");  // HTML: not JSON, so the answer says so; check raw
+  EXPECT_EQ(page.http_status, 200);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, HubApiTest, ::testing::Values("sqlite", "postgresql"));
+
+// The CLI as a user types it: kiln publish, kiln resolve --trust.
+TEST(HubCli, PublishAndResolveWithTrustedJwks) {
+  const std::string root = ::testing::TempDir() + "/kiln_hub_cli_" + Nonce();
+  std::filesystem::create_directories(root + "/data");
+  ASSERT_TRUE(WriteFileAtomic(root + "/tokens.json",
+                              TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", ""},
+                                              {Sha256Hex(kWorker), "w", "worker", "", ""}}))
+                  .ok());
+  HubProcess hub(root + "/data", "");
+  ASSERT_TRUE(hub.Start());
+  const CellMetadata m = MakeMetadata(Graph("cli"));
+  ASSERT_TRUE(WriteFileAtomic(root + "/cell.tar", MakeCell(m)).ok());
+  ASSERT_TRUE(WriteFileAtomic(root + "/jwks.json", hub.Client("")->GetJwks().body.dump()).ok());
+  auto run = [&](const std::string& args) {
+    std::string out;
+    FILE* p = ::popen((Binary() + " " + args + " 2>&1").c_str(), "r");
+    std::array<char, 4096> buf;
+    size_t n;
+    while ((n = std::fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+    const int st = ::pclose(p);
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+  };
+  auto miss = run("resolve " + m.key + " --hub " + hub.url() + " --token " + kWorker);
+  EXPECT_EQ(miss.first, 3) << miss.second;
+  auto pub = run("publish " + root + "/cell.tar --hub " + hub.url() + " --token " + kPlatform);
+  EXPECT_EQ(pub.first, 0) << pub.second;
+  auto res = run("resolve " + m.key + " --hub " + hub.url() + " --token " + kWorker + " --trust " +
+                 root + "/jwks.json");
+  EXPECT_EQ(res.first, 0) << res.second;
+  EXPECT_NE(res.second.find("\"receipt_verified\": true"), std::string::npos) << res.second;
+  // A foreign trust anchor refuses the same receipt.
+  auto foreign = SigningKey::Generate().value();
+  auto bad = run("resolve " + m.key + " --hub " + hub.url() + " --token " + kWorker + " --trust " +
+                 Base64UrlEncode(foreign.raw_public()));
+  EXPECT_EQ(bad.first, 1) << bad.second;
+  EXPECT_NE(bad.second.find("receipt_unknown_kid"), std::string::npos) << bad.second;
+  std::filesystem::remove_all(root);
+}
+
+}  // namespace
+}  // namespace kiln

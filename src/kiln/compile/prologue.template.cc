@@ -52,8 +52,10 @@ static inline float kiln_tanh(float x) { return tanhf(x); }
 static inline float kiln_erf(float x) { return erff(x); }
 static inline float kiln_relu(float x) { return x > 0.0f ? x : 0.0f; }
 static inline float kiln_leaky(float x, float a) { return x >= 0.0f ? x : a * x; }
+// max then min, as ONNX/numpy clip: when lo > hi every value becomes hi.
 static inline float kiln_clip(float x, float lo, float hi) {
-  return x < lo ? lo : (x > hi ? hi : x);
+  x = x < lo ? lo : x;
+  return x > hi ? hi : x;
 }
 static inline float kiln_hardsigmoid(float x, float a, float b) {
   return kiln_clip(a * x + b, 0.0f, 1.0f);
