@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <sstream>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/pack.h"
@@ -95,6 +96,8 @@ struct Args {
   std::string target;
   std::string cell;
   bool source = false;
+  std::string dump_ir;
+  std::vector<std::string> disabled_passes;
 };
 
 Status DoKey(const Args& a) {
@@ -116,6 +119,9 @@ Status DoKey(const Args& a) {
 Status DoMint(const Args& a) {
   KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
   KILN_ASSIGN_OR_RETURN(MintRequest r, RequestForTarget(m, a.target));
+  std::ostringstream dump;
+  if (!a.dump_ir.empty()) r.compile.dump = &dump;
+  r.compile.disabled_passes = a.disabled_passes;
   const bool tty = ::isatty(1);
   int step = 0;
   r.on_stage = [&](const std::string& stage) {
@@ -129,6 +135,7 @@ Status DoMint(const Args& a) {
   LocalStore store(root);
   auto result = MintAndStore(r, store);
   if (tty) std::printf("\r%40s\r", "");
+  if (!a.dump_ir.empty()) KILN_RETURN_IF_ERROR(WriteFileAtomic(a.dump_ir, dump.str()));
   if (!result.ok()) return result.status();
   std::printf("%s\n", result->ref.c_str());
   std::printf("  gate   %s\n  fence  %s (perturbed checkpoint)\n", result->gate.Summary().c_str(),
@@ -204,6 +211,9 @@ void AddCellCommands(CLI::App& app, int* exit_code) {
       "mint", "Compile every class of a target, prove it, seal it and store it locally");
   mint->add_option("--manifest", args->manifest, "kiln.toml")->required();
   mint->add_option("--target", args->target, "target name (default: the only one)");
+  mint->add_option("--dump-ir", args->dump_ir, "write the IR after every pass to this file");
+  mint->add_option("--disable-pass", args->disabled_passes,
+                   "skip a compiler pass by name, for bisecting (repeatable)");
   mint->callback([=] {
     Status s = DoMint(*args);
     *exit_code = s.ok() ? 0 : ReportError("mint", s);

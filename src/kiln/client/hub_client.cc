@@ -236,10 +236,8 @@ HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& des
   const std::string path = "/v1/blobs/" + digest;
   int status = 0;
   std::string error_body;
-  httplib::Result res;
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    res = impl_->http->Get(
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  httplib::Result res = impl_->http->Get(
         path, headers,
         [&](const httplib::Response& r) {
           status = r.status;
@@ -259,7 +257,7 @@ HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& des
           error_body.append(data, len);
           return error_body.size() < (1 << 20);
         });
-  }
+  lock.unlock();
   out.close();
   if (!res) return Transport(res.error(), impl_->options.url, path);
   if (status != 200 && status != 206) {

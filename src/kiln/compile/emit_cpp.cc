@@ -358,8 +358,10 @@ class EntryEmitter {
         << (k.conv_sum ? 1 : 0) << "};\n";
     const std::string Y = B(k.outputs[0]);
     if (k.conv_sum) {
-      os_ << "    memcpy(" << Y << ", " << B(k.inputs.back()) << ", "
-          << NumElements(y) * 4 << ");\n";
+      // The residual may already live in the output's memory (planned in place).
+      os_ << "    if ((const void*)" << Y << " != (const void*)" << B(k.inputs.back())
+          << ") memcpy(" << Y << ", " << B(k.inputs.back()) << ", " << NumElements(y) * 4
+          << ");\n";
     }
     os_ << "    KILN_TRY(H->conv2d(&d, " << B(k.inputs[0]) << ", " << B(k.inputs[1]) << ", "
         << (has_bias ? B(k.inputs[2]) : std::string("NULL")) << ", " << Y << ", E->threads));\n";

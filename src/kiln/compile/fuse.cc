@@ -212,16 +212,67 @@ Status PlanMemory(Program& p) {
       last[r] = std::max<int64_t>(last[r], static_cast<int64_t>(k));
     }
   }
-  std::vector<int> temps;
-  for (const Buffer& b : p.buffers) {
-    const size_t i = static_cast<size_t>(b.id);
-    if (b.kind == Buffer::Kind::kTemp && b.alias_of < 0 && b.output_slot < 0 && def[i] >= 0) {
-      temps.push_back(b.id);
+  auto is_workspace = [&](int id) {
+    const Buffer& b = p.buffers[static_cast<size_t>(id)];
+    return b.kind == Buffer::Kind::kTemp && b.alias_of < 0 && b.output_slot < 0 &&
+           def[static_cast<size_t>(id)] >= 0;
+  };
+  // S2: in place. A kernel that reads each element before writing the same element (fused
+  // elementwise loops without broadcast on that input, row-wise softmax and norms, a conv whose
+  // residual it sums into its output) may write its output over an input whose last use it is.
+  std::vector<int> storage(n);  // the buffer whose allocation a buffer uses
+  for (size_t i = 0; i < n; ++i) storage[i] = static_cast<int>(i);
+  std::vector<bool> donated(n, false);
+  for (size_t k = 0; k < p.kernels.size(); ++k) {
+    const Kernel& kern = p.kernels[k];
+    const bool elementwise = kern.kind == Kernel::Kind::kFused ||
+                             kern.kind == Kernel::Kind::kSoftmax ||
+                             kern.kind == Kernel::Kind::kNorm;
+    const bool conv_sum = kern.kind == Kernel::Kind::kConv && kern.conv_sum;
+    if (!elementwise && !conv_sum) continue;
+    for (int o : kern.outputs) {
+      if (!is_workspace(o)) continue;
+      const Buffer& ob = p.buffers[static_cast<size_t>(o)];
+      const std::vector<int> candidates =
+          conv_sum ? std::vector<int>{kern.inputs.back()} : kern.inputs;
+      for (int in : candidates) {
+        if (in < 0) continue;
+        const int r = p.Root(in);
+        const Buffer& rb = p.buffers[static_cast<size_t>(r)];
+        if (!is_workspace(r) || donated[static_cast<size_t>(r)] ||
+            last[static_cast<size_t>(r)] != static_cast<int64_t>(k) ||
+            rb.bytes() != ob.bytes() || rb.type.dtype != ob.type.dtype) {
+          continue;
+        }
+        // Every read of r in this kernel must be at the element being written.
+        bool same_index = true;
+        for (size_t j = 0; j < kern.inputs.size(); ++j) {
+          if (kern.inputs[j] < 0 || p.Root(kern.inputs[j]) != r) continue;
+          if (conv_sum && j + 1 != kern.inputs.size()) same_index = false;  // r is also the x/w
+          if (p.buffers[static_cast<size_t>(kern.inputs[j])].type.shape != ob.type.shape) {
+            same_index = false;
+          }
+        }
+        if (!same_index) continue;
+        donated[static_cast<size_t>(r)] = true;
+        storage[static_cast<size_t>(o)] = storage[static_cast<size_t>(r)];
+        break;
+      }
     }
   }
-  // S2: largest first, each at the lowest 64-aligned offset that overlaps no placed buffer
+  // Group lifetimes: an allocation lives from its first writer to its last reader.
+  std::map<int, std::pair<int64_t, int64_t>> life;
+  for (size_t i = 0; i < n; ++i) {
+    if (!is_workspace(static_cast<int>(i))) continue;
+    auto& l = life.try_emplace(storage[i], def[i], last[i]).first->second;
+    l.first = std::min(l.first, def[i]);
+    l.second = std::max(l.second, last[i]);
+  }
+  // S3: largest first, each at the lowest 64-aligned offset that overlaps no placed allocation
   // whose lifetime intersects its own. Ties broken by id for determinism.
-  std::sort(temps.begin(), temps.end(), [&](int a, int b) {
+  std::vector<int> allocs;
+  for (const auto& [id, l] : life) allocs.push_back(id);
+  std::sort(allocs.begin(), allocs.end(), [&](int a, int b) {
     const int64_t sa = p.buffers[static_cast<size_t>(a)].bytes();
     const int64_t sb = p.buffers[static_cast<size_t>(b)].bytes();
     return sa != sb ? sa > sb : a < b;
@@ -230,11 +281,12 @@ Status PlanMemory(Program& p) {
     int64_t begin, end, def, last;
   };
   std::vector<Placed> placed;
+  std::map<int, int64_t> offset_of;
   int64_t total = 0;
-  for (int id : temps) {
-    Buffer& b = p.buffers[static_cast<size_t>(id)];
+  for (int id : allocs) {
+    const Buffer& b = p.buffers[static_cast<size_t>(id)];
     const int64_t size = std::max<int64_t>(64, (b.bytes() + 63) / 64 * 64);
-    const int64_t d = def[static_cast<size_t>(id)], l = last[static_cast<size_t>(id)];
+    const auto [d, l] = life.at(id);
     std::vector<std::pair<int64_t, int64_t>> busy;
     for (const Placed& q : placed) {
       if (q.def <= l && d <= q.last) busy.emplace_back(q.begin, q.end);
@@ -245,9 +297,12 @@ Status PlanMemory(Program& p) {
       if (offset + size <= bb) break;
       offset = std::max(offset, be);
     }
-    b.offset = offset;
+    offset_of[id] = offset;
     placed.push_back({offset, offset + size, d, l});
     total = std::max(total, offset + size);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (is_workspace(static_cast<int>(i))) p.buffers[i].offset = offset_of.at(storage[i]);
   }
   p.workspace_bytes = total;
   return p.Verify();

@@ -18,7 +18,13 @@
 #include "src/kiln/base/sm_levels.h"
 #include "src/kiln/runtime/cell_abi.h"
 
+#ifndef KILN_CODEGEN_SOURCES_HASH
+#define KILN_CODEGEN_SOURCES_HASH "unknown"
+#endif
+
 namespace kiln {
+
+const char* const kCodegenVersion = "kiln-codegen-1+" KILN_CODEGEN_SOURCES_HASH;
 
 namespace {
 

@@ -17,8 +17,10 @@
 
 namespace kiln {
 
-// Bumped whenever generated code for the same graph could change.
-inline constexpr const char* kCodegenVersion = "kiln-codegen-1";
+// "kiln-codegen-1+<hash>": the hash covers the compiler, runtime and op-kernel sources this
+// binary was built from (see compile/CMakeLists.txt), so any change to what a cell computes
+// changes the toolchain axis.
+extern const char* const kCodegenVersion;
 
 // The highest published level this CPU executes ("x86-64" .. "x86-64-v4").
 const std::string& DetectSmLevel();
