@@ -4,6 +4,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir="${1:-build}"
+# Share ccache hits between checkouts in different folders (CI clones into a new one each time).
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 shift || true
 cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
 ninja -C "$dir" -j"$(nproc)"
