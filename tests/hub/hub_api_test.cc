@@ -87,9 +87,12 @@ class HubProcess {
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
-      std::vector<std::string> args = {Binary(), "hub", "--data", data_, "--port",
-                                        std::to_string(port_), "--bind", "127.0.0.1",
-                                        "--tokens", data_ + "/../tokens.json", "--threads", "40"};
+      std::vector<std::string> args = {Binary(),    "hub",
+                                       "--data",    data_,
+                                       "--port",    std::to_string(port_),
+                                       "--bind",    "127.0.0.1",
+                                       "--tokens",  data_ + "/../tokens.json",
+                                       "--threads", "40"};
       if (!db_.empty()) args.insert(args.end(), {"--db", db_});
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
@@ -103,12 +106,13 @@ class HubProcess {
       int status = 0;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
-        return ::testing::AssertionFailure() << "kiln hub exited early: " << ValueOr(ReadFile(log), std::string());
+        return ::testing::AssertionFailure()
+               << "kiln hub exited early: " << ValueOr(ReadFile(log), std::string());
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    return ::testing::AssertionFailure() << "kiln hub did not become healthy; log: "
-                                         << ValueOr(ReadFile(log), std::string());
+    return ::testing::AssertionFailure()
+           << "kiln hub did not become healthy; log: " << ValueOr(ReadFile(log), std::string());
   }
   void Kill(int sig) {
     if (pid_ <= 0) return;
@@ -226,11 +230,12 @@ TEST_P(HubApiTest, TamperedBlobBytesRefusedAsDigestMismatch) {
   std::string cell = MakeCell(m);
   const std::string digest = CellDigest(cell);
   auto pub = hub_->Client(kPlatform);
-  ASSERT_TRUE(pub->Call("POST", "/v1/publish/intent",
-                        nlohmann::json{{"key", m.key}, {"digest", digest}, {"size", cell.size()},
-                                       {"family", m.family}}
-                            .dump())
-                  .ok());
+  ASSERT_TRUE(
+      pub->Call("POST", "/v1/publish/intent",
+                nlohmann::json{
+                    {"key", m.key}, {"digest", digest}, {"size", cell.size()}, {"family", m.family}}
+                    .dump())
+          .ok());
   cell[100] ^= 1;
   HubAnswer up = pub->Call("PUT", "/v1/blobs/" + digest, cell, "application/octet-stream");
   EXPECT_EQ(up.http_status, 422);
@@ -245,8 +250,10 @@ TEST_P(HubApiTest, SizeLieRefusedAsSizeMismatch) {
   const std::string digest = CellDigest(cell);
   auto pub = hub_->Client(kPlatform);
   ASSERT_TRUE(pub->Call("POST", "/v1/publish/intent",
-                        nlohmann::json{{"key", m.key}, {"digest", digest},
-                                       {"size", cell.size() + 7}, {"family", m.family}}
+                        nlohmann::json{{"key", m.key},
+                                       {"digest", digest},
+                                       {"size", cell.size() + 7},
+                                       {"family", m.family}}
                             .dump())
                   .ok());
   HubAnswer up = pub->Call("PUT", "/v1/blobs/" + digest, cell, "application/octet-stream");
@@ -317,8 +324,8 @@ TEST_P(HubApiTest, AlteredClaimOrForeignSignatureRefusedByTheClient) {
 
   // Altered claim: the size re-encoded into the signed claims.
   const size_t a = hit.receipt.find('.'), b = hit.receipt.find('.', a + 1);
-  auto claims = ParseJson(Base64UrlDecode(hit.receipt.substr(a + 1, b - a - 1), "c").value(), "c")
-                    .value();
+  auto claims =
+      ParseJson(Base64UrlDecode(hit.receipt.substr(a + 1, b - a - 1), "c").value(), "c").value();
   claims["size"] = 1;
   ResolveAnswer altered = hit;
   altered.size = 1;
@@ -331,12 +338,11 @@ TEST_P(HubApiTest, AlteredClaimOrForeignSignatureRefusedByTheClient) {
   EXPECT_EQ(VerifyResolvedReceipt(other_bytes, trusted).token, "receipt_claim_mismatch");
   // A receipt signed by a foreign key.
   auto foreign = SigningKey::Generate().value();
-  ReceiptClaims c = ClaimsFromJson(ParseJson(Base64UrlDecode(hit.receipt.substr(a + 1, b - a - 1),
-                                                             "c")
-                                                 .value(),
-                                             "c")
-                                       .value())
-                        .value();
+  ReceiptClaims c =
+      ClaimsFromJson(
+          ParseJson(Base64UrlDecode(hit.receipt.substr(a + 1, b - a - 1), "c").value(), "c")
+              .value())
+          .value();
   ResolveAnswer forged = hit;
   forged.receipt = SignReceipt(c, foreign).value();
   EXPECT_EQ(VerifyResolvedReceipt(forged, trusted).token, "receipt_unknown_kid");
@@ -404,10 +410,11 @@ int SendHalfAnUpload(int port, const std::string& digest, const std::string& byt
   a.sin_port = htons(port);
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return -1;
-  const std::string head = "PUT /v1/blobs/" + digest + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" +
-                           "Authorization: Bearer " + kPlatform + "\r\n" +
-                           "Content-Type: application/octet-stream\r\nContent-Length: " +
-                           std::to_string(bytes.size()) + "\r\n\r\n";
+  const std::string head =
+      "PUT /v1/blobs/" + digest + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "Authorization: Bearer " +
+      kPlatform + "\r\n" +
+      "Content-Type: application/octet-stream\r\nContent-Length: " + std::to_string(bytes.size()) +
+      "\r\n\r\n";
   const std::string half = head + bytes.substr(0, bytes.size() / 2);
   if (::send(fd, half.data(), half.size(), 0) != static_cast<ssize_t>(half.size())) return -1;
   return fd;
@@ -418,11 +425,12 @@ TEST_P(HubApiTest, KillDashNineMidUploadLeavesNoPartialRowOrBlob) {
   const std::string cell = MakeCell(m, std::string(300000, 'p'));
   const std::string digest = CellDigest(cell);
   auto pub = hub_->Client(kPlatform);
-  ASSERT_TRUE(pub->Call("POST", "/v1/publish/intent",
-                        nlohmann::json{{"key", m.key}, {"digest", digest}, {"size", cell.size()},
-                                       {"family", m.family}}
-                            .dump())
-                  .ok());
+  ASSERT_TRUE(
+      pub->Call("POST", "/v1/publish/intent",
+                nlohmann::json{
+                    {"key", m.key}, {"digest", digest}, {"size", cell.size()}, {"family", m.family}}
+                    .dump())
+          .ok());
   const int fd = SendHalfAnUpload(hub_->port(), digest, cell);
   ASSERT_GE(fd, 0);
   // Wait until the hub is streaming the upload into its temp file.
@@ -449,13 +457,12 @@ TEST_P(HubApiTest, ReleasesEventsAndDashboardOverHttp) {
   const CellMetadata m = MakeMetadata(Graph("release"));
   const std::string rel = "rel-" + Nonce();
   auto admin = hub_->Client(kAdmin);
-  HubAnswer created = admin->Call(
-      "POST", "/v1/releases",
-      nlohmann::json{{"name", rel},
-                     {"targets",
-                      {{{"target", "denoiser"}, {"sm", "x86-64-v3"}},
-                       {{"target", "decoder"}, {"sm", "x86-64-v3"}}}}}
-          .dump());
+  HubAnswer created = admin->Call("POST", "/v1/releases",
+                                  nlohmann::json{{"name", rel},
+                                                 {"targets",
+                                                  {{{"target", "denoiser"}, {"sm", "x86-64-v3"}},
+                                                   {{"target", "decoder"}, {"sm", "x86-64-v3"}}}}}
+                                      .dump());
   ASSERT_TRUE(created.ok()) << created.message;
   PublishOptions opts;
   opts.release = rel;
@@ -487,10 +494,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, HubApiTest, ::testing::Values("sqlite", "post
 TEST(HubCli, PublishAndResolveWithTrustedJwks) {
   const std::string root = ::testing::TempDir() + "/kiln_hub_cli_" + Nonce();
   std::filesystem::create_directories(root + "/data");
-  ASSERT_TRUE(WriteFileAtomic(root + "/tokens.json",
-                              TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", ""},
-                                              {Sha256Hex(kWorker), "w", "worker", "", ""}}))
-                  .ok());
+  ASSERT_TRUE(
+      WriteFileAtomic(root + "/tokens.json",
+                      TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", ""},
+                                      {Sha256Hex(kWorker), "w", "worker", "", ""}}))
+          .ok());
   HubProcess hub(root + "/data", "");
   ASSERT_TRUE(hub.Start());
   const CellMetadata m = MakeMetadata(Graph("cli"));

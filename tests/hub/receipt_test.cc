@@ -99,9 +99,8 @@ TEST(Receipt, ForeignSignatureIsRefused) {
   EXPECT_EQ(v.token, "receipt_unknown_kid") << v.message;
   // Signed by an untrusted key that claims the trusted kid: bad signature.
   auto parts = Parts(SignReceipt(c, foreign).value());
-  const std::string header =
-      Base64UrlEncode(CanonicalJson({{"alg", "EdDSA"}, {"kid", hub.kid()}, {"typ", "kiln-receipt"}})
-                          .value());
+  const std::string header = Base64UrlEncode(
+      CanonicalJson({{"alg", "EdDSA"}, {"kid", hub.kid()}, {"typ", "kiln-receipt"}}).value());
   const std::string input = header + "." + parts[1];
   const std::string jws = input + "." + Base64UrlEncode(foreign.Sign(input).value());
   v = VerifyReceipt(jws, Trust(hub), ExpectedOf(c));
@@ -115,8 +114,9 @@ TEST(Receipt, AlgNoneAndOtherAlgorithmsAreRefused) {
   for (const char* alg : {"none", "HS256", "ES256"}) {
     const std::string header = Base64UrlEncode(
         CanonicalJson({{"alg", alg}, {"kid", key.kid()}, {"typ", "kiln-receipt"}}).value());
-    ReceiptVerdict v = VerifyReceipt(header + "." + parts[1] + "." + (std::string(alg) == "none" ? "" : parts[2]),
-                                     Trust(key), ExpectedOf(c));
+    ReceiptVerdict v =
+        VerifyReceipt(header + "." + parts[1] + "." + (std::string(alg) == "none" ? "" : parts[2]),
+                      Trust(key), ExpectedOf(c));
     EXPECT_EQ(v.token, "receipt_alg_refused") << alg << ": " << v.message;
   }
 }

@@ -23,8 +23,10 @@ class ServiceTest : public ::testing::Test {
     dir_ = ::testing::TempDir() + "/kiln_service_test";
     std::filesystem::remove_all(dir_);
     auto store = NewMemoryStore();
-    ASSERT_TRUE(store->PutToken({Sha256Hex("platform-token"), "ci", "publisher", "platform", ""}).ok());
-    ASSERT_TRUE(store->PutToken({Sha256Hex("acme-token"), "acme-ci", "publisher", "org", "acme"}).ok());
+    ASSERT_TRUE(
+        store->PutToken({Sha256Hex("platform-token"), "ci", "publisher", "platform", ""}).ok());
+    ASSERT_TRUE(
+        store->PutToken({Sha256Hex("acme-token"), "acme-ci", "publisher", "org", "acme"}).ok());
     ASSERT_TRUE(store->PutToken({Sha256Hex("worker-token"), "w1", "worker", "", ""}).ok());
     ASSERT_TRUE(store->PutToken({Sha256Hex("admin-token"), "admin", "admin", "", ""}).ok());
     svc_ = std::make_unique<HubService>(std::move(store), NewMemoryBlobStore(),
@@ -38,8 +40,8 @@ class ServiceTest : public ::testing::Test {
     EXPECT_TRUE(std::holds_alternative<Principal>(who)) << token;
     return std::get<Principal>(who);
   }
-  Reply Intent(const Principal& p, const std::string& key, const std::string& digest,
-               uint64_t size, const std::string& family, const std::string& release = "") {
+  Reply Intent(const Principal& p, const std::string& key, const std::string& digest, uint64_t size,
+               const std::string& family, const std::string& release = "") {
     nlohmann::json j{{"key", key}, {"digest", digest}, {"size", size}, {"family", family}};
     if (!release.empty()) j["release"] = release, j["target"] = "denoiser";
     return svc_->PublishIntent(p, j.dump());
@@ -200,10 +202,10 @@ TEST_F(ServiceTest, RevokedCellIsGoneWithItsOwnToken) {
   const CellMetadata m = MakeMetadata(Graph(10));
   const std::string cell = MakeCell(m);
   ASSERT_EQ(Publish(As("platform-token"), cell).status, 200);
-  Reply rv = svc_->Revoke(As("admin-token"), nlohmann::json{{"key", m.key},
-                                                            {"digest", CellDigest(cell)},
-                                                            {"reason", "cell_fault"}}
-                                                 .dump());
+  Reply rv = svc_->Revoke(
+      As("admin-token"),
+      nlohmann::json{{"key", m.key}, {"digest", CellDigest(cell)}, {"reason", "cell_fault"}}
+          .dump());
   ASSERT_EQ(rv.status, 200) << rv.body.dump();
   Reply r = svc_->ResolveCell(As("worker-token"), m.key);
   EXPECT_EQ(r.status, 410);
@@ -231,12 +233,12 @@ TEST_F(ServiceTest, ReleaseObligationsAreDischargedByStoredCellsAndSettledByRefu
   // A cell published for (r1, denoiser) discharges that slot; the declared key discharges vae.
   ASSERT_EQ(Publish(As("platform-token"), MakeCell(MakeMetadata(Graph(12))), "r1").status, 200);
   ASSERT_EQ(Publish(As("platform-token"), MakeCell(declared)).status, 200);
-  Reply settle = svc_->SettleObligation(
-      As("worker-token"), nlohmann::json{{"release", "r1"},
-                                         {"target", "decoder"},
-                                         {"sm", "x86-64-v4"},
-                                         {"token", "no_export_declaration"}}
-                              .dump());
+  Reply settle =
+      svc_->SettleObligation(As("worker-token"), nlohmann::json{{"release", "r1"},
+                                                                {"target", "decoder"},
+                                                                {"sm", "x86-64-v4"},
+                                                                {"token", "no_export_declaration"}}
+                                                     .dump());
   EXPECT_EQ(settle.status, 200) << settle.body.dump();
   Reply late = svc_->SettleObligation(
       As("worker-token"),
@@ -259,10 +261,20 @@ TEST_F(ServiceTest, EventsAreStoredFilteredAndShownEscapedOnTheDashboard) {
   const CellMetadata m = MakeMetadata(Graph(13));
   ASSERT_EQ(Publish(As("platform-token"), MakeCell(m)).status, 200);
   nlohmann::json rows = nlohmann::json::array();
-  rows.push_back({{"seq", 1}, {"kind", "boot_adopt"}, {"phase", "hit"}, {"key", m.key},
-                  {"duration_ms", 4.5}, {"detail", "<script>alert(1)</script>"}, {"ts", 1000}});
-  rows.push_back({{"seq", 2}, {"kind", "serve_degrade"}, {"phase", "cell_fault"}, {"key", m.key},
-                  {"duration_ms", 0}, {"detail", "fn=f"}, {"ts", 2000}});
+  rows.push_back({{"seq", 1},
+                  {"kind", "boot_adopt"},
+                  {"phase", "hit"},
+                  {"key", m.key},
+                  {"duration_ms", 4.5},
+                  {"detail", "<script>alert(1)</script>"},
+                  {"ts", 1000}});
+  rows.push_back({{"seq", 2},
+                  {"kind", "serve_degrade"},
+                  {"phase", "cell_fault"},
+                  {"key", m.key},
+                  {"duration_ms", 0},
+                  {"detail", "fn=f"},
+                  {"ts", 2000}});
   Reply post = svc_->PostEvents(As("worker-token"), rows.dump());
   ASSERT_EQ(post.status, 200) << post.body.dump();
   Reply q = svc_->QueryEvents(As("worker-token"), {{"kind", "boot_adopt"}});

@@ -16,8 +16,8 @@ namespace kiln {
 namespace {
 
 std::string Nonce() {
-  static const std::string n = std::to_string(std::random_device{}()) + "-" +
-                               std::to_string(::getpid());
+  static const std::string n =
+      std::to_string(std::random_device{}()) + "-" + std::to_string(::getpid());
   return n;
 }
 std::string Key(const std::string& s) { return "ck1-" + Sha256Hex(Nonce() + s).substr(0, 56); }
@@ -133,18 +133,18 @@ TEST_P(StoreTest, ObligationsDischargeBySlotOrKeyAndSettleTerminally) {
 
   // By slot (release, target, sm): the key is learned at discharge.
   const std::string k2 = Key("ob2");
-  EXPECT_EQ(store_->DischargeObligations(k2, Digest("ob2"), rel, "denoiser", "x86-64-v3", 9).value(),
-            1);
+  EXPECT_EQ(
+      store_->DischargeObligations(k2, Digest("ob2"), rel, "denoiser", "x86-64-v3", 9).value(), 1);
   // By declared key.
   EXPECT_EQ(store_->DischargeObligations(k, Digest("ob"), "", "", "", 9).value(), 1);
   // A deterministic refusal settles; a settled obligation is never discharged afterwards.
   auto settled = store_->SettleObligation(rel, "decoder", "x86-64-v3", "no_export_declaration", 9);
   ASSERT_TRUE(settled.ok());
   EXPECT_EQ((*settled)->state, "settled:no_export_declaration");
-  EXPECT_EQ(store_->DischargeObligations(Key("late"), Digest("late"), rel, "decoder", "x86-64-v3",
-                                         10)
-                .value(),
-            0);
+  EXPECT_EQ(
+      store_->DischargeObligations(Key("late"), Digest("late"), rel, "decoder", "x86-64-v3", 10)
+          .value(),
+      0);
   auto again = store_->SettleObligation(rel, "denoiser", "x86-64-v3", "declaration_refused", 11);
   EXPECT_EQ((*again)->state, "discharged");
   EXPECT_FALSE(store_->SettleObligation(rel, "nope", "x86-64-v3", "t", 1).value().has_value());

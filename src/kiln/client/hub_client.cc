@@ -78,9 +78,12 @@ HubAnswer FromResponse(const httplib::Response& res, const std::string& url,
 
 const char* ResolveKindName(ResolveAnswer::Kind kind) {
   switch (kind) {
-    case ResolveAnswer::Kind::kFound: return "found";
-    case ResolveAnswer::Kind::kMiss: return "miss";
-    case ResolveAnswer::Kind::kRefused: return "refused";
+    case ResolveAnswer::Kind::kFound:
+      return "found";
+    case ResolveAnswer::Kind::kMiss:
+      return "miss";
+    case ResolveAnswer::Kind::kRefused:
+      return "refused";
   }
   return "refused";
 }
@@ -102,7 +105,8 @@ Result<std::unique_ptr<HubClient>> HubClient::Create(const HubClientOptions& opt
     return Status::InvalidArgument("hub URL '" + options.url + "' is not valid");
   }
   auto& http = *c->impl_->http;
-  SetTimeout(options.connect_timeout_s, [&](time_t s, time_t us) { http.set_connection_timeout(s, us); });
+  SetTimeout(options.connect_timeout_s,
+             [&](time_t s, time_t us) { http.set_connection_timeout(s, us); });
   SetTimeout(options.io_timeout_s, [&](time_t s, time_t us) { http.set_read_timeout(s, us); });
   SetTimeout(options.io_timeout_s, [&](time_t s, time_t us) { http.set_write_timeout(s, us); });
   http.set_keep_alive(true);
@@ -113,9 +117,9 @@ HubAnswer HubClient::Call(const std::string& method, const std::string& path,
                           const std::string& body, const std::string& content_type) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto& http = *impl_->http;
-  httplib::Result res = method == "GET"    ? http.Get(path, impl_->Headers())
-                        : method == "PUT"  ? http.Put(path, impl_->Headers(), body, content_type)
-                                           : http.Post(path, impl_->Headers(), body, content_type);
+  httplib::Result res = method == "GET"   ? http.Get(path, impl_->Headers())
+                        : method == "PUT" ? http.Put(path, impl_->Headers(), body, content_type)
+                                          : http.Post(path, impl_->Headers(), body, content_type);
   if (!res) return Transport(res.error(), impl_->options.url, path);
   return FromResponse(*res, impl_->options.url, path);
 }
@@ -202,8 +206,8 @@ PublishAnswer HubClient::Publish(std::string_view cell_tar, const PublishOptions
     return out;
   }
   if (!a.body.value("have_blob", false)) {
-    HubAnswer up = Call("PUT", "/v1/blobs/" + out.digest, std::string(cell_tar),
-                        "application/octet-stream");
+    HubAnswer up =
+        Call("PUT", "/v1/blobs/" + out.digest, std::string(cell_tar), "application/octet-stream");
     if (!up.ok()) return refuse(up);
   }
   HubAnswer done = Call("POST", "/v1/publish/complete",
@@ -238,25 +242,25 @@ HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& des
   std::string error_body;
   std::unique_lock<std::mutex> lock(impl_->mu);
   httplib::Result res = impl_->http->Get(
-        path, headers,
-        [&](const httplib::Response& r) {
-          status = r.status;
-          // A 200 to a Range request is the whole blob: start over.
-          if (status == 200 && have > 0) {
-            out.close();
-            out.open(part, std::ios::binary | std::ios::trunc);
-            have = 0;
-          }
-          return true;
-        },
-        [&](const char* data, size_t len) {
-          if (status == 200 || status == 206) {
-            out.write(data, static_cast<std::streamsize>(len));
-            return static_cast<bool>(out);
-          }
-          error_body.append(data, len);
-          return error_body.size() < (1 << 20);
-        });
+      path, headers,
+      [&](const httplib::Response& r) {
+        status = r.status;
+        // A 200 to a Range request is the whole blob: start over.
+        if (status == 200 && have > 0) {
+          out.close();
+          out.open(part, std::ios::binary | std::ios::trunc);
+          have = 0;
+        }
+        return true;
+      },
+      [&](const char* data, size_t len) {
+        if (status == 200 || status == 206) {
+          out.write(data, static_cast<std::streamsize>(len));
+          return static_cast<bool>(out);
+        }
+        error_body.append(data, len);
+        return error_body.size() < (1 << 20);
+      });
   lock.unlock();
   out.close();
   if (!res) return Transport(res.error(), impl_->options.url, path);
@@ -323,8 +327,8 @@ ReceiptVerdict VerifyResolvedReceipt(const ResolveAnswer& answer, const PublicKe
   if (answer.kind != ResolveAnswer::Kind::kFound) {
     ReceiptVerdict v;
     v.token = "receipt_malformed";
-    v.message = "no receipt: the resolve answer is '" +
-                std::string(ResolveKindName(answer.kind)) + "'";
+    v.message =
+        "no receipt: the resolve answer is '" + std::string(ResolveKindName(answer.kind)) + "'";
     return v;
   }
   ExpectedClaims expected{answer.key, answer.digest, answer.size, answer.family};

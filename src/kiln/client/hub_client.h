@@ -15,11 +15,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
-
-#include <nlohmann/json.hpp>
 
 #include "src/kiln/base/status.h"
 #include "src/kiln/hub/receipt.h"
@@ -92,8 +91,8 @@ class HubClient {
   HubAnswer SettleObligation(const std::string& release, const std::string& target,
                              const std::string& sm, const std::string& token);
   // Any JSON route: method "GET" | "POST" | "PUT".
-  HubAnswer Call(const std::string& method, const std::string& path,
-                 const std::string& body = "", const std::string& content_type = "application/json");
+  HubAnswer Call(const std::string& method, const std::string& path, const std::string& body = "",
+                 const std::string& content_type = "application/json");
 
  private:
   HubClient() = default;

@@ -79,8 +79,9 @@ Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std
     if (row.token_sha256.size() != 64 ||
         !std::all_of(row.token_sha256.begin(), row.token_sha256.end(),
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); })) {
-      return Status::InvalidArgument(where + ": sha256 must be 64 lowercase hex (the token's "
-                                             "SHA-256; the token itself is never stored)");
+      return Status::InvalidArgument(where +
+                                     ": sha256 must be 64 lowercase hex (the token's "
+                                     "SHA-256; the token itself is never stored)");
     }
     if (row.name.empty()) return Status::InvalidArgument(where + ": name is empty");
     if (row.role != "publisher" && row.role != "worker" && row.role != "admin") {
@@ -91,10 +92,10 @@ Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std
       return Status::InvalidArgument(where + ": publisher tier '" + row.tier +
                                      "' is not platform or org");
     }
-    if (row.tier == "org" && (row.org.empty() || row.org == "root" ||
-                              !IsWellFormedFamily(row.org + "/x"))) {
-      return Status::InvalidArgument(where + ": tier org needs an org name other than 'root', got '" +
-                                     row.org + "'");
+    if (row.tier == "org" &&
+        (row.org.empty() || row.org == "root" || !IsWellFormedFamily(row.org + "/x"))) {
+      return Status::InvalidArgument(
+          where + ": tier org needs an org name other than 'root', got '" + row.org + "'");
     }
     rows.push_back(std::move(row));
   }

@@ -104,8 +104,8 @@ class FdReader final : public BlobReader {
 
 class DiskWriter final : public BlobWriter {
  public:
-  DiskWriter(std::string digest, uint64_t expected, int fd, std::string temp, std::string final_path,
-             std::string dir)
+  DiskWriter(std::string digest, uint64_t expected, int fd, std::string temp,
+             std::string final_path, std::string dir)
       : sink_(digest, expected),
         digest_(std::move(digest)),
         fd_(fd),
@@ -179,9 +179,8 @@ class DiskBlobStore final : public BlobStore {
       return Status::InvalidArgument("blob digest '" + digest + "' is not sha256:<64 hex>");
     }
     const std::string hex = digest.substr(7);
-    const std::string temp =
-        root_ + "/tmp/" + hex + "." + std::to_string(::getpid()) + "-" +
-        std::to_string(counter_.fetch_add(1)) + ".part";
+    const std::string temp = root_ + "/tmp/" + hex + "." + std::to_string(::getpid()) + "-" +
+                             std::to_string(counter_.fetch_add(1)) + ".part";
     const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return Status::IOError("create '" + temp + "': " + Errno());
     return std::unique_ptr<BlobWriter>(std::make_unique<DiskWriter>(

@@ -181,7 +181,8 @@ class MemoryStore final : public HubStore {
     std::lock_guard<std::mutex> lock(mu_);
     std::set<std::string> workers;
     for (const auto& e : events_) {
-      if ((e.key == key || e.key.rfind(key + "@", 0) == 0) && e.kind == "boot_adopt" && (e.phase == "hit" || e.phase == "local_hit")) {
+      if ((e.key == key || e.key.rfind(key + "@", 0) == 0) && e.kind == "boot_adopt" &&
+          (e.phase == "hit" || e.phase == "local_hit")) {
         workers.insert(e.worker);
       }
     }

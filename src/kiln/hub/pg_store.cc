@@ -5,11 +5,10 @@
 // libpqxx throws; every call is wrapped here so that no exception leaves this file. A small pool
 // of connections serves the calling threads; a connection that broke is replaced once and the
 // operation retried (all operations are idempotent or conflict-safe).
-#include <pqxx/pqxx>
-
 #include <condition_variable>
 #include <functional>
 #include <mutex>
+#include <pqxx/pqxx>
 
 #include "src/kiln/base/log.h"
 #include "src/kiln/hub/store.h"
@@ -130,8 +129,8 @@ class PostgresStore final : public HubStore {
           "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (key) DO NOTHING",
           c.key, c.digest, static_cast<int64_t>(c.size), c.family, c.publisher, c.tier, c.release,
           c.receipt, c.created_at);
-      auto r = w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1",
-                             c.key);
+      auto r =
+          w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1", c.key);
       if (r.empty()) throw std::runtime_error("cell row vanished after insert");
       out = ReadCell(r[0]);
     }));
@@ -140,8 +139,8 @@ class PostgresStore final : public HubStore {
   Result<std::optional<CellRow>> GetCell(const std::string& key) override {
     std::optional<CellRow> out;
     KILN_RETURN_IF_ERROR(Do("get cell", [&](pqxx::work& w) {
-      auto r = w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1",
-                             key);
+      auto r =
+          w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1", key);
       if (!r.empty()) out = ReadCell(r[0]);
     }));
     return out;
@@ -165,17 +164,17 @@ class PostgresStore final : public HubStore {
           "size = EXCLUDED.size, family = EXCLUDED.family, release = EXCLUDED.release, "
           "target = EXCLUDED.target, publisher = EXCLUDED.publisher, "
           "created_at = EXCLUDED.created_at",
-          i.key, i.digest, static_cast<int64_t>(i.size), i.family, i.release, i.target,
-          i.publisher, i.created_at);
+          i.key, i.digest, static_cast<int64_t>(i.size), i.family, i.release, i.target, i.publisher,
+          i.created_at);
     });
   }
   Result<std::optional<IntentRow>> GetIntent(const std::string& key,
                                              const std::string& digest) override {
     std::optional<IntentRow> out;
     KILN_RETURN_IF_ERROR(Do("get intent", [&](pqxx::work& w) {
-      auto r = w.exec_params(std::string("SELECT ") + kIntentCols +
-                                 " FROM intents WHERE key = $1 AND digest = $2",
-                             key, digest);
+      auto r = w.exec_params(
+          std::string("SELECT ") + kIntentCols + " FROM intents WHERE key = $1 AND digest = $2",
+          key, digest);
       if (!r.empty()) out = ReadIntent(r[0]);
     }));
     return out;
@@ -184,8 +183,7 @@ class PostgresStore final : public HubStore {
     std::optional<IntentRow> out;
     KILN_RETURN_IF_ERROR(Do("find intent", [&](pqxx::work& w) {
       auto r = w.exec_params(
-          std::string("SELECT ") + kIntentCols + " FROM intents WHERE digest = $1 LIMIT 1",
-          digest);
+          std::string("SELECT ") + kIntentCols + " FROM intents WHERE digest = $1 LIMIT 1", digest);
       if (!r.empty()) out = ReadIntent(r[0]);
     }));
     return out;
@@ -335,7 +333,8 @@ class PostgresStore final : public HubStore {
   Result<std::vector<WorkerSummary>> ListWorkers() override {
     std::vector<WorkerSummary> out;
     KILN_RETURN_IF_ERROR(Do("list workers", [&](pqxx::work& w) {
-      auto r = w.exec("SELECT worker, MAX(ts), COUNT(*) FROM events GROUP BY worker ORDER BY worker");
+      auto r =
+          w.exec("SELECT worker, MAX(ts), COUNT(*) FROM events GROUP BY worker ORDER BY worker");
       for (const auto& row : r) out.push_back(WorkerSummary{S(row[0]), I(row[1]), I(row[2])});
     }));
     return out;
@@ -370,8 +369,8 @@ class PostgresStore final : public HubStore {
         // Dropped (server restart, idle kill) or never made: discard it; retry once.
         if (conn) Release(nullptr);
         if (attempt == 1) {
-          return Status::IOError(std::string("postgresql: ") + what + ": connection broken: " +
-                                 e.what());
+          return Status::IOError(std::string("postgresql: ") + what +
+                                 ": connection broken: " + e.what());
         }
       } catch (const std::exception& e) {
         if (conn) Release(conn->is_open() ? std::move(conn) : nullptr);

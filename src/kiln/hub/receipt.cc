@@ -51,8 +51,7 @@ bool Ed25519Verify(std::string_view raw_public, std::string_view message,
     return false;
   }
   return EVP_DigestVerify(ctx.get(), reinterpret_cast<const unsigned char*>(signature.data()),
-                          signature.size(),
-                          reinterpret_cast<const unsigned char*>(message.data()),
+                          signature.size(), reinterpret_cast<const unsigned char*>(message.data()),
                           message.size()) == 1;
 }
 
@@ -146,15 +145,20 @@ Result<std::string> Base64UrlDecode(std::string_view text, const std::string& wh
 // --- claims ---------------------------------------------------------------------------------
 
 nlohmann::json ClaimsToJson(const ReceiptClaims& c) {
-  return nlohmann::json{{"key", c.key},         {"digest", c.digest},       {"size", c.size},
-                        {"family", c.family},   {"publisher", c.publisher}, {"tier", c.tier},
-                        {"release", c.release}, {"iat", c.iat}};
+  return nlohmann::json{{"key", c.key},
+                        {"digest", c.digest},
+                        {"size", c.size},
+                        {"family", c.family},
+                        {"publisher", c.publisher},
+                        {"tier", c.tier},
+                        {"release", c.release},
+                        {"iat", c.iat}};
 }
 
 Result<ReceiptClaims> ClaimsFromJson(const nlohmann::json& j) {
   if (!j.is_object()) return Status::InvalidArgument("receipt claims: not a JSON object");
-  static const char* kKnown[] = {"key",  "digest",  "size", "family",
-                                 "publisher", "tier", "release", "iat"};
+  static const char* kKnown[] = {"key",       "digest", "size",    "family",
+                                 "publisher", "tier",   "release", "iat"};
   for (const auto& [name, _] : j.items()) {
     if (std::find_if(std::begin(kKnown), std::end(kKnown),
                      [&](const char* k) { return name == k; }) == std::end(kKnown)) {
@@ -242,8 +246,7 @@ Result<std::string> SigningKey::Sign(std::string_view message) const {
   std::string sig(64, '\0');
   size_t len = sig.size();
   if (EVP_DigestSign(ctx.get(), reinterpret_cast<unsigned char*>(sig.data()), &len,
-                     reinterpret_cast<const unsigned char*>(message.data()),
-                     message.size()) != 1 ||
+                     reinterpret_cast<const unsigned char*>(message.data()), message.size()) != 1 ||
       len != 64) {
     return Status::Internal("Ed25519: signing with key " + kid_ + " failed");
   }
@@ -397,8 +400,8 @@ ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
   auto claims = ClaimsFromJson(*claims_json);
   if (!claims.ok()) return Refuse("receipt_malformed", claims.status().message());
   auto mismatch = [&](const char* name, const std::string& got, const std::string& want) {
-    return Refuse("receipt_claim_mismatch", std::string("receipt claim '") + name + "' is '" +
-                                                got + "', expected '" + want + "'");
+    return Refuse("receipt_claim_mismatch", std::string("receipt claim '") + name + "' is '" + got +
+                                                "', expected '" + want + "'");
   };
   if (!expected.key.empty() && claims->key != expected.key) {
     return mismatch("key", claims->key, expected.key);
@@ -462,8 +465,8 @@ Result<std::unique_ptr<SigningKeyRing>> SigningKeyRing::OpenOrCreate(const std::
     KILN_ASSIGN_OR_RETURN(std::string priv, ReadFile(signing_dir + "/" + kid + ".key"));
     KILN_ASSIGN_OR_RETURN(SigningKey key, SigningKey::FromRawPrivate(priv));
     if (key.kid() != kid) {
-      return Status::Corruption("signing key '" + signing_dir + "/" + kid +
-                                ".key' has key id '" + key.kid() + "', expected '" + kid + "'");
+      return Status::Corruption("signing key '" + signing_dir + "/" + kid + ".key' has key id '" +
+                                key.kid() + "', expected '" + kid + "'");
     }
     KILN_RETURN_IF_ERROR(ring->state_->all.AddRaw(key.raw_public()));
     ring->state_->current = std::make_shared<const SigningKey>(std::move(key));

@@ -16,12 +16,11 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "src/kiln/base/status.h"
 
@@ -124,7 +123,8 @@ ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
 // The hub's signing keys, persisted under `dir`:
 //   dir/signing/current          the kid of the active key
 //   dir/signing/<kid>.key        raw 32-byte private key (mode 0600)
-//   dir/signing/<kid>.pub        raw 32-byte public key (kept forever: old receipts stay verifiable)
+//   dir/signing/<kid>.pub        raw 32-byte public key (kept forever: old receipts stay
+//   verifiable)
 // Thread-safe: Current() and Jwks() may be called from any thread while Rotate() runs.
 class SigningKeyRing {
  public:

@@ -50,8 +50,7 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
              options.db_url.rfind("postgres://", 0) == 0) {
     KILN_ASSIGN_OR_RETURN(store, OpenPostgresStore(options.db_url, options.threads));
   } else {
-    return Status::InvalidArgument("hub: --db '" + options.db_url +
-                                   "' is not a postgresql:// URL");
+    return Status::InvalidArgument("hub: --db '" + options.db_url + "' is not a postgresql:// URL");
   }
   KILN_ASSIGN_OR_RETURN(auto blobs, OpenDiskBlobStore(options.data_dir + "/blobs"));
   KILN_ASSIGN_OR_RETURN(auto keys, SigningKeyRing::OpenOrCreate(options.data_dir));
@@ -78,8 +77,7 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
 
   std::unique_ptr<HubServer> hub(new HubServer());
   hub->options_ = options;
-  hub->service_ =
-      std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys));
+  hub->service_ = std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys));
   hub->http_ = std::make_unique<Http>();
   hub->InstallRoutes();
   auto& svr = hub->http_->server;
@@ -95,10 +93,10 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
     }
     hub->port_ = options.port;
   }
-  KILN_LOG(INFO) << "hub: " << hub->service_->store().Describe() << ", blobs "
-                 << options.data_dir << "/blobs, signing key "
-                 << hub->service_->keys().Current()->kid() << ", " << tokens.size()
-                 << " token(s), listening on " << options.bind << ":" << hub->port_;
+  KILN_LOG(INFO) << "hub: " << hub->service_->store().Describe() << ", blobs " << options.data_dir
+                 << "/blobs, signing key " << hub->service_->keys().Current()->kid() << ", "
+                 << tokens.size() << " token(s), listening on " << options.bind << ":"
+                 << hub->port_;
   return hub;
 }
 
@@ -123,18 +121,18 @@ void HubServer::InstallRoutes() {
   svr.set_read_timeout(60);
   svr.set_write_timeout(60);
   svr.set_payload_max_length(options_.max_blob_bytes + 1);
-  svr.set_exception_handler([](const httplib::Request& req, httplib::Response& res,
-                               std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    KILN_LOG(ERROR) << "hub: " << req.method << " " << req.path << " threw: " << what;
-    Send(Reply::Error(500, "internal", "the hub failed while handling " + req.path), res);
-  });
+  svr.set_exception_handler(
+      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        KILN_LOG(ERROR) << "hub: " << req.method << " " << req.path << " threw: " << what;
+        Send(Reply::Error(500, "internal", "the hub failed while handling " + req.path), res);
+      });
   svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
     if (res.status == 404) {
@@ -153,15 +151,12 @@ void HubServer::InstallRoutes() {
     };
   };
 
-  svr.Get("/v1/health", [s](const httplib::Request&, httplib::Response& res) {
-    Send(s->Health(), res);
-  });
-  svr.Get("/.well-known/jwks.json", [s](const httplib::Request&, httplib::Response& res) {
-    Send(s->Jwks(), res);
-  });
-  svr.Get("/v1/revocations", [s](const httplib::Request&, httplib::Response& res) {
-    Send(s->Revocations(), res);
-  });
+  svr.Get("/v1/health",
+          [s](const httplib::Request&, httplib::Response& res) { Send(s->Health(), res); });
+  svr.Get("/.well-known/jwks.json",
+          [s](const httplib::Request&, httplib::Response& res) { Send(s->Jwks(), res); });
+  svr.Get("/v1/revocations",
+          [s](const httplib::Request&, httplib::Response& res) { Send(s->Revocations(), res); });
   svr.Get("/", [s](const httplib::Request&, httplib::Response& res) { Send(s->Dashboard(), res); });
 
   svr.Get(R"(/v1/cells/([^/]+))", authed([s](const Principal& p, const httplib::Request& req) {
@@ -187,20 +182,18 @@ void HubServer::InstallRoutes() {
     if (auto* r = std::get_if<Reply>(&who)) return Send(*r, res);
     auto opened = s->OpenBlob(std::get<Principal>(who), req.matches[1]);
     if (auto* r = std::get_if<Reply>(&opened)) return Send(*r, res);
-    std::shared_ptr<BlobReader> reader =
-        std::move(std::get<std::unique_ptr<BlobReader>>(opened));
+    std::shared_ptr<BlobReader> reader = std::move(std::get<std::unique_ptr<BlobReader>>(opened));
     const uint64_t size = reader->size();
     res.set_header("Accept-Ranges", "bytes");
     // httplib answers a Range request (206 + Content-Range) from a sized content provider.
-    res.set_content_provider(
-        size, "application/octet-stream",
-        [reader](size_t offset, size_t length, httplib::DataSink& sink) {
-          char buf[64 * 1024];
-          const size_t want = std::min(length, sizeof(buf));
-          auto n = reader->ReadAt(offset, buf, want);
-          if (!n.ok() || *n == 0) return false;
-          return sink.write(buf, *n);
-        });
+    res.set_content_provider(size, "application/octet-stream",
+                             [reader](size_t offset, size_t length, httplib::DataSink& sink) {
+                               char buf[64 * 1024];
+                               const size_t want = std::min(length, sizeof(buf));
+                               auto n = reader->ReadAt(offset, buf, want);
+                               if (!n.ok() || *n == 0) return false;
+                               return sink.write(buf, *n);
+                             });
   });
   svr.Get(R"(/v1/receipts/([^/]+)/([^/]+))",
           authed([s](const Principal& p, const httplib::Request& req) {
@@ -209,9 +202,8 @@ void HubServer::InstallRoutes() {
   svr.Post("/v1/admin/revoke", authed([s](const Principal& p, const httplib::Request& req) {
              return s->Revoke(p, req.body);
            }));
-  svr.Post("/v1/admin/rotate-key", authed([s](const Principal& p, const httplib::Request&) {
-             return s->RotateKey(p);
-           }));
+  svr.Post("/v1/admin/rotate-key",
+           authed([s](const Principal& p, const httplib::Request&) { return s->RotateKey(p); }));
   svr.Post("/v1/releases", authed([s](const Principal& p, const httplib::Request& req) {
              return s->CreateRelease(p, req.body);
            }));

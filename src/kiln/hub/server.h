@@ -17,12 +17,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <variant>
-
-#include <nlohmann/json.hpp>
 
 #include "src/kiln/base/status.h"
 #include "src/kiln/hub/authz.h"
@@ -100,12 +99,12 @@ class HubService {
 };
 
 struct HubOptions {
-  std::string data_dir;          // created if missing: hub.sqlite, blobs/, signing/, tokens.json
-  std::string db_url;            // "postgresql://…" or empty for SQLite under data_dir
-  std::string tokens_file;       // default data_dir/tokens.json
+  std::string data_dir;     // created if missing: hub.sqlite, blobs/, signing/, tokens.json
+  std::string db_url;       // "postgresql://…" or empty for SQLite under data_dir
+  std::string tokens_file;  // default data_dir/tokens.json
   std::string bind = "127.0.0.1";
-  int port = 8470;               // 0: any free port (see HubServer::port())
-  int threads = 32;              // request threads (each keep-alive connection holds one)
+  int port = 8470;   // 0: any free port (see HubServer::port())
+  int threads = 32;  // request threads (each keep-alive connection holds one)
   uint64_t max_blob_bytes = 2ull << 30;
 };
 

@@ -75,27 +75,48 @@ std::string HtmlEscape(std::string_view s) {
   out.reserve(s.size());
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out += c;
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out += c;
     }
   }
   return out;
 }
 
 nlohmann::json ObligationJson(const ObligationRow& o) {
-  return {{"release", o.release}, {"target", o.target},           {"sm", o.sm},
-          {"key", o.key},         {"state", o.state},             {"cell_digest", o.cell_digest},
+  return {{"release", o.release},
+          {"target", o.target},
+          {"sm", o.sm},
+          {"key", o.key},
+          {"state", o.state},
+          {"cell_digest", o.cell_digest},
           {"updated_at", o.updated_at}};
 }
 
 nlohmann::json EventJson(const EventRow& e) {
-  return {{"id", e.id},       {"worker", e.worker},           {"seq", e.seq},
-          {"kind", e.kind},   {"phase", e.phase},             {"key", e.key},
-          {"duration_ms", e.duration_ms}, {"detail", e.detail}, {"ts", e.ts}};
+  return {{"id", e.id},
+          {"worker", e.worker},
+          {"seq", e.seq},
+          {"kind", e.kind},
+          {"phase", e.phase},
+          {"key", e.key},
+          {"duration_ms", e.duration_ms},
+          {"detail", e.detail},
+          {"ts", e.ts}};
 }
 
 }  // namespace
@@ -148,8 +169,8 @@ std::variant<Principal, Reply> HubService::Authenticate(const std::string& heade
 }
 
 Reply HubService::Health() {
-  return Reply::Json(200, {{"ok", true}, {"store", store_->Describe()},
-                           {"kid", keys_->Current()->kid()}});
+  return Reply::Json(
+      200, {{"ok", true}, {"store", store_->Describe()}, {"kid", keys_->Current()->kid()}});
 }
 
 // GET /v1/cells/{key}
@@ -205,8 +226,9 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
     return Reply::Error(400, "bad_digest", "digest '" + intent.digest + "' is not sha256:<64 hex>");
   }
   if (intent.size > (2ull << 30)) {
-    return Reply::Error(413, "too_large", "size " + std::to_string(intent.size) +
-                                              " exceeds the hub's limit of 2 GiB");
+    return Reply::Error(
+        413, "too_large",
+        "size " + std::to_string(intent.size) + " exceeds the hub's limit of 2 GiB");
   }
   if (Status s = CheckFamilyWrite(p, intent.family); !s.ok()) {
     return Reply::Error(IsWellFormedFamily(intent.family) ? 403 : 400,
@@ -218,8 +240,8 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
   if (existing->has_value()) {
     const CellRow& c = **existing;
     if (c.digest == intent.digest) {
-      return Reply::Json(200, {{"already", true}, {"key", c.key}, {"digest", c.digest},
-                               {"receipt", c.receipt}});
+      return Reply::Json(
+          200, {{"already", true}, {"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
     }
     return Reply::Error(409, "key_taken",
                         "key " + c.key + " is already owned by " + c.digest + " (first writer " +
@@ -229,8 +251,8 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
   intent.publisher = p.name;
   intent.created_at = Now();
   if (Status s = store_->PutIntent(intent); !s.ok()) return Reply::FromStatus(s);
-  return Reply::Json(200, {{"upload", "/v1/blobs/" + intent.digest},
-                           {"have_blob", blobs_->Has(intent.digest)}});
+  return Reply::Json(
+      200, {{"upload", "/v1/blobs/" + intent.digest}, {"have_blob", blobs_->Has(intent.digest)}});
 }
 
 // PUT /v1/blobs/{digest}
@@ -303,24 +325,24 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
   if (existing->has_value()) {
     const CellRow& c = **existing;
     if (c.digest == digest) {
-      return Reply::Json(200, {{"already", true}, {"key", c.key}, {"digest", c.digest},
-                               {"receipt", c.receipt}});
+      return Reply::Json(
+          200, {{"already", true}, {"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
     }
     return Reply::Error(409, "key_taken", "key " + key + " is already owned by " + c.digest,
                         {{"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
   }
   // 3. The bytes, verified at upload.
   if (!blobs_->Has(digest)) {
-    return Reply::Error(409, "blob_missing", "blob " + digest + " has not been uploaded (PUT " +
-                                                 "/v1/blobs/" + digest + ")");
+    return Reply::Error(
+        409, "blob_missing",
+        "blob " + digest + " has not been uploaded (PUT " + "/v1/blobs/" + digest + ")");
   }
   auto bytes = blobs_->ReadAll(digest);
   if (!bytes.ok()) return Reply::FromStatus(bytes.status());
   if (bytes->size() != intent.size) {
-    return Reply::Error(422, "size_mismatch", "blob " + digest + " holds " +
-                                                  std::to_string(bytes->size()) +
-                                                  " bytes, the intent declared " +
-                                                  std::to_string(intent.size));
+    return Reply::Error(422, "size_mismatch",
+                        "blob " + digest + " holds " + std::to_string(bytes->size()) +
+                            " bytes, the intent declared " + std::to_string(intent.size));
   }
   // 4. The cell restates its own key with kiln's one function (law 3).
   auto files = UnpackCell(*bytes, "cell " + digest);
@@ -329,20 +351,20 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
   if (!meta.ok()) return Reply::Error(422, "bad_metadata", meta.status().message());
   auto restated = RestateKey(*meta);
   if (!restated.ok()) {
-    return Reply::Error(422, "key_restatement_failed",
-                        "metadata.json of " + digest + " does not restate: " +
-                            restated.status().message());
+    return Reply::Error(
+        422, "key_restatement_failed",
+        "metadata.json of " + digest + " does not restate: " + restated.status().message());
   }
   if (*restated != key || meta->key != key) {
     return Reply::Error(422, "key_restatement_failed",
-                        "metadata.json of " + digest + " restates to " + *restated +
-                            " (recorded " + meta->key + "), expected " + key);
+                        "metadata.json of " + digest + " restates to " + *restated + " (recorded " +
+                            meta->key + "), expected " + key);
   }
   // 5. Family: the metadata's, the intent's, and one this publisher may write.
   if (meta->family != intent.family) {
-    return Reply::Error(422, "family_mismatch", "metadata.json family '" + meta->family +
-                                                    "' differs from the intent's '" +
-                                                    intent.family + "'");
+    return Reply::Error(422, "family_mismatch",
+                        "metadata.json family '" + meta->family + "' differs from the intent's '" +
+                            intent.family + "'");
   }
   if (Status s = CheckFamilyWrite(p, meta->family); !s.ok()) {
     return Reply::Error(403, "family_forbidden", s.message());
@@ -360,19 +382,19 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
   auto signing_key = keys_->Current();
   auto receipt = SignReceipt(claims, *signing_key);
   if (!receipt.ok()) return Reply::FromStatus(receipt.status());
-  CellRow row{key,       digest,        intent.size,     meta->family, p.name,
-              claims.tier, intent.release, *receipt,      claims.iat};
+  CellRow row{key,         digest,         intent.size, meta->family, p.name,
+              claims.tier, intent.release, *receipt,    claims.iat};
   auto owner = store_->InsertCellIfAbsent(row);
   if (!owner.ok()) return Reply::FromStatus(owner.status());
   if (owner->digest != digest) {
-    return Reply::Error(409, "key_taken", "key " + key + " was taken by " + owner->digest,
-                        {{"key", owner->key}, {"digest", owner->digest},
-                         {"receipt", owner->receipt}});
+    return Reply::Error(
+        409, "key_taken", "key " + key + " was taken by " + owner->digest,
+        {{"key", owner->key}, {"digest", owner->digest}, {"receipt", owner->receipt}});
   }
   if (owner->receipt != row.receipt) {
     // A concurrent publisher of the same bytes won: its receipt is the one.
-    return Reply::Json(200, {{"already", true}, {"key", key}, {"digest", digest},
-                             {"receipt", owner->receipt}});
+    return Reply::Json(
+        200, {{"already", true}, {"key", key}, {"digest", digest}, {"receipt", owner->receipt}});
   }
   // 7. Obligations owed this key (or this release's target slot) are discharged.
   auto discharged =
@@ -474,8 +496,10 @@ Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
   }
   auto targets = j.find("targets");
   if (targets == j.end() || !targets->is_array() || targets->empty()) {
-    return Reply::Error(400, "bad_request", "release '" + name + "': 'targets' must be a "
-                                                                  "non-empty array");
+    return Reply::Error(400, "bad_request",
+                        "release '" + name +
+                            "': 'targets' must be a "
+                            "non-empty array");
   }
   std::vector<ObligationRow> rows;
   for (size_t i = 0; i < targets->size(); ++i) {
@@ -519,7 +543,9 @@ Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
     if (o.key.empty()) continue;
     auto cell = store_->GetCell(o.key);
     if (cell.ok() && cell->has_value()) {
-      store_->DischargeObligations(o.key, (*cell)->digest, "", "", "", Now()).status().IgnoreError();
+      store_->DischargeObligations(o.key, (*cell)->digest, "", "", "", Now())
+          .status()
+          .IgnoreError();
     }
   }
   auto all = store_->ListObligations(name);
@@ -560,15 +586,15 @@ Reply HubService::SettleObligation(const Principal& p, std::string_view body) {
   auto row = store_->SettleObligation(release, target, sm, token, Now());
   if (!row.ok()) return Reply::FromStatus(row.status());
   if (!row->has_value()) {
-    return Reply::Error(404, "not_found", "no obligation (" + release + ", " + target + ", " + sm +
-                                              ")");
+    return Reply::Error(404, "not_found",
+                        "no obligation (" + release + ", " + target + ", " + sm + ")");
   }
   const ObligationRow& o = **row;
   if (o.state != "settled:" + token) {
-    return Reply::Error(409, "already_terminal",
-                        "obligation (" + release + ", " + target + ", " + sm + ") is already '" +
-                            o.state + "'",
-                        {{"obligation", ObligationJson(o)}});
+    return Reply::Error(
+        409, "already_terminal",
+        "obligation (" + release + ", " + target + ", " + sm + ") is already '" + o.state + "'",
+        {{"obligation", ObligationJson(o)}});
   }
   return Reply::Json(200, {{"obligation", ObligationJson(o)}});
 }
@@ -584,8 +610,9 @@ Reply HubService::PostEvents(const Principal& p, std::string_view body) {
     return Reply::Error(400, "bad_request", "events body: expected an array of event rows");
   }
   if (rows->size() > 10000) {
-    return Reply::Error(413, "too_large", "events body: " + std::to_string(rows->size()) +
-                                              " rows, at most 10000 per post");
+    return Reply::Error(
+        413, "too_large",
+        "events body: " + std::to_string(rows->size()) + " rows, at most 10000 per post");
   }
   std::vector<EventRow> out;
   const int64_t now_ms = Now() * 1000;
@@ -638,8 +665,8 @@ Reply HubService::QueryEvents(const Principal& p, const std::map<std::string, st
     return Reply::Error(400, "bad_request", "events query: since and limit must be integers");
   }
   if (f.limit < 1 || f.limit > 10000) {
-    return Reply::Error(400, "bad_request", "events query: limit " + std::to_string(f.limit) +
-                                                " outside [1, 10000]");
+    return Reply::Error(400, "bad_request",
+                        "events query: limit " + std::to_string(f.limit) + " outside [1, 10000]");
   }
   auto rows = store_->QueryEvents(f);
   if (!rows.ok()) return Reply::FromStatus(rows.status());
@@ -680,9 +707,9 @@ Reply HubService::Dashboard() {
       auto adopted = store_->AdoptedCount(c.key);
       auto revoked = store_->GetRevocation(c.key, c.digest);
       h << "<tr class=\"cell\"><td><code>" << HtmlEscape(c.key) << "</code></td><td>"
-        << HtmlEscape(c.family) << "</td><td>" << c.size << "</td><td>"
-        << HtmlEscape(c.publisher) << "</td><td>" << HtmlEscape(c.tier) << "</td><td>"
-        << HtmlEscape(c.release) << "</td><td>" << (adopted.ok() ? *adopted : 0) << "</td><td>"
+        << HtmlEscape(c.family) << "</td><td>" << c.size << "</td><td>" << HtmlEscape(c.publisher)
+        << "</td><td>" << HtmlEscape(c.tier) << "</td><td>" << HtmlEscape(c.release) << "</td><td>"
+        << (adopted.ok() ? *adopted : 0) << "</td><td>"
         << (revoked.ok() && revoked->has_value() ? "revoked" : "live") << "</td></tr>\n";
     }
   }
@@ -721,10 +748,10 @@ Reply HubService::Dashboard() {
   auto events = store_->QueryEvents(f);
   if (events.ok()) {
     for (const auto& e : *events) {
-      h << "<tr class=\"event\"><td>" << e.ts << "</td><td>" << HtmlEscape(e.worker)
-        << "</td><td>" << e.seq << "</td><td>" << HtmlEscape(e.kind) << "</td><td>"
-        << HtmlEscape(e.phase) << "</td><td><code>" << HtmlEscape(e.key) << "</code></td><td>"
-        << e.duration_ms << "</td><td>" << HtmlEscape(e.detail) << "</td></tr>\n";
+      h << "<tr class=\"event\"><td>" << e.ts << "</td><td>" << HtmlEscape(e.worker) << "</td><td>"
+        << e.seq << "</td><td>" << HtmlEscape(e.kind) << "</td><td>" << HtmlEscape(e.phase)
+        << "</td><td><code>" << HtmlEscape(e.key) << "</code></td><td>" << e.duration_ms
+        << "</td><td>" << HtmlEscape(e.detail) << "</td></tr>\n";
     }
   }
   h << "</table>\n";

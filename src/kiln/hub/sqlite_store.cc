@@ -244,8 +244,9 @@ class SqliteStore final : public HubStore {
 
   Status PutToken(const TokenRow& r) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Stmt s(db_,
-           "INSERT OR REPLACE INTO tokens (token_sha256, name, role, tier, org) VALUES (?,?,?,?,?)");
+    Stmt s(
+        db_,
+        "INSERT OR REPLACE INTO tokens (token_sha256, name, role, tier, org) VALUES (?,?,?,?,?)");
     s.Bind(r.token_sha256).Bind(r.name).Bind(r.role).Bind(r.tier).Bind(r.org);
     return s.Run("put token");
   }
@@ -254,7 +255,10 @@ class SqliteStore final : public HubStore {
     Stmt s(db_, "SELECT token_sha256, name, role, tier, org FROM tokens WHERE token_sha256 = ?");
     s.Bind(token_sha256);
     return One<TokenRow>(
-        s, [](const Stmt& s) { return TokenRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4)}; },
+        s,
+        [](const Stmt& s) {
+          return TokenRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4)};
+        },
         "get token");
   }
 
@@ -356,7 +360,10 @@ class SqliteStore final : public HubStore {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_, "SELECT worker, MAX(ts), COUNT(*) FROM events GROUP BY worker ORDER BY worker");
     return All<WorkerSummary>(
-        s, [](const Stmt& s) { return WorkerSummary{s.Text(0), s.Int(1), s.Int(2)}; },
+        s,
+        [](const Stmt& s) {
+          return WorkerSummary{s.Text(0), s.Int(1), s.Int(2)};
+        },
         "list workers");
   }
   Result<int64_t> AdoptedCount(const std::string& key) override {
@@ -401,9 +408,9 @@ class SqliteStore final : public HubStore {
 
 Result<std::unique_ptr<HubStore>> OpenSqliteStore(const std::string& path) {
   sqlite3* db = nullptr;
-  const int rc = sqlite3_open_v2(path.c_str(), &db,
-                                 SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                                 nullptr);
+  const int rc =
+      sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, nullptr);
   if (rc != SQLITE_OK) {
     std::string msg = db ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
     sqlite3_close(db);

@@ -28,10 +28,10 @@ struct CellRow {
   std::string digest;  // "sha256:<hex>"
   uint64_t size = 0;
   std::string family;
-  std::string publisher;  // token name
-  std::string tier;       // "platform" | "org"
-  std::string release;    // may be empty
-  std::string receipt;    // JWS
+  std::string publisher;   // token name
+  std::string tier;        // "platform" | "org"
+  std::string release;     // may be empty
+  std::string receipt;     // JWS
   int64_t created_at = 0;  // unix seconds
 };
 
@@ -123,7 +123,7 @@ class HubStore {
   // Records or replaces the intent for (key, digest).
   virtual Status PutIntent(const IntentRow& row) = 0;
   virtual Result<std::optional<IntentRow>> GetIntent(const std::string& key,
-                                                      const std::string& digest) = 0;
+                                                     const std::string& digest) = 0;
   // Any intent for `digest` (uploads are addressed by digest only).
   virtual Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) = 0;
 
