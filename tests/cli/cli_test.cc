@@ -1,6 +1,7 @@
 // End-to-end tests of the `kiln` binary as a user runs it: info, run, checkpoint derive, errors.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cstdio>
@@ -106,6 +107,78 @@ TEST(Cli, SafeFileNameReplacesUnsafeCharacters) {
   EXPECT_EQ(cli::SafeFileName("/out/x:0"), "_out_x_0");
   EXPECT_EQ(cli::SafeFileName(".."), "_..");
   EXPECT_EQ(cli::SafeFileName(""), "_");
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// kiln key / mint / inspect / run --compile, as a user runs them, against a private store.
+class CliCellTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    cache_ = "/tmp/kiln-cli-cells-" + std::to_string(::getpid());
+    std::system(("rm -rf " + cache_).c_str());
+    ::setenv("KILN_CACHE_DIR", cache_.c_str(), 1);
+  }
+  std::string cache_;
+};
+
+TEST_F(CliCellTest, KeyMintInspectAndRunCompiled) {
+  const std::string manifest = kExamples + "/mlp/kiln.toml";
+  Output key = Kiln("key --manifest " + manifest);
+  ASSERT_EQ(key.exit_code, 0) << key.text;
+  const std::string k = key.text.substr(0, key.text.find('\n'));
+  EXPECT_EQ(k.rfind("ck1-", 0), 0u) << key.text;
+  EXPECT_NE(key.text.find("nothing compiled"), std::string::npos);
+
+  Output mint = Kiln("mint --manifest " + manifest);
+  ASSERT_EQ(mint.exit_code, 0) << mint.text;
+  EXPECT_EQ(mint.text.rfind(k + "@sha256:", 0), 0u) << "mint's ref must carry the derived key\n"
+                                                     << mint.text;
+  EXPECT_NE(mint.text.find("HEALTHY"), std::string::npos);
+  for (const char* stage : {"key", "compile", "build", "gate", "fence", "seal", "total"}) {
+    EXPECT_NE(mint.text.find(stage), std::string::npos) << stage;
+  }
+
+  Output inspect = Kiln("inspect " + k);
+  ASSERT_EQ(inspect.exit_code, 0) << inspect.text;
+  EXPECT_NE(inspect.text.find("entry 2"), std::string::npos) << inspect.text;
+  EXPECT_NE(inspect.text.find("constants (9"), std::string::npos) << inspect.text;
+  EXPECT_NE(inspect.text.find("checkpoint_free=1"), std::string::npos);
+
+  const std::string out_dir = "/tmp/kiln_cli_compiled_" + std::to_string(::getpid());
+  Output run = Kiln("run " + kExamples + "/mlp/model.onnx --checkpoint " + kExamples +
+                    "/mlp/checkpoint.safetensors --input x=" + kExamples +
+                    "/mlp/inputs/x.npy --out " + out_dir + " --compile");
+  ASSERT_EQ(run.exit_code, 0) << run.text;
+  EXPECT_NE(run.text.find("serving_mode: aot_cell"), std::string::npos) << run.text;
+  auto got = ReadNpy(out_dir + "/logits.npy");
+  auto ref = ReadNpy(kExamples + "/mlp/outputs/logits.npy");
+  ASSERT_TRUE(got.ok() && ref.ok());
+  for (int64_t i = 0; i < ref->numel(); ++i) {
+    EXPECT_NEAR(got->GetAsDouble(i), ref->GetAsDouble(i), 1e-4);
+  }
+  // The second compiled run finds the cell in the local store.
+  Output again = Kiln("run " + kExamples + "/mlp/model.onnx --checkpoint " + kExamples +
+                      "/mlp/checkpoint.safetensors --input x=" + kExamples +
+                      "/mlp/inputs/x.npy --out " + out_dir + " --compile");
+  EXPECT_NE(again.text.find("local store hit"), std::string::npos) << again.text;
+}
+
+TEST_F(CliCellTest, RefusalsAreNamed) {
+  Output bad_target = Kiln("mint --manifest " + kExamples + "/mlp/kiln.toml --target nope");
+  EXPECT_EQ(bad_target.exit_code, 1);
+  EXPECT_NE(bad_target.text.find("nope"), std::string::npos) << bad_target.text;
+  Output bad_pass = Kiln("mint --manifest " + kExamples +
+                         "/mlp/kiln.toml --disable-pass no-such-pass");
+  EXPECT_EQ(bad_pass.exit_code, 1);
+  EXPECT_NE(bad_pass.text.find("no-such-pass"), std::string::npos) << bad_pass.text;
+  Output not_a_cell = Kiln("inspect " + kExamples + "/mlp/model.onnx");
+  EXPECT_EQ(not_a_cell.exit_code, 1);
+  EXPECT_NE(not_a_cell.text.find("corruption"), std::string::npos) << not_a_cell.text;
 }
 
 }  // namespace

@@ -110,6 +110,7 @@ Result<std::unique_ptr<HubClient>> HubClient::Create(const HubClientOptions& opt
   SetTimeout(options.io_timeout_s, [&](time_t s, time_t us) { http.set_read_timeout(s, us); });
   SetTimeout(options.io_timeout_s, [&](time_t s, time_t us) { http.set_write_timeout(s, us); });
   http.set_keep_alive(true);
+  http.set_tcp_nodelay(true);
   return c;
 }
 

@@ -116,6 +116,8 @@ void HubServer::InstallRoutes() {
   HubService* s = service_.get();
   const int threads = options_.threads > 0 ? options_.threads : 32;
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  // Without TCP_NODELAY small JSON answers wait on delayed ACKs (~40 ms each).
+  svr.set_tcp_nodelay(true);
   svr.set_keep_alive_max_count(100000);
   svr.set_keep_alive_timeout(30);
   svr.set_read_timeout(60);
