@@ -7,7 +7,8 @@ PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libonnx-dev libprotobuf-dev protobuf-compiler
   libdnnl-dev
-  libssl-dev nlohmann-json3-dev libcli11-dev
+  libssl-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
+  libcpp-httplib-dev libsqlite3-dev libpqxx-dev postgresql
   libgtest-dev libgmock-dev
 )
 if [ "${KILN_WITH_PYTHON:-0}" = 1 ]; then
