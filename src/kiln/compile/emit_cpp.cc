@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -106,9 +107,18 @@ class EntryEmitter {
       os_ << "  // kernel " << k << ": " << kern.label << "\n  {\n";
       switch (kern.kind) {
         case Kernel::Kind::kFused: KILN_RETURN_IF_ERROR(EmitFused(kern)); break;
-        case Kernel::Kind::kMatMul: KILN_RETURN_IF_ERROR(EmitMatMul(kern)); break;
-        case Kernel::Kind::kGemm: KILN_RETURN_IF_ERROR(EmitGemm(kern)); break;
-        case Kernel::Kind::kConv: KILN_RETURN_IF_ERROR(EmitConv(kern)); break;
+        case Kernel::Kind::kMatMul:
+          KILN_RETURN_IF_ERROR(EmitMatMul(kern));
+          KILN_RETURN_IF_ERROR(EmitEpilogue(kern));
+          break;
+        case Kernel::Kind::kGemm:
+          KILN_RETURN_IF_ERROR(EmitGemm(kern));
+          KILN_RETURN_IF_ERROR(EmitEpilogue(kern));
+          break;
+        case Kernel::Kind::kConv:
+          KILN_RETURN_IF_ERROR(EmitConv(kern));
+          KILN_RETURN_IF_ERROR(EmitEpilogue(kern));
+          break;
         case Kernel::Kind::kSoftmax: KILN_RETURN_IF_ERROR(EmitSoftmax(kern)); break;
         case Kernel::Kind::kNorm: KILN_RETURN_IF_ERROR(EmitNorm(kern)); break;
         case Kernel::Kind::kTranspose: KILN_RETURN_IF_ERROR(EmitTranspose(kern)); break;
@@ -259,6 +269,37 @@ class EntryEmitter {
     return Status::OK();
   }
 
+  // The epilogue as a fused loop over the output, in place: operand -1 (the library's result)
+  // becomes fused input 0, the output buffer itself.
+  Status EmitEpilogue(const Kernel& k) {
+    if (k.epilogue.empty()) return Status::OK();
+    Kernel f;
+    f.kind = Kernel::Kind::kFused;
+    f.label = "epilogue";
+    f.inputs = {k.outputs[0]};
+    std::map<int, int> slot;  // K input index -> fused input slot
+    f.exprs = k.epilogue;
+    for (Expr& e : f.exprs) {
+      for (int& o : e.operands) {
+        if (o == INT32_MIN || o >= 0) continue;
+        if (o == -1) {
+          o = -1;  // fused input 0
+          continue;
+        }
+        const int j = -o - 2;
+        auto it = slot.find(j);
+        if (it == slot.end()) {
+          it = slot.emplace(j, static_cast<int>(f.inputs.size())).first;
+          f.inputs.push_back(k.inputs[static_cast<size_t>(j)]);
+        }
+        o = -(it->second + 1);
+      }
+    }
+    f.outputs = {k.outputs[0]};
+    f.output_exprs = {k.epilogue_out};
+    return EmitFused(f);
+  }
+
   Status EmitMatMul(const Kernel& k) {
     Shape a = Buf(k.inputs[0]).type.shape, b = Buf(k.inputs[1]).type.shape;
     if (a.size() == 1) a.insert(a.begin(), 1);
@@ -306,7 +347,7 @@ class EntryEmitter {
     const Shape& b = Buf(k.inputs[1]).type.shape;
     const int64_t M = ta ? a[1] : a[0], K = ta ? a[0] : a[1], N = tb ? b[0] : b[1];
     const std::string Y = B(k.outputs[0]);
-    const bool has_c = k.inputs.size() > 2 && beta != 0.0f;
+    const bool has_c = n.HasInput(2) && beta != 0.0f;
     if (has_c) {
       const Shape out = {M, N};
       const auto st = BroadcastStrides(Buf(k.inputs[2]).type.shape, out);
@@ -378,10 +419,20 @@ class EntryEmitter {
     for (int64_t d = axis + 1; d < rank; ++d) inner *= s[d];
     const int64_t n = s[axis];
     const std::string X = B(k.inputs[0]), Y = B(k.outputs[0]);
+    if (inner == 1) {  // contiguous rows: vectorized lane reductions
+      os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o) {\n"
+          << "      const float* x = " << X << " + o * " << Lit(n) << ";\n"
+          << "      float* y = " << Y << " + o * " << Lit(n) << ";\n"
+          << "      const float m = kiln_row_max(x, " << Lit(n) << ");\n"
+          << "      const float inv = 1.0f / kiln_row_exp_sum(x, y, " << Lit(n) << ", m);\n"
+          << "      #pragma GCC ivdep\n"
+          << "      for (int64_t i = 0; i < " << Lit(n) << "; ++i) y[i] *= inv;\n    }\n";
+      return Status::OK();
+    }
     os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o)\n"
         << "    for (int64_t j = 0; j < " << Lit(inner) << "; ++j) {\n"
-        << "      const float* __restrict x = " << X << " + o * " << Lit(n * inner) << " + j;\n"
-        << "      float* __restrict y = " << Y << " + o * " << Lit(n * inner) << " + j;\n"
+        << "      const float* x = " << X << " + o * " << Lit(n * inner) << " + j;\n"
+        << "      float* y = " << Y << " + o * " << Lit(n * inner) << " + j;\n"
         << "      float m = -INFINITY;\n"
         << "      for (int64_t i = 0; i < " << Lit(n) << "; ++i) m = x[i * " << Lit(inner)
         << "] > m ? x[i * " << Lit(inner) << "] : m;\n"
@@ -417,16 +468,12 @@ class EntryEmitter {
     }
     const std::string C = per_channel ? Lit(s[1]) : "1";
     os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o) {\n"
-        << "      const float* __restrict x = " << X << " + o * " << Lit(inner) << ";\n"
-        << "      float* __restrict y = " << Y << " + o * " << Lit(inner) << ";\n"
-        << "      double sum = 0.0;\n"
-        << "      for (int64_t i = 0; i < " << Lit(inner) << "; ++i) sum += x[i];\n"
-        << "      const double mean = sum / " << inner << ".0;\n"
-        << "      double sq = 0.0;\n"
-        << "      for (int64_t i = 0; i < " << Lit(inner)
-        << "; ++i) { const double d = x[i] - mean; sq += d * d; }\n"
-        << "      const float inv = (float)(1.0 / sqrt(sq / " << inner << ".0 + (double)"
-        << FloatLit(eps) << "));\n"
+        << "      const float* x = " << X << " + o * " << Lit(inner) << ";\n"
+        << "      float* y = " << Y << " + o * " << Lit(inner) << ";\n"
+        << "      double mean, var;\n"
+        << "      kiln_row_moments(x, " << Lit(inner) << ", &mean, &var);\n"
+        << "      const float inv = (float)(1.0 / sqrt(var + (double)" << FloatLit(eps)
+        << "));\n"
         << "      const float fm = (float)mean;\n";
     if (per_channel) {
       os_ << "      const int64_t c = o % " << C << ";\n"

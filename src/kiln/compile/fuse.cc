@@ -183,7 +183,72 @@ bool FuseConvOnce(Program& p) {
   return false;
 }
 
+// Tries to fold one fused elementwise reader into a library kernel; returns whether it did.
+bool FuseEpilogueOnce(Program& p) {
+  const auto readers = Readers(p);
+  std::map<int, size_t> producer;
+  for (size_t k = 0; k < p.kernels.size(); ++k) {
+    for (int o : p.kernels[k].outputs) producer[o] = k;
+  }
+  for (size_t ki = 0; ki < p.kernels.size(); ++ki) {
+    Kernel& K = p.kernels[ki];
+    const bool library = K.kind == Kernel::Kind::kMatMul || K.kind == Kernel::Kind::kGemm ||
+                         (K.kind == Kernel::Kind::kConv && !K.conv_sum);
+    if (!library || !K.epilogue.empty() || K.outputs.size() != 1) continue;
+    const int out = K.outputs[0];
+    if (IsGraphOutput(p, out) || HasAlias(p, out)) continue;
+    auto rit = readers.find(out);
+    if (rit == readers.end() || rit->second.size() != 1) continue;
+    const size_t fi = rit->second[0];
+    const Kernel& F = p.kernels[fi];
+    if (F.kind != Kernel::Kind::kFused || F.outputs.size() != 1) continue;
+    const Buffer& ob = p.buffers[static_cast<size_t>(out)];
+    const Buffer& fb = p.buffers[static_cast<size_t>(F.outputs[0])];
+    if (fb.type != ob.type) continue;
+    // Every other input must exist when K runs; `out` must be read at the output's own index.
+    bool ok = true;
+    for (int in : F.inputs) {
+      if (in == out) continue;
+      if (p.Root(in) == out) ok = false;  // read through a view: different indexing
+      auto pit = producer.find(p.Root(in));
+      if (pit != producer.end() && pit->second >= ki) ok = false;
+    }
+    if (!ok) continue;
+    // S1: map F's input slots to epilogue operands, appending new inputs to K.
+    std::vector<int> slot(F.inputs.size());
+    for (size_t s = 0; s < F.inputs.size(); ++s) {
+      if (F.inputs[s] == out) {
+        slot[s] = -1;
+        continue;
+      }
+      K.inputs.push_back(F.inputs[s]);
+      slot[s] = -static_cast<int>(K.inputs.size() - 1) - 2;
+    }
+    // S2: copy F's expressions with operands remapped; F's output becomes K's.
+    K.epilogue.clear();
+    for (Expr e : F.exprs) {
+      for (int& o : e.operands) {
+        if (o == INT32_MIN || o >= 0) continue;
+        o = slot[static_cast<size_t>(-o - 1)];
+      }
+      K.epilogue.push_back(e);
+    }
+    K.epilogue_out = F.output_exprs[0];
+    K.outputs[0] = F.outputs[0];
+    K.label += "+[" + F.label + "]";
+    p.kernels.erase(p.kernels.begin() + static_cast<std::ptrdiff_t>(fi));
+    return true;
+  }
+  return false;
+}
+
 }  // namespace
+
+Status FuseLibraryEpilogues(Program& program) {
+  while (FuseEpilogueOnce(program)) {
+  }
+  return Status::OK();
+}
 
 Status FuseElementwise(Program& program) {
   while (FuseOnce(program)) {

@@ -42,6 +42,11 @@ Status FuseElementwise(Program& program);
 // that produces their input, when the convolution's output has no other reader.
 Status FuseConvEpilogues(Program& program);
 
+// Folds the elementwise loop that is the only reader of a GEMM or convolution output into that
+// kernel as an epilogue run right after the library call (bias adds, activations, scaling,
+// per-channel adds). Requires FuseElementwise, so a whole chain folds at once.
+Status FuseLibraryEpilogues(Program& program);
+
 // Gives every workspace temp an offset by liveness (greedy, largest first, 64-byte aligned) and
 // records the entry's workspace size. Graph outputs are written into the caller's buffers.
 // Last program pass.

@@ -2,7 +2,8 @@
 //
 //   graph passes, per shape class:   specialize -> fold-structural -> dead-code
 //   lowering:                        lower                (Graph -> Program)
-//   program passes:                  fuse-conv-epilogue -> fuse-elementwise -> plan-memory
+//   program passes:                  fuse-conv-epilogue -> fuse-elementwise ->
+//                                    fuse-library-epilogue -> plan-memory
 //   emission, all classes together:  emit-cpp             (Programs -> cell.cc)
 //   build:                           compile-entry-<i> (parallel processes) -> link
 //
@@ -43,6 +44,7 @@ const std::vector<ProgramPass>& ProgramPasses() {
   static const std::vector<ProgramPass> kPasses = {
       {"fuse-conv-epilogue", FuseConvEpilogues},
       {"fuse-elementwise", FuseElementwise},
+      {"fuse-library-epilogue", FuseLibraryEpilogues},
   };
   return kPasses;
 }
@@ -81,7 +83,7 @@ double Ms(std::chrono::steady_clock::time_point start) {
 const std::vector<std::string>& PassNames() {
   static const std::vector<std::string> kNames = {
       "specialize", "fold-structural", "dead-code",  "lower", "fuse-conv-epilogue",
-      "fuse-elementwise", "plan-memory", "emit-cpp"};
+      "fuse-elementwise", "fuse-library-epilogue", "plan-memory", "emit-cpp"};
   return kNames;
 }
 

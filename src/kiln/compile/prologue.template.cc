@@ -86,3 +86,69 @@ static inline int32_t kiln_cast_int32_t(double v) {
   return (int32_t)v;
 }
 static inline uint8_t kiln_cast_uint8_t(double v) { return (uint8_t)(v != 0.0); }
+
+// Row reductions written with 16 independent lanes so GCC vectorizes them without -ffast-math
+// (a single scalar accumulator is a serial dependency chain it must not reorder).
+#define KILN_LANES 16
+static inline float kiln_row_max(const float* x, int64_t n) {
+  float lane[KILN_LANES];
+  for (int j = 0; j < KILN_LANES; ++j) lane[j] = -INFINITY;
+  int64_t i = 0;
+  for (; i + KILN_LANES <= n; i += KILN_LANES) {
+    for (int j = 0; j < KILN_LANES; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
+  }
+  float m = -INFINITY;
+  for (int j = 0; j < KILN_LANES; ++j) m = lane[j] > m ? lane[j] : m;
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+// y[i] = exp(x[i] - m); returns the sum of y.
+static inline float kiln_row_exp_sum(const float* x, float* y, int64_t n, float m) {
+  float lane[KILN_LANES];
+  for (int j = 0; j < KILN_LANES; ++j) lane[j] = 0.0f;
+  int64_t i = 0;
+  for (; i + KILN_LANES <= n; i += KILN_LANES) {
+    for (int j = 0; j < KILN_LANES; ++j) {
+      const float e = kiln_exp(x[i + j] - m);
+      y[i + j] = e;
+      lane[j] += e;
+    }
+  }
+  float s = 0.0f;
+  for (int j = 0; j < KILN_LANES; ++j) s += lane[j];
+  for (; i < n; ++i) {
+    const float e = kiln_exp(x[i] - m);
+    y[i] = e;
+    s += e;
+  }
+  return s;
+}
+// Mean and variance of a row, accumulated in double lanes.
+static inline void kiln_row_moments(const float* x, int64_t n, double* mean, double* var) {
+  double lane[8];
+  for (int j = 0; j < 8; ++j) lane[j] = 0.0;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) lane[j] += x[i + j];
+  }
+  double s = 0.0;
+  for (int j = 0; j < 8; ++j) s += lane[j];
+  for (; i < n; ++i) s += x[i];
+  const double mu = s / (double)n;
+  for (int j = 0; j < 8; ++j) lane[j] = 0.0;
+  i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) {
+      const double d = x[i + j] - mu;
+      lane[j] += d * d;
+    }
+  }
+  double q = 0.0;
+  for (int j = 0; j < 8; ++j) q += lane[j];
+  for (; i < n; ++i) {
+    const double d = x[i] - mu;
+    q += d * d;
+  }
+  *mean = mu;
+  *var = q / (double)n;
+}

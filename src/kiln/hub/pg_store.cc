@@ -115,7 +115,7 @@ class PostgresStore final : public HubStore {
   std::string Describe() const override { return "postgresql"; }
 
   Status Init() {
-    return Do("create schema", [&](pqxx::work& w) {
+    return Do("create schema", [&](pqxx::transaction_base& w) {
       w.exec("SELECT pg_advisory_xact_lock(7394001)");  // one hub creates the schema at a time
       w.exec(kSchema);
     });
@@ -123,7 +123,7 @@ class PostgresStore final : public HubStore {
 
   Result<CellRow> InsertCellIfAbsent(const CellRow& c) override {
     CellRow out;
-    KILN_RETURN_IF_ERROR(Do("insert cell", [&](pqxx::work& w) {
+    KILN_RETURN_IF_ERROR(Do("insert cell", [&](pqxx::transaction_base& w) {
       w.exec_params(
           "INSERT INTO cells (key, digest, size, family, publisher, tier, release, receipt, "
           "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (key) DO NOTHING",
@@ -138,26 +138,32 @@ class PostgresStore final : public HubStore {
   }
   Result<std::optional<CellRow>> GetCell(const std::string& key) override {
     std::optional<CellRow> out;
-    KILN_RETURN_IF_ERROR(Do("get cell", [&](pqxx::work& w) {
-      auto r =
-          w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1", key);
-      if (!r.empty()) out = ReadCell(r[0]);
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "get cell",
+        [&](pqxx::transaction_base& w) {
+          auto r =
+              w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1", key);
+          if (!r.empty()) out = ReadCell(r[0]);
+        },
+        true));
     return out;
   }
   Result<std::vector<CellRow>> ListCells(int limit) override {
     std::vector<CellRow> out;
-    KILN_RETURN_IF_ERROR(Do("list cells", [&](pqxx::work& w) {
-      auto r = w.exec_params(std::string("SELECT ") + kCellCols +
-                                 " FROM cells ORDER BY created_at DESC, seq DESC LIMIT $1",
-                             limit);
-      for (const auto& row : r) out.push_back(ReadCell(row));
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "list cells",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_params(std::string("SELECT ") + kCellCols +
+                                     " FROM cells ORDER BY created_at DESC, seq DESC LIMIT $1",
+                                 limit);
+          for (const auto& row : r) out.push_back(ReadCell(row));
+        },
+        true));
     return out;
   }
 
   Status PutIntent(const IntentRow& i) override {
-    return Do("put intent", [&](pqxx::work& w) {
+    return Do("put intent", [&](pqxx::transaction_base& w) {
       w.exec_params(
           "INSERT INTO intents (key, digest, size, family, release, target, publisher, "
           "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (key, digest) DO UPDATE SET "
@@ -171,26 +177,33 @@ class PostgresStore final : public HubStore {
   Result<std::optional<IntentRow>> GetIntent(const std::string& key,
                                              const std::string& digest) override {
     std::optional<IntentRow> out;
-    KILN_RETURN_IF_ERROR(Do("get intent", [&](pqxx::work& w) {
-      auto r = w.exec_params(
-          std::string("SELECT ") + kIntentCols + " FROM intents WHERE key = $1 AND digest = $2",
-          key, digest);
-      if (!r.empty()) out = ReadIntent(r[0]);
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "get intent",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_params(
+              std::string("SELECT ") + kIntentCols + " FROM intents WHERE key = $1 AND digest = $2",
+              key, digest);
+          if (!r.empty()) out = ReadIntent(r[0]);
+        },
+        true));
     return out;
   }
   Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) override {
     std::optional<IntentRow> out;
-    KILN_RETURN_IF_ERROR(Do("find intent", [&](pqxx::work& w) {
-      auto r = w.exec_params(
-          std::string("SELECT ") + kIntentCols + " FROM intents WHERE digest = $1 LIMIT 1", digest);
-      if (!r.empty()) out = ReadIntent(r[0]);
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "find intent",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_params(
+              std::string("SELECT ") + kIntentCols + " FROM intents WHERE digest = $1 LIMIT 1",
+              digest);
+          if (!r.empty()) out = ReadIntent(r[0]);
+        },
+        true));
     return out;
   }
 
   Status Revoke(const RevocationRow& v) override {
-    return Do("revoke", [&](pqxx::work& w) {
+    return Do("revoke", [&](pqxx::transaction_base& w) {
       w.exec_params(
           "INSERT INTO revocations (key, digest, reason, revoked_by, revoked_at) VALUES "
           "($1,$2,$3,$4,$5) ON CONFLICT (key, digest) DO NOTHING",
@@ -200,28 +213,34 @@ class PostgresStore final : public HubStore {
   Result<std::optional<RevocationRow>> GetRevocation(const std::string& key,
                                                      const std::string& digest) override {
     std::optional<RevocationRow> out;
-    KILN_RETURN_IF_ERROR(Do("get revocation", [&](pqxx::work& w) {
-      auto r = w.exec_params(
-          "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations WHERE key = $1 "
-          "AND digest = $2",
-          key, digest);
-      if (!r.empty()) out = ReadRevocation(r[0]);
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "get revocation",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_params(
+              "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations WHERE key = $1 "
+              "AND digest = $2",
+              key, digest);
+          if (!r.empty()) out = ReadRevocation(r[0]);
+        },
+        true));
     return out;
   }
   Result<std::vector<RevocationRow>> ListRevocations() override {
     std::vector<RevocationRow> out;
-    KILN_RETURN_IF_ERROR(Do("list revocations", [&](pqxx::work& w) {
-      auto r = w.exec(
-          "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations ORDER BY "
-          "revoked_at, key");
-      for (const auto& row : r) out.push_back(ReadRevocation(row));
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "list revocations",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec(
+              "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations ORDER BY "
+              "revoked_at, key");
+          for (const auto& row : r) out.push_back(ReadRevocation(row));
+        },
+        true));
     return out;
   }
 
   Status PutToken(const TokenRow& t) override {
-    return Do("put token", [&](pqxx::work& w) {
+    return Do("put token", [&](pqxx::transaction_base& w) {
       w.exec_params(
           "INSERT INTO tokens (token_sha256, name, role, tier, org) VALUES ($1,$2,$3,$4,$5) "
           "ON CONFLICT (token_sha256) DO UPDATE SET name = EXCLUDED.name, role = EXCLUDED.role, "
@@ -231,20 +250,23 @@ class PostgresStore final : public HubStore {
   }
   Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
     std::optional<TokenRow> out;
-    KILN_RETURN_IF_ERROR(Do("get token", [&](pqxx::work& w) {
-      auto r = w.exec_params(
-          "SELECT token_sha256, name, role, tier, org FROM tokens WHERE token_sha256 = $1",
-          token_sha256);
-      if (!r.empty()) {
-        out = TokenRow{S(r[0][0]), S(r[0][1]), S(r[0][2]), S(r[0][3]), S(r[0][4])};
-      }
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "get token",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_params(
+              "SELECT token_sha256, name, role, tier, org FROM tokens WHERE token_sha256 = $1",
+              token_sha256);
+          if (!r.empty()) {
+            out = TokenRow{S(r[0][0]), S(r[0][1]), S(r[0][2]), S(r[0][3]), S(r[0][4])};
+          }
+        },
+        true));
     return out;
   }
 
   Result<int> AddObligations(const std::vector<ObligationRow>& rows) override {
     int created = 0;
-    KILN_RETURN_IF_ERROR(Do("add obligations", [&](pqxx::work& w) {
+    KILN_RETURN_IF_ERROR(Do("add obligations", [&](pqxx::transaction_base& w) {
       created = 0;
       for (const auto& o : rows) {
         auto r = w.exec_params(
@@ -258,28 +280,34 @@ class PostgresStore final : public HubStore {
   }
   Result<std::vector<ObligationRow>> ListObligations(const std::string& release) override {
     std::vector<ObligationRow> out;
-    KILN_RETURN_IF_ERROR(Do("list obligations", [&](pqxx::work& w) {
-      auto r = w.exec_params(std::string("SELECT ") + kObligationCols +
-                                 " FROM obligations WHERE release = $1 ORDER BY target, sm",
-                             release);
-      for (const auto& row : r) out.push_back(ReadObligation(row));
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "list obligations",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_params(std::string("SELECT ") + kObligationCols +
+                                     " FROM obligations WHERE release = $1 ORDER BY target, sm",
+                                 release);
+          for (const auto& row : r) out.push_back(ReadObligation(row));
+        },
+        true));
     return out;
   }
   Result<std::vector<ObligationRow>> ListAllObligations() override {
     std::vector<ObligationRow> out;
-    KILN_RETURN_IF_ERROR(Do("list obligations", [&](pqxx::work& w) {
-      auto r = w.exec(std::string("SELECT ") + kObligationCols +
-                      " FROM obligations ORDER BY release, target, sm");
-      for (const auto& row : r) out.push_back(ReadObligation(row));
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "list obligations",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec(std::string("SELECT ") + kObligationCols +
+                          " FROM obligations ORDER BY release, target, sm");
+          for (const auto& row : r) out.push_back(ReadObligation(row));
+        },
+        true));
     return out;
   }
   Result<int> DischargeObligations(const std::string& key, const std::string& digest,
                                    const std::string& release, const std::string& target,
                                    const std::string& sm, int64_t now) override {
     int n = 0;
-    KILN_RETURN_IF_ERROR(Do("discharge obligations", [&](pqxx::work& w) {
+    KILN_RETURN_IF_ERROR(Do("discharge obligations", [&](pqxx::transaction_base& w) {
       auto r = w.exec_params(
           "UPDATE obligations SET state = 'discharged', key = $1, cell_digest = $2, "
           "updated_at = $3 WHERE state = 'owed' AND (key = $1 OR (key = '' AND $4 <> '' AND "
@@ -295,7 +323,7 @@ class PostgresStore final : public HubStore {
                                                         const std::string& token,
                                                         int64_t now) override {
     std::optional<ObligationRow> out;
-    KILN_RETURN_IF_ERROR(Do("settle obligation", [&](pqxx::work& w) {
+    KILN_RETURN_IF_ERROR(Do("settle obligation", [&](pqxx::transaction_base& w) {
       w.exec_params(
           "UPDATE obligations SET state = $1, updated_at = $2 WHERE release = $3 AND "
           "target = $4 AND sm = $5 AND state = 'owed'",
@@ -309,7 +337,7 @@ class PostgresStore final : public HubStore {
   }
 
   Status InsertEvents(const std::vector<EventRow>& rows) override {
-    return Do("insert events", [&](pqxx::work& w) {
+    return Do("insert events", [&](pqxx::transaction_base& w) {
       for (const auto& e : rows) {
         w.exec_params(
             "INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts) VALUES "
@@ -320,45 +348,59 @@ class PostgresStore final : public HubStore {
   }
   Result<std::vector<EventRow>> QueryEvents(const EventFilter& f) override {
     std::vector<EventRow> out;
-    KILN_RETURN_IF_ERROR(Do("query events", [&](pqxx::work& w) {
-      auto r = w.exec_params(std::string("SELECT ") + kEventCols +
-                                 " FROM events WHERE ($1 = '' OR worker = $1) AND "
-                                 "($2 = '' OR kind = $2) AND ($3 = '' OR phase = $3) AND "
-                                 "ts >= $4 ORDER BY id DESC LIMIT $5",
-                             f.worker, f.kind, f.phase, f.since_ts, f.limit);
-      for (const auto& row : r) out.push_back(ReadEvent(row));
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "query events",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_params(std::string("SELECT ") + kEventCols +
+                                     " FROM events WHERE ($1 = '' OR worker = $1) AND "
+                                     "($2 = '' OR kind = $2) AND ($3 = '' OR phase = $3) AND "
+                                     "ts >= $4 ORDER BY id DESC LIMIT $5",
+                                 f.worker, f.kind, f.phase, f.since_ts, f.limit);
+          for (const auto& row : r) out.push_back(ReadEvent(row));
+        },
+        true));
     return out;
   }
   Result<std::vector<WorkerSummary>> ListWorkers() override {
     std::vector<WorkerSummary> out;
-    KILN_RETURN_IF_ERROR(Do("list workers", [&](pqxx::work& w) {
-      auto r =
-          w.exec("SELECT worker, MAX(ts), COUNT(*) FROM events GROUP BY worker ORDER BY worker");
-      for (const auto& row : r) out.push_back(WorkerSummary{S(row[0]), I(row[1]), I(row[2])});
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "list workers",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec(
+              "SELECT worker, MAX(ts), COUNT(*) FROM events GROUP BY worker ORDER BY worker");
+          for (const auto& row : r) out.push_back(WorkerSummary{S(row[0]), I(row[1]), I(row[2])});
+        },
+        true));
     return out;
   }
   Result<int64_t> AdoptedCount(const std::string& key) override {
     int64_t n = 0;
-    KILN_RETURN_IF_ERROR(Do("adopted count", [&](pqxx::work& w) {
-      auto r = w.exec_params(
-          "SELECT COUNT(DISTINCT worker) FROM events WHERE kind = 'boot_adopt' AND phase IN "
-          "('hit', 'local_hit') AND (key = $1 OR key LIKE $1 || '@%')",
-          key);
-      n = I(r[0][0]);
-    }));
+    KILN_RETURN_IF_ERROR(Do(
+        "adopted count",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_params(
+              "SELECT COUNT(DISTINCT worker) FROM events WHERE kind = 'boot_adopt' AND phase IN "
+              "('hit', 'local_hit') AND (key = $1 OR key LIKE $1 || '@%')",
+              key);
+          n = I(r[0][0]);
+        },
+        true));
     return n;
   }
 
  private:
   // Runs `body` in one transaction on a pooled connection; translates every exception.
-  Status Do(const char* what, const std::function<void(pqxx::work&)>& body) {
+  Status Do(const char* what, const std::function<void(pqxx::transaction_base&)>& body,
+            bool read_only = false) {
     for (int attempt = 0; attempt < 2; ++attempt) {
       std::unique_ptr<pqxx::connection> conn;
       try {
         conn = Acquire();
-        {
+        if (read_only) {
+          // One round trip: no BEGIN/COMMIT around a single-statement read.
+          pqxx::nontransaction w(*conn);
+          body(w);
+        } else {
           pqxx::work w(*conn);
           body(w);
           w.commit();
