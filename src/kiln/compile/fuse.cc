@@ -186,10 +186,6 @@ bool FuseConvOnce(Program& p) {
 // Tries to fold one fused elementwise reader into a library kernel; returns whether it did.
 bool FuseEpilogueOnce(Program& p) {
   const auto readers = Readers(p);
-  std::map<int, size_t> producer;
-  for (size_t k = 0; k < p.kernels.size(); ++k) {
-    for (int o : p.kernels[k].outputs) producer[o] = k;
-  }
   for (size_t ki = 0; ki < p.kernels.size(); ++ki) {
     Kernel& K = p.kernels[ki];
     const bool library = K.kind == Kernel::Kind::kMatMul || K.kind == Kernel::Kind::kGemm ||
@@ -205,13 +201,11 @@ bool FuseEpilogueOnce(Program& p) {
     const Buffer& ob = p.buffers[static_cast<size_t>(out)];
     const Buffer& fb = p.buffers[static_cast<size_t>(F.outputs[0])];
     if (fb.type != ob.type) continue;
-    // Every other input must exist when K runs; `out` must be read at the output's own index.
+    // `out` must be read at the output's own index, never through a view. The merged kernel
+    // runs at F's position: K's inputs are ready there too, since they were ready before K.
     bool ok = true;
     for (int in : F.inputs) {
-      if (in == out) continue;
-      if (p.Root(in) == out) ok = false;  // read through a view: different indexing
-      auto pit = producer.find(p.Root(in));
-      if (pit != producer.end() && pit->second >= ki) ok = false;
+      if (in != out && p.Root(in) == out) ok = false;
     }
     if (!ok) continue;
     // S1: map F's input slots to epilogue operands, appending new inputs to K.
@@ -236,7 +230,8 @@ bool FuseEpilogueOnce(Program& p) {
     K.epilogue_out = F.output_exprs[0];
     K.outputs[0] = F.outputs[0];
     K.label += "+[" + F.label + "]";
-    p.kernels.erase(p.kernels.begin() + static_cast<std::ptrdiff_t>(fi));
+    p.kernels[fi] = std::move(K);
+    p.kernels.erase(p.kernels.begin() + static_cast<std::ptrdiff_t>(ki));
     return true;
   }
   return false;

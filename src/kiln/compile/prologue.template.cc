@@ -31,7 +31,7 @@ struct kiln_cell_entry {
 static inline float kiln_exp(float x) {
   x = x > 88.3762626647949f ? 88.3762626647949f : x;
   x = x < -87.3365447504f ? -87.3365447504f : x;
-  float n = floorf(x * 1.44269504088896341f + 0.5f);
+  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   float r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -87,35 +87,61 @@ static inline int32_t kiln_cast_int32_t(double v) {
 }
 static inline uint8_t kiln_cast_uint8_t(double v) { return (uint8_t)(v != 0.0); }
 
-// Row reductions written with 16 independent lanes so GCC vectorizes them without -ffast-math
-// (a single scalar accumulator is a serial dependency chain it must not reorder).
-#define KILN_LANES 16
-static inline float kiln_row_max(const float* x, int64_t n) {
-  float lane[KILN_LANES];
-  for (int j = 0; j < KILN_LANES; ++j) lane[j] = -INFINITY;
-  int64_t i = 0;
-  for (; i + KILN_LANES <= n; i += KILN_LANES) {
-    for (int j = 0; j < KILN_LANES; ++j) lane[j] = x[i + j] > lane[j] ? x[i + j] : lane[j];
-  }
-  float m = -INFINITY;
-  for (int j = 0; j < KILN_LANES; ++j) m = lane[j] > m ? lane[j] : m;
-  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
-  return m;
+// Row reductions on GCC vector types, so they are SIMD at every -march level without
+// -ffast-math (a scalar accumulator is a serial chain the compiler may not reorder).
+typedef float kiln_f8 __attribute__((vector_size(32)));
+typedef int32_t kiln_i8 __attribute__((vector_size(32)));
+typedef double kiln_d4 __attribute__((vector_size(32)));
+static inline kiln_f8 kiln_load8(const float* p) {
+  kiln_f8 v;
+  memcpy(&v, p, sizeof(v));
+  return v;
 }
-// y[i] = exp(x[i] - m); returns the sum of y.
-static inline float kiln_row_exp_sum(const float* x, float* y, int64_t n, float m) {
-  float lane[KILN_LANES];
-  for (int j = 0; j < KILN_LANES; ++j) lane[j] = 0.0f;
+static inline void kiln_store8(float* p, kiln_f8 v) { memcpy(p, &v, sizeof(v)); }
+static inline kiln_f8 kiln_splat8(float x) { return (kiln_f8){x, x, x, x, x, x, x, x}; }
+// The vector twin of kiln_exp (same reduction and polynomial; round-to-nearest via 1.5*2^23).
+static inline kiln_f8 kiln_exp8(kiln_f8 x) {
+  x = x > kiln_splat8(88.3762626647949f) ? kiln_splat8(88.3762626647949f) : x;
+  x = x < kiln_splat8(-87.3365447504f) ? kiln_splat8(-87.3365447504f) : x;
+  const kiln_f8 magic = kiln_splat8(12582912.0f);
+  const kiln_f8 n = (x * 1.44269504088896341f + magic) - magic;
+  kiln_f8 r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  kiln_f8 p = kiln_splat8(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const kiln_i8 e = (__builtin_convertvector(n, kiln_i8) + 127) << 23;
+  kiln_f8 scale;
+  memcpy(&scale, &e, sizeof(scale));
+  return p * scale;
+}
+static inline float kiln_row_max(const float* x, int64_t n) {
+  kiln_f8 m = kiln_splat8(-INFINITY);
   int64_t i = 0;
-  for (; i + KILN_LANES <= n; i += KILN_LANES) {
-    for (int j = 0; j < KILN_LANES; ++j) {
-      const float e = kiln_exp(x[i + j] - m);
-      y[i + j] = e;
-      lane[j] += e;
-    }
+  for (; i + 8 <= n; i += 8) {
+    const kiln_f8 v = kiln_load8(x + i);
+    m = v > m ? v : m;
+  }
+  float r = -INFINITY;
+  for (int j = 0; j < 8; ++j) r = m[j] > r ? m[j] : r;
+  for (; i < n; ++i) r = x[i] > r ? x[i] : r;
+  return r;
+}
+// y[i] = exp(x[i] - m); returns the sum of y. x and y may be the same row.
+static inline float kiln_row_exp_sum(const float* x, float* y, int64_t n, float m) {
+  kiln_f8 acc = kiln_splat8(0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const kiln_f8 e = kiln_exp8(kiln_load8(x + i) - m);
+    kiln_store8(y + i, e);
+    acc += e;
   }
   float s = 0.0f;
-  for (int j = 0; j < KILN_LANES; ++j) s += lane[j];
+  for (int j = 0; j < 8; ++j) s += acc[j];
   for (; i < n; ++i) {
     const float e = kiln_exp(x[i] - m);
     y[i] = e;
@@ -123,28 +149,30 @@ static inline float kiln_row_exp_sum(const float* x, float* y, int64_t n, float 
   }
   return s;
 }
-// Mean and variance of a row, accumulated in double lanes.
+// Mean and variance of a row, accumulated in double.
 static inline void kiln_row_moments(const float* x, int64_t n, double* mean, double* var) {
-  double lane[8];
-  for (int j = 0; j < 8; ++j) lane[j] = 0.0;
+  kiln_d4 a = {0, 0, 0, 0}, b = {0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) lane[j] += x[i + j];
+    const kiln_f8 v = kiln_load8(x + i);
+    a += (kiln_d4){v[0], v[1], v[2], v[3]};
+    b += (kiln_d4){v[4], v[5], v[6], v[7]};
   }
-  double s = 0.0;
-  for (int j = 0; j < 8; ++j) s += lane[j];
+  double s = a[0] + a[1] + a[2] + a[3] + b[0] + b[1] + b[2] + b[3];
   for (; i < n; ++i) s += x[i];
   const double mu = s / (double)n;
-  for (int j = 0; j < 8; ++j) lane[j] = 0.0;
+  const kiln_d4 muv = {mu, mu, mu, mu};
+  a = (kiln_d4){0, 0, 0, 0};
+  b = a;
   i = 0;
   for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) {
-      const double d = x[i + j] - mu;
-      lane[j] += d * d;
-    }
+    const kiln_f8 v = kiln_load8(x + i);
+    const kiln_d4 d0 = (kiln_d4){v[0], v[1], v[2], v[3]} - muv;
+    const kiln_d4 d1 = (kiln_d4){v[4], v[5], v[6], v[7]} - muv;
+    a += d0 * d0;
+    b += d1 * d1;
   }
-  double q = 0.0;
-  for (int j = 0; j < 8; ++j) q += lane[j];
+  double q = a[0] + a[1] + a[2] + a[3] + b[0] + b[1] + b[2] + b[3];
   for (; i < n; ++i) {
     const double d = x[i] - mu;
     q += d * d;
