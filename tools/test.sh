@@ -9,6 +9,14 @@ start=$(date +%s)
 
 echo "== build (RelWithDebInfo) =="
 bash tools/build.sh build
+echo "== PostgreSQL for the hub's store tests =="
+KILN_TEST_PG_URL=$(bash tools/pg.sh)
+export KILN_TEST_PG_URL
+trap 'bash tools/pg.sh stop >/dev/null 2>&1 || true' EXIT
+echo "$KILN_TEST_PG_URL"
+# Cells minted by the tests go to a private cache, never the user's.
+export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$(mktemp -d /tmp/kiln-test-cache-XXXXXX)}"
+
 echo "== tests =="
 ctest --test-dir build --output-on-failure -j"$(nproc)" -LE slow
 

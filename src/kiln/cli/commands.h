@@ -17,6 +17,9 @@ void AddCheckpointCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
 void AddCellCommands(CLI::App& app, int* exit_code);  // key, mint, inspect
 void AddBenchCommand(CLI::App& app, int* exit_code);
+void AddHubCommand(CLI::App& app, int* exit_code);      // cmd_hub.cc
+void AddPublishCommand(CLI::App& app, int* exit_code);
+void AddResolveCommand(CLI::App& app, int* exit_code);
 
 // Prints "kiln <cmd>: <code>: <message>" and returns 1.
 int ReportError(const std::string& cmd, const Status& status);

@@ -14,6 +14,9 @@ int main(int argc, char** argv) {
   kiln::cli::AddDemoCommand(app, &exit_code);
   kiln::cli::AddCellCommands(app, &exit_code);
   kiln::cli::AddBenchCommand(app, &exit_code);
+  kiln::cli::AddHubCommand(app, &exit_code);
+  kiln::cli::AddPublishCommand(app, &exit_code);
+  kiln::cli::AddResolveCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -9,7 +9,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <chrono>
 #include <mutex>
+#include <thread>
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
@@ -118,9 +120,20 @@ HubAnswer HubClient::Call(const std::string& method, const std::string& path,
                           const std::string& body, const std::string& content_type) {
   std::lock_guard<std::mutex> lock(impl_->mu);
   auto& http = *impl_->http;
-  httplib::Result res = method == "GET"   ? http.Get(path, impl_->Headers())
-                        : method == "PUT" ? http.Put(path, impl_->Headers(), body, content_type)
-                                          : http.Post(path, impl_->Headers(), body, content_type);
+  auto send = [&] {
+    return method == "GET"   ? http.Get(path, impl_->Headers())
+           : method == "PUT" ? http.Put(path, impl_->Headers(), body, content_type)
+                             : http.Post(path, impl_->Headers(), body, content_type);
+  };
+  httplib::Result res = send();
+  // A connection the server dropped before answering (a reused keep-alive connection it closed,
+  // or a reset under a burst of connections) gets one fresh retry. Every hub route is idempotent
+  // (resolve and fetch read; intent, upload by digest and complete answer the same for the same
+  // bytes), so a retry can never publish twice.
+  if (!res && (res.error() == httplib::Error::Read || res.error() == httplib::Error::Write)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    res = send();
+  }
   if (!res) return Transport(res.error(), impl_->options.url, path);
   return FromResponse(*res, impl_->options.url, path);
 }
