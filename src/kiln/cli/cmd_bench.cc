@@ -81,15 +81,8 @@ Status DoBench(const BenchArgs& a) {
     KILN_ASSIGN_OR_RETURN(te, Time(a, [&] { return eager.Run(inputs, &weights).status(); }));
   }
 
-  MintRequest r;
-  r.graph = graph;
-  r.weights = weights;
-  r.envelope.classes = {cls};
-  r.family = "local/bench";
-  r.num_threads = a.threads;
-  KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
-  LocalStore store(root);
-  KILN_ASSIGN_OR_RETURN(LocalCell cell, CompileThroughStore(r, store, PrivateCellDir()));
+  KILN_ASSIGN_OR_RETURN(LocalCell cell,
+                        LocalCellForClass(graph, weights, cls, "local/bench", a.threads));
   KILN_ASSIGN_OR_RETURN(Timing tc, Time(a, [&] {
                           CellRunError err;
                           return cell.cell->Run(0, inputs, &err).status();

@@ -89,6 +89,20 @@ std::string PrivateCellDir() {
   return "/tmp/kiln-cells-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid());
 }
 
+Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,
+                                    const ShapeClass& shape_class, const std::string& family,
+                                    int num_threads) {
+  MintRequest r;
+  r.graph = std::move(graph);
+  r.weights = weights;
+  r.envelope.classes = {shape_class};
+  r.family = family;
+  r.num_threads = num_threads;
+  KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
+  LocalStore store(root);
+  return CompileThroughStore(r, store, PrivateCellDir());
+}
+
 namespace {
 
 struct Args {

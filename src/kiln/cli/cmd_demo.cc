@@ -121,16 +121,9 @@ Status DemoOne(const std::string& dir, const std::string& name, bool* all_ok) {
 
   // The compiled path: one cell for this class, minted (or found) in the local store, proven
   // against eager at mint, then serving both checkpoints.
-  MintRequest req;
-  req.graph = graph;
-  req.weights = ckpt_a;
   ShapeClass cls;
   for (const auto& [name, t] : inputs) cls[name] = t.shape();
-  req.envelope.classes = {cls};
-  req.family = "root/" + name;
-  KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
-  LocalStore store(root);
-  KILN_ASSIGN_OR_RETURN(LocalCell cell, CompileThroughStore(req, store, PrivateCellDir()));
+  KILN_ASSIGN_OR_RETURN(LocalCell cell, LocalCellForClass(graph, ckpt_a, cls, "root/" + name, 1));
   std::printf("cell       %s\n           %s in %.0f ms\n", cell.ref.c_str(),
               cell.store_hit ? "found in the local store, admitted and armed"
                              : "minted (compiled, gate HEALTHY, fence proven), stored, armed",

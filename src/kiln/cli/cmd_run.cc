@@ -50,25 +50,16 @@ Status DoRun(const RunArgs& a) {
   std::string mode = "eager";
   const auto start = std::chrono::steady_clock::now();
   if (a.compile) {
-    MintRequest r;
-    r.graph = shared;
-    r.weights = bound ? *bound : GraphWeights(*shared);
     ShapeClass c;
     for (const auto& [name, t] : inputs) c[name] = t.shape();
-    r.envelope.classes = {c};
-    r.family = "local/run";
-    r.num_threads = a.threads;
-    KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
-    LocalStore store(root);
-    KILN_ASSIGN_OR_RETURN(LocalCell cell, CompileThroughStore(r, store, PrivateCellDir()));
+    KILN_ASSIGN_OR_RETURN(LocalCell cell,
+                          LocalCellForClass(shared, bound ? *bound : GraphWeights(*shared), c,
+                                            "local/run", a.threads));
     std::printf("cell: %s (%s, %.0f ms)\n", cell.ref.c_str(),
                 cell.store_hit ? "local store hit" : "minted and stored", cell.ms);
     CellRunError err;
-    const auto run_start = std::chrono::steady_clock::now();
     KILN_ASSIGN_OR_RETURN(outputs, cell.cell->Run(0, inputs, &err));
-    stats.nodes_run = 0;
     mode = "aot_cell";
-    (void)run_start;
   } else {
     KILN_ASSIGN_OR_RETURN(outputs, interp.Run(inputs, bound, &stats));
   }

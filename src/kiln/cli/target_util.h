@@ -21,4 +21,10 @@ std::string ClassSpec(const ShapeClass& c);
 // The process's private directory for loaded cells.
 std::string PrivateCellDir();
 
+// The cell for one shape class of `graph` bound to `weights`, from the local store (minted and
+// stored on a miss), admitted and armed: what `run --compile`, `bench` and `demo` serve from.
+Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,
+                                    const ShapeClass& shape_class, const std::string& family,
+                                    int num_threads);
+
 }  // namespace kiln::cli
