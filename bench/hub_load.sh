@@ -45,6 +45,7 @@ run_backend() {
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/v1/health" >/dev/null && break; sleep 0.1; done
   "$KILN" publish "$WORK/cell.tar" --hub "http://127.0.0.1:$port" --token "$PUB" >/dev/null
   curl -sf -H "Authorization: Bearer $WORKER" "http://127.0.0.1:$port/v1/cells/$KEY" | grep -q '"found":true'
+  echo "== machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "== $name: wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency GET /v1/cells/<key> (hit)"
   wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency \
     -H "Authorization: Bearer $WORKER" "http://127.0.0.1:$port/v1/cells/$KEY" |

@@ -9,6 +9,7 @@ PACKAGES=(
   libdnnl-dev
   libssl-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
   libcpp-httplib-dev libsqlite3-dev libpqxx-dev postgresql
+  chromium
   libgtest-dev libgmock-dev
 )
 if [ "${KILN_WITH_PYTHON:-0}" = 1 ]; then

@@ -28,114 +28,22 @@
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/hub/authz.h"
 #include "tests/hub/hub_fixtures.h"
+#include "tests/hub/hub_process.h"
 
 namespace kiln {
 namespace {
 
+using hub_testing::Binary;
+using hub_testing::FreePort;
+using hub_testing::Graph;
+using hub_testing::HubProcess;
+using hub_testing::kAcme;
+using hub_testing::kAdmin;
+using hub_testing::kPlatform;
+using hub_testing::kWorker;
 using hub_testing::MakeCell;
 using hub_testing::MakeMetadata;
-
-std::string Binary() {
-  const char* env = std::getenv("KILN_HUB_BINARY");
-  return env && *env ? env : KILN_BINARY;
-}
-
-std::string Nonce() {
-  static const std::string n =
-      std::to_string(std::random_device{}()) + "-" + std::to_string(::getpid());
-  return n;
-}
-// A graph axis unique to this run (PostgreSQL databases outlive a run).
-std::string Graph(const std::string& name) { return Sha256Hex(Nonce() + name).substr(0, 16); }
-
-int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
-const char* kPlatform = "tok-platform-publisher";
-const char* kAcme = "tok-acme-publisher";
-const char* kWorker = "tok-worker";
-const char* kAdmin = "tok-admin";
-
-// Result<T> has no value_or; logs only.
-template <typename T>
-T ValueOr(const Result<T>& r, T fallback) {
-  return r.ok() ? r.value() : fallback;
-}
-
-// One `kiln hub` child process.
-class HubProcess {
- public:
-  HubProcess(std::string data_dir, std::string db_url)
-      : data_(std::move(data_dir)), db_(std::move(db_url)) {}
-  ~HubProcess() { Kill(SIGKILL); }
-
-  // Starts the process and waits until /v1/health answers.
-  ::testing::AssertionResult Start() {
-    port_ = FreePort();
-    const std::string log = data_ + "/hub-" + std::to_string(port_) + ".log";
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<std::string> args = {Binary(),    "hub",
-                                       "--data",    data_,
-                                       "--port",    std::to_string(port_),
-                                       "--bind",    "127.0.0.1",
-                                       "--tokens",  data_ + "/../tokens.json",
-                                       "--threads", "40"};
-      if (!db_.empty()) args.insert(args.end(), {"--db", db_});
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    auto client = Client("");
-    for (int i = 0; i < 200; ++i) {
-      if (client->Call("GET", "/v1/health").ok()) return ::testing::AssertionSuccess();
-      int status = 0;
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return ::testing::AssertionFailure()
-               << "kiln hub exited early: " << ValueOr(ReadFile(log), std::string());
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return ::testing::AssertionFailure()
-           << "kiln hub did not become healthy; log: " << ValueOr(ReadFile(log), std::string());
-  }
-  void Kill(int sig) {
-    if (pid_ <= 0) return;
-    ::kill(pid_, sig);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
-  int port() const { return port_; }
-  std::unique_ptr<HubClient> Client(const std::string& token) const {
-    HubClientOptions o;
-    o.url = url();
-    o.token = token;
-    o.connect_timeout_s = 2;
-    o.io_timeout_s = 20;
-    return HubClient::Create(o).value();
-  }
-
- private:
-  std::string data_, db_;
-  pid_t pid_ = -1;
-  int port_ = 0;
-};
+using hub_testing::Nonce;
 
 class HubApiTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -346,6 +254,51 @@ TEST_P(HubApiTest, AlteredClaimOrForeignSignatureRefusedByTheClient) {
   ResolveAnswer forged = hit;
   forged.receipt = SignReceipt(c, foreign).value();
   EXPECT_EQ(VerifyResolvedReceipt(forged, trusted).token, "receipt_unknown_kid");
+}
+
+TEST_P(HubApiTest, RotatedKeyRefetchesTheKeySetOnceForeignKidStillRefused) {
+  // A receipt signed before the rotation, and the key set as the worker fetched it then.
+  const CellMetadata before = MakeMetadata(Graph("rotate-before"));
+  ASSERT_TRUE(hub_->Client(kPlatform)->Publish(MakeCell(before), {}).ok());
+  PublicKeySet held = Trusted();
+  ASSERT_EQ(held.size(), 1u);
+
+  HubAnswer rotated = hub_->Client(kAdmin)->Call("POST", "/v1/admin/rotate-key");
+  ASSERT_TRUE(rotated.ok()) << rotated.token << ": " << rotated.message;
+  const CellMetadata after = MakeMetadata(Graph("rotate-after"));
+  ASSERT_TRUE(hub_->Client(kPlatform)->Publish(MakeCell(after), {}).ok());
+  auto worker = hub_->Client(kWorker);
+  ResolveAnswer hit = worker->Resolve(after.key);
+  ASSERT_EQ(hit.kind, ResolveAnswer::Kind::kFound) << hit.token << " " << hit.message;
+
+  // Offline against the old set: the new kid is unknown.
+  EXPECT_EQ(VerifyResolvedReceipt(hit, held).token, "receipt_unknown_kid");
+  // The client refetches the key set once, learns the new key, and the receipt verifies.
+  ReceiptVerdict v = worker->VerifyReceipt(hit, &held);
+  ASSERT_TRUE(v.ok()) << v.token << ": " << v.message;
+  EXPECT_EQ(held.size(), 2u);
+  EXPECT_TRUE(held.Has(v.kid));
+  // The receipt from before the rotation still verifies (rotation never drops a key).
+  ResolveAnswer old_hit = worker->Resolve(before.key);
+  ASSERT_EQ(old_hit.kind, ResolveAnswer::Kind::kFound);
+  EXPECT_TRUE(worker->VerifyReceipt(old_hit, &held).ok());
+
+  // A foreign key's receipt: still refused after the refetch, and on a second check without one.
+  const size_t a = hit.receipt.find('.'), b = hit.receipt.find('.', a + 1);
+  ReceiptClaims c =
+      ClaimsFromJson(
+          ParseJson(Base64UrlDecode(hit.receipt.substr(a + 1, b - a - 1), "c").value(), "c")
+              .value())
+          .value();
+  ResolveAnswer forged = hit;
+  forged.receipt = SignReceipt(c, SigningKey::Generate().value()).value();
+  ReceiptVerdict foreign = worker->VerifyReceipt(forged, &held);
+  EXPECT_EQ(foreign.token, "receipt_unknown_kid") << foreign.message;
+  EXPECT_NE(foreign.message.find("after refetching"), std::string::npos) << foreign.message;
+  EXPECT_EQ(held.size(), 2u);
+  ReceiptVerdict again = worker->VerifyReceipt(forged, &held);
+  EXPECT_EQ(again.token, "receipt_unknown_kid");
+  EXPECT_NE(again.message.find("did not have it either"), std::string::npos) << again.message;
 }
 
 TEST_P(HubApiTest, ThirtyTwoConcurrentPublishersOfOneKeyLeaveOneRow) {

@@ -5,12 +5,13 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <chrono>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "src/kiln/base/canonical_json.h"
@@ -25,6 +26,8 @@ struct HubClient::Impl {
   HubClientOptions options;
   std::unique_ptr<httplib::Client> http;
   std::mutex mu;  // httplib::Client is used by one request at a time
+  std::mutex kids_mu;
+  std::set<std::string> refetched_kids;  // unknown kids a key-set refetch did not find
 
   httplib::Headers Headers() const {
     httplib::Headers h;
@@ -335,6 +338,59 @@ Result<PublicKeySet> LoadTrustedKeys(const std::string& path_or_text) {
     return PublicKeySet::FromText(text, "trusted keys '" + path_or_text + "'");
   }
   return PublicKeySet::FromText(path_or_text, "trusted keys (literal)");
+}
+
+namespace {
+
+// The "kid" of a JWS header, or "" when the header does not decode.
+std::string ReceiptKid(const std::string& jws) {
+  const size_t dot = jws.find('.');
+  if (dot == std::string::npos) return "";
+  auto header = Base64UrlDecode(std::string_view(jws).substr(0, dot), "receipt header");
+  if (!header.ok()) return "";
+  auto j = nlohmann::json::parse(*header, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || !j.contains("kid") || !j["kid"].is_string()) return "";
+  return j["kid"].get<std::string>();
+}
+
+}  // namespace
+
+ReceiptVerdict HubClient::VerifyReceipt(const ResolveAnswer& answer, PublicKeySet* trusted) {
+  ReceiptVerdict v = VerifyResolvedReceipt(answer, *trusted);
+  if (v.token != "receipt_unknown_kid") return v;
+  const std::string kid = ReceiptKid(answer.receipt);
+  {
+    std::lock_guard<std::mutex> lock(impl_->kids_mu);
+    if (impl_->refetched_kids.count(kid) != 0) {
+      v.message += "; the hub's key set did not have it either when refetched";
+      return v;
+    }
+  }
+  HubAnswer jwks = GetJwks();
+  if (!jwks.ok()) {
+    v.message += "; refetching the hub's key set failed: " + jwks.token + ": " + jwks.message;
+    return v;
+  }
+  auto fetched = PublicKeySet::FromJwks(jwks.body);
+  if (!fetched.ok()) {
+    v.message += "; the hub's refetched key set is refused: " + fetched.status().message();
+    return v;
+  }
+  for (const auto& [id, raw] : fetched->keys()) {
+    if (!trusted->Has(id)) {
+      if (Status s = trusted->AddRaw(raw); !s.ok()) {
+        v.message += "; a refetched key is refused: " + s.message();
+        return v;
+      }
+    }
+  }
+  ReceiptVerdict again = VerifyResolvedReceipt(answer, *trusted);
+  if (again.token == "receipt_unknown_kid") {
+    std::lock_guard<std::mutex> lock(impl_->kids_mu);
+    impl_->refetched_kids.insert(kid);
+    again.message += " (after refetching the hub's key set)";
+  }
+  return again;
 }
 
 ReceiptVerdict VerifyResolvedReceipt(const ResolveAnswer& answer, const PublicKeySet& trusted) {

@@ -7,8 +7,9 @@
 // conclude that no cell exists.
 //
 // Receipts are verified offline (VerifyResolvedReceipt) against trusted public keys configured
-// by the operator (a JWKS file, a JWK, or a raw Ed25519 key), never against keys fetched at the
-// time of the check.
+// by the operator (a JWKS file, a JWK, or a raw Ed25519 key). A worker whose key set came from
+// the hub's JWKS uses HubClient::VerifyReceipt instead: on a key id it does not know (the hub
+// rotated its key since the set was fetched) it refetches the hub's key set once and checks again.
 //
 // A HubClient serializes its own requests; use one per thread for parallel calls.
 #pragma once
@@ -90,6 +91,15 @@ class HubClient {
   HubAnswer PostEvents(const nlohmann::json& rows);
   HubAnswer SettleObligation(const std::string& release, const std::string& target,
                              const std::string& sm, const std::string& token);
+  // Checks a Found answer's receipt like VerifyResolvedReceipt against `*trusted`; when the
+  // receipt's key id is not in `*trusted`, fetches this hub's key set (GET /.well-known/jwks.json)
+  // once, adds its keys to `*trusted` and checks again (REFERENCE.md "Receipt checks": refetch the
+  // key set once on an unknown id). A kid still unknown after a refetch stays refused
+  // receipt_unknown_kid and is remembered, so a foreign kid costs this client one fetch, not one
+  // per check; a failed refetch leaves the refusal receipt_unknown_kid (fail closed) with the
+  // transport token in the message. For key sets whose source is this hub; operator-configured
+  // offline trust anchors (kiln resolve --trust) use VerifyResolvedReceipt.
+  ReceiptVerdict VerifyReceipt(const ResolveAnswer& answer, PublicKeySet* trusted);
   // Any JSON route: method "GET" | "POST" | "PUT".
   HubAnswer Call(const std::string& method, const std::string& path, const std::string& body = "",
                  const std::string& content_type = "application/json");

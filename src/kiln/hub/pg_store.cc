@@ -50,6 +50,13 @@ constexpr const char* kCellCols =
 constexpr const char* kIntentCols =
     "key, digest, size, family, release, target, publisher, created_at";
 constexpr const char* kObligationCols = "release, target, sm, key, state, cell_digest, updated_at";
+// Resolve's hot path, prepared once per connection: the cell and its revocation in one round
+// trip, planned once.
+constexpr const char* kResolveStatement = "kiln_resolve";
+constexpr const char* kResolveSql =
+    "SELECT c.key, c.digest, c.size, c.family, c.publisher, c.tier, c.release, c.receipt, "
+    "c.created_at, r.reason, r.revoked_by, r.revoked_at FROM cells c LEFT JOIN revocations r "
+    "ON r.key = c.key AND r.digest = c.digest WHERE c.key = $1";
 constexpr const char* kEventCols = "id, worker, seq, kind, phase, key, duration_ms, detail, ts";
 
 std::string S(const pqxx::field& f) { return f.is_null() ? std::string() : f.as<std::string>(); }
@@ -144,6 +151,23 @@ class PostgresStore final : public HubStore {
           auto r =
               w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1", key);
           if (!r.empty()) out = ReadCell(r[0]);
+        },
+        true));
+    return out;
+  }
+  Result<std::optional<ResolvedCell>> GetCellForResolve(const std::string& key) override {
+    std::optional<ResolvedCell> out;
+    KILN_RETURN_IF_ERROR(Do(
+        "resolve cell",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_prepared(kResolveStatement, key);
+          if (r.empty()) return;
+          out.emplace();
+          out->cell = ReadCell(r[0]);
+          if (!r[0][9].is_null()) {
+            out->revocation = RevocationRow{out->cell.key, out->cell.digest, S(r[0][9]),
+                                            S(r[0][10]), I(r[0][11])};
+          }
         },
         true));
     return out;
@@ -434,7 +458,9 @@ class PostgresStore final : public HubStore {
     ++open_;
     lock.unlock();
     try {
-      return std::make_unique<pqxx::connection>(url_);
+      auto c = std::make_unique<pqxx::connection>(url_);
+      c->prepare(kResolveStatement, kResolveSql);
+      return c;
     } catch (...) {
       std::lock_guard<std::mutex> relock(mu_);
       --open_;

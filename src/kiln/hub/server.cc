@@ -4,8 +4,10 @@
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <thread>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/log.h"
@@ -37,6 +39,13 @@ std::map<std::string, std::string> Query(const httplib::Request& req) {
 
 }  // namespace
 
+int DbPoolSize(const HubOptions& options) {
+  const int threads = options.threads > 0 ? options.threads : 32;
+  int pool = options.db_pool;
+  if (pool <= 0) pool = std::max(2, static_cast<int>(std::thread::hardware_concurrency()));
+  return std::clamp(pool, 1, threads);
+}
+
 HubServer::~HubServer() { Stop(); }
 
 Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
@@ -48,7 +57,7 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
     KILN_ASSIGN_OR_RETURN(store, OpenSqliteStore(options.data_dir + "/hub.sqlite"));
   } else if (options.db_url.rfind("postgresql://", 0) == 0 ||
              options.db_url.rfind("postgres://", 0) == 0) {
-    KILN_ASSIGN_OR_RETURN(store, OpenPostgresStore(options.db_url, options.threads));
+    KILN_ASSIGN_OR_RETURN(store, OpenPostgresStore(options.db_url, DbPoolSize(options)));
   } else {
     return Status::InvalidArgument("hub: --db '" + options.db_url + "' is not a postgresql:// URL");
   }

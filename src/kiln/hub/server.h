@@ -105,8 +105,16 @@ struct HubOptions {
   std::string bind = "127.0.0.1";
   int port = 8470;   // 0: any free port (see HubServer::port())
   int threads = 32;  // request threads (each keep-alive connection holds one)
+  // PostgreSQL connections shared by the request threads; 0: one per core (at least 2), at most
+  // `threads`. On 2 cores with the database on the same host, 2 connections gave p99 6 ms where
+  // one per thread (32) gave p99 60-90 ms: every extra backend is one more process competing for
+  // the cores (docs/benchmarks.md). A database on another host may want more.
+  int db_pool = 0;
   uint64_t max_blob_bytes = 2ull << 30;
 };
+
+// The PostgreSQL pool size `options` asks for (see HubOptions::db_pool).
+int DbPoolSize(const HubOptions& options);
 
 // What the first start of a data dir produced: the admin token, to print once.
 struct HubFirstStart {

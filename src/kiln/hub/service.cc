@@ -178,16 +178,14 @@ Reply HubService::ResolveCell(const Principal& p, const std::string& key) {
   if (!IsWellFormedKey(key)) {
     return Reply::Error(400, "bad_key", "key '" + key + "' is not ck1- + 56 lowercase hex");
   }
-  auto cell = store_->GetCell(key);
-  if (!cell.ok()) return Reply::FromStatus(cell.status());
-  if (!cell->has_value()) return Reply::Json(200, {{"found", false}, {"key", key}});
-  const CellRow& c = **cell;
-  auto revoked = store_->GetRevocation(c.key, c.digest);
-  if (!revoked.ok()) return Reply::FromStatus(revoked.status());
-  if (revoked->has_value()) {
+  auto resolved = store_->GetCellForResolve(key);
+  if (!resolved.ok()) return Reply::FromStatus(resolved.status());
+  if (!resolved->has_value()) return Reply::Json(200, {{"found", false}, {"key", key}});
+  const CellRow& c = (*resolved)->cell;
+  if (const auto& revoked = (*resolved)->revocation; revoked.has_value()) {
     return Reply::Error(410, "revoked",
-                        "cell " + c.key + "@" + c.digest + " was revoked: " + (*revoked)->reason,
-                        {{"key", c.key}, {"digest", c.digest}, {"reason", (*revoked)->reason}});
+                        "cell " + c.key + "@" + c.digest + " was revoked: " + revoked->reason,
+                        {{"key", c.key}, {"digest", c.digest}, {"reason", revoked->reason}});
   }
   return Reply::Json(200, {{"found", true},
                            {"key", c.key},

@@ -95,6 +95,12 @@ struct EventFilter {
   int limit = 100;
 };
 
+// A cell row and its revocation, if any: everything a resolve reads.
+struct ResolvedCell {
+  CellRow cell;
+  std::optional<RevocationRow> revocation;
+};
+
 struct WorkerSummary {
   std::string worker;
   int64_t last_ts = 0;
@@ -116,6 +122,14 @@ class HubStore {
   // itself if this call inserted it, else the existing first writer's row (never overwritten).
   virtual Result<CellRow> InsertCellIfAbsent(const CellRow& row) = 0;
   virtual Result<std::optional<CellRow>> GetCell(const std::string& key) = 0;
+  // The row of `key` with its revocation (resolve's hot path). The default reads GetCell then
+  // GetRevocation; a store over the network answers it in one round trip.
+  virtual Result<std::optional<ResolvedCell>> GetCellForResolve(const std::string& key) {
+    KILN_ASSIGN_OR_RETURN(auto cell, GetCell(key));
+    if (!cell.has_value()) return std::optional<ResolvedCell>();
+    KILN_ASSIGN_OR_RETURN(auto revoked, GetRevocation(cell->key, cell->digest));
+    return std::optional<ResolvedCell>(ResolvedCell{std::move(*cell), std::move(revoked)});
+  }
   // Newest first.
   virtual Result<std::vector<CellRow>> ListCells(int limit) = 0;
 

@@ -1,0 +1,133 @@
+// A real `kiln hub` child process on loopback for the end-to-end hub tests (hub_api_test,
+// hub_dashboard_test), and the helpers they share: the binary under test ($KILN_HUB_BINARY, else
+// the built `kiln`), a per-run nonce, free ports and the test tokens.
+#pragma once
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/sha256.h"
+#include "src/kiln/client/hub_client.h"
+
+namespace kiln::hub_testing {
+
+inline std::string Binary() {
+  const char* env = std::getenv("KILN_HUB_BINARY");
+  return env && *env ? env : KILN_BINARY;
+}
+
+inline std::string Nonce() {
+  static const std::string n =
+      std::to_string(std::random_device{}()) + "-" + std::to_string(::getpid());
+  return n;
+}
+// A graph axis unique to this run (PostgreSQL databases outlive a run).
+inline std::string Graph(const std::string& name) {
+  return Sha256Hex(Nonce() + name).substr(0, 16);
+}
+
+inline int FreePort() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+inline constexpr const char* kPlatform = "tok-platform-publisher";
+inline constexpr const char* kAcme = "tok-acme-publisher";
+inline constexpr const char* kWorker = "tok-worker";
+inline constexpr const char* kAdmin = "tok-admin";
+
+// Result<T> has no value_or; logs only.
+template <typename T>
+T ValueOr(const Result<T>& r, T fallback) {
+  return r.ok() ? r.value() : fallback;
+}
+
+// One `kiln hub` child process.
+class HubProcess {
+ public:
+  HubProcess(std::string data_dir, std::string db_url)
+      : data_(std::move(data_dir)), db_(std::move(db_url)) {}
+  ~HubProcess() { Kill(SIGKILL); }
+
+  // Starts the process and waits until /v1/health answers.
+  ::testing::AssertionResult Start() {
+    port_ = FreePort();
+    const std::string log = data_ + "/hub-" + std::to_string(port_) + ".log";
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<std::string> args = {Binary(),    "hub",
+                                       "--data",    data_,
+                                       "--port",    std::to_string(port_),
+                                       "--bind",    "127.0.0.1",
+                                       "--tokens",  data_ + "/../tokens.json",
+                                       "--threads", "40"};
+      if (!db_.empty()) args.insert(args.end(), {"--db", db_});
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    auto client = Client("");
+    for (int i = 0; i < 200; ++i) {
+      if (client->Call("GET", "/v1/health").ok()) return ::testing::AssertionSuccess();
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return ::testing::AssertionFailure()
+               << "kiln hub exited early: " << ValueOr(ReadFile(log), std::string());
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return ::testing::AssertionFailure()
+           << "kiln hub did not become healthy; log: " << ValueOr(ReadFile(log), std::string());
+  }
+  void Kill(int sig) {
+    if (pid_ <= 0) return;
+    ::kill(pid_, sig);
+    ::waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int port() const { return port_; }
+  std::unique_ptr<HubClient> Client(const std::string& token) const {
+    HubClientOptions o;
+    o.url = url();
+    o.token = token;
+    o.connect_timeout_s = 2;
+    o.io_timeout_s = 20;
+    return HubClient::Create(o).value();
+  }
+
+ private:
+  std::string data_, db_;
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+}  // namespace kiln::hub_testing
