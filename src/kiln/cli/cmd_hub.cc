@@ -171,6 +171,8 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--tokens", args->options.tokens_file,
                   "tokens file (default: DATA/tokens.json, created with an admin token)");
   cmd->add_option("--threads", args->options.threads, "request threads");
+  cmd->add_option("--db-pool", args->options.db_pool,
+                  "PostgreSQL connections (default: one per core, at least 2)");
   cmd->callback([=] { *exit_code = RunHub(*args); });
 }
 
