@@ -64,6 +64,14 @@ auto Int(const char* name, int64_t v) {
 auto Flt(const char* name, float v) {
   return [=](onnx::NodeProto& n) { OnnxBuilder::FloatAttr(n, name, v); };
 }
+auto Str(const char* name, const char* v) {
+  return [=](onnx::NodeProto& n) {
+    auto* a = n.add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::STRING);
+    a->set_s(v);
+  };
+}
 template <typename... Fs>
 std::function<void(onnx::NodeProto&)> All(Fs... fs) {
   return [=](onnx::NodeProto& n) { (fs(n), ...); };
@@ -125,15 +133,23 @@ const std::vector<Case>& Opset17Cases() {
       {"Reshape", {F({2, 3, 4}), C({4, -1})}}, {"Transpose", {F({2, 3, 4})}, Ints("perm", {1, 2, 0})},
       {"Transpose", {F({2, 3, 4, 5})}, Ints("perm", {0, 2, 1, 3})},
       {"Concat", {F({2, 3}), F({2, 5})}, Int("axis", 1)},
+      {"Concat", {F({2, 3, 4}), F({2, 1, 4}), F({2, 2, 4})}, Int("axis", -2)},
+      {"Concat", {Idx({1, 3}), Idx({2, 3})}, Int("axis", 0)},
       {"Split", {F({6, 4}), C({2, 4})}, Int("axis", 0), 2},
       {"Slice", {F({6, 8}), C({1, 7}), C({5, 0}), C({0, 1}), C({2, -2})}},
       {"Gather", {F({5, 4}), Idx({3})}, Int("axis", 0)},
+      {"Gather", {F({2, 5, 4}), C({3, 0, -1})}, Int("axis", 2)},
+      {"Gather", {F({3, 5, 4}), CScalar(-2)}, Int("axis", 1)},
       {"Gather", {F({5, 4}), CScalar(-1)}, Int("axis", 1)},
       {"Squeeze", {F({1, 3, 1, 4}), C({0, 2})}}, {"Unsqueeze", {F({3, 4}), C({0, 3})}},
       {"Flatten", {F({2, 3, 4})}, Int("axis", 2)}, {"Expand", {F({3, 1}), C({2, 3, 4})}},
       {"Pad", {F({2, 3}), C({1, 0, 0, 2})}}, {"Tile", {F({2, 3}), C({2, 2})}},
       {"Resize", {F({1, 2, 3, 3}), In{}, In{{4}, onnx::TensorProto::FLOAT, Domain::kAny, {}, false}},
        nullptr},
+      {"Resize", {F({1, 2, 3, 5}), In{}, In{{4}, onnx::TensorProto::FLOAT, Domain::kAny, {}, false}},
+       All(Str("coordinate_transformation_mode", "asymmetric"), Str("nearest_mode", "floor"))},
+      {"Resize", {F({1, 2, 3, 5}), In{}, In{{4}, onnx::TensorProto::FLOAT, Domain::kAny, {}, false}},
+       Str("coordinate_transformation_mode", "asymmetric")},  // rounds: stays a reference op
       {"Shape", {F({2, 3, 4})}}, {"Size", {F({2, 3, 4})}},
       {"ConstantOfShape", {C({2, 3})}}, {"Dropout", {F({2, 3})}},
       {"Range", {In{{}, onnx::TensorProto::INT64, Domain::kAny, {0}}, In{{}, onnx::TensorProto::INT64, Domain::kAny, {7}}, In{{}, onnx::TensorProto::INT64, Domain::kAny, {2}}}},
@@ -254,8 +270,7 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
   return built;
 }
 
-void RunGroup(const std::vector<Case>& cases, int64_t opset) {
-  Built b = BuildGroup(cases, opset);
+void RunBuilt(Built b, int64_t opset, int threads, const std::string& tag) {
   auto eager = Interpreter::Create(b.graph);
   ASSERT_TRUE(eager.ok()) << eager.status().ToString();
   auto ref = eager->Run(b.inputs, &b.weights);
@@ -271,7 +286,7 @@ void RunGroup(const std::vector<Case>& cases, int64_t opset) {
   auto toolchain = LocalToolchain();
   ASSERT_TRUE(toolchain.ok());
   auto driver = MakeSystemCompilerDriver(*toolchain);
-  const std::string dir = "/tmp/kiln-diff-" + std::to_string(opset) + "-" + std::to_string(::getpid());
+  const std::string dir = "/tmp/kiln-diff-" + tag + std::to_string(opset) + "-" + std::to_string(::getpid());
   ASSERT_TRUE(MakeDirs(dir).ok());
   auto so = BuildSharedObject(cell->source, 1, DefaultSmTarget(), "diff", *driver, dir, 2, nullptr);
   ASSERT_TRUE(so.ok()) << so.status().ToString();
@@ -290,7 +305,7 @@ void RunGroup(const std::vector<Case>& cases, int64_t opset) {
     e.constants.push_back({j["name"], *DTypeFromName(j["dtype"]), j["shape"].get<Shape>()});
   }
   e.workspace_bytes = cell->describe["entries"][0]["workspace_bytes"];
-  auto armed = ArmedCell::Arm(*lib, {e}, b.weights, Lane::kIntake, "", 1);
+  auto armed = ArmedCell::Arm(*lib, {e}, b.weights, Lane::kIntake, "", threads);
   ASSERT_TRUE(armed.ok()) << armed.status().ToString();
   CellRunError err;
   auto got = (*armed)->Run(0, b.inputs, &err);
@@ -308,6 +323,111 @@ void RunGroup(const std::vector<Case>& cases, int64_t opset) {
     }
   }
   ::testing::Test::RecordProperty("specialized_kernels", specialized);
+}
+
+void RunGroup(const std::vector<Case>& cases, int64_t opset) {
+  RunBuilt(BuildGroup(cases, opset), opset, 1, "");
+}
+
+// Fused convolution epilogues (prepared at bind time) and kernels big enough to run on the
+// host's thread team, on two threads.
+Built BuildParallelChain() {
+  OnnxBuilder b(17);
+  std::mt19937 rng(99);
+  auto weight = [&](const std::string& name, std::vector<int64_t> dims) {
+    std::vector<float> v(static_cast<size_t>(NumElements(dims)));
+    std::uniform_real_distribution<float> u(-0.5f, 0.5f);
+    for (auto& x : v) x = u(rng);
+    b.FloatInit(name, dims, v);
+  };
+  auto input = [&](TensorMap& inputs, const std::string& name, std::vector<int64_t> dims) {
+    b.Input(name, onnx::TensorProto::FLOAT, dims);
+    std::vector<float> v(static_cast<size_t>(NumElements(dims)));
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    for (auto& x : v) x = u(rng);
+    inputs[name] = Tensor::FromVector<float>(dims, v);
+  };
+  TensorMap inputs;
+  input(inputs, "x", {1, 16, 48, 48});
+  input(inputs, "rows", {64, 1024});
+  input(inputs, "cube", {4, 64, 256});
+  weight("w1", {16, 16, 3, 3});
+  weight("b1", {16});
+  weight("w2", {24, 16, 1, 1});
+  weight("w3", {16, 1, 3, 3});
+  weight("g", {1024});
+  weight("beta", {1024});
+  weight("gi", {16});
+  weight("bi", {16});
+  std::vector<std::string> outs;
+  auto out = [&](const std::string& name) { outs.push_back(name); };
+  // Conv + residual Add + Relu: a conv with sum and post-op epilogue.
+  OnnxBuilder::IntsAttr(b.Node("Conv", {"x", "w1", "b1"}, {"c1"}, "conv1"), "pads", {1, 1, 1, 1});
+  b.Node("Add", {"c1", "x"}, {"r1"}, "add1");
+  b.Node("Relu", {"r1"}, {"y1"}, "relu1");
+  out("y1");
+  // Conv + residual Add alone: the sum rides the output reorder.
+  OnnxBuilder::IntsAttr(b.Node("Conv", {"y1", "w1", "b1"}, {"c13"}, "conv13"), "pads", {1, 1, 1, 1});
+  b.Node("Add", {"c13", "x"}, {"y13"}, "add13");
+  out("y13");
+  // 1x1 conv (plain layout) + Sigmoid.
+  b.Node("Conv", {"y1", "w2"}, {"c2"}, "conv2");
+  b.Node("Sigmoid", {"c2"}, {"y2"}, "sig2");
+  out("y2");
+  // Depthwise conv + SiLU (x * sigmoid(x)).
+  auto& dw = b.Node("Conv", {"x", "w3"}, {"c3"}, "conv3");
+  OnnxBuilder::IntsAttr(dw, "pads", {1, 1, 1, 1});
+  OnnxBuilder::IntAttr(dw, "group", 16);
+  b.Node("Sigmoid", {"c3"}, {"s3"}, "sig3");
+  b.Node("Mul", {"c3", "s3"}, {"y3"}, "mul3");
+  out("y3");
+  // Large elementwise, softmax (contiguous and strided), norms and a transpose.
+  b.Node("Mul", {"x", "x"}, {"x2"}, "sq");
+  b.Node("Tanh", {"x2"}, {"y4"}, "tanh4");
+  out("y4");
+  b.Node("Softmax", {"rows"}, {"y5"}, "softmax5");
+  out("y5");
+  OnnxBuilder::IntAttr(b.Node("Softmax", {"cube"}, {"y6"}, "softmax6"), "axis", 1);
+  out("y6");
+  b.Node("LayerNormalization", {"rows", "g", "beta"}, {"y7"}, "ln7");
+  out("y7");
+  b.Node("InstanceNormalization", {"x", "gi", "bi"}, {"y8"}, "in8");
+  out("y8");
+  OnnxBuilder::IntsAttr(b.Node("Transpose", {"rows"}, {"y9"}, "tr9"), "perm", {1, 0});
+  out("y9");
+  // Concat along channels of two computed tensors.
+  OnnxBuilder::IntAttr(b.Node("Concat", {"y1", "x2"}, {"y12"}, "cat12"), "axis", 1);
+  out("y12");
+  // Batched small GEMMs (one per thread) and a larger batched GEMM.
+  input(inputs, "qa", {4, 32, 32});
+  input(inputs, "qb", {4, 32, 32});
+  b.Node("MatMul", {"qa", "qb"}, {"y10"}, "mm10");
+  out("y10");
+  input(inputs, "ma", {3, 64, 128});
+  input(inputs, "mb", {3, 128, 64});
+  b.Node("MatMul", {"ma", "mb"}, {"y11"}, "mm11");
+  out("y11");
+  for (const auto& o : outs) {
+    auto* vi = b.graph().add_output();
+    vi->set_name(o);
+    vi->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+  }
+  auto g = ImportOnnxBytes(b.Bytes(), "parallel");
+  EXPECT_TRUE(g.ok()) << g.status().ToString();
+  Graph graph = std::move(g).value();
+  for (ValueInfo& v : graph.outputs) {
+    v.dtype = DType::kFloat32;
+    v.has_shape = false;
+  }
+  Built built;
+  built.graph = std::make_shared<const Graph>(std::move(graph));
+  built.inputs = inputs;
+  built.weights = GraphWeights(*built.graph);
+  return built;
+}
+
+TEST(Differential, FusedConvEpiloguesAndParallelKernelsOnTwoThreads) {
+  RunBuilt(BuildParallelChain(), 17, 2, "par");
 }
 
 TEST(Differential, EveryOpCompiledMatchesEagerOpset17) { RunGroup(Opset17Cases(), 17); }

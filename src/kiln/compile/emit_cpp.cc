@@ -96,12 +96,13 @@ class EntryEmitter {
         << "; }\n";
     os_ << "extern \"C\" KILN_HIDDEN const char* const* " << e << "_op_specs() { return " << e
         << "_specs; }\n\n";
+    KILN_RETURN_IF_ERROR(EmitInit(e));
     // S3: run.
     os_ << "extern \"C\" KILN_HIDDEN int " << e
         << "_run(kiln_cell_entry* E, const void* const* in, void* const* out, char* ws) {\n";
     os_ << "  const kiln_host_api* H = E->host;\n  (void)H; (void)in; (void)out; (void)ws;\n";
     for (const Buffer& b : p_.buffers) EmitPointer(b, e);
-    int op_index = 0;
+    int op_index = 0, conv_index = 0;
     for (size_t k = 0; k < p_.kernels.size(); ++k) {
       const Kernel& kern = p_.kernels[k];
       os_ << "  // kernel " << k << ": " << kern.label << "\n  {\n";
@@ -116,12 +117,15 @@ class EntryEmitter {
           KILN_RETURN_IF_ERROR(EmitEpilogue(kern));
           break;
         case Kernel::Kind::kConv:
-          KILN_RETURN_IF_ERROR(EmitConv(kern));
+          KILN_RETURN_IF_ERROR(EmitConv(kern, &conv_index));
           KILN_RETURN_IF_ERROR(EmitEpilogue(kern));
           break;
         case Kernel::Kind::kSoftmax: KILN_RETURN_IF_ERROR(EmitSoftmax(kern)); break;
         case Kernel::Kind::kNorm: KILN_RETURN_IF_ERROR(EmitNorm(kern)); break;
         case Kernel::Kind::kTranspose: KILN_RETURN_IF_ERROR(EmitTranspose(kern)); break;
+        case Kernel::Kind::kConcat: EmitConcat(kern); break;
+        case Kernel::Kind::kGather: EmitGather(kern); break;
+        case Kernel::Kind::kResize: EmitResize(kern); break;
         case Kernel::Kind::kReference: EmitReference(kern, op_index++); break;
       }
       os_ << "  }\n";
@@ -209,6 +213,33 @@ class EntryEmitter {
     return ln;
   }
 
+  // GEMMs with at most this many multiply-adds run single-threaded (team wakeup costs more).
+  static constexpr int64_t kSmallGemm = int64_t{1} << 16;
+  std::string GemmThreads(int64_t m, int64_t n, int64_t k) const {
+    return m * n * k <= kSmallGemm ? "1" : "E->threads";
+  }
+  // Outermost loops with at least this many elements of work run on the host's thread team.
+  static constexpr int64_t kParallelWork = int64_t{1} << 15;
+  struct Range {
+    std::string lo, hi;
+    bool par = false;
+    int64_t n = 0;
+    bool open = false;  // ParOpen emitted the body's opening
+  };
+  // Opens an outermost loop range [0, n): plain bounds, or, when the work is big enough to
+  // split, a lambda over a chunk [kiln_lo, kiln_hi) that ParClose hands to parallel_for.
+  // Either way the loop body becomes a function of its own (see kiln_par_tramp).
+  Range ParOpen(int64_t n, int64_t work) {
+    Range r{"kiln_lo", "kiln_hi", n >= 2 && work >= kParallelWork, n, true};
+    os_ << "    auto kiln_body = [&](int64_t kiln_lo, int64_t kiln_hi) {\n";
+    return r;
+  }
+  void ParClose(const Range& r) {
+    if (!r.open) return;
+    os_ << "    };\n    KILN_TRY(kiln_par(H, " << (r.par ? "E->threads" : "1") << ", " << Lit(r.n)
+        << ", kiln_body));\n";
+  }
+
   Status EmitFused(const Kernel& k) {
     const Shape& shape = Buf(k.outputs[0]).type.shape;
     for (int o : k.outputs) {
@@ -222,10 +253,12 @@ class EntryEmitter {
     const LoopNest ln = Merge(shape, strides);
     const size_t depth = ln.dims.size();
     std::string indent = "    ";
+    Range r;
     for (size_t d = 0; d < depth; ++d) {
+      if (d == 0) r = ParOpen(ln.dims[0], NumElements(shape));
       if (d + 1 == depth) os_ << indent << "#pragma GCC ivdep\n";
-      os_ << indent << "for (int64_t i" << d << " = 0; i" << d << " < " << Lit(ln.dims[d])
-          << "; ++i" << d << ") {\n";
+      os_ << indent << "for (int64_t i" << d << " = " << (d == 0 ? r.lo : "0") << "; i" << d
+          << " < " << (d == 0 ? r.hi : Lit(ln.dims[d])) << "; ++i" << d << ") {\n";
       indent += "  ";
     }
     auto offset = [&](size_t operand) {
@@ -266,6 +299,7 @@ class EntryEmitter {
       indent.resize(indent.size() - 2);
       os_ << indent << "}\n";
     }
+    ParClose(r);
     return Status::OK();
   }
 
@@ -297,7 +331,10 @@ class EntryEmitter {
     }
     f.outputs = {k.outputs[0]};
     f.output_exprs = {k.epilogue_out};
-    return EmitFused(f);
+    os_ << "    {\n";  // a scope of its own: the kernel call above may have declared a body
+    KILN_RETURN_IF_ERROR(EmitFused(f));
+    os_ << "    }\n";
+    return Status::OK();
   }
 
   Status EmitMatMul(const Kernel& k) {
@@ -313,7 +350,7 @@ class EntryEmitter {
     if (b_shared && ab == batch) {  // one GEMM over all batch rows
       os_ << "    KILN_TRY(H->sgemm(0, 0, " << Lit(nb * M) << ", " << Lit(N) << ", " << Lit(K)
           << ", 1.0f, " << A << ", " << Lit(K) << ", " << Bm << ", " << Lit(N) << ", 0.0f, " << C
-          << ", " << Lit(N) << ", E->threads));\n";
+          << ", " << Lit(N) << ", " << GemmThreads(nb * M, N, K) << "));\n";
       return Status::OK();
     }
     const auto sa = BroadcastStrides(ab, batch), sb = BroadcastStrides(bb, batch);
@@ -330,11 +367,24 @@ class EntryEmitter {
       os_ << Lit(oa * M * K) << ", " << Lit(ob * K * N) << ", ";
     }
     os_ << "};\n";
-    os_ << "    for (int64_t i = 0; i < " << Lit(nb) << "; ++i) {\n";
-    os_ << "      KILN_TRY(H->sgemm(0, 0, " << Lit(M) << ", " << Lit(N) << ", " << Lit(K)
+    // Small GEMMs of a batch (attention heads) run one per thread of the host's team, each
+    // single-threaded; large ones are threaded inside the library.
+    const bool per_thread = M * N * K <= kSmallGemm;
+    os_ << "    int kiln_rc = 0;\n"
+        << "    auto kiln_body = [&](int64_t kiln_lo, int64_t kiln_hi) {\n"
+        << "      for (int64_t i = kiln_lo; i < kiln_hi; ++i) {\n"
+        << "        const int rc = H->sgemm(0, 0, " << Lit(M) << ", " << Lit(N) << ", " << Lit(K)
         << ", 1.0f, " << A << " + offs[2 * i], " << Lit(K) << ", " << Bm << " + offs[2 * i + 1], "
-        << Lit(N) << ", 0.0f, " << C << " + i * " << Lit(M * N) << ", " << Lit(N)
-        << ", E->threads));\n    }\n";
+        << Lit(N) << ", 0.0f, " << C << " + i * " << Lit(M * N) << ", " << Lit(N) << ", "
+        << (per_thread ? "1" : "E->threads") << ");\n"
+        << "        if (rc) __atomic_store_n(&kiln_rc, rc, __ATOMIC_RELAXED);\n"
+        << "      }\n    };\n";
+    if (per_thread) {
+      os_ << "    KILN_TRY(kiln_par(H, E->threads, " << Lit(nb) << ", kiln_body));\n";
+    } else {
+      os_ << "    kiln_body(0, " << Lit(nb) << ");\n";
+    }
+    os_ << "    if (kiln_rc) return kiln_rc;\n";
     return Status::OK();
   }
 
@@ -361,16 +411,14 @@ class EntryEmitter {
     os_ << "    KILN_TRY(H->sgemm(" << ta << ", " << tb << ", " << Lit(M) << ", " << Lit(N) << ", "
         << Lit(K) << ", " << FloatLit(alpha) << ", " << B(k.inputs[0]) << ", " << Lit(a[1])
         << ", " << B(k.inputs[1]) << ", " << Lit(b[1]) << ", " << FloatLit(beta) << ", " << Y
-        << ", " << Lit(N) << ", E->threads));\n";
+        << ", " << Lit(N) << ", " << GemmThreads(M, N, K) << "));\n";
     return Status::OK();
   }
 
-  Status EmitConv(const Kernel& k) {
+  Status ConvDesc(const Kernel& k, std::string* desc) const {
     const Node& n = k.node;
     const Shape& x = Buf(k.inputs[0]).type.shape;
     const Shape& w = Buf(k.inputs[1]).type.shape;
-    const Shape& y = Buf(k.outputs[0]).type.shape;
-    const bool has_bias = n.HasInput(2);
     const std::vector<int64_t> strides = n.GetInts("strides", {1, 1});
     const std::vector<int64_t> dil = n.GetInts("dilations", {1, 1});
     std::vector<int64_t> pads = n.GetInts("pads", {0, 0, 0, 0});
@@ -392,11 +440,34 @@ class EntryEmitter {
       pads = {0, 0, 0, 0};
     }
     const int64_t group = n.GetInt("group", 1);
-    os_ << "    static const kiln_conv2d_desc d = {" << x[0] << ", " << x[1] << ", " << x[2] << ", "
-        << x[3] << ", " << w[0] << ", " << w[2] << ", " << w[3] << ", " << strides[0] << ", "
-        << strides[1] << ", " << pads[0] << ", " << pads[1] << ", " << pads[2] << ", " << pads[3]
-        << ", " << dil[0] << ", " << dil[1] << ", " << group << ", " << k.post_op << ", "
-        << (k.conv_sum ? 1 : 0) << "};\n";
+    std::ostringstream d;
+    d << "{" << x[0] << ", " << x[1] << ", " << x[2] << ", " << x[3] << ", " << w[0] << ", " << w[2]
+      << ", " << w[3] << ", " << strides[0] << ", " << strides[1] << ", " << pads[0] << ", "
+      << pads[1] << ", " << pads[2] << ", " << pads[3] << ", " << dil[0] << ", " << dil[1] << ", "
+      << group << ", " << k.post_op << ", " << (k.conv_sum ? 1 : 0) << "}";
+    *desc = d.str();
+    return Status::OK();
+  }
+
+  // The convolution's weights as an expression valid in the entry's init (bound weight or
+  // embedded constant), or "" when they are computed at run time (no prepared kernel then).
+  std::string BoundWeight(const Kernel& k, const std::string& e) const {
+    const Buffer& w = Buf(p_.Root(k.inputs[1]));
+    if (w.kind == Buffer::Kind::kWeight) {
+      if (w.name == opt_.bake_weight_for_test && opt_.baked_value.valid()) {
+        return e + "_baked" + std::to_string(w.index);
+      }
+      return "E->w[" + std::to_string(w.index) + "]";
+    }
+    if (w.kind == Buffer::Kind::kConst) return e + "_c" + std::to_string(w.index);
+    return "";
+  }
+
+  Status EmitConv(const Kernel& k, int* conv_index) {
+    std::string desc;
+    KILN_RETURN_IF_ERROR(ConvDesc(k, &desc));
+    const bool has_bias = k.node.HasInput(2);
+    const Shape& y = Buf(k.outputs[0]).type.shape;
     const std::string Y = B(k.outputs[0]);
     if (k.conv_sum) {
       // The residual may already live in the output's memory (planned in place).
@@ -404,8 +475,47 @@ class EntryEmitter {
           << ") memcpy(" << Y << ", " << B(k.inputs.back()) << ", " << NumElements(y) * 4
           << ");\n";
     }
-    os_ << "    KILN_TRY(H->conv2d(&d, " << B(k.inputs[0]) << ", " << B(k.inputs[1]) << ", "
-        << (has_bias ? B(k.inputs[2]) : std::string("NULL")) << ", " << Y << ", E->threads));\n";
+    const std::string bias = has_bias ? B(k.inputs[2]) : std::string("NULL");
+    if (!BoundWeight(k, "").empty()) {
+      os_ << "    KILN_TRY(H->conv2d_run(E->convs[" << (*conv_index)++ << "], " << B(k.inputs[0])
+          << ", " << bias << ", " << Y << "));\n";
+      return Status::OK();
+    }
+    os_ << "    static const kiln_conv2d_desc d = " << desc << ";\n";
+    os_ << "    KILN_TRY(H->conv2d(&d, " << B(k.inputs[0]) << ", " << B(k.inputs[1]) << ", " << bias
+        << ", " << Y << ", E->threads));\n";
+    return Status::OK();
+  }
+
+  // The entry's bind-time preparation: one prepared convolution per conv with bound weights.
+  Status EmitInit(const std::string& e) {
+    std::vector<std::pair<std::string, std::string>> convs;  // desc, weight expression
+    std::vector<int> has_bias;
+    for (const Kernel& k : p_.kernels) {
+      if (k.kind != Kernel::Kind::kConv) continue;
+      const std::string w = BoundWeight(k, e);
+      if (w.empty()) continue;
+      std::string desc;
+      KILN_RETURN_IF_ERROR(ConvDesc(k, &desc));
+      convs.emplace_back(desc, w);
+      has_bias.push_back(k.node.HasInput(2) ? 1 : 0);
+    }
+    os_ << "extern \"C\" KILN_HIDDEN int " << e << "_init(kiln_cell_entry* E) {\n";
+    if (convs.empty()) {
+      os_ << "  (void)E;\n  return KILN_CELL_OK;\n}\n\n";
+      return Status::OK();
+    }
+    os_ << "  static const kiln_conv2d_desc d[" << convs.size() << "] = {";
+    for (const auto& c : convs) os_ << "\n      " << c.first << ",";
+    os_ << "};\n";
+    os_ << "  E->convs = (void**)calloc(" << convs.size() << ", sizeof(void*));\n"
+        << "  if (!E->convs) return KILN_CELL_RESOURCE_EXHAUSTED;\n";
+    for (size_t i = 0; i < convs.size(); ++i) {
+      os_ << "  E->num_convs = " << i + 1 << ";\n"
+          << "  KILN_TRY(E->host->conv2d_prepare(&d[" << i << "], (const float*)" << convs[i].second
+          << ", " << has_bias[i] << ", E->threads, &E->convs[" << i << "]));\n";
+    }
+    os_ << "  return KILN_CELL_OK;\n}\n\n";
     return Status::OK();
   }
 
@@ -420,16 +530,19 @@ class EntryEmitter {
     const int64_t n = s[axis];
     const std::string X = B(k.inputs[0]), Y = B(k.outputs[0]);
     if (inner == 1) {  // contiguous rows: vectorized lane reductions
-      os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o) {\n"
+      const Range r = ParOpen(outer, outer * n);
+      os_ << "    for (int64_t o = " << r.lo << "; o < " << r.hi << "; ++o) {\n"
           << "      const float* x = " << X << " + o * " << Lit(n) << ";\n"
           << "      float* y = " << Y << " + o * " << Lit(n) << ";\n"
           << "      const float m = kiln_row_max(x, " << Lit(n) << ");\n"
           << "      const float inv = 1.0f / kiln_row_exp_sum(x, y, " << Lit(n) << ", m);\n"
           << "      #pragma GCC ivdep\n"
           << "      for (int64_t i = 0; i < " << Lit(n) << "; ++i) y[i] *= inv;\n    }\n";
+      ParClose(r);
       return Status::OK();
     }
-    os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o)\n"
+    const Range r = ParOpen(outer, outer * n * inner);
+    os_ << "    for (int64_t o = " << r.lo << "; o < " << r.hi << "; ++o)\n"
         << "    for (int64_t j = 0; j < " << Lit(inner) << "; ++j) {\n"
         << "      const float* x = " << X << " + o * " << Lit(n * inner) << " + j;\n"
         << "      float* y = " << Y << " + o * " << Lit(n * inner) << " + j;\n"
@@ -442,6 +555,7 @@ class EntryEmitter {
         << "      const float inv = 1.0f / sum;\n"
         << "      for (int64_t i = 0; i < " << Lit(n) << "; ++i) y[i * " << Lit(inner)
         << "] *= inv;\n    }\n";
+    ParClose(r);
     return Status::OK();
   }
 
@@ -467,7 +581,8 @@ class EntryEmitter {
       per_channel = false;
     }
     const std::string C = per_channel ? Lit(s[1]) : "1";
-    os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o) {\n"
+    const Range r = ParOpen(outer, outer * inner);
+    os_ << "    for (int64_t o = " << r.lo << "; o < " << r.hi << "; ++o) {\n"
         << "      const float* x = " << X << " + o * " << Lit(inner) << ";\n"
         << "      float* y = " << Y << " + o * " << Lit(inner) << ";\n"
         << "      double mean, var;\n"
@@ -488,6 +603,7 @@ class EntryEmitter {
           << scale << "[i]" << (has_bias ? " + " + bias + "[i]" : std::string()) << ";\n";
     }
     os_ << "    }\n";
+    ParClose(r);
     return Status::OK();
   }
 
@@ -503,9 +619,11 @@ class EntryEmitter {
     for (size_t d = 0; d < out.size(); ++d) src[d] = in_strides[static_cast<size_t>(perm[d])];
     const LoopNest ln = Merge(out, {src, ContiguousStrides(out)});
     std::string indent = "    ";
+    Range r;
     for (size_t d = 0; d < ln.dims.size(); ++d) {
-      os_ << indent << "for (int64_t i" << d << " = 0; i" << d << " < " << Lit(ln.dims[d])
-          << "; ++i" << d << ")\n";
+      if (d == 0) r = ParOpen(ln.dims[0], NumElements(out));
+      os_ << indent << "for (int64_t i" << d << " = " << (d == 0 ? r.lo : "0") << "; i" << d
+          << " < " << (d == 0 ? r.hi : Lit(ln.dims[d])) << "; ++i" << d << ")\n";
       indent += "  ";
     }
     auto off = [&](size_t o) {
@@ -518,7 +636,81 @@ class EntryEmitter {
     };
     os_ << indent << B(k.outputs[0]) << "[" << off(1) << "] = " << B(k.inputs[0]) << "[" << off(0)
         << "];\n";
+    ParClose(r);
     return Status::OK();
+  }
+
+  // Concat: per input, one contiguous block per outer index copied to its offset in the row.
+  void EmitConcat(const Kernel& k) {
+    const Shape& out = Buf(k.outputs[0]).type.shape;
+    const int64_t rank = static_cast<int64_t>(out.size());
+    int64_t axis = k.node.GetInt("axis", 0);
+    if (axis < 0) axis += rank;
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < axis; ++d) outer *= out[static_cast<size_t>(d)];
+    for (int64_t d = axis + 1; d < rank; ++d) inner *= out[static_cast<size_t>(d)];
+    const int64_t row = out[static_cast<size_t>(axis)] * inner;
+    const int64_t esize = static_cast<int64_t>(DTypeSize(Buf(k.outputs[0]).type.dtype));
+    int64_t off = 0;
+    for (int id : k.inputs) {
+      const int64_t block = Buf(id).type.shape[static_cast<size_t>(axis)] * inner;
+      if (block > 0 && outer > 0) {
+        os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o) memcpy(" << B(k.outputs[0])
+            << " + o * " << Lit(row) << " + " << Lit(off) << ", " << B(id) << " + o * "
+            << Lit(block) << ", " << Lit(block * esize) << ");\n";
+      }
+      off += block;
+    }
+  }
+
+  // Gather with structural indices (lowering checked they are in range): block copies.
+  void EmitGather(const Kernel& k) {
+    const Shape& data = Buf(k.inputs[0]).type.shape;
+    const Tensor& idx = Buf(p_.Root(k.inputs[1])).value;
+    const int64_t rank = static_cast<int64_t>(data.size());
+    int64_t axis = k.node.GetInt("axis", 0);
+    if (axis < 0) axis += rank;
+    int64_t outer = 1, inner = 1;
+    for (int64_t d = 0; d < axis; ++d) outer *= data[static_cast<size_t>(d)];
+    for (int64_t d = axis + 1; d < rank; ++d) inner *= data[static_cast<size_t>(d)];
+    const int64_t dim = data[static_cast<size_t>(axis)], n = idx.numel();
+    const int64_t esize = static_cast<int64_t>(DTypeSize(Buf(k.outputs[0]).type.dtype));
+    if (n == 0 || outer == 0 || inner == 0) return;
+    os_ << "    static const int64_t idx[" << n << "] = {";
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t v = idx.GetAsInt64(i);
+      os_ << Lit(v < 0 ? v + dim : v) << ", ";
+    }
+    os_ << "};\n";
+    os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o)\n"
+        << "      for (int64_t j = 0; j < " << Lit(n) << "; ++j) memcpy(" << B(k.outputs[0])
+        << " + (o * " << Lit(n) << " + j) * " << Lit(inner) << ", " << B(k.inputs[0]) << " + (o * "
+        << Lit(dim) << " + idx[j]) * " << Lit(inner) << ", " << Lit(inner * esize) << ");\n";
+  }
+
+  // Nearest Resize by integer factors (lowering checked): y[i] = x[i / factor] per axis, one
+  // output row (last axis) at a time.
+  void EmitResize(const Kernel& k) {
+    const Shape& in = Buf(k.inputs[0]).type.shape;
+    const Shape& out = Buf(k.outputs[0]).type.shape;
+    const size_t r = in.size();
+    const auto in_strides = ContiguousStrides(in);
+    int64_t rows = 1;
+    for (size_t d = 0; d + 1 < r; ++d) rows *= out[d];
+    const int64_t ow = out[r - 1], fw = out[r - 1] / in[r - 1];
+    const char* ct = CType(Buf(k.outputs[0]).type.dtype);
+    const Range rg = ParOpen(rows, rows * ow);
+    os_ << "    for (int64_t q = " << rg.lo << "; q < " << rg.hi << "; ++q) {\n"
+        << "      int64_t rem = q, src = 0;\n      (void)rem;\n";
+    for (size_t d = r - 1; d-- > 0;) {
+      os_ << "      { const int64_t i = rem % " << Lit(out[d]) << "; rem /= " << Lit(out[d])
+          << "; src += (i / " << Lit(out[d] / in[d]) << ") * " << Lit(in_strides[d]) << "; }\n";
+    }
+    os_ << "      const " << ct << "* xr = " << B(k.inputs[0]) << " + src;\n"
+        << "      " << ct << "* yr = " << B(k.outputs[0]) << " + q * " << Lit(ow) << ";\n"
+        << "      for (int64_t j = 0; j < " << Lit(ow) << "; ++j) yr[j] = xr[j / " << Lit(fw)
+        << "];\n    }\n";
+    ParClose(rg);
   }
 
   void EmitReference(const Kernel& k, int op_index) {
@@ -577,6 +769,7 @@ Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOpti
     os << "extern \"C\" int kiln_e" << i
        << "_run(kiln_cell_entry*, const void* const*, void* const*, char*);\n"
        << "extern \"C\" uint32_t kiln_e" << i << "_num_ops();\n"
+       << "extern \"C\" int kiln_e" << i << "_init(kiln_cell_entry*);\n"
        << "extern \"C\" const char* const* kiln_e" << i << "_op_specs();\n";
   }
   os << "static const char kiln_describe_json[] = " << CString(describe.dump()) << ";\n";
@@ -591,6 +784,8 @@ Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOpti
   for (size_t i = 0; i < entries.size(); ++i) os << "kiln_e" << i << "_run, ";
   os << "0};\nstatic uint32_t (*const kiln_num_ops_fns[])() = {";
   for (size_t i = 0; i < entries.size(); ++i) os << "kiln_e" << i << "_num_ops, ";
+  os << "0};\nstatic int (*const kiln_init_fns[])(kiln_cell_entry*) = {";
+  for (size_t i = 0; i < entries.size(); ++i) os << "kiln_e" << i << "_init, ";
   os << "0};\nstatic const char* const* (*const kiln_specs_fns[])() = {";
   for (size_t i = 0; i < entries.size(); ++i) os << "kiln_e" << i << "_op_specs, ";
   os << "0};\n";
@@ -603,6 +798,10 @@ KILN_EXPORT void kiln_cell_entry_release(kiln_cell_entry* e) {
   for (uint32_t i = 0; i < e->num_ops; ++i) {
     if (e->ops[i]) e->host->op_release(e->ops[i]);
   }
+  for (uint32_t i = 0; i < e->num_convs; ++i) {
+    if (e->convs[i]) e->host->conv2d_release(e->convs[i]);
+  }
+  free(e->convs);
   free(e->ops);
   free((void*)e->w);
   free(e);
@@ -640,6 +839,11 @@ KILN_EXPORT int kiln_cell_entry_init(uint32_t entry, const kiln_host_api* host,
       kiln_cell_entry_release(e);
       return rc == KILN_CELL_RESOURCE_EXHAUSTED ? rc : KILN_CELL_FAULT;
     }
+  }
+  const int rc = kiln_init_fns[entry](e);
+  if (rc) {
+    kiln_cell_entry_release(e);
+    return rc == KILN_CELL_RESOURCE_EXHAUSTED ? rc : KILN_CELL_FAULT;
   }
   *out = e;
   return KILN_CELL_OK;

@@ -60,7 +60,73 @@ Kernel::Kind ChooseKind(const Node& n, int64_t opset, const std::vector<TensorTy
     if (ok) return Kernel::Kind::kNorm;
   }
   if (op == "Transpose" && in[0].shape.size() <= 6) return Kernel::Kind::kTranspose;
+  if (op == "Concat" && !in.empty() && out.size() == 1 && n.HasAttr("axis")) {
+    bool same = true;
+    for (const auto& t : in) same = same && t.dtype == out[0].dtype && t.shape.size() == out[0].shape.size();
+    if (same && !out[0].shape.empty()) return Kernel::Kind::kConcat;
+  }
   return Kernel::Kind::kReference;
+}
+
+// Gather whose indices are a structural constant (never a weight: law 1), all in range.
+bool IsConstGather(const Program& p, const Node& n, const std::vector<int>& ins,
+                   const std::vector<TensorType>& in) {
+  if (!n.domain.empty() || n.op_type != "Gather" || ins.size() != 2 || ins[0] < 0 ||
+      ins[1] < 0 || in.size() != 2) {
+    return false;
+  }
+  const Buffer& idx = p.buffers[static_cast<size_t>(p.Root(ins[1]))];
+  if (idx.kind != Buffer::Kind::kConst || !idx.value.valid()) return false;
+  if (idx.value.dtype() != DType::kInt64 && idx.value.dtype() != DType::kInt32) return false;
+  const int64_t rank = static_cast<int64_t>(in[0].shape.size());
+  int64_t axis = n.GetInt("axis", 0);
+  if (axis < 0) axis += rank;
+  if (axis < 0 || axis >= rank || idx.value.numel() > 4096) return false;
+  const int64_t dim = in[0].shape[static_cast<size_t>(axis)];
+  for (int64_t i = 0; i < idx.value.numel(); ++i) {
+    const int64_t v = idx.value.GetAsInt64(i);
+    if (v < -dim || v >= dim) return false;
+  }
+  return true;
+}
+
+// Resize (opset >= 11) in nearest mode by structural integer scales, where every output index
+// maps to floor(out / scale): asymmetric coordinates with floor rounding, or half_pixel
+// coordinates (with an integer scale the source coordinate is never a tie, so every rounding
+// mode gives the floor).
+bool IsIntegerNearestResize(const Program& p, const Node& n, int64_t opset,
+                            const std::vector<int>& ins, const std::vector<TensorType>& out) {
+  if (!n.domain.empty() || n.op_type != "Resize" || opset < 11 || ins.size() < 3 ||
+      ins[0] < 0 || ins[2] < 0 || (ins.size() > 3 && ins[3] >= 0) || out.size() != 1 ||
+      n.HasAttr("axes")) {
+    return false;
+  }
+  if (n.GetString("mode", "nearest") != "nearest") return false;
+  const std::string ctm = n.GetString("coordinate_transformation_mode", "half_pixel");
+  const std::string nm = n.GetString("nearest_mode", "round_prefer_floor");
+  if (!(ctm == "half_pixel" || ctm == "pytorch_half_pixel" ||
+        (ctm == "asymmetric" && nm == "floor"))) {
+    return false;
+  }
+  const Buffer& x = p.buffers[static_cast<size_t>(ins[0])];
+  const Buffer& sc = p.buffers[static_cast<size_t>(p.Root(ins[2]))];
+  if (sc.kind != Buffer::Kind::kConst || !sc.value.valid() ||
+      sc.value.dtype() != DType::kFloat32) {
+    return false;
+  }
+  const Shape& in = x.type.shape;
+  if (in.empty() || sc.value.numel() != static_cast<int64_t>(in.size()) ||
+      out[0].shape.size() != in.size() || out[0].dtype != x.type.dtype) {
+    return false;
+  }
+  for (size_t d = 0; d < in.size(); ++d) {
+    const float s = sc.value.data<float>()[d];
+    if (!(s >= 1.0f && s <= 1024.0f) || s != static_cast<float>(static_cast<int64_t>(s))) {
+      return false;
+    }
+    if (out[0].shape[d] != in[d] * static_cast<int64_t>(s)) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -180,6 +246,13 @@ Result<Program> LowerToProgram(const Graph& graph) {
         for (int id : ins) {
           if (id >= 0) k.inputs.push_back(id);
         }
+      } else if (k.kind == Kernel::Kind::kReference &&
+                 IsIntegerNearestResize(p, n, opset, ins, used_out_types)) {
+        k.kind = Kernel::Kind::kResize;
+        k.inputs = {ins[0]};
+      } else if (k.kind == Kernel::Kind::kReference && IsConstGather(p, n, ins, in_types)) {
+        k.kind = Kernel::Kind::kGather;
+        k.inputs = ins;
       } else if (k.kind == Kernel::Kind::kReference) {
         for (int id : ins) k.inputs.push_back(id);  // -1 marks an absent input
       } else {

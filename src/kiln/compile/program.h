@@ -54,6 +54,9 @@ struct Kernel {
     kSoftmax,    // fused max/exp/sum/divide along one axis
     kNorm,       // InstanceNormalization / LayerNormalization as fused reductions
     kTranspose,  // generated permutation loops
+    kConcat,     // generated block copies
+    kGather,     // Gather with a structural (compile-time) index: generated block copies
+    kResize,     // nearest Resize by integer factors (floor(out / factor) per axis)
     kReference,  // the op registry's reference kernel through the runtime
   };
   Kind kind = Kind::kReference;

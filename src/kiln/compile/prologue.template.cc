@@ -17,6 +17,8 @@ struct kiln_cell_entry {
   int threads;
   void** ops;  // prepared reference ops
   uint32_t num_ops;
+  void** convs;  // prepared convolutions (bind time: weights in the kernel's layout)
+  uint32_t num_convs;
 };
 
 #define KILN_HIDDEN __attribute__((visibility("hidden")))
@@ -26,6 +28,22 @@ struct kiln_cell_entry {
     int kiln_rc_ = (call);    \
     if (kiln_rc_) return kiln_rc_; \
   } while (0)
+
+// Runs body(begin, end) over [0, n) on the host's thread team (chunks of the outermost loop).
+// The body is compiled once, out of line (inlined into the large run function GCC may leave
+// its loops unvectorized), and called directly when one thread is asked for.
+template <class F>
+__attribute__((noinline)) static void kiln_par_tramp(void* ctx, int64_t begin, int64_t end) {
+  (*(F*)ctx)(begin, end);
+}
+template <class F>
+static inline int kiln_par(const kiln_host_api* H, int threads, int64_t n, F& body) {
+  if (threads == 1 || n < 2) {
+    kiln_par_tramp<F>((void*)&body, (int64_t)0, n);
+    return KILN_CELL_OK;
+  }
+  return H->parallel_for(n, kiln_par_tramp<F>, (void*)&body, threads);
+}
 
 // exp(x) to ~1 ulp: Cody-Waite range reduction and a degree-6 polynomial (Cephes), no libm call.
 static inline float kiln_exp(float x) {
@@ -49,7 +67,26 @@ static inline float kiln_exp(float x) {
 }
 static inline float kiln_sigmoid(float x) { return 1.0f / (1.0f + kiln_exp(-x)); }
 static inline float kiln_tanh(float x) { return tanhf(x); }
-static inline float kiln_erf(float x) { return erff(x); }
+// erf without a libm call, so loops over it vectorize: the Taylor series below 0.5 (relative
+// error ~3e-8) and Abramowitz-Stegun 7.1.26 above (absolute error < 1.5e-7).
+static inline float kiln_erf(float x) {
+  const float ax = fabsf(x), x2 = x * x;
+  float s = 0.00012055332981789664f;
+  s = s * x2 - 0.0008548327023450853f;
+  s = s * x2 + 0.005223977626923670f;
+  s = s * x2 - 0.026866170645131252f;
+  s = s * x2 + 0.11283791670955126f;
+  s = s * x2 - 0.37612638903183754f;
+  s = s * x2 + 1.1283791670955126f;
+  const float t = 1.0f / (1.0f + 0.3275911f * ax);
+  float p = 1.061405429f;
+  p = p * t - 1.453152027f;
+  p = p * t + 1.421413741f;
+  p = p * t - 0.284496736f;
+  p = p * t + 0.254829592f;
+  const float big = 1.0f - p * t * kiln_exp(-x2);
+  return ax < 0.5f ? x * s : copysignf(big, x);
+}
 static inline float kiln_relu(float x) { return x > 0.0f ? x : 0.0f; }
 static inline float kiln_leaky(float x, float a) { return x >= 0.0f ? x : a * x; }
 // max then min, as ONNX/numpy clip: when lo > hi every value becomes hi.

@@ -5,6 +5,7 @@
 #include "src/kiln/ops/dnnl_kernels.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <new>
 
 #include <algorithm>
@@ -175,6 +176,7 @@ struct ConvPrimitive {
     dnnl::memory::desc scratchpad;
   };
   std::optional<Reorder> src_reorder, wei_reorder, dst_reorder;
+  std::optional<Reorder> dst_in_reorder;  // epilogue sum: the residual into the blocked dst
 };
 
 using ConvKey = std::tuple<Conv2dParams, bool /*has_bias*/, int /*threads*/>;
@@ -186,17 +188,37 @@ using ConvKey = std::tuple<Conv2dParams, bool /*has_bias*/, int /*threads*/>;
 // 3x3 case is a wash.
 bool PreferBlockedLayout(const Conv2dParams& p) { return p.group > 1 || p.R * p.S > 1; }
 
+// `sum`: the reorder adds into the destination's prior contents (dst = reorder(src) + dst).
 std::optional<ConvPrimitive::Reorder> MakeReorder(const dnnl::memory::desc& from,
-                                                  const dnnl::memory::desc& to) {
+                                                  const dnnl::memory::desc& to,
+                                                  bool sum = false) {
   if (from == to) return std::nullopt;
   dnnl::primitive_attr attr;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  if (sum) {
+    dnnl::post_ops ops;
+    ops.append_sum(1.0f);
+    attr.set_post_ops(ops);
+  }
   dnnl::reorder::primitive_desc pd(CpuEngine(), from, CpuEngine(), to, attr);
   return ConvPrimitive::Reorder{dnnl::reorder(pd), pd.scratchpad_desc()};
 }
 
 // REQUIRES: ValidateConv(p).ok(). Throws dnnl::error.
-std::shared_ptr<const ConvPrimitive> CreateConv(const Conv2dParams& p, bool has_bias) {
+std::optional<dnnl::algorithm> PostOpAlgorithm(int post_op, float* alpha) {
+  *alpha = 0.0f;
+  switch (post_op) {
+    case 1: return dnnl::algorithm::eltwise_relu;
+    case 2: return dnnl::algorithm::eltwise_logistic;
+    case 3: *alpha = 1.0f; return dnnl::algorithm::eltwise_swish;
+    case 4: return dnnl::algorithm::eltwise_tanh;
+    case 5: return dnnl::algorithm::eltwise_gelu_erf;
+    default: return std::nullopt;
+  }
+}
+
+std::shared_ptr<const ConvPrimitive> CreateConv(const Conv2dParams& p, bool has_bias,
+                                                const ConvEpilogue& epi = {}) {
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   using dims = dnnl::memory::dims;
@@ -220,13 +242,38 @@ std::shared_ptr<const ConvPrimitive> CreateConv(const Conv2dParams& p, bool has_
       dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
       pick(src, cp->user_src), pick(wei, cp->user_wei), cp->bias, pick(dst, cp->user_dst),
       {p.stride_h, p.stride_w}, {p.dil_h - 1, p.dil_w - 1}, {p.pad_t, p.pad_l}, {p.pad_b, p.pad_r});
-  dnnl::primitive_attr attr;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  cp->pd = dnnl::convolution_forward::primitive_desc(desc, attr, CpuEngine());
+  auto make_pd = [&](bool with_sum) {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (with_sum || epi.post_op != 0) {
+      dnnl::post_ops ops;
+      if (with_sum) ops.append_sum(1.0f);
+      float alpha = 0.0f;
+      if (auto alg = PostOpAlgorithm(epi.post_op, &alpha)) {
+        ops.append_eltwise(1.0f, *alg, alpha, 0.0f);
+      }
+      attr.set_post_ops(ops);
+    }
+    return dnnl::convolution_forward::primitive_desc(desc, attr, CpuEngine());
+  };
+  // A residual sum with no post-op after it rides the output reorder (dst = reorder(conv) +
+  // residual), which saves reordering the residual into the primitive's layout first.
+  bool sum_in_reorder = false;
+  if (epi.sum && epi.post_op == 0) {
+    auto pd = make_pd(false);
+    if (pd.dst_desc() != cp->user_dst) {
+      cp->pd = pd;
+      sum_in_reorder = true;
+    }
+  }
+  if (!sum_in_reorder) cp->pd = make_pd(epi.sum);
   cp->conv = dnnl::convolution_forward(cp->pd);
   cp->src_reorder = MakeReorder(cp->user_src, cp->pd.src_desc());
   cp->wei_reorder = MakeReorder(cp->user_wei, cp->pd.weights_desc());
-  cp->dst_reorder = MakeReorder(cp->pd.dst_desc(), cp->user_dst);
+  cp->dst_reorder = MakeReorder(cp->pd.dst_desc(), cp->user_dst, sum_in_reorder);
+  if (epi.sum && !sum_in_reorder) {
+    cp->dst_in_reorder = MakeReorder(cp->user_dst, cp->pd.dst_desc());
+  }
   return cp;
 }
 
@@ -261,7 +308,128 @@ class ConvCache {
   std::map<ConvKey, std::shared_ptr<const ConvPrimitive>> map_;
 };
 
+// Per-thread scratch for prepared convolutions: blocked src/dst and the primitives' scratchpads.
+// Grows only; thread-local so concurrent runs never share it.
+char* ThreadScratch(size_t bytes) {
+  struct Block {
+    char* p = nullptr;
+    size_t size = 0;
+    ~Block() { std::free(p); }
+  };
+  thread_local Block block;
+  if (block.size < bytes) {
+    const size_t size = (bytes + 4095) / 4096 * 4096;
+    char* p = static_cast<char*>(std::aligned_alloc(64, size));
+    if (p == nullptr) throw std::bad_alloc();
+    std::free(block.p);
+    block.p = p;
+    block.size = size;
+  }
+  return block.p;
+}
+
+size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
+
 }  // namespace
+
+class PreparedConv2d {
+ public:
+  Conv2dParams p;
+  ConvEpilogue epi;
+  bool has_bias = false;
+  int threads = 0;
+  std::shared_ptr<const ConvPrimitive> cp;
+  dnnl::memory weights;  // in the primitive's layout (owned), or a view of the user's weights
+  size_t src_bytes = 0, dst_bytes = 0, scratch_bytes = 0;
+};
+
+void PreparedConv2dDeleter::operator()(PreparedConv2d* c) const { delete c; }
+
+Result<PreparedConv2dPtr> PrepareConv2d(const Conv2dParams& p, const float* w, bool has_bias,
+                                        const ConvEpilogue& epi, int num_threads) {
+  KILN_RETURN_IF_ERROR(ValidateConv(p));
+  if (epi.post_op < 0 || epi.post_op > 5) {
+    return Status::InvalidArgument("unknown fused post-op code " + std::to_string(epi.post_op));
+  }
+  const std::string what = ShapeOf(p);
+  try {
+    ScopedThreads threads(num_threads);
+    PreparedConv2dPtr c(new PreparedConv2d());
+    c->p = p;
+    c->epi = epi;
+    c->has_bias = has_bias;
+    c->threads = num_threads;
+    c->cp = CreateConv(p, has_bias, epi);
+    const ConvPrimitive& cp = *c->cp;
+    const dnnl::engine& eng = CpuEngine();
+    dnnl::memory user_w(cp.user_wei, eng, const_cast<float*>(w));
+    if (cp.wei_reorder) {
+      c->weights = dnnl::memory(cp.pd.weights_desc(), eng);
+      dnnl::stream stream(eng);
+      Execute(cp.wei_reorder->prim, cp.wei_reorder->scratchpad, stream,
+              {{DNNL_ARG_FROM, user_w}, {DNNL_ARG_TO, c->weights}});
+      stream.wait();
+    } else {
+      c->weights = user_w;
+    }
+    if (cp.src_reorder) c->src_bytes = Align64(cp.pd.src_desc().get_size());
+    if (cp.dst_reorder) c->dst_bytes = Align64(cp.pd.dst_desc().get_size());
+    size_t sp = cp.pd.scratchpad_desc().get_size();
+    for (const auto* r : {&cp.src_reorder, &cp.dst_reorder, &cp.dst_in_reorder}) {
+      if (*r) sp = std::max(sp, (*r)->scratchpad.get_size());
+    }
+    c->scratch_bytes = Align64(sp);
+    return c;
+  } catch (...) {
+    return ErrorFromException(what);
+  }
+}
+
+Status RunConv2d(const PreparedConv2d& c, const float* x, const float* bias, float* y) {
+  try {
+    ScopedThreads threads(c.threads);
+    const ConvPrimitive& cp = *c.cp;
+    const dnnl::engine& eng = CpuEngine();
+    char* base = ThreadScratch(c.src_bytes + c.dst_bytes + c.scratch_bytes);
+    char* sp_ptr = base + c.src_bytes + c.dst_bytes;
+    dnnl::stream stream(eng);
+    auto run = [&](const dnnl::primitive& prim, const dnnl::memory::desc& sp_md,
+                   std::unordered_map<int, dnnl::memory> args) {
+      if (sp_md.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(sp_md, eng, sp_ptr));
+      prim.execute(stream, args);
+    };
+    dnnl::memory src(cp.user_src, eng, const_cast<float*>(x));
+    dnnl::memory dst(cp.user_dst, eng, y);
+    if (cp.src_reorder) {
+      dnnl::memory blocked(cp.pd.src_desc(), eng, base);
+      run(cp.src_reorder->prim, cp.src_reorder->scratchpad,
+          {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, blocked}});
+      src = blocked;
+    }
+    dnnl::memory conv_dst =
+        cp.dst_reorder ? dnnl::memory(cp.pd.dst_desc(), eng, base + c.src_bytes) : dst;
+    if (cp.dst_in_reorder) {
+      run(cp.dst_in_reorder->prim, cp.dst_in_reorder->scratchpad,
+          {{DNNL_ARG_FROM, dst}, {DNNL_ARG_TO, conv_dst}});
+    }
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, c.weights}, {DNNL_ARG_DST, conv_dst}};
+    if (c.has_bias) {
+      if (bias == nullptr) return Status::InvalidArgument(ShapeOf(c.p) + ": bias expected");
+      args.emplace(DNNL_ARG_BIAS, dnnl::memory(cp.bias, eng, const_cast<float*>(bias)));
+    }
+    run(cp.conv, cp.pd.scratchpad_desc(), std::move(args));
+    if (cp.dst_reorder) {
+      run(cp.dst_reorder->prim, cp.dst_reorder->scratchpad,
+          {{DNNL_ARG_FROM, conv_dst}, {DNNL_ARG_TO, dst}});
+    }
+    stream.wait();
+    return Status::OK();
+  } catch (...) {
+    return ErrorFromException(ShapeOf(c.p));
+  }
+}
+
 
 int64_t Conv2dParams::OutH() const {
   if (stride_h <= 0) return 0;

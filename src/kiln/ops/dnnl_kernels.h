@@ -12,6 +12,7 @@
 
 #include <compare>
 #include <cstdint>
+#include <memory>
 
 #include "src/kiln/base/status.h"
 
@@ -61,6 +62,22 @@ struct ConvEpilogue {
 // Conv2d with a fused epilogue. When epi.sum, y holds the residual on entry.
 Status Conv2dFused(const Conv2dParams& p, const float* x, const float* w, const float* bias,
                    float* y, const ConvEpilogue& epi, int num_threads = 0);
+
+// A convolution prepared once for fixed weights (bind time, law 1): the oneDNN primitive with
+// the epilogue as post-ops, and the weights already reordered into the primitive's layout. Runs
+// may happen concurrently from several threads (per-run buffers are thread-local).
+class PreparedConv2d;
+struct PreparedConv2dDeleter {
+  void operator()(PreparedConv2d* c) const;
+};
+using PreparedConv2dPtr = std::unique_ptr<PreparedConv2d, PreparedConv2dDeleter>;
+
+// `w` is read now (and, when no reorder is needed, again on every run: it must outlive the
+// result). `has_bias` fixes whether runs pass a bias. Errors as Conv2d.
+Result<PreparedConv2dPtr> PrepareConv2d(const Conv2dParams& p, const float* w, bool has_bias,
+                                        const ConvEpilogue& epi, int num_threads = 0);
+// y = post_op(conv(x, w) + bias [+ y_in]); the thread count is the one given at prepare.
+Status RunConv2d(const PreparedConv2d& c, const float* x, const float* bias, float* y);
 
 // Applies a kiln_post_op code in place to n floats; InvalidArgument for an unknown code.
 Status ApplyPostOp(int post_op, float* y, int64_t n);

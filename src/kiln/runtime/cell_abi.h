@@ -71,6 +71,18 @@ typedef struct kiln_host_api {
   int (*op_prepare)(const char* node_json, void** op);
   int (*op_run)(void* op, const void* const* inputs, void* const* outputs, int num_threads);
   void (*op_release)(void* op);
+  /* A convolution prepared at entry init for bound weights `w` (bind time: the weights may be
+   * reordered into the kernel library's preferred layout now, never at compile time, law 1).
+   * `w` must stay valid until conv2d_release. has_bias fixes whether runs pass a bias. */
+  int (*conv2d_prepare)(const kiln_conv2d_desc* desc, const float* w, int has_bias,
+                        int num_threads, void** conv);
+  /* Runs a prepared convolution: as conv2d with the prepared weights. May run concurrently. */
+  int (*conv2d_run)(void* conv, const float* x, const float* bias, float* y);
+  void (*conv2d_release)(void* conv);
+  /* Calls fn(ctx, begin, end) on disjoint chunks covering [0, n), on up to num_threads threads
+   * (the kernel library's thread team); returns when all are done. fn must not fail. */
+  int (*parallel_for)(int64_t n, void (*fn)(void* ctx, int64_t begin, int64_t end), void* ctx,
+                      int num_threads);
 } kiln_host_api;
 
 typedef struct kiln_cell_entry kiln_cell_entry;

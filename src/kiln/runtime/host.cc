@@ -5,6 +5,8 @@
 #include <memory>
 #include <new>
 
+#include <omp.h>
+
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/log.h"
 #include "src/kiln/ops/dnnl_kernels.h"
@@ -146,6 +148,8 @@ Result<std::unique_ptr<PreparedOp>> Prepare(const char* text) {
   return op;
 }
 
+Conv2dParams ParamsOf(const kiln_conv2d_desc* d);
+
 int HostSgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float alpha,
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc, int num_threads) {
@@ -156,6 +160,14 @@ int HostSgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float a
 
 int HostConv2d(const kiln_conv2d_desc* d, const float* x, const float* w, const float* bias,
                float* y, int num_threads) {
+  const Conv2dParams p = ParamsOf(d);
+  ConvEpilogue epi;
+  epi.post_op = d->post_op;
+  epi.sum = d->sum != 0;
+  return StatusToCellCode(Conv2dFused(p, x, w, bias, y, epi, num_threads));
+}
+
+Conv2dParams ParamsOf(const kiln_conv2d_desc* d) {
   Conv2dParams p;
   p.N = d->n;
   p.C = d->c;
@@ -173,10 +185,59 @@ int HostConv2d(const kiln_conv2d_desc* d, const float* x, const float* w, const 
   p.dil_h = d->dil_h;
   p.dil_w = d->dil_w;
   p.group = d->group;
-  ConvEpilogue epi;
-  epi.post_op = d->post_op;
-  epi.sum = d->sum != 0;
-  return StatusToCellCode(Conv2dFused(p, x, w, bias, y, epi, num_threads));
+  return p;
+}
+
+int HostConv2dPrepare(const kiln_conv2d_desc* d, const float* w, int has_bias, int num_threads,
+                      void** out) {
+  try {
+    if (d == nullptr || w == nullptr || out == nullptr) return KILN_CELL_BAD_ARGUMENT;
+    *out = nullptr;
+    ConvEpilogue epi;
+    epi.post_op = d->post_op;
+    epi.sum = d->sum != 0;
+    auto c = PrepareConv2d(ParamsOf(d), w, has_bias != 0, epi, num_threads);
+    if (!c.ok()) {
+      KILN_LOG(ERROR) << "cell conv2d_prepare: " << c.status().ToString();
+      return StatusToCellCode(c.status());
+    }
+    *out = c->release();
+    return KILN_CELL_OK;
+  } catch (const std::bad_alloc&) {
+    return KILN_CELL_RESOURCE_EXHAUSTED;
+  } catch (...) {
+    return KILN_CELL_FAULT;
+  }
+}
+
+int HostConv2dRun(void* handle, const float* x, const float* bias, float* y) {
+  if (handle == nullptr) return KILN_CELL_BAD_ARGUMENT;
+  Status s = RunConv2d(*static_cast<const PreparedConv2d*>(handle), x, bias, y);
+  if (!s.ok()) KILN_LOG(ERROR) << "cell conv2d_run: " << s.ToString();
+  return StatusToCellCode(s);
+}
+
+void HostConv2dRelease(void* handle) {
+  PreparedConv2dDeleter()(static_cast<PreparedConv2d*>(handle));
+}
+
+int HostParallelFor(int64_t n, void (*fn)(void*, int64_t, int64_t), void* ctx,
+                    int num_threads) {
+  if (fn == nullptr || n < 0) return KILN_CELL_BAD_ARGUMENT;
+  if (n == 0) return KILN_CELL_OK;
+  int t = num_threads > 0 ? num_threads : omp_get_max_threads();
+  if (t > n) t = static_cast<int>(n);
+  if (t <= 1) {
+    fn(ctx, 0, n);
+    return KILN_CELL_OK;
+  }
+#pragma omp parallel num_threads(t)
+  {
+    const int64_t nt = omp_get_num_threads(), i = omp_get_thread_num();
+    const int64_t begin = n * i / nt, end = n * (i + 1) / nt;
+    if (begin < end) fn(ctx, begin, end);
+  }
+  return KILN_CELL_OK;
 }
 
 int HostOpPrepare(const char* node_json, void** out) {
@@ -256,8 +317,10 @@ Result<nlohmann::json> NodeSpecJson(const Node& node, int64_t opset,
 }
 
 const kiln_host_api* HostApi() {
-  static const kiln_host_api api = {KILN_CELL_ABI_VERSION, HostSgemm, HostConv2d,
-                                    HostOpPrepare,         HostOpRun,  HostOpRelease};
+  static const kiln_host_api api = {KILN_CELL_ABI_VERSION, HostSgemm,         HostConv2d,
+                                    HostOpPrepare,         HostOpRun,         HostOpRelease,
+                                    HostConv2dPrepare,     HostConv2dRun,     HostConv2dRelease,
+                                    HostParallelFor};
   return &api;
 }
 
