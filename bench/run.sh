@@ -30,9 +30,12 @@ KILN="${KILN:-build/kiln}"
 read -r -a TIMING <<< "${BENCH_ARGS:-}"
 TORCH_PY=/usr/bin/python3   # Debian's python: has python3-torch (the pyenv python3 does not)
 
-# Idle OpenMP workers must sleep, not spin: on 2 cores a spinning pool steals the other engine's
-# core. Applies to every engine alike.
-export OMP_WAIT_POLICY=PASSIVE
+# PyTorch runs with OMP_WAIT_POLICY=PASSIVE: its idle OpenMP workers would otherwise spin against
+# its OpenBLAS threads on 2 cores. Each engine runs alone in its own process, so the others keep
+# their own defaults (kiln's oneDNN/OpenMP team and ORT's own pool spin briefly, then sleep);
+# forcing PASSIVE on kiln makes every parallel region pay a futex wake-up (2x slower at T=2).
+TORCH_ENV=(env OMP_WAIT_POLICY=PASSIVE)
+unset OMP_WAIT_POLICY
 
 NOTES=()
 note() { NOTES+=("$*"); echo "run.sh: $*" >&2; }
@@ -98,7 +101,7 @@ import json, os, sys
 stamp, nproc, cpu, git, ort, torchv, threads, engines = sys.argv[1:9]
 m = {"date_utc": stamp, "cpus": int(nproc), "cpu": cpu, "git": git, "threads": threads,
      "engines": engines.split(), "onnxruntime-node": ort, "torch": torchv,
-     "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY"),
+     "OMP_WAIT_POLICY": "PASSIVE for torch only",
      "loadavg_start": open("/proc/loadavg").read().split()[0]}
 for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     if os.environ.get(k) is not None:
@@ -152,7 +155,7 @@ for t in "${THREADS[@]}"; do
       fi
       if [[ "$ENGINES" == *" torch "* ]]; then
         for e in eager jit_frozen; do
-          run_one "torch_$e $m $c T=$t" "$TORCH_PY" "$BENCH/torch_bench.py" --engine "$e" \
+          run_one "torch_$e $m $c T=$t" "${TORCH_ENV[@]}" "$TORCH_PY" "$BENCH/torch_bench.py" --engine "$e" \
             --threads "$t" "${TIMING[@]}" --class "$c" "$dir"
         done
       fi
