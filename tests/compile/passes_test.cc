@@ -8,6 +8,7 @@
 #include "src/kiln/compile/passes.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/runtime/cell_abi.h"
 #include "tests/graph/onnx_builder.h"
 
 namespace kiln {
@@ -82,6 +83,24 @@ TEST(Passes, LowerFuseAndPlan) {
   EXPECT_EQ(p->workspace_bytes, 1024);
 }
 
+TEST(Passes, ConvLayoutIsChosenPerGeometry) {
+  OnnxBuilder b;
+  b.Input("x", kFloat, {1, 8, 6, 6}).Output("z", kFloat, {1, 4, 6, 6});
+  b.FloatInit("w3", {8, 8, 3, 3}, std::vector<float>(576, 0.01f));
+  b.FloatInit("w1", {4, 8, 1, 1}, std::vector<float>(32, 0.1f));
+  auto& c3 = b.Node("Conv", {"x", "w3"}, {"y"}, "c3");
+  OnnxBuilder::IntsAttr(c3, "pads", {1, 1, 1, 1});
+  b.Node("Conv", {"y", "w1"}, {"z"}, "c1");
+  auto g = ImportOnnxBytes(b.Bytes(), "layouts");
+  ASSERT_TRUE(g.ok());
+  auto p = LowerToProgram(*g);
+  ASSERT_TRUE(p.ok());
+  ASSERT_TRUE(ChooseConvLayout(*p).ok());
+  EXPECT_EQ(p->kernels[0].conv_layout, KILN_CONV_LAYOUT_BLOCKED);
+  EXPECT_EQ(p->kernels[1].conv_layout, KILN_CONV_LAYOUT_PLAIN);
+  EXPECT_EQ(Labels(*p), (std::vector<std::string>{"Conv[blocked]", "Conv[plain]"}));
+}
+
 TEST(Passes, ElementwiseChainsBecomeOneLoop) {
   OnnxBuilder b;
   b.Input("x", kFloat, {2, 8}).Input("bias", kFloat, {8}).Output("y", kFloat, {2, 8});
@@ -133,7 +152,7 @@ TEST(Pipeline, NamesTimesSkipsAndDumps) {
   for (const PassTiming& t : timings) ran.push_back(t.pass);
   EXPECT_EQ(ran, (std::vector<std::string>{"specialize", "fold-structural", "dead-code", "lower",
                                            "fuse-conv-epilogue", "fuse-library-epilogue",
-                                           "plan-memory"}));
+                                           "choose-conv-layout", "plan-memory"}));
   EXPECT_NE(dump.str().find("== entry0 after fold-structural"), std::string::npos);
   EXPECT_NE(dump.str().find("(unchanged)"), std::string::npos) << dump.str();
   options.disabled_passes = {"no-such-pass"};

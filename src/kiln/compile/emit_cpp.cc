@@ -444,7 +444,8 @@ class EntryEmitter {
     d << "{" << x[0] << ", " << x[1] << ", " << x[2] << ", " << x[3] << ", " << w[0] << ", " << w[2]
       << ", " << w[3] << ", " << strides[0] << ", " << strides[1] << ", " << pads[0] << ", "
       << pads[1] << ", " << pads[2] << ", " << pads[3] << ", " << dil[0] << ", " << dil[1] << ", "
-      << group << ", " << k.post_op << ", " << (k.conv_sum ? 1 : 0) << "}";
+      << group << ", " << k.post_op << ", " << (k.conv_sum ? 1 : 0) << ", " << k.conv_layout
+      << ", 0}";
     *desc = d.str();
     return Status::OK();
   }

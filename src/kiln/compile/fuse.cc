@@ -239,6 +239,20 @@ bool FuseEpilogueOnce(Program& p) {
 
 }  // namespace
 
+Status ChooseConvLayout(Program& program) {
+  for (Kernel& k : program.kernels) {
+    if (k.kind != Kernel::Kind::kConv) continue;
+    const Shape& w = program.buffers[static_cast<size_t>(k.inputs[1])].type.shape;
+    const bool pointwise = w.size() == 4 && w[2] == 1 && w[3] == 1 &&
+                           k.node.GetInt("group", 1) == 1 &&
+                           k.node.GetInts("strides", {1, 1}) == std::vector<int64_t>{1, 1};
+    k.conv_layout = pointwise ? KILN_CONV_LAYOUT_PLAIN : KILN_CONV_LAYOUT_BLOCKED;
+    const std::string tag = pointwise ? "[plain]" : "[blocked]";
+    if (k.label.rfind("Conv" + tag, 0) != 0) k.label.insert(4, tag);
+  }
+  return Status::OK();
+}
+
 Status FuseLibraryEpilogues(Program& program) {
   while (FuseEpilogueOnce(program)) {
   }

@@ -3,7 +3,7 @@
 //   graph passes, per shape class:   specialize -> fold-structural -> dead-code
 //   lowering:                        lower                (Graph -> Program)
 //   program passes:                  fuse-conv-epilogue -> fuse-elementwise ->
-//                                    fuse-library-epilogue -> plan-memory
+//                                    fuse-library-epilogue -> choose-conv-layout -> plan-memory
 //   emission, all classes together:  emit-cpp             (Programs -> cell.cc)
 //   build:                           compile-entry-<i> (parallel processes) -> link
 //
@@ -45,6 +45,7 @@ const std::vector<ProgramPass>& ProgramPasses() {
       {"fuse-conv-epilogue", FuseConvEpilogues},
       {"fuse-elementwise", FuseElementwise},
       {"fuse-library-epilogue", FuseLibraryEpilogues},
+      {"choose-conv-layout", ChooseConvLayout},
   };
   return kPasses;
 }
@@ -83,7 +84,8 @@ double Ms(std::chrono::steady_clock::time_point start) {
 const std::vector<std::string>& PassNames() {
   static const std::vector<std::string> kNames = {
       "specialize", "fold-structural", "dead-code",  "lower", "fuse-conv-epilogue",
-      "fuse-elementwise", "fuse-library-epilogue", "plan-memory", "emit-cpp"};
+      "fuse-elementwise", "fuse-library-epilogue", "choose-conv-layout", "plan-memory",
+      "emit-cpp"};
   return kNames;
 }
 

@@ -74,6 +74,8 @@ struct Kernel {
   // summed into the output before the post-op.
   int post_op = 0;
   bool conv_sum = false;
+  // kConv: kiln_conv_layout chosen by the choose-conv-layout pass (0 = left to the library).
+  int conv_layout = 0;
   // kMatMul / kGemm / kConv: an elementwise epilogue applied in place to outputs[0] right after
   // the kernel-library call, while the tile is hot. Operands: >= 0 an earlier epilogue expr,
   // -1 the element the call produced, -(j+2) inputs[j] broadcast to the output.

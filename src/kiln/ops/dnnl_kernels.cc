@@ -186,7 +186,13 @@ using ConvKey = std::tuple<Conv2dParams, bool /*has_bias*/, int /*threads*/>;
 // (weights included) counted: depthwise 3x3 is ~6x faster blocked and dense 3x3/7x7 ~1.1-1.3x,
 // while a 1x1 convolution is ~1.6x faster as oneDNN's plain GEMM on NCHW. At batch 8 the dense
 // 3x3 case is a wash.
-bool PreferBlockedLayout(const Conv2dParams& p) { return p.group > 1 || p.R * p.S > 1; }
+// The compiler's choose-conv-layout pass makes this choice explicitly (layout 1 or 2); 0 applies
+// the same rule here for callers without a compiler (the eager interpreter).
+bool PreferBlockedLayout(const Conv2dParams& p) {
+  if (p.layout == 1) return true;
+  if (p.layout == 2) return false;
+  return p.group > 1 || p.R * p.S > 1;
+}
 
 // `sum`: the reorder adds into the destination's prior contents (dst = reorder(src) + dst).
 std::optional<ConvPrimitive::Reorder> MakeReorder(const dnnl::memory::desc& from,

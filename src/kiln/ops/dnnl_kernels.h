@@ -36,6 +36,7 @@ struct Conv2dParams {
   int64_t pad_t = 0, pad_l = 0, pad_b = 0, pad_r = 0;
   int64_t dil_h = 1, dil_w = 1;  // ONNX convention: 1 = dense kernel
   int64_t group = 1;             // divides C and K
+  int layout = 0;  // kiln_conv_layout: 0 auto (PreferBlockedLayout), 1 blocked, 2 plain NCHW
 
   // Output extents: (H + pad_t + pad_b - ((R - 1) * dil_h + 1)) / stride_h + 1, likewise W.
   int64_t OutH() const;

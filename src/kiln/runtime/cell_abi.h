@@ -45,6 +45,14 @@ enum kiln_post_op {
   KILN_POST_GELU_ERF = 5
 };
 
+/* How a convolution lays its tensors out inside the kernel library (the compiler's
+ * choose-conv-layout pass decides; AUTO leaves it to the library). */
+enum kiln_conv_layout {
+  KILN_CONV_LAYOUT_AUTO = 0,
+  KILN_CONV_LAYOUT_BLOCKED = 1, /* the library's blocked layout, reordered in and out */
+  KILN_CONV_LAYOUT_PLAIN = 2    /* directly on NCHW (a 1x1 convolution is a GEMM) */
+};
+
 typedef struct kiln_conv2d_desc {
   int64_t n, c, h, w;    /* input NCHW */
   int64_t k, r, s;       /* output channels, kernel height/width */
@@ -54,6 +62,8 @@ typedef struct kiln_conv2d_desc {
   int64_t group;
   int32_t post_op;       /* enum kiln_post_op, applied after bias (and after sum) */
   int32_t sum;           /* 1: y = conv(x) + bias + y_in (residual add into the output buffer) */
+  int32_t layout;        /* enum kiln_conv_layout: the compiler's layout choice for this conv */
+  int32_t reserved;      /* 0 */
 } kiln_conv2d_desc;
 
 typedef struct kiln_host_api {

@@ -185,6 +185,7 @@ Conv2dParams ParamsOf(const kiln_conv2d_desc* d) {
   p.dil_h = d->dil_h;
   p.dil_w = d->dil_w;
   p.group = d->group;
+  p.layout = d->layout;
   return p;
 }
 
