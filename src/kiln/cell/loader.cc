@@ -53,7 +53,9 @@ ArmedCell::~ArmedCell() {
 
 void ArmedCell::Revoke(const std::string& reason) {
   std::unique_lock<std::shared_mutex> lock(mu_);
-  if (!revoked_.exchange(true)) revoke_reason_ = reason;
+  if (revoked_.load()) return;
+  revoke_reason_ = reason;  // written before the flag: whoever sees revoked() sees the reason
+  revoked_.store(true);
 }
 
 Status ArmedCell::BindAll(const WeightMap& weights) {

@@ -1,0 +1,373 @@
+// The serving wrapper: per-request cell-or-eager decisions, revocation, the operator's order and
+// checkpoint swaps for one target (worker layer; see serving.h for the order and the laws).
+#include "src/kiln/worker/serving.h"
+
+#include <chrono>
+#include <utility>
+
+namespace kiln {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+std::string KeyOfRef(const std::string& ref) { return ref.substr(0, ref.find('@')); }
+
+bool StartsWithToken(const std::string& message, const char* token) {
+  const std::string t(token);
+  return message.size() >= t.size() && message.compare(0, t.size(), t) == 0 &&
+         (message.size() == t.size() || message[t.size()] == ':');
+}
+
+const char* ModeOf(const ArmedCell& cell) {
+  return cell.lane() == Lane::kExported ? kServingAotCell : kServingJitCell;
+}
+
+}  // namespace
+
+bool IsRetryableServeRefusal(const Status& status) {
+  return status.code() == StatusCode::kResourceExhausted &&
+         (StartsWithToken(status.message(), kRefusalRequiredCompileMissing) ||
+          StartsWithToken(status.message(), kFallbackCellOom));
+}
+
+std::string ServeRefusalToken(const Status& status) {
+  for (const char* t : {kRefusalRequiredCompileMissing, kFallbackOutOfEnvelope, kFallbackCellOom}) {
+    if (!status.ok() && StartsWithToken(status.message(), t)) return t;
+  }
+  return "";
+}
+
+ServedTarget::ServedTarget(ServedTargetOptions options, std::shared_ptr<const Graph> graph,
+                           Interpreter interpreter, WeightMap weights)
+    : options_(std::move(options)),
+      graph_(std::move(graph)),
+      interpreter_(std::move(interpreter)),
+      weights_(std::make_shared<const WeightMap>(std::move(weights))) {}
+
+Result<std::unique_ptr<ServedTarget>> ServedTarget::Create(ServedTargetOptions options,
+                                                           std::shared_ptr<const Graph> graph,
+                                                           WeightMap weights) {
+  if (!graph) return Status::InvalidArgument("target '" + options.name + "': no graph");
+  KILN_ASSIGN_OR_RETURN(Interpreter interpreter, Interpreter::Create(graph));
+  return std::unique_ptr<ServedTarget>(new ServedTarget(
+      std::move(options), std::move(graph), std::move(interpreter), std::move(weights)));
+}
+
+ServedTarget::Snapshot ServedTarget::Take() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return Snapshot{cell_, weights_};
+}
+
+std::string ServedTarget::EagerPostureLocked() const {
+  if (mint_in_progress_) return kPostureMintInProgress;
+  if (!stored_posture_.empty()) return stored_posture_;
+  if (compiled_degraded_ || (cell_ && cell_->revoked())) return kPostureCompiledDegraded;
+  if (!options_.compile_declared) return kPostureNoCompileDeclared;
+  if (arm_pending_) return kPostureArmPending;
+  return kPostureUncompiled;
+}
+
+std::string ServedTarget::Posture() const {
+  if (eager_only_.load()) return kPostureOperatorEagerOnly;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cell_ && !cell_->revoked()) return ModeOf(*cell_);
+  return EagerPostureLocked();
+}
+
+void ServedTarget::Emit(const char* kind, const std::string& phase, double ms,
+                        const std::string& ref, const std::string& fn, const std::string& detail) {
+  if (!options_.events) return;
+  EventRow row;
+  row.kind = kind;
+  row.phase = phase;
+  row.duration_ms = ms;
+  row.ref = ref;
+  row.key = KeyOfRef(ref);
+  row.fn = fn;
+  row.target = options_.name;
+  row.detail = "target=" + options_.name;
+  if (!fn.empty()) row.detail += " fn=" + fn;
+  if (!row.key.empty()) row.detail += " key=" + row.key;
+  if (!detail.empty()) row.detail += " " + detail;
+  options_.events->Append(std::move(row));
+}
+
+void ServedTarget::RevokeForCause(const std::shared_ptr<ArmedCell>& cell,
+                                  const std::string& reason) {
+  cell->Revoke(reason);  // sticky inside the object: it never runs again
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cell_ == cell) cell_.reset();
+  revoked_cell_ = cell;
+  if (!cell->ref().empty()) quarantined_refs_.insert(cell->ref());
+  compiled_degraded_ = true;
+}
+
+Result<TensorMap> ServedTarget::RunEager(const TensorMap& inputs, const Snapshot& snap) const {
+  return interpreter_.Run(inputs, snap.weights.get());
+}
+
+Result<ServeResult> ServedTarget::ServeEager(const TensorMap& inputs, const Snapshot& snap,
+                                             const std::string& reason, const std::string& detail,
+                                             const std::string& fn, bool posture) {
+  if (posture) {
+    bool changed = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (last_posture_emitted_ != reason) {
+        last_posture_emitted_ = reason;
+        changed = true;
+      }
+    }
+    if (changed) Emit(event_kind::kServeEagerPosture, reason, 0, "", fn, detail);
+  }
+  KILN_ASSIGN_OR_RETURN(TensorMap outputs, RunEager(inputs, snap));
+  ServeResult r;
+  r.outputs = std::move(outputs);
+  r.serving_mode = kServingEager;
+  r.fallback_reason = reason;
+  r.fallback_detail = detail;
+  return r;
+}
+
+Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::string& fn) {
+  const Clock::time_point start = Clock::now();
+  auto done = [&](Result<ServeResult> r) {
+    if (r.ok()) r->duration_ms = MsSince(start);
+    return r;
+  };
+  Snapshot snap = Take();
+  const bool mandatory = options_.lane_policy == LanePolicy::kMandatory;
+
+  // 1. The operator's order, read on every call; it overrides every lane policy.
+  if (eager_only_.load()) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      why = eager_only_reason_;
+    }
+    return done(ServeEager(inputs, snap, kPostureOperatorEagerOnly, why, fn, false));
+  }
+
+  // A cell revoked behind the target's back (by its own Run racing us, or by a caller) is
+  // removed here so the posture says compiled_degraded from now on.
+  if (snap.cell && snap.cell->revoked()) {
+    RevokeForCause(snap.cell, "revoked");  // a no-op Revoke: the first reason stays
+    snap.cell.reset();
+  }
+  auto posture_token = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return EagerPostureLocked();
+  };
+  auto refuse_missing = [&](const std::string& why) -> Result<ServeResult> {
+    return Status::ResourceExhausted(std::string(kRefusalRequiredCompileMissing) + ": target '" +
+                                     options_.name + "' has a mandatory lane and no armed cell (" +
+                                     why + "); retry later");
+  };
+
+  // 2. Mandatory lanes fail closed (law 11).
+  if (mandatory && !snap.cell) return refuse_missing(posture_token());
+  // 3. No cell (never installed, or revoked): eager with the posture token.
+  if (!snap.cell) return done(ServeEager(inputs, snap, posture_token(), "", fn, true));
+
+  ArmedCell& cell = *snap.cell;
+  const std::string ref = cell.ref();
+
+  // 4. Ingress: exactly one entry admits, or eager and named (law 8: the cell stays armed).
+  std::string mismatch;
+  const int entry = cell.Admit(inputs, &mismatch);
+  if (entry < 0) {
+    Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, mismatch);
+    if (mandatory) {
+      return Status::InvalidArgument(std::string(kFallbackOutOfEnvelope) + ": target '" +
+                                     options_.name + "' has a mandatory lane: " + mismatch);
+    }
+    return done(ServeEager(inputs, snap, kFallbackOutOfEnvelope, mismatch, fn, false));
+  }
+
+  // 5. Run the entry.
+  const Clock::time_point run_start = Clock::now();
+  CellRunError err = CellRunError::kNone;
+  Result<TensorMap> out = Status::Internal("cell did not run");
+  if (has_fault_hook_.load()) {
+    std::function<CellRunError()> hook;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hook = fault_hook_;
+    }
+    if (hook) err = hook();
+    if (err == CellRunError::kCellFault) {
+      out = Status::Internal("cell_fault: injected by the test switch");
+    } else if (err == CellRunError::kResource) {
+      out = Status::ResourceExhausted("injected allocation failure (test switch)");
+    } else {
+      err = CellRunError::kNone;
+    }
+  }
+  if (err == CellRunError::kNone) out = cell.Run(entry, inputs, &err);
+  const double run_ms = MsSince(run_start);
+
+  if (out.ok()) {
+    // 6. The lane is read off the object (law 9).
+    ServeResult r;
+    r.outputs = std::move(out).value();
+    r.serving_mode = ModeOf(cell);
+    r.served_cell_ref = cell.lane() == Lane::kExported ? ref : "";
+    return done(std::move(r));
+  }
+
+  const std::string why = out.status().message();
+  switch (err) {
+    case CellRunError::kResource:
+      // Not the cell's fault: stay armed.
+      Emit(event_kind::kCellOom, "stay_armed", run_ms, ref, fn,
+           "entry=" + std::to_string(entry) + " " + why);
+      if (mandatory) {
+        return Status::ResourceExhausted(std::string(kFallbackCellOom) + ": target '" +
+                                         options_.name + "': " + why + "; retry later");
+      }
+      return done(ServeEager(inputs, snap, kFallbackCellOom, why, fn, false));
+    case CellRunError::kRevoked:
+      // Revoked by a concurrent request's fault between our snapshot and the run.
+      RevokeForCause(snap.cell, "revoked");  // a no-op Revoke: the first reason stays
+      if (mandatory) return refuse_missing(kPostureCompiledDegraded);
+      return done(ServeEager(inputs, snap, posture_token(), "", fn, true));
+    case CellRunError::kOutOfEnvelope:
+      // Admit chose the entry; the cell disagreeing is still not an error (law 8).
+      Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, why);
+      if (mandatory) {
+        return Status::InvalidArgument(std::string(kFallbackOutOfEnvelope) + ": target '" +
+                                       options_.name + "' has a mandatory lane: " + why);
+      }
+      return done(ServeEager(inputs, snap, kFallbackOutOfEnvelope, why, fn, false));
+    case CellRunError::kCellFault:
+    case CellRunError::kNone:
+    default:
+      // The cell's fault (law 7): this request eager, the cell revoked for the process life.
+      RevokeForCause(snap.cell, why);
+      Emit(event_kind::kServeDegrade, kFallbackCellFault, run_ms, ref, fn,
+           "entry=" + std::to_string(entry) + " revoked: " + why);
+      if (mandatory) return refuse_missing(std::string(kFallbackCellFault) + ": " + why);
+      return done(ServeEager(inputs, snap, kFallbackCellFault, why, fn, false));
+  }
+}
+
+Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell) {
+  if (!cell) return Status::InvalidArgument("target '" + options_.name + "': no cell to install");
+  const std::string ref = cell->ref();
+  std::string refusal;
+  // Revoke writes its reason under the cell's lock after flipping the flag; a no-op Revoke on a
+  // revoked cell waits for that write, so the reason below is safe to read.
+  if (cell->revoked()) cell->Revoke("revoked");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cell->revoked()) {
+      refusal = "cell " + (ref.empty() ? std::string("(intake)") : ref) + " is revoked (" +
+                cell->revoke_reason() + ")";
+    } else if (!ref.empty() && quarantined_refs_.count(ref) != 0) {
+      refusal = "cell " + ref + " was revoked in this process and stays quarantined";
+    }
+    if (!refusal.empty()) {
+      // Law 10: a revoked cell installs no target; the target reports compiled_degraded.
+      compiled_degraded_ = true;
+      if (cell->revoked()) revoked_cell_ = cell;
+    } else {
+      cell_ = cell;
+      arm_pending_ = false;
+    }
+  }
+  if (!refusal.empty()) {
+    Emit(event_kind::kServePosture, kPostureCompiledDegraded, 0, ref, "",
+         "not installed: " + refusal);
+    return Status::InvalidArgument(std::string(kPostureCompiledDegraded) + ": target '" +
+                                   options_.name + "': " + refusal);
+  }
+  Emit(event_kind::kServePosture, ModeOf(*cell), 0, ref, "",
+       std::string("installed lane=") + LaneName(cell->lane()));
+  return Status::OK();
+}
+
+void ServedTarget::SetEagerOnly(bool on, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    eager_only_reason_ = on ? reason : "";
+    eager_only_.store(on);
+  }
+  Emit(event_kind::kServePosture, on ? kPostureOperatorEagerOnly : "operator_release", 0, "", "",
+       reason.empty() ? "" : "reason=" + reason);
+}
+
+Status ServedTarget::SwapCheckpoint(WeightMap checkpoint) {
+  const Clock::time_point start = Clock::now();
+  std::lock_guard<std::mutex> swap_lock(swap_mu_);
+  Snapshot snap = Take();
+  const std::string what = "checkpoint swap for target '" + options_.name + "'";
+  for (const auto& [name, w] : *snap.weights) {
+    auto it = checkpoint.find(name);
+    if (it == checkpoint.end()) {
+      return Status::InvalidArgument(what + ": weight '" + name + "' is missing");
+    }
+    if (it->second.dtype() != w.dtype() || it->second.shape() != w.shape()) {
+      return Status::InvalidArgument(what + ": weight '" + name + "' is " +
+                                     it->second.TypeString() + ", the target binds " +
+                                     w.TypeString());
+    }
+  }
+  for (const auto& [name, w] : checkpoint) {
+    if (snap.weights->count(name) == 0) {
+      return Status::InvalidArgument(what + ": weight '" + name +
+                                     "' is not a weight of the target's graph");
+    }
+  }
+  auto fresh = std::make_shared<const WeightMap>(std::move(checkpoint));
+  // The cell re-binds first (waiting for runs inside it); a failure leaves both bindings as they
+  // were. The revoked cell, if any, never runs again and is not re-bound.
+  if (snap.cell && !snap.cell->revoked()) {
+    Status s = snap.cell->Rebind(*fresh);
+    if (!s.ok()) return s.WithContext(what);
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    weights_ = fresh;
+  }
+  Emit(event_kind::kServePosture, "checkpoint_swapped", MsSince(start),
+       snap.cell ? snap.cell->ref() : "", "",
+       "weights=" + std::to_string(fresh->size()) + (snap.cell ? " cell rebound" : ""));
+  return Status::OK();
+}
+
+void ServedTarget::SetMintInProgress(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  mint_in_progress_ = on;
+}
+
+void ServedTarget::SetStoredPosture(const std::string& token) {
+  std::lock_guard<std::mutex> lock(mu_);
+  stored_posture_ = token;
+}
+
+void ServedTarget::SetArmPending(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  arm_pending_ = on;
+}
+
+std::shared_ptr<ArmedCell> ServedTarget::cell() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return cell_;
+}
+
+std::shared_ptr<ArmedCell> ServedTarget::revoked_cell() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return revoked_cell_;
+}
+
+void ServedTarget::SetRunFaultForTest(std::function<CellRunError()> fault) {
+  std::lock_guard<std::mutex> lock(mu_);
+  fault_hook_ = std::move(fault);
+  has_fault_hook_.store(static_cast<bool>(fault_hook_));
+}
+
+}  // namespace kiln

@@ -1,0 +1,192 @@
+// The serving wrapper: one ServedTarget per target decides, per request, whether a cell or the
+// eager interpreter answers, and says which on the wire (worker layer; DESIGN.md §2 laws 7-11,
+// §4 Request, REFERENCE.md "Serving details").
+//
+// Serve runs in exactly this order:
+//   1. operator eager-only order (atomic, read on every call) -> eager, `operator_eager_only`
+//   2. mandatory target with no armed cell -> retryable refusal `required_compile_missing`
+//      (ResourceExhausted; never eager)
+//   3. revoked cell (or none) -> eager with the eager posture token (`compiled_degraded`, ...)
+//   4. ingress: exactly one entry admits, else eager with `out_of_envelope` naming the closest
+//      entry's first mismatch; the cell stays armed (law 8); an `ingress_refused` row
+//   5. run the entry: a cell fault -> this request eager, the cell revoked for the process life,
+//      a `serve_degrade` row (law 7); allocation failure -> eager, still armed, a `cell_oom` row
+//   6. success -> `aot_cell` (exported-lane cell, served_cell_ref = its ref) or `jit_cell`
+//      (intake-lane cell, no ref). The lane is read off the ArmedCell (law 9).
+// A mandatory target never answers eager except under the operator's order (step 1, which
+// overrides every lane policy): where an optional target would fall back (steps 4-5), a
+// mandatory one refuses instead (out of envelope: InvalidArgument `out_of_envelope`; a fault or
+// allocation failure: retryable, `required_compile_missing` / `cell_oom`).
+//
+// Concurrency: Serve may be called from many threads at once; the target's lock is held only to
+// take a snapshot (cell, interpreter, weights), never around a run. Swapping a checkpoint waits
+// for runs already inside the cell and then rebinds it; the cell keeps serving.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/cell/loader.h"
+#include "src/kiln/eager/interpreter.h"
+#include "src/kiln/graph/checkpoint.h"
+#include "src/kiln/graph/ir.h"
+#include "src/kiln/worker/events.h"
+#include "src/kiln/worker/manifest.h"
+
+namespace kiln {
+
+// `serving_mode` on the wire.
+inline constexpr const char* kServingAotCell = "aot_cell";
+inline constexpr const char* kServingJitCell = "jit_cell";
+inline constexpr const char* kServingEager = "eager";
+
+// Eager posture tokens, highest precedence first (REFERENCE.md): mint_in_progress > stored token
+// > compiled_degraded > no_compile_declared > arm_pending > uncompiled. The operator's order
+// overrides them all with operator_eager_only (not a fallback).
+inline constexpr const char* kPostureOperatorEagerOnly = "operator_eager_only";
+inline constexpr const char* kPostureMintInProgress = "mint_in_progress";
+inline constexpr const char* kPostureCompiledDegraded = "compiled_degraded";
+inline constexpr const char* kPostureNoCompileDeclared = "no_compile_declared";
+inline constexpr const char* kPostureArmPending = "arm_pending";
+inline constexpr const char* kPostureUncompiled = "uncompiled";
+
+// Per-request fallback reasons: a cell was installed and armed but did not answer this request.
+inline constexpr const char* kFallbackOutOfEnvelope = "out_of_envelope";
+inline constexpr const char* kFallbackCellFault = "cell_fault";
+inline constexpr const char* kFallbackCellOom = "cell_oom";
+inline constexpr const char* kFallbackGuardMiss = "guard_miss";
+
+// The retryable refusal of a mandatory target without an armed cell (law 11).
+inline constexpr const char* kRefusalRequiredCompileMissing = "required_compile_missing";
+
+// True when `status` is a refusal the client should retry (HTTP 503 + Retry-After): it is
+// ResourceExhausted and its message starts with `required_compile_missing` or `cell_oom`.
+bool IsRetryableServeRefusal(const Status& status);
+// The token a Serve refusal's message starts with ("required_compile_missing",
+// "out_of_envelope", "cell_oom"), or "" for any other status.
+std::string ServeRefusalToken(const Status& status);
+
+struct ServeResult {
+  TensorMap outputs;
+  std::string serving_mode;     // kServingAotCell | kServingJitCell | kServingEager
+  std::string served_cell_ref;  // key@digest when aot_cell; "" otherwise
+  // "" when a cell answered. When eager: a fallback reason (out_of_envelope, cell_fault,
+  // cell_oom), or the eager posture token (operator_eager_only, compiled_degraded, ...).
+  std::string fallback_reason;
+  std::string fallback_detail;  // prose: the closest entry's first mismatch, the fault
+  double duration_ms = 0;       // the whole Serve call
+};
+
+struct ServedTargetOptions {
+  std::string name;  // the target's name (events, messages)
+  LanePolicy lane_policy = LanePolicy::kOptional;
+  bool intake = false;           // no export declaration: cells for it are compiled here
+  bool compile_declared = true;  // false: a target that never gets a cell (posture
+                                 // no_compile_declared)
+  EventLog* events = nullptr;    // not owned; must outlive the target; null = no rows
+};
+
+class ServedTarget {
+ public:
+  // Prepares the eager interpreter for `graph` and binds `weights` (the full weight map, e.g.
+  // from LoadCheckpoint) as the target's checkpoint. No cell is installed yet.
+  static Result<std::unique_ptr<ServedTarget>> Create(ServedTargetOptions options,
+                                                      std::shared_ptr<const Graph> graph,
+                                                      WeightMap weights);
+  ServedTarget(const ServedTarget&) = delete;
+  ServedTarget& operator=(const ServedTarget&) = delete;
+
+  // Answers one request for function `fn` (a model name, for events). Errors: the refusals above,
+  // or the eager interpreter's own (a request whose inputs fit neither a cell nor the graph).
+  Result<ServeResult> Serve(const TensorMap& inputs, const std::string& fn);
+
+  // Installs an armed cell (the last step of every adopt route). REQUIRES: it was armed with this
+  // target's graph and its current checkpoint. Refused, with message `compiled_degraded: ...`
+  // and posture compiled_degraded: a revoked cell, or one whose ref this process quarantined
+  // after revoking it (law 10: a revoked cell installs no target). Replaces an installed cell.
+  Status InstallCell(std::shared_ptr<ArmedCell> cell);
+
+  // The operator's eager-only order: on serves eager with `operator_eager_only` on every later
+  // call; off returns to the cell, if one is still armed. Never resurrects a revoked cell.
+  void SetEagerOnly(bool on, const std::string& reason);
+  bool eager_only() const { return eager_only_.load(); }
+
+  // Swaps the target's checkpoint: `checkpoint` must name exactly the weights of the current one,
+  // each with the same dtype and shape (InvalidArgument names the first difference). Rebinds the
+  // installed cell (it keeps serving) and swaps the eager weights.
+  Status SwapCheckpoint(WeightMap checkpoint);
+
+  // What the next plain request would be served as: `aot_cell` / `jit_cell` when a cell is armed,
+  // else the eager posture token (operator_eager_only overriding all).
+  std::string Posture() const;
+
+  // Posture inputs set by the boot routes and the mint driver (see the precedence above).
+  void SetMintInProgress(bool on);
+  void SetStoredPosture(const std::string& token);  // "" clears
+  void SetArmPending(bool on);
+
+  // The installed cell (null when none, or after it was revoked).
+  std::shared_ptr<ArmedCell> cell() const;
+  // The cell this target held when it was revoked (law 9: the target still says that it held an
+  // exported cell, now revoked); null when none was revoked.
+  std::shared_ptr<ArmedCell> revoked_cell() const;
+  const std::string& name() const { return options_.name; }
+  LanePolicy lane_policy() const { return options_.lane_policy; }
+  bool intake() const { return options_.intake; }
+
+  // TEST ONLY: consulted right before an admitted request enters the cell; a result other than
+  // kNone is treated as if the cell's run had failed that way (kCellFault, kResource), without
+  // running it. Production code never sets it. nullptr clears.
+  void SetRunFaultForTest(std::function<CellRunError()> fault);
+
+ private:
+  struct Snapshot {
+    std::shared_ptr<ArmedCell> cell;
+    std::shared_ptr<const WeightMap> weights;
+  };
+  ServedTarget(ServedTargetOptions options, std::shared_ptr<const Graph> graph,
+               Interpreter interpreter, WeightMap weights);
+
+  Snapshot Take() const;
+  // The eager posture token by precedence (no operator order). REQUIRES: mu_ held.
+  std::string EagerPostureLocked() const;
+  // Revokes `cell` for cause: sticky, quarantined, removed from the target.
+  void RevokeForCause(const std::shared_ptr<ArmedCell>& cell, const std::string& reason);
+  Result<TensorMap> RunEager(const TensorMap& inputs, const Snapshot& snap) const;
+  // Fills an eager result; emits serve_eager_posture when the posture token changed.
+  Result<ServeResult> ServeEager(const TensorMap& inputs, const Snapshot& snap,
+                                 const std::string& reason, const std::string& detail,
+                                 const std::string& fn, bool posture);
+  void Emit(const char* kind, const std::string& phase, double ms, const std::string& ref,
+            const std::string& fn, const std::string& detail);
+
+  const ServedTargetOptions options_;
+  const std::shared_ptr<const Graph> graph_;
+  const Interpreter interpreter_;
+
+  std::atomic<bool> eager_only_{false};
+  std::atomic<bool> has_fault_hook_{false};
+
+  mutable std::mutex mu_;
+  std::shared_ptr<ArmedCell> cell_;
+  std::shared_ptr<ArmedCell> revoked_cell_;
+  std::set<std::string> quarantined_refs_;
+  std::shared_ptr<const WeightMap> weights_;
+  std::string eager_only_reason_;
+  bool mint_in_progress_ = false;
+  std::string stored_posture_;
+  bool compiled_degraded_ = false;
+  bool arm_pending_ = false;
+  std::string last_posture_emitted_;
+  std::function<CellRunError()> fault_hook_;
+
+  std::mutex swap_mu_;  // one checkpoint swap at a time
+};
+
+}  // namespace kiln
