@@ -41,6 +41,17 @@ std::string WithMetadataText(const std::string& text) {
   return PackCell(f).value();
 }
 
+// Law 2 at adoption: a cell whose metadata does not record a passed fence proof is refused.
+TEST(AdmissionTest, UnprovenFenceIsRefused) {
+  CellMetadata m = SampleMetadata();
+  m.fence.perturbed_checkpoint_matched = false;
+  CellFiles f = SampleFiles();
+  f.metadata_json = SerializeMetadata(m).value();
+  const std::string bytes = PackCell(f).value();
+  ExpectRefusal(AdmitCell(bytes, "", 0, Policy()), "fence_unproven",
+                StatusCode::kInvalidArgument, "perturbed_checkpoint_matched=false");
+}
+
 TEST(AdmissionTest, AdmitsAGoodCell) {
   const std::string bytes = SampleCellBytes();
   Result<AdmittedCell> r = AdmitCell(bytes, CellDigest(bytes), bytes.size(), Policy());

@@ -14,10 +14,10 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::array<const char*, 7> kTokens = {
+constexpr std::array<const char*, 8> kTokens = {
     kRefusalSizeMismatch,      kRefusalDigestMismatch, kRefusalCellCorrupt,
     kRefusalMetadataInvalid,   kRefusalKeyMismatch,    kRefusalSmMismatch,
-    kRefusalToolchainMismatch,
+    kRefusalToolchainMismatch, kRefusalFenceUnproven,
 };
 
 Status Refuse(StatusCode code, const char* token, const std::string& msg) {
@@ -134,6 +134,17 @@ Result<AdmittedCell> AdmitCell(std::string_view tar_bytes, const std::string& ex
     return Refuse(
         StatusCode::kInvalidArgument, kRefusalToolchainMismatch,
         diff ? *diff : "toolchain blocks differ: " + *cell + " in the cell, " + *here + " here");
+  }
+  // A mint seals only cells whose fence proof passed; metadata that says otherwise was not
+  // minted by kiln's strict path, whatever its key says.
+  const FenceFlags& f = out.metadata.fence;
+  if (!f.checkpoint_free || !f.perturbed_checkpoint_matched || !f.constant_table_complete) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalFenceUnproven,
+                  std::string("metadata records fence checkpoint_free=") +
+                      (f.checkpoint_free ? "true" : "false") + " perturbed_checkpoint_matched=" +
+                      (f.perturbed_checkpoint_matched ? "true" : "false") +
+                      " constant_table_complete=" + (f.constant_table_complete ? "true" : "false") +
+                      "; every flag must be true");
   }
   return out;
 }

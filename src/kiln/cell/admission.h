@@ -14,6 +14,9 @@
 //                                        not the one expected
 //   sm_mismatch         InvalidArgument  the cell's sm level is above what this machine runs
 //   toolchain_mismatch  InvalidArgument  the cell's toolchain block differs from this machine's
+//   fence_unproven      InvalidArgument  the metadata does not record a passed fence proof (law 2):
+//                                        checkpoint_free, perturbed_checkpoint_matched and
+//                                        constant_table_complete must all be true
 // e.g. "toolchain_mismatch: field 'compiler' is 'g++ 12.2' in the cell, 'g++ 13.1' here".
 #pragma once
 
@@ -37,6 +40,7 @@ inline constexpr const char* kRefusalMetadataInvalid = "metadata_invalid";
 inline constexpr const char* kRefusalKeyMismatch = "key_mismatch";
 inline constexpr const char* kRefusalSmMismatch = "sm_mismatch";
 inline constexpr const char* kRefusalToolchainMismatch = "toolchain_mismatch";
+inline constexpr const char* kRefusalFenceUnproven = "fence_unproven";
 
 // What this machine will accept.
 struct AdmissionPolicy {
