@@ -20,6 +20,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code);
 void AddHubCommand(CLI::App& app, int* exit_code);      // cmd_hub.cc
 void AddPublishCommand(CLI::App& app, int* exit_code);
 void AddResolveCommand(CLI::App& app, int* exit_code);
+void AddWorkerCommand(CLI::App& app, int* exit_code);   // cmd_worker.cc
 
 // Prints "kiln <cmd>: <code>: <message>" and returns 1.
 int ReportError(const std::string& cmd, const Status& status);

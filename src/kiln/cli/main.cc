@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   kiln::cli::AddHubCommand(app, &exit_code);
   kiln::cli::AddPublishCommand(app, &exit_code);
   kiln::cli::AddResolveCommand(app, &exit_code);
+  kiln::cli::AddWorkerCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,269 @@
+// Boot-adopt (worker layer): local store -> hub resolve -> receipt gate -> fetch by digest ->
+// admission -> load -> install, one boot_adopt row per target. See boot.h for the order.
+//
+// Layering note (DESIGN.md §3): worker/ reaches compiler headers only through cell/ and the mint
+// driver. This file includes compile/toolchain.h for exactly two read-only facts, the machine's
+// sm level (DetectSmLevel) and its toolchain block (LocalToolchain().Block()), which admission
+// compares a cell against; the key itself comes from cell/mint.h (DeriveKeyAxes, KeyFromAxes),
+// the same functions that minted it (law 3). Nothing here compiles.
+#include "src/kiln/worker/boot.h"
+
+#include <atomic>
+#include <chrono>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/cell/admission.h"
+#include "src/kiln/cell/key.h"
+#include "src/kiln/cell/mint.h"
+#include "src/kiln/cell/pack.h"
+#include "src/kiln/compile/toolchain.h"  // sm level + toolchain block only (see the note above)
+
+namespace kiln {
+namespace {
+
+double MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+      .count();
+}
+
+// A fresh private directory per load: dlopen keys on the path, so two loads must never share
+// one .so path within a process.
+std::string PrivateDirFor(const BootContext& ctx, const std::string& target) {
+  static std::atomic<uint64_t> counter{0};
+  const std::string root =
+      ctx.private_dir.empty() ? std::string("/tmp/kiln-private") : ctx.private_dir;
+  return root + "/" + target + "-" + std::to_string(counter.fetch_add(1));
+}
+
+// The token a refusal status starts with (admission tokens first), else `fallback`.
+std::string TokenOf(const Status& status, const char* fallback) {
+  std::string token = RefusalToken(status);
+  return token.empty() ? fallback : token;
+}
+
+// Reads the cached blob for `digest` if it still hashes to its name (and has `size` bytes when
+// size > 0); a stale or corrupt file is deleted. nullopt = fetch it.
+std::optional<std::string> ReadVerifiedCachedBlob(const std::string& path,
+                                                  const std::string& digest, uint64_t size,
+                                                  std::string* note) {
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::nullopt;
+  auto bytes = ReadFile(path);
+  if (bytes.ok() && CellDigest(*bytes) == digest && (size == 0 || bytes->size() == size)) {
+    return std::move(bytes).value();
+  }
+  std::filesystem::remove(path, ec);
+  *note += " cached_blob_refetched=stale";
+  return std::nullopt;
+}
+
+// True when the hub's revocation list names (key, digest). Unreadable: an error (fail closed).
+Result<bool> IsRevoked(HubClient& hub, const std::string& key, const std::string& digest) {
+  HubAnswer a = hub.GetRevocations();
+  if (!a.ok()) {
+    return Status::IOError("revocation list unreadable: " + a.token + ": " + a.message);
+  }
+  const auto it = a.body.find("revocations");
+  if (it == a.body.end() || !it->is_array()) {
+    return Status::IOError("revocation list unreadable: no `revocations` array");
+  }
+  for (const auto& row : *it) {
+    if (!row.is_object()) continue;
+    if (row.value("key", std::string()) == key && row.value("digest", std::string()) == digest) {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool IsBootRefusal(const std::string& phase) {
+  return !(phase == kBootHit || phase == kBootLocalHit || phase == kBootMiss ||
+           phase == kBootLocalMissNoHub || phase == kBootOperatorEagerOnly ||
+           phase == kBootNoExportDeclaration);
+}
+
+BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
+                        std::shared_ptr<const Graph> graph, const WeightMap& weights,
+                        const BootContext& ctx) {
+  const auto start = std::chrono::steady_clock::now();
+  BootOutcome out;
+  // Everything below returns through `finish`: one row per call, whatever the outcome.
+  auto finish = [&](std::string phase, std::string detail) -> BootOutcome {
+    out.phase = std::move(phase);
+    out.detail = std::move(detail);
+    out.duration_ms = MsSince(start);
+    if (ctx.events != nullptr) {
+      EventRow row;
+      row.kind = event_kind::kBootAdopt;
+      row.phase = out.phase;
+      row.duration_ms = out.duration_ms;
+      row.key = out.key;
+      row.ref = out.ref;
+      row.target = spec.name;
+      row.detail = "key=" + out.key + " target=" + spec.name;
+      if (!ctx.worker.empty()) row.detail += " worker=" + ctx.worker;
+      if (!out.detail.empty()) row.detail += " " + out.detail;
+      ctx.events->Append(std::move(row));
+    }
+    return out;
+  };
+
+  // 1. The operator's order: nothing is armed.
+  if (target.eager_only()) return finish(kBootOperatorEagerOnly, "");
+  // 2. Intake lane: nothing is adopted (the mint half compiles it here).
+  if (!spec.exported()) return finish(kBootNoExportDeclaration, "");
+  if (graph == nullptr) return finish(kBootKeyUnderivable, "no graph");
+
+  // 3. The key, derived without compiling, with the function that minted it.
+  auto axes = DeriveKeyAxes(*graph, spec.envelope, spec.sm);
+  if (!axes.ok()) return finish(kBootKeyUnderivable, axes.status().ToString());
+  auto key = KeyFromAxes(*axes);
+  if (!key.ok()) return finish(kBootKeyUnderivable, key.status().ToString());
+  out.key = *key;
+
+  auto toolchain = LocalToolchain();
+  if (!toolchain.ok()) return finish(kBootKeyUnderivable, toolchain.status().ToString());
+  const AdmissionPolicy policy{out.key, DetectSmLevel(), toolchain->Block()};
+
+  // Load + bind + arm on the exported lane, then install. Only ever called on an AdmittedCell.
+  auto arm_and_install = [&](const AdmittedCell& admitted, const char* phase,
+                             std::string note) -> BootOutcome {
+    auto armed = LoadAdmittedCell(admitted, weights, Lane::kExported, PrivateDirFor(ctx, spec.name),
+                                  ctx.threads);
+    if (!armed.ok()) return finish(kBootArmRefused, armed.status().ToString() + note);
+    std::shared_ptr<ArmedCell> cell(std::move(armed).value());
+    Status installed = target.InstallCell(cell);
+    if (!installed.ok()) return finish(kBootArmRefused, installed.ToString() + note);
+    out.cell = std::move(cell);
+    out.ref = out.cell->ref();
+    return finish(phase, "ref=" + out.ref + note);
+  };
+
+  // 4. The local store: its recorded digest is the provenance admission checks the bytes against.
+  std::string note;  // prose carried into the row
+  std::string local_refusal;
+  if (ctx.store != nullptr) {
+    auto hit = ctx.store->Get(out.key);
+    if (!hit.ok()) {
+      note += " local_store_error=\"" + hit.status().ToString() + "\"";
+    } else if (hit->has_value()) {
+      const StoredCell& stored = **hit;
+      auto admitted = AdmitCell(stored.bytes, stored.digest, stored.bytes.size(), policy);
+      if (admitted.ok()) return arm_and_install(*admitted, kBootLocalHit, note);
+      // A local entry that does not admit is not served; it is dropped and the hub asked.
+      local_refusal = TokenOf(admitted.status(), kBootArmRefused);
+      note += " local_entry_refused=\"" + admitted.status().ToString() + "\"";
+      ctx.store->Remove(out.key).IgnoreError();
+    }
+  }
+
+  // 5. Hub resolve. A refusal is never a miss.
+  if (ctx.hub == nullptr) {
+    if (!local_refusal.empty()) return finish(local_refusal, note.substr(1));
+    return finish(kBootLocalMissNoHub, note.empty() ? "" : note.substr(1));
+  }
+  HubClient& hub = *ctx.hub;
+  ResolveAnswer answer = hub.Resolve(out.key);
+  switch (answer.kind) {
+    case ResolveAnswer::Kind::kMiss:
+      return finish(kBootMiss, "hub=miss" + note);
+    case ResolveAnswer::Kind::kRefused:
+      return finish(kBootResolveRefused,
+                    "token=" + answer.token + " message=\"" + answer.message + "\"" + note);
+    case ResolveAnswer::Kind::kFound:
+      break;
+  }
+  if (answer.key != out.key) {
+    return finish(kBootResolveKeyMismatch, "asked=" + out.key + " answered=" + answer.key + note);
+  }
+
+  // 6. Receipt gate: signature, kid (one refetch), claims; then the revocation list.
+  // Operator trust anchors are checked offline: the hub is not asked for keys it would vouch
+  // for itself. Without anchors the hub's own key set is used, refetched once on an unknown kid.
+  ReceiptVerdict verdict;
+  if (ctx.trust != nullptr) {
+    verdict = VerifyResolvedReceipt(answer, *ctx.trust);
+  } else {
+    PublicKeySet local_hub_keys;
+    verdict = hub.VerifyReceipt(answer, ctx.hub_keys != nullptr ? ctx.hub_keys : &local_hub_keys);
+  }
+  if (!verdict.ok()) {
+    return finish(kBootReceiptRefused,
+                  "token=" + verdict.token + " message=\"" + verdict.message + "\"" + note);
+  }
+  auto revoked = IsRevoked(hub, answer.key, answer.digest);
+  if (!revoked.ok()) {
+    return finish(kBootReceiptRefused, "token=revocations_unreadable message=\"" +
+                                           revoked.status().message() + "\"" + note);
+  }
+  if (*revoked) {
+    return finish(kBootReceiptRefused, "token=revoked digest=" + answer.digest + note);
+  }
+
+  // 7. Fetch by digest into the cache; a cached file is re-verified on use.
+  const std::string cache_dir =
+      ctx.blob_cache_dir.empty() ? ctx.private_dir + "/blobs" : ctx.blob_cache_dir;
+  if (Status made = MakeDirs(cache_dir); !made.ok()) {
+    return finish(kBootFetchRefused,
+                  "token=cache_unwritable message=\"" + made.ToString() + "\"" + note);
+  }
+  const std::string blob_path = cache_dir + "/" + answer.digest;
+  std::optional<std::string> bytes =
+      ReadVerifiedCachedBlob(blob_path, answer.digest, answer.size, &note);
+  if (bytes.has_value()) {
+    note += " cached_blob=reused";
+  } else {
+    HubAnswer fetched = hub.FetchBlob(answer.digest, blob_path, answer.size);
+    if (!fetched.ok()) {
+      // A partial download of bytes that are not the digest must not be resumed next time.
+      std::error_code ec;
+      if (fetched.token == kRefusalDigestMismatch || fetched.token == kRefusalSizeMismatch) {
+        std::filesystem::remove(blob_path + ".part", ec);
+      }
+      const std::string token =
+          fetched.token == kRefusalDigestMismatch || fetched.token == kRefusalSizeMismatch
+              ? fetched.token
+              : std::string(kBootFetchRefused);
+      return finish(token,
+                    "token=" + fetched.token + " message=\"" + fetched.message + "\"" + note);
+    }
+    auto read = ReadFile(blob_path);
+    if (!read.ok()) {
+      return finish(kBootFetchRefused,
+                    "token=cache_unreadable message=\"" + read.status().ToString() + "\"" + note);
+    }
+    bytes = std::move(read).value();
+  }
+
+  // 8. Admission: every check before anything is loaded (law 4); refusals keep their tokens.
+  auto admitted = AdmitCell(*bytes, answer.digest, answer.size, policy);
+  if (!admitted.ok()) {
+    return finish(TokenOf(admitted.status(), kBootArmRefused), admitted.status().ToString() + note);
+  }
+  if (!verdict.claims.family.empty() && admitted->metadata.family != verdict.claims.family) {
+    return finish(kBootReceiptRefused, "token=receipt_claim_mismatch message=\"family is '" +
+                                           verdict.claims.family + "' in the receipt, '" +
+                                           admitted->metadata.family + "' in the metadata\"" +
+                                           note);
+  }
+
+  // 9. Keep the admitted bytes on this machine for the next boot.
+  if (ctx.store != nullptr) {
+    if (Status put = ctx.store->Put(out.key, *bytes); !put.ok()) {
+      note += " local_store_put_failed=\"" + put.ToString() + "\"";
+    } else {
+      note += " local_store=stored";
+    }
+  }
+
+  // 10. Load, bind, arm, install.
+  return arm_and_install(*admitted, kBootHit, note);
+}
+
+}  // namespace kiln

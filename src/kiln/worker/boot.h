@@ -1,0 +1,108 @@
+// Boot-adopt: how one target of a worker adopts an exported cell at boot, from this machine's
+// local store or from the hub (worker layer; DESIGN.md §4 "Boot (per target)", §2 laws 3, 4, 9,
+// 10, 11; REFERENCE.md "Boot-adopt details").
+//
+// AdoptAtBoot runs, in exactly this order, and stops at the first step that decides:
+//   1. operator eager-only order on the target      -> nothing armed   `operator_eager_only`
+//   2. no export declaration (intake lane)          -> nothing adopted `no_export_declaration`
+//   3. derive the key (graph digest x envelope x sm x toolchain; nothing is compiled)
+//   4. local store hit -> admission with the local-store provenance (the digest recorded beside
+//      the bytes) -> load -> install                                   `local_hit`
+//   5. hub resolve: no hub `local_miss_no_hub`; {found:false} `miss`; a typed refusal (hub says
+//      no, hub down, timeout) `resolve_refused` (never a miss); an answer for another key
+//      `resolve_key_mismatch`
+//   6. receipt gate: EdDSA, known kid (the hub's key set refetched once on an unknown kid; never
+//      for operator trust anchors), signature, claims equal to the answer; then the hub's
+//      revocation list (unreadable: fail closed). The publisher rule is not checked here.
+//                                                                       `receipt_refused`
+//   7. fetch by digest into <blob_cache_dir>/<digest>; a cached file is re-hashed on use and,
+//      when it no longer matches its name, deleted and fetched again   `digest_mismatch`,
+//                                                                       `fetch_refused`
+//   8. admission (size, digest, key restatement, sm, toolchain): the refusal keeps its own token
+//      (`digest_mismatch`, `key_mismatch`, `sm_mismatch`, `toolchain_mismatch`, ...); the
+//      receipt's family must equal the cell's metadata (`receipt_refused`)
+//   9. the admitted bytes are also kept in the local store (a failed Put is only noted)
+//  10. load (dlopen into a private dir) + bind + arm on the exported lane, install the target
+//                                                                       `arm_refused` / `hit`
+// Law 4: nothing is written where it could be dlopen'ed, and nothing is dlopen'ed, before steps
+// 6-8 (or the local-store provenance and step 8) passed.
+//
+// Exactly one `boot_adopt` event row per call: its phase is the outcome's phase, its duration the
+// measured span of the whole call, its detail prose starting `key=<key> target=<name>`. A refused
+// adoption installs nothing; the caller then applies the ordinary miss policy (serve eager now, or
+// refuse retryably for a mandatory target: ServedTarget's job).
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "src/kiln/cell/loader.h"
+#include "src/kiln/cell/store.h"
+#include "src/kiln/client/hub_client.h"
+#include "src/kiln/graph/checkpoint.h"
+#include "src/kiln/graph/ir.h"
+#include "src/kiln/hub/receipt.h"
+#include "src/kiln/worker/events.h"
+#include "src/kiln/worker/manifest.h"
+#include "src/kiln/worker/serving.h"
+
+namespace kiln {
+
+// Boot-adopt phases that are not admission tokens (admission.h keeps its own).
+inline constexpr const char* kBootHit = "hit";
+inline constexpr const char* kBootLocalHit = "local_hit";
+inline constexpr const char* kBootMiss = "miss";
+inline constexpr const char* kBootOperatorEagerOnly = "operator_eager_only";
+inline constexpr const char* kBootNoExportDeclaration = "no_export_declaration";
+inline constexpr const char* kBootKeyUnderivable = "key_underivable";
+inline constexpr const char* kBootLocalMissNoHub = "local_miss_no_hub";
+inline constexpr const char* kBootResolveRefused = "resolve_refused";
+inline constexpr const char* kBootResolveKeyMismatch = "resolve_key_mismatch";
+inline constexpr const char* kBootReceiptRefused = "receipt_refused";
+inline constexpr const char* kBootFetchRefused = "fetch_refused";
+inline constexpr const char* kBootArmRefused = "arm_refused";
+
+// What the boot routes of one worker share. Pointers are not owned and must outlive the call.
+struct BootContext {
+  LocalStore* store = nullptr;  // this machine's cells; null = no local store
+  HubClient* hub = nullptr;     // null = no hub configured
+  // Operator trust anchors (the manifest's `hub.trust`), checked offline (VerifyResolvedReceipt):
+  // a receipt signed by any other key is refused, and the hub is never asked for keys.
+  // null = trust the hub's own key set (HubSpec: empty trust), see hub_keys.
+  PublicKeySet* trust = nullptr;
+  // Used only when `trust` is null: the hub's key set as fetched so far, shared by the targets of
+  // one boot so /.well-known/jwks.json is fetched once (HubClient::VerifyReceipt: one refetch on
+  // an unknown kid). null = a fresh set per call.
+  PublicKeySet* hub_keys = nullptr;
+  EventLog* events = nullptr;  // null = no row
+  std::string private_dir;     // verified .so files are written under here (0700) and opened
+  std::string blob_cache_dir;  // fetched blobs by digest; "" = <private_dir>/blobs
+  int threads = 1;             // compute threads of the armed cell
+  std::string worker;          // this worker's name (prose only)
+};
+
+struct BootOutcome {
+  // `hit` | `local_hit` | `miss` | a refusal token (see the order above).
+  std::string phase;
+  std::shared_ptr<ArmedCell> cell;  // the installed cell on hit / local_hit; else null
+  std::string key;                  // the derived key ("" when none was derived)
+  std::string ref;                  // key@digest of the installed cell; "" otherwise
+  std::string detail;               // prose: the refusal's message, the resolve token
+  double duration_ms = 0;           // the whole call, measured
+
+  bool adopted() const { return cell != nullptr; }
+};
+
+// True for a phase that names a refusal (not hit, local_hit, miss, local_miss_no_hub, nor the
+// two "not asked" outcomes operator_eager_only and no_export_declaration). A refusal is never a
+// miss: the caller may record it as the target's stored eager posture token.
+bool IsBootRefusal(const std::string& phase);
+
+// Adopts a cell for `target` (declared by `spec`, serving `graph` with checkpoint `weights`) in
+// the order above and installs it on a hit. Never fails: every outcome is a phase. Emits exactly
+// one boot_adopt row to ctx.events.
+BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
+                        std::shared_ptr<const Graph> graph, const WeightMap& weights,
+                        const BootContext& ctx);
+
+}  // namespace kiln

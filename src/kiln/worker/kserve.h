@@ -1,0 +1,118 @@
+// KServe v2 / Open Inference Protocol codec: infer request bodies in, infer response bodies out,
+// JSON tensors and the binary tensor data extension (worker layer, under the front end in
+// front.h; DESIGN.md §10).
+//
+// Request: {"id", "parameters": {...}, "inputs": [{"name", "shape", "datatype", "data"}],
+// "outputs": [{"name", "parameters": {"binary_data": bool}}]}. `data` is flat or nested (a nested
+// array must have exactly the request's shape). Datatypes: FP32 FP16 INT64 INT32 INT8 UINT8 BOOL.
+// Numbers must be representable in the datatype (integers for INT*, in range; true/false for
+// BOOL). Binary extension: the HTTP header Inference-Header-Content-Length gives the JSON
+// prefix's length; each binary input carries `parameters.binary_data_size` (bytes, exactly
+// numel * element size) and its bytes follow the JSON in input order, little-endian, with nothing
+// left over. Every refusal is InvalidArgument whose message names the input, the value and what
+// was expected; the parser never throws and never reads outside the body.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/eager/interpreter.h"
+#include "src/kiln/graph/ir.h"
+#include "src/kiln/tensor/tensor.h"
+
+namespace kiln {
+
+// The binary tensor extension's header (request and response).
+inline constexpr const char* kInferenceHeaderContentLength = "Inference-Header-Content-Length";
+
+// Limits that keep a hostile body from costing more than its size.
+inline constexpr int kKServeMaxJsonDepth = 64;  // nesting of [ and { in the JSON part
+inline constexpr int kKServeMaxRank = 16;       // dims per input shape
+inline constexpr int64_t kKServeMaxElements = int64_t{1} << 32;  // elements per input
+
+// "FP32", "FP16", "INT64", "INT32", "INT8", "UINT8", "BOOL".
+const char* KServeDatatype(DType dtype);
+// The DType of a KServe datatype name (case-sensitive, as the protocol says); InvalidArgument
+// naming the supported ones otherwise.
+Result<DType> DTypeFromKServe(const std::string& datatype);
+
+struct InferRequest {
+  std::string id;  // echoed in the response ("" when absent)
+  TensorMap inputs;
+  std::vector<std::string> input_order;  // the inputs' names as the body listed them
+  // The outputs asked for, in request order; empty = every output of the model.
+  std::vector<std::string> requested_outputs;
+  std::set<std::string> binary_outputs;  // outputs asked for as binary (`binary_data`: true)
+  bool binary_data_output = false;       // request `parameters.binary_data_output`: all binary
+  // The request's `parameters`, each value as compact JSON text (e.g. "true", "\"x\"").
+  std::map<std::string, std::string> parameters;
+};
+
+// Parses an infer request. `json_length` is the Inference-Header-Content-Length header's value
+// when the request carried one (binary extension): the first json_length bytes are JSON, the rest
+// are binary tensor data. Without it the whole body is JSON and no input may be binary.
+Result<InferRequest> ParseInferRequest(std::string_view body, std::optional<size_t> json_length);
+
+// Parses the Inference-Header-Content-Length header value (decimal, no sign, <= body_size).
+Result<size_t> ParseInferenceHeaderLength(const std::string& value, size_t body_size);
+
+// Checks request inputs against the graph's declared inputs: every declared input present, no
+// other name, dtype exact, rank exact, every known dim equal. InvalidArgument names the input,
+// what came and what the model declares.
+Status CheckInputsAgainstGraph(const Graph& graph, const TensorMap& inputs);
+
+// What the serving wrapper said about one request, for the response's `parameters`.
+struct InferOutcome {
+  std::string serving_mode;
+  std::string served_cell_ref;
+  std::string fallback_reason;
+  std::string fallback_detail;
+  double duration_ms = 0;
+};
+
+struct EncodedInferResponse {
+  std::string body;
+  // Set when some output is binary: the JSON prefix's length, for the response header
+  // Inference-Header-Content-Length. nullopt: the body is all JSON.
+  std::optional<size_t> json_length;
+};
+
+// Encodes {"model_name", "model_version", "id", "outputs": [{"name", "shape", "datatype",
+// "data" | "parameters": {"binary_data_size"}}], "parameters": {"serving_mode",
+// "served_cell_ref", "fallback_reason", "fallback_detail", "duration_ms"}}. Outputs: the
+// requested ones in request order, else all of `outputs` by name. InvalidArgument names a
+// requested output the model did not produce.
+Result<EncodedInferResponse> EncodeInferResponse(const std::string& model_name,
+                                                 const std::string& model_version,
+                                                 const InferRequest& request,
+                                                 const TensorMap& outputs,
+                                                 const InferOutcome& outcome);
+
+// Builds a request body (JSON tensors, or binary when `binary`) from named tensors: what
+// clients, tests and the load generator send. Outputs asked as binary when `binary`.
+struct EncodedInferRequest {
+  std::string body;
+  std::optional<size_t> json_length;  // set when binary
+};
+EncodedInferRequest EncodeInferRequest(const TensorMap& inputs, bool binary,
+                                       const std::string& id = "");
+
+// Decodes a response body produced by EncodeInferResponse (JSON or binary) back into tensors
+// and its `parameters` (compact JSON text per key); for clients and tests.
+struct DecodedInferResponse {
+  std::string model_name;
+  std::string id;
+  TensorMap outputs;
+  std::map<std::string, std::string> parameters;  // string values unquoted
+};
+Result<DecodedInferResponse> DecodeInferResponse(std::string_view body,
+                                                 std::optional<size_t> json_length);
+
+}  // namespace kiln

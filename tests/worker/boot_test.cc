@@ -1,0 +1,365 @@
+// Tests for boot-adopt (src/kiln/worker/boot.h) with real components: the mlp example is minted
+// once, kept in a real LocalStore or published to a real `kiln hub` process on loopback
+// (tests/hub/hub_process.h), and adopted through AdoptAtBoot into a real ServedTarget. Each
+// test asserts the one boot_adopt row the call must emit.
+#include "src/kiln/worker/boot.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/sha256.h"
+#include "src/kiln/cell/mint.h"
+#include "src/kiln/cell/pack.h"
+#include "src/kiln/graph/onnx_import.h"
+#include "tests/hub/hub_process.h"
+
+namespace kiln {
+namespace {
+
+using hub_testing::HubProcess;
+using hub_testing::kPlatform;
+using hub_testing::kWorker;
+
+const std::string kExamples = std::string(KILN_SOURCE_DIR) + "/examples/";
+
+Envelope MlpEnvelope() { return Envelope{{{{"x", {1, 64}}}, {{"x", {4, 64}}}}}; }
+
+// The mlp example minted once for the whole binary (envelope {x=[1,64]}, {x=[4,64]}).
+struct MintedMlp {
+  std::shared_ptr<const Graph> graph;
+  WeightMap weights;
+  MintResult mint;
+};
+
+const MintedMlp* MintOnce() {
+  static const MintedMlp* minted = []() -> const MintedMlp* {
+    auto m = std::make_unique<MintedMlp>();
+    auto g = ImportOnnxFile(kExamples + "mlp/model.onnx");
+    if (!g.ok()) return nullptr;
+    m->graph = std::make_shared<const Graph>(std::move(g).value());
+    auto w = LoadCheckpoint(*m->graph, kExamples + "mlp/checkpoint.safetensors", true);
+    if (!w.ok()) return nullptr;
+    m->weights = *w;
+    MintRequest r;
+    r.graph = m->graph;
+    r.envelope = MlpEnvelope();
+    r.family = "root/mlp";
+    r.weights = m->weights;
+    auto mint = MintCell(r);
+    if (!mint.ok()) {
+      std::fprintf(stderr, "mint failed: %s\n", mint.status().ToString().c_str());
+      return nullptr;
+    }
+    m->mint = std::move(mint).value();
+    return m.release();
+  }();
+  return minted;
+}
+
+TensorMap Input(int64_t rows) {
+  std::vector<float> v(static_cast<size_t>(rows * 64));
+  for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i % 17) / 17.0f - 0.5f;
+  return TensorMap{{"x", Tensor::FromVector<float>({rows, 64}, v)}};
+}
+
+class Boot : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    m_ = MintOnce();
+    ASSERT_NE(m_, nullptr) << "minting the mlp example failed";
+    char tmpl[] = "/tmp/kiln-boot-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl), nullptr);
+    root_ = tmpl;
+    store_ = std::make_unique<LocalStore>(root_ + "/store");
+  }
+  void TearDown() override {
+    hub_.reset();
+    std::error_code ec;
+    if (!HasFailure()) std::filesystem::remove_all(root_, ec);
+  }
+
+  // A real `kiln hub` on loopback holding the minted cell (published by a platform publisher).
+  void StartHubAndPublish() {
+    ASSERT_TRUE(MakeDirs(root_ + "/hub/data").ok());
+    nlohmann::json tokens = {
+        {"tokens",
+         {{{"name", "ci"},
+           {"role", "publisher"},
+           {"tier", "platform"},
+           {"sha256", Sha256Hex(kPlatform)}},
+          {{"name", "worker-1"}, {"role", "worker"}, {"sha256", Sha256Hex(kWorker)}}}}};
+    ASSERT_TRUE(WriteFileAtomic(root_ + "/hub/tokens.json", tokens.dump(2)).ok());
+    hub_ = std::make_unique<HubProcess>(root_ + "/hub/data", "");
+    ASSERT_TRUE(hub_->Start());
+    PublishAnswer p = hub_->Client(kPlatform)->Publish(m_->mint.tar, {});
+    ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
+    client_ = hub_->Client(kWorker);
+  }
+
+  BootContext Ctx() {
+    BootContext ctx;
+    ctx.store = store_.get();
+    ctx.hub = client_.get();
+    ctx.events = &events_;
+    ctx.private_dir = root_ + "/private";
+    ctx.blob_cache_dir = root_ + "/blobs";
+    ctx.threads = 1;
+    ctx.worker = "w1";
+    return ctx;
+  }
+  TargetSpec Spec(Envelope envelope = MlpEnvelope()) {
+    TargetSpec spec;
+    spec.name = "mlp";
+    spec.graph = kExamples + "mlp/model.onnx";
+    spec.export_spec = ExportSpec{"root/mlp"};
+    spec.envelope = std::move(envelope);
+    return spec;
+  }
+  std::unique_ptr<ServedTarget> Target() {
+    ServedTargetOptions o;
+    o.name = "mlp";
+    o.events = &events_;
+    auto t = ServedTarget::Create(o, m_->graph, m_->weights);
+    EXPECT_TRUE(t.ok()) << t.status().ToString();
+    return t.ok() ? std::move(t).value() : nullptr;
+  }
+  BootOutcome Adopt(ServedTarget& t, const TargetSpec& spec, const BootContext& ctx) {
+    return AdoptAtBoot(t, spec, m_->graph, m_->weights, ctx);
+  }
+  std::vector<EventRow> BootRows() {
+    EventQuery q;
+    q.kind = event_kind::kBootAdopt;
+    return events_.Query(q);
+  }
+  // Exactly one boot_adopt row since `since`, with the outcome's phase, key and a measured span.
+  void ExpectOneRow(const BootOutcome& out, size_t before = 0) {
+    auto rows = BootRows();
+    ASSERT_EQ(rows.size(), before + 1);
+    const EventRow& row = rows.back();
+    EXPECT_EQ(row.phase, out.phase);
+    EXPECT_EQ(row.target, "mlp");
+    EXPECT_EQ(row.key, out.key);
+    EXPECT_EQ(row.ref, out.ref);
+    EXPECT_GE(row.duration_ms, 0);
+    EXPECT_EQ(row.duration_ms, out.duration_ms);
+    EXPECT_EQ(row.detail.rfind("key=" + out.key + " target=mlp", 0), 0u) << row.detail;
+  }
+  void ExpectServes(ServedTarget& t, const std::string& mode, const std::string& ref) {
+    auto r = t.Serve(Input(1), "mlp");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->serving_mode, mode);
+    EXPECT_EQ(r->served_cell_ref, ref);
+  }
+  std::string BlobPath() const { return root_ + "/blobs/" + m_->mint.digest; }
+
+  const MintedMlp* m_ = nullptr;
+  std::string root_;
+  std::unique_ptr<LocalStore> store_;
+  std::unique_ptr<HubProcess> hub_;
+  std::unique_ptr<HubClient> client_;
+  EventLog events_;
+};
+
+TEST_F(Boot, LocalStoreHitArmsWithoutAHub) {
+  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar).ok());
+  auto t = Target();
+  ASSERT_NE(t, nullptr);
+  BootOutcome out = Adopt(*t, Spec(), Ctx());  // no hub in the context
+  EXPECT_EQ(out.phase, kBootLocalHit) << out.detail;
+  EXPECT_EQ(out.key, m_->mint.key);
+  EXPECT_EQ(out.ref, m_->mint.ref);
+  ASSERT_NE(out.cell, nullptr);
+  EXPECT_EQ(out.cell->lane(), Lane::kExported);
+  EXPECT_FALSE(IsBootRefusal(out.phase));
+  ExpectOneRow(out);
+  ExpectServes(*t, kServingAotCell, m_->mint.ref);
+}
+
+TEST_F(Boot, HubHitArmsServesAotCellAndKeepsTheBytesLocally) {
+  StartHubAndPublish();
+  ASSERT_FALSE(HasFatalFailure());
+  ASSERT_FALSE(store_->Get(m_->mint.key)->has_value());
+  auto t = Target();
+  ASSERT_NE(t, nullptr);
+  BootOutcome out = Adopt(*t, Spec(), Ctx());
+  EXPECT_EQ(out.phase, kBootHit) << out.detail;
+  EXPECT_EQ(out.ref, m_->mint.ref);
+  ExpectOneRow(out);
+  ExpectServes(*t, kServingAotCell, m_->mint.ref);
+  // The admitted bytes are in the local store and the blob cache, by digest.
+  auto stored = store_->Get(m_->mint.key);
+  ASSERT_TRUE(stored.ok());
+  ASSERT_TRUE(stored->has_value());
+  EXPECT_EQ((*stored)->digest, m_->mint.digest);
+  EXPECT_EQ(ReadFile(BlobPath()).value(), m_->mint.tar);
+  // The next boot finds it on this machine.
+  auto t2 = Target();
+  BootOutcome again = Adopt(*t2, Spec(), Ctx());
+  EXPECT_EQ(again.phase, kBootLocalHit) << again.detail;
+  ExpectOneRow(again, 1);
+  ExpectServes(*t2, kServingAotCell, m_->mint.ref);
+}
+
+TEST_F(Boot, HubWithoutTheKeyIsAMiss) {
+  StartHubAndPublish();
+  ASSERT_FALSE(HasFatalFailure());
+  auto t = Target();
+  // Another envelope is another key: derived without compiling, unknown to the hub.
+  BootOutcome out = Adopt(*t, Spec(Envelope{{{{"x", {2, 64}}}}}), Ctx());
+  EXPECT_EQ(out.phase, kBootMiss) << out.detail;
+  EXPECT_NE(out.key, m_->mint.key);
+  EXPECT_TRUE(IsWellFormedKey(out.key));
+  EXPECT_EQ(out.cell, nullptr);
+  EXPECT_EQ(out.ref, "");
+  ExpectOneRow(out);
+  ExpectServes(*t, kServingEager, "");
+}
+
+TEST_F(Boot, LocalMissWithoutAHubIsNamed) {
+  auto t = Target();
+  BootOutcome out = Adopt(*t, Spec(), Ctx());
+  EXPECT_EQ(out.phase, kBootLocalMissNoHub);
+  EXPECT_EQ(out.key, m_->mint.key);
+  EXPECT_EQ(out.cell, nullptr);
+  ExpectOneRow(out);
+  ExpectServes(*t, kServingEager, "");
+}
+
+TEST_F(Boot, HubDownIsAResolveRefusalNotAMiss) {
+  HubClientOptions o;
+  o.url = "http://127.0.0.1:" + std::to_string(hub_testing::FreePort());
+  o.connect_timeout_s = 1;
+  o.io_timeout_s = 2;
+  client_ = HubClient::Create(o).value();
+  auto t = Target();
+  BootOutcome out = Adopt(*t, Spec(), Ctx());
+  EXPECT_EQ(out.phase, kBootResolveRefused) << out.detail;
+  EXPECT_NE(out.detail.find("token=hub_unreachable"), std::string::npos) << out.detail;
+  EXPECT_TRUE(IsBootRefusal(out.phase));
+  ExpectOneRow(out);
+  ExpectServes(*t, kServingEager, "");
+}
+
+TEST_F(Boot, ReceiptFromAnUntrustedKeyIsRefusedBeforeAnythingIsFetched) {
+  StartHubAndPublish();
+  ASSERT_FALSE(HasFatalFailure());
+  auto foreign = SigningKey::Generate();
+  ASSERT_TRUE(foreign.ok());
+  PublicKeySet trust;
+  ASSERT_TRUE(trust.AddRaw(foreign->raw_public()).ok());
+  BootContext ctx = Ctx();
+  ctx.trust = &trust;
+  auto t = Target();
+  BootOutcome out = Adopt(*t, Spec(), ctx);
+  EXPECT_EQ(out.phase, kBootReceiptRefused) << out.detail;
+  EXPECT_NE(out.detail.find("receipt_unknown_kid"), std::string::npos) << out.detail;
+  EXPECT_EQ(out.cell, nullptr);
+  ExpectOneRow(out);
+  // Nothing fetched, stored or loaded (law 4).
+  EXPECT_FALSE(std::filesystem::exists(BlobPath()));
+  EXPECT_FALSE(store_->Get(m_->mint.key)->has_value());
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/private"));
+  ExpectServes(*t, kServingEager, "");
+}
+
+TEST_F(Boot, HubKeySetTrustedWhenNoAnchorsAreConfigured) {
+  StartHubAndPublish();
+  ASSERT_FALSE(HasFatalFailure());
+  PublicKeySet hub_keys;  // empty: fetched from the hub once, on the first unknown kid
+  BootContext ctx = Ctx();
+  ctx.hub_keys = &hub_keys;
+  auto t = Target();
+  BootOutcome out = Adopt(*t, Spec(), ctx);
+  EXPECT_EQ(out.phase, kBootHit) << out.detail;
+  EXPECT_GE(hub_keys.size(), 1u);
+  ExpectOneRow(out);
+}
+
+TEST_F(Boot, CorruptCachedBlobIsDeletedAndFetchedAgain) {
+  StartHubAndPublish();
+  ASSERT_FALSE(HasFatalFailure());
+  auto t = Target();
+  ASSERT_EQ(Adopt(*t, Spec(), Ctx()).phase, kBootHit);
+  // Another machine's view: an empty local store, a cached blob that no longer matches its name.
+  LocalStore fresh(root_ + "/store2");
+  std::string bad = m_->mint.tar;
+  bad[bad.size() / 2] ^= 0x5a;
+  ASSERT_TRUE(WriteFileAtomic(BlobPath(), bad).ok());
+  BootContext ctx = Ctx();
+  ctx.store = &fresh;
+  auto t2 = Target();
+  BootOutcome out = Adopt(*t2, Spec(), ctx);
+  EXPECT_EQ(out.phase, kBootHit) << out.detail;  // re-verified, refetched: not refused
+  EXPECT_NE(out.detail.find("cached_blob_refetched"), std::string::npos) << out.detail;
+  EXPECT_EQ(ReadFile(BlobPath()).value(), m_->mint.tar);
+  ExpectOneRow(out, 1);
+  ExpectServes(*t2, kServingAotCell, m_->mint.ref);
+  // A good cached blob is reused without a fetch.
+  LocalStore third(root_ + "/store3");
+  ctx.store = &third;
+  auto t3 = Target();
+  BootOutcome reused = Adopt(*t3, Spec(), ctx);
+  EXPECT_EQ(reused.phase, kBootHit) << reused.detail;
+  EXPECT_NE(reused.detail.find("cached_blob=reused"), std::string::npos) << reused.detail;
+}
+
+TEST_F(Boot, HubServingWrongBytesIsADigestMismatchAndNothingLoads) {
+  StartHubAndPublish();
+  ASSERT_FALSE(HasFatalFailure());
+  // Corrupt the hub's own blob on disk (same size): the hub now serves bytes that are not the
+  // digest it resolves to.
+  const std::string hex = m_->mint.digest.substr(std::string("sha256:").size());
+  const std::string hub_blob = root_ + "/hub/data/blobs/sha256/" + hex;
+  ASSERT_TRUE(std::filesystem::exists(hub_blob)) << hub_blob;
+  std::string bad = m_->mint.tar;
+  bad[bad.size() / 2] ^= 0x5a;
+  ASSERT_TRUE(WriteFileAtomic(hub_blob, bad).ok());
+  auto t = Target();
+  BootOutcome out = Adopt(*t, Spec(), Ctx());
+  EXPECT_EQ(out.phase, kRefusalDigestMismatch) << out.detail;
+  EXPECT_EQ(out.cell, nullptr);
+  EXPECT_TRUE(IsBootRefusal(out.phase));
+  ExpectOneRow(out);
+  EXPECT_FALSE(std::filesystem::exists(BlobPath()));
+  EXPECT_FALSE(store_->Get(m_->mint.key)->has_value());
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/private"));
+  ExpectServes(*t, kServingEager, "");
+}
+
+TEST_F(Boot, OperatorEagerOnlyArmsNothing) {
+  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar).ok());
+  auto t = Target();
+  t->SetEagerOnly(true, "maintenance");
+  BootOutcome out = Adopt(*t, Spec(), Ctx());
+  EXPECT_EQ(out.phase, kBootOperatorEagerOnly);
+  EXPECT_EQ(out.cell, nullptr);
+  EXPECT_EQ(out.key, "");
+  EXPECT_FALSE(IsBootRefusal(out.phase));
+  ExpectOneRow(out);
+  EXPECT_EQ(t->cell(), nullptr);
+  t->SetEagerOnly(false, "");
+  EXPECT_EQ(t->cell(), nullptr);  // nothing was armed to return to
+}
+
+TEST_F(Boot, NoExportDeclarationAdoptsNothing) {
+  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar).ok());
+  auto t = Target();
+  TargetSpec spec = Spec();
+  spec.export_spec.reset();
+  BootOutcome out = Adopt(*t, spec, Ctx());
+  EXPECT_EQ(out.phase, kBootNoExportDeclaration);
+  EXPECT_EQ(out.cell, nullptr);
+  ExpectOneRow(out);
+  EXPECT_EQ(t->cell(), nullptr);
+}
+
+}  // namespace
+}  // namespace kiln

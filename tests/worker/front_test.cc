@@ -1,0 +1,550 @@
+// Tests for the KServe v2 codec (src/kiln/worker/kserve.h) and the worker front end
+// (src/kiln/worker/front.h): a Frontend on a loopback port serving the mlp example eager, hit
+// with cpp-httplib's client — health, metadata, JSON and binary infer against the reference
+// outputs, typed 400/404/503 answers, metrics, events, admin routes, and a fuzzed request body.
+#include "src/kiln/worker/front.h"
+
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+
+#include "src/kiln/graph/checkpoint.h"
+#include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/tensor/npy.h"
+#include "src/kiln/tensor/safetensors.h"
+#include "src/kiln/worker/kserve.h"
+
+namespace kiln {
+namespace {
+
+using nlohmann::json;
+
+const std::string kMlp = std::string(KILN_SOURCE_DIR) + "/examples/mlp/";
+
+float MaxAbsDiff(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
+  if (a.shape() != b.shape()) return INFINITY;
+  float m = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    m = std::max(m, static_cast<float>(std::fabs(a.GetAsDouble(i) - b.GetAsDouble(i))));
+  }
+  return m;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Codec
+
+TEST(KServeCodec, ParsesFlatAndNestedData) {
+  auto flat = ParseInferRequest(
+      R"({"id":"r1","inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[1,2.5,3,4]}]})",
+      std::nullopt);
+  ASSERT_TRUE(flat.ok()) << flat.status().ToString();
+  EXPECT_EQ(flat->id, "r1");
+  const Tensor& x = flat->inputs.at("x");
+  EXPECT_EQ(x.shape(), (Shape{2, 2}));
+  EXPECT_FLOAT_EQ(x.data<float>()[1], 2.5f);
+
+  auto nested = ParseInferRequest(
+      R"({"inputs":[{"name":"i","shape":[2,2],"datatype":"INT64","data":[[1,2],[3,-4]]},
+                    {"name":"b","shape":[3],"datatype":"BOOL","data":[true,false,true]},
+                    {"name":"h","shape":[1],"datatype":"FP16","data":[0.5]}]})",
+      std::nullopt);
+  ASSERT_TRUE(nested.ok()) << nested.status().ToString();
+  EXPECT_EQ(nested->inputs.at("i").data<int64_t>()[3], -4);
+  EXPECT_EQ(nested->inputs.at("b").data<uint8_t>()[1], 0);
+  EXPECT_FLOAT_EQ(HalfToFloat(nested->inputs.at("h").data<uint16_t>()[0]), 0.5f);
+  EXPECT_EQ(nested->input_order, (std::vector<std::string>{"i", "b", "h"}));
+}
+
+void ExpectRefused(const std::string& body, const std::string& needle) {
+  auto r = ParseInferRequest(body, std::nullopt);
+  ASSERT_FALSE(r.ok()) << body;
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find(needle), std::string::npos)
+      << "message: " << r.status().message() << "\nwanted: " << needle;
+}
+
+TEST(KServeCodec, TypedRefusals) {
+  ExpectRefused("{nope", "not valid JSON");
+  ExpectRefused("[]", "expected a JSON object");
+  ExpectRefused(R"({"inputs":{}})", "no \"inputs\" array");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]})",
+                "input 'x' has 2 data elements; shape [3] needs 3");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"FP64","data":[1]}]})",
+                "input 'x': datatype \"FP64\" is not supported");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1,"a"]}]})",
+                "input 'x' data[1] is \"a\"; FP32 expects a number");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[300]}]})",
+                "INT8 expects an integer in [-128, 127]");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"INT32","data":[1.5]}]})",
+                "INT32 expects an integer");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"BOOL","data":[1]}]})",
+                "BOOL expects true or false");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1]},
+                              {"name":"x","shape":[1],"datatype":"FP32","data":[1]}]})",
+                "input 'x' appears more than once");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[[1,2],[3]]}]})",
+                "expects 2 at dim 1");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[-1],"datatype":"FP32","data":[1]}]})",
+                "shape[0] is -1");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[4294967296],"datatype":"FP32","data":[]}]})",
+                "needs 4294967296 data elements");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1e300]}]})",
+                "within its range");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"FP32",
+                               "parameters":{"binary_data_size":4}}]})",
+                "no Inference-Header-Content-Length header");
+  ExpectRefused(std::string(100, '[') + std::string(100, ']'), "nested deeper than");
+}
+
+TEST(KServeCodec, BinaryRoundTripAndRefusals) {
+  TensorMap in;
+  in["a"] = Tensor::FromVector<float>({2, 3}, {1, 2, 3, 4, 5, 6});
+  in["b"] = Tensor::FromVector<int32_t>({2}, {7, -8});
+  EncodedInferRequest enc = EncodeInferRequest(in, /*binary=*/true, "id7");
+  ASSERT_TRUE(enc.json_length.has_value());
+  auto parsed = ParseInferRequest(enc.body, enc.json_length);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->id, "id7");
+  EXPECT_TRUE(parsed->binary_data_output);
+  EXPECT_EQ(MaxAbsDiff(parsed->inputs.at("a"), in["a"]), 0.f);
+  EXPECT_EQ(parsed->inputs.at("b").data<int32_t>()[1], -8);
+
+  // Truncated and trailing binary data.
+  auto truncated = ParseInferRequest(enc.body.substr(0, enc.body.size() - 1), enc.json_length);
+  ASSERT_FALSE(truncated.ok());
+  EXPECT_NE(truncated.status().message().find("truncated"), std::string::npos)
+      << truncated.status().message();
+  auto trailing = ParseInferRequest(enc.body + "xx", enc.json_length);
+  ASSERT_FALSE(trailing.ok());
+  EXPECT_NE(trailing.status().message().find("2 bytes of binary data follow"), std::string::npos)
+      << trailing.status().message();
+  EXPECT_FALSE(ParseInferRequest(enc.body, enc.body.size() + 1).ok());
+  EXPECT_FALSE(ParseInferenceHeaderLength("12x", 100).ok());
+  EXPECT_FALSE(ParseInferenceHeaderLength("101", 100).ok());
+
+  // Response encode/decode, JSON and binary.
+  InferOutcome outcome{"eager", "", "uncompiled", "", 1.5};
+  InferRequest req;
+  req.id = "q";
+  auto json_resp = EncodeInferResponse("m", "1", req, in, outcome);
+  ASSERT_TRUE(json_resp.ok());
+  EXPECT_FALSE(json_resp->json_length.has_value());
+  auto dec = DecodeInferResponse(json_resp->body, std::nullopt);
+  ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+  EXPECT_EQ(dec->parameters.at("serving_mode"), "eager");
+  EXPECT_EQ(dec->parameters.at("fallback_reason"), "uncompiled");
+  EXPECT_EQ(MaxAbsDiff(dec->outputs.at("a"), in["a"]), 0.f);
+  req.binary_data_output = true;
+  auto bin_resp = EncodeInferResponse("m", "1", req, in, outcome);
+  ASSERT_TRUE(bin_resp.ok());
+  ASSERT_TRUE(bin_resp->json_length.has_value());
+  auto bdec = DecodeInferResponse(bin_resp->body, bin_resp->json_length);
+  ASSERT_TRUE(bdec.ok()) << bdec.status().ToString();
+  EXPECT_EQ(bdec->outputs.at("b").data<int32_t>()[0], 7);
+  req.requested_outputs = {"zzz"};
+  EXPECT_FALSE(EncodeInferResponse("m", "1", req, in, outcome).ok());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Front end
+
+class FrontTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto g = ImportOnnxFile(kMlp + "model.onnx");
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    graph_ = std::make_shared<const Graph>(std::move(g).value());
+    auto w = LoadCheckpoint(*graph_, kMlp + "checkpoint.safetensors", true);
+    ASSERT_TRUE(w.ok()) << w.status().ToString();
+    weights_ = *w;
+
+    ServedTargetOptions opt;
+    opt.name = "mlp";
+    opt.events = &events_;
+    auto t = ServedTarget::Create(opt, graph_, weights_);
+    ASSERT_TRUE(t.ok()) << t.status().ToString();
+    optional_ = std::move(t).value();
+
+    ServedTargetOptions strict;
+    strict.name = "strict";
+    strict.lane_policy = LanePolicy::kMandatory;
+    strict.events = &events_;
+    auto s = ServedTarget::Create(strict, graph_, weights_);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    mandatory_ = std::move(s).value();
+
+    FrontendOptions fo;
+    fo.port = 0;
+    fo.max_concurrency = 2;
+    fo.events = &events_;
+    auto f = Frontend::Create(
+        fo, {{"mlp", {optional_.get(), graph_}}, {"strict", {mandatory_.get(), graph_}}},
+        {{"mlp", "mlp"}, {"mlp-classifier", "mlp"}, {"mlp-strict", "strict"}});
+    ASSERT_TRUE(f.ok()) << f.status().ToString();
+    front_ = std::move(f).value();
+    ASSERT_TRUE(front_->Start().ok());
+    ASSERT_GT(front_->port(), 0);
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", front_->port());
+    client_->set_read_timeout(30, 0);
+
+    auto x = ReadNpy(kMlp + "inputs/x.npy");
+    ASSERT_TRUE(x.ok()) << x.status().ToString();
+    x_ = *x;
+    auto logits = ReadNpy(kMlp + "outputs/logits.npy");
+    ASSERT_TRUE(logits.ok()) << logits.status().ToString();
+    logits_ = *logits;
+  }
+  void TearDown() override {
+    client_.reset();
+    if (front_) front_->Stop();
+  }
+
+  std::string InputName() const { return graph_->inputs.at(0).name; }
+  std::string OutputName() const { return graph_->outputs.at(0).name; }
+
+  httplib::Result PostJson(const std::string& path, const std::string& body) {
+    return client_->Post(path.c_str(), body, "application/json");
+  }
+  httplib::Result Infer(const std::string& model, const TensorMap& inputs, bool binary) {
+    EncodedInferRequest enc = EncodeInferRequest(inputs, binary, "req-1");
+    httplib::Headers h;
+    if (enc.json_length) {
+      h.emplace(kInferenceHeaderContentLength, std::to_string(*enc.json_length));
+    }
+    return client_->Post(("/v2/models/" + model + "/infer").c_str(), h, enc.body,
+                         binary ? "application/octet-stream" : "application/json");
+  }
+  Result<DecodedInferResponse> Decode(const httplib::Result& res) {
+    std::optional<size_t> len;
+    if (res->has_header(kInferenceHeaderContentLength)) {
+      len = std::stoull(res->get_header_value(kInferenceHeaderContentLength));
+    }
+    return DecodeInferResponse(res->body, len);
+  }
+  std::string ErrorOf(const httplib::Result& res) {
+    json j = json::parse(res->body, nullptr, false);
+    if (j.is_discarded() || !j.contains("error")) return "<no error field: " + res->body + ">";
+    return j["error"].get<std::string>();
+  }
+
+  EventLog events_;
+  std::shared_ptr<const Graph> graph_;
+  WeightMap weights_;
+  std::unique_ptr<ServedTarget> optional_;
+  std::unique_ptr<ServedTarget> mandatory_;
+  std::unique_ptr<Frontend> front_;
+  std::unique_ptr<httplib::Client> client_;
+  Tensor x_;
+  Tensor logits_;
+};
+
+TEST_F(FrontTest, HealthAndMetadata) {
+  auto live = client_->Get("/v2/health/live");
+  ASSERT_TRUE(live);
+  EXPECT_EQ(live->status, 200);
+  // The mandatory target has no cell: the endpoint is not ready, and says why.
+  auto ready = client_->Get("/v2/health/ready");
+  ASSERT_TRUE(ready);
+  EXPECT_EQ(ready->status, 503);
+  EXPECT_NE(ready->body.find("strict"), std::string::npos) << ready->body;
+  auto mready = client_->Get("/v2/models/mlp/ready");
+  ASSERT_TRUE(mready);
+  EXPECT_EQ(mready->status, 200);
+  auto sready = client_->Get("/v2/models/mlp-strict/ready");
+  ASSERT_TRUE(sready);
+  EXPECT_EQ(sready->status, 503);
+
+  auto meta = client_->Get("/v2/models/mlp-classifier");
+  ASSERT_TRUE(meta);
+  ASSERT_EQ(meta->status, 200) << meta->body;
+  json m = json::parse(meta->body);
+  EXPECT_EQ(m["name"], "mlp-classifier");
+  EXPECT_EQ(m["platform"], "kiln");
+  ASSERT_EQ(m["inputs"].size(), 1u);
+  EXPECT_EQ(m["inputs"][0]["name"], InputName());
+  EXPECT_EQ(m["inputs"][0]["datatype"], "FP32");
+  EXPECT_EQ(m["inputs"][0]["shape"].back(), 64);
+  EXPECT_EQ(m["outputs"][0]["name"], OutputName());
+  EXPECT_EQ(m["parameters"]["target"], "mlp");
+  EXPECT_EQ(m["parameters"]["lane"], "optional");
+
+  auto server = client_->Get("/v2");
+  ASSERT_TRUE(server);
+  EXPECT_NE(server->body.find("binary_tensor_data"), std::string::npos);
+  auto unknown = client_->Get("/v2/models/nope");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_NE(ErrorOf(unknown).find("model 'nope' is not served"), std::string::npos);
+}
+
+TEST_F(FrontTest, InferJsonAndBinaryMatchReference) {
+  for (bool binary : {false, true}) {
+    SCOPED_TRACE(binary ? "binary" : "json");
+    auto res = Infer("mlp", {{InputName(), x_}}, binary);
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(res->has_header(kInferenceHeaderContentLength), binary);
+    auto dec = Decode(res);
+    ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+    EXPECT_EQ(dec->model_name, "mlp");
+    EXPECT_EQ(dec->id, "req-1");
+    EXPECT_EQ(dec->parameters.at("serving_mode"), "eager");
+    EXPECT_EQ(dec->parameters.at("served_cell_ref"), "");
+    EXPECT_FALSE(dec->parameters.at("fallback_reason").empty());
+    EXPECT_EQ(dec->parameters.at("fallback_reason"), optional_->Posture());
+    ASSERT_TRUE(dec->outputs.count(OutputName()));
+    EXPECT_LE(MaxAbsDiff(dec->outputs.at(OutputName()), logits_), 1e-4f);
+  }
+  // An alias answers too, with a versioned path.
+  auto alias = Infer("mlp-classifier/versions/1", {{InputName(), x_}}, false);
+  ASSERT_TRUE(alias);
+  EXPECT_EQ(alias->status, 200) << alias->body;
+  auto badver = Infer("mlp-classifier/versions/9", {{InputName(), x_}}, false);
+  ASSERT_TRUE(badver);
+  EXPECT_EQ(badver->status, 404);
+}
+
+TEST_F(FrontTest, BadRequestsAreTyped) {
+  const std::string path = "/v2/models/mlp/infer";
+  // Wrong shape (dim 1 is 63, the model declares 64).
+  std::vector<float> v(63, 0.f);
+  auto shape = Infer("mlp", {{InputName(), Tensor::FromVector<float>({1, 63}, v)}}, false);
+  ASSERT_TRUE(shape);
+  EXPECT_EQ(shape->status, 400);
+  EXPECT_NE(ErrorOf(shape).find("dim 1 is 63"), std::string::npos) << ErrorOf(shape);
+  // Wrong dtype.
+  std::vector<int64_t> iv(64, 1);
+  auto dtype = Infer("mlp", {{InputName(), Tensor::FromVector<int64_t>({1, 64}, iv)}}, false);
+  ASSERT_TRUE(dtype);
+  EXPECT_EQ(dtype->status, 400);
+  EXPECT_NE(ErrorOf(dtype).find("is INT64[1,64]; the model declares FP32"), std::string::npos)
+      << ErrorOf(dtype);
+  // Garbage JSON.
+  auto garbage = PostJson(path, "{\"inputs\": [");
+  ASSERT_TRUE(garbage);
+  EXPECT_EQ(garbage->status, 400);
+  EXPECT_NE(ErrorOf(garbage).find("not valid JSON"), std::string::npos) << ErrorOf(garbage);
+  // Missing and extra inputs.
+  auto missing = PostJson(path, R"({"inputs":[]})");
+  ASSERT_TRUE(missing);
+  EXPECT_EQ(missing->status, 400);
+  EXPECT_NE(ErrorOf(missing).find("is missing"), std::string::npos) << ErrorOf(missing);
+  // Unknown requested output.
+  auto outs = PostJson(
+      path,
+      json{{"inputs", json::parse(EncodeInferRequest({{InputName(), x_}}, false).body)["inputs"]},
+           {"outputs", {{{"name", "nope"}}}}}
+          .dump());
+  ASSERT_TRUE(outs);
+  EXPECT_EQ(outs->status, 400);
+  EXPECT_NE(ErrorOf(outs).find("output 'nope'"), std::string::npos) << ErrorOf(outs);
+  // Truncated binary body.
+  EncodedInferRequest enc = EncodeInferRequest({{InputName(), x_}}, true);
+  httplib::Headers h{{kInferenceHeaderContentLength, std::to_string(*enc.json_length)}};
+  auto trunc = client_->Post(path.c_str(), h, enc.body.substr(0, enc.body.size() - 10),
+                             "application/octet-stream");
+  ASSERT_TRUE(trunc);
+  EXPECT_EQ(trunc->status, 400);
+  EXPECT_NE(ErrorOf(trunc).find("truncated"), std::string::npos) << ErrorOf(trunc);
+  // Unknown model.
+  auto unknown = Infer("nope", {{InputName(), x_}}, false);
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+  // The worker keeps serving.
+  auto ok = Infer("mlp", {{InputName(), x_}}, false);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(FrontTest, MandatoryWithoutCellRefusesRetryably) {
+  auto res = Infer("mlp-strict", {{InputName(), x_}}, false);
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 503) << res->body;
+  EXPECT_TRUE(res->has_header("Retry-After"));
+  EXPECT_EQ(ErrorOf(res), "required_compile_missing");
+  // The operator's order overrides the lane: eager with operator_eager_only.
+  auto on =
+      PostJson("/v1/admin/eager-only", R"({"target":"mlp-strict","on":true,"reason":"incident"})");
+  ASSERT_TRUE(on);
+  ASSERT_EQ(on->status, 200) << on->body;
+  auto eager = Infer("mlp-strict", {{InputName(), x_}}, false);
+  ASSERT_TRUE(eager);
+  ASSERT_EQ(eager->status, 200) << eager->body;
+  auto dec = Decode(eager);
+  ASSERT_TRUE(dec.ok());
+  EXPECT_EQ(dec->parameters.at("fallback_reason"), kPostureOperatorEagerOnly);
+}
+
+TEST_F(FrontTest, MetricsAndEvents) {
+  ASSERT_TRUE(Infer("mlp", {{InputName(), x_}}, false));
+  ASSERT_TRUE(Infer("mlp-strict", {{InputName(), x_}}, false));
+  ASSERT_TRUE(PostJson("/v2/models/mlp/infer", "garbage"));
+  auto metrics = client_->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  ASSERT_EQ(metrics->status, 200);
+  const std::string& m = metrics->body;
+  EXPECT_NE(m.find("kiln_infer_requests_total{model=\"mlp\",serving_mode=\"eager\"} 1"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("kiln_infer_fallbacks_total{model=\"mlp\",reason=\""), std::string::npos);
+  EXPECT_NE(m.find("kiln_infer_errors_total{model=\"mlp-strict\",code=\"503\"} 1"),
+            std::string::npos);
+  EXPECT_NE(m.find("kiln_infer_errors_total{model=\"mlp\",code=\"400\"} 1"), std::string::npos);
+  EXPECT_NE(m.find("kiln_infer_duration_ms_count{model=\"mlp\"} 1"), std::string::npos);
+  EXPECT_NE(m.find("kiln_cell_revoked{target=\"mlp\"} 0"), std::string::npos);
+
+  auto all = client_->Get("/v1/events");
+  ASSERT_TRUE(all);
+  ASSERT_EQ(all->status, 200);
+  json rows = json::parse(all->body);
+  ASSERT_TRUE(rows.is_array());
+  ASSERT_FALSE(rows.empty()) << "the eager serves should have emitted posture rows";
+  const uint64_t first = rows[0]["seq"].get<uint64_t>();
+  auto since = client_->Get(("/v1/events?since=" + std::to_string(first) + "&limit=1").c_str());
+  ASSERT_TRUE(since);
+  json later = json::parse(since->body);
+  ASSERT_LE(later.size(), 1u);
+  if (!later.empty()) EXPECT_GT(later[0]["seq"].get<uint64_t>(), first);
+  auto kind = client_->Get("/v1/events?kind=serve_eager_posture");
+  ASSERT_TRUE(kind);
+  for (const auto& r : json::parse(kind->body)) {
+    EXPECT_EQ(r["kind"], "serve_eager_posture");
+  }
+  auto bad = client_->Get("/v1/events?kind=nope");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  auto badlimit = client_->Get("/v1/events?limit=-1");
+  ASSERT_TRUE(badlimit);
+  EXPECT_EQ(badlimit->status, 400);
+}
+
+TEST_F(FrontTest, AdminEagerOnlyTogglesPosture) {
+  const std::string before = optional_->Posture();
+  auto on = PostJson("/v1/admin/eager-only", R"({"target":"mlp","on":true,"reason":"drill"})");
+  ASSERT_TRUE(on);
+  ASSERT_EQ(on->status, 200) << on->body;
+  EXPECT_EQ(json::parse(on->body)["posture"], kPostureOperatorEagerOnly);
+  auto res = Infer("mlp", {{InputName(), x_}}, false);
+  ASSERT_TRUE(res);
+  auto dec = Decode(res);
+  ASSERT_TRUE(dec.ok());
+  EXPECT_EQ(dec->parameters.at("serving_mode"), "eager");
+  EXPECT_EQ(dec->parameters.at("fallback_reason"), kPostureOperatorEagerOnly);
+  auto off = PostJson("/v1/admin/eager-only", R"({"target":"mlp-classifier","on":false})");
+  ASSERT_TRUE(off);
+  ASSERT_EQ(off->status, 200) << off->body;
+  EXPECT_EQ(json::parse(off->body)["posture"], before);
+  EXPECT_FALSE(optional_->eager_only());
+  // Typed refusals.
+  auto bad = PostJson("/v1/admin/eager-only", R"({"target":"mlp","on":"yes"})");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  auto unknown = PostJson("/v1/admin/eager-only", R"({"target":"zzz","on":true})");
+  ASSERT_TRUE(unknown);
+  EXPECT_EQ(unknown->status, 404);
+}
+
+TEST_F(FrontTest, AdminCheckpointSwapChangesOutputs) {
+  auto derived = DeriveCheckpoint(*graph_, 7, 0.2);
+  ASSERT_TRUE(derived.ok()) << derived.status().ToString();
+  const std::string dir = ::testing::TempDir() + "front_test_" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/derived.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, *derived).ok());
+
+  auto swap = PostJson("/v1/admin/checkpoint", json{{"target", "mlp"}, {"path", path}}.dump());
+  ASSERT_TRUE(swap);
+  ASSERT_EQ(swap->status, 200) << swap->body;
+  auto res = Infer("mlp", {{InputName(), x_}}, true);
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  auto dec = Decode(res);
+  ASSERT_TRUE(dec.ok());
+  const Tensor& y = dec->outputs.at(OutputName());
+  EXPECT_GT(MaxAbsDiff(y, logits_), 1e-3f) << "the swapped weights should change the outputs";
+  // Same as the eager interpreter with the derived weights.
+  auto interp = Interpreter::Create(graph_);
+  ASSERT_TRUE(interp.ok());
+  auto want = interp->Run({{InputName(), x_}}, &*derived);
+  ASSERT_TRUE(want.ok()) << want.status().ToString();
+  EXPECT_LE(MaxAbsDiff(y, want->at(OutputName())), 1e-4f);
+
+  auto missing = PostJson("/v1/admin/checkpoint",
+                          json{{"target", "mlp"}, {"path", dir + "/nope.safetensors"}}.dump());
+  ASSERT_TRUE(missing);
+  EXPECT_GE(missing->status, 400);
+  EXPECT_LT(missing->status, 500);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_F(FrontTest, FuzzedBodiesNeverCrash) {
+  const std::string valid = EncodeInferRequest({{InputName(), x_}}, false).body;
+  const EncodedInferRequest bin = EncodeInferRequest({{InputName(), x_}}, true);
+  const std::string alphabet = "{}[]\",:0123456789-.eE truefalsnul\\\x00\xff";
+  std::mt19937_64 rng(12345);
+  auto pick = [&](size_t n) { return static_cast<size_t>(rng() % std::max<size_t>(n, 1)); };
+  int ok = 0, refused = 0;
+  for (int i = 0; i < 2000; ++i) {
+    const bool binary = i % 4 == 3;
+    std::string body = binary ? bin.body : valid;
+    const int edits = 1 + static_cast<int>(pick(4));
+    for (int e = 0; e < edits && !body.empty(); ++e) {
+      const size_t at = pick(body.size());
+      switch (pick(6)) {
+        case 0:  // flip a byte
+          body[at] = static_cast<char>(rng());
+          break;
+        case 1:  // delete a run
+          body.erase(at, 1 + pick(16));
+          break;
+        case 2:  // insert a JSON-significant character
+          body.insert(at, 1, alphabet[pick(alphabet.size())]);
+          break;
+        case 3:  // truncate
+          body.resize(at);
+          break;
+        case 4:  // duplicate a slice
+          body.insert(at, body.substr(pick(body.size()), 1 + pick(32)));
+          break;
+        default:  // replace a digit with a huge number
+          body.insert(at, "99999999999999999999");
+          break;
+      }
+    }
+    httplib::Headers h;
+    if (binary) {
+      const size_t len = pick(3) == 0 ? pick(body.size() + 10) : *bin.json_length;
+      h.emplace(kInferenceHeaderContentLength, std::to_string(len));
+    }
+    auto res = client_->Post("/v2/models/mlp/infer", h, body, "application/json");
+    ASSERT_TRUE(res) << "request " << i << " got no answer";
+    const int s = res->status;
+    ASSERT_TRUE(s == 200 || (s >= 400 && s < 500))
+        << "request " << i << ": " << s << " " << res->body;
+    (s == 200 ? ok : refused)++;
+  }
+  EXPECT_GT(refused, 1000);
+  auto still = Infer("mlp", {{InputName(), x_}}, false);
+  ASSERT_TRUE(still);
+  EXPECT_EQ(still->status, 200);
+}
+
+TEST_F(FrontTest, StopDrainsAndRefusesLater) {
+  auto res = Infer("mlp", {{InputName(), x_}}, false);
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 200);
+  front_->Stop();
+  EXPECT_EQ(front_->in_flight(), 0);
+  auto after = client_->Get("/v2/health/live");
+  EXPECT_FALSE(after) << "the listener should be closed after Stop()";
+}
+
+}  // namespace
+}  // namespace kiln
