@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -43,7 +44,9 @@ TEST(WorkerEndToEnd, BootAdoptsFromTheHubAndServesTheFirstRequestFromTheCell) {
   ASSERT_TRUE(MakeDirs(root + "/hub/data").ok());
   nlohmann::json tokens = {
       {"tokens",
-       {{{"name", "ci"}, {"role", "publisher"}, {"tier", "platform"},
+       {{{"name", "ci"},
+         {"role", "publisher"},
+         {"tier", "platform"},
          {"sha256", Sha256Hex(kPlatform)}},
         {{"name", "worker-b"}, {"role", "worker"}, {"sha256", Sha256Hex(kWorker)}}}}};
   ASSERT_TRUE(WriteFileAtomic(root + "/hub/tokens.json", tokens.dump(2)).ok());
@@ -85,9 +88,10 @@ TEST(WorkerEndToEnd, BootAdoptsFromTheHubAndServesTheFirstRequestFromTheCell) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
     ::dup2(fd, 1);
     ::dup2(fd, 2);
-    std::vector<std::string> args = {Binary(), "worker", "--manifest", root + "/b/kiln.toml",
-                                     "--port", std::to_string(port), "--events",
-                                     root + "/b/events.jsonl"};
+    std::vector<std::string> args = {Binary(),     "worker",
+                                     "--manifest", root + "/b/kiln.toml",
+                                     "--port",     std::to_string(port),
+                                     "--events",   root + "/b/events.jsonl"};
     std::vector<char*> argv;
     for (auto& a : args) argv.push_back(a.data());
     argv.push_back(nullptr);
@@ -119,8 +123,7 @@ TEST(WorkerEndToEnd, BootAdoptsFromTheHubAndServesTheFirstRequestFromTheCell) {
   ASSERT_EQ(res->status, 200) << res->body;
   auto body = nlohmann::json::parse(res->body);
   EXPECT_EQ(body["parameters"]["serving_mode"], "aot_cell") << res->body;
-  EXPECT_EQ(body["parameters"]["served_cell_ref"].get<std::string>().rfind(key + "@sha256:", 0),
-            0u)
+  EXPECT_EQ(body["parameters"]["served_cell_ref"].get<std::string>().rfind(key + "@sha256:", 0), 0u)
       << res->body;
   const auto& out = body["outputs"][0]["data"];
   ASSERT_EQ(static_cast<int64_t>(out.size()), ref->numel());
@@ -137,6 +140,76 @@ TEST(WorkerEndToEnd, BootAdoptsFromTheHubAndServesTheFirstRequestFromTheCell) {
   }
   EXPECT_EQ(rows, 1u) << *events;
   EXPECT_NE(events->find("\"hit\""), std::string::npos) << *events;
+
+  // Out of envelope: served eager, named; the cell stays armed.
+  auto infer = [&](const Tensor& t) {
+    nlohmann::json d = nlohmann::json::array();
+    for (int64_t i = 0; i < t.numel(); ++i) d.push_back(t.data<float>()[i]);
+    nlohmann::json r = {
+        {"inputs", {{{"name", "x"}, {"shape", t.shape()}, {"datatype", "FP32"}, {"data", d}}}}};
+    auto a = http.Post("/v2/models/mlp/infer", r.dump(), "application/json");
+    return a && a->status == 200 ? nlohmann::json::parse(a->body) : nlohmann::json();
+  };
+  auto three = Tensor::FromVector<float>({3, 64}, std::vector<float>(192, 0.25f));
+  auto odd = infer(three);
+  EXPECT_EQ(odd["parameters"]["serving_mode"], "eager") << odd.dump();
+  EXPECT_EQ(odd["parameters"]["fallback_reason"], "out_of_envelope") << odd.dump();
+  EXPECT_EQ(infer(*x)["parameters"]["serving_mode"], "aot_cell");
+
+  // The operator's eager-only order, then its release: the cell serves again.
+  auto order = [&](bool on) {
+    nlohmann::json b = {{"target", "mlp"}, {"on", on}, {"reason", "e2e"}};
+    auto a = http.Post("/v1/admin/eager-only", b.dump(), "application/json");
+    return a && a->status == 200;
+  };
+  ASSERT_TRUE(order(true));
+  auto ordered = infer(*x);
+  EXPECT_EQ(ordered["parameters"]["serving_mode"], "eager") << ordered.dump();
+  EXPECT_EQ(ordered["parameters"]["fallback_reason"], "operator_eager_only") << ordered.dump();
+  ASSERT_TRUE(order(false));
+  EXPECT_EQ(infer(*x)["parameters"]["serving_mode"], "aot_cell");
+
+  // A checkpoint swap keeps the cell serving; its outputs follow the new weights (which moved
+  // them away from the reference).
+  auto derive =
+      Kiln(root + "/b", "checkpoint derive " + kExamples + "mlp/model.onnx --seed 7 --out " + root +
+                            "/b/ft.safetensors");
+  ASSERT_EQ(derive.first, 0) << derive.second;
+  nlohmann::json swap = {{"target", "mlp"}, {"path", root + "/b/ft.safetensors"}};
+  auto swapped = http.Post("/v1/admin/checkpoint", swap.dump(), "application/json");
+  ASSERT_TRUE(swapped && swapped->status == 200) << (swapped ? swapped->body : "no answer");
+  auto after = infer(*x);
+  EXPECT_EQ(after["parameters"]["serving_mode"], "aot_cell") << after.dump();
+  auto eager_new = Kiln(root + "/b", "run " + kExamples + "mlp/model.onnx --checkpoint " + root +
+                                         "/b/ft.safetensors --input x=" + kExamples +
+                                         "mlp/inputs/x.npy --out " + root + "/b/eager_new");
+  ASSERT_EQ(eager_new.first, 0) << eager_new.second;
+  auto expect = ReadNpy(root + "/b/eager_new/logits.npy");
+  ASSERT_TRUE(expect.ok());
+  double moved = 0;
+  for (int64_t i = 0; i < expect->numel(); ++i) {
+    const double got = after["outputs"][0]["data"][static_cast<size_t>(i)].get<double>();
+    EXPECT_NEAR(got, expect->GetAsDouble(i), 1e-4);
+    moved = std::max(moved, std::fabs(got - ref->GetAsDouble(i)));
+  }
+  EXPECT_GT(moved, 1e-4) << "the swap did not change the outputs";
+
+  // The decisions are on disk as event rows, in seq order.
+  auto rows_after = ReadFile(root + "/b/events.jsonl");
+  ASSERT_TRUE(rows_after.ok());
+  for (const char* kind : {"\"boot_adopt\"", "\"ingress_refused\"", "\"serve_posture\""}) {
+    EXPECT_NE(rows_after->find(kind), std::string::npos) << kind << "\n" << *rows_after;
+  }
+  int64_t last_seq = 0;
+  for (size_t at = 0; at < rows_after->size();) {
+    const size_t end = rows_after->find('\n', at);
+    const std::string line = rows_after->substr(at, end - at);
+    at = end == std::string::npos ? rows_after->size() : end + 1;
+    if (line.empty()) continue;
+    const int64_t seq = nlohmann::json::parse(line)["seq"].get<int64_t>();
+    EXPECT_GT(seq, last_seq) << line;
+    last_seq = seq;
+  }
 
   ::kill(pid, SIGTERM);
   int status = 0;
