@@ -720,7 +720,9 @@ struct PadPlan {
   Shape out;
 };
 
-Result<PadPlan> PlanPad(const OpContext& ctx) {
+// `with_fill`: also read the fill value. Shape inference does not, because constant_value may be
+// a runtime input or a weight, whose value is unknown until run.
+Result<PadPlan> PlanPad(const OpContext& ctx, bool with_fill) {
   const Shape& in = ctx.type(0).shape;
   const DType dtype = ctx.type(0).dtype;
   const int64_t rank = static_cast<int64_t>(in.size());
@@ -734,7 +736,7 @@ Result<PadPlan> PlanPad(const OpContext& ctx) {
     KILN_ASSIGN_OR_RETURN(plan.fill, ScalarBytes(ctx.node().GetFloat("value", 0.0f), dtype));
   } else {
     KILN_ASSIGN_OR_RETURN(pads, IntsInput(ctx, 1, "pads"));
-    if (ctx.present(2)) {
+    if (ctx.present(2) && with_fill) {
       KILN_ASSIGN_OR_RETURN(const Tensor* value, ctx.RequireValue(2, "constant_value"));
       if (value->numel() != 1) {
         return Invalid(
@@ -779,7 +781,7 @@ Result<PadPlan> PlanPad(const OpContext& ctx) {
 }
 
 Result<std::vector<TensorType>> InferPad(const OpContext& ctx) {
-  KILN_ASSIGN_OR_RETURN(PadPlan plan, PlanPad(ctx));
+  KILN_ASSIGN_OR_RETURN(PadPlan plan, PlanPad(ctx, /*with_fill=*/false));
   return Single(ctx.type(0).dtype, plan.out);
 }
 
@@ -792,7 +794,7 @@ int64_t ReflectIndex(int64_t i, int64_t n) {
 }
 
 Status RunPad(const OpContext& ctx, std::vector<Tensor>& outputs) {
-  KILN_ASSIGN_OR_RETURN(PadPlan plan, PlanPad(ctx));
+  KILN_ASSIGN_OR_RETURN(PadPlan plan, PlanPad(ctx, /*with_fill=*/true));
   const Shape& in = ctx.in(0).shape();
   const std::vector<int64_t> strides = ContiguousStrides(in);
   std::vector<std::vector<int64_t>> tables(in.size());
@@ -1174,10 +1176,12 @@ Status CheckDropout(const Node& node, int64_t opset) {
   return CheckArity(node, 1, opset >= 12 ? 3 : 1, 2);
 }
 
+// A training_mode input must be known (a constant, or any value at run time): a compiled cell
+// that could not see a runtime `true` would silently run the inference form.
 Status RejectTraining(const OpContext& ctx) {
   if (ctx.opset() < 12 || !ctx.present(2)) return Status::OK();
-  const Tensor* mode = ctx.value(2);
-  if (mode != nullptr && mode->numel() > 0 && mode->GetAsInt64(0) != 0) {
+  KILN_ASSIGN_OR_RETURN(const Tensor* mode, ctx.RequireValue(2, "training_mode"));
+  if (mode->numel() > 0 && mode->GetAsInt64(0) != 0) {
     return Status::Unimplemented(ctx.where() +
                                  ": training_mode=true is not implemented (kiln runs Dropout "
                                  "for inference only)");
