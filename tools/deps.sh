@@ -11,9 +11,10 @@ PACKAGES=(
   libcpp-httplib-dev libsqlite3-dev libpqxx-dev postgresql
   chromium
   libgtest-dev libgmock-dev
+  python3 python3-numpy python3-onnx
 )
 if [ "${KILN_WITH_PYTHON:-0}" = 1 ]; then
-  PACKAGES+=(python3 python3-numpy python3-onnx python3-torch)
+  PACKAGES+=(python3-torch)
 fi
 
 missing=()

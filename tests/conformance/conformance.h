@@ -1,0 +1,104 @@
+// The ONNX node conformance runner (tests/conformance/, used by the conformance test and the
+// kiln_conformance tool that writes docs/conformance.md and the baseline).
+//
+// Each case that tests/conformance/generate_cases.py wrote (model.onnx + test_data_set_0 of .pb
+// TensorProtos) runs twice: through the eager interpreter, and through a compiled cell; both are
+// compared with the case's expected outputs at the case's tolerance (onnx's backend test rule:
+// |got - want| <= atol + rtol * |want|, NaN equals NaN, integers and bools exact, dtype and shape
+// exact). Compiling is the expensive part (one system compiler run per cell), so cases of the same
+// opset are merged into one graph per cell, every value renamed with a per-case prefix; a batch
+// that fails to build or run is split in halves until the guilty cases stand alone, so one bad
+// case never hides the others.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+
+namespace kiln::conformance {
+
+// One line of index.tsv.
+struct CaseInfo {
+  std::string name;  // "test_abs"
+  std::string op;    // the op under test ("Abs"; an "_expanded" case names its twin's op)
+  int64_t opset = 0;
+  double rtol = 1e-3;
+  double atol = 1e-7;
+  std::string dir;  // absolute case directory
+};
+
+enum class Outcome { kPass, kFail, kExcluded };
+const char* OutcomeName(Outcome outcome);
+
+struct ModeResult {
+  Outcome outcome = Outcome::kExcluded;
+  // kFail: the first mismatch ("output 'y' [3]: got 1.5, want 2") or the error; kExcluded: the
+  // reason ("dtype DOUBLE not supported", "op not listed as supported", ...). Empty for kPass.
+  std::string detail;
+};
+
+struct CaseResult {
+  CaseInfo info;
+  bool op_listed = false;   // the op is in kiln's registry (kiln lists it as supported)
+  bool kiln_dtypes = true;  // every tensor of the case has a kiln DType (not double, string, ...)
+  ModeResult eager;
+  ModeResult compiled;
+};
+
+struct RunOptions {
+  bool compiled = true;  // false: the compiled half is excluded with `compiled_skip_reason`
+  std::string compiled_skip_reason = "compiled mode not run";
+  size_t batch_size = 48;                       // cases per compiled cell
+  std::string work_dir;                         // scratch for cell builds; must exist
+  std::function<void(const std::string&)> log;  // progress lines (may be empty)
+};
+
+// Reads `cases_dir`/index.tsv. An error names the file and the line.
+Result<std::vector<CaseInfo>> ReadIndex(const std::string& cases_dir);
+
+// Runs every case in eager and (unless disabled) compiled mode. Never fails as a whole: each
+// case's problem is recorded in its own result.
+std::vector<CaseResult> RunCases(const std::vector<CaseInfo>& cases, const RunOptions& options);
+
+// The baseline: one "eager <case>" or "compiled <case>" line per passing (mode, case), sorted.
+std::string RenderBaseline(const std::vector<CaseResult>& results);
+Result<std::set<std::string>> ReadBaseline(const std::string& path);
+// The baseline lines this run would write.
+std::set<std::string> PassingLines(const std::vector<CaseResult>& results);
+
+// Baseline lines that no longer pass ("compiled test_abs: fail: output 'y' [3]: ...") and passing
+// lines the baseline lacks. With `compiled_ran` false, compiled lines are not checked.
+struct BaselineDiff {
+  std::vector<std::string> regressions;
+  std::vector<std::string> new_passes;
+};
+BaselineDiff DiffBaseline(const std::vector<CaseResult>& results,
+                          const std::set<std::string>& baseline, bool compiled_ran);
+
+// docs/conformance.md: summary, then per op passed/failed/excluded per mode with every
+// exclusion's reason and every failure's case name. `generator` names the case source.
+std::string RenderReport(const std::vector<CaseResult>& results, const std::string& generator);
+
+// Summary numbers (also printed by the tool and the test).
+struct Summary {
+  int64_t total = 0;
+  int64_t listed = 0;  // cases whose op kiln lists as supported
+  int64_t eager_pass = 0;
+  int64_t compiled_pass = 0;
+  int64_t listed_eager_pass = 0;
+  int64_t listed_compiled_pass = 0;
+  int64_t listed_both_pass = 0;
+  // The listed cases whose tensors all have a kiln DType, and how many of them pass.
+  int64_t listed_typed = 0;
+  int64_t listed_typed_eager_pass = 0;
+  int64_t listed_typed_compiled_pass = 0;
+  std::vector<std::string> listed_ops_without_pass;  // listed ops no case of which passes eager
+};
+Summary Summarize(const std::vector<CaseResult>& results);
+std::string SummaryLine(const Summary& s);
+
+}  // namespace kiln::conformance

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# ONNX node conformance in one command: builds kiln_conformance, generates the cases from
+# python3-onnx into the build directory (tests/conformance/generate_cases.py), and runs every
+# case eager and compiled.
+#   bash tools/conformance.sh            check against tests/conformance/baseline.txt (exit 1 when
+#                                        a recorded (mode, case) no longer passes)
+#   bash tools/conformance.sh --update   rewrite docs/conformance.md and the baseline
+# Extra arguments go to kiln_conformance (--filter SUBSTRING, --eager-only, --batch N); the build
+# directory is $KILN_BUILD_DIR (default build/).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+dir="${KILN_BUILD_DIR:-build}"
+python="${KILN_PYTHON:-/usr/bin/python3}"
+update=0
+args=()
+for a in "$@"; do
+  if [ "$a" = --update ]; then update=1; else args+=("$a"); fi
+done
+
+export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
+[ -f "$dir/build.ninja" ] || cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+ninja -C "$dir" kiln_conformance
+
+cases="$dir/conformance_cases"
+# --update always regenerates, so the report speaks for the installed onnx; a check reuses them.
+if [ "$update" = 1 ] || [ ! -f "$cases/index.tsv" ] ||
+   [ tests/conformance/generate_cases.py -nt "$cases/index.tsv" ]; then
+  "$python" tests/conformance/generate_cases.py "$cases"
+fi
+# The runner builds cells in its own scratch directory; keep any cache writes private too.
+export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$(mktemp -d /tmp/kiln-conformance-cache-XXXXXX)}"
+if [ "$update" = 1 ]; then
+  exec "$dir/tests/kiln_conformance" --cases "$cases" --update --report docs/conformance.md \
+    --baseline tests/conformance/baseline.txt ${args[@]+"${args[@]}"}
+fi
+exec "$dir/tests/kiln_conformance" --cases "$cases" --baseline tests/conformance/baseline.txt \
+  ${args[@]+"${args[@]}"}
