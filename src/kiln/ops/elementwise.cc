@@ -35,6 +35,8 @@ namespace {
 template <typename... Ts>
 struct Types {};
 using ArithTypes = Types<float, int64_t, int32_t>;
+// Add/Sub/Mul/Div/Min/Max and Clip also take the 8-bit integers (wrapping, like numpy).
+using ArithTypes8 = Types<float, int64_t, int32_t, int8_t, uint8_t>;
 using SignedTypes = Types<float, int64_t, int32_t, int8_t>;
 using AllButHalf = Types<float, int64_t, int32_t, int8_t, uint8_t, bool>;
 using BoolTypes = Types<bool>;
@@ -471,7 +473,7 @@ struct MaxOp {
 
 Result<std::vector<TensorType>> InferArith(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
-  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, ArithTypes{}));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, ArithTypes8{}));
   return std::vector<TensorType>{t};
 }
 
@@ -493,7 +495,7 @@ Status CheckNoZeroDivisor(const OpContext& ctx, const Tensor& b) {
 template <typename Op>
 Status RunArith(const OpContext& ctx, std::vector<Tensor>& outputs) {
   Tensor& out = outputs[0];
-  return Dispatch(ctx, ctx.in(0).dtype(), ArithTypes{}, [&]<typename T>() -> Status {
+  return Dispatch(ctx, ctx.in(0).dtype(), ArithTypes8{}, [&]<typename T>() -> Status {
     auto fn = [](T a, T b) { return Op::template Apply<T>(a, b); };
     const Tensor& a = ctx.in(0);
     if (ctx.num_inputs() == 1) {
@@ -753,7 +755,7 @@ Result<std::vector<TensorType>> InferClip(const OpContext& ctx) {
   if (ctx.opset() < 11) {
     KILN_RETURN_IF_ERROR(RequireDType(ctx, out[0].dtype, FloatTypes{}));
   } else {
-    KILN_RETURN_IF_ERROR(RequireDType(ctx, out[0].dtype, ArithTypes{}));
+    KILN_RETURN_IF_ERROR(RequireDType(ctx, out[0].dtype, ArithTypes8{}));
     KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 1, "min"));
     KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 2, "max"));
   }
@@ -774,7 +776,7 @@ Status RunClip(const OpContext& ctx, std::vector<Tensor>& outputs) {
   }
   KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 1, "min"));
   KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 2, "max"));
-  return Dispatch(ctx, x.dtype(), ArithTypes{}, [&]<typename T>() {
+  return Dispatch(ctx, x.dtype(), ArithTypes8{}, [&]<typename T>() {
     const T lo = ctx.present(1) ? ctx.in(1).data<T>()[0] : std::numeric_limits<T>::lowest();
     const T hi = ctx.present(2) ? ctx.in(2).data<T>()[0] : std::numeric_limits<T>::max();
     UnaryKernel<T, T>(x, outputs[0], [=](T v) {
