@@ -5,10 +5,13 @@
 #include "tests/conformance/conformance.h"
 
 #include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 
 namespace kiln::conformance {
@@ -22,6 +25,87 @@ constexpr bool kSanitizerBuild = true;
 #else
 constexpr bool kSanitizerBuild = false;
 #endif
+
+// Writes one case directory as generate_cases.py does: y = Abs(x) over float32 [3].
+void WriteAbsCase(const std::string& dir, const std::string& op, std::vector<float> x,
+                  std::vector<float> want) {
+  std::filesystem::create_directories(dir + "/test_data_set_0");
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(13);
+  auto* g = m.mutable_graph();
+  g->set_name("case");
+  auto* n = g->add_node();
+  n->set_op_type(op);
+  n->add_input("x");
+  n->add_output("y");
+  for (const char* name : {"x", "y"}) {
+    auto* vi = std::string(name) == "x" ? g->add_input() : g->add_output();
+    vi->set_name(name);
+    vi->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+    vi->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(3);
+  }
+  std::ofstream(dir + "/model.onnx", std::ios::binary) << m.SerializeAsString();
+  auto write = [&](const std::string& file, const char* name, const std::vector<float>& v) {
+    onnx::TensorProto t;
+    t.set_name(name);
+    t.set_data_type(onnx::TensorProto::FLOAT);
+    t.add_dims(3);
+    t.set_raw_data(std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+    std::ofstream(dir + "/test_data_set_0/" + file, std::ios::binary) << t.SerializeAsString();
+  };
+  write("input_0.pb", "x", x);
+  write("output_0.pb", "y", want);
+}
+
+// The runner itself: a match within tolerance (NaN equal to NaN) passes, a wrong value fails
+// naming output, index, got and want in both modes, an unlisted op is excluded, and the
+// baseline diff reports a lost pass and a new one.
+TEST(Conformance, RunnerPassesFailsAndExcludes) {
+  char tmpl[] = "/tmp/kiln-conformance-self-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  const float nan = std::nanf("");
+  WriteAbsCase(root + "/test_ok", "Abs", {-1, nan, 2}, {1, nan, 2.0015f});
+  WriteAbsCase(root + "/test_bad", "Abs", {-1, nan, 2}, {1, nan, 3});
+  WriteAbsCase(root + "/test_unlisted", "NoSuchOp", {1, 2, 3}, {1, 2, 3});
+  std::ofstream(root + "/index.tsv") << "# test\n"
+                                     << "test_bad\tAbs\t13\t0.001\t1e-07\n"
+                                     << "test_ok\tAbs\t13\t0.001\t1e-07\n"
+                                     << "test_unlisted\tNoSuchOp\t13\t0.001\t1e-07\n";
+  auto cases = ReadIndex(root);
+  ASSERT_TRUE(cases.ok()) << cases.status().ToString();
+  ASSERT_EQ(cases->size(), 3u);
+  RunOptions options;
+  options.compiled = !kSanitizerBuild;
+  options.work_dir = root;
+  const std::vector<CaseResult> r = RunCases(*cases, options);
+  ASSERT_EQ(r.size(), 3u);
+  for (const ModeResult* m : {&r[0].eager, &r[0].compiled}) {
+    if (m == &r[0].compiled && kSanitizerBuild) continue;
+    EXPECT_EQ(m->outcome, Outcome::kFail);
+    EXPECT_EQ(m->detail, "output 'y' [2]: got 2, want 3");
+  }
+  EXPECT_EQ(r[1].eager.outcome, Outcome::kPass) << r[1].eager.detail;
+  if (!kSanitizerBuild) {
+    EXPECT_EQ(r[1].compiled.outcome, Outcome::kPass) << r[1].compiled.detail;
+  }
+  EXPECT_FALSE(r[2].op_listed);
+  EXPECT_EQ(r[2].eager.outcome, Outcome::kExcluded);
+  EXPECT_EQ(r[2].eager.detail, "op not listed as supported");
+
+  const BaselineDiff diff = DiffBaseline(r, {"eager test_bad", "eager test_gone"}, false);
+  ASSERT_EQ(diff.regressions.size(), 2u);
+  EXPECT_EQ(diff.regressions[0], "eager test_bad: fail: output 'y' [2]: got 2, want 3");
+  EXPECT_EQ(diff.regressions[1], "eager test_gone: no such case was generated");
+  ASSERT_FALSE(diff.new_passes.empty());
+  EXPECT_EQ(diff.new_passes[0], kSanitizerBuild ? "eager test_ok" : "compiled test_ok");
+  const Summary s = Summarize(r);
+  EXPECT_EQ(s.total, 3);
+  EXPECT_EQ(s.listed, 2);
+  EXPECT_EQ(s.listed_eager_pass, 1);
+  std::filesystem::remove_all(root);
+}
 
 TEST(Conformance, BaselineCasesStillPass) {
   const char* env = std::getenv("KILN_CONFORMANCE_CASES");
