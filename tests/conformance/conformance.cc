@@ -5,6 +5,7 @@
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -415,6 +416,11 @@ Status RunBatch(const std::vector<const Prepared*>& batch, const RunOptions& opt
 void RunBisecting(const std::vector<const Prepared*>& batch, const RunOptions& options, int* serial,
                   std::vector<CaseResult>& results) {
   if (batch.empty()) return;
+  if (options.verbose && options.log) {
+    std::string names;
+    for (const Prepared* p : batch) names += " " + results[p->index].info.name;
+    options.log("conformance: compiled batch:" + names);
+  }
   const Status s = RunBatch(batch, options, (*serial)++, results);
   if (s.ok()) return;
   if (batch.size() == 1) {
@@ -490,6 +496,11 @@ std::vector<CaseResult> RunCases(const std::vector<CaseInfo>& cases, const RunOp
       r.eager = r.compiled = Exclude("op not listed as supported");
       continue;
     }
+    if (options.skip.count(r.info.name)) {
+      r.eager = r.compiled = Exclude("skipped (--skip)");
+      continue;
+    }
+    if (options.verbose && options.log) options.log("conformance: eager " + r.info.name);
     auto loaded = Load(r.info);
     if (!loaded.ok()) {
       r.kiln_dtypes = loaded.status().message().rfind("dtype ", 0) != 0;
@@ -549,6 +560,20 @@ std::string RenderBaseline(const std::vector<CaseResult>& results) {
       "passing.\n";
   for (const std::string& l : PassingLines(results)) out += l + "\n";
   return out;
+}
+
+Result<std::set<std::string>> ReadSkipFile(const std::string& path) {
+  std::set<std::string> names;
+  if (!fs::exists(path)) return names;
+  KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    line = line.substr(0, line.find('#'));
+    while (!line.empty() && std::isspace(static_cast<unsigned char>(line.back()))) line.pop_back();
+    if (!line.empty()) names.insert(line);
+  }
+  return names;
 }
 
 Result<std::set<std::string>> ReadBaseline(const std::string& path) {

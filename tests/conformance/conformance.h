@@ -55,6 +55,10 @@ struct RunOptions {
   size_t batch_size = 48;                       // cases per compiled cell
   std::string work_dir;                         // scratch for cell builds; must exist
   std::function<void(const std::string&)> log;  // progress lines (may be empty)
+  bool verbose = false;  // also log each case before it runs (finds a case that crashes)
+  // Cases not run at all, excluded in both modes with reason "skipped (--skip)": the way out
+  // when a case crashes the process, until the crash is fixed.
+  std::set<std::string> skip;
 };
 
 // Reads `cases_dir`/index.tsv. An error names the file and the line.
@@ -63,6 +67,10 @@ Result<std::vector<CaseInfo>> ReadIndex(const std::string& cases_dir);
 // Runs every case in eager and (unless disabled) compiled mode. Never fails as a whole: each
 // case's problem is recorded in its own result.
 std::vector<CaseResult> RunCases(const std::vector<CaseInfo>& cases, const RunOptions& options);
+
+// tests/conformance/skip.txt: one case name a line ('#' comments), cases that crash the process
+// and so cannot run until fixed. A missing file is an empty list.
+Result<std::set<std::string>> ReadSkipFile(const std::string& path);
 
 // The baseline: one "eager <case>" or "compiled <case>" line per passing (mode, case), sorted.
 std::string RenderBaseline(const std::vector<CaseResult>& results);

@@ -107,6 +107,10 @@ TEST(Conformance, RunnerPassesFailsAndExcludes) {
   std::filesystem::remove_all(root);
 }
 
+std::string SourcePath(const char* file) {
+  return (std::filesystem::path(KILN_SOURCE_DIR) / "tests" / "conformance" / file).string();
+}
+
 TEST(Conformance, BaselineCasesStillPass) {
   const char* env = std::getenv("KILN_CONFORMANCE_CASES");
   const std::string cases_dir = env != nullptr ? env : KILN_CONFORMANCE_CASES;
@@ -114,10 +118,13 @@ TEST(Conformance, BaselineCasesStillPass) {
   ASSERT_TRUE(cases.ok()) << cases.status().ToString()
                           << "\n(the conformance_cases CTest fixture generates them: "
                              "`ctest -R conformance`, or `bash tools/conformance.sh`)";
-  auto baseline = ReadBaseline(std::string(KILN_SOURCE_DIR) + "/tests/conformance/baseline.txt");
+  auto baseline = ReadBaseline(SourcePath("baseline.txt"));
   ASSERT_TRUE(baseline.ok()) << baseline.status().ToString();
 
   RunOptions options;
+  auto skip = ReadSkipFile(SourcePath("skip.txt"));
+  ASSERT_TRUE(skip.ok()) << skip.status().ToString();
+  options.skip = *skip;
   if (kSanitizerBuild) {
     options.compiled = false;
     options.compiled_skip_reason = "compiled mode skipped in the sanitizer build";

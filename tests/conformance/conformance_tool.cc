@@ -3,7 +3,10 @@
 // docs/conformance.md and tests/conformance/baseline.txt. tools/conformance.sh drives it.
 //
 // Usage: kiln_conformance --cases DIR [--update] [--report PATH] [--baseline PATH]
-//                         [--eager-only] [--batch N] [--filter SUBSTRING]
+//                         [--eager-only] [--batch N] [--filter SUBSTRING] [--verbose]
+//                         [--skip CASE]... [--skip-file PATH]
+// --verbose logs each case before it runs, so a case that crashes the process shows last; --skip
+// excludes it (reason "skipped (--skip)", visible in the report) until the crash is fixed.
 // Exit status: 0 ok, 1 a baseline (mode, case) no longer passes, 2 bad usage or unreadable input.
 #include <unistd.h>
 
@@ -22,7 +25,8 @@ namespace {
 int Usage(const std::string& why) {
   std::cerr << "kiln_conformance: " << why
             << "\nusage: kiln_conformance --cases DIR [--update] [--report PATH] "
-               "[--baseline PATH] [--eager-only] [--batch N] [--filter SUBSTRING]\n";
+               "[--baseline PATH] [--eager-only] [--batch N] [--filter SUBSTRING] [--verbose] "
+               "[--skip CASE]... [--skip-file PATH]\n";
   return 2;
 }
 
@@ -52,6 +56,16 @@ int main(int argc, char** argv) {
     } else if (a == "--batch") {
       if (!value(&v) || std::atoi(v.c_str()) < 1) return Usage("--batch needs a count >= 1");
       options.batch_size = static_cast<size_t>(std::atoi(v.c_str()));
+    } else if (a == "--skip") {
+      if (!value(&v)) return Usage("--skip needs a case name");
+      options.skip.insert(v);
+    } else if (a == "--skip-file") {
+      if (!value(&v)) return Usage("--skip-file needs a path");
+      auto names = ReadSkipFile(v);
+      if (!names.ok()) return Usage(names.status().ToString());
+      options.skip.insert(names->begin(), names->end());
+    } else if (a == "--verbose") {
+      options.verbose = true;
     } else if (a == "--update") {
       update = true;
     } else if (a == "--eager-only") {
