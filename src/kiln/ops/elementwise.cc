@@ -523,11 +523,6 @@ Result<std::vector<TensorType>> InferPow(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/false));
   KILN_RETURN_IF_ERROR(RequireDType(ctx, ctx.type(0).dtype, ArithTypes{}));
   KILN_RETURN_IF_ERROR(RequireDType(ctx, ctx.type(1).dtype, ArithTypes{}));
-  if (ctx.type(0).dtype != DType::kFloat32 && ctx.type(1).dtype == DType::kFloat32) {
-    return Status::Unimplemented(ctx.where() + ": " + DTypeName(ctx.type(0).dtype) +
-                                 " base with float32 exponent is not supported (an integer "
-                                 "base needs an int64 or int32 exponent)");
-  }
   return std::vector<TensorType>{t};
 }
 
@@ -549,17 +544,42 @@ T IntPow(T base, T exp) {
   return result;
 }
 
+// double -> integer without undefined behaviour: NaN is 0, out-of-range values saturate.
+template <typename T>
+T SaturatingCast(double v) {
+  if (std::isnan(v)) return 0;
+  if (v <= static_cast<double>(std::numeric_limits<T>::lowest())) {
+    return std::numeric_limits<T>::lowest();
+  }
+  if (v >= static_cast<double>(std::numeric_limits<T>::max())) {
+    return std::numeric_limits<T>::max();
+  }
+  return static_cast<T>(v);
+}
+
 Status RunPow(const OpContext& ctx, std::vector<Tensor>& outputs) {
   Tensor& out = outputs[0];
   const Tensor& base = ctx.in(0);
   KILN_ASSIGN_OR_RETURN(Tensor exponent, Operand(ctx, 1));
   KILN_RETURN_IF_ERROR(RequireDType(ctx, exponent.dtype(), ArithTypes{}));
   return Dispatch(ctx, base.dtype(), ArithTypes{}, [&]<typename T>() -> Status {
-    if (exponent.dtype() != base.dtype()) {
-      if (std::is_integral_v<T> && exponent.dtype() == DType::kFloat32) {
-        return Status::Unimplemented(ctx.where() + ": " + DTypeName(base.dtype()) +
-                                     " base with float32 exponent is not supported");
+    if constexpr (std::is_integral_v<T>) {
+      if (exponent.dtype() == DType::kFloat32) {
+        // Integer base, float exponent: computed in double and truncated, like numpy's
+        // power(int, float).astype(int); out-of-range results saturate and NaN becomes 0.
+        const T* pb = base.data<T>();
+        const float* pe = exponent.data<float>();
+        T* po = out.data<T>();
+        ForEachBroadcast<2>(out.shape(), {base.shape(), exponent.shape()},
+                            [&](int64_t i, const std::array<int64_t, 2>& off) {
+                              const double v = std::pow(static_cast<double>(pb[off[0]]),
+                                                        static_cast<double>(pe[off[1]]));
+                              po[i] = SaturatingCast<T>(v);
+                            });
+        return Status::OK();
       }
+    }
+    if (exponent.dtype() != base.dtype()) {
       KILN_ASSIGN_OR_RETURN(exponent, exponent.CastTo(base.dtype()));
     }
     if constexpr (std::is_floating_point_v<T>) {
