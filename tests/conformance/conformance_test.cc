@@ -2,6 +2,8 @@
 // still pass. The cases are generated at test time into the build directory by the
 // conformance_cases CTest fixture (tests/conformance/generate_cases.py); new passes are printed
 // with the command that records them (`bash tools/conformance.sh --update`), never a failure.
+// Both halves run in the sanitizer build too: its eager half takes about a second there, and the
+// compiled half's time is the system compiler building cells, which the sanitizer does not slow.
 #include "tests/conformance/conformance.h"
 
 #include <gtest/gtest.h>
@@ -16,15 +18,6 @@
 
 namespace kiln::conformance {
 namespace {
-
-#if defined(__SANITIZE_ADDRESS__)
-// Under ASan the eager half (the code the sanitizer is for) still runs; the compiled half spends
-// its time in the system compiler building cells, which the sanitizer does not instrument, and
-// would push this test past CI's budget.
-constexpr bool kSanitizerBuild = true;
-#else
-constexpr bool kSanitizerBuild = false;
-#endif
 
 // Writes one case directory as generate_cases.py does: y = Abs(x) over float32 [3].
 void WriteAbsCase(const std::string& dir, const std::string& op, std::vector<float> x,
@@ -77,19 +70,15 @@ TEST(Conformance, RunnerPassesFailsAndExcludes) {
   ASSERT_TRUE(cases.ok()) << cases.status().ToString();
   ASSERT_EQ(cases->size(), 3u);
   RunOptions options;
-  options.compiled = !kSanitizerBuild;
   options.work_dir = root;
   const std::vector<CaseResult> r = RunCases(*cases, options);
   ASSERT_EQ(r.size(), 3u);
   for (const ModeResult* m : {&r[0].eager, &r[0].compiled}) {
-    if (m == &r[0].compiled && kSanitizerBuild) continue;
     EXPECT_EQ(m->outcome, Outcome::kFail);
     EXPECT_EQ(m->detail, "output 'y' [2]: got 2, want 3");
   }
   EXPECT_EQ(r[1].eager.outcome, Outcome::kPass) << r[1].eager.detail;
-  if (!kSanitizerBuild) {
-    EXPECT_EQ(r[1].compiled.outcome, Outcome::kPass) << r[1].compiled.detail;
-  }
+  EXPECT_EQ(r[1].compiled.outcome, Outcome::kPass) << r[1].compiled.detail;
   EXPECT_FALSE(r[2].op_listed);
   EXPECT_EQ(r[2].eager.outcome, Outcome::kExcluded);
   EXPECT_EQ(r[2].eager.detail, "op not listed as supported");
@@ -99,7 +88,7 @@ TEST(Conformance, RunnerPassesFailsAndExcludes) {
   EXPECT_EQ(diff.regressions[0], "eager test_bad: fail: output 'y' [2]: got 2, want 3");
   EXPECT_EQ(diff.regressions[1], "eager test_gone: no such case was generated");
   ASSERT_FALSE(diff.new_passes.empty());
-  EXPECT_EQ(diff.new_passes[0], kSanitizerBuild ? "eager test_ok" : "compiled test_ok");
+  EXPECT_EQ(diff.new_passes[0], "compiled test_ok");
   const Summary s = Summarize(r);
   EXPECT_EQ(s.total, 3);
   EXPECT_EQ(s.listed, 2);
@@ -125,13 +114,6 @@ TEST(Conformance, BaselineCasesStillPass) {
   auto skip = ReadSkipFile(SourcePath("skip.txt"));
   ASSERT_TRUE(skip.ok()) << skip.status().ToString();
   options.skip = *skip;
-  if (kSanitizerBuild) {
-    options.compiled = false;
-    options.compiled_skip_reason = "compiled mode skipped in the sanitizer build";
-    std::cout << "conformance: sanitizer build: the compiled half is skipped (cells are built by "
-                 "the uninstrumented system compiler and would exceed CI's time budget); the "
-                 "eager half runs\n";
-  }
   char tmpl[] = "/tmp/kiln-conformance-test-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   options.work_dir = tmpl;
@@ -139,7 +121,7 @@ TEST(Conformance, BaselineCasesStillPass) {
   std::filesystem::remove_all(options.work_dir);
   std::cout << "conformance: " << SummaryLine(Summarize(results)) << "\n";
 
-  const BaselineDiff diff = DiffBaseline(results, *baseline, options.compiled);
+  const BaselineDiff diff = DiffBaseline(results, *baseline, /*compiled_ran=*/true);
   for (const auto& l : diff.new_passes) std::cout << "conformance: newly passing: " << l << "\n";
   if (!diff.new_passes.empty()) {
     std::cout << "conformance: " << diff.new_passes.size()
