@@ -673,7 +673,9 @@ std::string RenderReport(const std::vector<CaseResult>& results, const std::stri
     << (results.empty() ? 1e-7 : results[0].info.atol)
     << "; NaN equals NaN; integers exact). In compiled mode an input that decides an output "
        "shape (a Reshape shape, Resize scales, ...) is bound as a constant, as exporters write "
-       "it. The runner is `tests/conformance/`; the CI test `conformance_test` fails when a "
+       "it; a case kiln refuses in eager mode (op form, attribute, dtype) is excluded in compiled "
+       "mode with the same reason. The runner is `tests/conformance/`; the CI test "
+       "`conformance_test` fails when a "
        "(mode, case) listed in `tests/conformance/baseline.txt` stops passing.\n\n"
     << "## Summary\n\n"
     << "| | cases | eager pass | compiled pass | both pass |\n|---|---|---|---|---|\n"
