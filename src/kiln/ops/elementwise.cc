@@ -473,7 +473,9 @@ struct MaxOp {
 
 Result<std::vector<TensorType>> InferArith(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
-  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, ArithTypes8{}));
+  if (t.dtype != DType::kFloat16) {  // float16 runs through float32 (RunArithHalf)
+    KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, ArithTypes8{}));
+  }
   return std::vector<TensorType>{t};
 }
 
@@ -491,10 +493,29 @@ Status CheckNoZeroDivisor(const OpContext& ctx, const Tensor& b) {
   return Status::OK();
 }
 
+// float16 operands: each result is computed in float32 and rounded once to float16, which for
+// + - * / min max is the correctly rounded float16 result.
+template <typename Op>
+Status RunArithHalf(const OpContext& ctx, Tensor& out) {
+  auto fn = [](float a, float b) { return Op::template Apply<float>(a, b); };
+  KILN_ASSIGN_OR_RETURN(Tensor acc, Tensor::Empty(DType::kFloat32, out.shape()));
+  KILN_ASSIGN_OR_RETURN(Tensor a, ctx.in(0).CastTo(DType::kFloat32));
+  BinaryKernel<float, float>(a, a, acc, [](float x, float) { return x; });
+  for (size_t i = 1; i < ctx.num_inputs(); ++i) {
+    KILN_ASSIGN_OR_RETURN(Tensor operand, Operand(ctx, i));
+    KILN_ASSIGN_OR_RETURN(Tensor b, operand.CastTo(DType::kFloat32));
+    BinaryKernel<float, float>(acc, b, acc, fn);
+  }
+  KILN_ASSIGN_OR_RETURN(Tensor half, acc.CastTo(DType::kFloat16));
+  std::memcpy(out.raw_data(), half.raw_data(), out.nbytes());
+  return Status::OK();
+}
+
 // out = in0 op in1 op in2 ... with broadcasting; one input is a copy (variadic Min/Max).
 template <typename Op>
 Status RunArith(const OpContext& ctx, std::vector<Tensor>& outputs) {
   Tensor& out = outputs[0];
+  if (ctx.in(0).dtype() == DType::kFloat16) return RunArithHalf<Op>(ctx, out);
   return Dispatch(ctx, ctx.in(0).dtype(), ArithTypes8{}, [&]<typename T>() -> Status {
     auto fn = [](T a, T b) { return Op::template Apply<T>(a, b); };
     const Tensor& a = ctx.in(0);
