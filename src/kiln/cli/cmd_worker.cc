@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <memory>
 
@@ -17,7 +18,9 @@
 #include "src/kiln/cli/target_util.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/worker/boot.h"
+#include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/front.h"
+#include "src/kiln/worker/test_switches.h"
 
 namespace kiln::cli {
 
@@ -40,6 +43,23 @@ Status DoWorker(const WorkerArgs& a) {
   KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
   EventLog events;
   if (!a.events.empty()) KILN_RETURN_IF_ERROR(events.SetPath(a.events));
+  // Event rows go to the hub too, posted in the background by a client of their own.
+  std::unique_ptr<EventForwarder> forwarder;
+  if (m.hub) {
+    HubClientOptions o;
+    o.url = m.hub->url;
+    o.token = m.hub->token;
+    o.io_timeout_s = m.hub->timeout_ms / 1000.0;
+    o.connect_timeout_s = std::min(o.io_timeout_s, 3.0);
+    KILN_ASSIGN_OR_RETURN(auto client, HubClient::Create(o));
+    EventForwarderOptions fwd;
+    // One name per worker process: the hub counts adoptions by distinct worker.
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    fwd.worker = m.endpoint.name + "@" + host + "/" + std::to_string(::getpid());
+    forwarder = std::make_unique<EventForwarder>(std::move(client), fwd);
+    forwarder->Attach(events);  // before boot: boot_adopt rows reach the hub too
+  }
 
   KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
   LocalStore store(root);
@@ -103,11 +123,34 @@ Status DoWorker(const WorkerArgs& a) {
     booted.push_back(std::move(b));
   }
 
+  std::map<std::string, ServedTarget*> by_name;
+  for (const Booted& b : booted) by_name[b.target->name()] = b.target.get();
+  KILN_RETURN_IF_ERROR(ApplyTestSwitchesFromEnv(by_name));
+
   FrontendOptions fo;
   fo.bind = a.bind;
   fo.port = a.port >= 0 ? a.port : m.endpoint.port;
   fo.max_concurrency = m.endpoint.max_concurrency;
   fo.events = &events;
+  if (forwarder) {
+    fo.extra_metrics = [f = forwarder.get()] {
+      const EventForwarderStats st = f->stats();
+      std::string o =
+          "# HELP kiln_events_forwarded_total Event rows by what became of them on the way to the "
+          "hub.\n# TYPE kiln_events_forwarded_total counter\n";
+      o += "kiln_events_forwarded_total{outcome=\"posted\"} " + std::to_string(st.posted) + "\n";
+      o += "kiln_events_forwarded_total{outcome=\"dropped\"} " + std::to_string(st.dropped) + "\n";
+      o +=
+          "kiln_events_forwarded_total{outcome=\"rejected\"} " + std::to_string(st.rejected) + "\n";
+      o += "# HELP kiln_events_queued Event rows waiting for the hub.\n# TYPE kiln_events_queued "
+           "gauge\nkiln_events_queued " +
+           std::to_string(st.queued) + "\n";
+      o += "# HELP kiln_events_post_failures_total Failed posts to the hub (retried).\n# TYPE "
+           "kiln_events_post_failures_total counter\nkiln_events_post_failures_total " +
+           std::to_string(st.failures) + "\n";
+      return o;
+    };
+  }
   KILN_ASSIGN_OR_RETURN(auto front,
                         Frontend::Create(fo, std::move(front_targets), m.function_to_target));
   // Block the stop signals before any thread starts, so only sigwait below receives them.
@@ -126,6 +169,15 @@ Status DoWorker(const WorkerArgs& a) {
               front->in_flight());
   std::fflush(stdout);
   front->Stop();
+  if (forwarder) {
+    const size_t left = forwarder->Stop(std::chrono::milliseconds(3000));
+    if (left > 0) {
+      std::printf(
+          "kiln worker: %zu event row(s) not delivered to the hub (they are in the event "
+          "file, if one is set)\n",
+          left);
+    }
+  }
   return Status::OK();
 }
 
