@@ -81,7 +81,7 @@ void Store8(Tensor& t, int64_t i, int32_t v) {
   }
 }
 
-// Whole tensor as int32 minus nothing (zero points are subtracted by the caller).
+// The whole tensor widened to int32 (zero points are subtracted by the caller).
 std::vector<int32_t> ToInt32(const Tensor& t) {
   std::vector<int32_t> v(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = IntAt(t, i);
@@ -285,8 +285,7 @@ Result<std::vector<TensorType>> InferQuantize(const OpContext& ctx) {
     }
     out = want;
   }
-  KILN_ASSIGN_OR_RETURN(QdqAxis q, ReadQdqAxis(ctx));
-  (void)q;
+  KILN_RETURN_IF_ERROR(ReadQdqAxis(ctx).status());
   return std::vector<TensorType>{{out, ctx.type(0).shape}};
 }
 
@@ -311,8 +310,7 @@ Result<std::vector<TensorType>> InferDequantize(const OpContext& ctx) {
       RequireDType(ctx, 0, "x", Is8Bit(xd) || xd == DType::kInt32, "int8, uint8 or int32"));
   KILN_RETURN_IF_ERROR(RequireScaleF32(ctx, 1, "x_scale"));
   KILN_RETURN_IF_ERROR(RequireZeroPointDType(ctx, 2, "x_zero_point", xd));
-  KILN_ASSIGN_OR_RETURN(QdqAxis q, ReadQdqAxis(ctx));
-  (void)q;
+  KILN_RETURN_IF_ERROR(ReadQdqAxis(ctx).status());
   return std::vector<TensorType>{{DType::kFloat32, ctx.type(0).shape}};
 }
 

@@ -277,7 +277,6 @@ Result<RnnDims> ReadDims(const OpContext& ctx, const RnnAttrs& a) {
     }
   }
   const Shape& x = ctx.type(0).shape;
-  const Shape& w = ctx.type(1).shape;
   const Shape& r = ctx.type(2).shape;
   if (x.size() != 3) {
     return Status::InvalidArgument(
@@ -303,7 +302,6 @@ Result<RnnDims> ReadDims(const OpContext& ctx, const RnnAttrs& a) {
   const int64_t GH = d.G * d.H;
   KILN_RETURN_IF_ERROR(
       ExpectShape(ctx, 1, "W", {d.D, GH, d.I}, "num_directions, gates*hidden, input"));
-  (void)w;
   KILN_RETURN_IF_ERROR(
       ExpectShape(ctx, 2, "R", {d.D, GH, d.H}, "num_directions, gates*hidden, hidden"));
   KILN_RETURN_IF_ERROR(ExpectShape(ctx, 3, "B", {d.D, 2 * GH}, "num_directions, 2*gates*hidden"));
