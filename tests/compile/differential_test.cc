@@ -25,7 +25,8 @@ namespace {
 
 using testing::OnnxBuilder;
 
-enum class Domain { kAny, kPositive, kBool, kIndex };
+// kLargeScale: weights in [200, 2000), output scales that keep requantized int8 in range.
+enum class Domain { kAny, kPositive, kBool, kIndex, kLargeScale };
 
 struct In {
   std::vector<int64_t> shape;
@@ -33,6 +34,7 @@ struct In {
   Domain domain = Domain::kAny;
   std::vector<int64_t> const_ints;  // non-empty: a structural int64 initializer with these values
   bool as_weight = false;           // a float initializer (bound weight) instead of an input
+  bool absent = false;              // an omitted optional input ("")
 };
 
 struct Case {
@@ -40,6 +42,7 @@ struct Case {
   std::vector<In> inputs;
   std::function<void(onnx::NodeProto&)> attrs = nullptr;
   int outputs = 1;
+  std::set<int> omitted_outputs = {};  // output slots left "" (optional outputs not requested)
 };
 
 In F(std::vector<int64_t> s, Domain d = Domain::kAny) { return In{std::move(s), onnx::TensorProto::FLOAT, d, {}}; }
@@ -54,6 +57,42 @@ In C(std::vector<int64_t> values) {
 }
 In CScalar(int64_t v) { In i = C({v}); i.shape = {}; return i; }
 In Idx(std::vector<int64_t> s) { return In{std::move(s), onnx::TensorProto::INT64, Domain::kIndex, {}}; }
+// 8-bit tensors (full range) as inputs or bound weights, positive float weights (scales), int32
+// inputs in [0, 4) (sequence lengths), and omitted optional inputs.
+In I8In(std::vector<int64_t> s) {
+  return In{std::move(s), onnx::TensorProto::INT8, Domain::kAny, {}};
+}
+In U8In(std::vector<int64_t> s) {
+  return In{std::move(s), onnx::TensorProto::UINT8, Domain::kAny, {}};
+}
+In I8W(std::vector<int64_t> s) {
+  In i = I8In(std::move(s));
+  i.as_weight = true;
+  return i;
+}
+In U8W(std::vector<int64_t> s) {
+  In i = U8In(std::move(s));
+  i.as_weight = true;
+  return i;
+}
+In PosW(std::vector<int64_t> s) {
+  In i = W(std::move(s));
+  i.domain = Domain::kPositive;
+  return i;
+}
+In I32Idx(std::vector<int64_t> s) {
+  return In{std::move(s), onnx::TensorProto::INT32, Domain::kIndex, {}};
+}
+In Absent() {
+  In i;
+  i.absent = true;
+  return i;
+}
+In BigW(std::vector<int64_t> s) {
+  In i = W(std::move(s));
+  i.domain = Domain::kLargeScale;
+  return i;
+}
 
 auto Ints(const char* name, std::vector<int64_t> v) {
   return [=](onnx::NodeProto& n) { OnnxBuilder::IntsAttr(n, name, v); };
@@ -70,6 +109,22 @@ auto Str(const char* name, const char* v) {
     a->set_name(name);
     a->set_type(onnx::AttributeProto::STRING);
     a->set_s(v);
+  };
+}
+auto Strs(const char* name, std::vector<std::string> v) {
+  return [=](onnx::NodeProto& n) {
+    auto* a = n.add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::STRINGS);
+    for (const auto& x : v) a->add_strings(x);
+  };
+}
+auto Flts(const char* name, std::vector<float> v) {
+  return [=](onnx::NodeProto& n) {
+    auto* a = n.add_attribute();
+    a->set_name(name);
+    a->set_type(onnx::AttributeProto::FLOATS);
+    for (float x : v) a->add_floats(x);
   };
 }
 template <typename... Fs>
@@ -180,6 +235,70 @@ const std::vector<Case>& Opset18Cases() {
   return cases;
 }
 
+// Issue 7, family C (quantized and recurrent ops), opset 17. Scales and zero points are bound
+// weights as in a real quantized model; recurrent W/R/B/P are bound weights too.
+const std::vector<Case>& FamilyCCases() {
+  static const std::vector<Case> cases = {
+      // quantize / dequantize: per tensor, per axis, int8 and uint8, absent zero point
+      {"QuantizeLinear", {F({2, 3, 4}), PosW({}), U8W({})}},
+      {"QuantizeLinear", {F({2, 3, 4}), PosW({3}), I8W({3})}, Int("axis", 1)},
+      {"QuantizeLinear", {F({2, 3}), PosW({})}},
+      {"DequantizeLinear", {I8W({4, 3}), PosW({3}), I8W({3})}, Int("axis", 1)},
+      {"DequantizeLinear", {U8In({2, 5}), PosW({}), U8W({})}},
+      // integer matmuls: per-column zero points, batch broadcast, int8 x int8 without zps
+      {"MatMulInteger", {U8In({2, 3, 4}), I8W({4, 5}), U8W({}), I8W({5})}},
+      {"MatMulInteger", {I8In({3, 4}), I8In({4, 2})}},
+      {"QLinearMatMul",
+       {U8In({2, 3, 4}), PosW({}), U8W({}), I8W({4, 3}), PosW({3}), I8W({3}), BigW({}), U8W({})}},
+      // integer convolutions: groups, padding, strides, per-channel weights, int32 bias
+      {"ConvInteger",
+       {U8In({1, 4, 6, 6}), I8W({6, 2, 3, 3}), U8W({}), I8W({6})},
+       All(Ints("pads", {1, 1, 1, 1}), Int("group", 2))},
+      {"QLinearConv",
+       {U8In({1, 3, 7, 7}), PosW({}), U8W({}), I8W({4, 3, 3, 3}), PosW({4}), I8W({4}), BigW({}),
+        I8W({}), I32Idx({4})},
+       Ints("strides", {2, 2})},
+      {"QLinearConv",
+       {I8In({1, 2, 9}), PosW({}), I8W({}), U8W({2, 2, 3}), PosW({}), U8W({}), BigW({}), U8W({})},
+       Str("auto_pad", "SAME_LOWER")},
+      // recurrent: every direction, optional inputs and outputs, sequence_lens, layout 1,
+      // activations with alpha/beta, clip, linear_before_reset, peepholes, input_forget
+      {"RNN",
+       {F({3, 2, 4}), W({1, 5, 4}), W({1, 5, 5}), W({1, 10}), Absent(), F({1, 2, 5})},
+       nullptr,
+       2},
+      {"RNN",
+       {F({3, 2, 4}), W({2, 5, 4}), W({2, 5, 5})},
+       All(Str("direction", "bidirectional"), Strs("activations", {"Relu", "Tanh"}),
+           Flt("clip", 1.5f)),
+       2,
+       {0}},
+      {"GRU",
+       {F({4, 3, 4}), W({1, 9, 4}), W({1, 9, 3}), W({1, 18}), I32Idx({3}), F({1, 3, 3})},
+       Int("linear_before_reset", 1),
+       2},
+      {"GRU",
+       {F({2, 4, 3}), W({2, 9, 3}), W({2, 9, 3}), W({2, 18})},
+       All(Str("direction", "bidirectional"), Int("layout", 1),
+           Strs("activations", {"HardSigmoid", "Softsign", "Sigmoid", "Tanh"}),
+           Flts("activation_alpha", {0.3f}), Flts("activation_beta", {0.4f})),
+       2},
+      {"LSTM",
+       {F({3, 2, 4}), W({1, 12, 4}), W({1, 12, 3}), W({1, 24}), Absent(), F({1, 2, 3}),
+        F({1, 2, 3}), W({1, 9})},
+       Str("direction", "reverse"),
+       3},
+      {"LSTM",
+       {F({2, 3, 4}), W({2, 12, 4}), W({2, 12, 3}), W({2, 24}), I32Idx({2}), F({2, 2, 3}),
+        F({2, 2, 3}), W({2, 9})},
+       All(Str("direction", "bidirectional"), Int("layout", 1), Flt("clip", 3.0f),
+           Int("input_forget", 1)),
+       3,
+       {0}},
+  };
+  return cases;
+}
+
 // Issue 7, family A (elementwise, activations, reductions, normalizations, TopK, CumSum): one
 // group per opset the cases need. Opset 17 unless a case says otherwise.
 const std::vector<Case>& FamilyACases() {
@@ -207,7 +326,7 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
     for (size_t i = 0; i < k.inputs.size(); ++i) {
       const In& in = k.inputs[i];
       const std::string name = "c" + std::to_string(c) + "_in" + std::to_string(i);
-      if (k.op == "Resize" && i == 1) {  // roi: absent
+      if (in.absent || (k.op == "Resize" && i == 1)) {  // Resize's roi: absent
         names.push_back("");
         continue;
       }
@@ -222,9 +341,31 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
         continue;
       }
       const int64_t n = NumElements(in.shape);
+      const bool eight_bit =
+          in.elem == onnx::TensorProto::INT8 || in.elem == onnx::TensorProto::UINT8;
+      if (eight_bit) {  // full-range bytes, as a bound weight (raw initializer) or an input
+        std::vector<uint8_t> v(static_cast<size_t>(n));
+        for (auto& x : v) x = static_cast<uint8_t>(rng());
+        if (in.as_weight) {
+          auto* init = b.graph().add_initializer();
+          init->set_name(name);
+          init->set_data_type(in.elem);
+          for (auto d : in.shape) init->add_dims(d);
+          init->set_raw_data(std::string(v.begin(), v.end()));
+        } else {
+          b.Input(name, in.elem, in.shape);
+          const DType dt = in.elem == onnx::TensorProto::INT8 ? DType::kInt8 : DType::kUInt8;
+          inputs[name] = *Tensor::FromBytes(dt, in.shape, v.data(), v.size());
+        }
+        names.push_back(name);
+        continue;
+      }
       if (in.as_weight) {
         std::vector<float> v(static_cast<size_t>(n));
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::uniform_real_distribution<float> u(in.domain == Domain::kLargeScale ? 200.0f
+                                                : in.domain == Domain::kPositive ? 0.05f
+                                                                                 : -1.0f,
+                                                in.domain == Domain::kLargeScale ? 2000.0f : 1.0f);
         for (auto& x : v) x = u(rng);
         b.FloatInit(name, in.shape, v);
         names.push_back(name);
@@ -240,6 +381,10 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
       } else if (in.elem == onnx::TensorProto::BOOL) {
         t = *Tensor::Empty(DType::kBool, in.shape);
         for (int64_t j = 0; j < n; ++j) t.data<uint8_t>()[j] = rng() % 2;
+      } else if (in.elem == onnx::TensorProto::INT32) {
+        std::vector<int32_t> v(static_cast<size_t>(n));
+        for (auto& x : v) x = static_cast<int32_t>(rng() % 4);
+        t = Tensor::FromVector<int32_t>(in.shape, v);
       } else {
         std::vector<int64_t> v(static_cast<size_t>(n));
         for (auto& x : v) x = static_cast<int64_t>(rng() % 4);
@@ -249,10 +394,15 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
       names.push_back(name);
     }
     std::vector<std::string> outs;
-    for (int o = 0; o < k.outputs; ++o) outs.push_back("c" + std::to_string(c) + "_" + k.op + "_out" + std::to_string(o));
+    for (int o = 0; o < k.outputs; ++o) {
+      outs.push_back(k.omitted_outputs.count(o)
+                         ? std::string()
+                         : "c" + std::to_string(c) + "_" + k.op + "_out" + std::to_string(o));
+    }
     auto& node = b.Node(k.op, names, outs, "case" + std::to_string(c));
     if (k.attrs) k.attrs(node);
     for (const auto& o : outs) {
+      if (o.empty()) continue;
       auto* vi = b.graph().add_output();
       vi->set_name(o);
       // Element type fixed up after shape inference; no shape declared.
@@ -278,7 +428,10 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
   return built;
 }
 
-void RunBuilt(Built b, int64_t opset, int threads, const std::string& tag) {
+// With `rebind`, the armed cell is then re-bound to that checkpoint and must follow eager run
+// with it too (law 1: weights are data, never baked into the cell).
+void RunBuilt(Built b, int64_t opset, int threads, const std::string& tag,
+              const WeightMap* rebind = nullptr) {
   auto eager = Interpreter::Create(b.graph);
   ASSERT_TRUE(eager.ok()) << eager.status().ToString();
   auto ref = eager->Run(b.inputs, &b.weights);
@@ -331,6 +484,27 @@ void RunBuilt(Built b, int64_t opset, int threads, const std::string& tag) {
     }
   }
   ::testing::Test::RecordProperty("specialized_kernels", specialized);
+  if (rebind != nullptr) {
+    ASSERT_TRUE((*armed)->Rebind(*rebind).ok());
+    auto ref2 = eager->Run(b.inputs, rebind);
+    ASSERT_TRUE(ref2.ok()) << ref2.status().ToString();
+    auto got2 = (*armed)->Run(0, b.inputs, &err);
+    ASSERT_TRUE(got2.ok()) << got2.status().ToString();
+    int changed = 0;
+    for (const auto& [name, r] : *ref2) {
+      const Tensor& c = got2->at(name);
+      const Tensor& before = ref->at(name);
+      double max_ref = 1.0;
+      for (int64_t i = 0; i < r.numel(); ++i)
+        max_ref = std::max(max_ref, std::fabs(r.GetAsDouble(i)));
+      for (int64_t i = 0; i < r.numel(); ++i) {
+        ASSERT_NEAR(c.GetAsDouble(i), r.GetAsDouble(i), 2e-5 * max_ref)
+            << name << " element " << i << " after rebinding";
+        changed += r.GetAsDouble(i) != before.GetAsDouble(i);
+      }
+    }
+    EXPECT_GT(changed, 0) << "the rebound checkpoint changed no output";
+  }
 }
 
 void RunGroup(const std::vector<Case>& cases, int64_t opset) {
@@ -457,11 +631,29 @@ TEST(Differential, FamilyBOpsCompiledMatchEager) {
   RunGroup(FamilyBCases(), 17);
 }
 
+// Family C also re-binds the cell to another checkpoint: scales, zero points and recurrent
+// weights are read as bound data (float weights scaled by 1.25, 8-bit ones shifted by 3).
+TEST(Differential, FamilyCOpsCompiledMatchEager) {
+  Built built = BuildGroup(FamilyCCases(), 17);
+  WeightMap other;
+  for (const auto& [name, w] : built.weights) {
+    Tensor t = *w.Clone();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (t.dtype() == DType::kFloat32) t.data<float>()[i] *= 1.25f;
+      if (t.dtype() == DType::kInt8 || t.dtype() == DType::kUInt8) {
+        t.data<uint8_t>()[i] = static_cast<uint8_t>(t.data<uint8_t>()[i] + 3);
+      }
+    }
+    other.emplace(name, std::move(t));
+  }
+  RunBuilt(built, 17, 1, "rebind", &other);
+}
+
 // Every op in the registry appears in some case (a new op without a differential case fails).
 TEST(Differential, EveryRegisteredOpHasACase) {
   std::set<std::string> covered = {"Constant"};  // lifted by the importer, never compiled
-  for (const auto* group :
-       {&Opset17Cases(), &LegacyCases(), &Opset18Cases(), &FamilyACases(), &FamilyBCases()}) {
+  for (const auto* group : {&Opset17Cases(), &LegacyCases(), &Opset18Cases(), &FamilyACases(),
+                            &FamilyBCases(), &FamilyCCases()}) {
     for (const Case& c : *group) covered.insert(c.op);
   }
   for (const std::string& op : OpRegistry::Global().OpTypes()) {

@@ -38,6 +38,8 @@ const OpRegistry& OpRegistry::Global() {
     RegisterReduceOps(*r);
     RegisterNnOps(*r);
     RegisterShapeOps(*r);
+    RegisterQuantOps(*r);
+    RegisterRecurrentOps(*r);
     return r;
   }();
   return *registry;
