@@ -7,7 +7,8 @@
 // and numpy broadcasting through strides (ForEachBroadcast) for the rest.
 //
 // Dtypes: float32 everywhere. The ops shape computations use (Add Sub Mul Div Pow Mod Min Max Sum
-// Neg Abs Sign Relu PRelu Clip) also take int64 and int32; Equal, Less, Greater, ... and Where
+// Neg Abs Sign Relu PRelu Clip) also take int64 and int32 (Min Max Mod int8 and uint8 as well);
+// Equal, Less, Greater, ... and Where
 // take any dtype; And, Or, Xor and Not take bool; Cast converts between all kiln dtypes. Anything
 // else is UnsupportedDType naming the op and dtype, reported by infer (so the verifier sees it) and
 // again by run. Integer arithmetic wraps like two's complement instead of being undefined, and
@@ -35,6 +36,8 @@ namespace {
 template <typename... Ts>
 struct Types {};
 using ArithTypes = Types<float, int64_t, int32_t>;
+// Min, Max and Mod also take the byte-wide integers quantized models carry.
+using MinMaxTypes = Types<float, int64_t, int32_t, int8_t, uint8_t>;
 using SignedTypes = Types<float, int64_t, int32_t, int8_t>;
 using AllButHalf = Types<float, int64_t, int32_t, int8_t, uint8_t, bool>;
 using BoolTypes = Types<bool>;
@@ -531,9 +534,10 @@ struct MaxOp {
   }
 };
 
+template <typename List = ArithTypes>
 Result<std::vector<TensorType>> InferArith(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
-  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, ArithTypes{}));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, List{}));
   return std::vector<TensorType>{t};
 }
 
@@ -552,10 +556,10 @@ Status CheckNoZeroDivisor(const OpContext& ctx, const Tensor& b) {
 }
 
 // out = in0 op in1 op in2 ... with broadcasting; one input is a copy (variadic Min/Max).
-template <typename Op>
+template <typename Op, typename List = ArithTypes>
 Status RunArith(const OpContext& ctx, std::vector<Tensor>& outputs) {
   Tensor& out = outputs[0];
-  return Dispatch(ctx, ctx.in(0).dtype(), ArithTypes{}, [&]<typename T>() -> Status {
+  return Dispatch(ctx, ctx.in(0).dtype(), List{}, [&]<typename T>() -> Status {
     auto fn = [](T a, T b) { return Op::template Apply<T>(a, b); };
     const Tensor& a = ctx.in(0);
     if (ctx.num_inputs() == 1) {
@@ -684,7 +688,7 @@ Status CheckMod(const Node& node, int64_t) {
 
 Result<std::vector<TensorType>> InferMod(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
-  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, ArithTypes{}));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, MinMaxTypes{}));
   KILN_ASSIGN_OR_RETURN(int64_t fmod, ModFlag(ctx.node()));
   if (t.dtype == DType::kFloat32 && fmod == 0) {
     return Status::InvalidArgument(ctx.where() +
@@ -698,7 +702,7 @@ Status RunMod(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_ASSIGN_OR_RETURN(int64_t fmod, ModFlag(ctx.node()));
   const Tensor& a = ctx.in(0);
   const Tensor& b = ctx.in(1);
-  return Dispatch(ctx, a.dtype(), ArithTypes{}, [&]<typename T>() -> Status {
+  return Dispatch(ctx, a.dtype(), MinMaxTypes{}, [&]<typename T>() -> Status {
     if constexpr (std::is_floating_point_v<T>) {
       if (fmod == 0) return InferMod(ctx).status();
       BinaryKernel<T, T>(a, b, outputs[0], [](T x, T y) { return std::fmod(x, y); });
@@ -1082,14 +1086,14 @@ constexpr ElementwiseOp kOps[] = {
     {"Relu", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<ReluOp>},
     {"Not", 1, kMax, CheckUnary, InferNot, RunNot},
     // Broadcasting arithmetic (the opset < 7 broadcast/axis form is read by OperandShape).
-    {"Add", 1, kMax, CheckBinary, InferArith, RunArith<AddOp>},
-    {"Sub", 1, kMax, CheckBinary, InferArith, RunArith<SubOp>},
-    {"Mul", 1, kMax, CheckBinary, InferArith, RunArith<MulOp>},
-    {"Div", 1, kMax, CheckBinary, InferArith, RunArith<DivOp>},
+    {"Add", 1, kMax, CheckBinary, InferArith<>, RunArith<AddOp>},
+    {"Sub", 1, kMax, CheckBinary, InferArith<>, RunArith<SubOp>},
+    {"Mul", 1, kMax, CheckBinary, InferArith<>, RunArith<MulOp>},
+    {"Div", 1, kMax, CheckBinary, InferArith<>, RunArith<DivOp>},
     {"Pow", 1, kMax, CheckBinary, InferPow, RunPow},
-    {"Min", 1, kMax, CheckVariadic, InferArith, RunArith<MinOp>},
-    {"Max", 1, kMax, CheckVariadic, InferArith, RunArith<MaxOp>},
-    {"Sum", 1, kMax, CheckVariadic, InferArith, RunArith<AddOp>},
+    {"Min", 1, kMax, CheckVariadic, InferArith<MinMaxTypes>, RunArith<MinOp, MinMaxTypes>},
+    {"Max", 1, kMax, CheckVariadic, InferArith<MinMaxTypes>, RunArith<MaxOp, MinMaxTypes>},
+    {"Sum", 1, kMax, CheckVariadic, InferArith<>, RunArith<AddOp>},
     {"Mean", 1, kMax, CheckVariadic, InferMean, RunMean},
     {"Mod", 10, kMax, CheckMod, InferMod, RunMod},
     {"PRelu", 1, kMax, CheckBinary, InferPRelu, RunPRelu},

@@ -265,7 +265,8 @@ void ReduceKernel(ReduceKind kind, const Tensor& x, const ReducePlan& plan, Tens
         return a + v;
       case ReduceKind::kL1:
         if constexpr (std::is_integral_v<Acc>) {
-          return static_cast<Acc>(static_cast<uint64_t>(a) + static_cast<uint64_t>(v < 0 ? -v : v));
+          const uint64_t u = static_cast<uint64_t>(v);  // |INT64_MIN| wraps instead of overflowing
+          return static_cast<Acc>(static_cast<uint64_t>(a) + (v < 0 ? uint64_t{0} - u : u));
         }
         return a + std::fabs(v);
       case ReduceKind::kL2:
