@@ -418,18 +418,32 @@ Status RunNearest(const OpContext& ctx, const ResizePlan& plan, Tensor& out) {
   KILN_ASSIGN_OR_RETURN(Tensor fill, fill_f.CastTo(in.dtype()));
   const auto* src = static_cast<const uint8_t*>(in.raw_data());
   auto* dst = static_cast<uint8_t*>(out.raw_data());
-  const int64_t n = out.numel();
-  std::vector<int64_t> index(rank, 0);
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t off = 0;
+  if (rank == 0) {
+    std::memcpy(dst, src, elem);
+    return Status::OK();
+  }
+  // One output row (the last axis) at a time: the outer axes fix a base offset, the row reads
+  // through the last axis' table.
+  const std::vector<int64_t>& inner = offsets[rank - 1];
+  const int64_t row = plan.out[rank - 1];
+  const int64_t rows = out.numel() / row;
+  std::vector<int64_t> index(rank - 1, 0);
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t base = 0;
     bool outside = false;
-    for (size_t d = 0; d < rank; ++d) {
+    for (size_t d = 0; d + 1 < rank; ++d) {
       const int64_t o = offsets[d][index[d]];
       outside = outside || o < 0;
-      off += o;
+      base += o;
     }
-    std::memcpy(dst + i * elem, outside ? fill.raw_data() : src + off * elem, elem);
-    for (size_t d = rank; d-- > 0;) {
+    uint8_t* y = dst + r * row * static_cast<int64_t>(elem);
+    for (int64_t j = 0; j < row; ++j) {
+      const bool fill_j = outside || inner[j] < 0;
+      std::memcpy(y + j * static_cast<int64_t>(elem),
+                  fill_j ? fill.raw_data() : src + (base + inner[j]) * static_cast<int64_t>(elem),
+                  elem);
+    }
+    for (size_t d = rank - 1; d-- > 0;) {
       if (++index[d] < plan.out[d]) break;
       index[d] = 0;
     }
