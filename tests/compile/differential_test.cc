@@ -303,6 +303,113 @@ const std::vector<Case>& FamilyCCases() {
 // group per opset the cases need. Opset 17 unless a case says otherwise.
 const std::vector<Case>& FamilyACases() {
   static const std::vector<Case> cases = {
+      // elementwise and activations
+      {"Xor", {B({2, 3}), B({3})}},
+      {"Mod", {Idx({2, 3}), C({3, -2, 5})}},
+      {"Mod", {F({2, 3}), F({3}, Domain::kPositive)}, Int("fmod", 1)},
+      {"Sum", {F({2, 3, 4}), F({3, 1}), F({4})}},
+      {"Sum", {F({2, 3})}},
+      {"Mean", {F({2, 3, 4}), F({4}), F({})}},
+      {"Min", {F({2, 3}), F({3}), F({2, 1})}},
+      {"Max", {F({2, 3}), F({3}), F({2, 1})}},
+      {"Round", {F({2, 3, 4})}},
+      {"Sign", {F({2, 3})}},
+      {"Floor", {F({3, 4})}},
+      {"Ceil", {F({3, 4})}},
+      {"Softsign", {F({2, 3, 4})}},
+      {"Selu", {F({2, 3, 4})}, All(Flt("alpha", 1.5f), Flt("gamma", 1.2f))},
+      {"Celu", {F({2, 3, 4})}, Flt("alpha", 2.0f)},
+      {"Mish", {F({2, 3, 4})}},
+      {"PRelu", {F({2, 3, 4}), W({3, 1})}},
+      {"ThresholdedRelu", {F({2, 3, 4})}, Flt("alpha", 0.5f)},
+      {"Shrink", {F({2, 3, 4})}, All(Flt("lambd", 0.7f), Flt("bias", 0.2f))},
+      {"Elu", {F({2, 3, 4})}, Flt("alpha", 0.5f)},
+      {"Softplus", {F({2, 3, 4})}},
+      // along axes
+      {"ArgMax", {F({2, 3, 5})}, Int("axis", 1)},
+      {"ArgMin",
+       {F({2, 3, 5})},
+       All(Int("axis", -1), Int("keepdims", 0), Int("select_last_index", 1))},
+      {"ArgMax", {Idx({4, 6})}, All(Int("axis", 1), Int("select_last_index", 1))},
+      {"ReduceMax", {F({2, 3, 5})}, Ints("axes", {1})},
+      {"ReduceMin", {F({2, 3, 5})}},
+      {"ReduceProd", {F({2, 3, 5})}, All(Ints("axes", {0, 2}), Int("keepdims", 0))},
+      {"ReduceL1", {F({2, 3, 5})}, Ints("axes", {-1})},
+      {"ReduceL2", {F({2, 3, 5})}, Ints("axes", {0})},
+      {"ReduceLogSum", {F({2, 3, 5}, Domain::kPositive)}, Ints("axes", {1})},
+      {"ReduceLogSumExp", {F({2, 3, 5})}, All(Ints("axes", {2}), Int("keepdims", 0))},
+      {"ReduceSumSquare", {F({2, 3, 5})}, Ints("axes", {0, 1})},
+      {"ReduceMean", {F({2, 3, 5})}},
+      {"ReduceSum", {F({2, 3, 5})}, Int("noop_with_empty_axes", 1)},
+      {"CumSum", {F({3, 4}), C({1})}},
+      {"CumSum", {F({3, 4}), CScalar(-2)}, All(Int("exclusive", 1), Int("reverse", 1))},
+      {"CumSum", {Idx({2, 5}), C({1})}, Int("reverse", 1)},
+      {"Hardmax", {F({2, 3, 4})}},
+      {"Hardmax", {F({2, 3, 4})}, Int("axis", 1)},
+      {"LogSoftmax", {F({2, 3, 4})}, Int("axis", 0)},
+      {"LpNormalization", {F({2, 3, 4})}},
+      {"LpNormalization", {F({2, 3, 4})}, All(Int("axis", 1), Int("p", 1))},
+      {"MeanVarianceNormalization", {F({2, 3, 4, 5})}},
+      {"MeanVarianceNormalization", {F({2, 3, 4})}, Ints("axes", {1, 2})},
+      {"TopK", {F({3, 7}), C({3})}, nullptr, 2},
+      {"TopK", {F({4, 5, 2}), C({2})}, All(Int("axis", 1), Int("largest", 0)), 2},
+      {"TopK", {Idx({2, 6}), C({4})}, nullptr, 2},
+      // Resize by the group's fixed scales [1,1,2,2], every mode and coordinate mapping
+      {"Resize", {F({1, 2, 3, 4}), In{}, In{}}, Str("mode", "linear")},
+      {"Resize",
+       {F({1, 2, 3, 4}), In{}, In{}},
+       All(Str("mode", "linear"), Str("coordinate_transformation_mode", "align_corners"))},
+      {"Resize",
+       {F({1, 2, 3, 4}), In{}, In{}},
+       All(Str("mode", "linear"), Str("coordinate_transformation_mode", "pytorch_half_pixel"))},
+      {"Resize", {F({1, 2, 3, 4}), In{}, In{}}, Str("mode", "cubic")},
+      {"Resize",
+       {F({1, 2, 4, 4}), In{}, In{}},
+       All(Str("mode", "cubic"), Flt("cubic_coeff_a", -0.5f), Int("exclude_outside", 1))},
+      {"Resize",
+       {F({1, 2, 3, 4}), In{}, In{}},
+       All(Str("mode", "cubic"), Str("coordinate_transformation_mode", "asymmetric"))},
+      {"Resize",
+       {F({1, 2, 3, 4}), In{}, In{}},
+       All(Str("coordinate_transformation_mode", "align_corners"), Str("nearest_mode", "ceil"))},
+      {"Resize",
+       {F({1, 2, 3, 4}), In{}, In{}},
+       All(Str("coordinate_transformation_mode", "tf_half_pixel_for_nearest"),
+           Str("nearest_mode", "round_prefer_ceil"))},
+  };
+  return cases;
+}
+
+// Family A at opset 11: the legacy forms (Hardmax and LogSoftmax flatten to 2-D at axis,
+// Reduce* take axes as an attribute).
+const std::vector<Case>& FamilyALegacyCases() {
+  static const std::vector<Case> cases = {
+      {"Hardmax", {F({2, 3, 4})}},
+      {"Hardmax", {F({2, 3, 4})}, Int("axis", 2)},
+      {"LogSoftmax", {F({2, 3, 4})}},
+      {"Softmax", {F({2, 3, 4})}, Int("axis", 0)},
+      {"ReduceLogSumExp", {F({2, 3, 4})}, Ints("axes", {1})},
+      {"ReduceL1", {F({2, 3, 4})}, Ints("axes", {0, 2})},
+      {"ArgMax", {F({3, 4})}},
+      {"TopK", {F({3, 7}), C({3})}, nullptr, 2},
+      {"Resize", {F({1, 2, 3, 4}), In{}, In{}}, Str("mode", "linear")},
+  };
+  return cases;
+}
+
+// Family A at opset 18: the reductions' axes move to input 1.
+const std::vector<Case>& FamilyAOpset18Cases() {
+  static const std::vector<Case> cases = {
+      {"ReduceMax", {F({2, 3, 5}), C({1})}},
+      {"ReduceMin", {F({2, 3, 5}), C({-1})}},
+      {"ReduceProd", {F({2, 3, 5}), C({0})}},
+      {"ReduceL1", {F({2, 3, 5}), C({0, 2})}},
+      {"ReduceL2", {F({2, 3, 5}), C({2})}},
+      {"ReduceLogSum", {F({2, 3, 5}, Domain::kPositive), C({1})}},
+      {"ReduceLogSumExp", {F({2, 3, 5}), C({1})}, Int("keepdims", 0)},
+      {"ReduceSumSquare", {F({2, 3, 5})}},
+      {"ReduceMean", {F({2, 3, 5}), C({0, 1})}},
+      {"Resize", {F({1, 2, 3, 4}), In{}, In{}}, All(Str("mode", "cubic"), Int("antialias", 0))},
   };
   return cases;
 }
@@ -626,6 +733,10 @@ TEST(Differential, FamilyAOpsCompiledMatchEager) {
   if (FamilyACases().empty()) GTEST_SKIP() << "no family A cases yet";
   RunGroup(FamilyACases(), 17);
 }
+TEST(Differential, FamilyALegacyFormsCompiledMatchEagerOpset11) {
+  RunGroup(FamilyALegacyCases(), 11);
+}
+TEST(Differential, FamilyAOpset18FormsCompiledMatchEager) { RunGroup(FamilyAOpset18Cases(), 18); }
 TEST(Differential, FamilyBOpsCompiledMatchEager) {
   if (FamilyBCases().empty()) GTEST_SKIP() << "no family B cases yet";
   RunGroup(FamilyBCases(), 17);

@@ -40,6 +40,7 @@ const OpRegistry& OpRegistry::Global() {
     RegisterShapeOps(*r);
     RegisterQuantOps(*r);
     RegisterRecurrentOps(*r);
+    RegisterResizeOps(*r);
     return r;
   }();
   return *registry;

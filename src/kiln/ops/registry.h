@@ -107,6 +107,7 @@ void RegisterNnOps(OpRegistry& r);           // ops/nn.cc: MatMul, Gemm, Conv, p
 void RegisterShapeOps(OpRegistry& r);        // ops/shape_ops.cc: Reshape ... Resize, Constant...
 void RegisterQuantOps(OpRegistry& r);        // ops/quant_ops.cc: QDQ, QLinear*, *Integer
 void RegisterRecurrentOps(OpRegistry& r);    // ops/recurrent.cc: LSTM, GRU, RNN
+void RegisterResizeOps(OpRegistry& r);       // ops/resize.cc: Resize, Upsample
 
 // Helpers shared by family files.
 // Unary/binary ops that keep the (broadcast) shape and dtype of input 0 / inputs.
