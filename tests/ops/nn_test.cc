@@ -423,6 +423,130 @@ TEST(NnConv, Errors) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// ConvTranspose. Expected values are the ONNX node cases' (test_convtranspose_*) and, for
+// groups, bias, 3-D and cropping pads, PyTorch's conv_transpose worked on the same inputs.
+
+TEST(NnConvTranspose, Cases) {
+  const Tensor x = F32({1, 1, 3, 3}, {0, 1, 2, 3, 4, 5, 6, 7, 8});
+  const Tensor w = F32({1, 2, 3, 3}, std::vector<float>(18, 1.0f));
+  const std::vector<float> plane = {0,  1,  3, 3,  2,  3,  8,  15, 12, 7,  9,  21, 36,
+                                    27, 15, 9, 20, 33, 24, 13, 6,  13, 21, 15, 8};
+  std::vector<float> two_planes = plane;
+  two_planes.insert(two_planes.end(), plane.begin(), plane.end());
+  // test_convtranspose_output_shape / _pad / _kernel_shape share one [1, 2, 10, 8] result.
+  const std::vector<float> rows[] = {{0, 0, 1, 1, 3, 2, 2, 0},
+                                     {3, 3, 7, 4, 9, 5, 5, 0},
+                                     {6, 6, 13, 7, 15, 8, 8, 0},
+                                     {0, 0, 0, 0, 0, 0, 0, 0}};
+  std::vector<float> strided;
+  for (int c = 0; c < 2; ++c) {
+    for (int r = 0; r < 10; ++r) {
+      const auto& row = rows[r == 9 ? 3 : r / 3];
+      strided.insert(strided.end(), row.begin(), row.end());
+    }
+  }
+  const Tensor strided_out = F32({1, 2, 10, 8}, strided);
+  const std::vector<float> same_plane = {0, 0, 1,  1,  3,  2,  0, 0, 1,  1, 3,  2,
+                                         3, 3, 8,  5,  12, 7,  3, 3, 7,  4, 9,  5,
+                                         9, 9, 20, 11, 24, 13, 6, 6, 13, 7, 15, 8};
+  std::vector<float> same = same_plane;
+  same.insert(same.end(), same_plane.begin(), same_plane.end());
+  const std::vector<float> pads_plane = {1, 1, 3, 1, 1,  3, 7,  4,  9, 7, 4,
+                                         9, 7, 4, 9, 13, 7, 15, 13, 7, 15};
+  std::vector<float> pads = pads_plane;
+  pads.insert(pads.end(), pads_plane.begin(), pads_plane.end());
+  // Groups of one channel each, stride 2, a bias per output channel (PyTorch).
+  const Tensor gx = F32({1, 2, 2, 2}, {-3, -2, -1, 0, 1, 2, 3, 4});
+  const Tensor gw = F32({2, 1, 2, 2}, {0, 0.5f, 1, 1.5f, 2, 2.5f, 3, 3.5f});
+  const Tensor gb = F32({2}, {1, -1});
+  RunCases({
+      {"default", "ConvTranspose", {}, {x, w}, {F32({1, 2, 5, 5}, two_planes)}},
+      {"1d",
+       "ConvTranspose",
+       {},
+       {F32({1, 1, 3}, {0, 1, 2}), F32({1, 2, 3}, {1, 1, 1, 1, 1, 1})},
+       {F32({1, 2, 5}, {0, 1, 3, 3, 2, 0, 1, 3, 3, 2})}},
+      {"output_shape",
+       "ConvTranspose",
+       {{"strides", IntsAttr({3, 2})}, {"output_shape", IntsAttr({10, 8})}},
+       {x, w},
+       {strided_out}},
+      {"output_padding",
+       "ConvTranspose",
+       {{"strides", IntsAttr({3, 2})}, {"output_padding", IntsAttr({1, 1})}},
+       {x, w},
+       {strided_out}},
+      {"kernel_shape_output_shape_and_padding",
+       "ConvTranspose",
+       {{"strides", IntsAttr({3, 2})},
+        {"output_shape", IntsAttr({10, 8})},
+        {"kernel_shape", IntsAttr({3, 3})},
+        {"output_padding", IntsAttr({1, 1})}},
+       {x, w},
+       {strided_out}},
+      {"pads",
+       "ConvTranspose",
+       {{"strides", IntsAttr({3, 2})}, {"pads", IntsAttr({1, 2, 1, 2})}},
+       {x, w},
+       {F32({1, 2, 7, 3}, pads)}},
+      {"dilations",
+       "ConvTranspose",
+       {{"dilations", IntsAttr({2, 2})}},
+       {F32({1, 1, 3, 3}, {3, 8, 1, 9, 5, 7, 3, 2, 6}), F32({1, 1, 2, 2}, {7, 2, 1, 9})},
+       {F32({1, 1, 5, 5}, {21, 56, 13, 16, 2,  63, 35, 67, 10, 14, 24, 22, 76,
+                           76, 21, 9,  5,  88, 45, 63, 3,  2,  33, 18, 54})}},
+      {"autopad_same_upper",
+       "ConvTranspose",
+       {{"auto_pad", StringAttr("SAME_UPPER")}, {"strides", IntsAttr({2, 2})}},
+       {x, w},
+       {F32({1, 2, 6, 6}, same)}},
+      {"group2_bias_stride2",
+       "ConvTranspose",
+       {{"group", IntAttr(2)}, {"strides", IntsAttr({2, 2})}},
+       {gx, gw, gb},
+       {F32({1, 2, 4, 4}, {1, -0.5f, 1, 0, -2, -3.5f, -1, -2, 1, 0.5f, 1, 1, 0, -0.5f, 1,  1,
+                           1, 1.5f,  3, 4, 2,  2.5f,  5,  6,  5, 6.5f, 7, 9, 8, 9.5f,  11, 13})}},
+      {"group2_bias_stride2_pads1",
+       "ConvTranspose",
+       {{"group", IntAttr(2)}, {"strides", IntsAttr({2, 2})}, {"pads", IntsAttr({1, 1, 1, 1})}},
+       {gx, gw, gb},
+       {F32({1, 2, 2, 2}, {-3.5f, -1, 0.5f, 1, 2.5f, 5, 6.5f, 7})}},
+      {"3d",
+       "ConvTranspose",
+       {},
+       {F32({1, 1, 2, 2, 2}, {0, 1, 2, 3, 4, 5, 6, 7}),
+        F32({1, 1, 2, 2, 2}, std::vector<float>(8, 1))},
+       {F32({1, 1, 3, 3, 3}, {0,  1, 1,  2,  6, 4, 2, 5,  3,  4,  10, 6,  12, 28,
+                              16, 8, 18, 10, 4, 9, 5, 10, 22, 12, 6,  13, 7})}},
+  });
+}
+
+TEST(NnConvTranspose, Errors) {
+  const Tensor x = Rand({1, 2, 3, 3}, 1);
+  const Tensor w = Rand({2, 3, 2, 2}, 2);
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"output_padding", IntsAttr({2, 0})}}), {x, w},
+              StatusCode::kInvalidArgument,
+              "ConvTranspose 'n0': output_padding=[2,0] has value 2 on spatial axis 0, expected "
+              "less than the stride 1 or the dilation 1");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"output_padding", IntsAttr({-1, 0})}}), {x, w},
+              StatusCode::kInvalidArgument, "output_padding=[-1,0] has value -1, expected >= 0");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"auto_pad", StringAttr("SAME")}}), {x, w},
+              StatusCode::kInvalidArgument, "auto_pad='SAME' is not one of");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"group", IntAttr(0)}}), {x, w},
+              StatusCode::kInvalidArgument, "group=0 must be >= 1");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"group", IntAttr(3)}}), {x, w},
+              StatusCode::kInvalidArgument, "group=3 does not divide 2 input channels");
+  ExpectError(MakeNode("ConvTranspose", 2), {x, Rand({3, 3, 2, 2}, 2)},
+              StatusCode::kInvalidArgument, "W [3,3,2,2] has 3 input channels, X [1,2,3,3] has 2");
+  ExpectError(MakeNode("ConvTranspose", 3), {x, w, Rand({2}, 3)}, StatusCode::kInvalidArgument,
+              "input 2 ('B') has shape [2], expected [3]");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"pads", IntsAttr({3, 3, 3, 3})}}), {x, w},
+              StatusCode::kInvalidArgument, "pads=[3,3,3,3] remove more than the full output");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"output_shape", IntsAttr({4})}}), {x, w},
+              StatusCode::kInvalidArgument, "output_shape=[4] has 1 values, expected 2");
+}
+
+// ---------------------------------------------------------------------------------------------
 // Pools
 
 TEST(NnPool, Cases) {

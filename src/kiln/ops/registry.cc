@@ -38,6 +38,7 @@ const OpRegistry& OpRegistry::Global() {
     RegisterReduceOps(*r);
     RegisterNnOps(*r);
     RegisterShapeOps(*r);
+    RegisterIndexOps(*r);
     return r;
   }();
   return *registry;
