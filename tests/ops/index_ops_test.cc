@@ -430,6 +430,51 @@ TEST(IndexEinsum, Cases) {
   });
 }
 
+// Matmul-like equations run as GEMMs over permuted operands; the rest through the generic loop.
+TEST(IndexEinsum, GemmFormsWithPermutedOperandsAndOutputs) {
+  const Tensor a = Iota({2, 3});
+  const Tensor b = Iota({3, 2}, 1, -2);
+  const Tensor x = Iota({2, 3, 2}, 0.5f);
+  const Tensor y = Iota({2, 2, 2}, 1, -3);
+  RunCases({
+      {"output_transposed", Einsum("ij,jk->ki", 2), {a, b}, {F32({2, 2}, {4, 4, 7, 16})}},
+      {"label_summed_in_one_operand", Einsum("ij,jk->k", 2), {a, b}, {F32({2}, {8, 23})}},
+      {"attention_scores",
+       Einsum("bqd,bkd->bqk", 2),
+       {x, y},
+       {F32({2, 3, 2}, {-1, 0, -6, -1, -11, -2, 10, 23, 13, 30, 16, 37})}},
+      {"batch_moved",
+       Einsum("bqd,bkd->kbq", 2),
+       {x, y},
+       {F32({2, 2, 3}, {-1, -6, -11, 10, 13, 16, 0, -1, -2, 23, 30, 37})}},
+  });
+}
+
+// A larger attention-shaped contraction against a plain loop written here.
+TEST(IndexEinsum, GemmPathMatchesDirectLoop) {
+  const int64_t B = 2, H = 3, Q = 5, K = 7, D = 4;
+  const Tensor q = Iota({B, H, Q, D}, 0.01f, -0.3f);
+  const Tensor k = Iota({B, K, H, D}, -0.02f, 0.7f);
+  auto out = RunOp(Einsum("bhqd,bkhd->bhqk", 2), {q, k});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  std::vector<float> expected;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t i = 0; i < Q; ++i) {
+        for (int64_t j = 0; j < K; ++j) {
+          double acc = 0;
+          for (int64_t d = 0; d < D; ++d) {
+            acc += q.data<float>()[((b * H + h) * Q + i) * D + d] *
+                   k.data<float>()[((b * K + j) * H + h) * D + d];
+          }
+          expected.push_back(static_cast<float>(acc));
+        }
+      }
+    }
+  }
+  testing::ExpectTensorNear((*out)[0], F32({B, H, Q, K}, expected), 1e-5, 1e-5);
+}
+
 TEST(IndexEinsum, Errors) {
   ExpectError(Einsum("ij,jk->ik", 1), {Iota({2, 2})}, 17, StatusCode::kInvalidArgument,
               {"equation='ij,jk->ik'", "2 input terms", "1 inputs"});

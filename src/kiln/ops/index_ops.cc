@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "src/kiln/ops/dnnl_kernels.h"
 #include "src/kiln/ops/registry.h"
 
 namespace kiln {
@@ -719,7 +720,7 @@ Status RunBlockOp(const OpContext& ctx, std::vector<Tensor>& outputs) {
 // term walks the diagonal, "..." stands for the same leading broadcast dims in every term.
 // Without "->" the output is the ellipsis dims then the labels used exactly once, in ASCII
 // order. The loop runs over every output label, then every summed label, accumulating in double
-// (float32) or int64 (integers).
+// (float32) or int64 (integers); matmul-like float32 equations run as GEMMs instead.
 
 constexpr int kEllipsis = -1;
 constexpr int kLetters = 52;  // 'A'..'Z' then 'a'..'z': ids in ASCII order
@@ -832,9 +833,10 @@ Status CheckEinsum(const Node& node, int64_t /*opset*/) {
 
 // Labels resolved against input shapes: ids 0..51 letters, 52.. the ellipsis dims.
 struct EinsumPlan {
-  std::vector<int64_t> extent;                // per label id; -1 when unused
-  std::vector<int> out_labels, sum_labels;    // loop order: output labels, then summed ones
-  std::vector<std::vector<int64_t>> strides;  // per input, per loop label (0: not indexed)
+  std::vector<int64_t> extent;                 // per label id; -1 when unused
+  std::vector<int> out_labels, sum_labels;     // loop order: output labels, then summed ones
+  std::vector<std::vector<int64_t>> strides;   // per input, per loop label (0: not indexed)
+  std::vector<std::vector<int>> input_labels;  // per input, the label of each dim
   Shape out;
 };
 
@@ -917,6 +919,7 @@ Result<EinsumPlan> PlanEinsum(const OpContext& ctx) {
     }
     p.strides.push_back(std::move(s));
   }
+  p.input_labels = std::move(dims_labels);
   return p;
 }
 
@@ -968,8 +971,94 @@ void EinsumLoop(const OpContext& ctx, const EinsumPlan& p, Tensor& out) {
   }
 }
 
+// The elements of `src` (dims labelled `labels`, extents from p) rearranged into label order
+// `order`, which names the same labels.
+std::vector<float> PermuteByLabels(const EinsumPlan& p, const float* src, const Shape& shape,
+                                   const std::vector<int>& labels, const std::vector<int>& order) {
+  const std::vector<int64_t> cs = ContiguousStrides(shape);
+  Shape dims;
+  std::vector<int64_t> strides;
+  for (int l : order) {
+    dims.push_back(p.extent[l]);
+    strides.push_back(cs[std::find(labels.begin(), labels.end(), l) - labels.begin()]);
+  }
+  std::vector<float> out(static_cast<size_t>(NumElements(dims)));
+  std::vector<int64_t> idx(dims.size(), 0);
+  for (float& v : out) {
+    int64_t off = 0;
+    for (size_t d = 0; d < idx.size(); ++d) off += idx[d] * strides[d];
+    v = src[off];
+    NextIndex(idx, dims);
+  }
+  return out;
+}
+
+// Matmul-like equations (two float32 operands, no diagonal, no broadcast dim, no label summed
+// within one operand) as GEMMs: every label is batch (both operands and the output), M or N (one
+// operand and the output) or K (both operands, summed). The operands are permuted to
+// [batch, M, K] and [batch, K, N], multiplied per batch, and the result permuted into the output
+// order. Returns false, having written nothing, when the equation is not of that form.
+Result<bool> EinsumAsGemm(const OpContext& ctx, const EinsumPlan& p, Tensor& out) {
+  if (p.input_labels.size() != 2 || out.dtype() != DType::kFloat32 || out.numel() == 0) {
+    return false;
+  }
+  std::array<std::vector<bool>, 2> has;
+  for (size_t i = 0; i < 2; ++i) {
+    const Shape& shape = ctx.in(i).shape();
+    has[i].assign(p.extent.size(), false);
+    for (size_t d = 0; d < shape.size(); ++d) {
+      const int l = p.input_labels[i][d];
+      if (has[i][l] || shape[d] != p.extent[l] || shape[d] == 0) return false;
+      has[i][l] = true;
+    }
+  }
+  std::vector<int> batch, m, n, k;
+  for (int l : p.out_labels) {
+    if (has[0][l] && has[1][l]) {
+      batch.push_back(l);
+    } else {
+      (has[0][l] ? m : n).push_back(l);
+    }
+  }
+  for (int l : p.sum_labels) {
+    if (!has[0][l] || !has[1][l]) return false;
+    k.push_back(l);
+  }
+  auto extent = [&](const std::vector<int>& labels) {
+    int64_t e = 1;
+    for (int l : labels) e *= p.extent[l];
+    return e;
+  };
+  const int64_t B = extent(batch), M = extent(m), N = extent(n), K = extent(k);
+  std::vector<int> a_order = batch, b_order = batch, c_order = batch;
+  a_order.insert(a_order.end(), m.begin(), m.end());
+  a_order.insert(a_order.end(), k.begin(), k.end());
+  b_order.insert(b_order.end(), k.begin(), k.end());
+  b_order.insert(b_order.end(), n.begin(), n.end());
+  c_order.insert(c_order.end(), m.begin(), m.end());
+  c_order.insert(c_order.end(), n.begin(), n.end());
+  const std::vector<float> a =
+      PermuteByLabels(p, ctx.in(0).data<float>(), ctx.in(0).shape(), p.input_labels[0], a_order);
+  const std::vector<float> b =
+      PermuteByLabels(p, ctx.in(1).data<float>(), ctx.in(1).shape(), p.input_labels[1], b_order);
+  std::vector<float> c(static_cast<size_t>(B * M * N));
+  for (int64_t i = 0; i < B; ++i) {
+    KILN_RETURN_IF_ERROR(Sgemm(false, false, M, N, K, 1.0f, a.data() + i * M * K, K,
+                               b.data() + i * K * N, N, 0.0f, c.data() + i * M * N, N,
+                               ctx.num_threads())
+                             .WithContext(ctx.where()));
+  }
+  Shape c_shape;
+  for (int l : c_order) c_shape.push_back(p.extent[l]);
+  const std::vector<float> y = PermuteByLabels(p, c.data(), c_shape, c_order, p.out_labels);
+  std::copy(y.begin(), y.end(), out.data<float>());
+  return true;
+}
+
 Status RunEinsum(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_ASSIGN_OR_RETURN(EinsumPlan p, PlanEinsum(ctx));
+  KILN_ASSIGN_OR_RETURN(const bool done, EinsumAsGemm(ctx, p, outputs[0]));
+  if (done) return Status::OK();
   switch (outputs[0].dtype()) {
     case DType::kFloat32:
       EinsumLoop<float, double>(ctx, p, outputs[0]);
