@@ -6,6 +6,7 @@
 // status code and a fragment of the message.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 #include <thread>
@@ -519,6 +520,81 @@ TEST(NnConvTranspose, Cases) {
        {F32({1, 1, 3, 3, 3}, {0,  1, 1,  2,  6, 4, 2, 5,  3,  4,  10, 6,  12, 28,
                               16, 8, 18, 10, 4, 9, 5, 10, 22, 12, 6,  13, 7})}},
   });
+}
+
+// The transposed convolution as its definition: every input element scattered through every
+// kernel tap, written here as a plain loop over 3-D (1-D and 2-D lifted with unit axes).
+struct ConvTransposeCase {
+  Shape x, w;
+  std::vector<int64_t> strides, dilations, pads, output_padding;
+  int64_t group = 1;
+};
+
+Tensor DirectConvTranspose(const ConvTransposeCase& c, const Tensor& x, const Tensor& w,
+                           const Tensor& b) {
+  const size_t r = c.x.size() - 2, lift = 3 - r;
+  std::array<int64_t, 3> in{1, 1, 1}, k{1, 1, 1}, s{1, 1, 1}, d{1, 1, 1}, pb{0, 0, 0}, out{1, 1, 1};
+  Shape out_shape = {c.x[0], c.w[1] * c.group};
+  for (size_t i = 0; i < r; ++i) {
+    in[lift + i] = c.x[2 + i];
+    k[lift + i] = c.w[2 + i];
+    s[lift + i] = c.strides[i];
+    d[lift + i] = c.dilations[i];
+    pb[lift + i] = c.pads[i];
+    out[lift + i] = c.strides[i] * (c.x[2 + i] - 1) + c.output_padding[i] +
+                    (c.w[2 + i] - 1) * c.dilations[i] + 1 - c.pads[i] - c.pads[i + r];
+    out_shape.push_back(out[lift + i]);
+  }
+  const int64_t C = c.x[1], Mg = c.w[1], Cg = C / c.group, M = Mg * c.group;
+  std::vector<double> y(static_cast<size_t>(NumElements(out_shape)));
+  const int64_t out_plane = out[0] * out[1] * out[2], in_plane = in[0] * in[1] * in[2];
+  for (int64_t n = 0; n < c.x[0]; ++n) {
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t grp = m / Mg;
+      for (int64_t p = 0; p < out_plane; ++p) y[(n * M + m) * out_plane + p] = b.data<float>()[m];
+      for (int64_t cg = 0; cg < Cg; ++cg) {
+        const int64_t ch = grp * Cg + cg;
+        for (int64_t i = 0; i < in_plane; ++i) {
+          const int64_t i0 = i / (in[1] * in[2]), i1 = i / in[2] % in[1], i2 = i % in[2];
+          for (int64_t t = 0; t < k[0] * k[1] * k[2]; ++t) {
+            const int64_t k0 = t / (k[1] * k[2]), k1 = t / k[2] % k[1], k2 = t % k[2];
+            const int64_t o0 = i0 * s[0] + k0 * d[0] - pb[0], o1 = i1 * s[1] + k1 * d[1] - pb[1],
+                          o2 = i2 * s[2] + k2 * d[2] - pb[2];
+            if (o0 < 0 || o0 >= out[0] || o1 < 0 || o1 >= out[1] || o2 < 0 || o2 >= out[2]) {
+              continue;
+            }
+            y[(n * M + m) * out_plane + (o0 * out[1] + o1) * out[2] + o2] +=
+                static_cast<double>(x.data<float>()[(n * C + ch) * in_plane + i]) *
+                w.data<float>()[((ch * Mg) + m % Mg) * k[0] * k[1] * k[2] + t];
+          }
+        }
+      }
+    }
+  }
+  return F32(out_shape, std::vector<float>(y.begin(), y.end()));
+}
+
+TEST(NnConvTranspose, AgainstDirectLoop) {
+  const ConvTransposeCase cases[] = {
+      {{2, 4, 5, 6}, {4, 3, 3, 2}, {2, 3}, {2, 1}, {1, 0, 2, 1}, {1, 0}, 2},
+      {{1, 2, 3, 4, 5}, {2, 2, 2, 3, 2}, {1, 2, 2}, {1, 1, 2}, {0, 1, 0, 0, 0, 1}, {0, 1, 1}, 1},
+      {{1, 6, 7}, {6, 1, 4}, {3}, {1}, {2, 0}, {2}, 3},
+      {{1, 16, 9, 9}, {16, 8, 4, 4}, {2, 2}, {1, 1}, {1, 1, 1, 1}, {0, 0}, 1},
+  };
+  uint32_t seed = 10;
+  for (const ConvTransposeCase& c : cases) {
+    SCOPED_TRACE("x " + ShapeToString(c.x) + " w " + ShapeToString(c.w));
+    const Tensor x = Rand(c.x, seed++), w = Rand(c.w, seed++);
+    const Tensor b = Rand({c.w[1] * c.group}, seed++);
+    std::map<std::string, Attribute> attrs = {{"strides", IntsAttr(c.strides)},
+                                              {"dilations", IntsAttr(c.dilations)},
+                                              {"pads", IntsAttr(c.pads)},
+                                              {"output_padding", IntsAttr(c.output_padding)},
+                                              {"group", IntAttr(c.group)}};
+    auto out = RunOp(MakeNode("ConvTranspose", 3, 1, attrs), {x, w, b});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    testing::ExpectTensorNear((*out)[0], DirectConvTranspose(c, x, w, b), 1e-4, 1e-4);
+  }
 }
 
 TEST(NnConvTranspose, Errors) {

@@ -3,8 +3,8 @@
 //
 // Registered into the op registry by RegisterNnOps (called from registry.cc). Each op has a check
 // (attributes only), an infer (shapes, with named errors) and a float32 reference kernel. GEMM
-// and convolution run through oneDNN (ops/dnnl_kernels.h); ConvTranspose, pools and normalizations
-// are plain loops, and normalization statistics are accumulated in double.
+// and convolution (ConvTranspose as GEMM + col2im) run through oneDNN (ops/dnnl_kernels.h); pools
+// and normalizations are plain loops, and normalization statistics are accumulated in double.
 //
 // Layout of the file: attribute helpers, the sliding-window geometry shared by Conv and the
 // pools, then one section per op, then the registration table.
@@ -521,7 +521,8 @@ Status RunConv(const OpContext& ctx, std::vector<Tensor>& outputs) {
 // for SAME_UPPER/LOWER, else full minus pads; with output_shape or SAME the total padding is
 // full - out, split with the odd element (floor division, so a negative total too) at the end
 // for SAME_UPPER and at the beginning otherwise, as the ONNX spec and its test cases have it.
-// A direct loop: every input element scatters into the output through every kernel tap.
+// Computed as a GEMM into columns (one row per output channel and kernel tap, one column per
+// input position) through oneDNN, then col2im: each column entry is added where its tap lands.
 
 Status CheckConvTranspose(const Node& node, int64_t /*opset*/) {
   KILN_RETURN_IF_ERROR(CheckArity(node, 2, 3));
@@ -668,40 +669,50 @@ Status RunConvTranspose(const OpContext& ctx, std::vector<Tensor>& outputs) {
   const int64_t in_plane = g.in[0] * g.in[1] * g.in[2];
   const int64_t out_plane = g.out[0] * g.out[1] * g.out[2];
   const int64_t taps = g.kernel[0] * g.kernel[1] * g.kernel[2];
-  std::vector<double> acc(static_cast<size_t>(out_plane));
+  const int64_t rows = Mg * taps;  // one column row per (output channel, kernel tap)
   float* y = outputs[0].data<float>();
   for (int64_t n = 0; n < g.N; ++n) {
     for (int64_t m = 0; m < g.M; ++m) {
-      const int64_t grp = m / Mg, mg = m % Mg;
-      std::fill(acc.begin(), acc.end(), bias ? static_cast<double>(bias[m]) : 0.0);
-      for (int64_t cg = 0; cg < Cg; ++cg) {
-        const int64_t c = grp * Cg + cg;
-        const float* xp = x + (n * g.C + c) * in_plane;
-        const float* wp = w + (c * Mg + mg) * taps;
-        for (int64_t i0 = 0; i0 < g.in[0]; ++i0) {
-          for (int64_t i1 = 0; i1 < g.in[1]; ++i1) {
-            for (int64_t i2 = 0; i2 < g.in[2]; ++i2) {
-              const double xv = xp[(i0 * g.in[1] + i1) * g.in[2] + i2];
-              for (int64_t k0 = 0; k0 < g.kernel[0]; ++k0) {
-                const int64_t o0 = i0 * g.stride[0] + k0 * g.dil[0] - g.pad_begin[0];
-                if (o0 < 0 || o0 >= g.out[0]) continue;
-                for (int64_t k1 = 0; k1 < g.kernel[1]; ++k1) {
-                  const int64_t o1 = i1 * g.stride[1] + k1 * g.dil[1] - g.pad_begin[1];
-                  if (o1 < 0 || o1 >= g.out[1]) continue;
-                  for (int64_t k2 = 0; k2 < g.kernel[2]; ++k2) {
-                    const int64_t o2 = i2 * g.stride[2] + k2 * g.dil[2] - g.pad_begin[2];
-                    if (o2 < 0 || o2 >= g.out[2]) continue;
-                    acc[(o0 * g.out[1] + o1) * g.out[2] + o2] +=
-                        xv * wp[(k0 * g.kernel[1] + k1) * g.kernel[2] + k2];
-                  }
-                }
-              }
+      std::fill(y + (n * g.M + m) * out_plane, y + (n * g.M + m + 1) * out_plane,
+                bias ? bias[m] : 0.0f);
+    }
+  }
+  if (in_plane == 0 || rows == 0) return Status::OK();
+  // Input positions per GEMM, so the column buffer stays near 16 MiB whatever the layer size.
+  const int64_t chunk = std::clamp<int64_t>((int64_t{1} << 22) / rows, 1, in_plane);
+  std::vector<float> cols(static_cast<size_t>(rows * chunk));
+  for (int64_t n = 0; n < g.N; ++n) {
+    for (int64_t grp = 0; grp < g.group; ++grp) {
+      const float* xg = x + (n * g.C + grp * Cg) * in_plane;  // [Cg, in_plane]
+      const float* wg = w + grp * Cg * rows;                  // [Cg, Mg * taps]
+      float* yg = y + (n * g.M + grp * Mg) * out_plane;
+      for (int64_t p0 = 0; p0 < in_plane; p0 += chunk) {
+        const int64_t len = std::min(chunk, in_plane - p0);
+        // S1: cols[Mg * taps, len] = Wg^T * Xg[:, p0 : p0 + len].
+        KILN_RETURN_IF_ERROR(Sgemm(true, false, rows, len, Cg, 1.0f, wg, rows, xg + p0, in_plane,
+                                   0.0f, cols.data(), len, ctx.num_threads())
+                                 .WithContext(ctx.where()));
+        // S2: col2im, every column entry added where its tap lands in the output.
+        for (int64_t r = 0; r < rows; ++r) {
+          const int64_t m = r / taps, t = r % taps;
+          const int64_t k0 = t / (g.kernel[1] * g.kernel[2]);
+          const int64_t k1 = t / g.kernel[2] % g.kernel[1], k2 = t % g.kernel[2];
+          const float* col = cols.data() + r * len;
+          float* ym = yg + m * out_plane;
+          for (int64_t q = 0; q < len; ++q) {
+            const int64_t pos = p0 + q;
+            const int64_t i2 = pos % g.in[2], i1 = pos / g.in[2] % g.in[1];
+            const int64_t i0 = pos / (g.in[1] * g.in[2]);
+            const int64_t o0 = i0 * g.stride[0] + k0 * g.dil[0] - g.pad_begin[0];
+            const int64_t o1 = i1 * g.stride[1] + k1 * g.dil[1] - g.pad_begin[1];
+            const int64_t o2 = i2 * g.stride[2] + k2 * g.dil[2] - g.pad_begin[2];
+            if (o0 < 0 || o0 >= g.out[0] || o1 < 0 || o1 >= g.out[1] || o2 < 0 || o2 >= g.out[2]) {
+              continue;
             }
+            ym[(o0 * g.out[1] + o1) * g.out[2] + o2] += col[q];
           }
         }
       }
-      float* yp = y + (n * g.M + m) * out_plane;
-      for (int64_t i = 0; i < out_plane; ++i) yp[i] = static_cast<float>(acc[i]);
     }
   }
   return Status::OK();
