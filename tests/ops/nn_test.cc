@@ -580,6 +580,8 @@ TEST(NnConvTranspose, AgainstDirectLoop) {
       {{1, 2, 3, 4, 5}, {2, 2, 2, 3, 2}, {1, 2, 2}, {1, 1, 2}, {0, 1, 0, 0, 0, 1}, {0, 1, 1}, 1},
       {{1, 6, 7}, {6, 1, 4}, {3}, {1}, {2, 0}, {2}, 3},
       {{1, 16, 9, 9}, {16, 8, 4, 4}, {2, 2}, {1, 1}, {1, 1, 1, 1}, {0, 0}, 1},
+      // 512 * 8 * 8 column rows: the GEMM runs over chunks that start mid-row.
+      {{1, 1, 20, 20}, {1, 512, 8, 8}, {1, 1}, {1, 1}, {0, 0, 0, 0}, {0, 0}, 1},
   };
   uint32_t seed = 10;
   for (const ConvTransposeCase& c : cases) {

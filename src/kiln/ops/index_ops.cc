@@ -476,8 +476,9 @@ Status RunNonZero(const OpContext& ctx, std::vector<Tensor>& outputs) {
 
 // ---------------------------------------------------------------------------------------------
 // OneHot (opset 9+): indices (any numeric, truncated), depth (a one-element constant), values
-// [off, on]; the new axis of length depth goes at `axis`. Indices in [-depth, depth) are hot
-// (negatives count from the end); others give an all-off row, as the spec says.
+// [off, on]; the new axis of length depth goes at `axis`. Indices in [0, depth) are hot, and
+// from opset 11 also [-depth, 0) (counting from the end); others give an all-off row, as each
+// opset's spec says.
 
 Status CheckOneHot(const Node& node, int64_t /*opset*/) {
   KILN_RETURN_IF_ERROR(CheckArity(node, 3, 3));
@@ -535,10 +536,11 @@ Status RunOneHot(const OpContext& ctx, std::vector<Tensor>& outputs) {
   for (int64_t i = 0; i < out.numel(); ++i) std::memcpy(dst + i * elem, values, elem);
   const int64_t outer = DimProduct(indices.shape(), 0, p.axis);
   const int64_t inner = DimProduct(indices.shape(), p.axis, indices.shape().size());
+  const int64_t lowest = ctx.opset() >= 11 ? -p.depth : 0;
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t i = 0; i < inner; ++i) {
       int64_t hot = static_cast<int64_t>(indices.GetAsDouble(o * inner + i));
-      if (hot < -p.depth || hot >= p.depth) continue;
+      if (hot < lowest || hot >= p.depth) continue;
       if (hot < 0) hot += p.depth;
       std::memcpy(dst + ((o * p.depth + hot) * inner + i) * elem, values + elem, elem);
     }

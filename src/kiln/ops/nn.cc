@@ -692,24 +692,30 @@ Status RunConvTranspose(const OpContext& ctx, std::vector<Tensor>& outputs) {
         KILN_RETURN_IF_ERROR(Sgemm(true, false, rows, len, Cg, 1.0f, wg, rows, xg + p0, in_plane,
                                    0.0f, cols.data(), len, ctx.num_threads())
                                  .WithContext(ctx.where()));
-        // S2: col2im, every column entry added where its tap lands in the output.
+        // S2: col2im, every column entry added where its tap lands in the output. The chunk
+        // starts at input position p0; its positions are walked with a carried (i0, i1, i2).
+        const int64_t s0 = p0 / (g.in[1] * g.in[2]), s1 = p0 / g.in[2] % g.in[1], s2 = p0 % g.in[2];
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t m = r / taps, t = r % taps;
           const int64_t k0 = t / (g.kernel[1] * g.kernel[2]);
           const int64_t k1 = t / g.kernel[2] % g.kernel[1], k2 = t % g.kernel[2];
           const float* col = cols.data() + r * len;
           float* ym = yg + m * out_plane;
+          int64_t i0 = s0, i1 = s1, i2 = s2;
           for (int64_t q = 0; q < len; ++q) {
-            const int64_t pos = p0 + q;
-            const int64_t i2 = pos % g.in[2], i1 = pos / g.in[2] % g.in[1];
-            const int64_t i0 = pos / (g.in[1] * g.in[2]);
             const int64_t o0 = i0 * g.stride[0] + k0 * g.dil[0] - g.pad_begin[0];
             const int64_t o1 = i1 * g.stride[1] + k1 * g.dil[1] - g.pad_begin[1];
             const int64_t o2 = i2 * g.stride[2] + k2 * g.dil[2] - g.pad_begin[2];
-            if (o0 < 0 || o0 >= g.out[0] || o1 < 0 || o1 >= g.out[1] || o2 < 0 || o2 >= g.out[2]) {
-              continue;
+            if (o0 >= 0 && o0 < g.out[0] && o1 >= 0 && o1 < g.out[1] && o2 >= 0 && o2 < g.out[2]) {
+              ym[(o0 * g.out[1] + o1) * g.out[2] + o2] += col[q];
             }
-            ym[(o0 * g.out[1] + o1) * g.out[2] + o2] += col[q];
+            if (++i2 == g.in[2]) {
+              i2 = 0;
+              if (++i1 == g.in[1]) {
+                i1 = 0;
+                ++i0;
+              }
+            }
           }
         }
       }
