@@ -35,6 +35,7 @@ struct In {
   std::vector<int64_t> const_ints;  // non-empty: a structural int64 initializer with these values
   bool as_weight = false;           // a float initializer (bound weight) instead of an input
   bool absent = false;              // an omitted optional input ("")
+  std::vector<float> const_floats = {};  // non-empty: a float initializer with these values
 };
 
 struct Case {
@@ -447,6 +448,11 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
         names.push_back(name);
         continue;
       }
+      if (!in.const_floats.empty()) {
+        b.FloatInit(name, in.shape, in.const_floats);
+        names.push_back(name);
+        continue;
+      }
       const int64_t n = NumElements(in.shape);
       const bool eight_bit =
           in.elem == onnx::TensorProto::INT8 || in.elem == onnx::TensorProto::UINT8;
@@ -619,8 +625,79 @@ void RunGroup(const std::vector<Case>& cases, int64_t opset) {
 }
 
 // Issue 7, family B (indexing, scatter/gather, ConvTranspose, Einsum, quantized, recurrent).
+// Index inputs drawn at run time hold 0..3, so every indexed axis here has at least 4 entries;
+// negative indices come as structural constants. NonZero's input must be structural (its output
+// shape depends on values), so it folds; the refusal for a runtime input is tested below.
+In Idx32(std::vector<int64_t> s) {
+  return In{std::move(s), onnx::TensorProto::INT32, Domain::kIndex, {}};
+}
+In CF(std::vector<int64_t> shape, std::vector<float> values) {
+  In i;
+  i.shape = std::move(shape);
+  i.const_floats = std::move(values);
+  return i;
+}
+auto Eq(const char* equation) { return Str("equation", equation); }
+
 const std::vector<Case>& FamilyBCases() {
   static const std::vector<Case> cases = {
+      // ConvTranspose: groups, strides, pads, output_padding, output_shape, auto_pad, 1-D to 3-D
+      {"ConvTranspose", {F({1, 4, 5, 5}), W({4, 3, 3, 3}), W({6})},
+       All(Int("group", 2), Ints("strides", {2, 2}), Ints("pads", {1, 0, 1, 0}),
+           Ints("output_padding", {1, 1}))},
+      {"ConvTranspose", {F({2, 3, 4, 4}), W({3, 2, 2, 3})},
+       All(Ints("strides", {3, 2}), Ints("output_shape", {14, 10}), Ints("dilations", {1, 2}))},
+      {"ConvTranspose", {F({1, 2, 6}), W({2, 3, 3})},
+       All(Str("auto_pad", "SAME_UPPER"), Ints("strides", {2}))},
+      {"ConvTranspose", {F({1, 2, 3, 3, 2}), W({2, 2, 2, 2, 2}), W({2})},
+       Ints("strides", {1, 2, 1})},
+      // layout
+      {"DepthToSpace", {F({1, 8, 2, 3})}, Int("blocksize", 2)},
+      {"DepthToSpace", {F({2, 8, 3, 2})}, All(Int("blocksize", 2), Str("mode", "CRD"))},
+      {"SpaceToDepth", {F({1, 2, 4, 6})}, Int("blocksize", 2)},
+      {"Tile", {Idx({2, 3}), C({2, 1})}}, {"Tile", {F({2, 1, 3}), C({1, 3, 2})}},
+      {"Expand", {Idx({2, 1, 3}), C({4, 1})}}, {"Expand", {F({3}), C({2, 1, 3})}},
+      {"Where", {B({2, 1, 3}), F({4, 1}), F({1, 3})}},
+      {"Trilu", {F({2, 3, 4})}}, {"Trilu", {F({5, 5}), CScalar(-1)}, Int("upper", 0)},
+      {"Trilu", {Idx({4, 3}), CScalar(1)}}, {"Trilu", {F({4, 5}), Idx({})}},
+      {"EyeLike", {F({3, 4})}, Int("k", 1)},
+      {"EyeLike", {Idx({3, 3})}, Int("dtype", onnx::TensorProto::FLOAT)},
+      // Range (float from structural float constants, int with a negative step), Size
+      {"Range", {CF({}, {0.5f}), CF({}, {3.1f}), CF({}, {0.7f})}},
+      {"Range", {CScalar(10), CScalar(1), CScalar(-3)}}, {"Size", {Idx({2, 3, 4})}},
+      // gather / scatter
+      {"GatherElements", {F({4, 3}), Idx({2, 3})}},
+      {"GatherElements", {F({2, 5}), Idx32({2, 3})}, Int("axis", 1)},
+      {"GatherElements", {F({5}), C({-1, 0, 3, -5})}},
+      {"GatherND", {F({4, 4, 3}), Idx({2, 2})}},
+      {"GatherND", {F({2, 4, 3}), Idx32({2, 3, 1})}, Int("batch_dims", 1)},
+      {"GatherND", {F({4, 3}), C({-1, 2})}},
+      {"ScatterElements", {F({4, 3}), Idx({2, 3}), F({2, 3})}},
+      {"ScatterElements", {F({3, 4}), Idx32({3, 3}), F({3, 3})},
+       All(Int("axis", 1), Str("reduction", "add"))},
+      {"ScatterElements", {F({6}), C({-1, 2, -1}), F({3})}, Str("reduction", "mul")},
+      {"ScatterND", {F({4, 4}), Idx({3, 1}), F({3, 4})}},
+      {"ScatterND", {F({4, 4}), Idx({3, 2}), F({3})}, Str("reduction", "add")},
+      {"ScatterND", {F({4, 2}), C({-1}), F({2})}, Str("reduction", "mul")},
+      {"NonZero", {C({0, 3, 0, 1, 2})}},
+      {"OneHot", {Idx({2, 3}), CScalar(5), F({2})}},
+      {"OneHot", {C({-1, 2, 7}), C({4}), F({2})}, Int("axis", 0)},
+      {"OneHot", {Idx({3}), CF({}, {4.0f}), F({2})}},
+      // Einsum: matmul, batch matmul, ellipsis, diagonal, trace, outer, implicit output, int64
+      {"Einsum", {F({3, 4}), F({4, 5})}, Eq("ij,jk->ik")},
+      {"Einsum", {F({2, 3, 4}), F({2, 4, 5})}, Eq("bij,bjk->bik")},
+      {"Einsum", {F({2, 1, 3, 4}), F({3, 4, 2})}, Eq("...ij,...jk->...ik")},
+      {"Einsum", {F({2, 3, 3})}, Eq("...ii->...i")}, {"Einsum", {F({4, 4})}, Eq("ii")},
+      {"Einsum", {F({3}), F({4})}, Eq("i,j->ij")}, {"Einsum", {F({3, 2, 4})}, Eq("kji")},
+      {"Einsum", {Idx({2, 3}), Idx({3, 2})}, Eq("ij,jk")},
+  };
+  return cases;
+}
+
+const std::vector<Case>& FamilyBOpset18Cases() {  // scatter reductions max and min
+  static const std::vector<Case> cases = {
+      {"ScatterElements", {F({4, 3}), Idx({3, 3}), F({3, 3})}, Str("reduction", "max")},
+      {"ScatterND", {F({4, 4}), Idx({3, 1}), F({3, 4})}, Str("reduction", "min")},
   };
   return cases;
 }
@@ -741,6 +818,27 @@ TEST(Differential, FamilyBOpsCompiledMatchEager) {
   if (FamilyBCases().empty()) GTEST_SKIP() << "no family B cases yet";
   RunGroup(FamilyBCases(), 17);
 }
+TEST(Differential, FamilyBOpset18OpsCompiledMatchEager) { RunGroup(FamilyBOpset18Cases(), 18); }
+
+// NonZero over a runtime input has a data-dependent output shape: the compiler refuses it by
+// name rather than guessing a shape.
+TEST(Differential, NonZeroOnRuntimeInputIsRefusedAsDataDependent) {
+  OnnxBuilder b(17);
+  b.Input("x", onnx::TensorProto::FLOAT, {2, 3});
+  b.Node("NonZero", {"x"}, {"y"}, "nz");
+  b.Output("y", onnx::TensorProto::INT64, {});
+  auto g = ImportOnnxBytes(b.Bytes(), "nonzero");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  g->outputs[0].has_shape = false;
+  Envelope env{{ShapeClass{{"x", {2, 3}}}}};
+  auto cell = GenerateCell(*g, env, "nonzero", CompileOptions{}, nullptr);
+  ASSERT_FALSE(cell.ok());
+  EXPECT_EQ(cell.status().code(), StatusCode::kUnimplemented) << cell.status().ToString();
+  EXPECT_NE(cell.status().message().find("NonZero 'nz'"), std::string::npos)
+      << cell.status().ToString();
+  EXPECT_NE(cell.status().message().find("data-dependent output shape"), std::string::npos)
+      << cell.status().ToString();
+}
 
 // Family C also re-binds the cell to another checkpoint: scales, zero points and recurrent
 // weights are read as bound data (float weights scaled by 1.25, 8-bit ones shifted by 3).
@@ -763,8 +861,9 @@ TEST(Differential, FamilyCOpsCompiledMatchEager) {
 // Every op in the registry appears in some case (a new op without a differential case fails).
 TEST(Differential, EveryRegisteredOpHasACase) {
   std::set<std::string> covered = {"Constant"};  // lifted by the importer, never compiled
-  for (const auto* group : {&Opset17Cases(), &LegacyCases(), &Opset18Cases(), &FamilyACases(),
-                            &FamilyBCases(), &FamilyCCases()}) {
+  for (const auto* group :
+       {&Opset17Cases(), &LegacyCases(), &Opset18Cases(), &FamilyACases(), &FamilyALegacyCases(),
+        &FamilyAOpset18Cases(), &FamilyBCases(), &FamilyBOpset18Cases(), &FamilyCCases()}) {
     for (const Case& c : *group) covered.insert(c.op);
   }
   for (const std::string& op : OpRegistry::Global().OpTypes()) {

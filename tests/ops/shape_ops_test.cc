@@ -355,7 +355,19 @@ TEST(ShapeExpandTile, Cases) {
        MakeNode("Tile", 2),
        {I64({2}, {5, 6}), I64({1}, {3})},
        {I64({6}, {5, 6, 5, 6, 5, 6})}},
+      {"tile_int32_repeats_3d",
+       MakeNode("Tile", 2),
+       {I32({1, 2, 1}, {7, 8}), I64({3}, {2, 1, 2})},
+       {I32({2, 2, 2}, {7, 7, 8, 8, 7, 7, 8, 8})}},
+      {"tile_zero_repeats",
+       MakeNode("Tile", 2),
+       {Iota({2, 3}), I64({2}, {0, 2})},
+       {F32({0, 6}, {})}},
   });
+  ExpectError(MakeNode("Tile", 2), {Iota({2, 3}), I64({1}, {2})}, 13, StatusCode::kInvalidArgument,
+              {"Tile 'n0'", "repeats [2]", "[2,3]"});
+  ExpectError(MakeNode("Tile", 2), {Iota({2, 3}), I64({2}, {1, -1})}, 13,
+              StatusCode::kInvalidArgument, {"repeats [1,-1]", "non-negative"});
   ExpectError(MakeNode("Expand", 2), {Iota({3}), I64({1}, {2})}, 13, StatusCode::kInvalidArgument,
               {"Expand 'n0'", "[3]", "[2]"});
 }
@@ -500,7 +512,19 @@ TEST(ShapeRange, Cases) {
        {I32({}, {1}), I32({}, {6}), I32({}, {2})},
        {I32({3}, {1, 3, 5})}},
       {"empty", MakeNode("Range", 3), {I64({}, {5}), I64({}, {1}), I64({}, {1})}, {I64({0}, {})}},
+      {"float_negative_delta",
+       MakeNode("Range", 3),
+       {F32({}, {1}), F32({}, {-0.5f}), F32({}, {-0.5f})},
+       {F32({3}, {1, 0.5f, 0})}},
+      {"int32_uneven_step",
+       MakeNode("Range", 3),
+       {I32({}, {-3}), I32({}, {4}), I32({}, {3})},
+       {I32({3}, {-3, 0, 3})}},
   });
+  ExpectError(MakeNode("Range", 3), {I64({}, {0}), I32({}, {4}), I64({}, {1})}, 13,
+              StatusCode::kInvalidArgument, {"input 1 ('limit') is int32[]", "int64 like 'start'"});
+  ExpectError(MakeNode("Range", 3), {I64({}, {0}), I64({2}, {4, 5}), I64({}, {1})}, 13,
+              StatusCode::kInvalidArgument, {"'limit'", "expected a scalar"});
   ExpectError(MakeNode("Range", 3), {I64({}, {0}), I64({}, {4}), I64({}, {0})}, 13,
               StatusCode::kInvalidArgument, {"delta is 0"});
 }

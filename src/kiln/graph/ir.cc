@@ -115,6 +115,7 @@ bool IsShapeInput(const std::string& domain, const std::string& op_type, size_t 
   if (op_type == "Resize") return index == 1 || index == 2;
   if (op_type == "Upsample") return index == 1;
   if (op_type == "Range") return index <= 2;
+  if (op_type == "OneHot") return index == 1;  // depth
   return false;
 }
 

@@ -41,6 +41,7 @@ const OpRegistry& OpRegistry::Global() {
     RegisterQuantOps(*r);
     RegisterRecurrentOps(*r);
     RegisterResizeOps(*r);
+    RegisterIndexOps(*r);
     return r;
   }();
   return *registry;

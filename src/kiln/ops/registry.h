@@ -108,6 +108,7 @@ void RegisterShapeOps(OpRegistry& r);        // ops/shape_ops.cc: Reshape ... Re
 void RegisterQuantOps(OpRegistry& r);        // ops/quant_ops.cc: QDQ, QLinear*, *Integer
 void RegisterRecurrentOps(OpRegistry& r);    // ops/recurrent.cc: LSTM, GRU, RNN
 void RegisterResizeOps(OpRegistry& r);       // ops/resize.cc: Resize, Upsample
+void RegisterIndexOps(OpRegistry& r);        // ops/index_ops.cc: gather/scatter, Einsum...
 
 // Helpers shared by family files.
 // Unary/binary ops that keep the (broadcast) shape and dtype of input 0 / inputs.
