@@ -38,6 +38,7 @@ const OpRegistry& OpRegistry::Global() {
     RegisterReduceOps(*r);
     RegisterNnOps(*r);
     RegisterShapeOps(*r);
+    RegisterControlFlowOps(*r);
     return r;
   }();
   return *registry;
