@@ -1,4 +1,4 @@
-// If and Loop (subgraphs reading outer-scope values) through every layer that walks a graph:
+// If, Loop and Scan (subgraphs reading outer-scope values) through every layer that walks a graph:
 // import (Constants inside branches hoisted as weights), verifier, dead code, digest, the eager
 // interpreter, and the compiler (a structural If inlined; an input-dependent If and a counted
 // Loop served compiled through the runtime host; a data-dependent Loop refused by name).
@@ -87,8 +87,8 @@ OnnxBuilder IfModel(const IfSpec& spec = {}) {
 
 // Loop(M, cond, acc0) with body (i, c_in, acc) -> (c_out, acc + a + i, acc + a + i):
 // c_out = ReduceSum(acc') < limit. Outer values: a (input), limit (input).
-OnnxBuilder LoopModel(bool nested_if = false) {
-  OnnxBuilder b(17);
+OnnxBuilder LoopModel(bool nested_if = false, int64_t opset = 17) {
+  OnnxBuilder b(opset);
   b.Input("a", kFloat, {3}).Input("limit", kFloat, {}).Input("acc0", kFloat, {3});
   b.Input("m", kInt64, {}).Input("cond", kBool, {});
   b.Output("acc", kFloat, {3}).Output("rows", kFloat, {-1, 3});
@@ -262,33 +262,37 @@ TEST(ControlFlowEager, IfOnAnInputDependentConditionTakesBothBranches) {
 }
 
 TEST(ControlFlowEager, LoopWithTripCountCondAndScanOutputs) {
-  auto g = Import(LoopModel());
-  ASSERT_NE(g, nullptr);
-  auto interp = Interpreter::Create(g);
-  ASSERT_TRUE(interp.ok()) << interp.status().ToString();
-  struct Case {
-    float limit;
-    int64_t m;
-    bool cond;
-  };
-  // Runs all M trips; stops early on the body's condition; never starts (cond false); M = 0.
-  for (const Case& c :
-       {Case{1000, 4, true}, Case{10, 6, true}, Case{1000, 3, false}, Case{1000, 0, true}}) {
-    const std::vector<float> a = {1, 2, 3}, acc0 = {0.5f, 0, -1};
-    auto out = interp->Run({{"a", Floats({3}, a)},
-                            {"limit", Tensor::Scalar<float>(c.limit)},
-                            {"acc0", Floats({3}, acc0)},
-                            {"m", Tensor::Scalar<int64_t>(c.m)},
-                            {"cond", BoolScalar(c.cond)}});
-    ASSERT_TRUE(out.ok()) << out.status().ToString();
-    Tensor want_acc, want_rows;
-    LoopReference(a, c.limit, acc0, c.m, c.cond, false, &want_acc, &want_rows);
-    const std::string what = "limit " + std::to_string(c.limit) + " m " + std::to_string(c.m);
-    ExpectNear(out->at("acc"), want_acc, what + " acc");
-    if (want_rows.numel() > 0) {
-      ExpectNear(out->at("rows"), want_rows, what + " rows");
-    } else {
-      EXPECT_EQ(out->at("rows").numel(), 0) << what;
+  // Loop-11, -13 and -16 differ only in the types they admit (sequences, optionals).
+  for (int64_t opset : {11, 13, 16, 17}) {
+    SCOPED_TRACE("opset " + std::to_string(opset));
+    auto g = Import(LoopModel(false, opset));
+    ASSERT_NE(g, nullptr);
+    auto interp = Interpreter::Create(g);
+    ASSERT_TRUE(interp.ok()) << interp.status().ToString();
+    struct Case {
+      float limit;
+      int64_t m;
+      bool cond;
+    };
+    // Runs all M trips; stops early on the body's condition; never starts (cond false); M = 0.
+    for (const Case& c :
+         {Case{1000, 4, true}, Case{10, 6, true}, Case{1000, 3, false}, Case{1000, 0, true}}) {
+      const std::vector<float> a = {1, 2, 3}, acc0 = {0.5f, 0, -1};
+      auto out = interp->Run({{"a", Floats({3}, a)},
+                              {"limit", Tensor::Scalar<float>(c.limit)},
+                              {"acc0", Floats({3}, acc0)},
+                              {"m", Tensor::Scalar<int64_t>(c.m)},
+                              {"cond", BoolScalar(c.cond)}});
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      Tensor want_acc, want_rows;
+      LoopReference(a, c.limit, acc0, c.m, c.cond, false, &want_acc, &want_rows);
+      const std::string what = "limit " + std::to_string(c.limit) + " m " + std::to_string(c.m);
+      ExpectNear(out->at("acc"), want_acc, what + " acc");
+      if (want_rows.numel() > 0) {
+        ExpectNear(out->at("rows"), want_rows, what + " rows");
+      } else {
+        EXPECT_EQ(out->at("rows").numel(), 0) << what;
+      }
     }
   }
 }
@@ -309,6 +313,66 @@ TEST(ControlFlowEager, NestedIfInsideALoopBody) {
   LoopReference(a, 1000, acc0, 5, true, true, &want_acc, &want_rows);
   ExpectNear(out->at("acc"), want_acc, "acc");
   ExpectNear(out->at("rows"), want_rows, "rows");
+}
+
+// Scan over x along `axis` (reversed when `reverse`), state s: s' = s + x_t, y_t = s' * k (k an
+// outer input); the scan output is stacked along the same axis.
+OnnxBuilder ScanModel(int64_t axis, bool reverse) {
+  OnnxBuilder b(16);
+  b.Input("s0", kFloat, {2})
+      .Input("x", kFloat, axis == 0 ? std::vector<int64_t>{3, 2} : std::vector<int64_t>{2, 3});
+  b.Input("k", kFloat, {});
+  b.Output("s", kFloat, {2})
+      .Output("y", kFloat, axis == 0 ? std::vector<int64_t>{3, 2} : std::vector<int64_t>{2, 3});
+  OnnxBuilder body;
+  body.Input("s_in", kFloat, {2}).Input("x_t", kFloat, {2});
+  body.Node("Add", {"s_in", "x_t"}, {"s_out"}, "acc");
+  body.Node("Mul", {"s_out", "k"}, {"y_t"}, "scale");
+  body.Output("s_out", kFloat, {2}).Output("y_t", kFloat, {2});
+  auto& n = b.Node("Scan", {"s0", "x"}, {"s", "y"}, "scan");
+  OnnxBuilder::IntAttr(n, "num_scan_inputs", 1);
+  OnnxBuilder::IntsAttr(n, "scan_input_axes", {axis});
+  OnnxBuilder::IntsAttr(n, "scan_output_axes", {axis});
+  OnnxBuilder::IntsAttr(n, "scan_input_directions", {reverse ? 1 : 0});
+  AttachGraph(n, "body", body);
+  return b;
+}
+
+// The scan above by hand, for x given as rows [t][c] in iteration order before reversal.
+void ScanReference(int64_t axis, bool reverse, const Tensor& x, std::vector<float> s, float k,
+                   Tensor* final_s, Tensor* y) {
+  std::vector<float> out(6);
+  for (int64_t step = 0; step < 3; ++step) {
+    const int64_t t = reverse ? 2 - step : step;
+    for (int64_t c = 0; c < 2; ++c) {
+      const int64_t at = axis == 0 ? t * 2 + c : c * 3 + t;
+      s[static_cast<size_t>(c)] += x.data<float>()[at];
+      out[static_cast<size_t>(axis == 0 ? step * 2 + c : c * 3 + step)] =
+          s[static_cast<size_t>(c)] * k;
+    }
+  }
+  *final_s = Floats({2}, s);
+  *y = Floats(x.shape(), out);
+}
+
+TEST(ControlFlowEager, ScanForwardAndReversedAlongEitherAxis) {
+  for (int64_t axis : {0, 1}) {
+    for (bool reverse : {false, true}) {
+      SCOPED_TRACE("axis " + std::to_string(axis) + (reverse ? " reversed" : ""));
+      auto g = Import(ScanModel(axis, reverse));
+      ASSERT_NE(g, nullptr);
+      auto interp = Interpreter::Create(g);
+      ASSERT_TRUE(interp.ok()) << interp.status().ToString();
+      const Tensor x = Floats(axis == 0 ? Shape{3, 2} : Shape{2, 3}, {1, 2, 3, 4, 5, 6});
+      auto out =
+          interp->Run({{"s0", Floats({2}, {0.5f, -1})}, {"x", x}, {"k", Tensor::Scalar(2.0f)}});
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      Tensor want_s, want_y;
+      ScanReference(axis, reverse, x, {0.5f, -1}, 2.0f, &want_s, &want_y);
+      ExpectNear(out->at("s"), want_s, "final state");
+      ExpectNear(out->at("y"), want_y, "scan output");
+    }
+  }
 }
 
 // ---- compiled -------------------------------------------------------------------------------
@@ -485,6 +549,22 @@ TEST(ControlFlowCompiled, CountedLoopWithNestedIfRunsCompiled) {
   LoopReference(a, 1e9f, {0.5f, 0, -1}, 4, true, true, &want_acc, &want_rows);
   ExpectNear(got->at("acc"), want_acc, "acc");
   ExpectNear(got->at("rows"), want_rows, "rows");
+}
+
+TEST(ControlFlowCompiled, ScanHasStaticShapesAndRunsCompiled) {
+  auto g = Import(ScanModel(1, true));
+  ASSERT_NE(g, nullptr);
+  auto c = Compile(g, Envelope{{{{"s0", {2}}, {"x", {2, 3}}, {"k", {}}}}}, {}, "scan");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const Tensor x = Floats({2, 3}, {1, 2, 3, 4, 5, 6});
+  CellRunError err;
+  auto got = c->cell->Run(
+      0, {{"s0", Floats({2}, {0.5f, -1})}, {"x", x}, {"k", Tensor::Scalar(3.0f)}}, &err);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  Tensor want_s, want_y;
+  ScanReference(1, true, x, {0.5f, -1}, 3.0f, &want_s, &want_y);
+  ExpectNear(got->at("s"), want_s, "final state");
+  ExpectNear(got->at("y"), want_y, "scan output");
 }
 
 TEST(ControlFlowCompiled, ADataDependentLoopIsRefusedNamingTheOp) {

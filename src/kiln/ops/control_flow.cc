@@ -1,4 +1,4 @@
-// Control-flow ops (ops layer): If and Loop, whose attributes hold subgraphs.
+// Control-flow ops (ops layer): If, Loop and Scan, whose attributes hold subgraphs.
 //
 // These ops never walk a graph themselves: they ask the OpContext's SubgraphRunner (the
 // interpreter, static shape inference, or the runtime host serving a compiled cell) to infer or
@@ -12,6 +12,7 @@
 // the body's condition provably true), otherwise < 0 (known only after run).
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 #include "src/kiln/ops/registry.h"
 
@@ -306,6 +307,197 @@ Status RunLoop(const OpContext& ctx, std::vector<Tensor>& outputs) {
   return Status::OK();
 }
 
+// ---- Scan (opset 9+) -------------------------------------------------------------------------
+// Inputs: N state initial values, then M scan inputs iterated along scan_input_axes (reversed
+// where scan_input_directions is 1). Body: (states..., one slice per scan input) -> (states...,
+// K scan slices). Outputs: N final states, then K scan outputs stacked along scan_output_axes.
+// The iteration count is the scanned axis's extent, so every output type is static.
+
+struct ScanAttrs {
+  size_t states = 0, scans_in = 0, scans_out = 0;
+  std::vector<int64_t> in_axes, in_dirs, out_axes, out_dirs;
+};
+
+Result<ScanAttrs> ReadScan(const Node& n, const Graph& body) {
+  ScanAttrs a;
+  KILN_ASSIGN_OR_RETURN(int64_t m, n.GetInt("num_scan_inputs"));
+  if (m < 1 || static_cast<size_t>(m) > n.inputs.size()) {
+    return Status::InvalidArgument(n.Describe() + ": num_scan_inputs=" + std::to_string(m) +
+                                   " must be in [1, " + std::to_string(n.inputs.size()) + "]");
+  }
+  a.scans_in = static_cast<size_t>(m);
+  a.states = n.inputs.size() - a.scans_in;
+  if (body.inputs.size() != n.inputs.size() || body.outputs.size() != n.outputs.size() ||
+      body.outputs.size() < a.states) {
+    return Status::InvalidArgument(
+        n.Describe() + ": body has " + std::to_string(body.inputs.size()) + " inputs and " +
+        std::to_string(body.outputs.size()) + " outputs, the node " +
+        std::to_string(n.inputs.size()) + " and " + std::to_string(n.outputs.size()));
+  }
+  a.scans_out = n.outputs.size() - a.states;
+  a.in_axes = n.GetInts("scan_input_axes", std::vector<int64_t>(a.scans_in, 0));
+  a.in_dirs = n.GetInts("scan_input_directions", std::vector<int64_t>(a.scans_in, 0));
+  a.out_axes = n.GetInts("scan_output_axes", std::vector<int64_t>(a.scans_out, 0));
+  a.out_dirs = n.GetInts("scan_output_directions", std::vector<int64_t>(a.scans_out, 0));
+  for (const auto& [name, v, want] : {std::tuple<const char*, const std::vector<int64_t>&, size_t>{
+                                          "scan_input_axes", a.in_axes, a.scans_in},
+                                      {"scan_input_directions", a.in_dirs, a.scans_in},
+                                      {"scan_output_axes", a.out_axes, a.scans_out},
+                                      {"scan_output_directions", a.out_dirs, a.scans_out}}) {
+    if (v.size() != want) {
+      return Status::InvalidArgument(n.Describe() + ": attribute '" + name + "' has " +
+                                     std::to_string(v.size()) + " values, expected " +
+                                     std::to_string(want));
+    }
+  }
+  for (const std::vector<int64_t>* dirs : {&a.in_dirs, &a.out_dirs}) {
+    for (int64_t d : *dirs) {
+      if (d != 0 && d != 1) {
+        return Status::InvalidArgument(n.Describe() + ": scan direction " + std::to_string(d) +
+                                       " must be 0 (forward) or 1 (reverse)");
+      }
+    }
+  }
+  return a;
+}
+
+Status CheckScan(const Node& n, int64_t opset) {
+  KILN_ASSIGN_OR_RETURN(const Graph* body, GraphAttr(n, "body"));
+  return ReadScan(n, *body).status();
+}
+
+Result<int64_t> NormAxis(const OpContext& ctx, int64_t axis, size_t rank, const char* what) {
+  const int64_t r = static_cast<int64_t>(rank);
+  if (axis < -r || axis >= r) {
+    return Status::InvalidArgument(ctx.where() + ": " + what + " " + std::to_string(axis) +
+                                   " is out of range for rank " + std::to_string(rank));
+  }
+  return axis < 0 ? axis + r : axis;
+}
+
+// The scanned length and, per scan input, its normalized axis. Every scan input must agree.
+Result<int64_t> ScanLength(const OpContext& ctx, const ScanAttrs& a, std::vector<int64_t>* axes) {
+  int64_t length = -1;
+  for (size_t j = 0; j < a.scans_in; ++j) {
+    const Shape& s = ctx.type(a.states + j).shape;
+    KILN_ASSIGN_OR_RETURN(int64_t axis, NormAxis(ctx, a.in_axes[j], s.size(), "scan input axis"));
+    axes->push_back(axis);
+    const int64_t len = s[static_cast<size_t>(axis)];
+    if (length >= 0 && len != length) {
+      return Status::InvalidArgument(
+          ctx.where() + ": scan input " + std::to_string(j) + " has length " + std::to_string(len) +
+          " along axis " + std::to_string(axis) + ", scan input 0 has " + std::to_string(length));
+    }
+    length = len;
+  }
+  return length;
+}
+
+Shape Without(Shape s, int64_t axis) {
+  s.erase(s.begin() + axis);
+  return s;
+}
+
+Result<std::vector<TensorType>> InferScan(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(const SubgraphRunner* runner, Runner(ctx));
+  KILN_ASSIGN_OR_RETURN(const Graph* body, GraphAttr(ctx.node(), "body"));
+  KILN_ASSIGN_OR_RETURN(ScanAttrs a, ReadScan(ctx.node(), *body));
+  std::vector<int64_t> axes;
+  KILN_ASSIGN_OR_RETURN(int64_t length, ScanLength(ctx, a, &axes));
+  std::vector<TensorType> types;
+  for (size_t i = 0; i < a.states; ++i) types.push_back(ctx.type(i));
+  for (size_t j = 0; j < a.scans_in; ++j) {
+    types.push_back({ctx.type(a.states + j).dtype, Without(ctx.type(a.states + j).shape, axes[j])});
+  }
+  auto out = runner->InferBody(*body, types, std::vector<const Tensor*>(types.size(), nullptr));
+  if (!out.ok()) return out.status().WithContext(ctx.where() + " body");
+  std::vector<TensorType> result(out->begin(), out->begin() + static_cast<ptrdiff_t>(a.states));
+  for (size_t k = 0; k < a.scans_out; ++k) {
+    TensorType t = (*out)[a.states + k];
+    KILN_ASSIGN_OR_RETURN(int64_t axis,
+                          NormAxis(ctx, a.out_axes[k], t.shape.size() + 1, "scan output axis"));
+    t.shape.insert(t.shape.begin() + axis, length);
+    result.push_back(t);
+  }
+  return result;
+}
+
+// Element t of `x` along `axis`, as a new tensor without that axis.
+Result<Tensor> SliceAt(const Tensor& x, int64_t axis, int64_t t) {
+  const Shape& s = x.shape();
+  int64_t outer = 1, inner = static_cast<int64_t>(DTypeSize(x.dtype()));
+  for (int64_t d = 0; d < axis; ++d) outer *= s[static_cast<size_t>(d)];
+  for (size_t d = static_cast<size_t>(axis) + 1; d < s.size(); ++d) inner *= s[d];
+  const int64_t len = s[static_cast<size_t>(axis)];
+  KILN_ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(x.dtype(), Without(s, axis)));
+  const char* src = static_cast<const char*>(x.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (int64_t o = 0; o < outer; ++o) {
+    std::memcpy(dst + o * inner, src + (o * len + t) * inner, static_cast<size_t>(inner));
+  }
+  return out;
+}
+
+Status RunScan(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  KILN_ASSIGN_OR_RETURN(const SubgraphRunner* runner, Runner(ctx));
+  KILN_ASSIGN_OR_RETURN(const Graph* body, GraphAttr(ctx.node(), "body"));
+  KILN_ASSIGN_OR_RETURN(ScanAttrs a, ReadScan(ctx.node(), *body));
+  std::vector<int64_t> axes;
+  KILN_ASSIGN_OR_RETURN(int64_t length, ScanLength(ctx, a, &axes));
+  std::vector<Tensor> state;
+  for (size_t i = 0; i < a.states; ++i) state.push_back(ctx.in(i));
+  std::vector<std::vector<Tensor>> slices(a.scans_out);
+  for (int64_t t = 0; t < length; ++t) {
+    std::vector<Tensor> in = state;
+    for (size_t j = 0; j < a.scans_in; ++j) {
+      const int64_t at = a.in_dirs[j] == 1 ? length - 1 - t : t;
+      KILN_ASSIGN_OR_RETURN(Tensor slice, SliceAt(ctx.in(a.states + j), axes[j], at));
+      in.push_back(std::move(slice));
+    }
+    auto out = runner->RunBody(*body, in);
+    if (!out.ok()) {
+      return out.status().WithContext(ctx.where() + " body (iteration " + std::to_string(t) + ")");
+    }
+    for (size_t i = 0; i < a.states; ++i) state[i] = (*out)[i];
+    for (size_t k = 0; k < a.scans_out; ++k) {
+      const Tensor& v = (*out)[a.states + k];
+      if (!slices[k].empty() &&
+          (v.dtype() != slices[k][0].dtype() || v.shape() != slices[k][0].shape())) {
+        return Status::InvalidArgument(ctx.where() + ": scan output " + std::to_string(k) + " is " +
+                                       v.TypeString() + " in iteration " + std::to_string(t) +
+                                       " but " + slices[k][0].TypeString() + " in iteration 0");
+      }
+      slices[k].push_back(v);
+    }
+  }
+  for (size_t i = 0; i < a.states; ++i) KILN_RETURN_IF_ERROR(Deliver(ctx, i, state[i], outputs));
+  for (size_t k = 0; k < a.scans_out; ++k) {
+    if (slices[k].empty()) {
+      if (a.states + k < outputs.size() && outputs[a.states + k].valid()) continue;
+      return Status::Unimplemented(ctx.where() + ": a scan of length 0 has no output type here");
+    }
+    const Shape& piece = slices[k][0].shape();
+    KILN_ASSIGN_OR_RETURN(int64_t axis,
+                          NormAxis(ctx, a.out_axes[k], piece.size() + 1, "scan output axis"));
+    Shape shape = piece;
+    shape.insert(shape.begin() + axis, length);
+    KILN_ASSIGN_OR_RETURN(Tensor stacked, Tensor::Empty(slices[k][0].dtype(), shape));
+    int64_t outer = 1, inner = static_cast<int64_t>(DTypeSize(stacked.dtype()));
+    for (int64_t d = 0; d < axis; ++d) outer *= piece[static_cast<size_t>(d)];
+    for (size_t d = static_cast<size_t>(axis); d < piece.size(); ++d) inner *= piece[d];
+    char* dst = static_cast<char*>(stacked.raw_data());
+    for (int64_t t = 0; t < length; ++t) {
+      const int64_t at = a.out_dirs[k] == 1 ? length - 1 - t : t;
+      const char* src = static_cast<const char*>(slices[k][static_cast<size_t>(t)].raw_data());
+      for (int64_t o = 0; o < outer; ++o) {
+        std::memcpy(dst + (o * length + at) * inner, src + o * inner, static_cast<size_t>(inner));
+      }
+    }
+    KILN_RETURN_IF_ERROR(Deliver(ctx, a.states + k, stacked, outputs));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 void RegisterControlFlowOps(OpRegistry& r) {
@@ -313,6 +505,8 @@ void RegisterControlFlowOps(OpRegistry& r) {
   // If-13/16 only widened the type constraints (sequences, optionals), which kiln does not take.
   r.Register({"If", "", 1, INT64_MAX, CheckIf, InferIf, RunIf});
   r.Register({"Loop", "", 1, INT64_MAX, CheckLoop, InferLoop, RunLoop});
+  // Scan-8 (batch axis, sequence_lens) is a different op; Scan-9/11/16 share this form.
+  r.Register({"Scan", "", 9, INT64_MAX, CheckScan, InferScan, RunScan});
 }
 
 }  // namespace kiln

@@ -134,7 +134,7 @@ void RegisterElementwiseOps(OpRegistry& r);  // ops/elementwise.cc: unary, binar
 void RegisterReduceOps(OpRegistry& r);       // ops/reduce.cc: Softmax, ReduceMean, ReduceSum
 void RegisterNnOps(OpRegistry& r);           // ops/nn.cc: MatMul, Gemm, Conv, pools, norms
 void RegisterShapeOps(OpRegistry& r);        // ops/shape_ops.cc: Reshape ... Resize, Constant...
-void RegisterControlFlowOps(OpRegistry& r);  // ops/control_flow.cc: If, Loop (subgraphs)
+void RegisterControlFlowOps(OpRegistry& r);  // ops/control_flow.cc: If, Loop, Scan
 
 // Helpers shared by family files.
 // Unary/binary ops that keep the (broadcast) shape and dtype of input 0 / inputs.
