@@ -9,7 +9,8 @@ Each fixture is a tiny torch module exported by torch.onnx.export at a legacy
 opset, so the graph holds the forms exporters wrote before attributes became
 inputs: Slice/Pad/Split/Squeeze/Unsqueeze/ReduceSum attributes at opset 9 and
 11, Upsample at opset 9 (Resize at 11), an If on an input-dependent condition
-(torch.jit.script), and a graph whose weights all live in Constant nodes.
+and a for-loop (a Loop with a scan output) from torch.jit.script, and a graph
+whose weights all live in Constant nodes.
 For every fixture this writes, under tests/data/legacy/<name>/:
   model.onnx          the exported graph
   inputs/<name>.npy   fixed-seed inputs (one file per graph input)
@@ -68,6 +69,22 @@ class Gate(torch.nn.Module):
         else:
             z = y - x
         return z
+
+
+class Recurrence(nn.Module):
+    """A scripted for-loop (exported as Loop with a scan output): h = tanh(W x_t + b + h)."""
+
+    def __init__(self):
+        super().__init__()
+        self.cell = nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = torch.zeros(x.size(1), 3)
+        outs = []
+        for t in range(x.size(0)):
+            h = torch.tanh(self.cell(x[t]) + h)
+            outs.append(h)
+        return h, torch.stack(outs)
 
 
 class ConstWeights(nn.Module):
@@ -143,6 +160,14 @@ def main():
     model = export(gate, (torch.rand(2, 4),), 11, ["x"], ["z"], script=True)
     assert any(n.op_type == "If" for n in model.graph.node), "expected an If"
     write("if_opset11", model, sets)
+
+    rec = Recurrence().eval()
+    xr = torch.randn(5, 2, 3)
+    with torch.no_grad():
+        hr, hsr = rec(xr)
+    model = export(rec, (xr,), 11, ["x"], ["h", "hs"], script=True)
+    assert any(n.op_type == "Loop" for n in model.graph.node), "expected a Loop"
+    write("loop_opset11", model, [({"x": xr.numpy()}, {"h": hr.numpy(), "hs": hsr.numpy()})])
 
     cw = ConstWeights().eval()
     xc = torch.randn(2, 6)

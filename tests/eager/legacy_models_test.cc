@@ -1,8 +1,8 @@
 // Real-world shapes: models exported by torch.onnx.export at legacy opsets (attributes that
 // later became inputs: Slice, Pad, Split, Squeeze/Unsqueeze, ReduceSum at opset 9 and 11;
-// Upsample at 9), an If on an input-dependent condition (torch.jit.script), and a graph whose
-// weights all live in Constant nodes. Each runs eagerly against torch's outputs; the Constant-
-// weights graph and the opset-9 graph are also minted (gate and fence) with dynamic classes.
+// Upsample at 9), an If on an input-dependent condition and a for-loop (torch.jit.script), and a
+// graph whose weights all live in Constant nodes. Each runs eagerly against torch's outputs; the
+// If, the loop and the Constant-weights graph are also minted (strict gate and fence).
 // Fixtures: tests/data/legacy/, made by tools/make_legacy_models.py.
 #include <gtest/gtest.h>
 
@@ -79,6 +79,21 @@ TEST(LegacyModels, ScriptedIfOnAnInputDependentConditionTakesBothBranches) {
   for (int64_t i = 0; i < a.numel(); ++i) sa += a.GetAsDouble(i);
   for (int64_t i = 0; i < b.numel(); ++i) sb += b.GetAsDouble(i);
   EXPECT_GT(sa * -sb, 0);
+}
+
+TEST(LegacyModels, ScriptedForLoopRunsEagerAndMintsThroughTheHost) {
+  RunFixture("loop_opset11");
+  auto g = Load("loop_opset11");
+  ASSERT_NE(g, nullptr);
+  MintRequest r;
+  r.graph = g;
+  r.envelope = Envelope{{{{"x", {5, 2, 3}}}}};
+  r.family = "test/legacy";
+  r.weights = GraphWeights(*g);
+  auto m = MintCell(r);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->gate.verdict, Verdict::kHealthy) << m->gate.Summary();
+  EXPECT_TRUE(m->metadata.fence.perturbed_checkpoint_matched);
 }
 
 TEST(LegacyModels, WeightsInConstantNodesAreBoundAndMintedPerDynamicClass) {
