@@ -138,6 +138,46 @@ void LoopReference(const std::vector<float>& a, float limit, std::vector<float> 
   *rows = trips == 0 ? *Tensor::Empty(DType::kFloat32, {0}) : Floats({trips, 3}, stacked);
 }
 
+// Scan over x along `axis` (reversed when `reverse`), state s: s' = s + x_t, y_t = s' * k (k an
+// outer input); the scan output is stacked along the same axis.
+OnnxBuilder ScanModel(int64_t axis, bool reverse) {
+  OnnxBuilder b(16);
+  b.Input("s0", kFloat, {2})
+      .Input("x", kFloat, axis == 0 ? std::vector<int64_t>{3, 2} : std::vector<int64_t>{2, 3});
+  b.Input("k", kFloat, {});
+  b.Output("s", kFloat, {2})
+      .Output("y", kFloat, axis == 0 ? std::vector<int64_t>{3, 2} : std::vector<int64_t>{2, 3});
+  OnnxBuilder body;
+  body.Input("s_in", kFloat, {2}).Input("x_t", kFloat, {2});
+  body.Node("Add", {"s_in", "x_t"}, {"s_out"}, "acc");
+  body.Node("Mul", {"s_out", "k"}, {"y_t"}, "scale");
+  body.Output("s_out", kFloat, {2}).Output("y_t", kFloat, {2});
+  auto& n = b.Node("Scan", {"s0", "x"}, {"s", "y"}, "scan");
+  OnnxBuilder::IntAttr(n, "num_scan_inputs", 1);
+  OnnxBuilder::IntsAttr(n, "scan_input_axes", {axis});
+  OnnxBuilder::IntsAttr(n, "scan_output_axes", {axis});
+  OnnxBuilder::IntsAttr(n, "scan_input_directions", {reverse ? 1 : 0});
+  AttachGraph(n, "body", body);
+  return b;
+}
+
+// The scan above by hand, for x given as rows [t][c] in iteration order before reversal.
+void ScanReference(int64_t axis, bool reverse, const Tensor& x, std::vector<float> s, float k,
+                   Tensor* final_s, Tensor* y) {
+  std::vector<float> out(6);
+  for (int64_t step = 0; step < 3; ++step) {
+    const int64_t t = reverse ? 2 - step : step;
+    for (int64_t c = 0; c < 2; ++c) {
+      const int64_t at = axis == 0 ? t * 2 + c : c * 3 + t;
+      s[static_cast<size_t>(c)] += x.data<float>()[at];
+      out[static_cast<size_t>(axis == 0 ? step * 2 + c : c * 3 + step)] =
+          s[static_cast<size_t>(c)] * k;
+    }
+  }
+  *final_s = Floats({2}, s);
+  *y = Floats(x.shape(), out);
+}
+
 Tensor BoolScalar(bool v) {
   const uint8_t b = v;
   return *Tensor::FromBytes(DType::kBool, {}, &b, 1);
@@ -202,6 +242,40 @@ TEST(ControlFlowVerifier, AnUndefinedNameInsideABranchIsNamedWithItsPath) {
       << s.message();
   EXPECT_NE(s.message().find("Mul 'scale'"), std::string::npos) << s.message();
   EXPECT_NE(s.message().find("'nowhere'"), std::string::npos) << s.message();
+}
+
+TEST(ControlFlowVerifier, BadSubgraphAttributesAreRejectedByName) {
+  struct Case {
+    OnnxBuilder model;
+    std::string fragment;
+  };
+  std::vector<Case> cases;
+  {
+    OnnxBuilder b = ScanModel(0, false);
+    auto* n = b.graph().mutable_node(0);
+    for (auto& a : *n->mutable_attribute()) {
+      if (a.name() == "scan_input_directions") a.set_ints(0, 2);
+    }
+    cases.push_back({b, "Scan 'scan': scan direction 2 must be 0 (forward) or 1 (reverse)"});
+  }
+  {
+    OnnxBuilder b = LoopModel();
+    b.graph().mutable_node(0)->mutable_attribute(0)->mutable_g()->mutable_input()->RemoveLast();
+    cases.push_back({b, "Loop 'loop': body declares 2 inputs, expected 3"});
+  }
+  {
+    OnnxBuilder b = IfModel();
+    auto* n = b.graph().mutable_node(b.graph().node_size() - 1);
+    n->mutable_attribute()->RemoveLast();
+    cases.push_back({b, "If 'branch': required subgraph attribute 'else_branch' is missing"});
+  }
+  for (const Case& c : cases) {
+    auto g = ImportOnnxBytes(c.model.Bytes(), "m");
+    ASSERT_TRUE(g.ok()) << g.status().ToString();
+    Status s = VerifyGraph(*g);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find(c.fragment), std::string::npos) << s.message();
+  }
 }
 
 TEST(ControlFlowPasses, DeadCodeKeepsAnOuterValueUsedOnlyInsideABranch) {
@@ -313,46 +387,6 @@ TEST(ControlFlowEager, NestedIfInsideALoopBody) {
   LoopReference(a, 1000, acc0, 5, true, true, &want_acc, &want_rows);
   ExpectNear(out->at("acc"), want_acc, "acc");
   ExpectNear(out->at("rows"), want_rows, "rows");
-}
-
-// Scan over x along `axis` (reversed when `reverse`), state s: s' = s + x_t, y_t = s' * k (k an
-// outer input); the scan output is stacked along the same axis.
-OnnxBuilder ScanModel(int64_t axis, bool reverse) {
-  OnnxBuilder b(16);
-  b.Input("s0", kFloat, {2})
-      .Input("x", kFloat, axis == 0 ? std::vector<int64_t>{3, 2} : std::vector<int64_t>{2, 3});
-  b.Input("k", kFloat, {});
-  b.Output("s", kFloat, {2})
-      .Output("y", kFloat, axis == 0 ? std::vector<int64_t>{3, 2} : std::vector<int64_t>{2, 3});
-  OnnxBuilder body;
-  body.Input("s_in", kFloat, {2}).Input("x_t", kFloat, {2});
-  body.Node("Add", {"s_in", "x_t"}, {"s_out"}, "acc");
-  body.Node("Mul", {"s_out", "k"}, {"y_t"}, "scale");
-  body.Output("s_out", kFloat, {2}).Output("y_t", kFloat, {2});
-  auto& n = b.Node("Scan", {"s0", "x"}, {"s", "y"}, "scan");
-  OnnxBuilder::IntAttr(n, "num_scan_inputs", 1);
-  OnnxBuilder::IntsAttr(n, "scan_input_axes", {axis});
-  OnnxBuilder::IntsAttr(n, "scan_output_axes", {axis});
-  OnnxBuilder::IntsAttr(n, "scan_input_directions", {reverse ? 1 : 0});
-  AttachGraph(n, "body", body);
-  return b;
-}
-
-// The scan above by hand, for x given as rows [t][c] in iteration order before reversal.
-void ScanReference(int64_t axis, bool reverse, const Tensor& x, std::vector<float> s, float k,
-                   Tensor* final_s, Tensor* y) {
-  std::vector<float> out(6);
-  for (int64_t step = 0; step < 3; ++step) {
-    const int64_t t = reverse ? 2 - step : step;
-    for (int64_t c = 0; c < 2; ++c) {
-      const int64_t at = axis == 0 ? t * 2 + c : c * 3 + t;
-      s[static_cast<size_t>(c)] += x.data<float>()[at];
-      out[static_cast<size_t>(axis == 0 ? step * 2 + c : c * 3 + step)] =
-          s[static_cast<size_t>(c)] * k;
-    }
-  }
-  *final_s = Floats({2}, s);
-  *y = Floats(x.shape(), out);
 }
 
 TEST(ControlFlowEager, ScanForwardAndReversedAlongEitherAxis) {
