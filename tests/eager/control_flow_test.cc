@@ -314,6 +314,24 @@ TEST(ControlFlowDigest, BranchContentCountsRenamesAndWeightValuesDoNot) {
   EXPECT_NE(Digest(LoopModel(true)), Digest(LoopModel(false))) << "a nested If is content";
 }
 
+TEST(ControlFlowDigest, LoopBodyInputsBindByPositionSoTheirNamesAreCosmetic) {
+  OnnxBuilder renamed = LoopModel();
+  onnx::GraphProto* body = renamed.graph().mutable_node(0)->mutable_attribute(0)->mutable_g();
+  body->mutable_input(2)->set_name("carried_state");
+  for (auto& n : *body->mutable_node()) {
+    for (auto& in : *n.mutable_input()) {
+      if (in == "acc_in") in = "carried_state";
+    }
+  }
+  EXPECT_EQ(Digest(renamed), Digest(LoopModel()));
+  // Swapping which position the body reads (acc_in and the iteration number) is content.
+  OnnxBuilder swapped = LoopModel();
+  body = swapped.graph().mutable_node(0)->mutable_attribute(0)->mutable_g();
+  body->mutable_input(0)->set_name("acc_in");
+  body->mutable_input(2)->set_name("i");
+  EXPECT_NE(Digest(swapped), Digest(LoopModel()));
+}
+
 // ---- eager ----------------------------------------------------------------------------------
 
 TEST(ControlFlowEager, IfOnAnInputDependentConditionTakesBothBranches) {
