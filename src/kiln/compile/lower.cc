@@ -280,6 +280,10 @@ Result<Program> LowerToProgram(const Graph& graph) {
         k.inputs = ins;
       } else if (k.kind == Kernel::Kind::kReference) {
         for (int id : ins) k.inputs.push_back(id);  // -1 marks an absent input
+        // A node that owns subgraphs (If, Loop) also reads, by name, every outer value its
+        // subgraphs use: they follow its own inputs, in ImplicitInputs order (the node spec
+        // names them), so liveness and memory planning see those reads too.
+        for (const std::string& name : ImplicitInputs(n)) k.inputs.push_back(value.at(name));
       } else {
         for (int id : ins) {
           if (id >= 0) k.inputs.push_back(id);

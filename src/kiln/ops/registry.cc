@@ -42,6 +42,7 @@ const OpRegistry& OpRegistry::Global() {
     RegisterRecurrentOps(*r);
     RegisterResizeOps(*r);
     RegisterIndexOps(*r);
+    RegisterControlFlowOps(*r);
     return r;
   }();
   return *registry;
