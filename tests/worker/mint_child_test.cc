@@ -99,6 +99,7 @@ TEST(Publisher, RetriesTransportFailuresOnlyAndTypedRefusalsAreTerminal) {
   EXPECT_FALSE(IsTransientHubFailure("forbidden", 403));
   EXPECT_FALSE(IsTransientHubFailure("key_taken", 409));
   EXPECT_FALSE(IsTransientHubFailure("unauthenticated", 401));
+  EXPECT_FALSE(IsTransientHubFailure("bad_cell", 0));
 }
 
 }  // namespace

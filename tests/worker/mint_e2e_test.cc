@@ -52,6 +52,16 @@ std::string HubSection(const Hub& hub) {
 
 std::string KeyOf(const std::string& ref) { return ref.substr(0, ref.find('@')); }
 
+// The mlp example's manifest with its envelope cut to the one class the tests send ([4, 64]):
+// a third of the compile, which keeps four children on two cores (and ASan) quick.
+std::string OneClassMlp(const std::string& extra) {
+  std::string text = ExampleManifest("mlp", extra);
+  const std::string more = "  { x = [1, 64] },\n  { x = [4, 64] },\n  { x = [16, 64] },\n";
+  const size_t at = text.find(more);
+  if (at != std::string::npos) text.replace(at, more.size(), "  { x = [4, 64] },\n");
+  return text;
+}
+
 // Miss -> the first response eager (at once, not after the mint) -> child mint -> strict gate ->
 // aot_cell on later requests of the same worker, with no request failing during the switch; a
 // twin target of the same key shares the one mint; the cell is published, and a second worker
@@ -143,7 +153,7 @@ TEST(MintEndToEnd, MissServesEagerMintsInAChildAdoptsPublishesAndASecondWorkerAd
 TEST(MintEndToEnd, ChildKilledMidMintLeavesTheWorkerServing) {
   const std::string root = TempRoot("kill");
   ASSERT_FALSE(root.empty());
-  Worker w(root + "/w", ExampleManifest("mlp", ""), {{"KILN_TEST_MINT_STALL_S", "60"}});
+  Worker w(root + "/w", OneClassMlp(""), {{"KILN_TEST_MINT_STALL_S", "60"}});
   ASSERT_TRUE(w.Start());
   std::vector<pid_t> children;
   for (int i = 0; i < 600 && children.empty(); ++i) {
@@ -177,9 +187,8 @@ TEST(MintEndToEnd, StalledChildIsReapedSlowBusyChildIsNot) {
   const std::string root = TempRoot("watchdog");
   ASSERT_FALSE(root.empty());
   const std::string mint = "[mint]\nstall_window_s = 2\n";
-  Worker stalled(root + "/stalled", ExampleManifest("mlp", mint),
-                 {{"KILN_TEST_MINT_STALL_S", "60"}});
-  Worker busy(root + "/busy", ExampleManifest("mlp", mint), {{"KILN_TEST_MINT_BUSY_S", "5"}});
+  Worker stalled(root + "/stalled", OneClassMlp(mint), {{"KILN_TEST_MINT_STALL_S", "60"}});
+  Worker busy(root + "/busy", OneClassMlp(mint), {{"KILN_TEST_MINT_BUSY_S", "5"}});
   ASSERT_TRUE(stalled.Start());
   ASSERT_TRUE(busy.Start());
   Row abort;
@@ -213,7 +222,7 @@ TEST(MintEndToEnd, GrayBandCellIsRefusedAndNothingIsPublished) {
   ASSERT_FALSE(root.empty());
   Hub hub(root + "/hub");
   ASSERT_TRUE(hub.Start());
-  Worker w(root + "/w", ExampleManifest("mlp", HubSection(hub)),
+  Worker w(root + "/w", OneClassMlp(HubSection(hub)),
            {{"KILN_TEST_MINT_PERTURB", "gray"}, {"KILN_TEST_MINT_RESOURCE_ONCE", "1"}});
   ASSERT_TRUE(w.Start());
   Row abort;
@@ -244,10 +253,10 @@ TEST(MintEndToEnd, HubDownDuringPublishPublishesAfterTheHubReturns) {
   Hub hub(root + "/hub");
   ASSERT_TRUE(hub.Start());
   // The busy switch holds the mint a second past boot, so the hub is surely down at publish.
-  Worker w(root + "/w", ExampleManifest("mlp", HubSection(hub)), {{"KILN_TEST_MINT_BUSY_S", "1"}});
+  Worker w(root + "/w", OneClassMlp(HubSection(hub)), {{"KILN_TEST_MINT_BUSY_S", "1"}});
   ASSERT_TRUE(w.Start());
   ASSERT_TRUE(w.WaitForRow("boot_adopt", "miss", 0));
-  hub.Stop();
+  hub.Stop(SIGKILL);  // down hard, as a crashed or partitioned hub is
   ASSERT_TRUE(w.WaitForRow("self_mint_publish_failed", "hub_unreachable", kMintWaitMs)) << w.Log();
   EXPECT_EQ(w.Infer("mlp", MlpInput()).mode(), "aot_cell");
   ASSERT_TRUE(hub.Start());
@@ -278,8 +287,8 @@ TEST(MintEndToEnd, FourWorkersMissingOneKeyLeaveOneRowAtTheHubAndAllArm) {
   ASSERT_TRUE(hub.Start());
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < 4; ++i) {
-    workers.push_back(std::make_unique<Worker>(root + "/w" + std::to_string(i),
-                                               ExampleManifest("mlp", HubSection(hub))));
+    workers.push_back(
+        std::make_unique<Worker>(root + "/w" + std::to_string(i), OneClassMlp(HubSection(hub))));
   }
   for (auto& w : workers) ASSERT_TRUE(w->Start());
   std::string ref;
@@ -316,7 +325,7 @@ TEST(MintEndToEnd, IntakeServesJitCellAndTheHubReceivesNothing) {
   ASSERT_FALSE(root.empty());
   Hub hub(root + "/hub");
   ASSERT_TRUE(hub.Start());
-  std::string manifest = ExampleManifest("mlp", HubSection(hub));
+  std::string manifest = OneClassMlp(HubSection(hub));
   const std::string declared = "export = { family = \"root/mlp\" }\n";
   manifest.erase(manifest.find(declared), declared.size());
   Worker w(root + "/w", manifest);
@@ -343,7 +352,7 @@ TEST(MintEndToEnd, IntakeServesJitCellAndTheHubReceivesNothing) {
   EXPECT_NE(m.Log().find("mandatory_lane_needs_a_cell"), std::string::npos) << m.Log();
 
   // A mint that does not fit the memory budget is skipped before any child starts.
-  Worker small(root + "/small", ExampleManifest("mlp", "[mint]\nmemory_budget_mb = 1\n"));
+  Worker small(root + "/small", OneClassMlp("[mint]\nmemory_budget_mb = 1\n"));
   ASSERT_TRUE(small.Start());
   ASSERT_TRUE(small.WaitForRow("self_mint_skipped", "", 10000)) << small.Log();
   EXPECT_TRUE(small.MintChildren().empty());

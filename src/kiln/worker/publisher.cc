@@ -21,7 +21,9 @@ bool IsTransientHubFailure(const std::string& token, int http_status) {
       token == "hub_bad_response") {
     return true;
   }
-  return http_status == 0 || http_status >= 500;
+  // A 5xx is the hub's trouble, not a verdict on the cell. Anything else with no HTTP status
+  // (bad_cell, io_error) is this side's and would fail again the same way: terminal.
+  return http_status >= 500;
 }
 
 Result<std::unique_ptr<Publisher>> Publisher::Create(PublisherOptions options) {

@@ -82,7 +82,7 @@ class Publisher {
 };
 
 // True when a hub answer is a transport failure worth retrying (unreachable, timeout, a bad or
-// 5xx response), false for a typed refusal.
+// 5xx response), false for a typed refusal or a local failure (bad_cell, io_error).
 bool IsTransientHubFailure(const std::string& token, int http_status);
 
 }  // namespace kiln
