@@ -71,9 +71,9 @@ class HubProcess {
       : data_(std::move(data_dir)), db_(std::move(db_url)) {}
   ~HubProcess() { Kill(SIGKILL); }
 
-  // Starts the process and waits until /v1/health answers.
-  ::testing::AssertionResult Start() {
-    port_ = FreePort();
+  // Starts the process on `port` (0: a free one) and waits until /v1/health answers.
+  ::testing::AssertionResult Start(int port = 0) {
+    port_ = port != 0 ? port : FreePort();
     const std::string log = data_ + "/hub-" + std::to_string(port_) + ".log";
     pid_ = ::fork();
     if (pid_ == 0) {

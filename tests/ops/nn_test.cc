@@ -6,6 +6,7 @@
 // status code and a fragment of the message.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <string>
 #include <thread>
@@ -420,6 +421,207 @@ TEST(NnConv, Errors) {
               StatusCode::kInvalidArgument, "dilated kernel extent 3 exceeds padded input 2");
   ExpectError(MakeNode("Conv", 2), {Rand({1, 2, 2, 2, 2}, 1), Rand({3, 2, 1, 1, 1}, 2)},
               StatusCode::kUnimplemented, "3-D convolution (X rank 5) is not supported");
+}
+
+// ---------------------------------------------------------------------------------------------
+// ConvTranspose. Expected values are the ONNX node cases' (test_convtranspose_*) and, for
+// groups, bias, 3-D and cropping pads, PyTorch's conv_transpose worked on the same inputs.
+
+TEST(NnConvTranspose, Cases) {
+  const Tensor x = F32({1, 1, 3, 3}, {0, 1, 2, 3, 4, 5, 6, 7, 8});
+  const Tensor w = F32({1, 2, 3, 3}, std::vector<float>(18, 1.0f));
+  const std::vector<float> plane = {0,  1,  3, 3,  2,  3,  8,  15, 12, 7,  9,  21, 36,
+                                    27, 15, 9, 20, 33, 24, 13, 6,  13, 21, 15, 8};
+  std::vector<float> two_planes = plane;
+  two_planes.insert(two_planes.end(), plane.begin(), plane.end());
+  // test_convtranspose_output_shape / _pad / _kernel_shape share one [1, 2, 10, 8] result.
+  const std::vector<float> rows[] = {{0, 0, 1, 1, 3, 2, 2, 0},
+                                     {3, 3, 7, 4, 9, 5, 5, 0},
+                                     {6, 6, 13, 7, 15, 8, 8, 0},
+                                     {0, 0, 0, 0, 0, 0, 0, 0}};
+  std::vector<float> strided;
+  for (int c = 0; c < 2; ++c) {
+    for (int r = 0; r < 10; ++r) {
+      const auto& row = rows[r == 9 ? 3 : r / 3];
+      strided.insert(strided.end(), row.begin(), row.end());
+    }
+  }
+  const Tensor strided_out = F32({1, 2, 10, 8}, strided);
+  const std::vector<float> same_plane = {0, 0, 1,  1,  3,  2,  0, 0, 1,  1, 3,  2,
+                                         3, 3, 8,  5,  12, 7,  3, 3, 7,  4, 9,  5,
+                                         9, 9, 20, 11, 24, 13, 6, 6, 13, 7, 15, 8};
+  std::vector<float> same = same_plane;
+  same.insert(same.end(), same_plane.begin(), same_plane.end());
+  const std::vector<float> pads_plane = {1, 1, 3, 1, 1,  3, 7,  4,  9, 7, 4,
+                                         9, 7, 4, 9, 13, 7, 15, 13, 7, 15};
+  std::vector<float> pads = pads_plane;
+  pads.insert(pads.end(), pads_plane.begin(), pads_plane.end());
+  // Groups of one channel each, stride 2, a bias per output channel (PyTorch).
+  const Tensor gx = F32({1, 2, 2, 2}, {-3, -2, -1, 0, 1, 2, 3, 4});
+  const Tensor gw = F32({2, 1, 2, 2}, {0, 0.5f, 1, 1.5f, 2, 2.5f, 3, 3.5f});
+  const Tensor gb = F32({2}, {1, -1});
+  RunCases({
+      {"default", "ConvTranspose", {}, {x, w}, {F32({1, 2, 5, 5}, two_planes)}},
+      {"1d",
+       "ConvTranspose",
+       {},
+       {F32({1, 1, 3}, {0, 1, 2}), F32({1, 2, 3}, {1, 1, 1, 1, 1, 1})},
+       {F32({1, 2, 5}, {0, 1, 3, 3, 2, 0, 1, 3, 3, 2})}},
+      {"output_shape",
+       "ConvTranspose",
+       {{"strides", IntsAttr({3, 2})}, {"output_shape", IntsAttr({10, 8})}},
+       {x, w},
+       {strided_out}},
+      {"output_padding",
+       "ConvTranspose",
+       {{"strides", IntsAttr({3, 2})}, {"output_padding", IntsAttr({1, 1})}},
+       {x, w},
+       {strided_out}},
+      {"kernel_shape_output_shape_and_padding",
+       "ConvTranspose",
+       {{"strides", IntsAttr({3, 2})},
+        {"output_shape", IntsAttr({10, 8})},
+        {"kernel_shape", IntsAttr({3, 3})},
+        {"output_padding", IntsAttr({1, 1})}},
+       {x, w},
+       {strided_out}},
+      {"pads",
+       "ConvTranspose",
+       {{"strides", IntsAttr({3, 2})}, {"pads", IntsAttr({1, 2, 1, 2})}},
+       {x, w},
+       {F32({1, 2, 7, 3}, pads)}},
+      {"dilations",
+       "ConvTranspose",
+       {{"dilations", IntsAttr({2, 2})}},
+       {F32({1, 1, 3, 3}, {3, 8, 1, 9, 5, 7, 3, 2, 6}), F32({1, 1, 2, 2}, {7, 2, 1, 9})},
+       {F32({1, 1, 5, 5}, {21, 56, 13, 16, 2,  63, 35, 67, 10, 14, 24, 22, 76,
+                           76, 21, 9,  5,  88, 45, 63, 3,  2,  33, 18, 54})}},
+      {"autopad_same_upper",
+       "ConvTranspose",
+       {{"auto_pad", StringAttr("SAME_UPPER")}, {"strides", IntsAttr({2, 2})}},
+       {x, w},
+       {F32({1, 2, 6, 6}, same)}},
+      {"group2_bias_stride2",
+       "ConvTranspose",
+       {{"group", IntAttr(2)}, {"strides", IntsAttr({2, 2})}},
+       {gx, gw, gb},
+       {F32({1, 2, 4, 4}, {1, -0.5f, 1, 0, -2, -3.5f, -1, -2, 1, 0.5f, 1, 1, 0, -0.5f, 1,  1,
+                           1, 1.5f,  3, 4, 2,  2.5f,  5,  6,  5, 6.5f, 7, 9, 8, 9.5f,  11, 13})}},
+      {"group2_bias_stride2_pads1",
+       "ConvTranspose",
+       {{"group", IntAttr(2)}, {"strides", IntsAttr({2, 2})}, {"pads", IntsAttr({1, 1, 1, 1})}},
+       {gx, gw, gb},
+       {F32({1, 2, 2, 2}, {-3.5f, -1, 0.5f, 1, 2.5f, 5, 6.5f, 7})}},
+      {"3d",
+       "ConvTranspose",
+       {},
+       {F32({1, 1, 2, 2, 2}, {0, 1, 2, 3, 4, 5, 6, 7}),
+        F32({1, 1, 2, 2, 2}, std::vector<float>(8, 1))},
+       {F32({1, 1, 3, 3, 3}, {0,  1, 1,  2,  6, 4, 2, 5,  3,  4,  10, 6,  12, 28,
+                              16, 8, 18, 10, 4, 9, 5, 10, 22, 12, 6,  13, 7})}},
+  });
+}
+
+// The transposed convolution as its definition: every input element scattered through every
+// kernel tap, written here as a plain loop over 3-D (1-D and 2-D lifted with unit axes).
+struct ConvTransposeCase {
+  Shape x, w;
+  std::vector<int64_t> strides, dilations, pads, output_padding;
+  int64_t group = 1;
+};
+
+Tensor DirectConvTranspose(const ConvTransposeCase& c, const Tensor& x, const Tensor& w,
+                           const Tensor& b) {
+  const size_t r = c.x.size() - 2, lift = 3 - r;
+  std::array<int64_t, 3> in{1, 1, 1}, k{1, 1, 1}, s{1, 1, 1}, d{1, 1, 1}, pb{0, 0, 0}, out{1, 1, 1};
+  Shape out_shape = {c.x[0], c.w[1] * c.group};
+  for (size_t i = 0; i < r; ++i) {
+    in[lift + i] = c.x[2 + i];
+    k[lift + i] = c.w[2 + i];
+    s[lift + i] = c.strides[i];
+    d[lift + i] = c.dilations[i];
+    pb[lift + i] = c.pads[i];
+    out[lift + i] = c.strides[i] * (c.x[2 + i] - 1) + c.output_padding[i] +
+                    (c.w[2 + i] - 1) * c.dilations[i] + 1 - c.pads[i] - c.pads[i + r];
+    out_shape.push_back(out[lift + i]);
+  }
+  const int64_t C = c.x[1], Mg = c.w[1], Cg = C / c.group, M = Mg * c.group;
+  std::vector<double> y(static_cast<size_t>(NumElements(out_shape)));
+  const int64_t out_plane = out[0] * out[1] * out[2], in_plane = in[0] * in[1] * in[2];
+  for (int64_t n = 0; n < c.x[0]; ++n) {
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t grp = m / Mg;
+      for (int64_t p = 0; p < out_plane; ++p) y[(n * M + m) * out_plane + p] = b.data<float>()[m];
+      for (int64_t cg = 0; cg < Cg; ++cg) {
+        const int64_t ch = grp * Cg + cg;
+        for (int64_t i = 0; i < in_plane; ++i) {
+          const int64_t i0 = i / (in[1] * in[2]), i1 = i / in[2] % in[1], i2 = i % in[2];
+          for (int64_t t = 0; t < k[0] * k[1] * k[2]; ++t) {
+            const int64_t k0 = t / (k[1] * k[2]), k1 = t / k[2] % k[1], k2 = t % k[2];
+            const int64_t o0 = i0 * s[0] + k0 * d[0] - pb[0], o1 = i1 * s[1] + k1 * d[1] - pb[1],
+                          o2 = i2 * s[2] + k2 * d[2] - pb[2];
+            if (o0 < 0 || o0 >= out[0] || o1 < 0 || o1 >= out[1] || o2 < 0 || o2 >= out[2]) {
+              continue;
+            }
+            y[(n * M + m) * out_plane + (o0 * out[1] + o1) * out[2] + o2] +=
+                static_cast<double>(x.data<float>()[(n * C + ch) * in_plane + i]) *
+                w.data<float>()[((ch * Mg) + m % Mg) * k[0] * k[1] * k[2] + t];
+          }
+        }
+      }
+    }
+  }
+  return F32(out_shape, std::vector<float>(y.begin(), y.end()));
+}
+
+TEST(NnConvTranspose, AgainstDirectLoop) {
+  const ConvTransposeCase cases[] = {
+      {{2, 4, 5, 6}, {4, 3, 3, 2}, {2, 3}, {2, 1}, {1, 0, 2, 1}, {1, 0}, 2},
+      {{1, 2, 3, 4, 5}, {2, 2, 2, 3, 2}, {1, 2, 2}, {1, 1, 2}, {0, 1, 0, 0, 0, 1}, {0, 1, 1}, 1},
+      {{1, 6, 7}, {6, 1, 4}, {3}, {1}, {2, 0}, {2}, 3},
+      {{1, 16, 9, 9}, {16, 8, 4, 4}, {2, 2}, {1, 1}, {1, 1, 1, 1}, {0, 0}, 1},
+      // 512 * 8 * 8 column rows: the GEMM runs over chunks that start mid-row.
+      {{1, 1, 20, 20}, {1, 512, 8, 8}, {1, 1}, {1, 1}, {0, 0, 0, 0}, {0, 0}, 1},
+  };
+  uint32_t seed = 10;
+  for (const ConvTransposeCase& c : cases) {
+    SCOPED_TRACE("x " + ShapeToString(c.x) + " w " + ShapeToString(c.w));
+    const Tensor x = Rand(c.x, seed++), w = Rand(c.w, seed++);
+    const Tensor b = Rand({c.w[1] * c.group}, seed++);
+    std::map<std::string, Attribute> attrs = {{"strides", IntsAttr(c.strides)},
+                                              {"dilations", IntsAttr(c.dilations)},
+                                              {"pads", IntsAttr(c.pads)},
+                                              {"output_padding", IntsAttr(c.output_padding)},
+                                              {"group", IntAttr(c.group)}};
+    auto out = RunOp(MakeNode("ConvTranspose", 3, 1, attrs), {x, w, b});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    testing::ExpectTensorNear((*out)[0], DirectConvTranspose(c, x, w, b), 1e-4, 1e-4);
+  }
+}
+
+TEST(NnConvTranspose, Errors) {
+  const Tensor x = Rand({1, 2, 3, 3}, 1);
+  const Tensor w = Rand({2, 3, 2, 2}, 2);
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"output_padding", IntsAttr({2, 0})}}), {x, w},
+              StatusCode::kInvalidArgument,
+              "ConvTranspose 'n0': output_padding=[2,0] has value 2 on spatial axis 0, expected "
+              "less than the stride 1 or the dilation 1");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"output_padding", IntsAttr({-1, 0})}}), {x, w},
+              StatusCode::kInvalidArgument, "output_padding=[-1,0] has value -1, expected >= 0");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"auto_pad", StringAttr("SAME")}}), {x, w},
+              StatusCode::kInvalidArgument, "auto_pad='SAME' is not one of");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"group", IntAttr(0)}}), {x, w},
+              StatusCode::kInvalidArgument, "group=0 must be >= 1");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"group", IntAttr(3)}}), {x, w},
+              StatusCode::kInvalidArgument, "group=3 does not divide 2 input channels");
+  ExpectError(MakeNode("ConvTranspose", 2), {x, Rand({3, 3, 2, 2}, 2)},
+              StatusCode::kInvalidArgument, "W [3,3,2,2] has 3 input channels, X [1,2,3,3] has 2");
+  ExpectError(MakeNode("ConvTranspose", 3), {x, w, Rand({2}, 3)}, StatusCode::kInvalidArgument,
+              "input 2 ('B') has shape [2], expected [3]");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"pads", IntsAttr({3, 3, 3, 3})}}), {x, w},
+              StatusCode::kInvalidArgument, "pads=[3,3,3,3] remove more than the full output");
+  ExpectError(MakeNode("ConvTranspose", 2, 1, {{"output_shape", IntsAttr({4})}}), {x, w},
+              StatusCode::kInvalidArgument, "output_shape=[4] has 1 values, expected 2");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -272,6 +272,54 @@ std::vector<ReduceCase> ReductionCases() {
        {F32({2, 2}, {3, 4, 6, 8})},
        F32({2, 1}, {5, 10}),
        {{"axes", IntsAttr({1})}}},
+      {"L1Axis2",
+       "ReduceL1",
+       {F32({2, 2}, {-3, 4, 6, -8})},
+       F32({2}, {7, 14}),
+       {{"axes", IntsAttr({1})}, {"keepdims", IntAttr(0)}}},
+      {"L1Int64At18", "ReduceL1", {I64({3}, {-1, 2, -3}), Tensor()}, I64({1}, {6}), {}, 18},
+      {"SumSquare17",
+       "ReduceSumSquare",
+       {F32({2, 2}, {1, 2, 3, 4})},
+       F32({1, 2}, {10, 20}),
+       {{"axes", IntsAttr({0})}}},
+      {"SumSquare18AxesInput",
+       "ReduceSumSquare",
+       {F32({2, 2}, {1, 2, 3, 4}), I64({1}, {0})},
+       F32({1, 2}, {10, 20}),
+       {},
+       18},
+      {"SumSquareInt32", "ReduceSumSquare", {I32({2}, {-3, 4})}, I32({1}, {25})},
+      {"SumSquare18NoopWithEmptyAxes",
+       "ReduceSumSquare",
+       {x, I64({0}, {})},
+       x,
+       {{"noop_with_empty_axes", IntAttr(1)}},
+       18},
+      {"LogSum",
+       "ReduceLogSum",
+       {F32({2, 2}, {1, 2, 3, 4})},
+       F32({2, 1}, {static_cast<float>(std::log(3.0)), static_cast<float>(std::log(7.0))}),
+       {{"axes", IntsAttr({1})}}},
+      {"LogSum18AllAxes",
+       "ReduceLogSum",
+       {F32({2, 2}, {1, 2, 3, 4})},
+       F32({}, {static_cast<float>(std::log(10.0))}),
+       {{"keepdims", IntAttr(0)}},
+       18},
+      {"LogSumExp",
+       "ReduceLogSumExp",
+       {F32({2, 2}, {0, 1, 2, -1})},
+       F32({2}, {static_cast<float>(std::log(1 + std::exp(1.0))),
+                 static_cast<float>(std::log(std::exp(2.0) + std::exp(-1.0)))}),
+       {{"axes", IntsAttr({-1})}, {"keepdims", IntAttr(0)}}},
+      // exp(1000) overflows even in double: the maximum is subtracted first.
+      {"LogSumExpLargeStable",
+       "ReduceLogSumExp",
+       {F32({2}, {1000, 1000}), I64({1}, {0})},
+       F32({1}, {static_cast<float>(1000 + std::log(2.0))}),
+       {},
+       18},
   };
 }
 INSTANTIATE_TEST_SUITE_P(ReduceOps, ReduceCases, ::testing::ValuesIn(ReductionCases()), CaseName);
@@ -300,6 +348,171 @@ TEST(ReduceEmpty, MaxIsMinusInfinityAndProdIsOne) {
   testing::ExpectTensorNear((*prod)[0], I64({1, 2}, {1, 1}));
 }
 
+// ---------------------------------------------------------------------------------------------
+// Ops along one axis: ArgMax, ArgMin, CumSum, Hardmax, LpNormalization, MVN
+
+std::vector<ReduceCase> AxisCases() {
+  // Row 0 ties at 5 (indices 1 and 2), row 1 at 7 (indices 0 and 2).
+  const Tensor t = F32({2, 3}, {1, 5, 5, 7, 2, 7});
+  const Tensor c = F32({2, 3}, {1, 2, 3, 4, 5, 6});
+  const Tensor axis1 = I64({}, {1});
+  return {
+      {"ArgMaxFirstOfTies", "ArgMax", {t}, I64({2, 1}, {1, 0}), {{"axis", IntAttr(1)}}},
+      {"ArgMaxSelectLastIndex",
+       "ArgMax",
+       {t},
+       I64({2, 1}, {2, 2}),
+       {{"axis", IntAttr(1)}, {"select_last_index", IntAttr(1)}}},
+      {"ArgMinAxis0NoKeepdims", "ArgMin", {t}, I64({3}, {0, 1, 0}), {{"keepdims", IntAttr(0)}}},
+      {"ArgMinInt64NegativeAxis",
+       "ArgMin",
+       {I64({2, 2}, {4, -3, 2, 2})},
+       I64({2}, {1, 0}),
+       {{"axis", IntAttr(-1)}, {"keepdims", IntAttr(0)}},
+       11},
+      {"ArgMaxSkipsNaN", "ArgMax", {F32({3}, {NAN, 1, 3})}, I64({1}, {2})},
+      {"CumSum", "CumSum", {c, axis1}, F32({2, 3}, {1, 3, 6, 4, 9, 15})},
+      {"CumSumExclusive",
+       "CumSum",
+       {c, axis1},
+       F32({2, 3}, {0, 1, 3, 0, 4, 9}),
+       {{"exclusive", IntAttr(1)}}},
+      {"CumSumReverse",
+       "CumSum",
+       {c, axis1},
+       F32({2, 3}, {6, 5, 3, 15, 11, 6}),
+       {{"reverse", IntAttr(1)}}},
+      {"CumSumExclusiveReverse",
+       "CumSum",
+       {c, axis1},
+       F32({2, 3}, {5, 3, 0, 11, 6, 0}),
+       {{"exclusive", IntAttr(1)}, {"reverse", IntAttr(1)}}},
+      {"CumSumAxis0Int32AxisInput", "CumSum", {c, I32({1}, {-2})}, F32({2, 3}, {1, 2, 3, 5, 7, 9})},
+      {"CumSumInt64", "CumSum", {I64({3}, {5, -2, 7}), I64({}, {0})}, I64({3}, {5, 3, 10})},
+      {"Hardmax13FirstOfTies",
+       "Hardmax",
+       {F32({2, 3}, {1, 3, 3, 0, -1, -2})},
+       F32({2, 3}, {0, 1, 0, 1, 0, 0}),
+       {},
+       13},
+      // Opset 11 flattens [2,2,2] at axis 1 into rows of 4.
+      {"Hardmax11Flattens",
+       "Hardmax",
+       {F32({2, 2, 2}, {1, 2, 3, 0, 5, 9, 9, 1})},
+       F32({2, 2, 2}, {0, 0, 1, 0, 0, 1, 0, 0}),
+       {},
+       11},
+      {"Hardmax13Axis1",
+       "Hardmax",
+       {F32({2, 2, 2}, {1, 2, 3, 0, 5, 9, 9, 1})},
+       F32({2, 2, 2}, {0, 1, 1, 0, 0, 1, 1, 0}),
+       {{"axis", IntAttr(1)}},
+       13},
+      {"LpNormalizationL2",
+       "LpNormalization",
+       {F32({2, 2}, {3, 4, 0, 0})},
+       F32({2, 2}, {0.6f, 0.8f, 0, 0})},
+      {"LpNormalizationL1Axis0",
+       "LpNormalization",
+       {F32({2, 2}, {1, 3, 3, -1})},
+       F32({2, 2}, {0.25f, 0.75f, 0.75f, -0.25f}),
+       {{"axis", IntAttr(0)}, {"p", IntAttr(1)}}},
+      // Default axes [0,2,3]: channel 0 has mean 2 and std 1, channel 1 mean 4 and std 2.
+      {"MeanVarianceNormalizationDefaultAxes",
+       "MeanVarianceNormalization",
+       {F32({1, 2, 1, 2}, {1, 3, 2, 6})},
+       F32({1, 2, 1, 2}, {-1, 1, -1, 1})},
+      {"MeanVarianceNormalizationLastAxis",
+       "MeanVarianceNormalization",
+       {F32({2, 2}, {0, 2, 1, 1})},
+       F32({2, 2}, {-1, 1, 0, 0}),
+       {{"axes", IntsAttr({-1})}}},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(ReduceAxisOps, ReduceCases, ::testing::ValuesIn(AxisCases()), CaseName);
+
+// TopK has two outputs, checked here.
+struct TopKCase {
+  std::string name;
+  std::vector<Tensor> inputs;
+  Tensor values;
+  Tensor indices;
+  std::map<std::string, Attribute> attrs = {};
+  int64_t opset = 11;
+};
+
+void PrintTo(const TopKCase& c, std::ostream* os) { *os << c.name; }
+
+class TopKCases : public ::testing::TestWithParam<TopKCase> {};
+
+TEST_P(TopKCases, MatchesExpected) {
+  const TopKCase& c = GetParam();
+  auto out = RunOp(MakeNode("TopK", c.inputs.size(), 2, c.attrs), c.inputs, c.opset);
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ASSERT_EQ(out->size(), 2u);
+  testing::ExpectTensorNear((*out)[0], c.values);
+  testing::ExpectTensorNear((*out)[1], c.indices);
+}
+
+std::vector<TopKCase> TopKCaseList() {
+  // Row 0 ties at 4 (indices 1, 2), row 1 at 9 (indices 0, 3).
+  const Tensor x = F32({2, 4}, {1, 4, 4, 2, 9, 0, -1, 9});
+  return {
+      {"LargestTiesLowerIndexFirst",
+       {x, I64({1}, {2})},
+       F32({2, 2}, {4, 4, 9, 9}),
+       I64({2, 2}, {1, 2, 0, 3})},
+      {"Smallest",
+       {x, I64({1}, {3})},
+       F32({2, 3}, {1, 2, 4, -1, 0, 9}),
+       I64({2, 3}, {0, 3, 1, 2, 1, 0}),
+       {{"largest", IntAttr(0)}}},
+      {"Axis0",
+       {x, I64({1}, {1})},
+       F32({1, 4}, {9, 4, 4, 9}),
+       I64({1, 4}, {1, 0, 0, 1}),
+       {{"axis", IntAttr(0)}}},
+      {"Opset1KAttribute", {x}, F32({2, 1}, {4, 9}), I64({2, 1}, {1, 0}), {{"k", IntAttr(1)}}, 1},
+      {"Opset10KInput", {x, I64({1}, {1})}, F32({2, 1}, {4, 9}), I64({2, 1}, {1, 0}), {}, 10},
+      {"Int64", {I64({4}, {3, 8, -1, 8}), I64({1}, {3})}, I64({3}, {8, 8, 3}), I64({3}, {1, 3, 0})},
+      {"KZero", {x, I64({1}, {0})}, F32({2, 0}, {}), I64({2, 0}, {})},
+  };
+}
+INSTANTIATE_TEST_SUITE_P(TopK, TopKCases, ::testing::ValuesIn(TopKCaseList()),
+                         [](const ::testing::TestParamInfo<TopKCase>& info) {
+                           return info.param.name;
+                         });
+
+TEST(TopKErrors, KOutOfRangeNamesKAndShape) {
+  auto out = RunOp(MakeNode("TopK", 2, 2), {F32({2, 3}, {1, 2, 3, 4, 5, 6}), I64({1}, {4})}, 11);
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(out.status().message().find("TopK 'n0': k=4"), std::string::npos)
+      << out.status().message();
+  EXPECT_NE(out.status().message().find("[2,3]"), std::string::npos) << out.status().message();
+}
+
+TEST(TopKErrors, LargestNotAFlag) {
+  auto out = RunOp(MakeNode("TopK", 2, 2, {{"largest", IntAttr(2)}}),
+                   {F32({3}, {1, 2, 3}), I64({1}, {1})}, 11);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("'largest'=2"), std::string::npos)
+      << out.status().message();
+}
+
+TEST(TopKErrors, KAttributeAtOpset11) {
+  auto out =
+      RunOp(MakeNode("TopK", 2, 2, {{"k", IntAttr(1)}}), {F32({3}, {1, 2, 3}), I64({1}, {1})}, 11);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("'k'"), std::string::npos) << out.status().message();
+}
+
+TEST(TopKErrors, OneOutput) {
+  auto out = RunOp(MakeNode("TopK", 2, 1), {F32({3}, {1, 2, 3}), I64({1}, {1})}, 11);
+  ASSERT_FALSE(out.ok());
+  EXPECT_NE(out.status().message().find("expected 2"), std::string::npos) << out.status().message();
+}
+
 TEST(ReduceRegistry, FormsSplitByOpset) {
   const OpRegistry& r = OpRegistry::Global();
   struct Split {
@@ -308,7 +521,9 @@ TEST(ReduceRegistry, FormsSplitByOpset) {
   };
   for (const Split s : {Split{"Softmax", 13}, Split{"LogSoftmax", 13}, Split{"ReduceSum", 13},
                         Split{"ReduceMean", 18}, Split{"ReduceMax", 18}, Split{"ReduceMin", 18},
-                        Split{"ReduceProd", 18}, Split{"ReduceL2", 18}}) {
+                        Split{"ReduceProd", 18}, Split{"ReduceL2", 18}, Split{"ReduceL1", 18},
+                        Split{"ReduceSumSquare", 18}, Split{"ReduceLogSum", 18},
+                        Split{"ReduceLogSumExp", 18}, Split{"Hardmax", 13}}) {
     auto old_form = r.Find("", s.op, s.first_new - 1);
     auto new_form = r.Find("", s.op, s.first_new);
     ASSERT_TRUE(old_form.ok() && new_form.ok()) << s.op;
@@ -413,6 +628,57 @@ std::vector<ReduceErrorCase> ErrorCases() {
        StatusCode::kInvalidArgument,
        {"Softmax 'n0'", "'axis'", "axis 3"},
        {{"axis", IntAttr(3)}}},
+      {"ArgMaxSelectLastIndexNotAFlag",
+       "ArgMax",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"ArgMax 'n0'", "'select_last_index'=2", "0 or 1"},
+       {{"select_last_index", IntAttr(2)}}},
+      {"ArgMinKeepdimsNotAFlag",
+       "ArgMin",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"ArgMin 'n0'", "'keepdims'=5"},
+       {{"keepdims", IntAttr(5)}}},
+      {"ArgMaxAxisOutOfRange",
+       "ArgMax",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"ArgMax 'n0'", "'axis'", "axis 3"},
+       {{"axis", IntAttr(3)}}},
+      {"CumSumExclusiveNotAFlag",
+       "CumSum",
+       {x, I64({}, {0})},
+       StatusCode::kInvalidArgument,
+       {"CumSum 'n0'", "'exclusive'=3"},
+       {{"exclusive", IntAttr(3)}}},
+      {"CumSumAxisFloat",
+       "CumSum",
+       {x, F32({}, {0})},
+       StatusCode::kInvalidArgument,
+       {"CumSum 'n0'", "'axis'", "float32[]"}},
+      {"LpNormalizationP3",
+       "LpNormalization",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"LpNormalization 'n0'", "'p'=3", "1 or 2"},
+       {{"p", IntAttr(3)}}},
+      {"MvnDuplicateAxes",
+       "MeanVarianceNormalization",
+       {x},
+       StatusCode::kInvalidArgument,
+       {"MeanVarianceNormalization 'n0'", "'axes'", "more than once"},
+       {{"axes", IntsAttr({1, -2})}}},
+      {"HardmaxInt64Unsupported",
+       "Hardmax",
+       {I64({2}, {1, 2})},
+       StatusCode::kUnimplemented,
+       {"Hardmax 'n0'", "int64"}},
+      {"LogSumInt64Unsupported",
+       "ReduceLogSum",
+       {I64({2}, {1, 2})},
+       StatusCode::kUnimplemented,
+       {"ReduceLogSum 'n0'", "int64", "float32"}},
       {"KeepdimsNotInt",
        "ReduceSum",
        {x},

@@ -355,7 +355,19 @@ TEST(ShapeExpandTile, Cases) {
        MakeNode("Tile", 2),
        {I64({2}, {5, 6}), I64({1}, {3})},
        {I64({6}, {5, 6, 5, 6, 5, 6})}},
+      {"tile_int32_repeats_3d",
+       MakeNode("Tile", 2),
+       {I32({1, 2, 1}, {7, 8}), I64({3}, {2, 1, 2})},
+       {I32({2, 2, 2}, {7, 7, 8, 8, 7, 7, 8, 8})}},
+      {"tile_zero_repeats",
+       MakeNode("Tile", 2),
+       {Iota({2, 3}), I64({2}, {0, 2})},
+       {F32({0, 6}, {})}},
   });
+  ExpectError(MakeNode("Tile", 2), {Iota({2, 3}), I64({1}, {2})}, 13, StatusCode::kInvalidArgument,
+              {"Tile 'n0'", "repeats [2]", "[2,3]"});
+  ExpectError(MakeNode("Tile", 2), {Iota({2, 3}), I64({2}, {1, -1})}, 13,
+              StatusCode::kInvalidArgument, {"repeats [1,-1]", "non-negative"});
   ExpectError(MakeNode("Expand", 2), {Iota({3}), I64({1}, {2})}, 13, StatusCode::kInvalidArgument,
               {"Expand 'n0'", "[3]", "[2]"});
 }
@@ -406,93 +418,6 @@ TEST(ShapePad, Cases) {
   });
   ExpectError(MakeNode("Pad", 2), {x, I64({2}, {1, 1})}, 13, StatusCode::kInvalidArgument,
               {"pads [1,1]", "expected 4"});
-}
-
-TEST(ShapeResize, Cases) {
-  const Tensor x = F32({1, 1, 2, 2}, {1, 2, 3, 4});
-  const Tensor up = F32({1, 1, 4, 4}, {1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4});
-  // What torch exports for F.interpolate(scale_factor=2, mode='nearest').
-  const std::map<std::string, Attribute> torch_nearest = {
-      {"mode", StringAttr("nearest")},
-      {"coordinate_transformation_mode", StringAttr("asymmetric")},
-      {"nearest_mode", StringAttr("floor")}};
-  const Tensor scales = F32({4}, {1, 1, 2, 2});
-  const Tensor x4 = F32({1, 4}, {10, 11, 12, 13});
-  auto downsample = [&](std::string coord, std::string nearest) {
-    return MakeNode("Resize", 4, 1,
-                    {{"coordinate_transformation_mode", StringAttr(std::move(coord))},
-                     {"nearest_mode", StringAttr(std::move(nearest))}});
-  };
-  RunCases({
-      {"torch_scale2_opset13",
-       MakeNode("Resize", 3, 1, torch_nearest),
-       {x, None(), scales},
-       {up},
-       13},
-      {"torch_scale2_opset17",
-       MakeNode("Resize", 3, 1, torch_nearest),
-       {x, None(), scales},
-       {up},
-       17},
-      {"sizes_opset13",
-       MakeNode("Resize", 4, 1, torch_nearest),
-       {x, None(), None(), I64({4}, {1, 1, 4, 4})},
-       {up},
-       13},
-      {"opset11_empty_scales_with_sizes",
-       MakeNode("Resize", 4, 1, torch_nearest),
-       {x, F32({0}, {}), F32({0}, {}), I64({4}, {1, 1, 4, 4})},
-       {up},
-       11},
-      {"opset10_x_scales",
-       MakeNode("Resize", 2, 1, {{"mode", StringAttr("nearest")}}),
-       {x, scales},
-       {up},
-       10},
-      {"half_pixel_round_prefer_floor_down",
-       downsample("half_pixel", "round_prefer_floor"),
-       {x4, None(), None(), I64({2}, {1, 2})},
-       {F32({1, 2}, {10, 12})}},
-      {"half_pixel_round_prefer_ceil_down",
-       downsample("half_pixel", "round_prefer_ceil"),
-       {x4, None(), None(), I64({2}, {1, 2})},
-       {F32({1, 2}, {11, 13})}},
-      {"align_corners_down",
-       downsample("align_corners", "round_prefer_floor"),
-       {x4, None(), None(), I64({2}, {1, 2})},
-       {F32({1, 2}, {10, 13})}},
-      {"pytorch_half_pixel_ceil_down",
-       downsample("pytorch_half_pixel", "ceil"),
-       {x4, None(), None(), I64({2}, {1, 2})},
-       {F32({1, 2}, {11, 13})}},
-      {"tf_half_pixel_for_nearest_up",
-       downsample("tf_half_pixel_for_nearest", "floor"),
-       {F32({1, 2}, {1, 2}), None(), F32({2}, {1, 3}), None()},
-       {F32({1, 6}, {1, 1, 1, 2, 2, 2})}},
-      {"int64_data_default_half_pixel",
-       MakeNode("Resize", 3),
-       {I64({2}, {5, 6}), None(), F32({1}, {2})},
-       {I64({4}, {5, 5, 6, 6})}},
-  });
-  ExpectError(MakeNode("Resize", 3, 1, {{"mode", StringAttr("linear")}}), {x, None(), scales}, 13,
-              StatusCode::kUnimplemented, {"Resize 'n0'", "'linear'"});
-  ExpectError(MakeNode("Resize", 3, 1, {{"mode", StringAttr("cubic")}}), {x, None(), scales}, 13,
-              StatusCode::kUnimplemented, {"'cubic'"});
-}
-
-TEST(ShapeUpsample, Cases) {
-  const Tensor x = F32({1, 1, 2, 2}, {1, 2, 3, 4});
-  const Tensor up = F32({1, 1, 4, 4}, {1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4});
-  RunCases({
-      {"opset7_scales_attribute",
-       MakeNode("Upsample", 1, 1, {{"scales", FloatsAttr({1, 1, 2, 2})}}),
-       {x},
-       {up},
-       7},
-      {"opset9_scales_input", MakeNode("Upsample", 2), {x, F32({4}, {1, 1, 2, 2})}, {up}, 9},
-  });
-  ExpectError(MakeNode("Upsample", 2, 1, {{"mode", StringAttr("linear")}}),
-              {x, F32({4}, {1, 1, 2, 2})}, 9, StatusCode::kUnimplemented, {"'linear'"});
 }
 
 TEST(ShapeShapeSize, Cases) {
@@ -587,7 +512,19 @@ TEST(ShapeRange, Cases) {
        {I32({}, {1}), I32({}, {6}), I32({}, {2})},
        {I32({3}, {1, 3, 5})}},
       {"empty", MakeNode("Range", 3), {I64({}, {5}), I64({}, {1}), I64({}, {1})}, {I64({0}, {})}},
+      {"float_negative_delta",
+       MakeNode("Range", 3),
+       {F32({}, {1}), F32({}, {-0.5f}), F32({}, {-0.5f})},
+       {F32({3}, {1, 0.5f, 0})}},
+      {"int32_uneven_step",
+       MakeNode("Range", 3),
+       {I32({}, {-3}), I32({}, {4}), I32({}, {3})},
+       {I32({3}, {-3, 0, 3})}},
   });
+  ExpectError(MakeNode("Range", 3), {I64({}, {0}), I32({}, {4}), I64({}, {1})}, 13,
+              StatusCode::kInvalidArgument, {"input 1 ('limit') is int32[]", "int64 like 'start'"});
+  ExpectError(MakeNode("Range", 3), {I64({}, {0}), I64({2}, {4, 5}), I64({}, {1})}, 13,
+              StatusCode::kInvalidArgument, {"'limit'", "expected a scalar"});
   ExpectError(MakeNode("Range", 3), {I64({}, {0}), I64({}, {4}), I64({}, {0})}, 13,
               StatusCode::kInvalidArgument, {"delta is 0"});
 }

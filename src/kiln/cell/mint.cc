@@ -9,8 +9,8 @@
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
-#include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/admission.h"
+#include "src/kiln/cell/pack.h"
 #include "src/kiln/graph/digest.h"
 
 namespace kiln {
@@ -43,8 +43,43 @@ struct TempDir {
 
 }  // namespace
 
-Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope,
-                              const std::string& sm) {
+Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& describe,
+                                                       const Envelope& envelope) {
+  const auto it = describe.find("entries");
+  if (it == describe.end() || !it->is_array() || it->size() != envelope.classes.size()) {
+    return Status::InvalidArgument(
+        "cell describe: expected an `entries` array with one entry per shape class (" +
+        std::to_string(envelope.classes.size()) + ")");
+  }
+  std::vector<EntryMetadata> entries;
+  try {
+    for (size_t i = 0; i < it->size(); ++i) {
+      const nlohmann::json& d = (*it)[i];
+      EntryMetadata e;
+      e.index = static_cast<uint32_t>(i);
+      e.shape_class = envelope.classes[i];
+      for (const auto& j : d.at("inputs")) {
+        KILN_ASSIGN_OR_RETURN(TensorSpec s, SpecFromJson(j));
+        e.inputs.push_back(s);
+      }
+      for (const auto& j : d.at("outputs")) {
+        KILN_ASSIGN_OR_RETURN(TensorSpec s, SpecFromJson(j));
+        e.outputs.push_back(s);
+      }
+      for (const auto& j : d.at("constants")) {
+        KILN_ASSIGN_OR_RETURN(TensorSpec s, SpecFromJson(j));
+        e.constants.push_back(s);
+      }
+      e.workspace_bytes = d.at("workspace_bytes").get<uint64_t>();
+      entries.push_back(std::move(e));
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return Status::InvalidArgument(std::string("cell describe: malformed entry: ") + e.what());
+  }
+  return entries;
+}
+
+Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, const std::string& sm) {
   KeyAxes axes;
   KILN_ASSIGN_OR_RETURN(axes.graph, GraphDigest(graph));
   KILN_ASSIGN_OR_RETURN(nlohmann::json env, EnvelopeFacts(envelope));
@@ -58,8 +93,7 @@ Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope,
 Result<MintResult> MintCell(const MintRequest& req) {
   MintResult out;
   auto stage = std::chrono::steady_clock::now();
-  static const char* const kStages[] = {"key",  "compile", "build", "load",
-                                         "gate", "fence",   "seal"};
+  static const char* const kStages[] = {"key", "compile", "build", "load", "gate", "fence", "seal"};
   size_t next_stage = 0;
   auto announce = [&] {
     if (req.on_stage && next_stage < 7) req.on_stage(kStages[next_stage]);
@@ -72,9 +106,14 @@ Result<MintResult> MintCell(const MintRequest& req) {
   };
   announce();
   const Graph& graph = *req.graph;
-  // key
-  KILN_ASSIGN_OR_RETURN(out.axes, DeriveKeyAxes(graph, req.envelope, req.sm));
-  KILN_ASSIGN_OR_RETURN(out.key, KeyFromAxes(out.axes));
+  // key (an intake mint is never keyed: only the graph digest, which the source's banner names)
+  if (req.intake) {
+    KILN_ASSIGN_OR_RETURN(out.axes.graph, GraphDigest(graph));
+    out.axes.sm = req.sm.empty() ? DefaultSmTarget() : req.sm;
+  } else {
+    KILN_ASSIGN_OR_RETURN(out.axes, DeriveKeyAxes(graph, req.envelope, req.sm));
+    KILN_ASSIGN_OR_RETURN(out.key, KeyFromAxes(out.axes));
+  }
   KILN_ASSIGN_OR_RETURN(Toolchain toolchain, LocalToolchain());
   mark("key");
   // compile
@@ -94,10 +133,10 @@ Result<MintResult> MintCell(const MintRequest& req) {
     KILN_RETURN_IF_ERROR(MakeDirs(dir.path));
   }
   auto driver = MakeSystemCompilerDriver(toolchain);
-  KILN_ASSIGN_OR_RETURN(std::string so_bytes,
-                        BuildSharedObject(emitted.source, programs.size(), out.axes.sm, out.key,
-                                          *driver, dir.path, req.compile.parallel_compiles,
-                                          &out.passes));
+  KILN_ASSIGN_OR_RETURN(
+      std::string so_bytes,
+      BuildSharedObject(emitted.source, programs.size(), out.axes.sm, out.key, *driver, dir.path,
+                        req.compile.parallel_compiles, &out.passes));
   mark("build");
   // metadata (entries from the describe JSON the cell itself will report)
   CellMetadata& md = out.metadata;
@@ -108,30 +147,12 @@ Result<MintResult> MintCell(const MintRequest& req) {
   KILN_ASSIGN_OR_RETURN(md.envelope, EnvelopeFacts(req.envelope));
   md.toolchain = toolchain.Block();
   md.sm = out.axes.sm;
-  for (size_t i = 0; i < programs.size(); ++i) {
-    const nlohmann::json& d = emitted.describe["entries"][i];
-    EntryMetadata e;
-    e.index = static_cast<uint32_t>(i);
-    e.shape_class = req.envelope.classes[i];
-    for (const auto& j : d["inputs"]) {
-      KILN_ASSIGN_OR_RETURN(TensorSpec s, SpecFromJson(j));
-      e.inputs.push_back(s);
-    }
-    for (const auto& j : d["outputs"]) {
-      KILN_ASSIGN_OR_RETURN(TensorSpec s, SpecFromJson(j));
-      e.outputs.push_back(s);
-    }
-    for (const auto& j : d["constants"]) {
-      KILN_ASSIGN_OR_RETURN(TensorSpec s, SpecFromJson(j));
-      e.constants.push_back(s);
-    }
-    e.workspace_bytes = d["workspace_bytes"].get<uint64_t>();
-    md.entries.push_back(std::move(e));
-  }
+  KILN_ASSIGN_OR_RETURN(md.entries, EntriesFromDescribe(emitted.describe, req.envelope));
   // load: the exact bytes that will be sealed (law 6)
   KILN_ASSIGN_OR_RETURN(auto library, OpenCellBytes(so_bytes, dir.path + "/proof"));
-  KILN_ASSIGN_OR_RETURN(auto cell, ArmedCell::Arm(library, md.entries, req.weights,
-                                                  Lane::kExported, "", req.num_threads));
+  KILN_ASSIGN_OR_RETURN(
+      auto cell, ArmedCell::Arm(library, md.entries, req.weights,
+                                req.intake ? Lane::kIntake : Lane::kExported, "", req.num_threads));
   KILN_ASSIGN_OR_RETURN(Interpreter eager, Interpreter::Create(req.graph));
   mark("load");
   // gate
@@ -150,6 +171,11 @@ Result<MintResult> MintCell(const MintRequest& req) {
   md.fence.perturbed_checkpoint_matched = true;
   md.fence.constant_table_complete = true;
   mark("fence");
+  if (req.intake) {  // law 12: nothing sealed
+    out.shared_object = std::move(so_bytes);
+    mark("seal");
+    return out;
+  }
   // seal
   CellFiles files;
   KILN_ASSIGN_OR_RETURN(files.metadata_json, SerializeMetadata(md));

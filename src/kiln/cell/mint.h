@@ -25,15 +25,18 @@ namespace kiln {
 struct MintRequest {
   std::shared_ptr<const Graph> graph;
   Envelope envelope;
-  std::string family;      // e.g. "root/micro-diffusion"
-  WeightMap weights;       // the checkpoint the proof runs with
+  std::string family;  // e.g. "root/micro-diffusion"
+  WeightMap weights;   // the checkpoint the proof runs with
   NumericsThresholds thresholds;
-  std::string sm;          // "" = DefaultSmTarget()
+  std::string sm;  // "" = DefaultSmTarget()
   CompileOptions compile;
-  std::string work_dir;    // "" = a fresh temp dir, removed afterwards
+  std::string work_dir;  // "" = a fresh temp dir, removed afterwards
   int num_threads = 1;
   // Called as each stage starts ("key", "compile", "build", "load", "gate", "fence", "seal").
   std::function<void(const std::string& stage)> on_stage;
+  // Intake lane (law 12): compiled, loaded, gated and fenced like any cell, but never keyed or
+  // sealed: the result carries the proven .so bytes (`shared_object`) and no key, digest or tar.
+  bool intake = false;
 };
 
 struct StageTime {
@@ -44,15 +47,21 @@ struct StageTime {
 struct MintResult {
   std::string key;
   KeyAxes axes;
-  std::string digest;  // sha256:...
-  std::string ref;     // key@digest
-  std::string tar;     // the sealed bytes
+  std::string digest;         // sha256:...
+  std::string ref;            // key@digest
+  std::string tar;            // the sealed bytes ("" for an intake mint)
+  std::string shared_object;  // intake only: the proven .so bytes
   CellMetadata metadata;
   GateReport gate;
   GateReport fence;
   std::vector<StageTime> stages;
   std::vector<PassTiming> passes;
 };
+
+// A cell's entries as its own describe JSON reports them (kiln_cell_describe), with the shape
+// classes of `envelope` in entry order. InvalidArgument when the counts differ.
+Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& describe,
+                                                       const Envelope& envelope);
 
 // The key and its axes for a target, without compiling (`kiln key`).
 Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, const std::string& sm);

@@ -1,4 +1,5 @@
 // `kiln key`, `kiln mint` and `kiln inspect`: the cell-facing subcommands (cli layer).
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -11,6 +12,7 @@
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/cli/target_util.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/worker/mint_child.h"
 
 namespace kiln::cli {
 
@@ -81,7 +83,8 @@ Result<ShapeClass> ParseClassSpec(const std::string& spec) {
 
 std::string ClassSpec(const ShapeClass& c) {
   std::string s;
-  for (const auto& [name, shape] : c) s += (s.empty() ? "" : ";") + name + "=" + ShapeToString(shape);
+  for (const auto& [name, shape] : c)
+    s += (s.empty() ? "" : ";") + name + "=" + ShapeToString(shape);
   return s;
 }
 
@@ -112,7 +115,165 @@ struct Args {
   bool source = false;
   std::string dump_ir;
   std::vector<std::string> disabled_passes;
+  std::string child;  // `kiln mint --child REQUEST.json`
 };
+
+// ---- `kiln mint --child REQUEST.json` (worker/mint_child.h is the protocol) ----
+//
+// Test-only switches, honoured only by a child and only when set in its environment (the worker
+// passes its own environment on; nothing in kiln sets them). Each name starts with KILN_TEST_ so
+// none can be set by accident, and tests/worker/mint_e2e_test.cc documents them:
+//   KILN_TEST_MINT_STALL_S=N        sleep N s when the compile stage starts: no CPU, no writes
+//   KILN_TEST_MINT_BUSY_S=N         spin the CPU for N s there, writing nothing: slow but alive
+//   KILN_TEST_MINT_PERTURB=gray     scale every output by 1.002 and prove with retention 0.99:
+//                                   a child whose own gate is too lax, for the parent's to refuse
+//   KILN_TEST_MINT_RESOURCE_ONCE=1  exit 3 (resource) on attempt 1
+int TestSeconds(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::atoi(v) : 0;
+}
+
+void TestStallOrSpin() {
+  if (int s = TestSeconds("KILN_TEST_MINT_STALL_S"); s > 0) ::sleep(static_cast<unsigned>(s));
+  if (int s = TestSeconds("KILN_TEST_MINT_BUSY_S"); s > 0) {
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(s);
+    volatile uint64_t x = 0;
+    while (std::chrono::steady_clock::now() < until) {
+      for (int i = 0; i < 100000; ++i) x = x * 6364136223846793005ull + 1;
+    }
+  }
+}
+
+int64_t PeakRssKb() {
+  rusage self{}, kids{};
+  ::getrusage(RUSAGE_SELF, &self);
+  ::getrusage(RUSAGE_CHILDREN, &kids);
+  return std::max<int64_t>(self.ru_maxrss, kids.ru_maxrss);
+}
+
+// The exit code for a refused mint: deterministic refusals 2, exhaustion 3.
+int ExitFor(const Status& s, std::string* token) {
+  if (s.code() == StatusCode::kResourceExhausted || s.code() == StatusCode::kIOError) {
+    *token = "resource_exhausted";
+    return kMintExitResource;
+  }
+  const std::string& m = s.message();
+  for (const char* t : {"numerics_refused", "fence_refused", "unmeasurable"}) {
+    if (m.rfind(t, 0) == 0) {
+      *token = t;
+      return kMintExitRefused;
+    }
+  }
+  *token = "compile_refused";
+  return kMintExitRefused;
+}
+
+int RunMintChild(const std::string& request_path) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  auto text = ReadFile(request_path);
+  if (!text.ok()) {
+    ReportError("mint --child", text.status());
+    return kMintExitBadRequest;
+  }
+  auto req = ParseMintChildRequest(*text, request_path);
+  if (!req.ok()) {
+    ReportError("mint --child", req.status());
+    return kMintExitBadRequest;
+  }
+  MintChildReport report;
+  report.lane = req->intake ? "intake" : "exported";
+  const auto started = std::chrono::steady_clock::now();
+  auto finish = [&](int code, const std::string& status, const std::string& token,
+                    const std::string& message) {
+    report.status = status;
+    report.token = token;
+    report.message = message;
+    report.peak_rss_kb = PeakRssKb();
+    Status w = WriteFileAtomic(req->report, ToJson(report).dump(2));
+    if (!w.ok()) {
+      ReportError("mint --child", w);
+      return kMintExitBadRequest;
+    }
+    std::printf("%s\n",
+                MintFrameLine("report", 8, 8, status + (token.empty() ? "" : " " + token)).c_str());
+    return code;
+  };
+  if (req->attempt == 1 && TestSeconds("KILN_TEST_MINT_RESOURCE_ONCE") == 1) {
+    return finish(kMintExitResource, "resource", "resource_exhausted",
+                  "KILN_TEST_MINT_RESOURCE_ONCE: resource exit on attempt 1");
+  }
+  auto manifest = LoadManifest(req->manifest);
+  if (!manifest.ok())
+    return finish(kMintExitBadRequest, "bad_request", "bad_request", manifest.status().ToString());
+  auto spec = manifest->FindTarget(req->target);
+  if (!spec.ok()) {
+    return finish(kMintExitBadRequest, "bad_request", "bad_request", spec.status().ToString());
+  }
+  if ((*spec)->exported() == req->intake) {
+    return finish(kMintExitBadRequest, "bad_request", "bad_request",
+                  "target '" + req->target + "' is " +
+                      ((*spec)->exported() ? "exported" : "intake") + " but the request says " +
+                      (req->intake ? "intake" : "exported"));
+  }
+  auto r = RequestForTarget(*manifest, req->target);
+  if (!r.ok())
+    return finish(kMintExitBadRequest, "bad_request", "bad_request", r.status().ToString());
+  r->intake = req->intake;
+  r->num_threads = req->threads;
+  r->compile.parallel_compiles = req->parallel_compiles;
+  r->work_dir = req->out_dir + "/work";
+  const char* perturb = std::getenv("KILN_TEST_MINT_PERTURB");
+  if (perturb != nullptr && std::string(perturb) == "gray") {
+    r->compile.emit.test_output_scale = 1.002;
+    r->thresholds.retention = 0.99;
+  }
+  report.family = r->family;
+  // Progress: one frame per stage, and the live phases file rewritten as each stage ends.
+  int step = 0;
+  std::string current;
+  auto stage_start = std::chrono::steady_clock::now();
+  r->on_stage = [&](const std::string& stage) {
+    const auto now = std::chrono::steady_clock::now();
+    if (!current.empty()) {
+      report.phases.push_back(
+          {current, std::chrono::duration<double, std::milli>(now - stage_start).count()});
+      nlohmann::json live = ToJson(report);
+      live["status"] = "running";
+      (void)WriteFileAtomic(req->phases, live.dump(2));
+    }
+    current = stage;
+    stage_start = now;
+    ++step;
+    std::printf("%s\n", MintFrameLine(stage, step, 7, req->target).c_str());
+    if (stage == "compile") TestStallOrSpin();
+  };
+  auto minted = MintCell(*r);
+  if (!current.empty()) {
+    report.phases.push_back({current, std::chrono::duration<double, std::milli>(
+                                          std::chrono::steady_clock::now() - stage_start)
+                                          .count()});
+  }
+  if (!minted.ok()) {
+    std::string token;
+    const int code = ExitFor(minted.status(), &token);
+    return finish(code, code == kMintExitResource ? "resource" : "refused", token,
+                  minted.status().ToString());
+  }
+  report.key = minted->key;
+  report.axes = minted->axes;
+  report.gate = minted->gate.Summary();
+  const std::string& bytes = req->intake ? minted->shared_object : minted->tar;
+  report.artifact = req->out_dir + (req->intake ? "/cell.so" : "/cell.tar");
+  report.digest = CellDigest(bytes);
+  if (Status w = WriteFileAtomic(report.artifact, bytes); !w.ok()) {
+    report.artifact.clear();
+    return finish(kMintExitResource, "resource", "resource_exhausted", w.ToString());
+  }
+  report.phases.push_back({"total", std::chrono::duration<double, std::milli>(
+                                        std::chrono::steady_clock::now() - started)
+                                        .count()});
+  return finish(kMintExitMinted, "minted", "", "");
+}
 
 Status DoKey(const Args& a) {
   const auto start = std::chrono::steady_clock::now();
@@ -122,15 +283,16 @@ Status DoKey(const Args& a) {
   KILN_ASSIGN_OR_RETURN(std::string key, KeyFromAxes(axes));
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
-  std::printf("%s\n  graph      %s\n  envelope   %s  (%zu class%s)\n  sm         %s\n"
-              "  toolchain  %s\n  derived in %.1f ms, nothing compiled\n",
-              key.c_str(), axes.graph.c_str(), axes.envelope.c_str(), r.envelope.classes.size(),
-              r.envelope.classes.size() == 1 ? "" : "es", axes.sm.c_str(),
-              axes.toolchain.c_str(), ms);
+  std::printf(
+      "%s\n  graph      %s\n  envelope   %s  (%zu class%s)\n  sm         %s\n"
+      "  toolchain  %s\n  derived in %.1f ms, nothing compiled\n",
+      key.c_str(), axes.graph.c_str(), axes.envelope.c_str(), r.envelope.classes.size(),
+      r.envelope.classes.size() == 1 ? "" : "es", axes.sm.c_str(), axes.toolchain.c_str(), ms);
   return Status::OK();
 }
 
 Status DoMint(const Args& a) {
+  if (a.manifest.empty()) return Status::InvalidArgument("kiln mint needs --manifest (or --child)");
   KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
   KILN_ASSIGN_OR_RETURN(MintRequest r, RequestForTarget(m, a.target));
   std::ostringstream dump;
@@ -187,10 +349,11 @@ Status DoInspect(const Args& a) {
   std::printf("axes     graph=%s envelope=%s sm=%s toolchain=%s\n", md.axes.graph.c_str(),
               md.axes.envelope.c_str(), md.axes.sm.c_str(), md.axes.toolchain.c_str());
   std::printf("compiler %s\n", md.toolchain.value("compiler", "?").c_str());
-  std::printf("fence    checkpoint_free=%d perturbed_checkpoint_matched=%d "
-              "constant_table_complete=%d\n",
-              md.fence.checkpoint_free, md.fence.perturbed_checkpoint_matched,
-              md.fence.constant_table_complete);
+  std::printf(
+      "fence    checkpoint_free=%d perturbed_checkpoint_matched=%d "
+      "constant_table_complete=%d\n",
+      md.fence.checkpoint_free, md.fence.perturbed_checkpoint_matched,
+      md.fence.constant_table_complete);
   std::printf("sizes    cell.so %zu bytes, source %zu bytes, metadata %zu bytes\n",
               files.shared_object.size(), files.source.size(), files.metadata_json.size());
   for (const EntryMetadata& e : md.entries) {
@@ -223,18 +386,24 @@ void AddCellCommands(CLI::App& app, int* exit_code) {
   });
   auto* mint = app.add_subcommand(
       "mint", "Compile every class of a target, prove it, seal it and store it locally");
-  mint->add_option("--manifest", args->manifest, "kiln.toml")->required();
+  mint->add_option("--manifest", args->manifest, "kiln.toml");
   mint->add_option("--target", args->target, "target name (default: the only one)");
+  mint->add_option("--child", args->child,
+                   "run as a worker's mint child: REQUEST.json in, MINT_FRAME lines out, a report "
+                   "file; exit 0 minted, 2 refused, 3 resource, 4 bad request");
   mint->add_option("--dump-ir", args->dump_ir, "write the IR after every pass to this file");
   mint->add_option("--disable-pass", args->disabled_passes,
                    "skip a compiler pass by name, for bisecting (repeatable)");
   mint->callback([=] {
+    if (!args->child.empty()) {
+      *exit_code = RunMintChild(args->child);
+      return;
+    }
     Status s = DoMint(*args);
     *exit_code = s.ok() ? 0 : ReportError("mint", s);
   });
   auto* inspect = app.add_subcommand("inspect", "Describe a cell: axes, entries, constants");
-  inspect->add_option("cell", args->cell, "cell.tar path, or a key in the local store")
-      ->required();
+  inspect->add_option("cell", args->cell, "cell.tar path, or a key in the local store")->required();
   inspect->add_flag("--source", args->source, "also print the generated C++ source");
   inspect->callback([=] {
     Status s = DoInspect(*args);

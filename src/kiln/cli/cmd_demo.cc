@@ -1,24 +1,43 @@
-// `kiln demo`: the README's main job. For now it walks the example models through the
-// foundation: import, digest, eager run against PyTorch's reference outputs, and a second
-// checkpoint that changes the outputs but not the digest (one cell per architecture). It grows
-// into the fleet demo (hub + workers) as those layers land.
-#include <dirent.h>
-#include <sys/stat.h>
+// `kiln demo`: the README's main command — the whole cell lifecycle on one machine, as a fleet
+// would live it (cli layer; issue 6 item 5).
+//
+// It starts, as real processes on loopback, an embedded `kiln hub` and two `kiln worker`s on
+// the micro-diffusion example, each worker with a cache directory of its own (two "machines"):
+//   A boots, misses (the fleet has no cell), serves eager at once, mints in a child process,
+//     proves the cell with the strict gate, arms it and publishes it in the background;
+//   B boots after that, adopts the cell from the hub at boot and serves its first request from
+//     it; then swaps to a second checkpoint (same architecture) and keeps serving from the same
+//     cell, with outputs that match eager under the new weights.
+// It drives requests over KServe v2 and prints what happened from the workers' own event rows
+// and the answers' `serving_mode`. Everything lives in a temporary directory, removed at the end
+// (`--keep` keeps it, with the event logs).
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
+#include <thread>
 
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/sha256.h"
 #include "src/kiln/cli/commands.h"
-#include "src/kiln/cli/target_util.h"
+#include "src/kiln/client/hub_client.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/graph/checkpoint.h"
-#include "src/kiln/graph/digest.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/hub/authz.h"
 #include "src/kiln/tensor/npy.h"
+#include "src/kiln/tensor/safetensors.h"
 
 #ifndef KILN_SOURCE_DIR
 #define KILN_SOURCE_DIR "."
@@ -28,163 +47,352 @@ namespace kiln::cli {
 
 namespace {
 
-bool IsDir(const std::string& p) {
-  struct stat st;
-  return ::stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-std::vector<std::string> ListDir(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
+std::string SelfExe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "kiln";
+}
+
+int FreePort() {
+  // Port 0 asks the kernel; the process we start binds it a moment later (loopback, one user).
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+  socklen_t len = sizeof(a);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+// A child process of the demo, killed when the demo leaves.
+class Child {
+ public:
+  Child() = default;
+  ~Child() { Stop(); }
+  Status Start(std::vector<std::string> args, const std::string& cache, const std::string& log) {
+    pid_ = ::fork();
+    if (pid_ < 0) return Status::IOError("fork failed");
+    if (pid_ == 0) {
+      if (!cache.empty()) ::setenv("KILN_CACHE_DIR", cache.c_str(), 1);
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
     }
-    ::closedir(d);
+    return Status::OK();
   }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-// Largest |a-b| over all outputs, and largest |b|.
-void Compare(const TensorMap& got, const TensorMap& ref, double* max_err, double* max_ref) {
-  *max_err = 0;
-  *max_ref = 0;
-  for (const auto& [name, r] : ref) {
-    auto it = got.find(name);
-    if (it == got.end() || it->second.shape() != r.shape()) {
-      *max_err = INFINITY;
-      continue;
-    }
-    for (int64_t i = 0; i < r.numel(); ++i) {
-      *max_err = std::max(*max_err, std::fabs(it->second.GetAsDouble(i) - r.GetAsDouble(i)));
-      *max_ref = std::max(*max_ref, std::fabs(r.GetAsDouble(i)));
-    }
+  int Stop() {
+    if (pid_ <= 0) return -1;
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
+  bool Alive() { return pid_ > 0 && ::waitpid(pid_, nullptr, WNOHANG) == 0; }
+
+ private:
+  pid_t pid_ = -1;
+};
+
+std::unique_ptr<HubClient> HttpTo(int port, const std::string& token) {
+  HubClientOptions o;
+  o.url = "http://127.0.0.1:" + std::to_string(port);
+  o.token = token;
+  o.connect_timeout_s = 2;
+  o.io_timeout_s = 60;
+  return HubClient::Create(o).value();
 }
 
-Result<TensorMap> ReadNpyDir(const std::string& dir) {
-  TensorMap out;
-  for (const std::string& f : ListDir(dir)) {
-    if (f.size() < 5 || f.substr(f.size() - 4) != ".npy") continue;
-    KILN_ASSIGN_OR_RETURN(Tensor t, ReadNpy(dir + "/" + f));
-    out[f.substr(0, f.size() - 4)] = std::move(t);
+Status WaitUp(HubClient& http, const std::string& path, Child& child, const std::string& what,
+              const std::string& log) {
+  for (int i = 0; i < 1200; ++i) {
+    if (http.Call("GET", path).ok()) return Status::OK();
+    if (!child.Alive()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  auto text = ReadFile(log);
+  return Status::Internal(what + " did not come up; its log:\n" + (text.ok() ? *text : ""));
+}
+
+// The first event row of `kind` at the worker (waits up to `timeout_ms`).
+Result<nlohmann::json> WaitForRow(HubClient& worker, const std::string& kind, int timeout_ms) {
+  const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (Clock::now() < until) {
+    HubAnswer a = worker.Call("GET", "/v1/events?kind=" + kind);
+    if (a.ok() && a.body.is_array() && !a.body.empty()) return a.body[0];
+    if (a.ok() && a.body.is_object() && a.body.contains("events") && !a.body["events"].empty()) {
+      return a.body["events"][0];
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return Status::NotFound("no `" + kind + "` row within " + std::to_string(timeout_ms) + " ms");
+}
+
+struct Answer {
+  std::string mode, ref, reason;
+  double ms = 0;         // client side: JSON encode, HTTP, decode included
+  double server_ms = 0;  // the worker's own serve time (parameters.duration_ms)
+  TensorMap outputs;
+};
+
+Result<Answer> Infer(HubClient& worker, const std::string& model, const TensorMap& inputs) {
+  nlohmann::json req = {{"inputs", nlohmann::json::array()}};
+  for (const auto& [name, t] : inputs) {
+    nlohmann::json data = nlohmann::json::array();
+    for (int64_t i = 0; i < t.numel(); ++i) data.push_back(t.GetAsDouble(i));
+    req["inputs"].push_back(
+        {{"name", name}, {"shape", t.shape()}, {"datatype", "FP32"}, {"data", data}});
+  }
+  const auto start = Clock::now();
+  HubAnswer a = worker.Call("POST", "/v2/models/" + model + "/infer", req.dump());
+  Answer out;
+  out.ms = MsSince(start);
+  if (!a.ok()) return Status::Internal("infer " + model + ": " + a.token + ": " + a.message);
+  const auto& p = a.body["parameters"];
+  out.mode = p.value("serving_mode", "");
+  out.ref = p.value("served_cell_ref", "");
+  out.reason = p.value("fallback_reason", "");
+  out.server_ms = p.value("duration_ms", 0.0);
+  for (const auto& o : a.body["outputs"]) {
+    std::vector<float> v;
+    for (const auto& d : o["data"]) v.push_back(d.get<float>());
+    out.outputs[o["name"].get<std::string>()] =
+        Tensor::FromVector<float>(o["shape"].get<Shape>(), v);
   }
   return out;
 }
 
-Status DemoOne(const std::string& dir, const std::string& name, bool* all_ok) {
-  std::printf("\n== %s ==\n", name.c_str());
-  auto t0 = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(Graph g, ImportOnnxFile(dir + "/model.onnx"));
-  const double import_ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  auto graph = std::make_shared<const Graph>(std::move(g));
-  KILN_ASSIGN_OR_RETURN(std::string digest, GraphDigest(*graph));
-  int64_t weight_bytes = 0;
-  const WeightMap own = GraphWeights(*graph);
-  for (const auto& [n, t] : own) weight_bytes += static_cast<int64_t>(t.nbytes());
-  std::printf("imported   %zu nodes, %zu weights (%.2f MiB) in %.1f ms\n", graph->nodes.size(),
-              own.size(), weight_bytes / 1048576.0, import_ms);
-  std::printf("digest     %s\n", digest.c_str());
-
-  KILN_ASSIGN_OR_RETURN(Interpreter interp, Interpreter::Create(graph));
-  KILN_ASSIGN_OR_RETURN(WeightMap ckpt_a, LoadCheckpoint(*graph, dir + "/checkpoint.safetensors",
-                                                          /*require_complete=*/true));
-  KILN_ASSIGN_OR_RETURN(TensorMap inputs, ReadNpyDir(dir + "/inputs"));
-  KILN_ASSIGN_OR_RETURN(TensorMap reference, ReadNpyDir(dir + "/outputs"));
-
-  RunStats stats;
-  KILN_ASSIGN_OR_RETURN(TensorMap out_a, interp.Run(inputs, &ckpt_a, &stats));
-  constexpr int kRuns = 5;
-  auto t1 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kRuns; ++i) {
-    KILN_ASSIGN_OR_RETURN(TensorMap again, interp.Run(inputs, &ckpt_a));
-  }
-  const double run_ms = std::chrono::duration<double, std::milli>(
-                            std::chrono::steady_clock::now() - t1).count() / kRuns;
-  double err, ref_max;
-  Compare(out_a, reference, &err, &ref_max);
-  const bool match = err <= 1e-4 * ref_max;
-  *all_ok = *all_ok && match;
-  std::printf("eager      %.2f ms/run (mean of %d), peak intermediates %.2f MiB\n", run_ms, kRuns,
-              stats.peak_live_bytes / 1048576.0);
-  std::printf("vs torch   max|err| %.3g  (bound 1e-4 x max|ref| = %.3g)  %s\n", err,
-              1e-4 * ref_max, match ? "MATCH" : "MISMATCH");
-
-  KILN_ASSIGN_OR_RETURN(WeightMap ckpt_b, DeriveCheckpoint(*graph, /*seed=*/7));
-  KILN_ASSIGN_OR_RETURN(TensorMap out_b, interp.Run(inputs, &ckpt_b));
-  double diff, unused;
-  Compare(out_b, out_a, &diff, &unused);
-  std::printf("checkpoint B (derived, seed 7): outputs move by up to %.3g; digest %s (%s)\n", diff,
-              digest.c_str(), "unchanged: weights are data, not graph");
-
-  // The compiled path: one cell for this class, minted (or found) in the local store, proven
-  // against eager at mint, then serving both checkpoints.
-  ShapeClass cls;
-  for (const auto& [name, t] : inputs) cls[name] = t.shape();
-  KILN_ASSIGN_OR_RETURN(LocalCell cell, LocalCellForClass(graph, ckpt_a, cls, "root/" + name, 1));
-  std::printf("cell       %s\n           %s in %.0f ms\n", cell.ref.c_str(),
-              cell.store_hit ? "found in the local store, admitted and armed"
-                             : "minted (compiled, gate HEALTHY, fence proven), stored, armed",
-              cell.ms);
-  CellRunError run_error;
-  KILN_ASSIGN_OR_RETURN(TensorMap cell_a, cell.cell->Run(0, inputs, &run_error));
-  auto t2 = std::chrono::steady_clock::now();
-  for (int i = 0; i < kRuns; ++i) {
-    KILN_ASSIGN_OR_RETURN(TensorMap again, cell.cell->Run(0, inputs, &run_error));
-  }
-  const double cell_ms = std::chrono::duration<double, std::milli>(
-                             std::chrono::steady_clock::now() - t2).count() / kRuns;
-  double cerr, cref;
-  Compare(cell_a, reference, &cerr, &cref);
-  const bool cell_match = cerr <= 1e-4 * cref;
-  *all_ok = *all_ok && cell_match;
-  std::printf("compiled   %.2f ms/run (%.1fx eager), workspace %.2f MiB; vs torch max|err| %.3g %s\n",
-              cell_ms, run_ms / cell_ms, cell.cell->entries()[0].workspace_bytes / 1048576.0, cerr,
-              cell_match ? "MATCH" : "MISMATCH");
-  KILN_RETURN_IF_ERROR(cell.cell->Rebind(ckpt_b));
-  KILN_ASSIGN_OR_RETURN(TensorMap cell_b, cell.cell->Run(0, inputs, &run_error));
-  double berr, bref;
-  Compare(cell_b, out_b, &berr, &bref);
-  std::printf("same cell, checkpoint B: max|cell - eager| %.3g (one cell serves every checkpoint)\n",
-              berr);
-  *all_ok = *all_ok && berr <= 1e-4 * std::max(bref, 1.0);
-  return Status::OK();
+// What follows `marker` in `text` (all of it when absent): the rows' prose after their prefix.
+std::string After(const std::string& text, const std::string& marker) {
+  const size_t at = text.find(marker);
+  return at == std::string::npos ? text : text.substr(at + marker.size());
 }
 
-int RunDemo(std::string examples) {
-  if (examples.empty()) {
-    const char* env = std::getenv("KILN_EXAMPLES");
-    examples = env ? env : (IsDir("examples") ? "examples" : KILN_SOURCE_DIR "/examples");
-  }
-  std::printf("kiln demo: import, digest, eager vs PyTorch, a second checkpoint, and a cell\n");
-  std::printf("examples:  %s\n", examples.c_str());
-  bool all_ok = true;
-  int count = 0;
-  for (const std::string& name : ListDir(examples)) {
-    const std::string dir = examples + "/" + name;
-    if (!IsDir(dir)) continue;
-    ++count;
-    Status s = DemoOne(dir, name, &all_ok);
-    if (!s.ok()) {
-      all_ok = false;
-      ReportError("demo", s.WithContext(name));
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double MaxAbsDiff(const TensorMap& a, const TensorMap& b) {
+  double m = 0;
+  for (const auto& [name, t] : b) {
+    auto it = a.find(name);
+    if (it == a.end() || it->second.numel() != t.numel()) return INFINITY;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      m = std::max(m, std::fabs(it->second.GetAsDouble(i) - t.GetAsDouble(i)));
     }
   }
-  if (count == 0) return ReportError("demo", Status::NotFound("no examples in '" + examples + "'"));
-  std::printf("\n%s: %d example(s); every eager and compiled output %s PyTorch's reference\n",
-              all_ok ? "OK" : "FAILED", count, all_ok ? "matches" : "does NOT match");
-  return all_ok ? 0 : 1;
+  return m;
+}
+
+Status RunFleetDemo(std::string examples, bool keep) {
+  const auto demo_start = Clock::now();
+  if (examples.empty()) {
+    const char* env = std::getenv("KILN_EXAMPLES");
+    examples = env ? env
+                   : (std::filesystem::is_directory("examples") ? "examples"
+                                                                : KILN_SOURCE_DIR "/examples");
+  }
+  const std::string ex = std::filesystem::absolute(examples + "/micro-diffusion").string();
+  char tmpl[] = "/tmp/kiln-demo-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return Status::IOError("cannot create a demo directory");
+  const std::string root = tmpl;
+  struct Cleanup {
+    std::string root;
+    bool keep;
+    ~Cleanup() {
+      std::error_code ec;
+      if (!keep) std::filesystem::remove_all(root, ec);
+    }
+  } cleanup{root, keep};
+  const std::string kiln = SelfExe();
+  std::printf(
+      "kiln demo: an embedded hub and two workers (A, B) on micro-diffusion, on loopback\n");
+  std::printf("workdir:   %s%s\n\n", root.c_str(), keep ? " (kept)" : " (removed at the end)");
+
+  // 1. The hub, with one platform publisher token for both workers.
+  KILN_ASSIGN_OR_RETURN(std::string token, GenerateToken());
+  const nlohmann::json tokens = {{"tokens",
+                                  {{{"name", "demo-workers"},
+                                    {"role", "publisher"},
+                                    {"tier", "platform"},
+                                    {"sha256", Sha256Hex(token)}}}}};
+  KILN_RETURN_IF_ERROR(MakeDirs(root + "/hub"));
+  KILN_RETURN_IF_ERROR(WriteFileAtomic(root + "/tokens.json", tokens.dump(2)));
+  const int hub_port = FreePort();
+  Child hub;
+  KILN_RETURN_IF_ERROR(
+      hub.Start({kiln, "hub", "--data", root + "/hub", "--port", std::to_string(hub_port), "--bind",
+                 "127.0.0.1", "--tokens", root + "/tokens.json"},
+                "", root + "/hub.log"));
+  auto hub_http = HttpTo(hub_port, "");
+  KILN_RETURN_IF_ERROR(WaitUp(*hub_http, "/v1/health", hub, "the hub", root + "/hub.log"));
+  std::printf("hub       http://127.0.0.1:%d  (SQLite + blob directory, Ed25519 receipts)\n",
+              hub_port);
+
+  // 2. One manifest per machine: the example's, with absolute paths and the hub.
+  KILN_ASSIGN_OR_RETURN(std::string manifest, ReadFile(ex + "/kiln.toml"));
+  for (const char* rel : {"model.onnx", "checkpoint.safetensors"}) {
+    const std::string from = std::string("\"") + rel + "\"";
+    const size_t at = manifest.find(from);
+    if (at != std::string::npos) manifest.replace(at, from.size(), "\"" + ex + "/" + rel + "\"");
+  }
+  manifest += "\n[hub]\nurl = \"http://127.0.0.1:" + std::to_string(hub_port) + "\"\ntoken = \"" +
+              token + "\"\n";
+  auto start_worker = [&](const std::string& name, Child& child, int* port) -> Status {
+    const std::string dir = root + "/" + name;
+    KILN_RETURN_IF_ERROR(MakeDirs(dir));
+    KILN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/kiln.toml", manifest));
+    *port = FreePort();
+    return child.Start({kiln, "worker", "--manifest", dir + "/kiln.toml", "--port",
+                        std::to_string(*port), "--events", dir + "/events.jsonl"},
+                       dir, dir + "/worker.log");
+  };
+
+  // The example's request and PyTorch's answer to it.
+  TensorMap inputs;
+  for (const char* n : {"latent", "timestep", "cond"}) {
+    KILN_ASSIGN_OR_RETURN(inputs[n], ReadNpy(ex + "/inputs/" + n + ".npy"));
+  }
+  const std::string model = "micro-diffusion";
+
+  // 3. Worker A: a miss; eager at once; mint in a child; prove; arm; publish.
+  Child a;
+  int a_port = 0;
+  const auto a_boot = Clock::now();
+  KILN_RETURN_IF_ERROR(start_worker("a", a, &a_port));
+  auto a_http = HttpTo(a_port, "");
+  KILN_RETURN_IF_ERROR(WaitUp(*a_http, "/v2/health/ready", a, "worker A", root + "/a/worker.log"));
+  const double a_ready_ms = MsSince(a_boot);
+  KILN_ASSIGN_OR_RETURN(nlohmann::json a_boot_row, WaitForRow(*a_http, "boot_adopt", 5000));
+  std::vector<double> eager_ms;
+  Answer first_a;
+  Answer switched;
+  int a_requests = 0;
+  while (true) {
+    KILN_ASSIGN_OR_RETURN(Answer r, Infer(*a_http, model, inputs));
+    ++a_requests;
+    if (a_requests == 1) first_a = r;
+    if (r.mode != "eager") {
+      switched = r;
+      break;
+    }
+    eager_ms.push_back(r.server_ms);
+    if (MsSince(a_boot) > 100000) return Status::Internal("worker A never switched to its cell");
+  }
+  KILN_ASSIGN_OR_RETURN(nlohmann::json numerics, WaitForRow(*a_http, "cell_numerics", 5000));
+  KILN_ASSIGN_OR_RETURN(nlohmann::json phases, WaitForRow(*a_http, "mint_phases", 5000));
+  KILN_ASSIGN_OR_RETURN(nlohmann::json published, WaitForRow(*a_http, "self_mint_publish", 60000));
+  std::vector<double> cell_ms;
+  for (int i = 0; i < 10; ++i) {
+    KILN_ASSIGN_OR_RETURN(Answer r, Infer(*a_http, model, inputs));
+    cell_ms.push_back(r.server_ms);
+  }
+  std::printf(
+      "\nworker A  boot_adopt %s (the fleet has no cell); ready in %.0f ms, serving eager\n",
+      a_boot_row.value("phase", "?").c_str(), a_ready_ms);
+  std::printf(
+      "          first request: %s (%s) in %.0f ms (client side) — served at once, not after a "
+      "compile\n",
+      first_a.mode.c_str(), first_a.reason.c_str(), first_a.ms);
+  std::printf("          minted in a child process in %.0f ms; stages (ms): %s\n",
+              phases.value("duration_ms", 0.0),
+              After(phases.value("detail", ""), "worker=micro-diffusion ").c_str());
+  std::printf("          strict gate on the live target: %s\n",
+              After(numerics.value("detail", ""), "by=parent ").c_str());
+  std::printf("          request %d switched to %s, none failed (%d eager before it)\n", a_requests,
+              switched.mode.c_str(), a_requests - 1);
+  std::printf("          published to the hub: %s\n", published.value("phase", "").c_str());
+
+  // 4. Worker B, a second machine: adopts at boot, serves its first request from the cell.
+  Child b;
+  int b_port = 0;
+  const auto b_boot = Clock::now();
+  KILN_RETURN_IF_ERROR(start_worker("b", b, &b_port));
+  auto b_http = HttpTo(b_port, "");
+  KILN_RETURN_IF_ERROR(WaitUp(*b_http, "/v2/health/ready", b, "worker B", root + "/b/worker.log"));
+  const double b_ready_ms = MsSince(b_boot);
+  KILN_ASSIGN_OR_RETURN(nlohmann::json b_boot_row, WaitForRow(*b_http, "boot_adopt", 5000));
+  KILN_ASSIGN_OR_RETURN(Answer first_b, Infer(*b_http, model, inputs));
+  const double adopt_ms = b_boot_row.value("duration_ms", 0.0);
+  std::printf(
+      "\nworker B  boot_adopt %s in %.1f ms (resolve, receipt, fetch, verify, load, bind); "
+      "ready in %.0f ms\n",
+      b_boot_row.value("phase", "?").c_str(), adopt_ms, b_ready_ms);
+  std::printf("          first request: %s in %.0f ms\n          cell %s\n", first_b.mode.c_str(),
+              first_b.ms, first_b.ref.c_str());
+
+  // 5. B swaps to a second checkpoint of the same architecture: the same cell keeps serving.
+  KILN_ASSIGN_OR_RETURN(Graph g, ImportOnnxFile(ex + "/model.onnx"));
+  auto graph = std::make_shared<const Graph>(std::move(g));
+  KILN_ASSIGN_OR_RETURN(WeightMap second, DeriveCheckpoint(*graph, /*seed=*/7));
+  KILN_RETURN_IF_ERROR(WriteSafetensors(root + "/b/second.safetensors", second, {}));
+  HubAnswer swap = b_http->Call(
+      "POST", "/v1/admin/checkpoint",
+      nlohmann::json{{"target", "denoiser"}, {"path", root + "/b/second.safetensors"}}.dump());
+  if (!swap.ok()) return Status::Internal("checkpoint swap: " + swap.token + ": " + swap.message);
+  KILN_ASSIGN_OR_RETURN(Answer after, Infer(*b_http, model, inputs));
+  KILN_ASSIGN_OR_RETURN(Interpreter eager, Interpreter::Create(graph));
+  KILN_ASSIGN_OR_RETURN(TensorMap expect, eager.Run(inputs, &second));
+  const double swap_err = MaxAbsDiff(after.outputs, expect);
+  const double moved = MaxAbsDiff(after.outputs, first_b.outputs);
+  std::printf(
+      "          swapped to a second checkpoint (derived, seed 7): %s, same cell: %s;\n"
+      "          outputs moved by up to %.3g and match eager with the new weights "
+      "(max|diff| %.2g)\n",
+      after.mode.c_str(), after.ref == first_b.ref ? "yes" : "NO", moved, swap_err);
+
+  const double eager_med = Median(eager_ms), cell_med = Median(cell_ms);
+  const double mint_ms = phases.value("duration_ms", 0.0);
+  std::printf(
+      "\nsummary   serve time per request (median of the worker's own duration_ms): eager "
+      "%.1f ms, cell %.1f ms (%.1fx)\n",
+      eager_med, cell_med, cell_med > 0 ? eager_med / cell_med : 0.0);
+  std::printf("          mint %.0f ms on A vs adopt %.1f ms on B (%.0fx shorter)\n", mint_ms,
+              adopt_ms, adopt_ms > 0 ? mint_ms / adopt_ms : 0.0);
+  const bool ok = first_a.mode == "eager" && switched.mode == "aot_cell" &&
+                  published.value("phase", "") == "published" &&
+                  b_boot_row.value("phase", "") == "hit" && first_b.mode == "aot_cell" &&
+                  after.mode == "aot_cell" && after.ref == first_b.ref && swap_err < 1e-3 &&
+                  moved > 1e-4;
+  const int a_exit = a.Stop();
+  const int b_exit = b.Stop();
+  hub.Stop();
+  std::printf("          workers drained and exited %d, %d; whole demo %.1f s\n", a_exit, b_exit,
+              MsSince(demo_start) / 1000.0);
+  std::printf("\n%s\n", ok ? "OK: miss -> eager -> mint -> prove -> publish -> adopt -> swap"
+                           : "FAILED: see above");
+  if (!ok) return Status::Internal("the demo's lifecycle did not complete as expected");
+  return Status::OK();
 }
 
 }  // namespace
 
 void AddDemoCommand(CLI::App& app, int* exit_code) {
-  auto* cmd = app.add_subcommand("demo", "Walk the example models through kiln and report");
+  auto* cmd = app.add_subcommand(
+      "demo", "An embedded hub and two workers: miss, eager, mint, prove, publish, adopt, swap");
   auto examples = std::make_shared<std::string>();
+  auto keep = std::make_shared<bool>(false);
   cmd->add_option("--examples", *examples, "examples directory (default: ./examples)");
-  cmd->callback([=] { *exit_code = RunDemo(*examples); });
+  cmd->add_flag("--keep", *keep, "keep the demo's directory (event logs, cells)");
+  cmd->callback([=] {
+    Status s = RunFleetDemo(*examples, *keep);
+    *exit_code = s.ok() ? 0 : ReportError("demo", s);
+  });
 }
 
 }  // namespace kiln::cli

@@ -6,18 +6,31 @@
 // A mandatory target with no export declaration fails the boot (mandatory_lane_needs_a_cell).
 // Then the KServe v2 front end serves at once — eager wherever no cell armed — until SIGTERM or
 // SIGINT, when it drains in-flight requests and exits 0.
+// The minting half (worker/minter.h): an exported target whose key missed (`miss`, or
+// `local_miss_no_hub`) is minted by a `kiln mint --child` process while it serves eager, adopted
+// after the strict gate and published in the background (worker/publisher.h); an intake target
+// (no export declaration) is compiled here at boot warmup and serves `jit_cell`. A refused
+// adoption (a typed refusal, not a miss) keeps serving eager with its token and mints nothing:
+// the fleet has a cell for that key, and minting a rival would only race it.
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/cli/target_util.h"
+#include "src/kiln/compile/toolchain.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/worker/boot.h"
+#include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/front.h"
+#include "src/kiln/worker/test_switches.h"
+#include "src/kiln/worker/minter.h"
+#include "src/kiln/worker/publisher.h"
 
 namespace kiln::cli {
 
@@ -29,7 +42,14 @@ struct WorkerArgs {
   std::string bind = "127.0.0.1";
   std::string events;
   int threads = 0;
+  int mint_nice = 10;
+  int mint_threads = 1;
 };
+
+// The sm a target's cells are owed for: the manifest's override, else this machine's level.
+std::string DetectSm(const TargetSpec& spec) {
+  return spec.sm.empty() ? DefaultSmTarget() : spec.sm;
+}
 
 struct Booted {
   std::shared_ptr<const Graph> graph;
@@ -40,6 +60,23 @@ Status DoWorker(const WorkerArgs& a) {
   KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
   EventLog events;
   if (!a.events.empty()) KILN_RETURN_IF_ERROR(events.SetPath(a.events));
+  // Event rows go to the hub too, posted in the background by a client of their own.
+  std::unique_ptr<EventForwarder> forwarder;
+  if (m.hub) {
+    HubClientOptions o;
+    o.url = m.hub->url;
+    o.token = m.hub->token;
+    o.io_timeout_s = m.hub->timeout_ms / 1000.0;
+    o.connect_timeout_s = std::min(o.io_timeout_s, 3.0);
+    KILN_ASSIGN_OR_RETURN(auto client, HubClient::Create(o));
+    EventForwarderOptions fwd;
+    // One name per worker process: the hub counts adoptions by distinct worker.
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    fwd.worker = m.endpoint.name + "@" + host + "/" + std::to_string(::getpid());
+    forwarder = std::make_unique<EventForwarder>(std::move(client), fwd);
+    forwarder->Attach(events);  // before boot: boot_adopt rows reach the hub too
+  }
 
   KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
   LocalStore store(root);
@@ -75,6 +112,35 @@ Status DoWorker(const WorkerArgs& a) {
 
   std::vector<Booted> booted;
   std::map<std::string, FrontendTarget> front_targets;
+  std::unique_ptr<Publisher> publisher;
+  if (m.hub) {
+    PublisherOptions po;
+    po.hub.url = m.hub->url;
+    po.hub.token = m.hub->token;
+    po.hub.io_timeout_s = m.hub->timeout_ms / 1000.0;
+    po.hub.connect_timeout_s = std::min(po.hub.io_timeout_s, 3.0);
+    po.store = &store;
+    po.events = &events;
+    po.release = m.endpoint.release;
+    KILN_ASSIGN_OR_RETURN(publisher, Publisher::Create(po));
+  }
+  MinterOptions mo;
+  mo.manifest_path = std::filesystem::absolute(a.manifest).string();
+  mo.work_root = ctx.private_dir + "/mints";
+  mo.private_dir = ctx.private_dir;
+  mo.stall_window_ms = m.mint.stall_window_s * 1000;
+  mo.memory_budget_mb = m.mint.memory_budget_mb;
+  mo.parallel_compiles = m.mint.parallel_compiles;
+  mo.child_nice = a.mint_nice;
+  mo.child_threads = a.mint_threads;
+  mo.serve_threads = threads;
+  mo.worker = m.endpoint.name;
+  mo.store = &store;
+  mo.publisher = publisher.get();
+  mo.events = &events;
+  // Declared after `booted`, so it is destroyed (its threads joined) before the targets they
+  // point at, whichever way this function returns.
+  Minter minter(mo);
   for (const TargetSpec& spec : m.targets) {
     if (spec.lane == LanePolicy::kMandatory && !spec.exported()) {
       return Status::InvalidArgument("mandatory_lane_needs_a_cell: target '" + spec.name +
@@ -92,22 +158,52 @@ Status DoWorker(const WorkerArgs& a) {
     o.name = spec.name;
     o.lane_policy = spec.lane;
     o.intake = !spec.exported();
-    o.compile_declared = spec.exported();
+    o.compile_declared = true;  // exported: minted on a miss; intake: compiled here
     o.events = &events;
     KILN_ASSIGN_OR_RETURN(b.target, ServedTarget::Create(o, b.graph, weights));
     const BootOutcome out = AdoptAtBoot(*b.target, spec, b.graph, weights, ctx);
     std::printf("target %-16s boot_adopt %-22s %7.1f ms  %s\n", spec.name.c_str(),
                 out.phase.c_str(), out.duration_ms,
                 out.adopted() ? out.ref.c_str() : ("serving " + b.target->Posture()).c_str());
+    if (!spec.exported()) {
+      minter.CompileIntake(MintBinding{b.target.get(), spec});
+      // Nothing is owed for an intake target: a release's obligation is settled terminally.
+      if (publisher) publisher->EnqueueSettle(spec.name, DetectSm(spec), kBootNoExportDeclaration);
+    } else if (out.phase == kBootMiss || out.phase == kBootLocalMissNoHub) {
+      minter.MintExported(out.key, MintBinding{b.target.get(), spec});
+    }
     front_targets[spec.name] = FrontendTarget{b.target.get(), b.graph};
     booted.push_back(std::move(b));
   }
+
+  std::map<std::string, ServedTarget*> by_name;
+  for (const Booted& b : booted) by_name[b.target->name()] = b.target.get();
+  KILN_RETURN_IF_ERROR(ApplyTestSwitchesFromEnv(by_name));
 
   FrontendOptions fo;
   fo.bind = a.bind;
   fo.port = a.port >= 0 ? a.port : m.endpoint.port;
   fo.max_concurrency = m.endpoint.max_concurrency;
   fo.events = &events;
+  if (forwarder) {
+    fo.extra_metrics = [f = forwarder.get()] {
+      const EventForwarderStats st = f->stats();
+      std::string o =
+          "# HELP kiln_events_forwarded_total Event rows by what became of them on the way to the "
+          "hub.\n# TYPE kiln_events_forwarded_total counter\n";
+      o += "kiln_events_forwarded_total{outcome=\"posted\"} " + std::to_string(st.posted) + "\n";
+      o += "kiln_events_forwarded_total{outcome=\"dropped\"} " + std::to_string(st.dropped) + "\n";
+      o +=
+          "kiln_events_forwarded_total{outcome=\"rejected\"} " + std::to_string(st.rejected) + "\n";
+      o += "# HELP kiln_events_queued Event rows waiting for the hub.\n# TYPE kiln_events_queued "
+           "gauge\nkiln_events_queued " +
+           std::to_string(st.queued) + "\n";
+      o += "# HELP kiln_events_post_failures_total Failed posts to the hub (retried).\n# TYPE "
+           "kiln_events_post_failures_total counter\nkiln_events_post_failures_total " +
+           std::to_string(st.failures) + "\n";
+      return o;
+    };
+  }
   KILN_ASSIGN_OR_RETURN(auto front,
                         Frontend::Create(fo, std::move(front_targets), m.function_to_target));
   // Block the stop signals before any thread starts, so only sigwait below receives them.
@@ -126,6 +222,17 @@ Status DoWorker(const WorkerArgs& a) {
               front->in_flight());
   std::fflush(stdout);
   front->Stop();
+  minter.Stop();
+  if (publisher) publisher->WaitIdle(2000);
+  if (forwarder) {
+    const size_t left = forwarder->Stop(std::chrono::milliseconds(3000));
+    if (left > 0) {
+      std::printf(
+          "kiln worker: %zu event row(s) not delivered to the hub (they are in the event "
+          "file, if one is set)\n",
+          left);
+    }
+  }
   return Status::OK();
 }
 
@@ -139,6 +246,10 @@ void AddWorkerCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--bind", a->bind, "address to listen on");
   cmd->add_option("--events", a->events, "append event rows to this JSON-lines file");
   cmd->add_option("--threads", a->threads, "compute threads per request");
+  cmd->add_option("--mint-nice", a->mint_nice,
+                  "niceness of mint children (0-19; default 10, below serving)");
+  cmd->add_option("--mint-threads", a->mint_threads,
+                  "compute threads of a mint child's proof runs (default 1)");
   cmd->callback([=] {
     Status s = DoWorker(*a);
     *exit_code = s.ok() ? 0 : ReportError("worker", s);

@@ -1,5 +1,7 @@
 // Graph-level compiler passes: specialize to a shape class, fold structural values, remove dead
 // nodes (compile layer). See passes.h for each contract.
+#include <map>
+#include <memory>
 #include <set>
 
 #include "src/kiln/compile/passes.h"
@@ -43,11 +45,135 @@ Status SpecializeToClass(Graph& graph, const ShapeClass& shape_class) {
   return Status::OK();
 }
 
+namespace {
+
+// Every name defined anywhere in `g` (inputs, initializers, node outputs, subgraphs).
+void CollectNames(const Graph& g, std::set<std::string>& names) {
+  for (const ValueInfo& v : g.inputs) names.insert(v.name);
+  for (const auto& [name, t] : g.initializers) names.insert(name);
+  for (const Node& n : g.nodes) {
+    names.insert(n.outputs.begin(), n.outputs.end());
+    for (const Graph* sub : Subgraphs(n)) CollectNames(*sub, names);
+  }
+}
+
+// Renames value references in `g` and its subgraphs by `map` (node inputs and graph outputs).
+void RenameUses(Graph& g, const std::map<std::string, std::string>& map) {
+  auto apply = [&](std::string& name) {
+    auto it = map.find(name);
+    if (it != map.end()) name = it->second;
+  };
+  for (Node& n : g.nodes) {
+    for (std::string& in : n.inputs) apply(in);
+    for (auto& [attr, a] : n.attrs) {
+      if (a.kind == Attribute::Kind::kGraph && a.g) {
+        auto copy = std::make_shared<Graph>(*a.g);  // subgraphs may be shared with other graphs
+        RenameUses(*copy, map);
+        a.g = copy;
+      }
+      for (auto& sub : a.graphs) {
+        auto copy = std::make_shared<Graph>(*sub);
+        RenameUses(*copy, map);
+        sub = copy;
+      }
+    }
+  }
+  for (ValueInfo& v : g.outputs) apply(v.name);
+}
+
+// Replaces the first If whose condition is a structural constant by the nodes of the branch it
+// takes: branch values get fresh names, the branch's outputs become the If's outputs (through
+// an Identity where a branch output is not a value the branch defines). Returns whether one was
+// inlined.
+Result<bool> InlineOneKnownIf(Graph& graph) {
+  for (size_t i = 0; i < graph.nodes.size(); ++i) {
+    const Node& n = graph.nodes[i];
+    if (!n.domain.empty() || n.op_type != "If" || n.inputs.empty()) continue;
+    auto cond = graph.initializers.find(n.inputs[0]);
+    if (cond == graph.initializers.end() || graph.IsWeight(n.inputs[0]) ||
+        cond->second.numel() != 1) {
+      continue;
+    }
+    const bool taken = cond->second.GetAsInt64(0) != 0;
+    auto attr = n.attrs.find(taken ? "then_branch" : "else_branch");
+    if (attr == n.attrs.end() || attr->second.kind != Attribute::Kind::kGraph || !attr->second.g) {
+      continue;
+    }
+    Graph branch = *attr->second.g;
+    if (branch.outputs.size() != n.outputs.size()) continue;  // the verifier names this
+    std::set<std::string> names;
+    CollectNames(graph, names);
+    // S1: fresh names for every value the branch defines; a defined branch output takes the
+    // If output's name directly.
+    std::map<std::string, std::string> rename;
+    std::set<std::string> defined_here;
+    for (const auto& [name, t] : branch.initializers) defined_here.insert(name);
+    for (const Node& bn : branch.nodes) {
+      for (const std::string& o : bn.outputs) {
+        if (!o.empty()) defined_here.insert(o);
+      }
+    }
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      const std::string& bo = branch.outputs[k].name;
+      if (!n.outputs[k].empty() && defined_here.count(bo) && !branch.initializers.count(bo) &&
+          !rename.count(bo)) {
+        rename[bo] = n.outputs[k];
+      }
+    }
+    const std::string prefix = (n.outputs.empty() ? std::string("if") : n.outputs[0]) + "/";
+    for (const std::string& name : defined_here) {
+      if (rename.count(name)) continue;
+      std::string fresh = prefix + name;
+      for (int k = 1; names.count(fresh); ++k) fresh = prefix + name + "_" + std::to_string(k);
+      names.insert(fresh);
+      rename[name] = fresh;
+    }
+    RenameUses(branch, rename);
+    std::vector<Node> inlined;
+    for (Node bn : branch.nodes) {
+      for (std::string& o : bn.outputs) {
+        if (!o.empty()) o = rename.at(o);
+      }
+      inlined.push_back(std::move(bn));
+    }
+    for (const auto& [name, t] : branch.initializers) {
+      graph.initializers[rename.at(name)] = t;
+      if (branch.structural_floats.count(name)) {
+        graph.structural_floats.insert(rename.at(name));
+      }
+    }
+    // S2: an If output the branch does not define itself (an outer value, a constant, one value
+    // given twice) is copied by an Identity.
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      if (n.outputs[k].empty() || branch.outputs[k].name == n.outputs[k]) continue;
+      Node id;
+      id.op_type = "Identity";
+      id.name = n.name.empty() ? "" : n.name + "/out" + std::to_string(k);
+      id.inputs = {branch.outputs[k].name};
+      id.outputs = {n.outputs[k]};
+      inlined.push_back(std::move(id));
+    }
+    // S3: the branch nodes take the If's place (they read only values defined before it).
+    graph.nodes.erase(graph.nodes.begin() + static_cast<std::ptrdiff_t>(i));
+    graph.nodes.insert(graph.nodes.begin() + static_cast<std::ptrdiff_t>(i), inlined.begin(),
+                       inlined.end());
+    return true;
+  }
+  return false;
+}
+
+}  // namespace
+
 Status FoldStructuralConstants(Graph& graph) {
-  KILN_ASSIGN_OR_RETURN(InferredGraph inferred, InferShapes(graph, {}));
-  KILN_ASSIGN_OR_RETURN(Graph folded, FoldStructural(graph, inferred));
-  graph = std::move(folded);
-  return Status::OK();
+  // Fold, then inline an If whose condition folding made known, and fold again: the inlined
+  // branch may hold structural chains (and Ifs) of its own. Each round removes one If.
+  for (;;) {
+    KILN_ASSIGN_OR_RETURN(InferredGraph inferred, InferShapes(graph, {}));
+    KILN_ASSIGN_OR_RETURN(Graph folded, FoldStructural(graph, inferred));
+    graph = std::move(folded);
+    KILN_ASSIGN_OR_RETURN(bool inlined, InlineOneKnownIf(graph));
+    if (!inlined) return Status::OK();
+  }
 }
 
 Status EliminateDeadNodes(Graph& graph) {
@@ -64,6 +190,8 @@ Status EliminateDeadNodes(Graph& graph) {
     for (const std::string& in : n.inputs) {
       if (!in.empty()) live.insert(in);
     }
+    // An outer value read only inside a branch or loop body is used by the node owning it.
+    for (std::string& in : ImplicitInputs(n)) live.insert(std::move(in));
   }
   // S2: drop dead nodes, then structural constants nothing reads (weights always stay).
   std::vector<Node> nodes;

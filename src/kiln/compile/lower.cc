@@ -129,6 +129,25 @@ bool IsIntegerNearestResize(const Program& p, const Node& n, int64_t opset,
   return true;
 }
 
+// Every output slot's type as the op's shape function gives it, omitted optional outputs
+// included: InferShapes records only named values, but a reference kernel may still write an
+// omitted output, so its placeholder buffer needs the real size.
+Result<std::vector<TensorType>> AllOutputTypes(const Node& n, int64_t opset,
+                                               const InferredGraph& inf) {
+  KILN_ASSIGN_OR_RETURN(const OpDef* def, OpRegistry::Global().Find(n.domain, n.op_type, opset));
+  std::vector<TensorType> types;
+  std::vector<const Tensor*> values;
+  std::vector<bool> present;
+  for (const std::string& in : n.inputs) {
+    present.push_back(!in.empty());
+    types.push_back(in.empty() ? TensorType{} : inf.types.at(in));
+    auto k = in.empty() ? inf.known.end() : inf.known.find(in);
+    values.push_back(k == inf.known.end() ? nullptr : &k->second);
+  }
+  OpContext ctx(n, opset, types, values, present);
+  return def->infer(ctx);
+}
+
 }  // namespace
 
 Result<Program> LowerToProgram(const Graph& graph) {
@@ -184,6 +203,12 @@ Result<Program> LowerToProgram(const Graph& graph) {
     for (const std::string& out : n.outputs) {
       out_types.push_back(out.empty() ? TensorType{} : inf.types.at(out));
       if (!out.empty()) used_out_types.push_back(inf.types.at(out));
+    }
+    if (std::find(n.outputs.begin(), n.outputs.end(), std::string()) != n.outputs.end()) {
+      KILN_ASSIGN_OR_RETURN(std::vector<TensorType> all, AllOutputTypes(n, opset, inf));
+      for (size_t i = 0; i < n.outputs.size() && i < all.size(); ++i) {
+        if (n.outputs[i].empty()) out_types[i] = all[i];
+      }
     }
     if (IsAliasOp(n) && !in_types.empty() && out_types[0].dtype == in_types[0].dtype) {
       Buffer b;
@@ -255,6 +280,10 @@ Result<Program> LowerToProgram(const Graph& graph) {
         k.inputs = ins;
       } else if (k.kind == Kernel::Kind::kReference) {
         for (int id : ins) k.inputs.push_back(id);  // -1 marks an absent input
+        // A node that owns subgraphs (If, Loop) also reads, by name, every outer value its
+        // subgraphs use: they follow its own inputs, in ImplicitInputs order (the node spec
+        // names them), so liveness and memory planning see those reads too.
+        for (const std::string& name : ImplicitInputs(n)) k.inputs.push_back(value.at(name));
       } else {
         for (int id : ins) {
           if (id >= 0) k.inputs.push_back(id);

@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/log.h"
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/base/sm_levels.h"
 #include "src/kiln/runtime/cell_abi.h"
@@ -90,8 +91,7 @@ Result<std::string> FindCompiler() {
   }
   char resolved[PATH_MAX];
   if (::realpath(name.c_str(), resolved) == nullptr || ::access(resolved, X_OK) != 0) {
-    return Status::NotFound("C++ compiler '" + name +
-                            "' not found (set KILN_CXX or install g++)");
+    return Status::NotFound("C++ compiler '" + name + "' not found (set KILN_CXX or install g++)");
   }
   return std::string(resolved);
 }
@@ -106,12 +106,21 @@ int SmRank(const std::string& level) {
 
 const std::string& DetectSmLevel() {
   static const std::string level = [] {
+    // TEST ONLY: real-process tests play a machine that runs less than this one (a cell built
+    // for a higher level must be refused). Only lowers: a test cannot claim features it lacks.
+    const char* test_level = std::getenv("KILN_TEST_SM_LEVEL");
     const CpuFeatures f = ReadCpu();
     const bool v2 = f.cx16 && f.popcnt && f.sse3 && f.ssse3 && f.sse41 && f.sse42;
     const bool v3 = v2 && f.avx && f.avx2 && f.bmi1 && f.bmi2 && f.f16c && f.fma && f.lzcnt &&
                     f.movbe && f.osxsave;
     const bool v4 = v3 && f.avx512f && f.avx512bw && f.avx512cd && f.avx512dq && f.avx512vl;
-    return std::string(v4 ? "x86-64-v4" : v3 ? "x86-64-v3" : v2 ? "x86-64-v2" : "x86-64");
+    std::string detected = v4 ? "x86-64-v4" : v3 ? "x86-64-v3" : v2 ? "x86-64-v2" : "x86-64";
+    if (test_level != nullptr && SmRank(test_level) >= 0 && SmRank(test_level) < SmRank(detected)) {
+      LogWarn(std::string("TEST SWITCH KILN_TEST_SM_LEVEL: this process runs as ") + test_level +
+              " (the CPU runs " + detected + ")");
+      detected = test_level;
+    }
+    return detected;
   }();
   return level;
 }
@@ -186,8 +195,17 @@ Result<Toolchain> LocalToolchain() {
   }
   t.compiler_version = Trim(out.substr(0, out.find('\n')));
   KILN_ASSIGN_OR_RETURN(t.compiler_sha256, Sha256File(t.compiler_path));
-  t.flags = {"-std=c++17", "-O3", "-fPIC", "-fno-plt", "-fno-math-errno", "-fno-trapping-math",
-             "-fvisibility=hidden", "-g0", "-fno-ident", "-Wl,--build-id=sha1", "-shared-libgcc"};
+  t.flags = {"-std=c++17",
+             "-O3",
+             "-fPIC",
+             "-fno-plt",
+             "-fno-math-errno",
+             "-fno-trapping-math",
+             "-fvisibility=hidden",
+             "-g0",
+             "-fno-ident",
+             "-Wl,--build-id=sha1",
+             "-shared-libgcc"};
   const dnnl_version_t* v = dnnl_version();
   t.onednn_version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
                      std::to_string(v->patch) + "+" + v->hash;
@@ -206,8 +224,13 @@ class SystemCompilerDriver : public CompilerDriver {
   Status CompileObject(const std::string& source_path, const std::string& object_path,
                        const std::string& sm, const std::vector<std::string>& defines,
                        const std::string& seed, const std::string& work_dir) override {
-    std::vector<std::string> argv = {t_.compiler_path, "-c", source_path, "-o", object_path,
-                                     "-march=" + sm, "-frandom-seed=" + seed,
+    std::vector<std::string> argv = {t_.compiler_path,
+                                     "-c",
+                                     source_path,
+                                     "-o",
+                                     object_path,
+                                     "-march=" + sm,
+                                     "-frandom-seed=" + seed,
                                      "-ffile-prefix-map=" + work_dir + "=/kiln"};
     for (const auto& f : t_.flags) {
       if (f.rfind("-Wl,", 0) != 0 && f != "-shared-libgcc") argv.push_back(f);
@@ -218,9 +241,9 @@ class SystemCompilerDriver : public CompilerDriver {
 
   Status LinkShared(const std::vector<std::string>& objects, const std::string& so_path,
                     const std::string& work_dir) override {
-    std::vector<std::string> argv = {t_.compiler_path, "-shared", "-o", so_path,
-                                     "-Wl,--build-id=sha1", "-Wl,-z,defs", "-Wl,--hash-style=gnu",
-                                     "-fPIC"};
+    std::vector<std::string> argv = {
+        t_.compiler_path,       "-shared", "-o", so_path, "-Wl,--build-id=sha1", "-Wl,-z,defs",
+        "-Wl,--hash-style=gnu", "-fPIC"};
     for (const auto& o : objects) argv.push_back(o);
     argv.push_back("-lm");
     return Run(argv, work_dir, "link " + so_path);

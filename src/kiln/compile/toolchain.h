@@ -22,7 +22,8 @@ namespace kiln {
 // changes the toolchain axis.
 extern const char* const kCodegenVersion;
 
-// The highest published level this CPU executes ("x86-64" .. "x86-64-v4").
+// The highest published level this CPU executes ("x86-64" .. "x86-64-v4"). The test-only
+// KILN_TEST_SM_LEVEL may lower it (never raise it), so tests can play a lesser machine.
 const std::string& DetectSmLevel();
 // min(detected, ceiling); ceiling defaults to x86-64-v3 (KILN_SM_CEILING overrides).
 std::string DefaultSmTarget();

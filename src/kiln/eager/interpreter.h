@@ -6,7 +6,9 @@
 // in order: infer output types from the actual inputs, allocate, run the kernel, and free every
 // intermediate right after its last consumer. Weights come from the graph or from a bound
 // checkpoint (WeightMap), so one Interpreter serves every checkpoint of its graph.
-// Thread-safety: Run is const and may be called concurrently.
+// Subgraphs (If branches, Loop bodies) run in a child scope of the node that owns them: outer
+// names resolve through the enclosing scopes, and a value a subgraph reads stays alive until
+// that node has run. Thread-safety: Run is const and may be called concurrently.
 #pragma once
 
 #include <map>
@@ -47,10 +49,39 @@ class Interpreter {
   struct Step {
     const OpDef* def;
     int64_t opset;
+    bool owns_subgraphs = false;
     std::vector<std::string> release_after;  // values whose last consumer is this step
   };
+  struct Plan {
+    std::vector<Step> steps;
+  };
+  using Plans = std::map<const Graph*, Plan>;  // the top-level graph and every subgraph
+  struct Scope;
+  class BodyRunner;
+  friend class SubgraphNode;
+
+  static Status AddPlans(const Graph& g, Plans& plans);
+  static Status Execute(const Plans& plans, const Graph& g, Scope& scope, const WeightMap* weights,
+                        RunStats* stats);
+
   std::shared_ptr<const Graph> graph_;
-  std::vector<Step> steps_;
+  Plans plans_;
+};
+
+// One node that owns subgraphs (If, Loop), run outside any graph walk: the runtime host serves
+// such a node of a compiled cell with it. Prepared once (op definition, subgraph plans), then
+// run with the node's inputs in `ctx` and the values of every name its subgraphs read from the
+// enclosing graph in `outer`. `outputs` follow OpDef::run (views to fill, or invalid to assign).
+class SubgraphNode {
+ public:
+  static Result<std::unique_ptr<SubgraphNode>> Create(const Node& node, int64_t opset);
+  Status Run(OpContext& ctx, const TensorMap& outer, std::vector<Tensor>& outputs) const;
+  const Node& node() const { return node_; }
+
+ private:
+  Node node_;
+  const OpDef* def_ = nullptr;
+  Interpreter::Plans plans_;
 };
 
 }  // namespace kiln

@@ -16,49 +16,49 @@ bool OutputsStructural(const std::vector<TensorType>& types) {
 
 }  // namespace
 
-Result<InferredGraph> InferShapes(const Graph& g,
-                                  const std::map<std::string, Shape>& input_shapes) {
-  InferredGraph out;
-  for (const auto& [name, shape] : input_shapes) {
-    if (!g.FindInput(name)) {
-      return Status::InvalidArgument("shape given for '" + name + "', which is not a graph input");
-    }
+namespace {
+
+// Outer names for the static inference of a subgraph: this graph's inferred values, then the
+// enclosing scopes'.
+class InferredScope : public OuterScope {
+ public:
+  InferredScope(const InferredGraph& inf, const OuterScope* parent) : inf_(inf), parent_(parent) {}
+  bool Lookup(const std::string& name, TensorType* type, const Tensor** known) const override {
+    auto t = inf_.types.find(name);
+    if (t == inf_.types.end()) return parent_ != nullptr && parent_->Lookup(name, type, known);
+    *type = t->second;
+    auto k = inf_.known.find(name);
+    *known = k == inf_.known.end() ? nullptr : &k->second;
+    return true;
   }
-  for (const ValueInfo& v : g.inputs) {
-    auto it = input_shapes.find(v.name);
-    Shape shape;
-    if (it != input_shapes.end()) {
-      shape = it->second;
-      if (v.has_shape) {
-        if (v.dims.size() != shape.size()) {
-          return Status::InvalidArgument("graph input '" + v.name + "': shape " +
-                                         ShapeToString(shape) + " has rank " +
-                                         std::to_string(shape.size()) + ", the graph declares " +
-                                         v.ShapeString());
-        }
-        for (size_t i = 0; i < shape.size(); ++i) {
-          if (v.dims[i].known() && v.dims[i].value != shape[i]) {
-            return Status::InvalidArgument("graph input '" + v.name + "': shape " +
-                                           ShapeToString(shape) + " differs from the declared " +
-                                           v.ShapeString() + " at dim " + std::to_string(i));
-          }
-        }
-      }
-    } else {
-      if (!v.has_shape) {
-        return Status::InvalidArgument("graph input '" + v.name +
-                                       "' has no declared shape; give one");
-      }
-      for (const Dim& d : v.dims) {
-        if (!d.known()) {
-          return Status::InvalidArgument("graph input '" + v.name + "' has symbolic shape " +
-                                         v.ShapeString() + "; give a concrete shape");
-        }
-        shape.push_back(d.value);
-      }
-    }
-    out.types[v.name] = TensorType{v.dtype, shape};
+
+ private:
+  const InferredGraph& inf_;
+  const OuterScope* parent_;
+};
+
+Result<InferredGraph> InferScoped(const Graph& g, InferredGraph seeded, const OuterScope* outer);
+
+// Infers the bodies of If/Loop nodes during static inference. Bodies are never run here: a node
+// that owns subgraphs is never folded (fold-structural inlines an If whose condition is known).
+class StaticRunner : public SubgraphRunner {
+ public:
+  explicit StaticRunner(const OuterScope* scope) : scope_(scope) {}
+  Result<std::vector<TensorType>> InferBody(const Graph& body, const std::vector<TensorType>& types,
+                                            const std::vector<const Tensor*>& values,
+                                            std::vector<Tensor>* known_outputs) const override {
+    return InferBodyTypes(body, types, values, scope_, known_outputs);
   }
+  Result<std::vector<Tensor>> RunBody(const Graph& body,
+                                      const std::vector<Tensor>& inputs) const override {
+    return Status::Unimplemented("subgraphs are not run during static shape inference");
+  }
+
+ private:
+  const OuterScope* scope_;
+};
+
+Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const OuterScope* outer) {
   for (const auto& [name, t] : g.initializers) {
     out.types[name] = TensorType{t.dtype(), t.shape()};
     if (!g.IsWeight(name)) out.known[name] = t;
@@ -84,18 +84,23 @@ Result<InferredGraph> InferShapes(const Graph& g,
         present.push_back(false);
         continue;
       }
+      TensorType type;
+      const Tensor* known = nullptr;
       auto t = out.types.find(in);
-      if (t == out.types.end()) {
+      if (t != out.types.end()) {
+        type = t->second;
+        auto k = out.known.find(in);
+        if (k != out.known.end()) known = &k->second;
+      } else if (outer == nullptr || !outer->Lookup(in, &type, &known)) {
         return Status::InvalidArgument(n.Describe() + ": input '" + in +
                                        "' is not defined before use");
       }
-      types.push_back(t->second);
+      types.push_back(type);
       present.push_back(true);
-      auto k = out.known.find(in);
-      if (k != out.known.end()) {
-        values.push_back(&k->second);
+      if (known != nullptr) {
+        values.push_back(known);
       } else if (reads_type_only) {
-        shape_only.push_back(Tensor::View(t->second.dtype, t->second.shape, nullptr, &kNoData));
+        shape_only.push_back(Tensor::View(type.dtype, type.shape, nullptr, &kNoData));
         values.push_back(&shape_only.back());
       } else {
         values.push_back(nullptr);
@@ -103,6 +108,10 @@ Result<InferredGraph> InferShapes(const Graph& g,
       }
     }
     OpContext ctx(n, opset, types, values, present);
+    InferredScope scope(out, outer);
+    StaticRunner runner(&scope);
+    const bool owns_subgraphs = HasSubgraphs(n);
+    if (owns_subgraphs) ctx.set_subgraphs(&runner);
     auto inferred = def->infer(ctx);
     if (!inferred.ok()) return inferred.status();
     if (inferred->size() < n.outputs.size()) {
@@ -111,9 +120,18 @@ Result<InferredGraph> InferShapes(const Graph& g,
                               std::to_string(n.outputs.size()));
     }
     for (size_t k = 0; k < n.outputs.size(); ++k) {
-      if (!n.outputs[k].empty()) out.types[n.outputs[k]] = (*inferred)[k];
+      if (n.outputs[k].empty()) continue;
+      for (int64_t d : (*inferred)[k].shape) {
+        if (d < 0) {
+          return Status::Unimplemented(
+              n.Describe() + ": output '" + n.outputs[k] + "' has a data-dependent shape " +
+              ShapeToString((*inferred)[k].shape) +
+              " (known only after run), so it cannot be specialized for a shape class");
+        }
+      }
+      out.types[n.outputs[k]] = (*inferred)[k];
     }
-    if (all_known && OutputsStructural(*inferred)) {
+    if (all_known && !owns_subgraphs && OutputsStructural(*inferred)) {
       std::vector<Tensor> results;
       for (const TensorType& t : *inferred) {
         KILN_ASSIGN_OR_RETURN(Tensor r, Tensor::Empty(t.dtype, t.shape));
@@ -126,11 +144,93 @@ Result<InferredGraph> InferShapes(const Graph& g,
     }
   }
   for (const ValueInfo& v : g.outputs) {
-    if (!out.types.count(v.name)) {
-      return Status::InvalidArgument("graph output '" + v.name + "' is never produced");
+    if (out.types.count(v.name)) continue;
+    TensorType type;
+    const Tensor* known = nullptr;
+    if (outer != nullptr && outer->Lookup(v.name, &type, &known)) {
+      // A subgraph output may be an outer value passed through.
+      out.types[v.name] = type;
+      if (known != nullptr) out.known[v.name] = *known;
+      continue;
     }
+    return Status::InvalidArgument("graph output '" + v.name + "' is never produced");
   }
   return out;
+}
+
+}  // namespace
+
+Result<std::vector<TensorType>> InferBodyTypes(const Graph& body,
+                                               const std::vector<TensorType>& types,
+                                               const std::vector<const Tensor*>& values,
+                                               const OuterScope* outer,
+                                               std::vector<Tensor>* known_outputs) {
+  if (types.size() != body.inputs.size()) {
+    return Status::InvalidArgument("subgraph '" + body.name + "' declares " +
+                                   std::to_string(body.inputs.size()) + " inputs, given " +
+                                   std::to_string(types.size()));
+  }
+  InferredGraph seeded;
+  for (size_t i = 0; i < types.size(); ++i) {
+    seeded.types[body.inputs[i].name] = types[i];
+    if (i < values.size() && values[i] != nullptr) seeded.known[body.inputs[i].name] = *values[i];
+  }
+  KILN_ASSIGN_OR_RETURN(InferredGraph inf, InferScoped(body, std::move(seeded), outer));
+  std::vector<TensorType> result;
+  if (known_outputs) known_outputs->clear();
+  for (const ValueInfo& v : body.outputs) {
+    result.push_back(inf.types.at(v.name));
+    if (known_outputs) {
+      auto k = inf.known.find(v.name);
+      known_outputs->push_back(k == inf.known.end() ? Tensor() : k->second);
+    }
+  }
+  return result;
+}
+
+Result<InferredGraph> InferShapes(const Graph& g,
+                                  const std::map<std::string, Shape>& input_shapes) {
+  InferredGraph out;
+  for (const auto& [name, shape] : input_shapes) {
+    if (!g.FindInput(name)) {
+      return Status::InvalidArgument("shape given for '" + name + "', which is not a graph input");
+    }
+  }
+  for (const ValueInfo& v : g.inputs) {
+    auto it = input_shapes.find(v.name);
+    Shape shape;
+    if (it != input_shapes.end()) {
+      shape = it->second;
+      if (v.has_shape) {
+        if (v.dims.size() != shape.size()) {
+          return Status::InvalidArgument(
+              "graph input '" + v.name + "': shape " + ShapeToString(shape) + " has rank " +
+              std::to_string(shape.size()) + ", the graph declares " + v.ShapeString());
+        }
+        for (size_t i = 0; i < shape.size(); ++i) {
+          if (v.dims[i].known() && v.dims[i].value != shape[i]) {
+            return Status::InvalidArgument("graph input '" + v.name + "': shape " +
+                                           ShapeToString(shape) + " differs from the declared " +
+                                           v.ShapeString() + " at dim " + std::to_string(i));
+          }
+        }
+      }
+    } else {
+      if (!v.has_shape) {
+        return Status::InvalidArgument("graph input '" + v.name +
+                                       "' has no declared shape; give one");
+      }
+      for (const Dim& d : v.dims) {
+        if (!d.known()) {
+          return Status::InvalidArgument("graph input '" + v.name + "' has symbolic shape " +
+                                         v.ShapeString() + "; give a concrete shape");
+        }
+        shape.push_back(d.value);
+      }
+    }
+    out.types[v.name] = TensorType{v.dtype, shape};
+  }
+  return InferScoped(g, std::move(out), nullptr);
 }
 
 Result<Graph> FoldStructural(const Graph& g, const InferredGraph& inf) {
@@ -153,7 +253,10 @@ Result<Graph> FoldStructural(const Graph& g, const InferredGraph& inf) {
   }
   // Drop structural constants nothing reads any more.
   std::set<std::string> used;
-  for (const Node& n : out.nodes) used.insert(n.inputs.begin(), n.inputs.end());
+  for (const Node& n : out.nodes) {
+    used.insert(n.inputs.begin(), n.inputs.end());
+    for (std::string& in : ImplicitInputs(n)) used.insert(std::move(in));  // read by a subgraph
+  }
   for (const ValueInfo& v : out.outputs) used.insert(v.name);
   for (auto it = out.initializers.begin(); it != out.initializers.end();) {
     if (!out.IsWeight(it->first) && !used.count(it->first)) {

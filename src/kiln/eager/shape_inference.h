@@ -26,9 +26,31 @@ struct InferredGraph {
 inline constexpr int64_t kMaxFoldElements = 1 << 16;
 
 // `input_shapes` gives each graph input's concrete shape; an input left out uses its declared
-// shape, which must then be fully known. Errors name the input or node.
+// shape, which must then be fully known. Errors name the input or node. Subgraphs (If, Loop)
+// are inferred with outer names visible; a node whose output shape is data-dependent (an If
+// whose branches disagree on an unknown condition, a Loop whose trip count is unknown) is
+// refused with Unimplemented naming it. Nodes that own subgraphs are never folded.
 Result<InferredGraph> InferShapes(const Graph& graph,
                                   const std::map<std::string, Shape>& input_shapes);
+
+// The names a subgraph reads from the graphs around it, as static inference sees them.
+class OuterScope {
+ public:
+  virtual ~OuterScope() = default;
+  // True when an enclosing scope defines `name`: sets its type and, when statically known (a
+  // structural value), *known; else *known = nullptr.
+  virtual bool Lookup(const std::string& name, TensorType* type, const Tensor** known) const = 0;
+};
+
+// Static inference of a subgraph body (If branch, Loop body): explicit inputs typed by `types`
+// (values[i] non-null when known), outer names resolved through `outer`. Returns the body's
+// output types; `known_outputs` (optional) receives each output's value when known. A node in
+// the body whose output shape is data-dependent is refused by name, as in InferShapes.
+Result<std::vector<TensorType>> InferBodyTypes(const Graph& body,
+                                               const std::vector<TensorType>& types,
+                                               const std::vector<const Tensor*>& values,
+                                               const OuterScope* outer,
+                                               std::vector<Tensor>* known_outputs = nullptr);
 
 // Returns a copy of `graph` where every node whose outputs are all known structural values is
 // replaced by those values as structural-constant initializers, and initializers no node or

@@ -45,13 +45,18 @@ std::string TensorBytesHash(const Tensor& t) {
 
 class Digester {
  public:
-  // `outer` maps names visible from an enclosing graph to their identities.
+  // `outer` maps names visible from an enclosing graph to their identities. A subgraph's
+  // inputs and outputs bind by position (If branch outputs, Loop body inputs), so their names
+  // are scrubbed like any intermediate name; the top-level graph's names are its signature.
   Result<nlohmann::json> Facts(const Graph& g,
-                               const std::unordered_map<std::string, std::string>& outer) {
+                               const std::unordered_map<std::string, std::string>& outer,
+                               bool subgraph = false) {
     std::unordered_map<std::string, std::string> id = outer;
     nlohmann::json inputs = nlohmann::json::array();
-    for (const ValueInfo& v : g.inputs) {
+    for (size_t i = 0; i < g.inputs.size(); ++i) {
+      const ValueInfo& v = g.inputs[i];
       nlohmann::json j = ValueInfoJson(v);
+      if (subgraph) j["name"] = i;
       id[v.name] = "in:" + Sha256Hex(j.dump());
       inputs.push_back(j);
     }
@@ -111,6 +116,7 @@ class Digester {
     nlohmann::json outputs = nlohmann::json::array();
     for (const ValueInfo& v : g.outputs) {
       nlohmann::json j = ValueInfoJson(v);
+      if (subgraph) j.erase("name");
       auto it = id.find(v.name);
       if (it == id.end()) {
         return Status::InvalidArgument("graph output '" + v.name + "' is never produced");
@@ -149,14 +155,14 @@ class Digester {
                   {"bytes", TensorBytesHash(a.t)}};
         break;
       case Attribute::Kind::kGraph: {
-        KILN_ASSIGN_OR_RETURN(nlohmann::json sub, Facts(*a.g, scope));
+        KILN_ASSIGN_OR_RETURN(nlohmann::json sub, Facts(*a.g, scope, /*subgraph=*/true));
         j["v"] = Sha256Hex(sub.dump());
         break;
       }
       case Attribute::Kind::kGraphs: {
         nlohmann::json v = nlohmann::json::array();
         for (const auto& g : a.graphs) {
-          KILN_ASSIGN_OR_RETURN(nlohmann::json sub, Facts(*g, scope));
+          KILN_ASSIGN_OR_RETURN(nlohmann::json sub, Facts(*g, scope, /*subgraph=*/true));
           v.push_back(Sha256Hex(sub.dump()));
         }
         j["v"] = v;

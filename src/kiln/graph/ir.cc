@@ -115,6 +115,7 @@ bool IsShapeInput(const std::string& domain, const std::string& op_type, size_t 
   if (op_type == "Resize") return index == 1 || index == 2;
   if (op_type == "Upsample") return index == 1;
   if (op_type == "Range") return index <= 2;
+  if (op_type == "OneHot") return index == 1;  // depth
   return false;
 }
 
@@ -130,6 +131,52 @@ std::vector<std::string> Graph::WeightNames() const {
     if (IsWeight(name)) names.push_back(name);
   }
   return names;
+}
+
+bool HasSubgraphs(const Node& node) {
+  for (const auto& [name, a] : node.attrs) {
+    if (a.kind == Attribute::Kind::kGraph || a.kind == Attribute::Kind::kGraphs) return true;
+  }
+  return false;
+}
+
+std::vector<const Graph*> Subgraphs(const Node& node) {
+  std::vector<const Graph*> out;
+  for (const auto& [name, a] : node.attrs) {
+    if (a.kind == Attribute::Kind::kGraph && a.g) out.push_back(a.g.get());
+    if (a.kind == Attribute::Kind::kGraphs) {
+      for (const auto& g : a.graphs) {
+        if (g) out.push_back(g.get());
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> OuterReferences(const Graph& graph) {
+  std::set<std::string> defined, refs;
+  for (const ValueInfo& v : graph.inputs) defined.insert(v.name);
+  for (const auto& [name, t] : graph.initializers) defined.insert(name);
+  auto use = [&](const std::string& name) {
+    if (!name.empty() && !defined.count(name)) refs.insert(name);
+  };
+  for (const Node& n : graph.nodes) {
+    for (const std::string& in : n.inputs) use(in);
+    for (const std::string& in : ImplicitInputs(n)) use(in);
+    for (const std::string& out : n.outputs) {
+      if (!out.empty()) defined.insert(out);
+    }
+  }
+  for (const ValueInfo& v : graph.outputs) use(v.name);
+  return {refs.begin(), refs.end()};
+}
+
+std::vector<std::string> ImplicitInputs(const Node& node) {
+  std::set<std::string> refs;
+  for (const Graph* g : Subgraphs(node)) {
+    for (std::string& r : OuterReferences(*g)) refs.insert(std::move(r));
+  }
+  return {refs.begin(), refs.end()};
 }
 
 const ValueInfo* Graph::FindInput(const std::string& name) const {

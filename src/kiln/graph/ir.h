@@ -109,4 +109,17 @@ struct Graph {
   const ValueInfo* FindInput(const std::string& name) const;
 };
 
+// Subgraphs (If branches, Loop bodies) read values of enclosing graphs by name. These helpers
+// let every walker that orders, frees or removes values (topological sort, dead code, the
+// interpreter's last-use plan, lowering) count such a read as a use of the outer value.
+// True when the node has a graph or graphs attribute.
+bool HasSubgraphs(const Node& node);
+// The graphs a node's attributes hold, in attribute-name order.
+std::vector<const Graph*> Subgraphs(const Node& node);
+// Names `graph` (with its nested subgraphs) reads but does not define itself: its outer-scope
+// references, sorted.
+std::vector<std::string> OuterReferences(const Graph& graph);
+// The outer-scope references of all the node's subgraphs (its implicit inputs), sorted.
+std::vector<std::string> ImplicitInputs(const Node& node);
+
 }  // namespace kiln

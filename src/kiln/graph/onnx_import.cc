@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <deque>
+#include <functional>
 #include <limits>
 #include <set>
 #include <unordered_map>
@@ -191,7 +192,8 @@ struct Importer {
   }
 
   Result<Attribute> ConvertAttribute(const onnx::AttributeProto& ap, const Node& node,
-                                     const std::map<std::string, int64_t>& opsets) const {
+                                     const std::map<std::string, int64_t>& opsets,
+                                     const std::set<std::string>& scope) const {
     Attribute a;
     const std::string obj = node.Describe() + " attribute '" + ap.name() + "'";
     if (!ap.ref_attr_name().empty()) {
@@ -222,14 +224,14 @@ struct Importer {
       }
       case onnx::AttributeProto::GRAPH: {
         a.kind = Attribute::Kind::kGraph;
-        KILN_ASSIGN_OR_RETURN(Graph g, ConvertGraph(ap.g(), opsets, /*top_level=*/false));
+        KILN_ASSIGN_OR_RETURN(Graph g, ConvertGraph(ap.g(), opsets, /*top_level=*/false, scope));
         a.g = std::make_shared<Graph>(std::move(g));
         break;
       }
       case onnx::AttributeProto::GRAPHS: {
         a.kind = Attribute::Kind::kGraphs;
         for (const auto& gp : ap.graphs()) {
-          KILN_ASSIGN_OR_RETURN(Graph g, ConvertGraph(gp, opsets, /*top_level=*/false));
+          KILN_ASSIGN_OR_RETURN(Graph g, ConvertGraph(gp, opsets, /*top_level=*/false, scope));
           a.graphs.push_back(std::make_shared<Graph>(std::move(g)));
         }
         break;
@@ -285,7 +287,10 @@ struct Importer {
     std::unordered_map<std::string, std::vector<size_t>> consumers;
     for (size_t i = 0; i < g.nodes.size(); ++i) {
       std::set<std::string> seen;
-      for (const auto& in : g.nodes[i].inputs) {
+      // A value a subgraph reads from this scope must exist before the node that owns it runs.
+      std::vector<std::string> uses = g.nodes[i].inputs;
+      for (std::string& in : ImplicitInputs(g.nodes[i])) uses.push_back(std::move(in));
+      for (const auto& in : uses) {
         if (in.empty() || !producer.count(in) || !seen.insert(in).second) continue;
         ++pending[i];
         consumers[in].push_back(i);
@@ -377,13 +382,15 @@ struct Importer {
       }
       for (const auto& o : n.outputs) scope.insert(o);
       for (const auto& ap : np.attribute()) {
-        KILN_ASSIGN_OR_RETURN(Attribute a, ConvertAttribute(ap, n, opsets));
+        KILN_ASSIGN_OR_RETURN(Attribute a, ConvertAttribute(ap, n, opsets, scope));
         if (!n.attrs.emplace(ap.name(), std::move(a)).second) {
           return Error(StatusCode::kInvalidArgument,
                        n.Describe() + " has attribute '" + ap.name() + "' twice");
         }
       }
-      if (top_level && n.domain.empty() && n.op_type == "Constant") {
+      // Lifted at every depth: a Constant inside a branch or loop body is a weight or a
+      // structural constant exactly like one at the top (HoistSubgraphInitializers moves it up).
+      if (n.domain.empty() && n.op_type == "Constant") {
         if (n.outputs.size() != 1 || n.outputs[0].empty()) {
           return Error(StatusCode::kInvalidArgument, n.Describe() + " must have one output");
         }
@@ -407,6 +414,82 @@ struct Importer {
       }
     }
     return g;
+  }
+
+  // Moves every initializer (and lifted Constant) of every subgraph into the top-level graph,
+  // where the subgraph still reads it by name as an outer-scope value. Afterwards only the
+  // top-level graph binds tensors, so checkpoints, the digest's weight list, folding and a
+  // cell's constant table see a weight inside a branch like any other (a weight inside a
+  // subgraph is still a weight). A name defined more than once in the model (sibling branches
+  // may reuse one) is renamed to a fresh deterministic name inside the subgraph that owns it.
+  static void HoistSubgraphInitializers(Graph& top) {
+    std::map<std::string, int> defs;
+    std::function<void(const Graph&)> count = [&](const Graph& g) {
+      for (const ValueInfo& v : g.inputs) ++defs[v.name];
+      for (const auto& [name, t] : g.initializers) ++defs[name];
+      for (const Node& n : g.nodes) {
+        for (const std::string& o : n.outputs) {
+          if (!o.empty()) ++defs[o];
+        }
+        for (const Graph* sub : Subgraphs(n)) count(*sub);
+      }
+    };
+    count(top);
+    std::function<void(Graph&, const std::string&, const std::string&)> rename =
+        [&](Graph& g, const std::string& from, const std::string& to) {
+          for (Node& n : g.nodes) {
+            for (std::string& in : n.inputs) {
+              if (in == from) in = to;
+            }
+            for (auto& [name, a] : n.attrs) {
+              if (a.kind == Attribute::Kind::kGraph && a.g) rename(*a.g, from, to);
+              for (auto& sub : a.graphs) rename(*sub, from, to);
+            }
+          }
+          for (ValueInfo& v : g.outputs) {
+            if (v.name == from) v.name = to;
+          }
+        };
+    std::function<void(Graph&)> hoist = [&](Graph& g) {
+      for (Node& n : g.nodes) {
+        for (auto& [attr, a] : n.attrs) {
+          std::vector<Graph*> subs;
+          if (a.kind == Attribute::Kind::kGraph && a.g) subs.push_back(a.g.get());
+          for (auto& sub : a.graphs) subs.push_back(sub.get());
+          for (Graph* sub : subs) {
+            for (auto& [name, t] : sub->initializers) {
+              std::string target = name;
+              if (defs[name] > 1) {
+                for (int k = 1; defs.count(target); ++k) target = name + "__" + std::to_string(k);
+                --defs[name];
+                ++defs[target];
+                rename(*sub, name, target);
+              }
+              if (sub->structural_floats.count(name)) top.structural_floats.insert(target);
+              top.initializers[target] = t;
+            }
+            sub->initializers.clear();
+            sub->structural_floats.clear();
+            hoist(*sub);
+          }
+        }
+      }
+    };
+    hoist(top);
+    // A float that feeds a shape input inside a subgraph is structural too.
+    std::function<void(const Graph&)> mark = [&](const Graph& g) {
+      for (const Node& n : g.nodes) {
+        for (size_t i = 0; i < n.inputs.size(); ++i) {
+          auto it = top.initializers.find(n.inputs[i]);
+          if (it != top.initializers.end() && IsWeightDType(it->second.dtype()) &&
+              IsShapeInput(n.domain, n.op_type, i)) {
+            top.structural_floats.insert(n.inputs[i]);
+          }
+        }
+        for (const Graph* sub : Subgraphs(n)) mark(*sub);
+      }
+    };
+    mark(top);
   }
 
   Result<Graph> Import(std::string_view bytes) const {
@@ -437,6 +520,7 @@ struct Importer {
       // Accepted as long as no node calls one: a call fails later as an unknown op by name.
     }
     KILN_ASSIGN_OR_RETURN(Graph g, ConvertGraph(model.graph(), opsets, /*top_level=*/true));
+    HoistSubgraphInitializers(g);
     return g;
   }
 };

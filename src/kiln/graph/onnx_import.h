@@ -3,9 +3,13 @@
 // What the importer guarantees to the rest of kiln:
 // - nodes come out in topological order (files that are not sorted are sorted; a cycle is an
 //   error naming a node on it);
-// - every top-level Constant node is lifted into Graph::initializers under its output name, so
-//   float constants become weights bound by name (some exporters keep all weights that way) and
+// - every Constant node is lifted into Graph::initializers under its output name, so float
+//   constants become weights bound by name (some exporters keep all weights that way) and
 //   int/bool constants become structural constants;
+// - subgraphs (If branches, Loop bodies) bind no tensors themselves: their initializers and
+//   Constants are hoisted into the top-level graph, which they read as outer-scope values (a
+//   name reused by sibling subgraphs is renamed); a node that owns a subgraph is ordered after
+//   every value the subgraph reads;
 // - graph inputs that also have an initializer are treated as initializers (older exporters list
 //   weights as inputs);
 // - external data is read relative to the model's directory, never outside it;

@@ -6,12 +6,13 @@
 // tensors. The only tricks are fast paths for the common cases (same shape, one scalar operand)
 // and numpy broadcasting through strides (ForEachBroadcast) for the rest.
 //
-// Dtypes: float32 everywhere. The ops shape computations use (Add Sub Mul Div Pow Min Max Neg Abs
-// Sign Relu Clip) also take int64 and int32; Equal, Less, Greater, ... and Where take any dtype;
-// And, Or and Not take bool; Cast converts between all kiln dtypes. Anything else is
-// UnsupportedDType naming the op and dtype, reported by infer (so the verifier sees it) and again
-// by run. Integer arithmetic wraps like two's complement instead of being undefined, and integer
-// division by zero is an InvalidArgument error, never a trap.
+// Dtypes: float32 everywhere. The ops shape computations use (Add Sub Mul Div Pow Mod Min Max Sum
+// Neg Abs Sign Relu PRelu Clip) also take int64 and int32 (Min Max Mod int8 and uint8 as well);
+// Equal, Less, Greater, ... and Where
+// take any dtype; And, Or, Xor and Not take bool; Cast converts between all kiln dtypes. Anything
+// else is UnsupportedDType naming the op and dtype, reported by infer (so the verifier sees it) and
+// again by run. Integer arithmetic wraps like two's complement instead of being undefined, and
+// integer division by zero is an InvalidArgument error, never a trap.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -37,6 +38,8 @@ struct Types {};
 using ArithTypes = Types<float, int64_t, int32_t>;
 // Add/Sub/Mul/Div/Min/Max and Clip also take the 8-bit integers (wrapping, like numpy).
 using ArithTypes8 = Types<float, int64_t, int32_t, int8_t, uint8_t>;
+// Min, Max and Mod also take the byte-wide integers quantized models carry.
+using MinMaxTypes = Types<float, int64_t, int32_t, int8_t, uint8_t>;
 using SignedTypes = Types<float, int64_t, int32_t, int8_t>;
 using AllButHalf = Types<float, int64_t, int32_t, int8_t, uint8_t, bool>;
 using BoolTypes = Types<bool>;
@@ -209,11 +212,25 @@ Status CheckVariadic(const Node& node, int64_t) {
 }
 Status CheckWhere(const Node& node, int64_t) { return CheckArity(node, 3, 3); }
 
-// Unary ops with float attributes alpha and/or beta (LeakyRelu, HardSigmoid, Elu).
-Status CheckAlphaBeta(const Node& node, int64_t) {
+// Unary ops with float attributes (LeakyRelu, HardSigmoid, Elu, Selu, Celu, Shrink, ...): each
+// present one must be a float. Op names them (see the unary ops below).
+template <typename Op>
+Status CheckFloatAttrs(const Node& node, int64_t) {
   KILN_RETURN_IF_ERROR(CheckArity(node, 1, 1));
-  KILN_RETURN_IF_ERROR(RequireFloatAttr(node, "alpha"));
-  return RequireFloatAttr(node, "beta");
+  KILN_RETURN_IF_ERROR(RequireFloatAttr(node, Op::kAlphaName));
+  return RequireFloatAttr(node, Op::kBetaName);
+}
+
+// Celu divides by alpha.
+template <typename Op>
+Status CheckNonZeroAlpha(const Node& node, int64_t opset) {
+  KILN_RETURN_IF_ERROR(CheckFloatAttrs<Op>(node, opset));
+  const float alpha = node.GetFloat(Op::kAlphaName, Op::kAlpha);
+  if (alpha == 0.0f) {
+    return Status::InvalidArgument(node.Describe() + ": attribute '" + Op::kAlphaName +
+                                   "'=0 is invalid (it divides the input; expected non-zero)");
+  }
+  return Status::OK();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -274,8 +291,14 @@ Result<TensorType> BroadcastOperands(const OpContext& ctx, bool same_dtype) {
 // ---------------------------------------------------------------------------------------------
 // Unary ops
 
-// Unary float32 ops: Op::Apply(x, alpha, beta), with Op::kAlpha / kBeta the attribute defaults.
-struct NoAttrs {
+// Unary float32 ops: Op::Apply(x, alpha, beta), where alpha and beta are the float attributes
+// named Op::kAlphaName / kBetaName (Selu calls its second one gamma, Shrink has lambd and bias),
+// defaulting to Op::kAlpha / kBeta.
+struct AttrNames {
+  static constexpr const char* kAlphaName = "alpha";
+  static constexpr const char* kBetaName = "beta";
+};
+struct NoAttrs : AttrNames {
   static constexpr float kAlpha = 0.0f, kBeta = 0.0f;
 };
 struct SqrtOp : NoAttrs {
@@ -327,19 +350,61 @@ struct HardSwishOp : NoAttrs {
     return x * std::max(0.0f, std::min(1.0f, x / 6.0f + 0.5f));
   }
 };
-struct LeakyReluOp {
+struct LeakyReluOp : AttrNames {
   static constexpr float kAlpha = 0.01f, kBeta = 0.0f;
   static float Apply(float x, float alpha, float) { return x >= 0 ? x : alpha * x; }
 };
-struct HardSigmoidOp {
+struct HardSigmoidOp : AttrNames {
   static constexpr float kAlpha = 0.2f, kBeta = 0.5f;
   static float Apply(float x, float alpha, float beta) {
     return std::max(0.0f, std::min(1.0f, alpha * x + beta));
   }
 };
-struct EluOp {
+struct EluOp : AttrNames {
   static constexpr float kAlpha = 1.0f, kBeta = 0.0f;
   static float Apply(float x, float alpha, float) { return x >= 0 ? x : alpha * std::expm1(x); }
+};
+struct RoundOp : NoAttrs {
+  // Halves go to the even neighbour (ONNX Round); nearbyint does that in the default rounding
+  // mode, which kiln never changes.
+  static float Apply(float x, float, float) { return std::nearbyint(x); }
+};
+struct SoftsignOp : NoAttrs {
+  static float Apply(float x, float, float) { return x / (1.0f + std::fabs(x)); }
+};
+struct MishOp : NoAttrs {
+  static float Apply(float x, float, float) {
+    return x * std::tanh(SoftplusOp::Apply(x, 0.0f, 0.0f));
+  }
+};
+struct SeluOp : AttrNames {
+  static constexpr const char* kBetaName = "gamma";
+  // The constants of the self-normalizing paper, as ONNX states them in float32.
+  static constexpr float kAlpha = 1.67326319217681884765625f;
+  static constexpr float kBeta = 1.05070102214813232421875f;
+  static float Apply(float x, float alpha, float gamma) {
+    return x > 0 ? gamma * x : gamma * alpha * std::expm1(x);
+  }
+};
+struct CeluOp : AttrNames {
+  static constexpr float kAlpha = 1.0f, kBeta = 0.0f;
+  static float Apply(float x, float alpha, float) {
+    return std::max(0.0f, x) + std::min(0.0f, alpha * std::expm1(x / alpha));
+  }
+};
+struct ThresholdedReluOp : AttrNames {
+  static constexpr float kAlpha = 1.0f, kBeta = 0.0f;
+  static float Apply(float x, float alpha, float) { return x > alpha ? x : 0.0f; }
+};
+struct ShrinkOp {
+  static constexpr const char* kAlphaName = "lambd";
+  static constexpr const char* kBetaName = "bias";
+  static constexpr float kAlpha = 0.5f, kBeta = 0.0f;
+  static float Apply(float x, float lambd, float bias) {
+    if (x < -lambd) return x + bias;
+    if (x > lambd) return x - bias;
+    return 0.0f;
+  }
 };
 
 Result<std::vector<TensorType>> InferUnaryFloat(const OpContext& ctx) {
@@ -352,8 +417,8 @@ template <typename Op>
 Status RunUnaryFloat(const OpContext& ctx, std::vector<Tensor>& outputs) {
   const Tensor& x = ctx.in(0);
   KILN_RETURN_IF_ERROR(RequireDType(ctx, x.dtype(), FloatTypes{}));
-  const float alpha = ctx.node().GetFloat("alpha", Op::kAlpha);
-  const float beta = ctx.node().GetFloat("beta", Op::kBeta);
+  const float alpha = ctx.node().GetFloat(Op::kAlphaName, Op::kAlpha);
+  const float beta = ctx.node().GetFloat(Op::kBetaName, Op::kBeta);
   UnaryKernel<float, float>(x, outputs[0], [=](float v) { return Op::Apply(v, alpha, beta); });
   return Status::OK();
 }
@@ -471,10 +536,11 @@ struct MaxOp {
   }
 };
 
+template <typename List = ArithTypes8>
 Result<std::vector<TensorType>> InferArith(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
   if (t.dtype != DType::kFloat16) {  // float16 runs through float32 (RunArithHalf)
-    KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, ArithTypes8{}));
+    KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, List{}));
   }
   return std::vector<TensorType>{t};
 }
@@ -512,11 +578,11 @@ Status RunArithHalf(const OpContext& ctx, Tensor& out) {
 }
 
 // out = in0 op in1 op in2 ... with broadcasting; one input is a copy (variadic Min/Max).
-template <typename Op>
+template <typename Op, typename List = ArithTypes8>
 Status RunArith(const OpContext& ctx, std::vector<Tensor>& outputs) {
   Tensor& out = outputs[0];
   if (ctx.in(0).dtype() == DType::kFloat16) return RunArithHalf<Op>(ctx, out);
-  return Dispatch(ctx, ctx.in(0).dtype(), ArithTypes8{}, [&]<typename T>() -> Status {
+  return Dispatch(ctx, ctx.in(0).dtype(), List{}, [&]<typename T>() -> Status {
     auto fn = [](T a, T b) { return Op::template Apply<T>(a, b); };
     const Tensor& a = ctx.in(0);
     if (ctx.num_inputs() == 1) {
@@ -627,6 +693,127 @@ Status RunPow(const OpContext& ctx, std::vector<Tensor>& outputs) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Mean: variadic Sum divided by the input count (float32 only, as ONNX).
+
+Result<std::vector<TensorType>> InferMean(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, FloatTypes{}));
+  return std::vector<TensorType>{t};
+}
+
+Status RunMean(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, ctx.in(0).dtype(), FloatTypes{}));
+  KILN_RETURN_IF_ERROR(RunArith<AddOp>(ctx, outputs));
+  const float n = static_cast<float>(ctx.num_inputs());
+  float* p = outputs[0].data<float>();
+  for (int64_t i = 0; i < outputs[0].numel(); ++i) p[i] /= n;
+  return Status::OK();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mod: attribute fmod=0 (default) is integer modulo with the sign of the divisor (Python's %);
+// fmod=1 is C fmod, with the sign of the dividend. Floats need fmod=1, as ONNX requires.
+
+Result<int64_t> ModFlag(const Node& node) {
+  const int64_t fmod = node.GetInt("fmod", 0);
+  if (fmod != 0 && fmod != 1) {
+    return Status::InvalidArgument(node.Describe() + ": attribute 'fmod'=" + std::to_string(fmod) +
+                                   " is invalid (expected 0 or 1)");
+  }
+  return fmod;
+}
+
+Status CheckMod(const Node& node, int64_t) {
+  KILN_RETURN_IF_ERROR(CheckArity(node, 2, 2));
+  if (node.HasAttr("fmod")) KILN_RETURN_IF_ERROR(node.GetInt("fmod").status());
+  return ModFlag(node).status();
+}
+
+Result<std::vector<TensorType>> InferMod(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, MinMaxTypes{}));
+  KILN_ASSIGN_OR_RETURN(int64_t fmod, ModFlag(ctx.node()));
+  if (t.dtype == DType::kFloat32 && fmod == 0) {
+    return Status::InvalidArgument(ctx.where() +
+                                   ": attribute 'fmod'=0 needs integer inputs (float32 inputs "
+                                   "need fmod=1)");
+  }
+  return std::vector<TensorType>{t};
+}
+
+Status RunMod(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  KILN_ASSIGN_OR_RETURN(int64_t fmod, ModFlag(ctx.node()));
+  const Tensor& a = ctx.in(0);
+  const Tensor& b = ctx.in(1);
+  return Dispatch(ctx, a.dtype(), MinMaxTypes{}, [&]<typename T>() -> Status {
+    if constexpr (std::is_floating_point_v<T>) {
+      if (fmod == 0) return InferMod(ctx).status();
+      BinaryKernel<T, T>(a, b, outputs[0], [](T x, T y) { return std::fmod(x, y); });
+    } else {
+      KILN_RETURN_IF_ERROR(CheckNoZeroDivisor<T>(ctx, b));
+      // y == -1 is special-cased: MIN % -1 traps on x86 although the result is 0.
+      if (fmod == 1) {
+        BinaryKernel<T, T>(a, b, outputs[0], [](T x, T y) { return y == -1 ? T(0) : T(x % y); });
+      } else {
+        BinaryKernel<T, T>(a, b, outputs[0], [](T x, T y) {
+          if (y == -1) return T(0);
+          const T r = x % y;
+          return (r != 0 && ((r < 0) != (y < 0))) ? T(r + y) : r;
+        });
+      }
+    }
+    return Status::OK();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// PRelu(X, slope): slope broadcasts to X (unidirectionally: the output has X's shape). Before
+// opset 7 a 1-D slope of X's channel count applies per channel (dim 1), as those opsets said.
+
+Result<Tensor> PReluSlope(const OpContext& ctx) {
+  const Tensor& slope = ctx.in(1);
+  const Shape& x = ctx.type(0).shape;
+  if (ctx.opset() < 7 && slope.rank() == 1 && x.size() >= 2 && slope.dim(0) == x[1] &&
+      slope.dim(0) != 1) {
+    Shape per_channel(x.size() - 1, 1);
+    per_channel[0] = slope.dim(0);
+    return slope.Reshaped(per_channel);
+  }
+  return slope;
+}
+
+Result<std::vector<TensorType>> InferPRelu(const OpContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, ctx.type(0).dtype, ArithTypes{}));
+  if (ctx.type(1).dtype != ctx.type(0).dtype) {
+    return Status::InvalidArgument(ctx.where() + ": input 1 ('slope') has dtype " +
+                                   DTypeName(ctx.type(1).dtype) + ", expected " +
+                                   DTypeName(ctx.type(0).dtype) + " like input 0");
+  }
+  Shape slope = ctx.type(1).shape;
+  const Shape& x = ctx.type(0).shape;
+  if (ctx.opset() < 7 && slope.size() == 1 && x.size() >= 2 && slope[0] == x[1] && slope[0] != 1) {
+    slope.assign(x.size() - 1, 1);
+    slope[0] = x[1];
+  }
+  auto b = BroadcastShapes(x, slope);
+  if (!b.ok() || *b != x) {
+    return Status::InvalidArgument(ctx.where() + ": input 1 ('slope') " +
+                                   ShapeToString(ctx.type(1).shape) +
+                                   " does not broadcast to input 0 ('X') " + ShapeToString(x));
+  }
+  return std::vector<TensorType>{ctx.type(0)};
+}
+
+Status RunPRelu(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  KILN_ASSIGN_OR_RETURN(Tensor slope, PReluSlope(ctx));
+  return Dispatch(ctx, ctx.in(0).dtype(), ArithTypes{}, [&]<typename T>() {
+    BinaryKernel<T, T>(ctx.in(0), slope, outputs[0],
+                       [](T x, T s) { return x < 0 ? WrapMul(x, s) : x; });
+    return Status::OK();
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
 // Comparisons and logic (output bool)
 
 struct EqualOp {
@@ -669,6 +856,12 @@ struct OrOp {
   template <typename T>
   static bool Apply(T a, T b) {
     return a || b;
+  }
+};
+struct XorOp {
+  template <typename T>
+  static bool Apply(T a, T b) {
+    return (a != 0) != (b != 0);
   }
 };
 
@@ -916,9 +1109,19 @@ constexpr ElementwiseOp kOps[] = {
     {"Ceil", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<CeilOp>},
     {"Softplus", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SoftplusOp>},
     {"HardSwish", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<HardSwishOp>},
-    {"LeakyRelu", 1, kMax, CheckAlphaBeta, InferUnaryFloat, RunUnaryFloat<LeakyReluOp>},
-    {"HardSigmoid", 1, kMax, CheckAlphaBeta, InferUnaryFloat, RunUnaryFloat<HardSigmoidOp>},
-    {"Elu", 1, kMax, CheckAlphaBeta, InferUnaryFloat, RunUnaryFloat<EluOp>},
+    {"Round", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<RoundOp>},
+    {"Softsign", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SoftsignOp>},
+    {"Mish", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<MishOp>},
+    {"LeakyRelu", 1, kMax, CheckFloatAttrs<LeakyReluOp>, InferUnaryFloat,
+     RunUnaryFloat<LeakyReluOp>},
+    {"HardSigmoid", 1, kMax, CheckFloatAttrs<HardSigmoidOp>, InferUnaryFloat,
+     RunUnaryFloat<HardSigmoidOp>},
+    {"Elu", 1, kMax, CheckFloatAttrs<EluOp>, InferUnaryFloat, RunUnaryFloat<EluOp>},
+    {"Selu", 1, kMax, CheckFloatAttrs<SeluOp>, InferUnaryFloat, RunUnaryFloat<SeluOp>},
+    {"Celu", 1, kMax, CheckNonZeroAlpha<CeluOp>, InferUnaryFloat, RunUnaryFloat<CeluOp>},
+    {"ThresholdedRelu", 1, kMax, CheckFloatAttrs<ThresholdedReluOp>, InferUnaryFloat,
+     RunUnaryFloat<ThresholdedReluOp>},
+    {"Shrink", 1, kMax, CheckFloatAttrs<ShrinkOp>, InferUnaryFloat, RunUnaryFloat<ShrinkOp>},
     // Unary over signed numbers.
     {"Neg", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<NegOp>},
     {"Abs", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<AbsOp>},
@@ -926,13 +1129,17 @@ constexpr ElementwiseOp kOps[] = {
     {"Relu", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<ReluOp>},
     {"Not", 1, kMax, CheckUnary, InferNot, RunNot},
     // Broadcasting arithmetic (the opset < 7 broadcast/axis form is read by OperandShape).
-    {"Add", 1, kMax, CheckBinary, InferArith, RunArith<AddOp>},
-    {"Sub", 1, kMax, CheckBinary, InferArith, RunArith<SubOp>},
-    {"Mul", 1, kMax, CheckBinary, InferArith, RunArith<MulOp>},
-    {"Div", 1, kMax, CheckBinary, InferArith, RunArith<DivOp>},
+    {"Add", 1, kMax, CheckBinary, InferArith<>, RunArith<AddOp>},
+    {"Sub", 1, kMax, CheckBinary, InferArith<>, RunArith<SubOp>},
+    {"Mul", 1, kMax, CheckBinary, InferArith<>, RunArith<MulOp>},
+    {"Div", 1, kMax, CheckBinary, InferArith<>, RunArith<DivOp>},
     {"Pow", 1, kMax, CheckBinary, InferPow, RunPow},
-    {"Min", 1, kMax, CheckVariadic, InferArith, RunArith<MinOp>},
-    {"Max", 1, kMax, CheckVariadic, InferArith, RunArith<MaxOp>},
+    {"Min", 1, kMax, CheckVariadic, InferArith<MinMaxTypes>, RunArith<MinOp, MinMaxTypes>},
+    {"Max", 1, kMax, CheckVariadic, InferArith<MinMaxTypes>, RunArith<MaxOp, MinMaxTypes>},
+    {"Sum", 1, kMax, CheckVariadic, InferArith<>, RunArith<AddOp>},
+    {"Mean", 1, kMax, CheckVariadic, InferMean, RunMean},
+    {"Mod", 10, kMax, CheckMod, InferMod, RunMod},
+    {"PRelu", 1, kMax, CheckBinary, InferPRelu, RunPRelu},
     // Comparisons and logic, output bool.
     {"Equal", 1, kMax, CheckBinary, InferCompare, RunCompare<EqualOp, AllButHalf>},
     {"Less", 1, kMax, CheckBinary, InferCompare, RunCompare<LessOp, AllButHalf>},
@@ -942,13 +1149,14 @@ constexpr ElementwiseOp kOps[] = {
      RunCompare<GreaterOrEqualOp, AllButHalf>},
     {"And", 1, kMax, CheckBinary, InferLogic, RunCompare<AndOp, BoolTypes>},
     {"Or", 1, kMax, CheckBinary, InferLogic, RunCompare<OrOp, BoolTypes>},
+    {"Xor", 1, kMax, CheckBinary, InferLogic, RunCompare<XorOp, BoolTypes>},
     // Selection, clamping, conversion.
     {"Where", 1, kMax, CheckWhere, InferWhere, RunWhere},
     {"Clip", 1, 10, CheckClipAttrs, InferClip, RunClip},
     {"Clip", 11, kMax, CheckClipInputs, InferClip, RunClip},
     {"Cast", 1, kMax, CheckCast, InferCast, RunCast},
 };
-static_assert(std::size(kOps) == 39,
+static_assert(std::size(kOps) == 51,
               "op count changed: update the registry tests (AllOpsRegistered / FormsSplitByOpset)");
 
 }  // namespace

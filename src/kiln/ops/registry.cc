@@ -38,6 +38,11 @@ const OpRegistry& OpRegistry::Global() {
     RegisterReduceOps(*r);
     RegisterNnOps(*r);
     RegisterShapeOps(*r);
+    RegisterQuantOps(*r);
+    RegisterRecurrentOps(*r);
+    RegisterResizeOps(*r);
+    RegisterIndexOps(*r);
+    RegisterControlFlowOps(*r);
     return r;
   }();
   return *registry;

@@ -12,8 +12,12 @@
 //   ctx.value(i) when that input is known (always during eager runs; during static shape inference
 //   only for constants); when a needed value is unknown it returns the error from ctx.RequireValue.
 // - run(ctx, outputs): outputs[i] arrive allocated with the types infer returned; the kernel
-//   fills them. Legacy opset forms (attributes that later became inputs) are read by opset here.
-//   An unsupported dtype returns Unimplemented naming op and dtype. Kernels never throw.
+//   fills them. Ops that own subgraphs (If, Loop) are the exception: their output shapes may
+//   depend on what the body computes, so the interpreter hands them invalid outputs and run
+//   assigns them; a caller with fixed buffers (a compiled cell) hands views, and run copies into
+//   them after checking the types match. Static inference refuses a dim < 0 from infer by name.
+//   Legacy opset forms (attributes that later became inputs) are read by opset here. An unsupported
+//   dtype returns Unimplemented naming op and dtype. Kernels never throw.
 #pragma once
 
 #include <climits>
@@ -33,6 +37,26 @@ struct TensorType {
   Shape shape;
   bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
   std::string ToString() const { return std::string(DTypeName(dtype)) + ShapeToString(shape); }
+};
+
+// How an op that owns subgraphs (If, Loop) reaches the engine walking the graph around it: the
+// interpreter runs a body eagerly, static shape inference infers it, the runtime host runs it for
+// a compiled cell. A body reads outer-scope values by name from the scope of the node's
+// application; its explicit inputs bind to body.inputs by position.
+class SubgraphRunner {
+ public:
+  virtual ~SubgraphRunner() = default;
+  // Types of the body's outputs for explicit inputs of `types` (`values[i]` non-null when known).
+  // A dim < 0 means "known only after run". Errors name the op and what is not known. When
+  // `known_outputs` is given it receives, per output, the value when statically known (a
+  // structural value) or an invalid tensor.
+  virtual Result<std::vector<TensorType>> InferBody(
+      const Graph& body, const std::vector<TensorType>& types,
+      const std::vector<const Tensor*>& values,
+      std::vector<Tensor>* known_outputs = nullptr) const = 0;
+  // Runs the body; returns its outputs in body.outputs order.
+  virtual Result<std::vector<Tensor>> RunBody(const Graph& body,
+                                              const std::vector<Tensor>& inputs) const = 0;
 };
 
 // What an op sees of one node application: the node, its opset, and per input slot a type and
@@ -58,6 +82,10 @@ class OpContext {
   const Tensor& in(size_t i) const { return *values_[i]; }
   // Error prefix "<Op> '<name>'" for messages.
   std::string where() const { return node_.Describe(); }
+  // The engine that runs or infers this node's subgraphs; nullptr where none can (ops without
+  // subgraph attributes never need it).
+  const SubgraphRunner* subgraphs() const { return subgraphs_; }
+  void set_subgraphs(const SubgraphRunner* runner) { subgraphs_ = runner; }
 
  private:
   const Node& node_;
@@ -66,6 +94,7 @@ class OpContext {
   std::vector<const Tensor*> values_;
   std::vector<bool> present_;
   int num_threads_;
+  const SubgraphRunner* subgraphs_ = nullptr;
 };
 
 using CheckFn = Status (*)(const Node& node, int64_t opset);
@@ -105,6 +134,11 @@ void RegisterElementwiseOps(OpRegistry& r);  // ops/elementwise.cc: unary, binar
 void RegisterReduceOps(OpRegistry& r);       // ops/reduce.cc: Softmax, ReduceMean, ReduceSum
 void RegisterNnOps(OpRegistry& r);           // ops/nn.cc: MatMul, Gemm, Conv, pools, norms
 void RegisterShapeOps(OpRegistry& r);        // ops/shape_ops.cc: Reshape ... Resize, Constant...
+void RegisterQuantOps(OpRegistry& r);        // ops/quant_ops.cc: QDQ, QLinear*, *Integer
+void RegisterRecurrentOps(OpRegistry& r);    // ops/recurrent.cc: LSTM, GRU, RNN
+void RegisterResizeOps(OpRegistry& r);       // ops/resize.cc: Resize, Upsample
+void RegisterIndexOps(OpRegistry& r);        // ops/index_ops.cc: gather/scatter, Einsum...
+void RegisterControlFlowOps(OpRegistry& r);  // ops/control_flow.cc: If, Loop, Scan
 
 // Helpers shared by family files.
 // Unary/binary ops that keep the (broadcast) shape and dtype of input 0 / inputs.

@@ -9,6 +9,7 @@
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/log.h"
+#include "src/kiln/eager/interpreter.h"
 #include "src/kiln/ops/dnnl_kernels.h"
 
 namespace kiln {
@@ -35,6 +36,28 @@ Result<TensorType> TypeFromJson(const nlohmann::json& j) {
   return t;
 }
 
+Result<nlohmann::json> GraphJson(const Graph& g);
+Result<Graph> GraphFromJson(const nlohmann::json& j);
+
+nlohmann::json TensorJson(const Tensor& t) {
+  std::vector<double> values;
+  for (int64_t i = 0; i < t.numel(); ++i) values.push_back(t.GetAsDouble(i));
+  return {{"dtype", DTypeName(t.dtype())}, {"shape", t.shape()}, {"data", values}};
+}
+
+Result<Tensor> TensorFromJson(const nlohmann::json& v) {
+  KILN_ASSIGN_OR_RETURN(DType dt, DTypeFromName(v.at("dtype").get<std::string>()));
+  KILN_ASSIGN_OR_RETURN(Tensor f, Tensor::FromVector<float>(v.at("shape").get<Shape>(),
+                                                            v.at("data").get<std::vector<float>>())
+                                      .CastTo(dt));
+  if (dt == DType::kInt64) {  // integers above 2^24 do not survive float: rebuild exactly
+    std::vector<int64_t> ints;
+    for (const auto& x : v.at("data")) ints.push_back(static_cast<int64_t>(x.get<double>()));
+    return Tensor::FromVector<int64_t>(v.at("shape").get<Shape>(), ints);
+  }
+  return f;
+}
+
 Result<nlohmann::json> AttrJson(const Attribute& a) {
   nlohmann::json j;
   j["kind"] = AttributeKindName(a.kind);
@@ -45,15 +68,77 @@ Result<nlohmann::json> AttrJson(const Attribute& a) {
     case Attribute::Kind::kFloats: j["v"] = a.floats; break;
     case Attribute::Kind::kInts: j["v"] = a.ints; break;
     case Attribute::Kind::kStrings: j["v"] = a.strings; break;
-    case Attribute::Kind::kTensor: {
-      std::vector<double> values;
-      for (int64_t i = 0; i < a.t.numel(); ++i) values.push_back(a.t.GetAsDouble(i));
-      j["v"] = {{"dtype", DTypeName(a.t.dtype())}, {"shape", a.t.shape()}, {"data", values}};
+    case Attribute::Kind::kTensor:
+      j["v"] = TensorJson(a.t);
+      break;
+    case Attribute::Kind::kGraph: {
+      KILN_ASSIGN_OR_RETURN(j["v"], GraphJson(*a.g));
       break;
     }
-    case Attribute::Kind::kGraph:
-    case Attribute::Kind::kGraphs:
-      return Status::Unimplemented("subgraph attributes cannot run through the runtime yet");
+    case Attribute::Kind::kGraphs: {
+      j["v"] = nlohmann::json::array();
+      for (const auto& g : a.graphs) {
+        KILN_ASSIGN_OR_RETURN(nlohmann::json gj, GraphJson(*g));
+        j["v"].push_back(gj);
+      }
+      break;
+    }
+  }
+  return j;
+}
+
+nlohmann::json ValueInfoJson(const ValueInfo& v) {
+  nlohmann::json dims = nlohmann::json::array();
+  for (const Dim& d : v.dims) dims.push_back(d.value);
+  return {
+      {"name", v.name}, {"dtype", DTypeName(v.dtype)}, {"has_shape", v.has_shape}, {"dims", dims}};
+}
+
+Result<ValueInfo> ValueInfoFromJson(const nlohmann::json& j) {
+  ValueInfo v;
+  v.name = j.at("name").get<std::string>();
+  KILN_ASSIGN_OR_RETURN(v.dtype, DTypeFromName(j.at("dtype").get<std::string>()));
+  v.has_shape = j.at("has_shape").get<bool>();
+  for (const auto& d : j.at("dims")) v.dims.push_back(Dim{d.get<int64_t>(), ""});
+  return v;
+}
+
+// A subgraph in a node spec: nodes, signature, opsets and structural constants by value. A
+// weight never rides a spec (law 1): the importer hoists subgraph weights to the top level,
+// where the cell binds them and passes them in as outer values.
+Result<nlohmann::json> GraphJson(const Graph& g) {
+  nlohmann::json j;
+  j["name"] = g.name;
+  nlohmann::json opsets = nlohmann::json::object();
+  for (const auto& [domain, version] : g.opsets) opsets[domain] = version;
+  j["opsets"] = opsets;
+  for (const char* key : {"inputs", "outputs", "nodes"}) j[key] = nlohmann::json::array();
+  for (const ValueInfo& v : g.inputs) j["inputs"].push_back(ValueInfoJson(v));
+  for (const ValueInfo& v : g.outputs) j["outputs"].push_back(ValueInfoJson(v));
+  nlohmann::json inits = nlohmann::json::object();
+  for (const auto& [name, t] : g.initializers) {
+    if (g.IsWeight(name)) {
+      return Status::Unimplemented("subgraph '" + g.name + "' binds weight '" + name +
+                                   "' itself; a node spec never carries a weight value");
+    }
+    inits[name] = TensorJson(t);
+  }
+  j["initializers"] = inits;
+  j["structural_floats"] = g.structural_floats;
+  for (const Node& n : g.nodes) {
+    nlohmann::json nj = {{"op", n.op_type},
+                         {"domain", n.domain},
+                         {"name", n.name},
+                         {"inputs", n.inputs},
+                         {"outputs", n.outputs}};
+    nlohmann::json attrs = nlohmann::json::object();
+    for (const auto& [name, a] : n.attrs) {
+      auto aj = AttrJson(a);
+      if (!aj.ok()) return aj.status().WithContext(n.Describe());
+      attrs[name] = *aj;
+    }
+    nj["attrs"] = attrs;
+    j["nodes"].push_back(nj);
   }
   return j;
 }
@@ -82,21 +167,57 @@ Result<Attribute> AttrFromJson(const std::string& name, const nlohmann::json& j)
     a.strings = v.get<std::vector<std::string>>();
   } else if (kind == "tensor") {
     a.kind = Attribute::Kind::kTensor;
-    KILN_ASSIGN_OR_RETURN(DType dt, DTypeFromName(v.at("dtype").get<std::string>()));
-    KILN_ASSIGN_OR_RETURN(Tensor f, Tensor::FromVector<float>(v.at("shape").get<Shape>(),
-                                                              v.at("data").get<std::vector<float>>())
-                                        .CastTo(dt));
-    a.t = f;
-    if (dt == DType::kInt64) {  // integers above 2^24 do not survive float: rebuild exactly
-      std::vector<int64_t> ints;
-      for (const auto& x : v.at("data")) ints.push_back(static_cast<int64_t>(x.get<double>()));
-      a.t = Tensor::FromVector<int64_t>(v.at("shape").get<Shape>(), ints);
+    KILN_ASSIGN_OR_RETURN(a.t, TensorFromJson(v));
+  } else if (kind == "graph") {
+    a.kind = Attribute::Kind::kGraph;
+    KILN_ASSIGN_OR_RETURN(Graph g, GraphFromJson(v));
+    a.g = std::make_shared<Graph>(std::move(g));
+  } else if (kind == "graphs") {
+    a.kind = Attribute::Kind::kGraphs;
+    for (const auto& gj : v) {
+      KILN_ASSIGN_OR_RETURN(Graph g, GraphFromJson(gj));
+      a.graphs.push_back(std::make_shared<Graph>(std::move(g)));
     }
   } else {
     return Status::InvalidArgument("node spec: attribute '" + name + "' has unknown kind '" +
                                    kind + "'");
   }
   return a;
+}
+
+Result<Graph> GraphFromJson(const nlohmann::json& j) {
+  Graph g;
+  g.name = j.at("name").get<std::string>();
+  for (auto it = j.at("opsets").begin(); it != j.at("opsets").end(); ++it) {
+    g.opsets[it.key()] = it.value().get<int64_t>();
+  }
+  for (const auto& v : j.at("inputs")) {
+    KILN_ASSIGN_OR_RETURN(ValueInfo vi, ValueInfoFromJson(v));
+    g.inputs.push_back(std::move(vi));
+  }
+  for (const auto& v : j.at("outputs")) {
+    KILN_ASSIGN_OR_RETURN(ValueInfo vi, ValueInfoFromJson(v));
+    g.outputs.push_back(std::move(vi));
+  }
+  for (auto it = j.at("initializers").begin(); it != j.at("initializers").end(); ++it) {
+    KILN_ASSIGN_OR_RETURN(g.initializers[it.key()], TensorFromJson(it.value()));
+  }
+  for (const auto& name : j.at("structural_floats")) {
+    g.structural_floats.insert(name.get<std::string>());
+  }
+  for (const auto& nj : j.at("nodes")) {
+    Node n;
+    n.op_type = nj.at("op").get<std::string>();
+    n.domain = nj.at("domain").get<std::string>();
+    n.name = nj.at("name").get<std::string>();
+    n.inputs = nj.at("inputs").get<std::vector<std::string>>();
+    n.outputs = nj.at("outputs").get<std::vector<std::string>>();
+    for (auto it = nj.at("attrs").begin(); it != nj.at("attrs").end(); ++it) {
+      KILN_ASSIGN_OR_RETURN(n.attrs[it.key()], AttrFromJson(it.key(), it.value()));
+    }
+    g.nodes.push_back(std::move(n));
+  }
+  return g;
 }
 
 // One prepared reference op.
@@ -107,6 +228,10 @@ struct PreparedOp {
   std::vector<TensorType> input_types;
   std::vector<bool> present;
   std::vector<TensorType> output_types;
+  // Ops that own subgraphs (If, Loop): the trailing `outer.size()` inputs are the outer values
+  // the subgraphs read, bound under these names; the node runs through the eager interpreter.
+  std::vector<std::string> outer;
+  std::unique_ptr<SubgraphNode> subgraph_node;
 };
 
 Result<std::unique_ptr<PreparedOp>> Prepare(const char* text) {
@@ -139,8 +264,18 @@ Result<std::unique_ptr<PreparedOp>> Prepare(const char* text) {
       op->output_types.push_back(t);
       op->node.outputs.push_back("out" + std::to_string(i++));
     }
+    if (j.contains("outer")) op->outer = j.at("outer").get<std::vector<std::string>>();
   } catch (const std::exception& e) {
     return Status::InvalidArgument(std::string("node spec is malformed: ") + e.what());
+  }
+  if (op->outer.size() > op->node.inputs.size()) {
+    return Status::InvalidArgument("node spec: " + std::to_string(op->outer.size()) +
+                                   " outer values but only " +
+                                   std::to_string(op->node.inputs.size()) + " inputs");
+  }
+  op->node.inputs.resize(op->node.inputs.size() - op->outer.size());
+  if (HasSubgraphs(op->node)) {
+    KILN_ASSIGN_OR_RETURN(op->subgraph_node, SubgraphNode::Create(op->node, op->opset));
   }
   KILN_ASSIGN_OR_RETURN(op->def,
                         OpRegistry::Global().Find(op->node.domain, op->node.op_type, op->opset));
@@ -273,8 +408,22 @@ int HostOpRun(void* handle, const void* const* inputs, void* const* outputs, int
       outs.push_back(
           Tensor::View(op.output_types[i].dtype, op.output_types[i].shape, nullptr, outputs[i]));
     }
-    OpContext ctx(op.node, op.opset, op.input_types, values, op.present, num_threads);
-    Status s = op.def->run(ctx, outs);
+    Status s;
+    if (op.subgraph_node) {
+      const size_t explicit_inputs = op.input_types.size() - op.outer.size();
+      TensorMap outer;
+      for (size_t i = 0; i < op.outer.size(); ++i)
+        outer[op.outer[i]] = in_views[explicit_inputs + i];
+      std::vector<TensorType> types(op.input_types.begin(),
+                                    op.input_types.begin() + explicit_inputs);
+      std::vector<const Tensor*> explicit_values(values.begin(), values.begin() + explicit_inputs);
+      std::vector<bool> present(op.present.begin(), op.present.begin() + explicit_inputs);
+      OpContext ctx(op.node, op.opset, types, explicit_values, present, num_threads);
+      s = op.subgraph_node->Run(ctx, outer, outs);
+    } else {
+      OpContext ctx(op.node, op.opset, op.input_types, values, op.present, num_threads);
+      s = op.def->run(ctx, outs);
+    }
     if (!s.ok()) {
       KILN_LOG(ERROR) << "cell reference op " << op.node.Describe() << ": " << s.ToString();
     }
@@ -314,6 +463,7 @@ Result<nlohmann::json> NodeSpecJson(const Node& node, int64_t opset,
   nlohmann::json outs = nlohmann::json::array();
   for (const TensorType& t : output_types) outs.push_back(TypeJson(t));
   j["outputs"] = outs;
+  if (HasSubgraphs(node)) j["outer"] = ImplicitInputs(node);  // trailing inputs, by name
   return j;
 }
 

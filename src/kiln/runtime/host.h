@@ -21,8 +21,10 @@ namespace kiln {
 const kiln_host_api* HostApi();
 
 // A node spec for op_prepare: op type, domain, opset, attributes, input/output types, and the
-// values of structural (non-weight) constant inputs. Refuses subgraph attributes (Unimplemented).
-// Never contains a weight value (law 1): `constant_inputs` must hold only structural values.
+// values of structural (non-weight) constant inputs. A node that owns subgraphs (If, Loop)
+// carries them whole, and `input_types` continue past the node's own inputs with one entry per
+// name in ImplicitInputs(node) (listed as "outer"): the host binds those values by name and runs
+// the subgraphs through the eager interpreter. Never contains a weight value (law 1).
 Result<nlohmann::json> NodeSpecJson(const Node& node, int64_t opset,
                                     const std::vector<TensorType>& input_types,
                                     const std::vector<bool>& input_present,

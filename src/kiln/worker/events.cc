@@ -112,12 +112,18 @@ uint64_t EventLog::Append(EventRow row) {
               "); rows stay in memory");
     }
   }
+  if (sink_) sink_(row);
   ring_.push_back(std::move(row));
   if (ring_.size() > capacity_) {
     ring_.pop_front();
     ++dropped_;
   }
   return last_seq_;
+}
+
+void EventLog::SetSink(std::function<void(const EventRow&)> sink) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sink_ = std::move(sink);
 }
 
 std::vector<EventRow> EventLog::Query(const EventQuery& query) const {

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -97,6 +98,11 @@ class EventLog {
   // this log's own lock.
   uint64_t Append(EventRow row);
 
+  // Calls `sink` with every later row, after it is stamped, in seq order, under this log's lock:
+  // a sink must be quick and must not append to this log (the hub forwarder only queues). One
+  // sink; a second call replaces it, an empty function removes it.
+  void SetSink(std::function<void(const EventRow&)> sink);
+
   // Rows in the ring that match, in seq order.
   std::vector<EventRow> Query(const EventQuery& query) const;
 
@@ -116,6 +122,7 @@ class EventLog {
   uint64_t file_errors_ = 0;
   std::string path_;
   std::FILE* file_ = nullptr;
+  std::function<void(const EventRow&)> sink_;
 };
 
 }  // namespace kiln

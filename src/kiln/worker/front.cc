@@ -313,6 +313,7 @@ std::string Frontend::MetricsText() const {
   o << "# HELP kiln_infer_in_flight Infer requests being handled now.\n"
     << "# TYPE kiln_infer_in_flight gauge\n"
     << "kiln_infer_in_flight " << in_flight_.load() << "\n";
+  if (options_.extra_metrics) o << options_.extra_metrics();
   if (options_.events != nullptr) {
     o << "# HELP kiln_events_dropped_total Event rows that fell out of the ring.\n"
       << "# TYPE kiln_events_dropped_total counter\n"

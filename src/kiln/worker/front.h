@@ -64,6 +64,8 @@ struct FrontendOptions {
   // Ready when this returns true; `why` says what is missing otherwise. Null: ready when every
   // mandatory target has an armed cell (optional targets always serve, eager at worst).
   std::function<bool(std::string* why)> ready;
+  // More Prometheus text appended to /metrics (e.g. the event forwarder's counters); may be null.
+  std::function<std::string()> extra_metrics;
 };
 
 class Frontend {

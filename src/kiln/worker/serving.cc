@@ -359,6 +359,11 @@ std::shared_ptr<ArmedCell> ServedTarget::cell() const {
   return cell_;
 }
 
+std::shared_ptr<const WeightMap> ServedTarget::weights() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return weights_;
+}
+
 std::shared_ptr<ArmedCell> ServedTarget::revoked_cell() const {
   std::lock_guard<std::mutex> lock(mu_);
   return revoked_cell_;

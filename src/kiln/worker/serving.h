@@ -136,6 +136,11 @@ class ServedTarget {
   // The cell this target held when it was revoked (law 9: the target still says that it held an
   // exported cell, now revoked); null when none was revoked.
   std::shared_ptr<ArmedCell> revoked_cell() const;
+  // The live checkpoint (what a swap replaced last) and the eager oracle: what the mint driver
+  // proves a minted cell against before it installs it.
+  std::shared_ptr<const WeightMap> weights() const;
+  const Interpreter& interpreter() const { return interpreter_; }
+  const std::shared_ptr<const Graph>& graph() const { return graph_; }
   const std::string& name() const { return options_.name; }
   LanePolicy lane_policy() const { return options_.lane_policy; }
   bool intake() const { return options_.intake; }

@@ -1,0 +1,622 @@
+// Minter: mint children, their watchdog, and adopting what they made (see minter.h).
+//
+// Layering note (DESIGN.md §3): this is the mint driver, the one worker file besides boot.cc that
+// reaches compile/toolchain.h, for the same two read-only facts (this machine's sm level and its
+// toolchain block), which admission compares the child's cell against. Nothing here compiles: the
+// compiler runs in the child process.
+#include "src/kiln/worker/minter.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <utility>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/cell/admission.h"
+#include "src/kiln/cell/gate.h"
+#include "src/kiln/cell/mint.h"
+#include "src/kiln/cell/pack.h"
+#include "src/kiln/compile/toolchain.h"  // sm level + toolchain block only (see the note above)
+#include "src/kiln/worker/mint_child.h"
+
+namespace kiln {
+
+// Phase tokens of self_mint_abort / self_mint_skipped / jit_compile that are not the child's own.
+inline constexpr const char* kMintChildStalled = "child_stalled";
+inline constexpr const char* kMintChildCrashed = "child_crashed";
+inline constexpr const char* kMintBadRequest = "bad_request";
+inline constexpr const char* kMintResourceExhausted = "resource_exhausted";
+inline constexpr const char* kMintKeyAxisDivergence = "key_axis_divergence";
+inline constexpr const char* kMintInsufficientMemory = "insufficient_memory";
+inline constexpr const char* kMintQuarantined = "quarantined";
+inline constexpr const char* kMintNumericsRefused = "numerics_refused";
+inline constexpr const char* kMintFenceRefused = "fence_refused";
+inline constexpr const char* kMintArmRefused = "arm_refused";
+inline constexpr const char* kMintSpawnFailed = "spawn_failed";
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double MsSince(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+// CPU time (clock ticks) of every process in process group `pgid`, including the children they
+// reaped (the compiler processes), plus the bytes the group leader wrote (wchar). A change in
+// either is progress.
+uint64_t GroupProgress(pid_t pgid) {
+  uint64_t total = 0;
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return 0;
+  while (dirent* e = ::readdir(proc)) {
+    const char* name = e->d_name;
+    if (name[0] < '0' || name[0] > '9') continue;
+    std::ifstream stat(std::string("/proc/") + name + "/stat");
+    std::string text;
+    if (!std::getline(stat, text)) continue;
+    const size_t paren = text.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream in(text.substr(paren + 2));
+    std::string state;
+    long long ppid, pgrp, session, tty, tpgid;
+    unsigned long long flags, minflt, cminflt, majflt, cmajflt, utime, stime;
+    long long cutime, cstime;
+    in >> state >> ppid >> pgrp >> session >> tty >> tpgid >> flags >> minflt >> cminflt >>
+        majflt >> cmajflt >> utime >> stime >> cutime >> cstime;
+    if (!in || pgrp != pgid) continue;
+    total += utime + stime + static_cast<uint64_t>(cutime + cstime);
+  }
+  ::closedir(proc);
+  std::ifstream io("/proc/" + std::to_string(pgid) + "/io");
+  std::string field;
+  uint64_t value = 0;
+  while (io >> field >> value) {
+    if (field == "wchar:") total += value;
+  }
+  return total;
+}
+
+int64_t MemAvailableMb() {
+  std::ifstream meminfo("/proc/meminfo");
+  std::string field, unit;
+  int64_t kb = 0;
+  while (meminfo >> field >> kb >> unit) {
+    if (field == "MemAvailable:") return kb / 1024;
+  }
+  return 0;
+}
+
+std::string PhasesDetail(const MintChildReport& report) {
+  std::string s;
+  for (const auto& p : report.phases) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%s=%.1f", p.phase.c_str(), p.ms);
+    s += (s.empty() ? "" : " ") + std::string(buf);
+  }
+  return s;
+}
+
+std::string SelfExe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
+}  // namespace
+
+struct Minter::Job {
+  std::string key;                    // "" for intake
+  std::vector<MintBinding> bindings;  // guarded by Minter::mu_ until the job adopts
+  std::string dir;                    // the mint's private directory
+  pid_t pgid = -1;
+  Clock::time_point started = Clock::now();
+};
+
+struct Minter::ChildOutcome {
+  std::string phase;  // "" = minted, else the abort token
+  std::string detail;
+  MintChildReport report;
+  int exit_code = -1;
+  int frames = 0;
+  double ms = 0;
+};
+
+Minter::Minter(MinterOptions options) : options_(std::move(options)) {}
+
+Minter::~Minter() { Stop(); }
+
+void Minter::Stop() {
+  std::vector<std::thread> threads;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (pid_t pg : children_) ::kill(-pg, SIGKILL);
+    threads.swap(threads_);
+  }
+  for (auto& t : threads) t.join();
+}
+
+bool Minter::WaitIdle(int timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                           [&] { return active_ == 0; });
+}
+
+void Minter::Emit(const char* kind, const std::string& phase, double ms, const std::string& key,
+                  const std::string& ref, const std::string& target, const std::string& detail) {
+  if (options_.events == nullptr) return;
+  EventRow row;
+  row.kind = kind;
+  row.phase = phase;
+  row.duration_ms = ms;
+  row.key = key;
+  row.ref = ref;
+  row.target = target;
+  row.detail = (key.empty() ? "" : "key=" + key + " ") + "target=" + target;
+  if (!options_.worker.empty()) row.detail += " worker=" + options_.worker;
+  if (!detail.empty()) row.detail += " " + detail;
+  options_.events->Append(std::move(row));
+}
+
+int64_t Minter::EstimateMintMb(const ServedTarget& target, int parallel_compiles) {
+  // A compiler process peaks near 300 MiB on our generated sources; the proof holds the weights
+  // about three times (the checkpoint, the perturbed one, the eager run) plus the child itself.
+  uint64_t weight_bytes = 0;
+  for (const auto& [name, t] : *target.weights()) weight_bytes += t.nbytes();
+  return 300 * std::max(1, parallel_compiles) + 3 * static_cast<int64_t>(weight_bytes >> 20) + 128;
+}
+
+std::string Minter::MemoryShortfall(const ServedTarget& target) const {
+  const int64_t need = EstimateMintMb(target, options_.parallel_compiles);
+  const int64_t budget =
+      options_.memory_budget_mb > 0 ? options_.memory_budget_mb : MemAvailableMb();
+  if (need <= budget) return "";
+  return "need_mb=" + std::to_string(need) + " budget_mb=" + std::to_string(budget) +
+         (options_.memory_budget_mb > 0 ? " (manifest mint.memory_budget_mb)" : " (MemAvailable)");
+}
+
+void Minter::MintExported(const std::string& key, MintBinding binding) {
+  const std::string target = binding.spec.name;
+  std::shared_ptr<Job> job;
+  bool quarantined = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    quarantined = quarantined_.count(key) != 0;
+    if (quarantined) {
+      // Emitted below, outside the lock.
+    } else if (auto it = running_.find(key); it != running_.end()) {
+      // Same key, one mint: this target is armed from the same bytes.
+      it->second->bindings.push_back(binding);
+      binding.target->SetMintInProgress(true);
+      Emit(event_kind::kSelfMintStarted, "joined", 0, key, "", target,
+           "sharing the mint already running for this key");
+      return;
+    }
+  }
+  if (quarantined) {
+    Emit(event_kind::kSelfMintSkipped, kMintQuarantined, 0, key, "", target,
+         "a mint of this key failed in this process; serving eager for its life");
+    return;
+  }
+  if (std::string shortfall = MemoryShortfall(*binding.target); !shortfall.empty()) {
+    binding.target->SetStoredPosture(kMintInsufficientMemory);
+    Emit(event_kind::kSelfMintSkipped, kMintInsufficientMemory, 0, key, "", target, shortfall);
+    return;
+  }
+  job = std::make_shared<Job>();
+  job->key = key;
+  job->bindings.push_back(binding);
+  binding.target->SetMintInProgress(true);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_[key] = job;
+  }
+  Emit(event_kind::kSelfMintStarted, "child", 0, key, "", target,
+       "nice=" + std::to_string(options_.child_nice) +
+           " threads=" + std::to_string(options_.child_threads) +
+           " stall_window_ms=" + std::to_string(options_.stall_window_ms));
+  Launch(job, false);
+}
+
+void Minter::CompileIntake(MintBinding binding) {
+  auto job = std::make_shared<Job>();
+  binding.target->SetArmPending(true);
+  job->bindings.push_back(std::move(binding));
+  Launch(job, true);
+}
+
+void Minter::Launch(std::shared_ptr<Job> job, bool intake) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
+  ++active_;
+  threads_.emplace_back([this, job, intake] {
+    if (intake) {
+      RunIntake(job);
+    } else {
+      RunExported(job);
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    --active_;
+    idle_cv_.notify_all();
+  });
+}
+
+Minter::ChildOutcome Minter::RunChild(Job& job, int attempt) {
+  ChildOutcome out;
+  const Clock::time_point start = Clock::now();
+  const MintBinding& first = job.bindings.front();
+  static std::atomic<uint64_t> counter{0};
+  job.dir = options_.work_root + "/" + first.spec.name + "-" + std::to_string(::getpid()) + "-" +
+            std::to_string(counter.fetch_add(1));
+  auto fail = [&](const char* phase, std::string detail) {
+    out.phase = phase;
+    out.detail = std::move(detail);
+    out.ms = MsSince(start);
+    return out;
+  };
+  if (Status s = MakeDirs(job.dir); !s.ok()) return fail(kMintSpawnFailed, s.ToString());
+  ::chmod(job.dir.c_str(), 0700);
+  MintChildRequest req;
+  req.manifest = options_.manifest_path;
+  req.target = first.spec.name;
+  req.intake = !first.spec.exported();
+  req.out_dir = job.dir;
+  req.report = job.dir + "/report.json";
+  req.phases = job.dir + "/phases.json";
+  req.threads = options_.child_threads;
+  req.parallel_compiles = options_.parallel_compiles;
+  req.attempt = attempt;
+  const std::string request_path = job.dir + "/request.json";
+  if (Status s = WriteFileAtomic(request_path, ToJson(req).dump(2)); !s.ok()) {
+    return fail(kMintSpawnFailed, s.ToString());
+  }
+  int pipe_fds[2];
+  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return fail(kMintSpawnFailed, std::string("pipe: ") + std::strerror(errno));
+  }
+  const std::string binary = options_.binary.empty() ? SelfExe() : options_.binary;
+  const std::string log = job.dir + "/child.log";
+  std::vector<std::string> args = {binary, "mint", "--child", request_path};
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // Everything the child needs is prepared before fork: only async-signal-safe calls after it.
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    if (log_fd >= 0) ::close(log_fd);
+    return fail(kMintSpawnFailed, std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    ::setpriority(PRIO_PROCESS, 0, options_.child_nice);
+    ::dup2(pipe_fds[1], 1);
+    if (log_fd >= 0) ::dup2(log_fd, 2);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the server blocks SIGTERM for its sigwait
+    ::execv(argv[0], argv.data());
+    ::_exit(kMintExitBadRequest);
+  }
+  ::setpgid(pid, pid);  // also here, so the group exists before we ever signal it
+  ::close(pipe_fds[1]);
+  if (log_fd >= 0) ::close(log_fd);
+  job.pgid = pid;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    children_.insert(pid);
+    if (stopping_) ::kill(-pid, SIGKILL);
+  }
+
+  // The watchdog: frames in, progress sampled, a stalled group killed. No total time limit.
+  std::string pending;
+  uint64_t last_progress = GroupProgress(pid);
+  Clock::time_point last_change = Clock::now();
+  bool stalled = false;
+  int status = 0;
+  bool exited = false;
+  bool pipe_open = true;
+  std::string last_frame;
+  while (!exited) {
+    if (pipe_open) {
+      pollfd p{pipe_fds[0], POLLIN, 0};
+      if (::poll(&p, 1, options_.sample_ms) > 0) {
+        char buf[4096];
+        const ssize_t n = ::read(pipe_fds[0], buf, sizeof(buf));
+        if (n <= 0) {
+          pipe_open = false;
+        } else {
+          pending.append(buf, static_cast<size_t>(n));
+          for (size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+            const std::string line = pending.substr(0, nl);
+            pending.erase(0, nl + 1);
+            if (line.rfind(kMintFramePrefix, 0) == 0) {
+              ++out.frames;
+              last_frame = line.substr(std::strlen(kMintFramePrefix));
+            }
+          }
+        }
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(options_.sample_ms));
+    }
+    const pid_t w = ::waitpid(pid, &status, WNOHANG);
+    if (w == pid) {
+      exited = true;
+      break;
+    }
+    const uint64_t progress = GroupProgress(pid);
+    if (progress != last_progress) {
+      last_progress = progress;
+      last_change = Clock::now();
+    } else if (MsSince(last_change) > options_.stall_window_ms) {
+      stalled = true;
+      ::kill(-pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+      exited = true;
+    }
+  }
+  ::kill(-pid, SIGKILL);  // nothing of the group outlives the mint (a compiler grandchild)
+  ::close(pipe_fds[0]);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    children_.erase(pid);
+  }
+  out.ms = MsSince(start);
+  auto evidence = [&] {
+    auto phases = ReadFile(req.phases);
+    std::string s = "last_frame=" + (last_frame.empty() ? std::string("none") : last_frame);
+    if (phases.ok()) {
+      auto live = ParseMintChildReport(*phases, req.phases);
+      if (live.ok()) s += " phases_done=\"" + PhasesDetail(*live) + "\"";
+    }
+    return s;
+  };
+  if (stalled) {
+    return fail(kMintChildStalled, "no CPU or disk progress for " +
+                                       std::to_string(options_.stall_window_ms) +
+                                       " ms; process group killed and reaped; " + evidence());
+  }
+  if (WIFSIGNALED(status)) {
+    return fail(kMintChildCrashed,
+                "signal=" + std::to_string(WTERMSIG(status)) + "; " + evidence());
+  }
+  out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  auto text = ReadFile(req.report);
+  auto report =
+      text.ok() ? ParseMintChildReport(*text, req.report) : Result<MintChildReport>(text.status());
+  if (report.ok()) out.report = *report;
+  switch (out.exit_code) {
+    case kMintExitMinted:
+      if (!report.ok() || out.report.artifact.empty() ||
+          !std::filesystem::exists(out.report.artifact)) {
+        return fail(kMintChildCrashed, "exit 0 without an artifact; " + evidence());
+      }
+      out.ms = MsSince(start);
+      return out;
+    case kMintExitRefused:
+      return fail(
+          report.ok() && !out.report.token.empty() ? out.report.token.c_str() : "mint_refused",
+          report.ok() ? out.report.message : "exit 2, no report");
+    case kMintExitResource:
+      return fail(kMintResourceExhausted, report.ok() ? out.report.message : "exit 3, no report");
+    case kMintExitBadRequest:
+      return fail(kMintBadRequest, report.ok() ? out.report.message : "exit 4; see " + log);
+    default:
+      return fail(kMintChildCrashed, "exit " + std::to_string(out.exit_code) + "; " + evidence());
+  }
+}
+
+void Minter::RunExported(std::shared_ptr<Job> job) {
+  int attempts = 1;
+  ChildOutcome child = RunChild(*job, 1);
+  if (child.phase == kMintResourceExhausted) {
+    // One retry, after a fresh look at the budget.
+    const MintBinding& b = job->bindings.front();
+    if (std::string shortfall = MemoryShortfall(*b.target); !shortfall.empty()) {
+      child.detail += "; retry skipped: " + shortfall;
+    } else {
+      std::error_code ec;
+      std::filesystem::remove_all(job->dir, ec);
+      attempts = 2;
+      child = RunChild(*job, 2);
+    }
+  }
+  const Clock::time_point adopt_start = Clock::now();
+  std::vector<MintBinding> bindings;
+  // From here on no target joins this job: a later miss of the key finds the local store.
+  auto take_bindings = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_.erase(job->key);
+    bindings = job->bindings;
+  };
+  auto abort = [&](const std::string& phase, const std::string& detail, bool deterministic) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      quarantined_.insert(job->key);
+    }
+    take_bindings();
+    std::error_code ec;
+    std::filesystem::remove_all(job->dir, ec);  // the bytes are deleted: nothing to publish
+    for (const MintBinding& b : bindings) {
+      // The refusal is the target's eager posture token from now on (it names why no cell).
+      b.target->SetStoredPosture(phase);
+      b.target->SetMintInProgress(false);
+      Emit(event_kind::kSelfMintAbort, phase, MsSince(job->started), job->key, "", b.spec.name,
+           detail + "; attempts=" + std::to_string(attempts) +
+               "; serving eager, key quarantined for the process life");
+      if (deterministic && options_.publisher != nullptr) {
+        options_.publisher->EnqueueSettle(b.spec.name,
+                                          b.spec.sm.empty() ? DefaultSmTarget() : b.spec.sm, phase);
+      }
+    }
+  };
+  if (!child.phase.empty()) {
+    const bool deterministic = child.exit_code == kMintExitRefused;
+    abort(child.phase, child.detail, deterministic);
+    return;
+  }
+  const MintChildReport& report = child.report;
+  const MintBinding& first = job->bindings.front();
+
+  // 1. The child's recorded environment equals ours; the first divergence is named.
+  auto axes = DeriveKeyAxes(*first.target->graph(), first.spec.envelope, first.spec.sm);
+  if (!axes.ok()) return abort(kMintKeyAxisDivergence, axes.status().ToString(), false);
+  const std::pair<const char*, std::pair<std::string, std::string>> checks[] = {
+      {"sm", {report.axes.sm, axes->sm}},
+      {"toolchain", {report.axes.toolchain, axes->toolchain}},
+      {"envelope", {report.axes.envelope, axes->envelope}},
+      {"graph", {report.axes.graph, axes->graph}},
+      {"family", {report.family, first.spec.export_spec->family}},
+      {"lane", {report.lane, "exported"}},
+      {"key", {report.key, job->key}}};
+  for (const auto& [axis, values] : checks) {
+    if (values.first != values.second) {
+      return abort(
+          kMintKeyAxisDivergence,
+          std::string("axis=") + axis + " child=" + values.first + " parent=" + values.second,
+          false);
+    }
+  }
+  // 2. Admission, as for any cell (law 4), against the digest the child reported.
+  auto bytes = ReadFile(report.artifact);
+  if (!bytes.ok()) return abort(kMintChildCrashed, bytes.status().ToString(), false);
+  auto toolchain = LocalToolchain();
+  if (!toolchain.ok()) return abort(kMintArmRefused, toolchain.status().ToString(), false);
+  const AdmissionPolicy policy{job->key, DetectSmLevel(), toolchain->Block()};
+  auto admitted = AdmitCell(*bytes, report.digest, bytes->size(), policy);
+  if (!admitted.ok()) {
+    const std::string token = RefusalToken(admitted.status());
+    return abort(token.empty() ? kMintArmRefused : token, admitted.status().ToString(), false);
+  }
+  const std::string ref = CellRef(job->key, admitted->digest);
+  take_bindings();
+  // 3. Per waiting target: load with its live checkpoint, the strict gate and the fence proof
+  // against its own eager interpreter, then arm. One refusal refuses the cell for all.
+  std::vector<std::pair<const MintBinding*, std::shared_ptr<ArmedCell>>> armed;
+  static std::atomic<uint64_t> counter{0};
+  for (const MintBinding& b : bindings) {
+    auto weights = b.target->weights();
+    auto cell = LoadAdmittedCell(
+        *admitted, *weights, Lane::kExported,
+        options_.private_dir + "/" + b.spec.name + "-mint-" + std::to_string(counter.fetch_add(1)),
+        options_.serve_threads);
+    if (!cell.ok()) return abort(kMintArmRefused, cell.status().ToString(), false);
+    const NumericsThresholds t{b.spec.numerics.floor, b.spec.numerics.warn,
+                               b.spec.numerics.retention};
+    const Clock::time_point gate_start = Clock::now();
+    auto gate = RunGate(**cell, b.target->interpreter(), *weights, t);
+    const std::string summary = gate.ok() ? gate->Summary() : gate.status().ToString();
+    const std::string verdict = gate.ok() ? VerdictName(gate->verdict) : "UNMEASURABLE";
+    Emit(event_kind::kCellNumerics, verdict, MsSince(gate_start), job->key, ref, b.spec.name,
+         "gate=strict by=parent " + summary + " child_gate=\"" + report.gate + "\"");
+    if (!gate.ok() || gate->verdict != Verdict::kHealthy) {
+      return abort(gate.ok() && gate->verdict == Verdict::kUnmeasurable ? "unmeasurable"
+                                                                        : kMintNumericsRefused,
+                   "by=parent " + summary + "; only HEALTHY is adopted", true);
+    }
+    auto fence = RunFenceProof(**cell, b.target->interpreter(), *weights, t);
+    if (!fence.ok()) {
+      return abort(kMintFenceRefused, "by=parent " + fence.status().ToString(), true);
+    }
+    armed.emplace_back(&b, std::shared_ptr<ArmedCell>(std::move(cell).value()));
+  }
+  // 4. Store first (a restart finds it), then install: serving switches with no barrier.
+  const Clock::time_point store_start = Clock::now();
+  Status put = options_.store->Put(job->key, *bytes);
+  Emit(event_kind::kLocalCellStored, put.ok() ? "stored" : "store_failed", MsSince(store_start),
+       job->key, ref, first.spec.name,
+       put.ok() ? "root=" + options_.store->root() : put.ToString());
+  for (auto& [b, cell] : armed) {
+    Status installed = b->target->InstallCell(cell);
+    b->target->SetMintInProgress(false);
+    Emit(event_kind::kLocalCellArmed, installed.ok() ? "armed" : kMintArmRefused,
+         MsSince(adopt_start), job->key, ref, b->spec.name,
+         installed.ok() ? "lane=exported" : installed.ToString());
+  }
+  Emit(event_kind::kMintPhases, "minted", child.ms, job->key, ref, first.spec.name,
+       PhasesDetail(report) + " child_wall=" + std::to_string(static_cast<int64_t>(child.ms)) +
+           " adopt=" + std::to_string(static_cast<int64_t>(MsSince(adopt_start))) +
+           " frames=" + std::to_string(child.frames) + " attempts=" + std::to_string(attempts) +
+           " peak_rss_kb=" + std::to_string(report.peak_rss_kb));
+  std::error_code ec;
+  std::filesystem::remove_all(job->dir, ec);
+  // 5. Publish in the background (readiness never waits for it).
+  if (put.ok() && options_.publisher != nullptr) {
+    options_.publisher->EnqueuePublish(job->key, first.spec.name, first.spec.export_spec->family);
+  }
+}
+
+void Minter::RunIntake(std::shared_ptr<Job> job) {
+  const MintBinding& b = job->bindings.front();
+  ChildOutcome child = RunChild(*job, 1);
+  if (child.phase == kMintResourceExhausted && MemoryShortfall(*b.target).empty()) {
+    std::error_code ec;
+    std::filesystem::remove_all(job->dir, ec);
+    child = RunChild(*job, 2);
+  }
+  const Clock::time_point load_start = Clock::now();
+  auto refuse = [&](const std::string& phase, const std::string& detail) {
+    std::error_code ec;
+    std::filesystem::remove_all(job->dir, ec);
+    b.target->SetArmPending(false);
+    Emit(event_kind::kJitCompile, phase, MsSince(job->started), "", "", b.spec.name,
+         detail + "; serving eager");
+  };
+  if (!child.phase.empty()) return refuse(child.phase, child.detail);
+  const MintChildReport& report = child.report;
+  if (report.lane != "intake" || !report.key.empty()) {
+    return refuse(kMintKeyAxisDivergence, "axis=lane child=" + report.lane + " parent=intake");
+  }
+  auto so = ReadFile(report.artifact);
+  if (!so.ok()) return refuse(kMintChildCrashed, so.status().ToString());
+  if (CellDigest(*so) != report.digest) {
+    return refuse("digest_mismatch", "the child's cell.so does not hash to its report");
+  }
+  static std::atomic<uint64_t> counter{0};
+  auto library = OpenCellBytes(*so, options_.private_dir + "/" + b.spec.name + "-jit-" +
+                                        std::to_string(counter.fetch_add(1)));
+  if (!library.ok()) return refuse(kMintArmRefused, library.status().ToString());
+  auto entries = EntriesFromDescribe((*library)->describe(), b.spec.envelope);
+  if (!entries.ok()) return refuse(kMintArmRefused, entries.status().ToString());
+  auto weights = b.target->weights();
+  auto cell =
+      ArmedCell::Arm(*library, *entries, *weights, Lane::kIntake, "", options_.serve_threads);
+  if (!cell.ok()) return refuse(kMintArmRefused, cell.status().ToString());
+  const NumericsThresholds t{b.spec.numerics.floor, b.spec.numerics.warn,
+                             b.spec.numerics.retention};
+  auto gate = RunGate(**cell, b.target->interpreter(), *weights, t);
+  if (!gate.ok() || gate->verdict != Verdict::kHealthy) {
+    return refuse(kMintNumericsRefused, gate.ok() ? gate->Summary() : gate.status().ToString());
+  }
+  std::shared_ptr<ArmedCell> shared(std::move(cell).value());
+  Status installed = b.target->InstallCell(shared);
+  b.target->SetArmPending(false);
+  if (!installed.ok()) return refuse(kMintArmRefused, installed.ToString());
+  std::error_code ec;
+  std::filesystem::remove_all(job->dir, ec);
+  Emit(event_kind::kJitCompile, "compiled", MsSince(job->started), "", "", b.spec.name,
+       "classes=" + std::to_string(b.spec.envelope.classes.size()) + " " + PhasesDetail(report) +
+           " load_and_gate=" + std::to_string(static_cast<int64_t>(MsSince(load_start))) +
+           " gate=\"" + gate->Summary() + "\" nothing keyed, stored or published");
+}
+
+}  // namespace kiln
