@@ -389,7 +389,11 @@ Result<Tensor> ParseNpy(std::string_view bytes, const std::string& what) {
                                 ", expected non-negative integers");
     }
     shape.push_back(d.integer);
-    overflow = overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(d.integer), &numel);
+    // Every partial product must fit int64, not only the total: NumElements multiplies the dims in
+    // this order in int64, so (2^62, 3, 0) would overflow there although it holds no element.
+    overflow = overflow ||
+               __builtin_mul_overflow(numel, static_cast<uint64_t>(d.integer), &numel) ||
+               numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   }
   uint64_t data_bytes = 0;
   overflow = overflow || __builtin_mul_overflow(numel, elem_size, &data_bytes) ||
