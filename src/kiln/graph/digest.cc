@@ -176,8 +176,17 @@ class Digester {
 }  // namespace
 
 Result<nlohmann::json> GraphFacts(const Graph& graph) {
-  Digester d;
-  return d.Facts(graph, {});
+  // Names and string attributes come from the model file and may hold bytes that are not UTF-8
+  // (ONNX attribute strings are bytes); nlohmann::json refuses to dump those by throwing, and no
+  // exception may leave the library. Found by fuzz/onnx_import_fuzz.cc.
+  try {
+    Digester d;
+    return d.Facts(graph, {});
+  } catch (const nlohmann::json::exception& e) {
+    return Status::InvalidArgument("graph '" + graph.name +
+                                   "': a name or string attribute is not valid UTF-8, so the graph "
+                                   "cannot be digested (" + e.what() + ")");
+  }
 }
 
 Result<std::string> GraphDigest(const Graph& graph) {

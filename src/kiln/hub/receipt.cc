@@ -161,7 +161,8 @@ Result<ReceiptClaims> ClaimsFromJson(const nlohmann::json& j) {
                                  "publisher", "tier",   "release", "iat"};
   for (const auto& [name, _] : j.items()) {
     if (std::find_if(std::begin(kKnown), std::end(kKnown),
-                     [&](const char* k) { return name == k; }) == std::end(kKnown)) {
+                     // Captured by name: clang before 16 cannot capture a structured binding.
+                     [&name = name](const char* k) { return name == k; }) == std::end(kKnown)) {
       return Status::InvalidArgument("receipt claims: unknown claim '" + name + "'");
     }
   }

@@ -29,6 +29,8 @@ constexpr int kMaxNesting = 8;
 constexpr size_t kGrowthAxisMaxDigits = 21;
 constexpr size_t kHeaderAlign = 64;
 
+struct PyEntry;
+
 // A value of the Python literal subset .npy headers use.
 struct PyValue {
   enum class Kind { kString, kBool, kNone, kInt, kTuple, kList, kDict };
@@ -37,7 +39,14 @@ struct PyValue {
   bool boolean = false;
   int64_t integer = 0;
   std::vector<PyValue> items;                            // tuple / list
-  std::vector<std::pair<std::string, PyValue>> entries;  // dict, in file order
+  // Dict entries, in file order. A named struct, not std::pair<std::string, PyValue>: clang
+  // rejects a pair of the still-incomplete PyValue as the element of a member vector.
+  std::vector<PyEntry> entries;
+};
+
+struct PyEntry {
+  std::string key;
+  PyValue value;
 };
 
 const char* KindName(PyValue::Kind k) {
@@ -200,7 +209,7 @@ class HeaderParser {
             return std::nullopt;
           }
         }
-        v.entries.emplace_back(key->str, std::move(*value));
+        v.entries.push_back(PyEntry{key->str, std::move(*value)});
         SkipSpace();
         if (Peek() == ',') {
           ++pos_;
@@ -380,7 +389,11 @@ Result<Tensor> ParseNpy(std::string_view bytes, const std::string& what) {
                                 ", expected non-negative integers");
     }
     shape.push_back(d.integer);
-    overflow = overflow || __builtin_mul_overflow(numel, static_cast<uint64_t>(d.integer), &numel);
+    // Every partial product must fit int64, not only the total: NumElements multiplies the dims in
+    // this order in int64, so (2^62, 3, 0) would overflow there although it holds no element.
+    overflow = overflow ||
+               __builtin_mul_overflow(numel, static_cast<uint64_t>(d.integer), &numel) ||
+               numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   }
   uint64_t data_bytes = 0;
   overflow = overflow || __builtin_mul_overflow(numel, elem_size, &data_bytes) ||

@@ -123,7 +123,10 @@ Result<Entry> ParseEntry(const std::string& name, const nlohmann::json& info, ui
                                 ", expected non-negative integers");
     }
     e.shape.push_back(static_cast<int64_t>(dim));
-    overflow = overflow || __builtin_mul_overflow(numel, dim, &numel);
+    // Every partial product must fit int64, not only the total: NumElements multiplies the dims in
+    // this order in int64, so [2^62, 3, 0] would overflow there although it holds no element.
+    overflow = overflow || __builtin_mul_overflow(numel, dim, &numel) ||
+               numel > static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
   }
   uint64_t nbytes = 0;
   overflow = overflow || __builtin_mul_overflow(numel, elem_size, &nbytes) ||
