@@ -237,6 +237,14 @@ class Worker {
     }
     return nullptr;
   }
+  // Waits up to `ms` for a row of `kind` on disk.
+  bool WaitForRow(const std::string& kind, int ms) {
+    for (int waited = 0; waited < ms; waited += 100) {
+      if (!FirstRow(kind).is_null()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
   std::string Log() { return ValueOr(ReadFile(dir_ + "/worker.log"), std::string()); }
   // Files of cells loaded by this worker: none may exist when an adoption was refused.
   size_t LoadedCellFiles() {
@@ -332,18 +340,29 @@ TEST_F(Refusals, InjectedAllocationFailureServesEagerAndTheCellStaysArmed) {
   EXPECT_EQ(w.Stop(), 0);
 }
 
-TEST_F(Refusals, MandatoryTargetWithoutACellRefusesRetryablyAndNeverAnswersEager) {
+// A mandatory target that misses refuses retryably while its cell is minted (never eager), then
+// serves from the cell. The mint child is held busy for a few seconds (KILN_TEST_MINT_BUSY_S) so
+// the first request lands during the mint on any machine.
+TEST_F(Refusals, MandatoryTargetRefusesRetryablyUntilItsCellArmsAndNeverAnswersEager) {
   ManifestOptions o;
   o.lane = "mandatory";
-  Worker w(dir_, Manifest(o));
+  Worker w(dir_, Manifest(o), {{"KILN_TEST_MINT_BUSY_S", "3"}});
   ASSERT_TRUE(w.Live());
   EXPECT_EQ(w.ReadyStatus(), 503);
   auto a = w.Infer();
   EXPECT_EQ(a.status, 503) << a.body.dump();
-  EXPECT_FALSE(a.retry_after.empty());
+  EXPECT_EQ(a.retry_after, "1");
   EXPECT_NE(a.body.value("error", "").find("required_compile_missing"), std::string::npos)
       << a.body.dump();
-  EXPECT_EQ(w.Rows(), (Rows{"boot_adopt/local_miss_no_hub"}));
+  ASSERT_TRUE(w.WaitForRow("mint_phases", 120000)) << w.Log();
+  EXPECT_EQ(w.ReadyStatus(), 200);
+  auto b = w.Infer();
+  ASSERT_EQ(b.status, 200) << b.body.dump();
+  EXPECT_EQ(w.Mode(b), "aot_cell");
+  EXPECT_EQ(w.Rows(),
+            (Rows{"boot_adopt/local_miss_no_hub", "self_mint_started/child",
+                  "cell_numerics/HEALTHY", "local_cell_stored/stored", "serve_posture/aot_cell",
+                  "local_cell_armed/armed", "mint_phases/minted"}));
   EXPECT_EQ(w.Stop(), 0);
 }
 
