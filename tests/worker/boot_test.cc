@@ -363,3 +363,47 @@ TEST_F(Boot, NoExportDeclarationAdoptsNothing) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// A cell revoked for cause is quarantined: adopting it again arms an object that owns no target,
+// which is said on a serve_degrade row (phase armed_target_unresolved) besides boot_adopt.
+TEST_F(Boot, ArmedCellThatInstallsNoTargetIsSaidOnItsOwnRow) {
+  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar).ok());
+  auto t = Target();
+  ASSERT_NE(t, nullptr);
+  ASSERT_EQ(Adopt(*t, Spec(), Ctx()).phase, kBootLocalHit);
+  t->SetRunFaultForTest([] { return CellRunError::kCellFault; });
+  auto faulted = t->Serve(Input(1), "mlp");
+  ASSERT_TRUE(faulted.ok()) << faulted.status().ToString();
+  ASSERT_EQ(faulted->fallback_reason, kFallbackCellFault);
+  t->SetRunFaultForTest(nullptr);
+
+  BootOutcome again = Adopt(*t, Spec(), Ctx());
+  EXPECT_EQ(again.phase, kBootArmRefused) << again.detail;
+  EXPECT_EQ(again.cell, nullptr);
+  EventQuery q;
+  q.kind = event_kind::kServeDegrade;
+  q.phase = kArmedTargetUnresolved;
+  auto rows = events_.Query(q);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].ref, m_->mint.ref);
+  EXPECT_EQ(rows[0].target, "mlp");
+  EXPECT_NE(rows[0].detail.find("compiled_degraded"), std::string::npos) << rows[0].detail;
+  ExpectServes(*t, kServingEager, "");
+}
+
+TEST(BootCoverage, NamesDeclaredClassesNoEntryCarries) {
+  EntryMetadata one, four;
+  one.shape_class = {{"x", {1, 64}}};
+  four.shape_class = {{"x", {4, 64}}};
+  Envelope declared{{{{"x", {1, 64}}}, {{"x", {3, 64}}}, {{"x", {4, 64}}}, {{"x", {5, 64}}}}};
+  auto missing = UncoveredClasses(declared, {one, four});
+  ASSERT_EQ(missing.size(), 2u);
+  EXPECT_EQ(DescribeClasses(missing), "{x=[3,64]},{x=[5,64]}");
+  EXPECT_TRUE(UncoveredClasses(Envelope{{{{"x", {4, 64}}}}}, {one, four}).empty());
+}
+
+}  // namespace
+}  // namespace kiln

@@ -88,6 +88,32 @@ bool IsBootRefusal(const std::string& phase) {
            phase == kBootNoExportDeclaration);
 }
 
+std::vector<ShapeClass> UncoveredClasses(const Envelope& declared,
+                                         const std::vector<EntryMetadata>& entries) {
+  std::vector<ShapeClass> missing;
+  for (const ShapeClass& c : declared.classes) {
+    bool carried = false;
+    for (const EntryMetadata& e : entries) carried = carried || e.shape_class == c;
+    if (!carried) missing.push_back(c);
+  }
+  return missing;
+}
+
+std::string DescribeClasses(const std::vector<ShapeClass>& classes) {
+  std::string out;
+  for (const ShapeClass& c : classes) {
+    if (!out.empty()) out += ",";
+    out += "{";
+    bool first = true;
+    for (const auto& [name, shape] : c) {
+      out += (first ? "" : ";") + name + "=" + ShapeToString(shape);
+      first = false;
+    }
+    out += "}";
+  }
+  return out;
+}
+
 BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
                         std::shared_ptr<const Graph> graph, const WeightMap& weights,
                         const BootContext& ctx) {
@@ -139,9 +165,37 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
     if (!armed.ok()) return finish(kBootArmRefused, armed.status().ToString() + note);
     std::shared_ptr<ArmedCell> cell(std::move(armed).value());
     Status installed = target.InstallCell(cell);
-    if (!installed.ok()) return finish(kBootArmRefused, installed.ToString() + note);
+    if (!installed.ok()) {
+      // The object armed but owns no installed target: said on its own row, never silently.
+      if (ctx.events != nullptr) {
+        EventRow row;
+        row.kind = event_kind::kServeDegrade;
+        row.phase = kArmedTargetUnresolved;
+        row.key = out.key;
+        row.ref = cell->ref();
+        row.target = spec.name;
+        row.detail = "target=" + spec.name + " " + installed.ToString();
+        ctx.events->Append(std::move(row));
+      }
+      return finish(kBootArmRefused, installed.ToString() + note);
+    }
     out.cell = std::move(cell);
     out.ref = out.cell->ref();
+    // Declared classes the cell does not carry are served eager (out_of_envelope); said once here.
+    const std::vector<ShapeClass> missing = UncoveredClasses(spec.envelope, out.cell->entries());
+    if (!missing.empty() && ctx.events != nullptr) {
+      EventRow row;
+      row.kind = event_kind::kCompiledShapeCoverage;
+      row.phase = "partial";
+      row.key = out.key;
+      row.ref = out.ref;
+      row.target = spec.name;
+      row.detail = "target=" + spec.name +
+                   " carried=" + std::to_string(spec.envelope.classes.size() - missing.size()) +
+                   "/" + std::to_string(spec.envelope.classes.size()) +
+                   " missing=" + DescribeClasses(missing);
+      ctx.events->Append(std::move(row));
+    }
     return finish(phase, "ref=" + out.ref + note);
   };
 

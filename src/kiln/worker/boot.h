@@ -61,6 +61,8 @@ inline constexpr const char* kBootResolveKeyMismatch = "resolve_key_mismatch";
 inline constexpr const char* kBootReceiptRefused = "receipt_refused";
 inline constexpr const char* kBootFetchRefused = "fetch_refused";
 inline constexpr const char* kBootArmRefused = "arm_refused";
+// serve_degrade phase for a cell that armed but could not be installed on its target.
+inline constexpr const char* kArmedTargetUnresolved = "armed_target_unresolved";
 
 // What the boot routes of one worker share. Pointers are not owned and must outlive the call.
 struct BootContext {
@@ -98,9 +100,18 @@ struct BootOutcome {
 // miss: the caller may record it as the target's stored eager posture token.
 bool IsBootRefusal(const std::string& phase);
 
+// The declared classes no entry of the cell carries (each entry's shape_class compared exactly),
+// in declaration order. Boot says them in one compiled_shape_coverage row (phase `partial`).
+std::vector<ShapeClass> UncoveredClasses(const Envelope& declared,
+                                         const std::vector<EntryMetadata>& entries);
+// "{x=[3,64]},{x=[5,64]}" for rows and messages.
+std::string DescribeClasses(const std::vector<ShapeClass>& classes);
+
 // Adopts a cell for `target` (declared by `spec`, serving `graph` with checkpoint `weights`) in
 // the order above and installs it on a hit. Never fails: every outcome is a phase. Emits exactly
-// one boot_adopt row to ctx.events.
+// one boot_adopt row to ctx.events; besides it, a compiled_shape_coverage row (phase partial)
+// when the installed cell lacks declared classes, and a serve_degrade row (phase
+// armed_target_unresolved) when a cell armed but its target refused it.
 BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
                         std::shared_ptr<const Graph> graph, const WeightMap& weights,
                         const BootContext& ctx);
