@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <thread>
+#include <vector>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/sha256.h"
@@ -201,15 +202,24 @@ TEST(WorkerEndToEnd, BootAdoptsFromTheHubAndServesTheFirstRequestFromTheCell) {
     EXPECT_NE(rows_after->find(kind), std::string::npos) << kind << "\n" << *rows_after;
   }
   int64_t last_seq = 0;
+  std::vector<std::string> kinds;
   for (size_t at = 0; at < rows_after->size();) {
     const size_t end = rows_after->find('\n', at);
     const std::string line = rows_after->substr(at, end - at);
     at = end == std::string::npos ? rows_after->size() : end + 1;
     if (line.empty()) continue;
-    const int64_t seq = nlohmann::json::parse(line)["seq"].get<int64_t>();
+    const auto row = nlohmann::json::parse(line);
+    const int64_t seq = row["seq"].get<int64_t>();
     EXPECT_GT(seq, last_seq) << line;
     last_seq = seq;
+    kinds.push_back(row["kind"].get<std::string>() + "/" + row["phase"].get<std::string>());
   }
+  // Exactly these decisions, in this order: the install and the adoption, the odd batch refused
+  // at ingress, the operator's order and its release, the checkpoint swap.
+  EXPECT_EQ(kinds, (std::vector<std::string>{
+                       "serve_posture/aot_cell", "boot_adopt/hit",
+                       "ingress_refused/out_of_envelope", "serve_posture/operator_eager_only",
+                       "serve_posture/operator_release", "serve_posture/checkpoint_swapped"}));
 
   ::kill(pid, SIGTERM);
   int status = 0;
