@@ -53,6 +53,31 @@ inline int FreePort() {
   return ntohs(a.sin_port);
 }
 
+// Holds a loopback port bound but not listening: connections to it are refused, and no other
+// process (a parallel test's hub or worker) can take it before this test's hub starts there.
+class ReservedPort {
+ public:
+  ReservedPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+  }
+  ~ReservedPort() { Release(); }
+  void Release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  int port() const { return port_; }
+
+ private:
+  int fd_;
+  int port_ = 0;
+};
+
 inline constexpr const char* kPlatform = "tok-platform-publisher";
 inline constexpr const char* kAcme = "tok-acme-publisher";
 inline constexpr const char* kWorker = "tok-worker";

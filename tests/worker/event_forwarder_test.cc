@@ -4,7 +4,10 @@
 #include "src/kiln/worker/event_forwarder.h"
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -18,9 +21,9 @@
 namespace kiln {
 namespace {
 
-using hub_testing::FreePort;
 using hub_testing::HubProcess;
 using hub_testing::kWorker;
+using hub_testing::ReservedPort;
 
 class Forwarder : public ::testing::Test {
  protected:
@@ -51,6 +54,7 @@ class Forwarder : public ::testing::Test {
   nlohmann::json HubRows(const std::string& worker) {
     HubAnswer a = hub_->Client(kWorker)->Call("GET", "/v1/events?worker=" + worker + "&limit=1000");
     EXPECT_TRUE(a.ok()) << a.token << ": " << a.message;
+    if (!a.ok() || !a.body.is_object()) return nlohmann::json::array();
     nlohmann::json rows = a.body.value("events", nlohmann::json::array());
     std::reverse(rows.begin(), rows.end());  // the hub answers newest first
     return rows;
@@ -100,7 +104,8 @@ TEST_F(Forwarder, RowsReachTheHubInSeqOrderWithTheirFields) {
 }
 
 TEST_F(Forwarder, AHubThatIsDownLosesNoRowAndGetsThemWhenItStarts) {
-  const int port = FreePort();
+  ReservedPort reserved;
+  const int port = reserved.port();
   EventLog log;
   EventForwarderOptions o;
   o.worker = "w-late";
@@ -120,6 +125,7 @@ TEST_F(Forwarder, AHubThatIsDownLosesNoRowAndGetsThemWhenItStarts) {
   EXPECT_EQ(down.queued, 40u);
   EXPECT_FALSE(down.last_error.empty());
 
+  reserved.Release();
   ASSERT_TRUE(hub_->Start(port));
   log.Append(Row("boot_adopt", "hit"));
   for (int i = 0; i < 500 && fwd.stats().posted < 41; ++i) {
@@ -144,7 +150,8 @@ TEST_F(Forwarder, TheQueueBoundDropsTheOldestRowsAndCountsThem) {
   EventForwarderOptions o;
   o.max_queued = 2;
   o.initial_backoff_s = 10;  // one failed post, then wait: nothing else drains the queue
-  EventForwarder fwd(ClientFor(FreePort()), o);
+  ReservedPort nobody;
+  EventForwarder fwd(ClientFor(nobody.port()), o);
   fwd.Attach(log);
   for (int i = 0; i < 5; ++i) log.Append(Row("serve_degrade", "cell_fault"));
   EventForwarderStats s = fwd.stats();

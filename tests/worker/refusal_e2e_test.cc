@@ -494,8 +494,9 @@ TEST_F(Refusals, CellBuiltForAHigherSmThanThisMachineRunsIsRefused) {
 }
 
 TEST_F(Refusals, HubDownAtBootIsATypedRefusalNotAMiss) {
+  ReservedPort nobody;  // refuses connections; no parallel test can take it meanwhile
   ManifestOptions o;
-  o.hub_url = "http://127.0.0.1:" + std::to_string(FreePort());
+  o.hub_url = "http://127.0.0.1:" + std::to_string(nobody.port());
   Worker w(dir_, Manifest(o));
   ASSERT_TRUE(w.Live());
   auto a = w.Infer();
