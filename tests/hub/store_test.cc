@@ -162,7 +162,7 @@ TEST_P(StoreTest, ObligationsDischargeBySlotOrKeyAndSettleTerminally) {
 TEST_P(StoreTest, EventsFilterAndAdoptionCounts) {
   const std::string w1 = "w1-" + Nonce(), w2 = "w2-" + Nonce();
   const std::string k = Key("ev");
-  std::vector<EventRow> rows;
+  std::vector<StoredEvent> rows;
   rows.push_back({0, w1, 1, "boot_adopt", "hit", k, 3.5, "key=" + k, 1000});
   rows.push_back({0, w1, 2, "serve_degrade", "cell_fault", k, 0, "fn=f", 2000});
   rows.push_back({0, w2, 1, "boot_adopt", "local_hit", k + "@" + Digest("ev"), 1, "", 3000});

@@ -144,17 +144,17 @@ class MemoryStore final : public HubStore {
     return std::optional<ObligationRow>(it->second);
   }
 
-  Status InsertEvents(const std::vector<EventRow>& rows) override {
+  Status InsertEvents(const std::vector<StoredEvent>& rows) override {
     std::lock_guard<std::mutex> lock(mu_);
-    for (EventRow row : rows) {
+    for (StoredEvent row : rows) {
       row.id = ++next_event_id_;
       events_.push_back(std::move(row));
     }
     return Status::OK();
   }
-  Result<std::vector<EventRow>> QueryEvents(const EventFilter& f) override {
+  Result<std::vector<StoredEvent>> QueryEvents(const EventFilter& f) override {
     std::lock_guard<std::mutex> lock(mu_);
-    std::vector<EventRow> out;
+    std::vector<StoredEvent> out;
     for (auto it = events_.rbegin(); it != events_.rend() && (int)out.size() < f.limit; ++it) {
       if (!f.worker.empty() && it->worker != f.worker) continue;
       if (!f.kind.empty() && it->kind != f.kind) continue;
@@ -197,7 +197,7 @@ class MemoryStore final : public HubStore {
   std::map<std::pair<std::string, std::string>, RevocationRow> revocations_;
   std::map<std::string, TokenRow> tokens_;
   std::map<std::tuple<std::string, std::string, std::string>, ObligationRow> obligations_;
-  std::vector<EventRow> events_;
+  std::vector<StoredEvent> events_;
   int64_t next_event_id_ = 0;
 };
 

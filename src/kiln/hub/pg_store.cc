@@ -101,8 +101,8 @@ ObligationRow ReadObligation(const pqxx::row& r) {
   o.updated_at = I(r[6]);
   return o;
 }
-EventRow ReadEvent(const pqxx::row& r) {
-  EventRow e;
+StoredEvent ReadEvent(const pqxx::row& r) {
+  StoredEvent e;
   e.id = I(r[0]);
   e.worker = S(r[1]);
   e.seq = I(r[2]);
@@ -360,7 +360,7 @@ class PostgresStore final : public HubStore {
     return out;
   }
 
-  Status InsertEvents(const std::vector<EventRow>& rows) override {
+  Status InsertEvents(const std::vector<StoredEvent>& rows) override {
     return Do("insert events", [&](pqxx::transaction_base& w) {
       for (const auto& e : rows) {
         w.exec_params(
@@ -370,8 +370,8 @@ class PostgresStore final : public HubStore {
       }
     });
   }
-  Result<std::vector<EventRow>> QueryEvents(const EventFilter& f) override {
-    std::vector<EventRow> out;
+  Result<std::vector<StoredEvent>> QueryEvents(const EventFilter& f) override {
+    std::vector<StoredEvent> out;
     KILN_RETURN_IF_ERROR(Do(
         "query events",
         [&](pqxx::transaction_base& w) {

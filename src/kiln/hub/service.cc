@@ -107,7 +107,7 @@ nlohmann::json ObligationJson(const ObligationRow& o) {
           {"updated_at", o.updated_at}};
 }
 
-nlohmann::json EventJson(const EventRow& e) {
+nlohmann::json EventJson(const StoredEvent& e) {
   return {{"id", e.id},
           {"worker", e.worker},
           {"seq", e.seq},
@@ -612,14 +612,14 @@ Reply HubService::PostEvents(const Principal& p, std::string_view body) {
         413, "too_large",
         "events body: " + std::to_string(rows->size()) + " rows, at most 10000 per post");
   }
-  std::vector<EventRow> out;
+  std::vector<StoredEvent> out;
   const int64_t now_ms = Now() * 1000;
   for (size_t i = 0; i < rows->size(); ++i) {
     const auto& r = (*rows)[i];
     const std::string where = "events[" + std::to_string(i) + "]";
     if (!r.is_object()) return Reply::Error(400, "bad_request", where + ": not an object");
     std::string bad;
-    EventRow e;
+    StoredEvent e;
     e.worker = Str(r, "worker", &bad);
     e.kind = Str(r, "kind", &bad);
     e.phase = Str(r, "phase", &bad);

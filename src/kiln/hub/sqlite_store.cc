@@ -128,8 +128,8 @@ ObligationRow ReadObligation(const Stmt& s) {
   r.updated_at = s.Int(6);
   return r;
 }
-EventRow ReadEvent(const Stmt& s) {
-  EventRow r;
+StoredEvent ReadEvent(const Stmt& s) {
+  StoredEvent r;
   r.id = s.Int(0);
   r.worker = s.Text(1);
   r.seq = s.Int(2);
@@ -329,7 +329,7 @@ class SqliteStore final : public HubStore {
     return One<ObligationRow>(s, ReadObligation, "get obligation");
   }
 
-  Status InsertEvents(const std::vector<EventRow>& rows) override {
+  Status InsertEvents(const std::vector<StoredEvent>& rows) override {
     std::lock_guard<std::mutex> lock(mu_);
     KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin"));
     for (const auto& r : rows) {
@@ -346,7 +346,7 @@ class SqliteStore final : public HubStore {
     }
     return Exec("COMMIT", "commit");
   }
-  Result<std::vector<EventRow>> QueryEvents(const EventFilter& f) override {
+  Result<std::vector<StoredEvent>> QueryEvents(const EventFilter& f) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
            "SELECT id, worker, seq, kind, phase, key, duration_ms, detail, ts FROM events WHERE "
@@ -354,7 +354,7 @@ class SqliteStore final : public HubStore {
            "ORDER BY id DESC LIMIT ?");
     s.Bind(f.worker).Bind(f.worker).Bind(f.kind).Bind(f.kind).Bind(f.phase).Bind(f.phase);
     s.Bind(f.since_ts).Bind(static_cast<int64_t>(f.limit));
-    return All<EventRow>(s, ReadEvent, "query events");
+    return All<StoredEvent>(s, ReadEvent, "query events");
   }
   Result<std::vector<WorkerSummary>> ListWorkers() override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -75,7 +75,11 @@ struct ObligationRow {
   int64_t updated_at = 0;
 };
 
-struct EventRow {
+// A worker's event row as the hub keeps it. Not the worker's EventRow (worker/events.h): the
+// two once shared a name in namespace kiln, and since `kiln` links both layers, the linker kept
+// one instantiation of std::vector<EventRow>::push_back for both layouts (an ODR violation that
+// ASan caught as a stack-buffer-overflow in PostEvents).
+struct StoredEvent {
   int64_t id = 0;  // assigned by the store, increasing in insertion order
   std::string worker;
   int64_t seq = 0;  // the worker's process-monotonic sequence number
@@ -174,9 +178,9 @@ class HubStore {
                                                                 int64_t now) = 0;
 
   // --- events -------------------------------------------------------------------------------
-  virtual Status InsertEvents(const std::vector<EventRow>& rows) = 0;
+  virtual Status InsertEvents(const std::vector<StoredEvent>& rows) = 0;
   // Newest first, at most filter.limit rows.
-  virtual Result<std::vector<EventRow>> QueryEvents(const EventFilter& filter) = 0;
+  virtual Result<std::vector<StoredEvent>> QueryEvents(const EventFilter& filter) = 0;
   virtual Result<std::vector<WorkerSummary>> ListWorkers() = 0;
   // How many distinct workers reported adopting `key` (kind boot_adopt, phase hit|local_hit).
   virtual Result<int64_t> AdoptedCount(const std::string& key) = 0;
