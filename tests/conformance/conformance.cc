@@ -68,6 +68,8 @@ Result<DType> DTypeOfProto(int32_t t) {
       return DType::kUInt8;
     case onnx::TensorProto::BOOL:
       return DType::kBool;
+    case onnx::TensorProto::DOUBLE:
+      return DType::kFloat64;
     default: {
       const std::string name =
           onnx::TensorProto_DataType_IsValid(t)
@@ -107,6 +109,10 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& tp, const std::string& w
     case DType::kInt64:
       if (tp.int64_data_size() != n) return count_error(tp.int64_data_size());
       std::copy(tp.int64_data().begin(), tp.int64_data().end(), t.data<int64_t>());
+      break;
+    case DType::kFloat64:
+      if (tp.double_data_size() != n) return count_error(tp.double_data_size());
+      std::copy(tp.double_data().begin(), tp.double_data().end(), t.data<double>());
       break;
     default:  // int32, int8, uint8, bool and float16 bits all travel in int32_data
       if (tp.int32_data_size() != n) return count_error(tp.int32_data_size());
