@@ -101,11 +101,11 @@ TEST(MetadataTest, ParseRefusesMistypedFields) {
                   .status(),
               StatusCode::kInvalidArgument, "$.entries[0].inputs[0].shape[0]");
   ExpectError(ParseMetadata(EditedText([](nlohmann::json& j) {
-                              j["entries"][0]["constants"][0]["dtype"] = "float64";
+                              j["entries"][0]["constants"][0]["dtype"] = "complex64";
                             }),
                             "metadata.json")
                   .status(),
-              StatusCode::kInvalidArgument, "unknown dtype 'float64'");
+              StatusCode::kInvalidArgument, "unknown dtype 'complex64'");
   ExpectError(
       ParseMetadata(EditedText([](nlohmann::json& j) { j["fence"]["checkpoint_free"] = 1; }),
                     "metadata.json")

@@ -68,6 +68,8 @@ Result<DType> DTypeOfProto(int32_t t) {
       return DType::kUInt8;
     case onnx::TensorProto::BOOL:
       return DType::kBool;
+    case onnx::TensorProto::DOUBLE:
+      return DType::kFloat64;
     default: {
       const std::string name =
           onnx::TensorProto_DataType_IsValid(t)
@@ -107,6 +109,10 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& tp, const std::string& w
     case DType::kInt64:
       if (tp.int64_data_size() != n) return count_error(tp.int64_data_size());
       std::copy(tp.int64_data().begin(), tp.int64_data().end(), t.data<int64_t>());
+      break;
+    case DType::kFloat64:
+      if (tp.double_data_size() != n) return count_error(tp.double_data_size());
+      std::copy(tp.double_data().begin(), tp.double_data().end(), t.data<double>());
       break;
     default:  // int32, int8, uint8, bool and float16 bits all travel in int32_data
       if (tp.int32_data_size() != n) return count_error(tp.int32_data_size());
@@ -690,7 +696,7 @@ std::string RenderReport(const std::vector<CaseResult>& results, const std::stri
     << ") | " << s.listed_typed_compiled_pass << " ("
     << Percent(s.listed_typed_compiled_pass, s.listed_typed) << ") | - |\n\n"
     << "The acceptance figure is the second row: every case whose op kiln lists counts, including "
-       "cases kiln excludes (a dtype kiln has no type for, such as DOUBLE or STRING; training "
+       "cases kiln excludes (a dtype kiln has no type for, such as STRING or UINT16; training "
        "modes; sequence values). The third row leaves out the cases whose tensors have no kiln "
        "dtype.\n\n";
   std::map<std::string, std::vector<const CaseResult*>> by_op;

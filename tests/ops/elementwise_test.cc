@@ -624,12 +624,12 @@ std::vector<ErrorCase> ErrorCases() {
        StatusCode::kUnimplemented,
        {"Cast 'n0'", "'to'=8", "STRING"},
        {{"to", IntAttr(8)}}},
-      {"CastToDoubleUnimplemented",
+      {"CastToComplexUnimplemented",
        "Cast",
        {x},
        StatusCode::kUnimplemented,
-       {"'to'=11", "DOUBLE"},
-       {{"to", IntAttr(11)}}},
+       {"'to'=14", "COMPLEX64"},
+       {{"to", IntAttr(14)}}},
       {"CastMissingTo", "Cast", {x}, StatusCode::kInvalidArgument, {"Cast 'n0'", "'to'"}},
       {"DivInt64ByZero",
        "Div",
@@ -768,6 +768,93 @@ TEST(ElementwiseBroadcast, StridedPathMatchesIndexing) {
           ASSERT_EQ(y.data<float>()[((i * 4 + j) * 5 + k) * 6 + l], expected)
               << i << "," << j << "," << k << "," << l;
         }
+}
+
+// ---------------------------------------------------------------------------------------------
+// float64: arithmetic, min/max/mod, unary signed ops, comparisons, Clip, Pow and Cast keep double
+// precision (1/3 and 1e300 are not float32 values).
+
+Tensor F64(Shape shape, std::vector<double> v) {
+  return Tensor::FromVector<double>(std::move(shape), v);
+}
+
+TEST(ElementwiseFloat64, ArithmeticKeepsDoublePrecision) {
+  const double third = 1.0 / 3.0;
+  const Tensor a = F64({2, 2}, {third, 1e300, -2.5, 0.0});
+  const Tensor b = F64({2}, {2.0, -4.0});
+  struct Case {
+    const char* op;
+    std::vector<double> want;
+  } cases[] = {
+      {"Add", {third + 2.0, 1e300 - 4.0, -0.5, -4.0}},
+      {"Sub", {third - 2.0, 1e300 + 4.0, -4.5, 4.0}},
+      {"Mul", {third * 2.0, -4e300, -5.0, -0.0}},
+      {"Div", {third / 2.0, -2.5e299, -1.25, -0.0}},
+      {"Max", {2.0, 1e300, 2.0, 0.0}},
+      {"Min", {third, -4.0, -2.5, -4.0}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.op);
+    auto out = RunOp(MakeNode(c.op, 2), {a, b});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    ASSERT_EQ((*out)[0].dtype(), DType::kFloat64);
+    for (int64_t i = 0; i < 4; ++i) EXPECT_EQ((*out)[0].data<double>()[i], c.want[i]) << i;
+  }
+  auto sum = RunOp(MakeNode("Sum", 3), {a, b, b});
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  EXPECT_EQ((*sum)[0].data<double>()[0], (third + 2.0) + 2.0);
+}
+
+TEST(ElementwiseFloat64, ModNegAbsComparePowClip) {
+  const Tensor x = F64({4}, {5.5, -5.5, 1e300, -0.25});
+  const Tensor y = F64({4}, {2.0, 2.0, 3.0, 0.125});
+  auto mod = RunOp(MakeNode("Mod", 2, 1, {{"fmod", IntAttr(1)}}), {x, y});
+  ASSERT_TRUE(mod.ok()) << mod.status().ToString();
+  testing::ExpectTensorNear((*mod)[0], F64({4}, {1.5, -1.5, std::fmod(1e300, 3.0), -0.0}), 0, 0);
+  auto mod0 = RunOp(MakeNode("Mod", 2), {x, y});
+  ASSERT_FALSE(mod0.ok());
+  EXPECT_EQ(mod0.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(mod0.status().message().find("float64 inputs need fmod=1"), std::string::npos)
+      << mod0.status().ToString();
+
+  auto neg = RunOp(MakeNode("Neg", 1), {x});
+  ASSERT_TRUE(neg.ok()) << neg.status().ToString();
+  testing::ExpectTensorNear((*neg)[0], F64({4}, {-5.5, 5.5, -1e300, 0.25}), 0, 0);
+  auto abs = RunOp(MakeNode("Abs", 1), {x});
+  ASSERT_TRUE(abs.ok()) << abs.status().ToString();
+  testing::ExpectTensorNear((*abs)[0], F64({4}, {5.5, 5.5, 1e300, 0.25}), 0, 0);
+
+  auto less = RunOp(MakeNode("Less", 2), {x, y});
+  ASSERT_TRUE(less.ok()) << less.status().ToString();
+  testing::ExpectTensorNear((*less)[0], Bool({4}, {0, 1, 0, 1}), 0, 0);
+
+  auto pow = RunOp(MakeNode("Pow", 2), {F64({2}, {3.0, 1e100}), F64({}, {2.0})});
+  ASSERT_TRUE(pow.ok()) << pow.status().ToString();
+  testing::ExpectTensorNear((*pow)[0], F64({2}, {9.0, 1e200}), 0, 1e-15);
+  auto ipow = RunOp(MakeNode("Pow", 2), {I64({2}, {2, 3}), F64({}, {0.5})});
+  ASSERT_TRUE(ipow.ok()) << ipow.status().ToString();
+  testing::ExpectTensorNear((*ipow)[0], I64({2}, {1, 1}), 0, 0);
+
+  auto clip = RunOp(MakeNode("Clip", 3), {x, F64({}, {-1.0}), F64({}, {1.0 / 3.0})});
+  ASSERT_TRUE(clip.ok()) << clip.status().ToString();
+  testing::ExpectTensorNear((*clip)[0], F64({4}, {1.0 / 3.0, -1.0, 1.0 / 3.0, -0.25}), 0, 0);
+}
+
+TEST(ElementwiseFloat64, CastToAndFromDouble) {
+  auto to = RunOp(MakeNode("Cast", 1, 1, {{"to", IntAttr(11)}}), {F32({2}, {0.1f, -3.0f})});
+  ASSERT_TRUE(to.ok()) << to.status().ToString();
+  testing::ExpectTensorNear((*to)[0], F64({2}, {static_cast<double>(0.1f), -3.0}), 0, 0);
+  auto from = RunOp(MakeNode("Cast", 1, 1, {{"to", IntAttr(7)}}), {F64({2}, {1e15 + 0.5, -2.9})});
+  ASSERT_TRUE(from.ok()) << from.status().ToString();
+  testing::ExpectTensorNear((*from)[0], I64({2}, {1000000000000000, -2}), 0, 0);
+  auto bad = RunOp(MakeNode("Cast", 1, 1, {{"to", IntAttr(14)}}), {F64({1}, {1.0})});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kUnimplemented);
+  EXPECT_NE(bad.status().message().find("11 DOUBLE"), std::string::npos);
+  // Unary float math stays float32-only and says so.
+  auto exp = RunOp(MakeNode("Exp", 1), {F64({1}, {1.0})});
+  ASSERT_FALSE(exp.ok());
+  EXPECT_NE(exp.status().message().find("float64"), std::string::npos) << exp.status().ToString();
 }
 
 }  // namespace

@@ -492,5 +492,28 @@ TEST(IndexEinsum, Errors) {
               StatusCode::kInvalidArgument, {"input 1 is int64", "float32 like input 0"});
 }
 
+// float64: EyeLike's dtype=11 and the generic Einsum loop.
+TEST(IndexFloat64, EyeLikeAndEinsum) {
+  auto eye = RunOp(WithAttrs("EyeLike", 1, {{"dtype", IntAttr(11)}}), {Iota({2, 3})});
+  ASSERT_TRUE(eye.ok()) << eye.status().ToString();
+  ASSERT_EQ((*eye)[0].dtype(), DType::kFloat64);
+  EXPECT_EQ((*eye)[0].data<double>()[0], 1.0);
+  EXPECT_EQ((*eye)[0].data<double>()[1], 0.0);
+  EXPECT_EQ((*eye)[0].data<double>()[4], 1.0);
+
+  const double third = 1.0 / 3.0;
+  const Tensor a = Tensor::FromVector<double>({2, 2}, {third, 2.0, 3.0, 1e200});
+  const Tensor b = Tensor::FromVector<double>({2, 2}, {3.0, 0.0, 1.0, 1e100});
+  auto mm = RunOp(WithAttrs("Einsum", 2, {{"equation", StringAttr("ij,jk->ik")}}), {a, b});
+  ASSERT_TRUE(mm.ok()) << mm.status().ToString();
+  ASSERT_EQ((*mm)[0].dtype(), DType::kFloat64);
+  EXPECT_EQ((*mm)[0].data<double>()[0], third * 3.0 + 2.0);
+  EXPECT_EQ((*mm)[0].data<double>()[1], 2e100);
+  EXPECT_EQ((*mm)[0].data<double>()[3], 1e300);
+  auto trace = RunOp(WithAttrs("Einsum", 1, {{"equation", StringAttr("ii->")}}), {a});
+  ASSERT_TRUE(trace.ok()) << trace.status().ToString();
+  EXPECT_EQ((*trace)[0].data<double>()[0], third + 1e200);
+}
+
 }  // namespace
 }  // namespace kiln

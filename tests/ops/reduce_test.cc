@@ -693,5 +693,37 @@ INSTANTIATE_TEST_SUITE_P(ReduceErrorCases, ReduceErrors, ::testing::ValuesIn(Err
                            return info.param.name;
                          });
 
+// float64: reductions, CumSum and ArgMax run in double end to end.
+TEST(ReduceFloat64, ReductionsCumSumAndArgMax) {
+  const double third = 1.0 / 3.0;
+  const Tensor x = Tensor::FromVector<double>({2, 3}, {third, 1e300, -1.0, 0.5, 0.25, 1000.0});
+  auto sum = RunOp(MakeNode("ReduceSum", 2, 1, {{"keepdims", IntAttr(0)}}), {x, I64({1}, {1})}, 13);
+  ASSERT_TRUE(sum.ok()) << sum.status().ToString();
+  ASSERT_EQ((*sum)[0].dtype(), DType::kFloat64);
+  EXPECT_EQ((*sum)[0].data<double>()[0], third + 1e300 - 1.0);
+  EXPECT_EQ((*sum)[0].data<double>()[1], 1000.75);
+
+  auto lse = RunOp(MakeNode("ReduceLogSumExp", 1, 1, {{"axes", IntsAttr({1})}}), {x}, 13);
+  ASSERT_TRUE(lse.ok()) << lse.status().ToString();
+  EXPECT_EQ((*lse)[0].shape(), (Shape{2, 1}));
+  EXPECT_EQ((*lse)[0].data<double>()[0], 1e300);  // no overflow: the maximum is taken out first
+  EXPECT_NEAR((*lse)[0].data<double>()[1], 1000.0, 1e-12);
+
+  auto mx = RunOp(MakeNode("ReduceMax", 1, 1, {{"keepdims", IntAttr(0)}}), {x}, 13);
+  ASSERT_TRUE(mx.ok()) << mx.status().ToString();
+  EXPECT_EQ((*mx)[0].data<double>()[0], 1e300);
+
+  auto cum = RunOp(MakeNode("CumSum", 2), {x, I64({}, {1})});
+  ASSERT_TRUE(cum.ok()) << cum.status().ToString();
+  ASSERT_EQ((*cum)[0].dtype(), DType::kFloat64);
+  EXPECT_EQ((*cum)[0].data<double>()[0], third);
+  EXPECT_EQ((*cum)[0].data<double>()[4], 0.75);
+  EXPECT_EQ((*cum)[0].data<double>()[5], 1000.75);
+
+  auto arg = RunOp(MakeNode("ArgMax", 1, 1, {{"axis", IntAttr(1)}}), {x});
+  ASSERT_TRUE(arg.ok()) << arg.status().ToString();
+  EXPECT_EQ((*arg)[0].ToInt64Vector(), (std::vector<int64_t>{1, 2}));
+}
+
 }  // namespace
 }  // namespace kiln

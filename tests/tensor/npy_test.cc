@@ -114,6 +114,7 @@ TEST(NpyTest, RoundTripsEveryDTypeThroughAFile) {
     tensors.push_back(*Tensor::FromBytes(DType::kBool, {3}, b, 3));
   }
   tensors.push_back(*Tensor::Empty(DType::kFloat32, {0, 5}));
+  tensors.push_back(Tensor::FromVector<double>({3}, {1.0 / 3.0, -1e300, 5e-324}));
 
   for (const Tensor& t : tensors) {
     SCOPED_TRACE(t.TypeString());
@@ -133,7 +134,7 @@ TEST(NpyTest, WritesDescrsNumpyUnderstands) {
     const char* descr;
   } cases[] = {{DType::kFloat32, "'<f4'"}, {DType::kFloat16, "'<f2'"}, {DType::kInt64, "'<i8'"},
                {DType::kInt32, "'<i4'"},   {DType::kInt8, "'|i1'"},    {DType::kUInt8, "'|u1'"},
-               {DType::kBool, "'|b1'"}};
+               {DType::kBool, "'|b1'"},    {DType::kFloat64, "'<f8'"}};
   for (const auto& c : cases) {
     EXPECT_NE(SerializeNpy(*Tensor::Empty(c.t, {1})).find(c.descr), std::string::npos) << c.descr;
   }
@@ -168,7 +169,7 @@ TEST(NpyTest, RefusesUnsupportedLayoutsAsUnimplemented) {
   } cases[] = {
       {"{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", "fortran_order"},
       {"{'descr': '>f4', 'fortran_order': False, 'shape': (6,), }", "big-endian"},
-      {"{'descr': '<f8', 'fortran_order': False, 'shape': (3,), }", "'<f8'"},
+      {"{'descr': '<c8', 'fortran_order': False, 'shape': (3,), }", "'<c8'"},
       {"{'descr': '<U2', 'fortran_order': False, 'shape': (3,), }", "'<U2'"},
       {"{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (6,), }", "structured"},
   };

@@ -51,6 +51,7 @@ std::map<std::string, Tensor> SampleTensors() {
   const uint8_t b[] = {1, 0};
   m["mask"] = *Tensor::FromBytes(DType::kBool, {2}, b, 2);
   m["empty"] = *Tensor::Empty(DType::kFloat32, {0, 3});
+  m["f64"] = Tensor::FromVector<double>({2}, {1.0 / 3.0, -1e300});
   return m;
 }
 

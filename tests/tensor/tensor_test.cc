@@ -25,7 +25,7 @@ TEST(DTypeTest, SizesNamesAndClasses) {
       {DType::kFloat32, 4, "float32", true, true}, {DType::kFloat16, 2, "float16", true, true},
       {DType::kInt64, 8, "int64", false, false},   {DType::kInt32, 4, "int32", false, false},
       {DType::kInt8, 1, "int8", true, false},      {DType::kUInt8, 1, "uint8", true, false},
-      {DType::kBool, 1, "bool", false, false},
+      {DType::kBool, 1, "bool", false, false},     {DType::kFloat64, 8, "float64", true, true},
   };
   static_assert(sizeof(cases) / sizeof(cases[0]) == kDTypeCount);
   for (const Case& c : cases) {
@@ -37,9 +37,54 @@ TEST(DTypeTest, SizesNamesAndClasses) {
     ASSERT_TRUE(back.ok());
     EXPECT_EQ(*back, c.t);
   }
-  Result<DType> bad = DTypeFromName("float64");
+  Result<DType> bad = DTypeFromName("complex64");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("float64"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("complex64"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("float64"), std::string::npos);  // the list names it
+  EXPECT_EQ(DTypeOf<double>::value, DType::kFloat64);
+}
+
+TEST(TensorTest, Float64CastsRoundTripAndKeepPrecision) {
+  const double third = 1.0 / 3.0;
+  Tensor d = Tensor::FromVector<double>({5}, {third, -2.5, 1e300, 0.0, std::nan("")});
+  EXPECT_EQ(d.nbytes(), 40u);
+  EXPECT_EQ(d.TypeString(), "float64[5]");
+  EXPECT_EQ(d.GetAsDouble(0), third);  // no float32 rounding on the way
+  EXPECT_EQ(d.GetAsInt64(1), -2);
+
+  Result<Tensor> f = d.CastTo(DType::kFloat32);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->data<float>()[0], static_cast<float>(third));
+  EXPECT_TRUE(std::isinf(f->data<float>()[2]));  // beyond float32 range
+  Result<Tensor> back = f->CastTo(DType::kFloat64);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back->dtype(), DType::kFloat64);
+  EXPECT_EQ(back->data<double>()[1], -2.5);
+  EXPECT_EQ(back->data<double>()[0], static_cast<double>(static_cast<float>(third)));
+
+  Result<Tensor> i = d.CastTo(DType::kInt32);
+  ASSERT_TRUE(i.ok());
+  EXPECT_EQ(i->data<int32_t>()[1], -2);                                   // truncates
+  EXPECT_EQ(i->data<int32_t>()[2], std::numeric_limits<int32_t>::max());  // saturates
+  EXPECT_EQ(i->data<int32_t>()[4], 0);                                    // NaN -> 0
+
+  Tensor big = Tensor::FromVector<int64_t>({2}, {(int64_t{1} << 53) + 0, -7});
+  Result<Tensor> wide = big.CastTo(DType::kFloat64);
+  ASSERT_TRUE(wide.ok());
+  EXPECT_EQ(wide->data<double>()[0], 9007199254740992.0);
+  EXPECT_EQ(wide->data<double>()[1], -7.0);
+
+  Result<Tensor> h = d.CastTo(DType::kFloat16);
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->data<uint16_t>()[1], FloatToHalf(-2.5f));
+  Result<Tensor> hb = h->CastTo(DType::kFloat64);
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->data<double>()[1], -2.5);
+
+  Result<Tensor> b = d.CastTo(DType::kBool);
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(b->data<uint8_t>()[3], 0);
+  EXPECT_EQ(b->data<uint8_t>()[0], 1);
 }
 
 TEST(Float16Test, KnownValues) {

@@ -76,8 +76,8 @@ TEST(KServeCodec, TypedRefusals) {
   ExpectRefused(R"({"inputs":{}})", "no \"inputs\" array");
   ExpectRefused(R"({"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]})",
                 "input 'x' has 2 data elements; shape [3] needs 3");
-  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"FP64","data":[1]}]})",
-                "input 'x': datatype \"FP64\" is not supported");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"BF16","data":[1]}]})",
+                "input 'x': datatype \"BF16\" is not supported");
   ExpectRefused(R"({"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1,"a"]}]})",
                 "input 'x' data[1] is \"a\"; FP32 expects a number");
   ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[300]}]})",
@@ -150,6 +150,42 @@ TEST(KServeCodec, BinaryRoundTripAndRefusals) {
   EXPECT_EQ(bdec->outputs.at("b").data<int32_t>()[0], 7);
   req.requested_outputs = {"zzz"};
   EXPECT_FALSE(EncodeInferResponse("m", "1", req, in, outcome).ok());
+}
+
+TEST(KServeCodec, Float64RoundTripsExactly) {
+  auto parsed = ParseInferRequest(
+      R"({"inputs":[{"name":"d","shape":[3],"datatype":"FP64","data":[0.1,-1e300,2]}]})",
+      std::nullopt);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  const Tensor& d = parsed->inputs.at("d");
+  ASSERT_EQ(d.dtype(), DType::kFloat64);
+  EXPECT_EQ(d.data<double>()[0], 0.1);  // not 0.1f
+  EXPECT_EQ(d.data<double>()[1], -1e300);
+  EXPECT_STREQ(KServeDatatype(DType::kFloat64), "FP64");
+  ExpectRefused(R"({"inputs":[{"name":"d","shape":[1],"datatype":"FP64","data":["x"]}]})",
+                "input 'd' data[0] is \"x\"; FP64 expects a number");
+
+  TensorMap in;
+  in["d"] = Tensor::FromVector<double>({2}, {1.0 / 3.0, -1e300});
+  for (bool binary : {false, true}) {
+    SCOPED_TRACE(binary ? "binary" : "json");
+    EncodedInferRequest enc = EncodeInferRequest(in, binary, "f64");
+    auto back = ParseInferRequest(enc.body, enc.json_length);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    const Tensor& t = back->inputs.at("d");
+    ASSERT_EQ(t.dtype(), DType::kFloat64);
+    EXPECT_EQ(t.data<double>()[0], 1.0 / 3.0);
+    EXPECT_EQ(t.data<double>()[1], -1e300);
+
+    InferRequest req;
+    req.binary_data_output = binary;
+    auto resp = EncodeInferResponse("m", "1", req, in, {"eager", "", "uncompiled", "", 1.0});
+    ASSERT_TRUE(resp.ok()) << resp.status().ToString();
+    auto dec = DecodeInferResponse(resp->body, resp->json_length);
+    ASSERT_TRUE(dec.ok()) << dec.status().ToString();
+    ASSERT_EQ(dec->outputs.at("d").dtype(), DType::kFloat64);
+    EXPECT_EQ(dec->outputs.at("d").data<double>()[0], 1.0 / 3.0);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------

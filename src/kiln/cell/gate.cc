@@ -103,6 +103,7 @@ Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t sa
       const double u = static_cast<double>(state >> 11) / 9007199254740992.0;  // [0,1)
       switch (s.dtype) {
         case DType::kFloat32: t.data<float>()[i] = static_cast<float>(2 * u - 1); break;
+        case DType::kFloat64: t.data<double>()[i] = 2 * u - 1; break;
         case DType::kFloat16: t.data<uint16_t>()[i] = FloatToHalf(static_cast<float>(2 * u - 1)); break;
         // Small non-negative integers: valid token ids / indices for any vocabulary >= 8.
         case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(u * 8); break;

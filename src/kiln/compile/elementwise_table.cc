@@ -55,6 +55,7 @@ const char* CType(DType t) {
     case DType::kInt8: return "int8_t";
     case DType::kUInt8: return "uint8_t";
     case DType::kBool: return "uint8_t";
+    case DType::kFloat64: return "double";
   }
   return "void";
 }

@@ -28,6 +28,14 @@ std::string FloatLit(float f) {
   return buf;
 }
 
+std::string DoubleLit(double d) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%a", d);
+  if (std::strstr(buf, "inf")) return d > 0 ? "((double)INFINITY)" : "((double)-INFINITY)";
+  if (std::strstr(buf, "nan")) return "((double)NAN)";
+  return buf;
+}
+
 // A C string literal for arbitrary text (used for node specs and the describe JSON).
 std::string CString(const std::string& s) {
   std::string out = "\"";
@@ -50,6 +58,7 @@ std::string ValueLiteral(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
     case DType::kFloat32: return FloatLit(t.data<float>()[i]);
     case DType::kInt64: return Lit(t.data<int64_t>()[i]);
+    case DType::kFloat64: return DoubleLit(t.data<double>()[i]);
     default: return std::to_string(t.GetAsInt64(i));
   }
 }

@@ -101,6 +101,8 @@ Result<WeightMap> DeriveCheckpoint(const Graph& graph, uint64_t seed, double sca
         const double v = t.GetAsDouble(i) + scale * rms * n;
         if (t.dtype() == DType::kFloat32) {
           t.data<float>()[i] = static_cast<float>(v);
+        } else if (t.dtype() == DType::kFloat64) {
+          t.data<double>()[i] = v;
         } else {
           t.data<uint16_t>()[i] = FloatToHalf(static_cast<float>(v));
         }

@@ -36,14 +36,16 @@ struct Importer {
       case onnx::TensorProto::INT8: return DType::kInt8;
       case onnx::TensorProto::UINT8: return DType::kUInt8;
       case onnx::TensorProto::BOOL: return DType::kBool;
+      case onnx::TensorProto::DOUBLE: return DType::kFloat64;
       default: {
         const std::string name =
             onnx::TensorProto_DataType_IsValid(t)
                 ? onnx::TensorProto_DataType_Name(static_cast<onnx::TensorProto_DataType>(t))
                 : std::string("<invalid>");
-        return Error(StatusCode::kUnimplemented,
-                     obj + " has element type " + std::to_string(t) + " (" + name +
-                         "); kiln supports FLOAT, FLOAT16, INT64, INT32, INT8, UINT8, BOOL");
+        return Error(
+            StatusCode::kUnimplemented,
+            obj + " has element type " + std::to_string(t) + " (" + name +
+                "); kiln supports FLOAT, FLOAT16, INT64, INT32, INT8, UINT8, BOOL, DOUBLE");
       }
     }
   }
@@ -129,9 +131,10 @@ struct Importer {
     // Count the typed values before allocating: a few bytes of header can declare a shape of up
     // to kMaxTensorBytes with no data at all (a 65-byte model asked for 4 GiB under the importer's
     // fuzz harness; fuzz/regressions/onnx_import/).
-    const int64_t held = dtype == DType::kFloat32 ? tp.float_data_size()
-                         : dtype == DType::kInt64 ? tp.int64_data_size()
-                                                  : tp.int32_data_size();
+    const int64_t held = dtype == DType::kFloat32   ? tp.float_data_size()
+                         : dtype == DType::kInt64   ? tp.int64_data_size()
+                         : dtype == DType::kFloat64 ? tp.double_data_size()
+                                                    : tp.int32_data_size();
     if (held != count) {
       return Error(StatusCode::kCorruption, obj + " (" + DTypeName(dtype) + ShapeToString(shape) +
                                                 ") holds " + std::to_string(held) +
@@ -155,6 +158,10 @@ struct Importer {
       case DType::kInt32:
         if (tp.int32_data_size() != count) return mismatch(tp.int32_data_size());
         std::copy(tp.int32_data().begin(), tp.int32_data().end(), t.data<int32_t>());
+        break;
+      case DType::kFloat64:
+        if (tp.double_data_size() != count) return mismatch(tp.double_data_size());
+        std::copy(tp.double_data().begin(), tp.double_data().end(), t.data<double>());
         break;
       case DType::kFloat16:
         if (tp.int32_data_size() != count) return mismatch(tp.int32_data_size());

@@ -7,7 +7,8 @@
 // and numpy broadcasting through strides (ForEachBroadcast) for the rest.
 //
 // Dtypes: float32 everywhere. The ops shape computations use (Add Sub Mul Div Pow Mod Min Max Sum
-// Neg Abs Sign Relu PRelu Clip) also take int64 and int32 (Min Max Mod int8 and uint8 as well);
+// Neg Abs Sign Relu PRelu Clip) also take int64, int32 and float64 (Min Max Mod int8 and uint8 as
+// well);
 // Equal, Less, Greater, ... and Where
 // take any dtype; And, Or, Xor and Not take bool; Cast converts between all kiln dtypes. Anything
 // else is UnsupportedDType naming the op and dtype, reported by infer (so the verifier sees it) and
@@ -35,13 +36,13 @@ namespace {
 // uint8_t 0/1); float16 has no arithmetic type here, so ops that accept it convert it first.
 template <typename... Ts>
 struct Types {};
-using ArithTypes = Types<float, int64_t, int32_t>;
+using ArithTypes = Types<float, int64_t, int32_t, double>;
 // Add/Sub/Mul/Div/Min/Max and Clip also take the 8-bit integers (wrapping, like numpy).
-using ArithTypes8 = Types<float, int64_t, int32_t, int8_t, uint8_t>;
+using ArithTypes8 = Types<float, int64_t, int32_t, int8_t, uint8_t, double>;
 // Min, Max and Mod also take the byte-wide integers quantized models carry.
-using MinMaxTypes = Types<float, int64_t, int32_t, int8_t, uint8_t>;
-using SignedTypes = Types<float, int64_t, int32_t, int8_t>;
-using AllButHalf = Types<float, int64_t, int32_t, int8_t, uint8_t, bool>;
+using MinMaxTypes = Types<float, int64_t, int32_t, int8_t, uint8_t, double>;
+using SignedTypes = Types<float, int64_t, int32_t, int8_t, double>;
+using AllButHalf = Types<float, int64_t, int32_t, int8_t, uint8_t, bool, double>;
 using BoolTypes = Types<bool>;
 using FloatTypes = Types<float>;
 
@@ -651,16 +652,17 @@ Status RunPow(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_RETURN_IF_ERROR(RequireDType(ctx, exponent.dtype(), ArithTypes{}));
   return Dispatch(ctx, base.dtype(), ArithTypes{}, [&]<typename T>() -> Status {
     if constexpr (std::is_integral_v<T>) {
-      if (exponent.dtype() == DType::kFloat32) {
+      if (IsFloatDType(exponent.dtype())) {
         // Integer base, float exponent: computed in double and truncated, like numpy's
         // power(int, float).astype(int); out-of-range results saturate and NaN becomes 0.
+        KILN_ASSIGN_OR_RETURN(Tensor wide, exponent.CastTo(DType::kFloat64));
         const T* pb = base.data<T>();
-        const float* pe = exponent.data<float>();
+        const double* pe = wide.data<double>();
         T* po = out.data<T>();
         ForEachBroadcast<2>(out.shape(), {base.shape(), exponent.shape()},
                             [&](int64_t i, const std::array<int64_t, 2>& off) {
-                              const double v = std::pow(static_cast<double>(pb[off[0]]),
-                                                        static_cast<double>(pe[off[1]]));
+                              const double v =
+                                  std::pow(static_cast<double>(pb[off[0]]), pe[off[1]]);
                               po[i] = SaturatingCast<T>(v);
                             });
         return Status::OK();
@@ -673,18 +675,17 @@ Status RunPow(const OpContext& ctx, std::vector<Tensor>& outputs) {
       // Fast paths for x^2 and x^0.5, decided here from the value at run time (the exponent
       // may be a graph input). A single-element exponent leaves the base's layout unchanged.
       if (exponent.numel() == 1 && base.numel() == out.numel()) {
-        const float e = exponent.data<float>()[0];
-        if (e == 2.0f) {
-          UnaryKernel<float, float>(base, out, [](float x) { return x * x; });
+        const T e = exponent.data<T>()[0];
+        if (e == T(2)) {
+          UnaryKernel<T, T>(base, out, [](T x) { return x * x; });
           return Status::OK();
         }
-        if (e == 0.5f) {
-          UnaryKernel<float, float>(base, out, [](float x) { return std::sqrt(x); });
+        if (e == T(0.5)) {
+          UnaryKernel<T, T>(base, out, [](T x) { return std::sqrt(x); });
           return Status::OK();
         }
       }
-      BinaryKernel<float, float>(base, exponent, out,
-                                 [](float x, float e) { return std::pow(x, e); });
+      BinaryKernel<T, T>(base, exponent, out, [](T x, T e) { return std::pow(x, e); });
     } else {
       BinaryKernel<T, T>(base, exponent, out, [](T x, T e) { return IntPow(x, e); });
     }
@@ -733,10 +734,9 @@ Result<std::vector<TensorType>> InferMod(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
   KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, MinMaxTypes{}));
   KILN_ASSIGN_OR_RETURN(int64_t fmod, ModFlag(ctx.node()));
-  if (t.dtype == DType::kFloat32 && fmod == 0) {
-    return Status::InvalidArgument(ctx.where() +
-                                   ": attribute 'fmod'=0 needs integer inputs (float32 inputs "
-                                   "need fmod=1)");
+  if (IsFloatDType(t.dtype) && fmod == 0) {
+    return Status::InvalidArgument(ctx.where() + ": attribute 'fmod'=0 needs integer inputs (" +
+                                   DTypeName(t.dtype) + " inputs need fmod=1)");
   }
   return std::vector<TensorType>{t};
 }
@@ -1051,13 +1051,15 @@ Result<DType> CastTarget(const Node& node) {
       return DType::kUInt8;
     case 9:
       return DType::kBool;
+    case 11:
+      return DType::kFloat64;
     default:
       break;
   }
   return Status::Unimplemented(node.Describe() + ": attribute 'to'=" + std::to_string(to) + " (" +
                                OnnxTypeName(to) +
                                ") is not supported (supported: 1 FLOAT, 10 FLOAT16, 7 INT64, "
-                               "6 INT32, 3 INT8, 2 UINT8, 9 BOOL)");
+                               "6 INT32, 3 INT8, 2 UINT8, 9 BOOL, 11 DOUBLE)");
 }
 
 Status CheckCast(const Node& node, int64_t) {

@@ -103,8 +103,10 @@ Status DispatchArith(const OpContext& ctx, DType dtype, F&& f) {
       return f(int8_t{});
     case DType::kUInt8:
       return f(uint8_t{});
+    case DType::kFloat64:
+      return f(double{});
     default:
-      return UnsupportedDType(ctx, dtype, "float32, int64, int32, int8, uint8");
+      return UnsupportedDType(ctx, dtype, "float32, int64, int32, int8, uint8, float64");
   }
 }
 
@@ -125,11 +127,14 @@ Result<DType> DTypeFromOnnxCode(const Node& node, const std::string& attr, int64
       return DType::kUInt8;
     case 9:
       return DType::kBool;
+    case 11:
+      return DType::kFloat64;
     default:
       return Status::Unimplemented(node.Describe() + ": attribute " + attr + "=" +
                                    std::to_string(code) +
                                    " is not a supported element type (supported: 1 FLOAT, 10 "
-                                   "FLOAT16, 7 INT64, 6 INT32, 3 INT8, 2 UINT8, 9 BOOL)");
+                                   "FLOAT16, 7 INT64, 6 INT32, 3 INT8, 2 UINT8, 9 BOOL, "
+                                   "11 DOUBLE)");
   }
 }
 
@@ -1071,8 +1076,11 @@ Status RunEinsum(const OpContext& ctx, std::vector<Tensor>& outputs) {
     case DType::kInt32:
       EinsumLoop<int32_t, int64_t>(ctx, p, outputs[0]);
       return Status::OK();
+    case DType::kFloat64:
+      EinsumLoop<double, double>(ctx, p, outputs[0]);
+      return Status::OK();
     default:
-      return UnsupportedDType(ctx, outputs[0].dtype(), "float32, int64, int32");
+      return UnsupportedDType(ctx, outputs[0].dtype(), "float32, int64, int32, float64");
   }
 }
 

@@ -11,10 +11,10 @@
 // - ReduceSum takes `axes` as an attribute before 13 and as optional input 1 from 13; the other
 //   reductions switch at 18. The input form adds noop_with_empty_axes (empty axes then means
 //   identity instead of "all axes"). keepdims defaults to 1.
-// Reductions accept float32 (accumulated in double) and, except ReduceL2 / LogSum / LogSumExp,
-// int64 and int32 (accumulated in int64, wrapping); the Softmax family, Hardmax, LpNormalization
-// and MeanVarianceNormalization are float32 only; ArgMax/ArgMin, CumSum and TopK take float32,
-// int64 and int32.
+// Reductions accept float32 and float64 (accumulated in double) and, except ReduceL2 / LogSum /
+// LogSumExp, int64 and int32 (accumulated in int64, wrapping); the Softmax family, Hardmax,
+// LpNormalization and MeanVarianceNormalization are float32 only; ArgMax/ArgMin, CumSum and TopK
+// take float32, float64, int64 and int32.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -188,19 +188,21 @@ Result<ReducePlan> PlanReduce(const OpContext& ctx) {
   return plan;
 }
 
-// ReduceL2, ReduceLogSum and ReduceLogSumExp end in a square root or a log: float32 only.
+// ReduceL2, ReduceLogSum and ReduceLogSumExp end in a square root or a log: float32 and float64
+// only.
 bool FloatOnly(ReduceKind kind) {
   return kind == ReduceKind::kL2 || kind == ReduceKind::kLogSum || kind == ReduceKind::kLogSumExp;
 }
 
 bool SupportsDType(ReduceKind kind, DType t) {
-  if (t == DType::kFloat32) return true;
+  if (t == DType::kFloat32 || t == DType::kFloat64) return true;
   return !FloatOnly(kind) && (t == DType::kInt64 || t == DType::kInt32);
 }
 
 Status RequireReduceDType(const OpContext& ctx, ReduceKind kind, DType t) {
   if (SupportsDType(kind, t)) return Status::OK();
-  return UnsupportedDType(ctx, t, FloatOnly(kind) ? "float32" : "float32, int64, int32");
+  return UnsupportedDType(ctx, t,
+                          FloatOnly(kind) ? "float32, float64" : "float32, float64, int64, int32");
 }
 
 // Calls f(i, o) for every input element i in row-major order, with o the offset of the output
@@ -352,6 +354,9 @@ Status RunReduce(const OpContext& ctx, std::vector<Tensor>& outputs) {
     case DType::kInt32:
       ReduceKernel<int32_t, int64_t>(kKind, x, plan, outputs[0]);
       break;
+    case DType::kFloat64:
+      ReduceKernel<double, double>(kKind, x, plan, outputs[0]);
+      break;
     default:
       return RequireReduceDType(ctx, kKind, x.dtype());
   }
@@ -398,11 +403,13 @@ Result<int64_t> AttrAxis(const OpContext& ctx, int64_t dflt) {
 }
 
 Status RequireFloatIntDType(const OpContext& ctx, DType t) {
-  if (t == DType::kFloat32 || t == DType::kInt64 || t == DType::kInt32) return Status::OK();
-  return UnsupportedDType(ctx, t, "float32, int64, int32");
+  if (t == DType::kFloat32 || t == DType::kFloat64 || t == DType::kInt64 || t == DType::kInt32) {
+    return Status::OK();
+  }
+  return UnsupportedDType(ctx, t, "float32, float64, int64, int32");
 }
 
-// Calls fn.template operator()<T>() for float32, int64 and int32 tensors.
+// Calls fn.template operator()<T>() for float32, float64, int64 and int32 tensors.
 template <typename Fn>
 Status DispatchFloatInt(const OpContext& ctx, DType t, Fn&& fn) {
   switch (t) {
@@ -412,6 +419,8 @@ Status DispatchFloatInt(const OpContext& ctx, DType t, Fn&& fn) {
       return fn.template operator()<int64_t>();
     case DType::kInt32:
       return fn.template operator()<int32_t>();
+    case DType::kFloat64:
+      return fn.template operator()<double>();
     default:
       return RequireFloatIntDType(ctx, t);
   }

@@ -14,6 +14,7 @@ size_t DTypeSize(DType t) {
     case DType::kInt8: return 1;
     case DType::kUInt8: return 1;
     case DType::kBool: return 1;
+    case DType::kFloat64: return 8;
   }
   return 0;
 }
@@ -27,6 +28,7 @@ const char* DTypeName(DType t) {
     case DType::kInt8: return "int8";
     case DType::kUInt8: return "uint8";
     case DType::kBool: return "bool";
+    case DType::kFloat64: return "float64";
   }
   return "?";
 }
@@ -36,15 +38,19 @@ Result<DType> DTypeFromName(const std::string& name) {
     DType t = static_cast<DType>(i);
     if (name == DTypeName(t)) return t;
   }
-  return Status::InvalidArgument("unknown dtype '" + name +
-                                 "': expected one of float32 float16 int64 int32 int8 uint8 bool");
+  return Status::InvalidArgument(
+      "unknown dtype '" + name +
+      "': expected one of float32 float16 int64 int32 int8 uint8 bool float64");
 }
 
 bool IsWeightDType(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kInt8 || t == DType::kUInt8;
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kFloat64 ||
+         t == DType::kInt8 || t == DType::kUInt8;
 }
 
-bool IsFloatDType(DType t) { return t == DType::kFloat32 || t == DType::kFloat16; }
+bool IsFloatDType(DType t) {
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kFloat64;
+}
 
 uint16_t FloatToHalf(float f) {
   uint32_t x;

@@ -18,11 +18,13 @@ enum class DType : uint8_t {
   kInt8,
   kUInt8,
   kBool,  // one byte per element, 0 or 1
+  kFloat64,
 };
-inline constexpr int kDTypeCount = 7;
+inline constexpr int kDTypeCount = 8;
 
 size_t DTypeSize(DType t);
-// ONNX-style lower-case names: "float32", "float16", "int64", "int32", "int8", "uint8", "bool".
+// ONNX-style lower-case names: "float32", "float16", "int64", "int32", "int8", "uint8", "bool",
+// "float64".
 const char* DTypeName(DType t);
 Result<DType> DTypeFromName(const std::string& name);
 
@@ -39,6 +41,7 @@ float HalfToFloat(uint16_t h);
 template <typename T>
 struct DTypeOf;
 template <> struct DTypeOf<float> { static constexpr DType value = DType::kFloat32; };
+template <> struct DTypeOf<double> { static constexpr DType value = DType::kFloat64; };
 template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kInt64; };
 template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kInt32; };
 template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::kInt8; };

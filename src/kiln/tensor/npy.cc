@@ -264,7 +264,7 @@ constexpr DescrEntry kDescrs[] = {
     {'f', '4', DType::kFloat32, "<f4"}, {'f', '2', DType::kFloat16, "<f2"},
     {'i', '8', DType::kInt64, "<i8"},   {'i', '4', DType::kInt32, "<i4"},
     {'i', '1', DType::kInt8, "|i1"},    {'u', '1', DType::kUInt8, "|u1"},
-    {'b', '1', DType::kBool, "|b1"},
+    {'b', '1', DType::kBool, "|b1"},    {'f', '8', DType::kFloat64, "<f8"},
 };
 static_assert(sizeof(kDescrs) / sizeof(kDescrs[0]) == kDTypeCount, "one descr per DType");
 
@@ -280,8 +280,9 @@ Result<DType> DTypeFromDescr(const std::string& descr, const std::string& prefix
       if (order == '<' || order == '|' || order == '=' || order == '>') return e.dtype;
     }
   }
-  return Status::Unimplemented(prefix + "dtype '" + descr +
-                               "' is not supported (expected one of <f4 <f2 <i8 <i4 |i1 |u1 |b1)");
+  return Status::Unimplemented(
+      prefix + "dtype '" + descr +
+      "' is not supported (expected one of <f4 <f2 <i8 <i4 |i1 |u1 |b1 <f8)");
 }
 
 const char* DescrOf(DType t) {

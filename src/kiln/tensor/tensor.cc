@@ -142,6 +142,7 @@ double Tensor::GetAsDouble(int64_t i) const {
     case DType::kInt8: return data<int8_t>()[i];
     case DType::kUInt8: return data<uint8_t>()[i];
     case DType::kBool: return data<uint8_t>()[i] ? 1.0 : 0.0;
+    case DType::kFloat64: return data<double>()[i];
   }
   return 0;
 }
@@ -215,6 +216,7 @@ Result<Tensor> Tensor::CastTo(DType to) const {
     case DType::kInt32: CastLoop(*this, out.data<int32_t>()); break;
     case DType::kInt8: CastLoop(*this, out.data<int8_t>()); break;
     case DType::kUInt8: CastLoop(*this, out.data<uint8_t>()); break;
+    case DType::kFloat64: CastLoop(*this, out.data<double>()); break;
     case DType::kBool: {
       uint8_t* o = out.data<uint8_t>();
       for (int64_t i = 0; i < n; ++i) o[i] = GetAsDouble(i) != 0.0 ? 1 : 0;

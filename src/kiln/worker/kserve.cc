@@ -99,6 +99,10 @@ Status StoreElement(const json& v, Tensor& t, int64_t i, const std::string& wher
                                    " expects " + expect);
   };
   switch (dt) {
+    case DType::kFloat64:
+      if (!v.is_number()) return bad("a number");
+      t.data<double>()[i] = v.get<double>();
+      return Status::OK();
     case DType::kFloat32:
     case DType::kFloat16: {
       if (!v.is_number()) return bad("a number");
@@ -337,6 +341,9 @@ json ElementsAsJson(const Tensor& t) {
       case DType::kFloat16:
         arr.emplace_back(static_cast<double>(HalfToFloat(t.data<uint16_t>()[i])));
         break;
+      case DType::kFloat64:
+        arr.emplace_back(t.data<double>()[i]);
+        break;
       case DType::kBool:
         arr.emplace_back(t.data<uint8_t>()[i] != 0);
         break;
@@ -370,19 +377,21 @@ const char* KServeDatatype(DType dtype) {
       return "UINT8";
     case DType::kBool:
       return "BOOL";
+    case DType::kFloat64:
+      return "FP64";
   }
   return "?";
 }
 
 Result<DType> DTypeFromKServe(const std::string& datatype) {
   for (DType t : {DType::kFloat32, DType::kFloat16, DType::kInt64, DType::kInt32, DType::kInt8,
-                  DType::kUInt8, DType::kBool}) {
+                  DType::kUInt8, DType::kBool, DType::kFloat64}) {
     if (datatype == KServeDatatype(t)) return t;
   }
   std::string shown = datatype.size() > 40 ? datatype.substr(0, 37) + "..." : datatype;
   return Status::InvalidArgument("datatype \"" + shown +
                                  "\" is not supported; expected one of FP32, FP16, INT64, INT32, "
-                                 "INT8, UINT8, BOOL");
+                                 "INT8, UINT8, BOOL, FP64");
 }
 
 Result<size_t> ParseInferenceHeaderLength(const std::string& value, size_t body_size) {

@@ -37,7 +37,7 @@ inline constexpr int kKServeMaxJsonDepth = 64;  // nesting of [ and { in the JSO
 inline constexpr int kKServeMaxRank = 16;       // dims per input shape
 inline constexpr int64_t kKServeMaxElements = int64_t{1} << 32;  // elements per input
 
-// "FP32", "FP16", "INT64", "INT32", "INT8", "UINT8", "BOOL".
+// "FP32", "FP16", "INT64", "INT32", "INT8", "UINT8", "BOOL", "FP64".
 const char* KServeDatatype(DType dtype);
 // The DType of a KServe datatype name (case-sensitive, as the protocol says); InvalidArgument
 // naming the supported ones otherwise.
