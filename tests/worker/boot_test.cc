@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -168,6 +169,26 @@ class Boot : public ::testing::Test {
   EventLog events_;
 };
 
+// The stage names of a stages_ms breakdown ("key:0.91,toolchain:0.00,...") in order, each with a
+// non-negative time; their sum may not exceed the whole call.
+std::vector<std::string> StageNames(const BootOutcome& out) {
+  std::vector<std::string> names;
+  double sum = 0;
+  std::stringstream ss(out.stages_ms);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const size_t colon = item.find(':');
+    EXPECT_NE(colon, std::string::npos) << item;
+    if (colon == std::string::npos) continue;
+    const double ms = std::stod(item.substr(colon + 1));
+    EXPECT_GE(ms, 0.0) << item;
+    sum += ms;
+    names.push_back(item.substr(0, colon));
+  }
+  EXPECT_LE(sum, out.duration_ms + 0.1) << out.stages_ms;
+  return names;
+}
+
 TEST_F(Boot, LocalStoreHitArmsWithoutAHub) {
   ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar).ok());
   auto t = Target();
@@ -181,6 +202,10 @@ TEST_F(Boot, LocalStoreHitArmsWithoutAHub) {
   EXPECT_FALSE(IsBootRefusal(out.phase));
   ExpectOneRow(out);
   ExpectServes(*t, kServingAotCell, m_->mint.ref);
+  // Where the time went is on the row, stage by stage, with no hub stage on this route.
+  EXPECT_EQ(StageNames(out), (std::vector<std::string>{"key", "toolchain", "local_store", "admit",
+                                                       "open", "bind", "install"}));
+  EXPECT_NE(BootRows().back().detail.find("stages_ms=" + out.stages_ms), std::string::npos);
 }
 
 TEST_F(Boot, HubHitArmsServesAotCellAndKeepsTheBytesLocally) {
@@ -194,6 +219,12 @@ TEST_F(Boot, HubHitArmsServesAotCellAndKeepsTheBytesLocally) {
   EXPECT_EQ(out.ref, m_->mint.ref);
   ExpectOneRow(out);
   ExpectServes(*t, kServingAotCell, m_->mint.ref);
+  // The local-store write runs beside the load and is waited for before the row is written.
+  EXPECT_EQ(StageNames(out),
+            (std::vector<std::string>{"key", "toolchain", "local_store", "resolve", "receipt",
+                                      "revocations", "fetch", "admit", "open", "bind", "install",
+                                      "local_store_put_wait"}));
+  EXPECT_NE(out.detail.find("local_store=stored"), std::string::npos) << out.detail;
   // The admitted bytes are in the local store and the blob cache, by digest.
   auto stored = store_->Get(m_->mint.key);
   ASSERT_TRUE(stored.ok());

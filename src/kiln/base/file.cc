@@ -61,7 +61,7 @@ Status MakeDirs(const std::string& path) {
   return Status::OK();
 }
 
-Status WriteFileAtomic(const std::string& path, std::string_view bytes) {
+Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability) {
   std::random_device rd;
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
@@ -78,7 +78,7 @@ Status WriteFileAtomic(const std::string& path, std::string_view bytes) {
     }
     off += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  if (durability == Durability::kDurable && ::fsync(fd) != 0) {
     Status s = Errno("cannot fsync", tmp);
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -90,6 +90,7 @@ Status WriteFileAtomic(const std::string& path, std::string_view bytes) {
     ::unlink(tmp.c_str());
     return s;
   }
+  if (durability == Durability::kScratch) return Status::OK();
   const int dfd = ::open(DirName(path).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);  // best effort: the rename is already visible

@@ -14,9 +14,16 @@ namespace kiln {
 
 Result<std::string> ReadFile(const std::string& path);
 
+// Whether a write must survive a machine crash. kScratch is for files that are useless after a
+// crash anyway (a private copy of a shared object about to be dlopened): readers still see the
+// whole file or none, but nothing is flushed to the device.
+enum class Durability { kDurable, kScratch };
+
 // Writes `bytes` to `path` so that readers see either the old file or the whole new one:
-// write to a temp file in the same directory, fsync it, rename over `path`, fsync the directory.
-Status WriteFileAtomic(const std::string& path, std::string_view bytes);
+// write to a temp file in the same directory, rename over `path`; kDurable (the default) also
+// fsyncs the file before the rename and the directory after it.
+Status WriteFileAtomic(const std::string& path, std::string_view bytes,
+                       Durability durability = Durability::kDurable);
 
 // Creates `path` and its parents (like mkdir -p). OK if it already exists as a directory.
 Status MakeDirs(const std::string& path);

@@ -12,11 +12,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <shared_mutex>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "src/kiln/base/status.h"
 #include "src/kiln/cell/admission.h"
@@ -102,10 +101,18 @@ class ArmedCell {
 Result<std::shared_ptr<CellLibrary>> OpenCellBytes(const std::string& so_bytes,
                                                    const std::string& private_dir);
 
+// Where a load's time went: writing the private copy and dlopen, then each entry's init with
+// the bound weights (the cell prepares its kernels there).
+struct LoadTimings {
+  double open_ms = 0;
+  double bind_ms = 0;
+};
+
 // Admitted bytes -> armed cell (law 4: AdmitCell ran first; this only loads and binds).
+// `timings`, when given, is filled in.
 Result<std::unique_ptr<ArmedCell>> LoadAdmittedCell(const AdmittedCell& cell,
                                                     const WeightMap& weights, Lane lane,
-                                                    const std::string& private_dir,
-                                                    int num_threads);
+                                                    const std::string& private_dir, int num_threads,
+                                                    LoadTimings* timings = nullptr);
 
 }  // namespace kiln

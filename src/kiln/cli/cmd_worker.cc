@@ -19,6 +19,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <memory>
+#include <thread>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cli/commands.h"
@@ -28,9 +29,9 @@
 #include "src/kiln/worker/boot.h"
 #include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/front.h"
-#include "src/kiln/worker/test_switches.h"
 #include "src/kiln/worker/minter.h"
 #include "src/kiln/worker/publisher.h"
+#include "src/kiln/worker/test_switches.h"
 
 namespace kiln::cli {
 
@@ -51,24 +52,41 @@ std::string DetectSm(const TargetSpec& spec) {
   return spec.sm.empty() ? DefaultSmTarget() : spec.sm;
 }
 
+// One hub client configuration for the three clients a worker holds (events, resolve, publish).
+HubClientOptions HubOptionsFrom(const HubSpec& h) {
+  HubClientOptions o;
+  o.url = h.url;
+  o.token = h.token;
+  o.io_timeout_s = h.timeout_ms / 1000.0;
+  o.connect_timeout_s = std::min(o.io_timeout_s, 3.0);
+  return o;
+}
+
 struct Booted {
   std::shared_ptr<const Graph> graph;
   std::unique_ptr<ServedTarget> target;
 };
 
 Status DoWorker(const WorkerArgs& a) {
+  // The machine facts every cell key and admission compare against (the compiler's identity
+  // costs a process spawn and a file hash, the sm level a cpuid) are learned once per process.
+  // Learn them while the manifest, graphs and checkpoints load, not inside the first adopt;
+  // LocalToolchain() is cached under a mutex, so a boot that gets there first simply waits.
+  std::thread machine_facts([] {
+    LocalToolchain().status().IgnoreError();
+    DetectSmLevel();
+  });
+  struct Joiner {
+    std::thread& t;
+    ~Joiner() { t.join(); }
+  } join_machine_facts{machine_facts};
   KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
   EventLog events;
   if (!a.events.empty()) KILN_RETURN_IF_ERROR(events.SetPath(a.events));
   // Event rows go to the hub too, posted in the background by a client of their own.
   std::unique_ptr<EventForwarder> forwarder;
   if (m.hub) {
-    HubClientOptions o;
-    o.url = m.hub->url;
-    o.token = m.hub->token;
-    o.io_timeout_s = m.hub->timeout_ms / 1000.0;
-    o.connect_timeout_s = std::min(o.io_timeout_s, 3.0);
-    KILN_ASSIGN_OR_RETURN(auto client, HubClient::Create(o));
+    KILN_ASSIGN_OR_RETURN(auto client, HubClient::Create(HubOptionsFrom(*m.hub)));
     EventForwarderOptions fwd;
     // One name per worker process: the hub counts adoptions by distinct worker.
     char host[256] = {};
@@ -84,12 +102,7 @@ Status DoWorker(const WorkerArgs& a) {
   std::unique_ptr<PublicKeySet> trust;
   PublicKeySet hub_keys;
   if (m.hub) {
-    HubClientOptions o;
-    o.url = m.hub->url;
-    o.token = m.hub->token;
-    o.io_timeout_s = m.hub->timeout_ms / 1000.0;
-    o.connect_timeout_s = std::min(o.io_timeout_s, 3.0);
-    KILN_ASSIGN_OR_RETURN(hub, HubClient::Create(o));
+    KILN_ASSIGN_OR_RETURN(hub, HubClient::Create(HubOptionsFrom(*m.hub)));
     if (!m.hub->trust.empty()) {
       trust = std::make_unique<PublicKeySet>();
       for (const std::string& path : m.hub->trust) {
@@ -115,10 +128,7 @@ Status DoWorker(const WorkerArgs& a) {
   std::unique_ptr<Publisher> publisher;
   if (m.hub) {
     PublisherOptions po;
-    po.hub.url = m.hub->url;
-    po.hub.token = m.hub->token;
-    po.hub.io_timeout_s = m.hub->timeout_ms / 1000.0;
-    po.hub.connect_timeout_s = std::min(po.hub.io_timeout_s, 3.0);
+    po.hub = HubOptionsFrom(*m.hub);
     po.store = &store;
     po.events = &events;
     po.release = m.endpoint.release;

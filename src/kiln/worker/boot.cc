@@ -10,10 +10,13 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <future>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/admission.h"
@@ -60,6 +63,40 @@ std::optional<std::string> ReadVerifiedCachedBlob(const std::string& path,
   *note += " cached_blob_refetched=stale";
   return std::nullopt;
 }
+
+// Splits a call's wall time into named stages: Mark(name) closes the stage that ran since the
+// previous mark. Formatting is deferred to Render so the clock costs nothing on the hot path.
+class StageClock {
+ public:
+  StageClock() : last_(std::chrono::steady_clock::now()) {}
+  void Mark(const char* name) {
+    const auto now = std::chrono::steady_clock::now();
+    stages_.emplace_back(name, std::chrono::duration<double, std::milli>(now - last_).count());
+    last_ = now;
+  }
+  // Closes a stage that had two parts timed by the callee: `first` took first_ms, `second` the
+  // rest since the previous mark.
+  void Split(const char* first, double first_ms, const char* second) {
+    const auto now = std::chrono::steady_clock::now();
+    const double total = std::chrono::duration<double, std::milli>(now - last_).count();
+    stages_.emplace_back(first, first_ms);
+    stages_.emplace_back(second, total - first_ms);
+    last_ = now;
+  }
+  std::string Render() const {
+    std::string out;
+    char buf[32];
+    for (const auto& [name, ms] : stages_) {
+      std::snprintf(buf, sizeof buf, "%.2f", ms);
+      out += (out.empty() ? "" : ",") + std::string(name) + ":" + buf;
+    }
+    return out;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point last_;
+  std::vector<std::pair<const char*, double>> stages_;
+};
 
 // True when the hub's revocation list names (key, digest). Unreadable: an error (fail closed).
 Result<bool> IsRevoked(HubClient& hub, const std::string& key, const std::string& digest) {
@@ -118,12 +155,23 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
                         std::shared_ptr<const Graph> graph, const WeightMap& weights,
                         const BootContext& ctx) {
   const auto start = std::chrono::steady_clock::now();
+  StageClock clock;
   BootOutcome out;
+  // The local-store write of hub-fetched bytes, running beside their load (step 9). Every return
+  // below goes through `finish`, which joins it, so it never outlives the bytes it reads.
+  std::future<Status> pending_put;
   // Everything below returns through `finish`: one row per call, whatever the outcome.
   auto finish = [&](std::string phase, std::string detail) -> BootOutcome {
     out.phase = std::move(phase);
     out.detail = std::move(detail);
+    if (pending_put.valid()) {
+      const Status put = pending_put.get();
+      out.detail +=
+          put.ok() ? " local_store=stored" : " local_store_put_failed=\"" + put.ToString() + "\"";
+      clock.Mark("local_store_put_wait");
+    }
     out.duration_ms = MsSince(start);
+    out.stages_ms = clock.Render();
     if (ctx.events != nullptr) {
       EventRow row;
       row.kind = event_kind::kBootAdopt;
@@ -135,6 +183,7 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
       row.detail = "key=" + out.key + " target=" + spec.name;
       if (!ctx.worker.empty()) row.detail += " worker=" + ctx.worker;
       if (!out.detail.empty()) row.detail += " " + out.detail;
+      if (!out.stages_ms.empty()) row.detail += " stages_ms=" + out.stages_ms;
       ctx.events->Append(std::move(row));
     }
     return out;
@@ -152,19 +201,24 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
   auto key = KeyFromAxes(*axes);
   if (!key.ok()) return finish(kBootKeyUnderivable, key.status().ToString());
   out.key = *key;
+  clock.Mark("key");
 
   auto toolchain = LocalToolchain();
   if (!toolchain.ok()) return finish(kBootKeyUnderivable, toolchain.status().ToString());
   const AdmissionPolicy policy{out.key, DetectSmLevel(), toolchain->Block()};
+  clock.Mark("toolchain");
 
   // Load + bind + arm on the exported lane, then install. Only ever called on an AdmittedCell.
   auto arm_and_install = [&](const AdmittedCell& admitted, const char* phase,
                              std::string note) -> BootOutcome {
+    LoadTimings load;
     auto armed = LoadAdmittedCell(admitted, weights, Lane::kExported, PrivateDirFor(ctx, spec.name),
-                                  ctx.threads);
+                                  ctx.threads, &load);
+    clock.Split("open", load.open_ms, "bind");
     if (!armed.ok()) return finish(kBootArmRefused, armed.status().ToString() + note);
     std::shared_ptr<ArmedCell> cell(std::move(armed).value());
     Status installed = target.InstallCell(cell);
+    clock.Mark("install");
     if (!installed.ok()) {
       // The object armed but owns no installed target: said on its own row, never silently.
       if (ctx.events != nullptr) {
@@ -204,11 +258,13 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
   std::string local_refusal;
   if (ctx.store != nullptr) {
     auto hit = ctx.store->Get(out.key);
+    clock.Mark("local_store");
     if (!hit.ok()) {
       note += " local_store_error=\"" + hit.status().ToString() + "\"";
     } else if (hit->has_value()) {
       const StoredCell& stored = **hit;
       auto admitted = AdmitCell(stored.bytes, stored.digest, stored.bytes.size(), policy);
+      clock.Mark("admit");
       if (admitted.ok()) return arm_and_install(*admitted, kBootLocalHit, note);
       // A local entry that does not admit is not served; it is dropped and the hub asked.
       local_refusal = TokenOf(admitted.status(), kBootArmRefused);
@@ -224,6 +280,7 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
   }
   HubClient& hub = *ctx.hub;
   ResolveAnswer answer = hub.Resolve(out.key);
+  clock.Mark("resolve");
   switch (answer.kind) {
     case ResolveAnswer::Kind::kMiss:
       return finish(kBootMiss, "hub=miss" + note);
@@ -247,11 +304,13 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
     PublicKeySet local_hub_keys;
     verdict = hub.VerifyReceipt(answer, ctx.hub_keys != nullptr ? ctx.hub_keys : &local_hub_keys);
   }
+  clock.Mark("receipt");
   if (!verdict.ok()) {
     return finish(kBootReceiptRefused,
                   "token=" + verdict.token + " message=\"" + verdict.message + "\"" + note);
   }
   auto revoked = IsRevoked(hub, answer.key, answer.digest);
+  clock.Mark("revocations");
   if (!revoked.ok()) {
     return finish(kBootReceiptRefused, "token=revocations_unreadable message=\"" +
                                            revoked.status().message() + "\"" + note);
@@ -294,9 +353,11 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
     }
     bytes = std::move(read).value();
   }
+  clock.Mark("fetch");
 
   // 8. Admission: every check before anything is loaded (law 4); refusals keep their tokens.
   auto admitted = AdmitCell(*bytes, answer.digest, answer.size, policy);
+  clock.Mark("admit");
   if (!admitted.ok()) {
     return finish(TokenOf(admitted.status(), kBootArmRefused), admitted.status().ToString() + note);
   }
@@ -307,13 +368,12 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
                                            note);
   }
 
-  // 9. Keep the admitted bytes on this machine for the next boot.
+  // 9. Keep the admitted bytes on this machine for the next boot. The store's fsyncs overlap
+  // the load below instead of preceding it; `finish` waits for both before the row is written.
   if (ctx.store != nullptr) {
-    if (Status put = ctx.store->Put(out.key, *bytes); !put.ok()) {
-      note += " local_store_put_failed=\"" + put.ToString() + "\"";
-    } else {
-      note += " local_store=stored";
-    }
+    pending_put = std::async(std::launch::async, [store = ctx.store, &key = out.key, &bytes] {
+      return store->Put(key, *bytes);
+    });
   }
 
   // 10. Load, bind, arm, install.

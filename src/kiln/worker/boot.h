@@ -91,6 +91,10 @@ struct BootOutcome {
   std::string ref;                  // key@digest of the installed cell; "" otherwise
   std::string detail;               // prose: the refusal's message, the resolve token
   double duration_ms = 0;           // the whole call, measured
+  // Where that time went, stage by stage in call order ("toolchain:3.10,key:0.41,..."), so an
+  // operator can see which step of a slow boot was slow. The row's detail carries it as
+  // `stages_ms=`.
+  std::string stages_ms;
 
   bool adopted() const { return cell != nullptr; }
 };
