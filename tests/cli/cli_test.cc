@@ -1,11 +1,13 @@
 // End-to-end tests of the `kiln` binary as a user runs it: info, run, checkpoint derive, errors.
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "src/kiln/cli/commands.h"
@@ -68,10 +70,11 @@ TEST(Cli, RunRefusesBadInputsByName) {
   EXPECT_EQ(wrong_name.exit_code, 1);
   EXPECT_NE(wrong_name.text.find("'y' is not an input"), std::string::npos) << wrong_name.text;
 
-  Output wrong_rank = Kiln("run " + kExamples + "/micro-diffusion/model.onnx --input latent=" +
-                           kExamples + "/mlp/inputs/x.npy --input timestep=" + kExamples +
-                           "/micro-diffusion/inputs/timestep.npy --input cond=" + kExamples +
-                           "/micro-diffusion/inputs/cond.npy --out /tmp/kiln_cli_x");
+  Output wrong_rank =
+      Kiln("run " + kExamples + "/micro-diffusion/model.onnx --input latent=" + kExamples +
+           "/mlp/inputs/x.npy --input timestep=" + kExamples +
+           "/micro-diffusion/inputs/timestep.npy --input cond=" + kExamples +
+           "/micro-diffusion/inputs/cond.npy --out /tmp/kiln_cli_x");
   EXPECT_EQ(wrong_rank.exit_code, 1);
   EXPECT_NE(wrong_rank.text.find("input 'latent' has rank 2"), std::string::npos)
       << wrong_rank.text;
@@ -97,8 +100,8 @@ TEST(Cli, CheckpointDeriveIsDeterministicAndBindable) {
   }
   Output cmp = {std::system(("cmp -s " + a + " " + b).c_str()), ""};
   EXPECT_EQ(cmp.exit_code, 0) << "two derivations with one seed differ";
-  Output run = Kiln("run " + kExamples + "/mlp/model.onnx --checkpoint " + a + " --input x=" +
-                    kExamples + "/mlp/inputs/x.npy --out /tmp/kiln_cli_derive_out");
+  Output run = Kiln("run " + kExamples + "/mlp/model.onnx --checkpoint " + a +
+                    " --input x=" + kExamples + "/mlp/inputs/x.npy --out /tmp/kiln_cli_derive_out");
   EXPECT_EQ(run.exit_code, 0) << run.text;
 }
 
@@ -137,7 +140,7 @@ TEST_F(CliCellTest, KeyMintInspectAndRunCompiled) {
   Output mint = Kiln("mint --manifest " + manifest);
   ASSERT_EQ(mint.exit_code, 0) << mint.text;
   EXPECT_EQ(mint.text.rfind(k + "@sha256:", 0), 0u) << "mint's ref must carry the derived key\n"
-                                                     << mint.text;
+                                                    << mint.text;
   EXPECT_NE(mint.text.find("HEALTHY"), std::string::npos);
   for (const char* stage : {"key", "compile", "build", "gate", "fence", "seal", "total"}) {
     EXPECT_NE(mint.text.find(stage), std::string::npos) << stage;
@@ -149,11 +152,33 @@ TEST_F(CliCellTest, KeyMintInspectAndRunCompiled) {
   EXPECT_NE(inspect.text.find("constants (9"), std::string::npos) << inspect.text;
   EXPECT_NE(inspect.text.find("checkpoint_free=1"), std::string::npos);
 
+  // A private directory left by a process that died (here: one that exited without cleaning up)
+  // is swept by the next kiln process; a live process's one is not touched.
+  const std::string prefix = "/tmp/kiln-cells-" + std::to_string(::getuid()) + "-";
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string dead_dir = prefix + std::to_string(dead);
+  const std::string live_dir = prefix + std::to_string(::getpid());  // this test process
+  ASSERT_EQ(std::system(("mkdir -p " + dead_dir + "/x " + live_dir + "/x").c_str()), 0);
+
   const std::string out_dir = "/tmp/kiln_cli_compiled_" + std::to_string(::getpid());
   Output run = Kiln("run " + kExamples + "/mlp/model.onnx --checkpoint " + kExamples +
                     "/mlp/checkpoint.safetensors --input x=" + kExamples +
                     "/mlp/inputs/x.npy --out " + out_dir + " --compile");
   ASSERT_EQ(run.exit_code, 0) << run.text;
+  EXPECT_FALSE(std::filesystem::exists(dead_dir)) << "a dead process's directory was not swept";
+  EXPECT_TRUE(std::filesystem::exists(live_dir + "/x")) << "a live process's directory was swept";
+  std::filesystem::remove_all(live_dir);
+  // The run loaded its cell from its own private directory and removed it when it exited: no
+  // directory is left whose process is gone (one that vanishes while we look is not a leak).
+  for (const auto& e : std::filesystem::directory_iterator("/tmp")) {
+    const std::string path = e.path().string();
+    if (path.rfind(prefix, 0) != 0) continue;
+    const pid_t pid = static_cast<pid_t>(std::atol(path.c_str() + prefix.size()));
+    if (::kill(pid, 0) != 0 && std::filesystem::exists(path)) ADD_FAILURE() << "left: " << path;
+  }
   EXPECT_NE(run.text.find("serving_mode: aot_cell"), std::string::npos) << run.text;
   auto got = ReadNpy(out_dir + "/logits.npy");
   auto ref = ReadNpy(kExamples + "/mlp/outputs/logits.npy");
@@ -172,8 +197,8 @@ TEST_F(CliCellTest, RefusalsAreNamed) {
   Output bad_target = Kiln("mint --manifest " + kExamples + "/mlp/kiln.toml --target nope");
   EXPECT_EQ(bad_target.exit_code, 1);
   EXPECT_NE(bad_target.text.find("nope"), std::string::npos) << bad_target.text;
-  Output bad_pass = Kiln("mint --manifest " + kExamples +
-                         "/mlp/kiln.toml --disable-pass no-such-pass");
+  Output bad_pass =
+      Kiln("mint --manifest " + kExamples + "/mlp/kiln.toml --disable-pass no-such-pass");
   EXPECT_EQ(bad_pass.exit_code, 1);
   EXPECT_NE(bad_pass.text.find("no-such-pass"), std::string::npos) << bad_pass.text;
   Output not_a_cell = Kiln("inspect " + kExamples + "/mlp/model.onnx");

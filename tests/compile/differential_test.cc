@@ -8,15 +8,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <set>
 
+#include "src/kiln/base/file.h"
 #include "src/kiln/cell/loader.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/eager/shape_inference.h"
-#include "src/kiln/base/file.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "tests/graph/onnx_builder.h"
 
@@ -46,9 +47,17 @@ struct Case {
   std::set<int> omitted_outputs = {};  // output slots left "" (optional outputs not requested)
 };
 
-In F(std::vector<int64_t> s, Domain d = Domain::kAny) { return In{std::move(s), onnx::TensorProto::FLOAT, d, {}}; }
-In W(std::vector<int64_t> s) { In i = F(std::move(s)); i.as_weight = true; return i; }
-In B(std::vector<int64_t> s) { return In{std::move(s), onnx::TensorProto::BOOL, Domain::kBool, {}}; }
+In F(std::vector<int64_t> s, Domain d = Domain::kAny) {
+  return In{std::move(s), onnx::TensorProto::FLOAT, d, {}};
+}
+In W(std::vector<int64_t> s) {
+  In i = F(std::move(s));
+  i.as_weight = true;
+  return i;
+}
+In B(std::vector<int64_t> s) {
+  return In{std::move(s), onnx::TensorProto::BOOL, Domain::kBool, {}};
+}
 In C(std::vector<int64_t> values) {
   In i;
   i.shape = {static_cast<int64_t>(values.size())};
@@ -56,8 +65,14 @@ In C(std::vector<int64_t> values) {
   i.const_ints = std::move(values);
   return i;
 }
-In CScalar(int64_t v) { In i = C({v}); i.shape = {}; return i; }
-In Idx(std::vector<int64_t> s) { return In{std::move(s), onnx::TensorProto::INT64, Domain::kIndex, {}}; }
+In CScalar(int64_t v) {
+  In i = C({v});
+  i.shape = {};
+  return i;
+}
+In Idx(std::vector<int64_t> s) {
+  return In{std::move(s), onnx::TensorProto::INT64, Domain::kIndex, {}};
+}
 // 8-bit tensors (full range) as inputs or bound weights, positive float weights (scales), int32
 // inputs in [0, 4) (sequence lengths), and omitted optional inputs.
 In I8In(std::vector<int64_t> s) {
@@ -136,57 +151,92 @@ std::function<void(onnx::NodeProto&)> All(Fs... fs) {
 const std::vector<Case>& Opset17Cases() {
   static const std::vector<Case> cases = {
       // elementwise, unary
-      {"Sqrt", {F({2, 3, 4}, Domain::kPositive)}}, {"Exp", {F({2, 3, 4})}},
-      {"Log", {F({2, 3, 4}, Domain::kPositive)}}, {"Neg", {F({2, 3, 4})}},
-      {"Abs", {F({2, 3, 4})}}, {"Reciprocal", {F({2, 3, 4}, Domain::kPositive)}},
-      {"Relu", {F({2, 3, 4})}}, {"LeakyRelu", {F({2, 3, 4})}, Flt("alpha", 0.2f)},
-      {"Sigmoid", {F({2, 3, 4})}}, {"Tanh", {F({2, 3, 4})}}, {"Erf", {F({2, 3, 4})}},
-      {"HardSigmoid", {F({2, 3, 4})}}, {"HardSwish", {F({2, 3, 4})}}, {"Sin", {F({2, 3, 4})}},
-      {"Cos", {F({2, 3, 4})}}, {"Floor", {F({2, 3, 4})}}, {"Ceil", {F({2, 3, 4})}},
-      {"Softplus", {F({2, 3, 4})}}, {"Elu", {F({2, 3, 4})}}, {"Sign", {F({2, 3, 4})}},
-      {"Not", {B({2, 3})}}, {"Identity", {F({2, 3})}},
+      {"Sqrt", {F({2, 3, 4}, Domain::kPositive)}},
+      {"Exp", {F({2, 3, 4})}},
+      {"Log", {F({2, 3, 4}, Domain::kPositive)}},
+      {"Neg", {F({2, 3, 4})}},
+      {"Abs", {F({2, 3, 4})}},
+      {"Reciprocal", {F({2, 3, 4}, Domain::kPositive)}},
+      {"Relu", {F({2, 3, 4})}},
+      {"LeakyRelu", {F({2, 3, 4})}, Flt("alpha", 0.2f)},
+      {"Sigmoid", {F({2, 3, 4})}},
+      {"Tanh", {F({2, 3, 4})}},
+      {"Erf", {F({2, 3, 4})}},
+      {"HardSigmoid", {F({2, 3, 4})}},
+      {"HardSwish", {F({2, 3, 4})}},
+      {"Sin", {F({2, 3, 4})}},
+      {"Cos", {F({2, 3, 4})}},
+      {"Floor", {F({2, 3, 4})}},
+      {"Ceil", {F({2, 3, 4})}},
+      {"Softplus", {F({2, 3, 4})}},
+      {"Elu", {F({2, 3, 4})}},
+      {"Sign", {F({2, 3, 4})}},
+      {"Not", {B({2, 3})}},
+      {"Identity", {F({2, 3})}},
       // elementwise, binary with broadcasting
-      {"Add", {F({2, 3, 4}), F({3, 1})}}, {"Sub", {F({2, 3, 4}), F({4})}},
-      {"Mul", {F({2, 3, 4}), W({1, 3, 1})}}, {"Div", {F({2, 3, 4}), F({2, 1, 4}, Domain::kPositive)}},
-      {"Pow", {F({2, 3, 4}, Domain::kPositive), F({})}}, {"Min", {F({2, 3, 4}), F({3, 4})}},
-      {"Max", {F({2, 3, 4}), F({3, 4})}}, {"Equal", {F({2, 3}), F({2, 3})}},
-      {"Less", {F({2, 3}), F({3})}}, {"Greater", {F({2, 3}), F({3})}},
-      {"LessOrEqual", {F({2, 3}), F({3})}}, {"GreaterOrEqual", {F({2, 3}), F({3})}},
-      {"And", {B({2, 3}), B({3})}}, {"Or", {B({2, 3}), B({3})}},
-      {"Where", {B({2, 3}), F({2, 3}), F({3})}}, {"Clip", {F({2, 3, 4}), W({}), W({})}},
+      {"Add", {F({2, 3, 4}), F({3, 1})}},
+      {"Sub", {F({2, 3, 4}), F({4})}},
+      {"Mul", {F({2, 3, 4}), W({1, 3, 1})}},
+      {"Div", {F({2, 3, 4}), F({2, 1, 4}, Domain::kPositive)}},
+      {"Pow", {F({2, 3, 4}, Domain::kPositive), F({})}},
+      {"Min", {F({2, 3, 4}), F({3, 4})}},
+      {"Max", {F({2, 3, 4}), F({3, 4})}},
+      {"Equal", {F({2, 3}), F({2, 3})}},
+      {"Less", {F({2, 3}), F({3})}},
+      {"Greater", {F({2, 3}), F({3})}},
+      {"LessOrEqual", {F({2, 3}), F({3})}},
+      {"GreaterOrEqual", {F({2, 3}), F({3})}},
+      {"And", {B({2, 3}), B({3})}},
+      {"Or", {B({2, 3}), B({3})}},
+      {"Where", {B({2, 3}), F({2, 3}), F({3})}},
+      {"Clip", {F({2, 3, 4}), W({}), W({})}},
       {"Cast", {F({2, 3})}, Int("to", onnx::TensorProto::INT64)},
       {"Cast", {Idx({2, 3})}, Int("to", onnx::TensorProto::FLOAT)},
       {"Cast", {F({2, 3})}, Int("to", onnx::TensorProto::BOOL)},
       // reductions
-      {"Softmax", {F({2, 3, 5})}}, {"Softmax", {F({2, 3, 5})}, Int("axis", 1)},
-      {"LogSoftmax", {F({2, 3, 5})}}, {"ReduceMean", {F({2, 3, 5})}, Ints("axes", {1})},
-      {"ReduceSum", {F({2, 3, 5}), C({-1})}}, {"ReduceMax", {F({2, 3, 5})}, Ints("axes", {0, 2})},
+      {"Softmax", {F({2, 3, 5})}},
+      {"Softmax", {F({2, 3, 5})}, Int("axis", 1)},
+      {"LogSoftmax", {F({2, 3, 5})}},
+      {"ReduceMean", {F({2, 3, 5})}, Ints("axes", {1})},
+      {"ReduceSum", {F({2, 3, 5}), C({-1})}},
+      {"ReduceMax", {F({2, 3, 5})}, Ints("axes", {0, 2})},
       {"ReduceMin", {F({2, 3, 5})}, Int("keepdims", 0)},
-      {"ReduceProd", {F({2, 3, 5})}, Ints("axes", {2})}, {"ReduceL2", {F({2, 3, 5})}},
+      {"ReduceProd", {F({2, 3, 5})}, Ints("axes", {2})},
+      {"ReduceL2", {F({2, 3, 5})}},
       // nn
-      {"MatMul", {F({2, 1, 3, 4}), F({5, 4, 2})}}, {"MatMul", {F({3, 8, 4}), W({4, 6})}},
+      {"MatMul", {F({2, 1, 3, 4}), F({5, 4, 2})}},
+      {"MatMul", {F({3, 8, 4}), W({4, 6})}},
       {"MatMul", {F({4}), F({4, 3})}},
       {"Gemm", {F({3, 4}), W({5, 4}), W({5})}, All(Int("transB", 1), Flt("alpha", 0.5f))},
       {"Gemm", {F({4, 3}), F({4, 5})}, Int("transA", 1)},
-      {"Conv", {F({1, 4, 9, 9}), W({6, 2, 3, 3}), W({6})},
+      {"Conv",
+       {F({1, 4, 9, 9}), W({6, 2, 3, 3}), W({6})},
        All(Ints("pads", {1, 0, 2, 1}), Ints("strides", {2, 1}), Int("group", 2))},
-      {"Conv", {F({1, 3, 8, 8}), W({4, 3, 3, 3})},
-       All(Ints("dilations", {2, 2}), [](onnx::NodeProto& n) {
+      {"Conv",
+       {F({1, 3, 8, 8}), W({4, 3, 3, 3})},
+       All(Ints("dilations", {2, 2}),
+           [](onnx::NodeProto& n) {
              auto* a = n.add_attribute();
              a->set_name("auto_pad");
              a->set_type(onnx::AttributeProto::STRING);
              a->set_s("SAME_UPPER");
            })},
       {"Conv", {F({1, 3, 10}), W({2, 3, 3})}},
-      {"MaxPool", {F({1, 2, 7, 7})}, All(Ints("kernel_shape", {3, 3}), Ints("strides", {2, 2}), Int("ceil_mode", 1))},
-      {"AveragePool", {F({1, 2, 6, 6})}, All(Ints("kernel_shape", {2, 2}), Ints("pads", {1, 1, 1, 1}))},
-      {"GlobalAveragePool", {F({1, 3, 5, 5})}}, {"GlobalMaxPool", {F({1, 3, 5, 5})}},
+      {"MaxPool",
+       {F({1, 2, 7, 7})},
+       All(Ints("kernel_shape", {3, 3}), Ints("strides", {2, 2}), Int("ceil_mode", 1))},
+      {"AveragePool",
+       {F({1, 2, 6, 6})},
+       All(Ints("kernel_shape", {2, 2}), Ints("pads", {1, 1, 1, 1}))},
+      {"GlobalAveragePool", {F({1, 3, 5, 5})}},
+      {"GlobalMaxPool", {F({1, 3, 5, 5})}},
       {"BatchNormalization", {F({2, 3, 4, 4}), W({3}), W({3}), W({3}), F({3}, Domain::kPositive)}},
       {"InstanceNormalization", {F({2, 3, 4, 4}), W({3}), W({3})}},
       {"LayerNormalization", {F({2, 5, 8}), W({8}), W({8})}},
       {"LayerNormalization", {F({2, 5, 8}), W({5, 8})}, Int("axis", 1)},
       // shape and data movement
-      {"Reshape", {F({2, 3, 4}), C({4, -1})}}, {"Transpose", {F({2, 3, 4})}, Ints("perm", {1, 2, 0})},
+      {"Reshape", {F({2, 3, 4}), C({4, -1})}},
+      {"Transpose", {F({2, 3, 4})}, Ints("perm", {1, 2, 0})},
       {"Transpose", {F({2, 3, 4, 5})}, Ints("perm", {0, 2, 1, 3})},
       {"Concat", {F({2, 3}), F({2, 5})}, Int("axis", 1)},
       {"Concat", {F({2, 3, 4}), F({2, 1, 4}), F({2, 2, 4})}, Int("axis", -2)},
@@ -197,18 +247,29 @@ const std::vector<Case>& Opset17Cases() {
       {"Gather", {F({2, 5, 4}), C({3, 0, -1})}, Int("axis", 2)},
       {"Gather", {F({3, 5, 4}), CScalar(-2)}, Int("axis", 1)},
       {"Gather", {F({5, 4}), CScalar(-1)}, Int("axis", 1)},
-      {"Squeeze", {F({1, 3, 1, 4}), C({0, 2})}}, {"Unsqueeze", {F({3, 4}), C({0, 3})}},
-      {"Flatten", {F({2, 3, 4})}, Int("axis", 2)}, {"Expand", {F({3, 1}), C({2, 3, 4})}},
-      {"Pad", {F({2, 3}), C({1, 0, 0, 2})}}, {"Tile", {F({2, 3}), C({2, 2})}},
-      {"Resize", {F({1, 2, 3, 3}), In{}, In{{4}, onnx::TensorProto::FLOAT, Domain::kAny, {}, false}},
+      {"Squeeze", {F({1, 3, 1, 4}), C({0, 2})}},
+      {"Unsqueeze", {F({3, 4}), C({0, 3})}},
+      {"Flatten", {F({2, 3, 4})}, Int("axis", 2)},
+      {"Expand", {F({3, 1}), C({2, 3, 4})}},
+      {"Pad", {F({2, 3}), C({1, 0, 0, 2})}},
+      {"Tile", {F({2, 3}), C({2, 2})}},
+      {"Resize",
+       {F({1, 2, 3, 3}), In{}, In{{4}, onnx::TensorProto::FLOAT, Domain::kAny, {}, false}},
        nullptr},
-      {"Resize", {F({1, 2, 3, 5}), In{}, In{{4}, onnx::TensorProto::FLOAT, Domain::kAny, {}, false}},
+      {"Resize",
+       {F({1, 2, 3, 5}), In{}, In{{4}, onnx::TensorProto::FLOAT, Domain::kAny, {}, false}},
        All(Str("coordinate_transformation_mode", "asymmetric"), Str("nearest_mode", "floor"))},
-      {"Resize", {F({1, 2, 3, 5}), In{}, In{{4}, onnx::TensorProto::FLOAT, Domain::kAny, {}, false}},
+      {"Resize",
+       {F({1, 2, 3, 5}), In{}, In{{4}, onnx::TensorProto::FLOAT, Domain::kAny, {}, false}},
        Str("coordinate_transformation_mode", "asymmetric")},  // rounds: stays a reference op
-      {"Shape", {F({2, 3, 4})}}, {"Size", {F({2, 3, 4})}},
-      {"ConstantOfShape", {C({2, 3})}}, {"Dropout", {F({2, 3})}},
-      {"Range", {In{{}, onnx::TensorProto::INT64, Domain::kAny, {0}}, In{{}, onnx::TensorProto::INT64, Domain::kAny, {7}}, In{{}, onnx::TensorProto::INT64, Domain::kAny, {2}}}},
+      {"Shape", {F({2, 3, 4})}},
+      {"Size", {F({2, 3, 4})}},
+      {"ConstantOfShape", {C({2, 3})}},
+      {"Dropout", {F({2, 3})}},
+      {"Range",
+       {In{{}, onnx::TensorProto::INT64, Domain::kAny, {0}},
+        In{{}, onnx::TensorProto::INT64, Domain::kAny, {7}},
+        In{{}, onnx::TensorProto::INT64, Domain::kAny, {2}}}},
   };
   return cases;
 }
@@ -216,7 +277,9 @@ const std::vector<Case>& Opset17Cases() {
 const std::vector<Case>& LegacyCases() {  // opset 9: attribute forms
   static const std::vector<Case> cases = {
       {"Clip", {F({2, 3})}, All(Flt("min", -0.2f), Flt("max", 0.3f))},
-      {"Slice", {F({4, 6})}, All(Ints("starts", {1, 0}), Ints("ends", {3, 4}), Ints("axes", {0, 1}))},
+      {"Slice",
+       {F({4, 6})},
+       All(Ints("starts", {1, 0}), Ints("ends", {3, 4}), Ints("axes", {0, 1}))},
       {"Unsqueeze", {F({3})}, Ints("axes", {0})},
       {"Squeeze", {F({1, 3})}, Ints("axes", {0})},
       {"Pad", {F({2, 3})}, All(Ints("pads", {0, 1, 1, 0}), Flt("value", 2.0f))},
@@ -488,7 +551,8 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
       Tensor t;
       if (in.elem == onnx::TensorProto::FLOAT) {
         std::vector<float> v(static_cast<size_t>(n));
-        std::uniform_real_distribution<float> u(in.domain == Domain::kPositive ? 0.1f : -2.0f, 2.0f);
+        std::uniform_real_distribution<float> u(in.domain == Domain::kPositive ? 0.1f : -2.0f,
+                                                2.0f);
         for (auto& x : v) x = u(rng);
         t = Tensor::FromVector<float>(in.shape, v);
       } else if (in.elem == onnx::TensorProto::BOOL) {
@@ -560,11 +624,14 @@ void RunBuilt(Built b, int64_t opset, int threads, const std::string& tag,
   auto toolchain = LocalToolchain();
   ASSERT_TRUE(toolchain.ok());
   auto driver = MakeSystemCompilerDriver(*toolchain);
-  const std::string dir = "/tmp/kiln-diff-" + tag + std::to_string(opset) + "-" + std::to_string(::getpid());
+  const std::string dir =
+      "/tmp/kiln-diff-" + tag + std::to_string(opset) + "-" + std::to_string(::getpid());
   ASSERT_TRUE(MakeDirs(dir).ok());
   auto so = BuildSharedObject(cell->source, 1, DefaultSmTarget(), "diff", *driver, dir, 2, nullptr);
   ASSERT_TRUE(so.ok()) << so.status().ToString();
   auto lib = OpenCellBytes(*so, dir + "/load");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);  // the mapping outlives the file; nothing is left in /tmp
   ASSERT_TRUE(lib.ok()) << lib.status().ToString();
   EntryMetadata e;
   e.index = 0;
@@ -591,7 +658,8 @@ void RunBuilt(Built b, int64_t opset, int threads, const std::string& tag,
     ASSERT_EQ(c.dtype(), r.dtype()) << name;
     ASSERT_EQ(c.shape(), r.shape()) << name;
     double max_ref = 1.0;
-    for (int64_t i = 0; i < r.numel(); ++i) max_ref = std::max(max_ref, std::fabs(r.GetAsDouble(i)));
+    for (int64_t i = 0; i < r.numel(); ++i)
+      max_ref = std::max(max_ref, std::fabs(r.GetAsDouble(i)));
     for (int64_t i = 0; i < r.numel(); ++i) {
       ASSERT_NEAR(c.GetAsDouble(i), r.GetAsDouble(i), 2e-5 * max_ref) << name << " element " << i;
     }
@@ -642,29 +710,38 @@ auto Eq(const char* equation) { return Str("equation", equation); }
 const std::vector<Case>& FamilyBCases() {
   static const std::vector<Case> cases = {
       // ConvTranspose: groups, strides, pads, output_padding, output_shape, auto_pad, 1-D to 3-D
-      {"ConvTranspose", {F({1, 4, 5, 5}), W({4, 3, 3, 3}), W({6})},
+      {"ConvTranspose",
+       {F({1, 4, 5, 5}), W({4, 3, 3, 3}), W({6})},
        All(Int("group", 2), Ints("strides", {2, 2}), Ints("pads", {1, 0, 1, 0}),
            Ints("output_padding", {1, 1}))},
-      {"ConvTranspose", {F({2, 3, 4, 4}), W({3, 2, 2, 3})},
+      {"ConvTranspose",
+       {F({2, 3, 4, 4}), W({3, 2, 2, 3})},
        All(Ints("strides", {3, 2}), Ints("output_shape", {14, 10}), Ints("dilations", {1, 2}))},
-      {"ConvTranspose", {F({1, 2, 6}), W({2, 3, 3})},
+      {"ConvTranspose",
+       {F({1, 2, 6}), W({2, 3, 3})},
        All(Str("auto_pad", "SAME_UPPER"), Ints("strides", {2}))},
-      {"ConvTranspose", {F({1, 2, 3, 3, 2}), W({2, 2, 2, 2, 2}), W({2})},
+      {"ConvTranspose",
+       {F({1, 2, 3, 3, 2}), W({2, 2, 2, 2, 2}), W({2})},
        Ints("strides", {1, 2, 1})},
       // layout
       {"DepthToSpace", {F({1, 8, 2, 3})}, Int("blocksize", 2)},
       {"DepthToSpace", {F({2, 8, 3, 2})}, All(Int("blocksize", 2), Str("mode", "CRD"))},
       {"SpaceToDepth", {F({1, 2, 4, 6})}, Int("blocksize", 2)},
-      {"Tile", {Idx({2, 3}), C({2, 1})}}, {"Tile", {F({2, 1, 3}), C({1, 3, 2})}},
-      {"Expand", {Idx({2, 1, 3}), C({4, 1})}}, {"Expand", {F({3}), C({2, 1, 3})}},
+      {"Tile", {Idx({2, 3}), C({2, 1})}},
+      {"Tile", {F({2, 1, 3}), C({1, 3, 2})}},
+      {"Expand", {Idx({2, 1, 3}), C({4, 1})}},
+      {"Expand", {F({3}), C({2, 1, 3})}},
       {"Where", {B({2, 1, 3}), F({4, 1}), F({1, 3})}},
-      {"Trilu", {F({2, 3, 4})}}, {"Trilu", {F({5, 5}), CScalar(-1)}, Int("upper", 0)},
-      {"Trilu", {Idx({4, 3}), CScalar(1)}}, {"Trilu", {F({4, 5}), Idx({})}},
+      {"Trilu", {F({2, 3, 4})}},
+      {"Trilu", {F({5, 5}), CScalar(-1)}, Int("upper", 0)},
+      {"Trilu", {Idx({4, 3}), CScalar(1)}},
+      {"Trilu", {F({4, 5}), Idx({})}},
       {"EyeLike", {F({3, 4})}, Int("k", 1)},
       {"EyeLike", {Idx({3, 3})}, Int("dtype", onnx::TensorProto::FLOAT)},
       // Range (float from structural float constants, int with a negative step), Size
       {"Range", {CF({}, {0.5f}), CF({}, {3.1f}), CF({}, {0.7f})}},
-      {"Range", {CScalar(10), CScalar(1), CScalar(-3)}}, {"Size", {Idx({2, 3, 4})}},
+      {"Range", {CScalar(10), CScalar(1), CScalar(-3)}},
+      {"Size", {Idx({2, 3, 4})}},
       // gather / scatter
       {"GatherElements", {F({4, 3}), Idx({2, 3})}},
       {"GatherElements", {F({2, 5}), Idx32({2, 3})}, Int("axis", 1)},
@@ -673,7 +750,8 @@ const std::vector<Case>& FamilyBCases() {
       {"GatherND", {F({2, 4, 3}), Idx32({2, 3, 1})}, Int("batch_dims", 1)},
       {"GatherND", {F({4, 3}), C({-1, 2})}},
       {"ScatterElements", {F({4, 3}), Idx({2, 3}), F({2, 3})}},
-      {"ScatterElements", {F({3, 4}), Idx32({3, 3}), F({3, 3})},
+      {"ScatterElements",
+       {F({3, 4}), Idx32({3, 3}), F({3, 3})},
        All(Int("axis", 1), Str("reduction", "add"))},
       {"ScatterElements", {F({6}), C({-1, 2, -1}), F({3})}, Str("reduction", "mul")},
       {"ScatterND", {F({4, 4}), Idx({3, 1}), F({3, 4})}},
@@ -687,8 +765,10 @@ const std::vector<Case>& FamilyBCases() {
       {"Einsum", {F({3, 4}), F({4, 5})}, Eq("ij,jk->ik")},
       {"Einsum", {F({2, 3, 4}), F({2, 4, 5})}, Eq("bij,bjk->bik")},
       {"Einsum", {F({2, 1, 3, 4}), F({3, 4, 2})}, Eq("...ij,...jk->...ik")},
-      {"Einsum", {F({2, 3, 3})}, Eq("...ii->...i")}, {"Einsum", {F({4, 4})}, Eq("ii")},
-      {"Einsum", {F({3}), F({4})}, Eq("i,j->ij")}, {"Einsum", {F({3, 2, 4})}, Eq("kji")},
+      {"Einsum", {F({2, 3, 3})}, Eq("...ii->...i")},
+      {"Einsum", {F({4, 4})}, Eq("ii")},
+      {"Einsum", {F({3}), F({4})}, Eq("i,j->ij")},
+      {"Einsum", {F({3, 2, 4})}, Eq("kji")},
       {"Einsum", {Idx({2, 3}), Idx({3, 2})}, Eq("ij,jk")},
   };
   return cases;
@@ -740,7 +820,8 @@ Built BuildParallelChain() {
   b.Node("Relu", {"r1"}, {"y1"}, "relu1");
   out("y1");
   // Conv + residual Add alone: the sum rides the output reorder.
-  OnnxBuilder::IntsAttr(b.Node("Conv", {"y1", "w1", "b1"}, {"c13"}, "conv13"), "pads", {1, 1, 1, 1});
+  OnnxBuilder::IntsAttr(b.Node("Conv", {"y1", "w1", "b1"}, {"c13"}, "conv13"), "pads",
+                        {1, 1, 1, 1});
   b.Node("Add", {"c13", "x"}, {"y13"}, "add13");
   out("y13");
   // 1x1 conv (plain layout) + Sigmoid.
@@ -860,7 +941,8 @@ TEST(Differential, FamilyCOpsCompiledMatchEager) {
 
 // Every op in the registry appears in some case (a new op without a differential case fails).
 TEST(Differential, EveryRegisteredOpHasACase) {
-  std::set<std::string> covered = {"Constant", "If", "Loop", "Scan"};  // subgraphs: control_flow_test
+  std::set<std::string> covered = {"Constant", "If", "Loop",
+                                   "Scan"};  // subgraphs: control_flow_test
   for (const auto* group :
        {&Opset17Cases(), &LegacyCases(), &Opset18Cases(), &FamilyACases(), &FamilyALegacyCases(),
         &FamilyAOpset18Cases(), &FamilyBCases(), &FamilyBOpset18Cases(), &FamilyCCases()}) {

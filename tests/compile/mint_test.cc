@@ -1,18 +1,19 @@
 // End-to-end mint tests: compile every example class into a cell, prove it, and check the laws
 // the mint owns (1, 2, 5, 6, 15) with tests that fail when a law breaks.
-#include <gtest/gtest.h>
+#include "src/kiln/cell/mint.h"
 
+#include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 
+#include "src/kiln/base/file.h"
 #include "src/kiln/cell/admission.h"
-#include "src/kiln/cell/mint.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/store.h"
 #include "src/kiln/compile/toolchain.h"
 #include "src/kiln/graph/onnx_import.h"
-#include "src/kiln/base/file.h"
 #include "src/kiln/tensor/npy.h"
 
 namespace kiln {
@@ -95,8 +96,10 @@ TEST(MintLaws, OneKeyAndOneCellServeBothCheckpoints) {
   AdmissionPolicy policy{m->key, DetectSmLevel(), LocalToolchain()->Block()};
   auto admitted = AdmitCell(m->tar, m->digest, m->tar.size(), policy);
   ASSERT_TRUE(admitted.ok()) << admitted.status().ToString();
-  auto cell = LoadAdmittedCell(*admitted, t.weights, Lane::kExported, "/tmp/kiln-test-law1-" +
-                               std::to_string(::getpid()), 1);
+  const std::string load_dir = "/tmp/kiln-test-law1-" + std::to_string(::getpid());
+  auto cell = LoadAdmittedCell(*admitted, t.weights, Lane::kExported, load_dir, 1);
+  std::error_code ec;
+  std::filesystem::remove_all(load_dir, ec);  // the mapping outlives the file
   ASSERT_TRUE(cell.ok()) << cell.status().ToString();
   auto eager = Interpreter::Create(t.graph);
   ASSERT_TRUE(eager.ok());
@@ -117,8 +120,7 @@ TEST(MintLaws, FenceRefusesABakedWeightByName) {
   r.compile.emit.baked_value = t.weights.at(victim);
   auto m = MintCell(r);
   ASSERT_FALSE(m.ok()) << "a baked weight passed the fence";
-  EXPECT_NE(m.status().message().find("fence_refused"), std::string::npos)
-      << m.status().ToString();
+  EXPECT_NE(m.status().message().find("fence_refused"), std::string::npos) << m.status().ToString();
   EXPECT_NE(m.status().message().find("'" + victim + "'"), std::string::npos)
       << m.status().ToString();
 }
@@ -141,6 +143,8 @@ TEST(MintLaws, GateRefusesGrayBandAndDestroyedAndNothingIsStored) {
     EXPECT_NE(m.status().message().find(c.verdict), std::string::npos) << m.status().ToString();
   }
   EXPECT_TRUE(store.Keys().empty());
+  std::error_code ec;
+  std::filesystem::remove_all(root, ec);
 }
 
 // Law 15 and 6: two mints of one key in different directories give byte-identical cells, and the
@@ -161,6 +165,9 @@ TEST(MintLaws, TwoMintsAreByteIdentical) {
   auto proven = ReadFile(r1.work_dir + "/proof/cell.so");
   ASSERT_TRUE(proven.ok());
   EXPECT_TRUE(files->shared_object == *proven) << "sealed bytes differ from the proven bytes";
+  std::error_code ec;
+  std::filesystem::remove_all(r1.work_dir, ec);
+  std::filesystem::remove_all("/tmp/kiln-test-repro-b-" + std::to_string(::getpid()), ec);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/loader.h"
@@ -447,7 +448,10 @@ Result<Compiled> Compile(std::shared_ptr<const Graph> g, const Envelope& env,
   KILN_ASSIGN_OR_RETURN(
       std::string so, BuildSharedObject(cell.source, env.classes.size(), DefaultSmTarget(), "ctrl",
                                         *driver, dir, 2, nullptr));
-  KILN_ASSIGN_OR_RETURN(auto lib, OpenCellBytes(so, dir + "/load"));
+  auto opened = OpenCellBytes(so, dir + "/load");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);  // the mapping outlives the file; nothing is left in /tmp
+  KILN_ASSIGN_OR_RETURN(auto lib, std::move(opened));
   std::vector<EntryMetadata> entries;
   for (size_t i = 0; i < env.classes.size(); ++i) {
     const auto& d = cell.describe["entries"][i];

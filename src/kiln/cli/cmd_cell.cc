@@ -1,9 +1,13 @@
 // `kiln key`, `kiln mint` and `kiln inspect`: the cell-facing subcommands (cli layer).
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 
@@ -88,8 +92,45 @@ std::string ClassSpec(const ShapeClass& c) {
   return s;
 }
 
+namespace {
+
+// Removes `<root>/<prefix><pid>` directories whose process no longer exists: what a crash or a
+// SIGKILL left behind. A live process's directory (kill(pid, 0) does not say ESRCH) is never
+// touched; a reused pid only delays a sweep.
+void SweepDeadPrivateDirs(const std::string& root, const std::string& prefix) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    std::filesystem::remove_all(entry.path(), rm);
+  }
+}
+
+}  // namespace
+
 std::string PrivateCellDir() {
-  return "/tmp/kiln-cells-" + std::to_string(::getuid()) + "-" + std::to_string(::getpid());
+  // One directory per process, made on first use: dlopen copies of cells and mint work. It is
+  // removed when the process exits normally (a worker's drain, a command's return) — mapped
+  // objects stay valid after their files go — and a dead process's directory is swept by the
+  // next kiln process of the same user. Without this a fleet host gained one directory per boot.
+  static const std::string* dir = [] {
+    const std::string prefix = "kiln-cells-" + std::to_string(::getuid()) + "-";
+    SweepDeadPrivateDirs("/tmp", prefix);
+    static const pid_t owner = ::getpid();
+    auto* d = new std::string("/tmp/" + prefix + std::to_string(owner));
+    std::atexit([] {
+      if (::getpid() != owner) return;  // a forked child exiting must not remove its parent's
+      std::error_code ec;
+      std::filesystem::remove_all(*dir, ec);
+    });
+    return d;
+  }();
+  return *dir;
 }
 
 Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,
