@@ -187,6 +187,51 @@ TEST(OnnxImport, UnsupportedElementTypeIsUnimplementedNamingIt) {
   EXPECT_NE(g.status().message().find("'x'"), std::string::npos);
 }
 
+// Names reach JSON (events, cell metadata, KServe answers): one that is not UTF-8 is refused at
+// import, with the place and the bytes escaped; a subgraph's names are checked too.
+TEST(OnnxImport, NamesThatAreNotUtf8AreRefusedWithThePlaceAndTheBytes) {
+  {
+    OnnxBuilder b;
+    b.Input("x\xff", kFloat, {2}).Output("y", kFloat, {2});
+    b.Node("Relu", {"x\xff"}, {"y"});
+    auto g = ImportOnnxBytes(b.Bytes(), "m.onnx");
+    ASSERT_FALSE(g.ok());
+    EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(g.status().message().find("m.onnx: graph: input name \"x\\xff\" is not valid UTF-8"),
+              std::string::npos)
+        << g.status().ToString();
+  }
+  {
+    OnnxBuilder b;
+    b.Input("c", kInt64, {}).Input("x", kFloat, {2}).Output("y", kFloat, {2});
+    auto& n = b.Node("If", {"c"}, {"y"}, "branch");
+    for (const char* branch : {"then_branch", "else_branch"}) {
+      auto* a = n.add_attribute();
+      a->set_name(branch);
+      a->set_type(onnx::AttributeProto::GRAPH);
+      onnx::GraphProto* g = a->mutable_g();
+      g->set_name(branch);
+      auto* node = g->add_node();
+      node->set_op_type("Relu");
+      node->add_input("x");
+      node->add_output(std::string(branch) == "else_branch" ? "z\xc0\xaf" : "z");
+      g->add_output()->set_name("z");
+    }
+    auto g = ImportOnnxBytes(b.Bytes(), "m.onnx");
+    ASSERT_FALSE(g.ok());
+    EXPECT_NE(g.status().message().find("attribute 'else_branch' of node 0: node 0 output "
+                                        "\"z\\xc0\\xaf\" is not valid UTF-8"),
+              std::string::npos)
+        << g.status().ToString();
+  }
+  {  // Well-formed non-ASCII names are names like any other.
+    OnnxBuilder b;
+    b.Input("\xc3\xa9l\xc3\xa8ve", kFloat, {2}).Output("y", kFloat, {2});
+    b.Node("Relu", {"\xc3\xa9l\xc3\xa8ve"}, {"y"});
+    EXPECT_TRUE(ImportOnnxBytes(b.Bytes(), "m.onnx").ok());
+  }
+}
+
 TEST(OnnxImport, UnknownOpIsNamedByTheVerifier) {
   OnnxBuilder b;
   b.Input("x", kFloat, {2}).Output("y", kFloat, {2});

@@ -13,11 +13,46 @@
 #include <unordered_map>
 
 #include "src/kiln/base/file.h"
+#include "src/kiln/base/utf8.h"
 
 namespace kiln {
 namespace {
 
 constexpr int64_t kMaxTensorBytes = int64_t{1} << 36;  // 64 GiB: anything larger is corrupt here
+
+// Every name in `gp` and its subgraphs (graph, values, initializers, nodes, op types, domains,
+// attribute names) is valid UTF-8, as ONNX's string fields require; protobuf's proto2 parser
+// does not check. A name that is not would later reach JSON (events, cell metadata, KServe
+// answers), which cannot carry it. `where` locates the graph ("graph", "graph, attribute 'body'
+// of node 3"). Attribute string values are bytes in ONNX and are not checked here.
+Status CheckNamesAreUtf8(const onnx::GraphProto& gp, const std::string& where) {
+  auto check = [&](const std::string& name, const std::string& what) -> Status {
+    if (IsValidUtf8(name)) return Status::OK();
+    return Status::InvalidArgument(where + ": " + what + " \"" + EscapeBytes(name) +
+                                   "\" is not valid UTF-8 (ONNX names are UTF-8 strings)");
+  };
+  KILN_RETURN_IF_ERROR(check(gp.name(), "the graph name"));
+  for (const auto& v : gp.input()) KILN_RETURN_IF_ERROR(check(v.name(), "input name"));
+  for (const auto& v : gp.output()) KILN_RETURN_IF_ERROR(check(v.name(), "output name"));
+  for (const auto& v : gp.value_info()) KILN_RETURN_IF_ERROR(check(v.name(), "value_info name"));
+  for (const auto& t : gp.initializer()) KILN_RETURN_IF_ERROR(check(t.name(), "initializer name"));
+  for (int i = 0; i < gp.node_size(); ++i) {
+    const onnx::NodeProto& n = gp.node(i);
+    const std::string node = "node " + std::to_string(i);
+    KILN_RETURN_IF_ERROR(check(n.name(), node + " name"));
+    KILN_RETURN_IF_ERROR(check(n.op_type(), node + " op_type"));
+    KILN_RETURN_IF_ERROR(check(n.domain(), node + " domain"));
+    for (const auto& v : n.input()) KILN_RETURN_IF_ERROR(check(v, node + " input"));
+    for (const auto& v : n.output()) KILN_RETURN_IF_ERROR(check(v, node + " output"));
+    for (const auto& a : n.attribute()) {
+      KILN_RETURN_IF_ERROR(check(a.name(), node + " attribute name"));
+      const std::string sub = where + ", attribute '" + a.name() + "' of " + node;
+      if (a.has_g()) KILN_RETURN_IF_ERROR(CheckNamesAreUtf8(a.g(), sub));
+      for (const auto& g : a.graphs()) KILN_RETURN_IF_ERROR(CheckNamesAreUtf8(g, sub));
+    }
+  }
+  return Status::OK();
+}
 
 struct Importer {
   std::string what;  // the source, for errors
@@ -522,6 +557,9 @@ struct Importer {
                        " bytes could not be parsed; truncated or not an ONNX file?)");
     }
     if (!model.has_graph()) return Error(StatusCode::kCorruption, "model has no graph");
+    if (Status names = CheckNamesAreUtf8(model.graph(), "graph"); !names.ok()) {
+      return Error(StatusCode::kInvalidArgument, names.message());
+    }
     std::map<std::string, int64_t> opsets;
     for (const auto& os : model.opset_import()) {
       const std::string domain = os.domain() == "ai.onnx" ? "" : os.domain();
