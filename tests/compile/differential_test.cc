@@ -99,6 +99,12 @@ In PosW(std::vector<int64_t> s) {
 In I32Idx(std::vector<int64_t> s) {
   return In{std::move(s), onnx::TensorProto::INT32, Domain::kIndex, {}};
 }
+// An int32 bound weight in [-1000, 1000]: a quantized bias, checkpoint data (law 1).
+In I32W(std::vector<int64_t> s) {
+  In i{std::move(s), onnx::TensorProto::INT32, Domain::kAny, {}};
+  i.as_weight = true;
+  return i;
+}
 In Absent() {
   In i;
   i.absent = true;
@@ -322,6 +328,12 @@ const std::vector<Case>& FamilyCCases() {
        {U8In({1, 3, 7, 7}), PosW({}), U8W({}), I8W({4, 3, 3, 3}), PosW({4}), I8W({4}), BigW({}),
         I8W({}), I32Idx({4})},
        Ints("strides", {2, 2})},
+      // the bias as a real quantized model stores it: an int32 initializer, bound as a weight
+      {"QLinearConv",
+       {U8In({1, 3, 6, 6}), PosW({}), U8W({}), I8W({2, 3, 3, 3}), PosW({}), I8W({}), BigW({}),
+        I8W({}), I32W({2})}},
+      // a QDQ model's bias: int32 data dequantized to float
+      {"DequantizeLinear", {I32W({6}), PosW({})}},
       {"QLinearConv",
        {I8In({1, 2, 9}), PosW({}), I8W({}), U8W({2, 2, 3}), PosW({}), U8W({}), BigW({}), U8W({})},
        Str("auto_pad", "SAME_LOWER")},
@@ -533,6 +545,18 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
           const DType dt = in.elem == onnx::TensorProto::INT8 ? DType::kInt8 : DType::kUInt8;
           inputs[name] = *Tensor::FromBytes(dt, in.shape, v.data(), v.size());
         }
+        names.push_back(name);
+        continue;
+      }
+      if (in.as_weight && in.elem == onnx::TensorProto::INT32) {
+        std::uniform_int_distribution<int32_t> u(-1000, 1000);
+        std::vector<int32_t> v(static_cast<size_t>(n));
+        for (auto& x : v) x = u(rng);
+        auto* init = b.graph().add_initializer();
+        init->set_name(name);
+        init->set_data_type(in.elem);
+        for (auto d : in.shape) init->add_dims(d);
+        for (int32_t x : v) init->add_int32_data(x);
         names.push_back(name);
         continue;
       }
@@ -922,7 +946,8 @@ TEST(Differential, NonZeroOnRuntimeInputIsRefusedAsDataDependent) {
 }
 
 // Family C also re-binds the cell to another checkpoint: scales, zero points and recurrent
-// weights are read as bound data (float weights scaled by 1.25, 8-bit ones shifted by 3).
+// weights are read as bound data (float weights scaled by 1.25, 8-bit and int32 ones shifted by
+// 3).
 TEST(Differential, FamilyCOpsCompiledMatchEager) {
   Built built = BuildGroup(FamilyCCases(), 17);
   WeightMap other;
@@ -933,6 +958,7 @@ TEST(Differential, FamilyCOpsCompiledMatchEager) {
       if (t.dtype() == DType::kInt8 || t.dtype() == DType::kUInt8) {
         t.data<uint8_t>()[i] = static_cast<uint8_t>(t.data<uint8_t>()[i] + 3);
       }
+      if (t.dtype() == DType::kInt32) t.data<int32_t>()[i] += 3;
     }
     other.emplace(name, std::move(t));
   }

@@ -31,9 +31,9 @@ struct Spec {
   float scale = 2.0f;
   std::vector<int64_t> shape = {3, 2};
   std::string act = "Relu";
-  std::string mid = "h";        // intermediate value name
+  std::string mid = "h";  // intermediate value name
   std::string node_name = "mm";
-  bool swap_order = false;      // emit the independent branch first
+  bool swap_order = false;  // emit the independent branch first
   int64_t x_rows = 2;
   std::string out_name = "y";
   bool matmul_swapped_edge = false;
@@ -42,7 +42,9 @@ struct Spec {
 
 std::string Build(const Spec& s) {
   OnnxBuilder b;
-  b.Input("x", kFloat, {s.x_rows, 4}).Output(s.out_name, kFloat, {3, 2}).Output("z", kFloat, {2, 4});
+  b.Input("x", kFloat, {s.x_rows, 4})
+      .Output(s.out_name, kFloat, {3, 2})
+      .Output("z", kFloat, {2, 4});
   b.FloatInit(s.w_name, s.w_dims, s.w);
   b.FloatInit("b", {3}, s.bias);
   auto neg = [&] { b.Node("Neg", {"x"}, {"z"}, "neg"); };
@@ -98,21 +100,27 @@ TEST(GraphDigest, ChangedByStructure) {
   const std::string base = DigestOf(Spec{});
   const std::vector<std::pair<std::string, std::function<void(Spec&)>>> changes = {
       {"op", [](Spec& s) { s.act = "Sigmoid"; }},
-      {"attribute", [](Spec& s) {
+      {"attribute",
+       [](Spec& s) {
          s.act = "LeakyRelu";
          s.leaky_alpha = 0.1f;
        }},
-      {"edge", [](Spec& s) {
+      {"edge",
+       [](Spec& s) {
          s.matmul_swapped_edge = true;
          s.w_dims = {4, 3};
        }},
       {"weight name", [](Spec& s) { s.w_name = "W2"; }},
-      {"weight shape", [](Spec& s) {
+      {"weight shape",
+       [](Spec& s) {
          s.w_dims = {4, 3, 1};
        }},
       {"graph input shape", [](Spec& s) { s.x_rows = 5; }},
       {"graph output name", [](Spec& s) { s.out_name = "y2"; }},
-      {"structural constant", [](Spec& s) { s.shape = {2, 3}; }},
+      {"structural constant",
+       [](Spec& s) {
+         s.shape = {2, 3};
+       }},
   };
   for (const auto& [what, change] : changes) {
     Spec s;
@@ -163,8 +171,8 @@ TEST(GraphDigest, BothCheckpointsOfEachExampleGiveOneDigest) {
     }
     // And the derived checkpoint really differs from the committed one.
     const std::string first = b->begin()->first;
-    EXPECT_NE(std::memcmp(b->at(first).raw_data(), a->at(first).raw_data(),
-                          a->at(first).nbytes()), 0);
+    EXPECT_NE(std::memcmp(b->at(first).raw_data(), a->at(first).raw_data(), a->at(first).nbytes()),
+              0);
   }
 }
 
@@ -204,6 +212,56 @@ TEST(GraphDigest, ShapeDeterminingFloatsAreStructural) {
   auto derived = DeriveCheckpoint(g2, 3);
   ASSERT_TRUE(derived.ok());
   EXPECT_TRUE(derived->empty());
+}
+
+// A quantized model's int32 bias is checkpoint data like its 8-bit weights: a weight, not a
+// structural constant, so its values do not enter the digest and a derived checkpoint moves it.
+// Other int32 initializers (a Reshape's shape, indices) stay structural.
+TEST(GraphDigest, QuantizedInt32BiasesAreWeights) {
+  auto build = [](int32_t bias0, int32_t axes0) {
+    OnnxBuilder b;
+    b.Input("x", onnx::TensorProto::UINT8, {1, 1, 3, 3})
+        .Output("y", onnx::TensorProto::UINT8, {1, 2, 1, 1})
+        .Output("bf", kFloat, {2})
+        .Output("idx", kFloat, {1});
+    auto init = [&](const std::string& name, int elem, std::vector<int64_t> dims,
+                    std::vector<int32_t> ints, std::vector<float> floats = {}) {
+      auto* t = b.graph().add_initializer();
+      t->set_name(name);
+      t->set_data_type(elem);
+      for (auto d : dims) t->add_dims(d);
+      for (auto v : ints) t->add_int32_data(v);
+      for (auto v : floats) t->add_float_data(v);
+    };
+    init("xs", kFloat, {}, {}, {0.1f});
+    init("xz", onnx::TensorProto::UINT8, {}, {7});
+    init("w", onnx::TensorProto::INT8, {2, 1, 3, 3}, std::vector<int32_t>(18, 3));
+    init("ws", kFloat, {}, {}, {0.2f});
+    init("wz", onnx::TensorProto::INT8, {}, {0});
+    init("ys", kFloat, {}, {}, {0.5f});
+    init("yz", onnx::TensorProto::UINT8, {}, {1});
+    init("bias", onnx::TensorProto::INT32, {2}, {bias0, 40});
+    init("qdq_bias", onnx::TensorProto::INT32, {2}, {bias0, 40});
+    init("gather_at", onnx::TensorProto::INT32, {1}, {axes0});
+    b.Node("QLinearConv", {"x", "xs", "xz", "w", "ws", "wz", "ys", "yz", "bias"}, {"y"});
+    b.Node("DequantizeLinear", {"qdq_bias", "ws"}, {"bf"});
+    b.Node("Gather", {"bf", "gather_at"}, {"idx"});
+    auto g = ImportOnnxBytes(b.Bytes(), "quantized");
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return *g;
+  };
+  const Graph g = build(-5, 0);
+  EXPECT_TRUE(g.IsWeight("bias"));
+  EXPECT_TRUE(g.IsWeight("qdq_bias"));
+  EXPECT_FALSE(g.IsWeight("gather_at"));                    // int32 indices: structural
+  EXPECT_EQ(*GraphDigest(g), *GraphDigest(build(123, 0)));  // bias values: not the graph
+  EXPECT_NE(*GraphDigest(g), *GraphDigest(build(-5, 1)));   // index values: the graph
+  auto derived = DeriveCheckpoint(g, 3);
+  ASSERT_TRUE(derived.ok());
+  ASSERT_TRUE(derived->count("bias"));
+  EXPECT_NE(derived->at("bias").data<int32_t>()[0], -5);
+  EXPECT_NE(derived->at("w").data<int8_t>()[0], 3);  // 8-bit weights move too
+  EXPECT_FALSE(derived->count("gather_at"));
 }
 
 }  // namespace

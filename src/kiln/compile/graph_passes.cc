@@ -141,6 +141,7 @@ Result<bool> InlineOneKnownIf(Graph& graph) {
       if (branch.structural_floats.count(name)) {
         graph.structural_floats.insert(rename.at(name));
       }
+      if (branch.int32_weights.count(name)) graph.int32_weights.insert(rename.at(name));
     }
     // S2: an If output the branch does not define itself (an outer value, a constant, one value
     // given twice) is copied by an Identity.

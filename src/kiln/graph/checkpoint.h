@@ -31,8 +31,9 @@ Result<WeightMap> LoadCheckpoint(const Graph& graph, const std::string& safetens
                                  bool require_complete = false);
 
 // A deterministic fine-tune stand-in: every float weight w becomes w + scale * rms(w) * n, with n
-// drawn from a fixed portable PRNG (splitmix64 + Box-Muller) seeded by (seed, weight name). 8-bit
-// weights are copied. The same graph and seed give byte-identical results on every machine.
+// drawn from a fixed portable PRNG (splitmix64 + Box-Muller) seeded by (seed, weight name); 8-bit
+// and int32 weights (quantized weights, zero points, biases) move 1-3 steps either way,
+// saturating. The same graph and seed give byte-identical results on every machine.
 Result<WeightMap> DeriveCheckpoint(const Graph& graph, uint64_t seed, double scale = 0.05);
 
 }  // namespace kiln

@@ -7,15 +7,24 @@ namespace kiln {
 
 const char* AttributeKindName(Attribute::Kind kind) {
   switch (kind) {
-    case Attribute::Kind::kFloat: return "float";
-    case Attribute::Kind::kInt: return "int";
-    case Attribute::Kind::kString: return "string";
-    case Attribute::Kind::kTensor: return "tensor";
-    case Attribute::Kind::kGraph: return "graph";
-    case Attribute::Kind::kFloats: return "floats";
-    case Attribute::Kind::kInts: return "ints";
-    case Attribute::Kind::kStrings: return "strings";
-    case Attribute::Kind::kGraphs: return "graphs";
+    case Attribute::Kind::kFloat:
+      return "float";
+    case Attribute::Kind::kInt:
+      return "int";
+    case Attribute::Kind::kString:
+      return "string";
+    case Attribute::Kind::kTensor:
+      return "tensor";
+    case Attribute::Kind::kGraph:
+      return "graph";
+    case Attribute::Kind::kFloats:
+      return "floats";
+    case Attribute::Kind::kInts:
+      return "ints";
+    case Attribute::Kind::kStrings:
+      return "strings";
+    case Attribute::Kind::kGraphs:
+      return "graphs";
   }
   return "?";
 }
@@ -31,8 +40,7 @@ namespace {
 Result<const Attribute*> Lookup(const Node& n, const std::string& attr, Attribute::Kind kind) {
   auto it = n.attrs.find(attr);
   if (it == n.attrs.end()) {
-    return Status::InvalidArgument(n.Describe() + ": required attribute '" + attr +
-                                   "' is missing");
+    return Status::InvalidArgument(n.Describe() + ": required attribute '" + attr + "' is missing");
   }
   if (it->second.kind != kind) {
     return Status::InvalidArgument(n.Describe() + ": attribute '" + attr + "' is " +
@@ -119,10 +127,18 @@ bool IsShapeInput(const std::string& domain, const std::string& op_type, size_t 
   return false;
 }
 
+bool IsInt32WeightInput(const std::string& domain, const std::string& op_type, size_t index) {
+  if (!domain.empty()) return false;
+  if (op_type == "QLinearConv") return index == 8;
+  if (op_type == "DequantizeLinear") return index == 0;
+  return false;
+}
+
 bool Graph::IsWeight(const std::string& name) const {
   auto it = initializers.find(name);
-  return it != initializers.end() && IsWeightDType(it->second.dtype()) &&
-         !structural_floats.count(name);
+  if (it == initializers.end()) return false;
+  if (it->second.dtype() == DType::kInt32 && int32_weights.count(name)) return true;
+  return IsWeightDType(it->second.dtype()) && !structural_floats.count(name);
 }
 
 std::vector<std::string> Graph::WeightNames() const {

@@ -40,9 +40,9 @@ struct Attribute {
 const char* AttributeKindName(Attribute::Kind kind);
 
 struct Node {
-  std::string name;     // may be empty; never part of the digest
-  std::string op_type;  // "Conv"
-  std::string domain;   // "" is the default ONNX domain (ai.onnx)
+  std::string name;                 // may be empty; never part of the digest
+  std::string op_type;              // "Conv"
+  std::string domain;               // "" is the default ONNX domain (ai.onnx)
   std::vector<std::string> inputs;  // "" marks an omitted optional input
   std::vector<std::string> outputs;
   std::map<std::string, Attribute> attrs;
@@ -85,14 +85,18 @@ struct ValueInfo {
 // True when input `index` of op (domain, op_type) determines the shape of its output by value
 // even though its dtype is float: Resize roi/scales, Upsample scales, Range start/limit/delta.
 bool IsShapeInput(const std::string& domain, const std::string& op_type, size_t index);
+// True when input `index` of the op holds checkpoint data even though its element type is int32:
+// a quantized convolution's bias (QLinearConv input 8) and the int32 tensor a QDQ model
+// dequantizes into a bias (DequantizeLinear input 0). Such an initializer is a weight (law 1).
+bool IsInt32WeightInput(const std::string& domain, const std::string& op_type, size_t index);
 
 struct Graph {
   std::string name;
   // domain -> opset version; "" is ai.onnx. Subgraphs inherit their model's opsets.
   std::map<std::string, int64_t> opsets;
-  std::vector<ValueInfo> inputs;   // runtime inputs only (initializers are not listed here)
+  std::vector<ValueInfo> inputs;  // runtime inputs only (initializers are not listed here)
   std::vector<ValueInfo> outputs;
-  std::vector<Node> nodes;  // topological order
+  std::vector<Node> nodes;                     // topological order
   std::map<std::string, Tensor> initializers;  // weights and structural constants, by name
   // Declared types of intermediate values, when the file carried them (informational).
   std::map<std::string, ValueInfo> value_info;
@@ -101,6 +105,9 @@ struct Graph {
   // Float initializers that are structural because they feed a shape-determining input
   // (IsShapeInput). Filled by the importer; hashed by value, never replaced by a checkpoint.
   std::set<std::string> structural_floats;
+  // int32 initializers that are weights because they feed an IsInt32WeightInput (quantized
+  // biases). Filled by the importer; bound by name like any weight, never hashed by value.
+  std::set<std::string> int32_weights;
 
   // True for an initializer that is a weight: a weight dtype and not structural.
   bool IsWeight(const std::string& name) const;

@@ -464,6 +464,10 @@ struct Importer {
             IsShapeInput(n.domain, n.op_type, i)) {
           g.structural_floats.insert(n.inputs[i]);
         }
+        if (it != g.initializers.end() && it->second.dtype() == DType::kInt32 &&
+            IsInt32WeightInput(n.domain, n.op_type, i)) {
+          g.int32_weights.insert(n.inputs[i]);
+        }
       }
     }
     return g;
@@ -519,10 +523,12 @@ struct Importer {
                 rename(*sub, name, target);
               }
               if (sub->structural_floats.count(name)) top.structural_floats.insert(target);
+              if (sub->int32_weights.count(name)) top.int32_weights.insert(target);
               top.initializers[target] = t;
             }
             sub->initializers.clear();
             sub->structural_floats.clear();
+            sub->int32_weights.clear();
             hoist(*sub);
           }
         }
@@ -537,6 +543,10 @@ struct Importer {
           if (it != top.initializers.end() && IsWeightDType(it->second.dtype()) &&
               IsShapeInput(n.domain, n.op_type, i)) {
             top.structural_floats.insert(n.inputs[i]);
+          }
+          if (it != top.initializers.end() && it->second.dtype() == DType::kInt32 &&
+              IsInt32WeightInput(n.domain, n.op_type, i)) {
+            top.int32_weights.insert(n.inputs[i]);
           }
         }
         for (const Graph* sub : Subgraphs(n)) mark(*sub);
