@@ -1,7 +1,9 @@
 // Real `kiln worker` and `kiln hub` child processes on loopback for the worker end-to-end tests
-// (mint_e2e_test.cc): a worker started from a manifest with its own cache directory (one
-// "machine" each) and environment, KServe calls against it, its event rows read back from the
-// JSON-lines file it writes, and a hub that can be stopped and restarted on the same port.
+// (worker_e2e_test.cc, refusal_e2e_test.cc, mint_e2e_test.cc): a worker started from a manifest
+// with its own cache directory (one "machine" each) and environment, KServe and admin calls
+// against it, its event rows read back from the JSON-lines file it writes, a hub that can be
+// stopped and restarted on the same port, `kiln` runs that mint and publish cells, and a fixture
+// giving each test its own temporary root.
 #pragma once
 
 #include <fcntl.h>
@@ -11,9 +13,15 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -41,6 +49,27 @@ inline std::pair<int, std::string> Kiln(const std::string& cache, const std::str
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
+// examples/<example>/ with a trailing slash.
+inline std::string ExampleDir(const std::string& example) {
+  return std::string(KILN_SOURCE_DIR) + "/examples/" + example + "/";
+}
+
+// A cell ref's key (the part before '@').
+inline std::string KeyOf(const std::string& ref) { return ref.substr(0, ref.find('@')); }
+
+// `kiln mint` of examples/<example> on the machine whose cache directory is `cache`; sets *ref to
+// the minted cell's ref (the first word `kiln mint` prints).
+inline ::testing::AssertionResult Mint(const std::string& cache, const std::string& example,
+                                       std::string* ref) {
+  auto mint = Kiln(cache, "mint --manifest " + ExampleDir(example) + "kiln.toml");
+  if (mint.first != 0) {
+    return ::testing::AssertionFailure()
+           << "kiln mint exited " << mint.first << ": " << mint.second;
+  }
+  *ref = mint.second.substr(0, mint.second.find_first_of(" \n\t"));
+  return ::testing::AssertionSuccess();
+}
+
 // Starts `argv` as a child with `env` added to this process's environment and its output in
 // `log`. Returns the pid.
 inline pid_t Spawn(std::vector<std::string> args, const std::map<std::string, std::string>& env,
@@ -60,12 +89,13 @@ inline pid_t Spawn(std::vector<std::string> args, const std::map<std::string, st
   return pid;
 }
 
-// A hub whose port survives a restart (the hub-down-during-publish story).
+// A `kiln hub` under `root` (data in root/data, tokens in root/tokens.json) whose port survives a
+// restart (the hub-down-during-publish story).
 class Hub {
  public:
-  explicit Hub(std::string root) : root_(std::move(root)) {}
-  ~Hub() { Stop(SIGKILL); }
-  // Tokens: kPlatform (a platform publisher, which the minting workers use) and kWorker.
+  explicit Hub(std::string root) : root_(std::move(root)), process_(root_ + "/data", "") {}
+  // Tokens: kPlatform (a platform publisher, which `kiln publish` and the minting workers use),
+  // kWorker and kAdmin.
   static ::testing::AssertionResult WriteTokens(const std::string& path) {
     nlohmann::json tokens = {
         {"tokens",
@@ -73,46 +103,50 @@ class Hub {
            {"role", "publisher"},
            {"tier", "platform"},
            {"sha256", Sha256Hex(hub_testing::kPlatform)}},
-          {{"name", "worker"}, {"role", "worker"}, {"sha256", Sha256Hex(hub_testing::kWorker)}}}}};
+          {{"name", "worker"}, {"role", "worker"}, {"sha256", Sha256Hex(hub_testing::kWorker)}},
+          {{"name", "ops"}, {"role", "admin"}, {"sha256", Sha256Hex(hub_testing::kAdmin)}}}}};
     if (!WriteFileAtomic(path, tokens.dump(2)).ok()) {
       return ::testing::AssertionFailure() << "cannot write " << path;
     }
     return ::testing::AssertionSuccess();
   }
+  // Starts the hub: on a free port the first time, on the same port after a Stop.
   ::testing::AssertionResult Start() {
-    if (port_ == 0) port_ = FreePort();
     if (!MakeDirs(root_ + "/data").ok()) return ::testing::AssertionFailure() << "mkdir";
     if (auto w = WriteTokens(root_ + "/tokens.json"); !w) return w;
-    pid_ = Spawn({Binary(), "hub", "--data", root_ + "/data", "--port", std::to_string(port_),
-                  "--bind", "127.0.0.1", "--tokens", root_ + "/tokens.json", "--threads", "8"},
-                 {}, root_ + "/hub.log");
-    auto client = Client("");
-    for (int i = 0; i < 200; ++i) {
-      if (client->Call("GET", "/v1/health").ok()) return ::testing::AssertionSuccess();
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return ::testing::AssertionFailure()
-           << "hub did not start: "
-           << hub_testing::ValueOr(ReadFile(root_ + "/hub.log"), std::string());
+    return process_.Start(process_.port());
   }
-  void Stop(int sig = SIGTERM) {
-    if (pid_ <= 0) return;
-    ::kill(pid_, sig);
-    ::waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  void Stop(int sig = SIGTERM) { process_.Kill(sig); }
+  std::string url() const { return process_.url(); }
+  int port() const { return process_.port(); }
   std::unique_ptr<HubClient> Client(const std::string& token) const {
-    HubClientOptions o;
-    o.url = url();
-    o.token = token;
-    o.connect_timeout_s = 2;
-    o.io_timeout_s = 20;
-    return HubClient::Create(o).value();
+    return process_.Client(token);
+  }
+  // Writes the hub's key set (GET /v1/jwks) to `path`, for a worker's [hub] trust list.
+  ::testing::AssertionResult WriteJwks(const std::string& path) const {
+    auto jwks = Client(hub_testing::kWorker)->GetJwks();
+    if (!jwks.ok()) return ::testing::AssertionFailure() << "GET /v1/jwks: " << jwks.message;
+    if (!WriteFileAtomic(path, jwks.body.dump()).ok()) {
+      return ::testing::AssertionFailure() << "cannot write " << path;
+    }
+    return ::testing::AssertionSuccess();
+  }
+  // `kiln mint` of examples/<example> on the machine `cache`, then `kiln publish` of that cell to
+  // this hub as the platform publisher; sets *ref to the cell's ref.
+  ::testing::AssertionResult MintAndPublish(const std::string& cache, const std::string& example,
+                                            std::string* ref) const {
+    if (auto m = Mint(cache, example, ref); !m) return m;
+    auto pub = Kiln(cache, "publish " + cache + "/cells/" + KeyOf(*ref) + "/cell.tar --hub " +
+                               url() + " --token " + hub_testing::kPlatform);
+    if (pub.first != 0) {
+      return ::testing::AssertionFailure()
+             << "kiln publish exited " << pub.first << ": " << pub.second;
+    }
+    return ::testing::AssertionSuccess();
   }
   // How many rows the hub's dashboard lists for `key` in its cells table.
   int CellRows(const std::string& key) const {
-    httplib::Client http("127.0.0.1", port_);
+    httplib::Client http("127.0.0.1", port());
     http.set_read_timeout(30, 0);
     auto r = http.Get("/");
     for (int i = 0; i < 5 && (!r || r->status != 200); ++i) {
@@ -131,13 +165,24 @@ class Hub {
 
  private:
   std::string root_;
-  pid_t pid_ = -1;
-  int port_ = 0;
+  hub_testing::HubProcess process_;  // SIGKILLed when the Hub goes
 };
 
-// The manifest of examples/<example> with absolute paths, plus `extra` TOML appended.
-inline std::string ExampleManifest(const std::string& example, const std::string& extra) {
-  const std::string dir = std::string(KILN_SOURCE_DIR) + "/examples/" + example + "/";
+// What a test changes in an example's manifest.
+struct ManifestOptions {
+  std::string example = "mlp";
+  std::string lane;     // "" = the example's own ("optional")
+  std::string sm;       // "" = the worker detects the machine's
+  std::string hub_url;  // "" = no [hub] section
+  std::string hub_token = hub_testing::kWorker;
+  int hub_timeout_ms = 0;  // 0 = the worker's default
+  std::string trust_path;  // "" = trust the hub's own key set
+  std::string extra;       // TOML appended last
+};
+
+// The manifest of examples/<example> with absolute paths and the options' changes.
+inline std::string Manifest(const ManifestOptions& o) {
+  const std::string dir = ExampleDir(o.example);
   std::string text = hub_testing::ValueOr(ReadFile(dir + "kiln.toml"), std::string());
   for (const char* rel : {"model.onnx", "checkpoint.safetensors"}) {
     const std::string from = std::string("\"") + rel + "\"";
@@ -145,13 +190,27 @@ inline std::string ExampleManifest(const std::string& example, const std::string
       text.replace(at, from.size(), "\"" + dir + rel + "\"");
     }
   }
-  return text + "\n" + extra;
+  if (!o.lane.empty() || !o.sm.empty()) {
+    const std::string lane = "lane = \"optional\"";
+    const size_t at = text.find(lane);
+    if (at != std::string::npos) {
+      const std::string to = "lane = \"" + (o.lane.empty() ? "optional" : o.lane) + "\"";
+      text.replace(at, lane.size(), o.sm.empty() ? to : to + "\nsm = \"" + o.sm + "\"");
+    }
+  }
+  if (!o.hub_url.empty()) {
+    text += "\n[hub]\nurl = \"" + o.hub_url + "\"\ntoken = \"" + o.hub_token + "\"\n";
+    if (o.hub_timeout_ms != 0) text += "timeout_ms = " + std::to_string(o.hub_timeout_ms) + "\n";
+    if (!o.trust_path.empty()) text += "trust = [\"" + o.trust_path + "\"]\n";
+  }
+  return text + "\n" + o.extra;
 }
 
 // One event row, reduced to what the tests compare.
 struct Row {
   std::string kind, phase, target, detail;
   double duration_ms = 0;
+  uint64_t seq = 0;
   bool operator==(const Row& o) const { return kind == o.kind && phase == o.phase; }
 };
 
@@ -159,7 +218,39 @@ inline std::ostream& operator<<(std::ostream& os, const Row& r) {
   return os << r.kind << "/" << r.phase;
 }
 
-// One `kiln worker` process with its own cache directory ("machine").
+using KindPhases = std::initializer_list<std::pair<const char*, const char*>>;
+
+// Rows with these kinds and phases, for comparing with what a worker wrote.
+inline std::vector<Row> Expect(KindPhases rows) {
+  std::vector<Row> out;
+  for (const auto& [k, p] : rows) out.push_back({k, p, "", "", 0});
+  return out;
+}
+
+// The rows of a target whose boot missed (boot_adopt `miss`) and whose child mint then passed
+// the strict gate and armed, in order: the miss, the child started, the gate's verdict, the local
+// store, the install, the arming and the mint's phases; then `then`.
+inline std::vector<Row> MissThenMinted(const char* miss, KindPhases then = {}) {
+  std::vector<Row> out = Expect({{"boot_adopt", miss},
+                                 {"self_mint_started", "child"},
+                                 {"cell_numerics", "HEALTHY"},
+                                 {"local_cell_stored", "stored"},
+                                 {"serve_posture", "aot_cell"},
+                                 {"local_cell_armed", "armed"},
+                                 {"mint_phases", "minted"}});
+  for (const Row& r : Expect(then)) out.push_back(r);
+  return out;
+}
+
+// Whether `row`'s detail names `what` (a failure prints the row and its detail).
+inline ::testing::AssertionResult DetailNames(const Row& row, const std::string& what) {
+  if (row.detail.find(what) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << row << " detail does not name \"" << what << "\": " << row.detail;
+}
+
+// One `kiln worker` process with its own cache directory ("machine"): its manifest, event rows
+// (events.jsonl) and output (worker.log) live there.
 class Worker {
  public:
   Worker(std::string dir, std::string manifest_text, std::map<std::string, std::string> env = {})
@@ -170,7 +261,8 @@ class Worker {
       ::waitpid(pid_, nullptr, 0);
     }
   }
-  // Writes the manifest, starts the worker and waits until /v2/health/live answers.
+  // Writes the manifest, starts the worker and waits until /v2/health/live answers (boot done:
+  // the front end starts after it).
   ::testing::AssertionResult Start() {
     if (!MakeDirs(dir_).ok()) return ::testing::AssertionFailure() << "mkdir " << dir_;
     if (!WriteFileAtomic(dir_ + "/kiln.toml", manifest_).ok()) {
@@ -180,7 +272,7 @@ class Worker {
     std::map<std::string, std::string> env = env_;
     env["KILN_CACHE_DIR"] = dir_;
     pid_ = Spawn({Binary(), "worker", "--manifest", dir_ + "/kiln.toml", "--port",
-                  std::to_string(port_), "--events", dir_ + "/events.jsonl"},
+                  std::to_string(port_), "--events", EventsPath()},
                  env, dir_ + "/worker.log");
     httplib::Client http("127.0.0.1", port_);
     for (int i = 0; i < 600; ++i) {
@@ -209,10 +301,26 @@ class Worker {
     return hub_testing::ValueOr(ReadFile(dir_ + "/worker.log"), std::string());
   }
 
-  // POST infer with one FP32 JSON tensor; the parsed answer plus its HTTP status and latency.
+  // The HTTP status of GET /v2/health/ready (0: no answer).
+  int ReadyStatus() const {
+    httplib::Client http("127.0.0.1", port_);
+    auto r = http.Get("/v2/health/ready");
+    return r ? r->status : 0;
+  }
+  // Waits until /v2/health/ready answers 200; false after `timeout_ms`.
+  bool WaitReady(int timeout_ms) const {
+    for (int waited = 0; waited < timeout_ms; waited += 50) {
+      if (ReadyStatus() == 200) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+  }
+
+  // An answer: HTTP status (0: none), the parsed body, Retry-After and the latency.
   struct Answer {
     int status = 0;
     nlohmann::json body;
+    std::string retry_after;
     double ms = 0;
     std::string mode() const {
       return body.contains("parameters") ? body["parameters"].value("serving_mode", "") : "";
@@ -224,6 +332,7 @@ class Worker {
       return body.contains("parameters") ? body["parameters"].value("served_cell_ref", "") : "";
     }
   };
+  // POST infer on `model` with FP32 JSON tensors.
   Answer Infer(const std::string& model, const std::map<std::string, Tensor>& inputs) const {
     nlohmann::json req = {{"inputs", nlohmann::json::array()}};
     for (const auto& [name, t] : inputs) {
@@ -232,34 +341,31 @@ class Worker {
       req["inputs"].push_back(
           {{"name", name}, {"shape", t.shape()}, {"datatype", "FP32"}, {"data", data}});
     }
+    return Post("/v2/models/" + model + "/infer", req);
+  }
+  // POST `body` as JSON to `path` (an infer call, an admin order).
+  Answer Post(const std::string& path, const nlohmann::json& body) const {
     httplib::Client http("127.0.0.1", port_);
     http.set_read_timeout(60, 0);
     const auto start = std::chrono::steady_clock::now();
-    auto r = http.Post("/v2/models/" + model + "/infer", req.dump(), "application/json");
+    auto r = http.Post(path, body.dump(), "application/json");
     Answer a;
     a.ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
     if (!r) return a;
     a.status = r->status;
     a.body = nlohmann::json::parse(r->body, nullptr, false);
+    a.retry_after = r->get_header_value("Retry-After");
     return a;
   }
 
-  // The rows on disk, in seq order.
-  std::vector<Row> Rows() const {
-    std::vector<Row> rows;
-    const std::string text = hub_testing::ValueOr(ReadFile(dir_ + "/events.jsonl"), std::string());
-    for (size_t at = 0; at < text.size();) {
-      size_t end = text.find('\n', at);
-      if (end == std::string::npos) end = text.size();
-      auto j = nlohmann::json::parse(text.substr(at, end - at), nullptr, false);
-      at = end + 1;
-      if (!j.is_object()) continue;
-      rows.push_back({j.value("kind", ""), j.value("phase", ""), j.value("target", ""),
-                      j.value("detail", ""), j.value("duration_ms", 0.0)});
-    }
-    return rows;
-  }
+  std::string EventsPath() const { return dir_ + "/events.jsonl"; }
+  // The rows on disk, in file order; a line that does not parse (one a poll reads half written)
+  // is passed over.
+  std::vector<Row> Rows() const { return ReadRows(false); }
+  // The rows on disk once the worker is quiet, each line checked to be a row whose seq is above
+  // the one before it (the tests that assert the rows in seq order).
+  std::vector<Row> RowsInSeqOrder() const { return ReadRows(true); }
   // The rows whose kind is not in `skip`.
   std::vector<Row> RowsWithout(const std::vector<std::string>& skip) const {
     std::vector<Row> out;
@@ -268,20 +374,48 @@ class Worker {
     }
     return out;
   }
-  // Waits for a row of `kind` (and `phase`, when given); false after `timeout_ms`.
-  bool WaitForRow(const std::string& kind, const std::string& phase, int timeout_ms,
-                  Row* found = nullptr) const {
+  // The first row of `kind` (and `phase`, when given) on disk.
+  std::optional<Row> FirstRow(const std::string& kind, const std::string& phase = "") const {
+    for (const Row& r : Rows()) {
+      if (r.kind == kind && (phase.empty() || r.phase == phase)) return r;
+    }
+    return std::nullopt;
+  }
+  // Waits for a row of `kind` (and `phase`, when given); a failure after `timeout_ms` carries
+  // the worker's log.
+  ::testing::AssertionResult WaitForRow(const std::string& kind, const std::string& phase,
+                                        int timeout_ms, Row* found = nullptr) const {
     const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
     while (true) {
-      for (const Row& r : Rows()) {
-        if (r.kind == kind && (phase.empty() || r.phase == phase)) {
-          if (found != nullptr) *found = r;
-          return true;
-        }
+      if (auto r = FirstRow(kind, phase)) {
+        if (found != nullptr) *found = *r;
+        return ::testing::AssertionSuccess();
       }
-      if (std::chrono::steady_clock::now() >= until) return false;
+      if (std::chrono::steady_clock::now() >= until) {
+        return ::testing::AssertionFailure()
+               << "no " << kind << (phase.empty() ? "" : "/") << phase << " row after "
+               << timeout_ms << " ms; the worker's log:\n"
+               << Log();
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
+  }
+
+  // Files of cells loaded by this worker (.so files under its machine directory): none may exist
+  // when an adoption was refused.
+  size_t LoadedCellFiles() const {
+    size_t n = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir_, ec)) {
+      if (e.path().extension() == ".so") ++n;
+    }
+    return n;
+  }
+  // True when the process maps any file of its machine directory ending in .so (a dlopened cell).
+  bool MapsACell() const {
+    const std::string maps =
+        hub_testing::ValueOr(ReadFile("/proc/" + std::to_string(pid_) + "/maps"), std::string());
+    return maps.find(dir_) != std::string::npos && maps.find(".so") != std::string::npos;
   }
   // The pids of this worker's mint children (`kiln mint --child`).
   std::vector<pid_t> MintChildren() const {
@@ -306,16 +440,54 @@ class Worker {
   }
 
  private:
+  // With `checked`, a non-empty line that is not a row, or a seq not above the last, fails the
+  // test; without, lines that do not parse are passed over.
+  std::vector<Row> ReadRows(bool checked) const {
+    std::vector<Row> rows;
+    const std::string text = hub_testing::ValueOr(ReadFile(EventsPath()), std::string());
+    uint64_t last = 0;
+    for (size_t at = 0; at < text.size();) {
+      size_t end = text.find('\n', at);
+      if (end == std::string::npos) end = text.size();
+      const std::string line = text.substr(at, end - at);
+      at = end + 1;
+      auto j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_object()) {
+        if (checked && !line.empty()) ADD_FAILURE() << "not an event row: " << line;
+        continue;
+      }
+      rows.push_back({j.value("kind", ""), j.value("phase", ""), j.value("target", ""),
+                      j.value("detail", ""), j.value("duration_ms", 0.0),
+                      j.value("seq", uint64_t{0})});
+      if (checked) {
+        EXPECT_GT(rows.back().seq, last) << line;
+        last = rows.back().seq;
+      }
+    }
+    return rows;
+  }
+
   std::string dir_, manifest_;
   std::map<std::string, std::string> env_;
   pid_t pid_ = -1;
   int port_ = 0;
 };
 
-inline std::vector<Row> Expect(std::initializer_list<std::pair<const char*, const char*>> rows) {
-  std::vector<Row> out;
-  for (const auto& [k, p] : rows) out.push_back({k, p, "", "", 0});
-  return out;
-}
+// A test with its own temporary root (/tmp/kiln-<test>-XXXXXX), removed after a test that
+// passed (kept for a look after one that failed).
+class MachinesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = std::string("/tmp/kiln-") +
+                       ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    root_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    if (!HasFailure()) std::filesystem::remove_all(root_, ec);
+  }
+  std::string root_;
+};
 
 }  // namespace kiln::worker_testing
