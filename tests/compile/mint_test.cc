@@ -15,6 +15,7 @@
 #include "src/kiln/compile/toolchain.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/tensor/npy.h"
+#include "tests/graph/onnx_builder.h"
 
 namespace kiln {
 namespace {
@@ -123,6 +124,37 @@ TEST(MintLaws, FenceRefusesABakedWeightByName) {
   EXPECT_NE(m.status().message().find("fence_refused"), std::string::npos) << m.status().ToString();
   EXPECT_NE(m.status().message().find("'" + victim + "'"), std::string::npos)
       << m.status().ToString();
+}
+
+// Integer probes stay inside the table an input indexes: a model whose token ids look up a
+// 5-row embedding (through a Cast) is probed with ids in [0, 5), so its mint is measured and
+// HEALTHY instead of failing on an out-of-range id the model would never see.
+TEST(MintLaws, IntegerProbesStayInsideTheTableTheyIndex) {
+  testing::OnnxBuilder b;
+  b.Input("ids", onnx::TensorProto::INT32, {2, 3}).Output("y", testing::kFloat, {2, 3, 4});
+  std::vector<float> table(20);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = 0.1f * static_cast<float>(i);
+  b.FloatInit("embedding", {5, 4}, table);
+  auto& cast = b.Node("Cast", {"ids"}, {"ids64"});
+  testing::OnnxBuilder::IntAttr(cast, "to", onnx::TensorProto::INT64);
+  b.Node("Gather", {"embedding", "ids64"}, {"y"});
+  auto g = ImportOnnxBytes(b.Bytes(), "embedding");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  Target t;
+  t.graph = std::make_shared<const Graph>(std::move(g).value());
+  t.weights = GraphWeights(*t.graph);
+  EXPECT_EQ(ProbeIntBounds(*t.graph), (std::map<std::string, int64_t>{{"ids", 5}}));
+  EntryMetadata e;
+  e.inputs.push_back({"ids", DType::kInt32, {64}});
+  auto probe = ProbeInputs(e, Lane::kExported, 0, ProbeIntBounds(*t.graph));
+  ASSERT_TRUE(probe.ok());
+  for (int64_t i = 0; i < 64; ++i) {
+    EXPECT_GE(probe->at("ids").data<int32_t>()[i], 0);
+    EXPECT_LT(probe->at("ids").data<int32_t>()[i], 5);
+  }
+  auto m = MintCell(Request(t, Envelope{{{{"ids", {2, 3}}}}}, "root/embedding"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->gate.verdict, Verdict::kHealthy) << m->gate.Summary();
 }
 
 // Law 5: the strict gate refuses the gray band and below the floor; nothing reaches the store.

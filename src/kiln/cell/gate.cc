@@ -1,18 +1,24 @@
 // The numerics gate and the fence proof (see gate.h).
 #include "src/kiln/cell/gate.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <set>
 
 namespace kiln {
 
 const char* VerdictName(Verdict v) {
   switch (v) {
-    case Verdict::kHealthy: return "HEALTHY";
-    case Verdict::kDegraded: return "DEGRADED";
-    case Verdict::kDestroyed: return "DESTROYED";
-    case Verdict::kUnmeasurable: return "UNMEASURABLE";
+    case Verdict::kHealthy:
+      return "HEALTHY";
+    case Verdict::kDegraded:
+      return "DEGRADED";
+    case Verdict::kDestroyed:
+      return "DESTROYED";
+    case Verdict::kUnmeasurable:
+      return "UNMEASURABLE";
   }
   return "?";
 }
@@ -20,10 +26,14 @@ const char* VerdictName(Verdict v) {
 namespace {
 int Severity(Verdict v) {
   switch (v) {
-    case Verdict::kHealthy: return 0;
-    case Verdict::kDegraded: return 1;
-    case Verdict::kDestroyed: return 2;
-    case Verdict::kUnmeasurable: return 3;
+    case Verdict::kHealthy:
+      return 0;
+    case Verdict::kDegraded:
+      return 1;
+    case Verdict::kDestroyed:
+      return 2;
+    case Verdict::kUnmeasurable:
+      return 3;
   }
   return 3;
 }
@@ -92,9 +102,51 @@ EntryNumerics CompareOutputs(const TensorMap& reference, const TensorMap& candid
   return n;
 }
 
-Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t salt) {
+std::map<std::string, int64_t> ProbeIntBounds(const Graph& graph) {
+  std::map<std::string, int64_t> bounds;
+  for (const ValueInfo& in : graph.inputs) {
+    if (IsFloatDType(in.dtype) || in.dtype == DType::kBool) continue;
+    // Values carrying the input's integers unchanged; nodes are in topological order.
+    std::set<std::string> same = {in.name};
+    int64_t bound = 0;  // 0 = none found
+    auto tighten = [&](int64_t b) {
+      if (b > 0) bound = bound == 0 ? b : std::min(bound, b);
+    };
+    for (const Node& n : graph.nodes) {
+      if (!n.domain.empty() || n.inputs.empty()) continue;
+      const auto uses = [&](size_t i) { return i < n.inputs.size() && same.count(n.inputs[i]); };
+      if (uses(0) &&
+          (n.op_type == "Cast" || n.op_type == "Identity" || n.op_type == "Reshape" ||
+           n.op_type == "Squeeze" || n.op_type == "Unsqueeze" || n.op_type == "Flatten")) {
+        for (const std::string& o : n.outputs) same.insert(o);
+      } else if (n.op_type == "Gather" && uses(1)) {
+        auto table = graph.initializers.find(n.inputs[0]);
+        if (table == graph.initializers.end()) continue;
+        const Shape& shape = table->second.shape();
+        int64_t axis = n.GetInt("axis", 0);
+        if (axis < 0) axis += static_cast<int64_t>(shape.size());
+        if (axis >= 0 && axis < static_cast<int64_t>(shape.size())) tighten(shape[axis]);
+      } else if (n.op_type == "OneHot" && uses(0) && n.inputs.size() > 1) {
+        auto depth = graph.initializers.find(n.inputs[1]);
+        if (depth != graph.initializers.end() && depth->second.numel() == 1) {
+          tighten(static_cast<int64_t>(depth->second.GetAsDouble(0)));
+        }
+      }
+    }
+    if (bound > 0) bounds[in.name] = bound;
+  }
+  return bounds;
+}
+
+Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t salt,
+                              const std::map<std::string, int64_t>& int_bounds) {
   TensorMap out;
   for (const TensorSpec& s : entry.inputs) {
+    auto b = int_bounds.find(s.name);
+    // Integers are drawn from [0, range): small non-negative values are valid token ids and
+    // indices for any table of at least 8 rows, and a bounded input stays inside its table.
+    const double range =
+        b == int_bounds.end() ? 8.0 : static_cast<double>(std::min<int64_t>(8, b->second));
     uint64_t state = Mix(entry.index * 1000003ull + (lane == Lane::kExported ? 1 : 2) + salt);
     for (char c : s.name) state = Mix(state ^ static_cast<unsigned char>(c));
     KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(s.dtype, s.shape));
@@ -102,15 +154,30 @@ Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t sa
       state = Mix(state);
       const double u = static_cast<double>(state >> 11) / 9007199254740992.0;  // [0,1)
       switch (s.dtype) {
-        case DType::kFloat32: t.data<float>()[i] = static_cast<float>(2 * u - 1); break;
-        case DType::kFloat64: t.data<double>()[i] = 2 * u - 1; break;
-        case DType::kFloat16: t.data<uint16_t>()[i] = FloatToHalf(static_cast<float>(2 * u - 1)); break;
-        // Small non-negative integers: valid token ids / indices for any vocabulary >= 8.
-        case DType::kInt64: t.data<int64_t>()[i] = static_cast<int64_t>(u * 8); break;
-        case DType::kInt32: t.data<int32_t>()[i] = static_cast<int32_t>(u * 8); break;
-        case DType::kInt8: t.data<int8_t>()[i] = static_cast<int8_t>(u * 8); break;
-        case DType::kUInt8: t.data<uint8_t>()[i] = static_cast<uint8_t>(u * 8); break;
-        case DType::kBool: t.data<uint8_t>()[i] = u < 0.5 ? 0 : 1; break;
+        case DType::kFloat32:
+          t.data<float>()[i] = static_cast<float>(2 * u - 1);
+          break;
+        case DType::kFloat64:
+          t.data<double>()[i] = 2 * u - 1;
+          break;
+        case DType::kFloat16:
+          t.data<uint16_t>()[i] = FloatToHalf(static_cast<float>(2 * u - 1));
+          break;
+        case DType::kInt64:
+          t.data<int64_t>()[i] = static_cast<int64_t>(u * range);
+          break;
+        case DType::kInt32:
+          t.data<int32_t>()[i] = static_cast<int32_t>(u * range);
+          break;
+        case DType::kInt8:
+          t.data<int8_t>()[i] = static_cast<int8_t>(u * range);
+          break;
+        case DType::kUInt8:
+          t.data<uint8_t>()[i] = static_cast<uint8_t>(u * range);
+          break;
+        case DType::kBool:
+          t.data<uint8_t>()[i] = u < 0.5 ? 0 : 1;
+          break;
       }
     }
     out[s.name] = std::move(t);
@@ -122,9 +189,10 @@ Result<GateReport> RunGate(const ArmedCell& cell, const Interpreter& eager,
                            const WeightMap& weights, const NumericsThresholds& t) {
   GateReport report;
   report.verdict = Verdict::kHealthy;
+  const std::map<std::string, int64_t> bounds = ProbeIntBounds(eager.graph());
   for (size_t i = 0; i < cell.entries().size(); ++i) {
     const EntryMetadata& e = cell.entries()[i];
-    KILN_ASSIGN_OR_RETURN(TensorMap probe, ProbeInputs(e, cell.lane()));
+    KILN_ASSIGN_OR_RETURN(TensorMap probe, ProbeInputs(e, cell.lane(), 0, bounds));
     KILN_ASSIGN_OR_RETURN(TensorMap ref, eager.Run(probe, &weights));
     CellRunError err;
     auto got = cell.Run(static_cast<int>(i), probe, &err);
@@ -136,10 +204,9 @@ Result<GateReport> RunGate(const ArmedCell& cell, const Interpreter& eager,
     }
     n.entry = static_cast<int>(i);
     report.entries.push_back(n);
-    const bool worse =
-        report.worst_entry < 0 || Severity(n.verdict) > Severity(report.verdict) ||
-        (Severity(n.verdict) == Severity(report.verdict) &&
-         n.cos < report.entries[static_cast<size_t>(report.worst_entry)].cos);
+    const bool worse = report.worst_entry < 0 || Severity(n.verdict) > Severity(report.verdict) ||
+                       (Severity(n.verdict) == Severity(report.verdict) &&
+                        n.cos < report.entries[static_cast<size_t>(report.worst_entry)].cos);
     if (worse) {
       report.verdict = n.verdict;
       report.worst_entry = static_cast<int>(i);

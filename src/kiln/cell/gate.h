@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,8 +47,17 @@ struct GateReport {
 EntryNumerics CompareOutputs(const TensorMap& reference, const TensorMap& candidate,
                              const NumericsThresholds& t);
 
-// Seeded probe inputs for an entry: a pure function of (entry index, lane, input specs).
-Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t salt = 0);
+// Exclusive upper bounds for integer probe values, by graph input: an input that reaches the
+// indices of a Gather on a table the graph binds (an embedding), through value-preserving ops
+// (Cast, Identity, Reshape, Squeeze, Unsqueeze, Flatten), stays below that table's extent along
+// the gathered axis; one that reaches OneHot's indices stays below a constant depth. Inputs not
+// listed use the default range [0, 8).
+std::map<std::string, int64_t> ProbeIntBounds(const Graph& graph);
+
+// Seeded probe inputs for an entry: a pure function of (entry index, lane, input specs, bounds).
+// Floats are drawn from [-1, 1), integers from [0, min(8, bound)), bools from {0, 1}.
+Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t salt = 0,
+                              const std::map<std::string, int64_t>& int_bounds = {});
 
 // Runs every entry of `cell` (bound to `weights`) and `eager` (with `weights`) on probes.
 Result<GateReport> RunGate(const ArmedCell& cell, const Interpreter& eager,

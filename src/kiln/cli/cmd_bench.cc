@@ -71,7 +71,8 @@ Status DoBench(const BenchArgs& a) {
     if (it == cls.end()) return Status::InvalidArgument("--class lacks input '" + v.name + "'");
     probe_spec.inputs.push_back({v.name, v.dtype, it->second});
   }
-  KILN_ASSIGN_OR_RETURN(TensorMap inputs, ProbeInputs(probe_spec, Lane::kExported, 99));
+  KILN_ASSIGN_OR_RETURN(TensorMap inputs,
+                        ProbeInputs(probe_spec, Lane::kExported, 99, ProbeIntBounds(*graph)));
 
   KILN_ASSIGN_OR_RETURN(Interpreter eager, Interpreter::Create(graph));
   RunStats stats;
@@ -96,15 +97,16 @@ Status DoBench(const BenchArgs& a) {
       std::printf(
           "{\"engine\":\"%s\",\"model\":\"%s\",\"class\":\"%s\",\"threads\":%d,"
           "\"median_ms\":%.4f,\"p90_ms\":%.4f,\"runs\":%d,\"activation_mb\":%.3f%s}\n",
-          i == 0 ? "kiln_eager" : "kiln_compiled", model.c_str(), spec.c_str(), a.threads,
-          t.median, t.p90, t.runs, i == 0 ? eager_act : cell_act,
+          i == 0 ? "kiln_eager" : "kiln_compiled", model.c_str(), spec.c_str(), a.threads, t.median,
+          t.p90, t.runs, i == 0 ? eager_act : cell_act,
           i == 0 ? "" : (",\"cell\":\"" + cell.ref + "\"").c_str());
     }
   } else {
-    std::printf("%s %s threads=%d\n  eager     median %8.3f ms  p90 %8.3f ms  activations %.2f MiB\n"
-                "  compiled  median %8.3f ms  p90 %8.3f ms  workspace   %.2f MiB  (%.2fx)\n",
-                model.c_str(), spec.c_str(), a.threads, te.median, te.p90, eager_act, tc.median,
-                tc.p90, cell_act, te.median / tc.median);
+    std::printf(
+        "%s %s threads=%d\n  eager     median %8.3f ms  p90 %8.3f ms  activations %.2f MiB\n"
+        "  compiled  median %8.3f ms  p90 %8.3f ms  workspace   %.2f MiB  (%.2fx)\n",
+        model.c_str(), spec.c_str(), a.threads, te.median, te.p90, eager_act, tc.median, tc.p90,
+        cell_act, te.median / tc.median);
   }
   return Status::OK();
 }
