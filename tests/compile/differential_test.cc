@@ -179,6 +179,12 @@ const std::vector<Case>& Opset17Cases() {
            })},
       {"Conv", {F({1, 3, 10}), W({2, 3, 3})}},
       {"MaxPool", {F({1, 2, 7, 7})}, All(Ints("kernel_shape", {3, 3}), Ints("strides", {2, 2}), Int("ceil_mode", 1))},
+      // With Indices (output 1), row and column major, and the 8-bit inputs.
+      {"MaxPool", {F({2, 2, 6, 5})}, All(Ints("kernel_shape", {3, 2}), Ints("pads", {1, 1, 1, 0})), 2},
+      {"MaxPool", {F({1, 2, 5, 5})},
+       All(Ints("kernel_shape", {2, 2}), Ints("strides", {2, 2}), Int("storage_order", 1)), 2},
+      {"MaxPool", {U8In({1, 3, 6, 6})}, All(Ints("kernel_shape", {2, 2}), Ints("strides", {2, 2}))},
+      {"MaxPool", {I8In({1, 2, 7})}, All(Ints("kernel_shape", {3}), Ints("pads", {1, 1})), 2},
       {"AveragePool", {F({1, 2, 6, 6})}, All(Ints("kernel_shape", {2, 2}), Ints("pads", {1, 1, 1, 1}))},
       {"GlobalAveragePool", {F({1, 3, 5, 5})}}, {"GlobalMaxPool", {F({1, 3, 5, 5})}},
       {"BatchNormalization", {F({2, 3, 4, 4}), W({3}), W({3}), W({3}), F({3}, Domain::kPositive)}},
