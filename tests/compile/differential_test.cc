@@ -81,6 +81,10 @@ In PosW(std::vector<int64_t> s) {
   i.domain = Domain::kPositive;
   return i;
 }
+// float16 inputs: drawn like float ones, then rounded to float16.
+In H(std::vector<int64_t> s, Domain d = Domain::kAny) {
+  return In{std::move(s), onnx::TensorProto::FLOAT16, d, {}};
+}
 In I32Idx(std::vector<int64_t> s) {
   return In{std::move(s), onnx::TensorProto::INT32, Domain::kIndex, {}};
 }
@@ -314,6 +318,7 @@ const std::vector<Case>& FamilyACases() {
       {"Xor", {B({2, 3}), B({3})}},
       {"Mod", {Idx({2, 3}), C({3, -2, 5})}},
       {"Mod", {F({2, 3}), F({3}, Domain::kPositive)}, Int("fmod", 1)},
+      {"Mod", {H({2, 3}), H({3}, Domain::kPositive)}, Int("fmod", 1)},
       {"Sum", {F({2, 3, 4}), F({3, 1}), F({4})}},
       {"Sum", {F({2, 3})}},
       {"Mean", {F({2, 3, 4}), F({4}), F({})}},
@@ -492,11 +497,12 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
       }
       b.Input(name, in.elem, in.shape);
       Tensor t;
-      if (in.elem == onnx::TensorProto::FLOAT) {
+      if (in.elem == onnx::TensorProto::FLOAT || in.elem == onnx::TensorProto::FLOAT16) {
         std::vector<float> v(static_cast<size_t>(n));
         std::uniform_real_distribution<float> u(in.domain == Domain::kPositive ? 0.1f : -2.0f, 2.0f);
         for (auto& x : v) x = u(rng);
         t = Tensor::FromVector<float>(in.shape, v);
+        if (in.elem == onnx::TensorProto::FLOAT16) t = *t.CastTo(DType::kFloat16);
       } else if (in.elem == onnx::TensorProto::BOOL) {
         t = *Tensor::Empty(DType::kBool, in.shape);
         for (int64_t j = 0; j < n; ++j) t.data<uint8_t>()[j] = rng() % 2;

@@ -8,7 +8,7 @@
 //
 // Dtypes: float32 everywhere. The ops shape computations use (Add Sub Mul Div Pow Mod Min Max Sum
 // Neg Abs Sign Relu PRelu Clip) also take int64, int32 and float64 (Min Max Mod int8 and uint8 as
-// well);
+// well; Mod float16 too);
 // Equal, Less, Greater, ... and Where
 // take any dtype; And, Or, Xor and Not take bool; Cast converts between all kiln dtypes. Anything
 // else is UnsupportedDType naming the op and dtype, reported by infer (so the verifier sees it) and
@@ -713,7 +713,8 @@ Status RunMean(const OpContext& ctx, std::vector<Tensor>& outputs) {
 
 // ---------------------------------------------------------------------------------------------
 // Mod: attribute fmod=0 (default) is integer modulo with the sign of the divisor (Python's %);
-// fmod=1 is C fmod, with the sign of the dividend. Floats need fmod=1, as ONNX requires.
+// fmod=1 is C fmod, with the sign of the dividend. Floats (float16 too) need fmod=1, as ONNX
+// requires.
 
 Result<int64_t> ModFlag(const Node& node) {
   const int64_t fmod = node.GetInt("fmod", 0);
@@ -732,7 +733,9 @@ Status CheckMod(const Node& node, int64_t) {
 
 Result<std::vector<TensorType>> InferMod(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
-  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, MinMaxTypes{}));
+  if (t.dtype != DType::kFloat16 && !Accepts(MinMaxTypes{}, t.dtype)) {
+    return UnsupportedDType(ctx, t.dtype, (TypeNames(MinMaxTypes{}) + ", float16").c_str());
+  }
   KILN_ASSIGN_OR_RETURN(int64_t fmod, ModFlag(ctx.node()));
   if (IsFloatDType(t.dtype) && fmod == 0) {
     return Status::InvalidArgument(ctx.where() + ": attribute 'fmod'=0 needs integer inputs (" +
@@ -745,6 +748,18 @@ Status RunMod(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_ASSIGN_OR_RETURN(int64_t fmod, ModFlag(ctx.node()));
   const Tensor& a = ctx.in(0);
   const Tensor& b = ctx.in(1);
+  if (a.dtype() == DType::kFloat16) {
+    if (fmod == 0) return InferMod(ctx).status();
+    // fmod of two float16 values is exact in float32 (the remainder is representable in the
+    // dividend's precision), so the one rounding back to float16 loses nothing.
+    KILN_ASSIGN_OR_RETURN(Tensor wa, a.CastTo(DType::kFloat32));
+    KILN_ASSIGN_OR_RETURN(Tensor wb, b.CastTo(DType::kFloat32));
+    KILN_ASSIGN_OR_RETURN(Tensor acc, Tensor::Empty(DType::kFloat32, outputs[0].shape()));
+    BinaryKernel<float, float>(wa, wb, acc, [](float x, float y) { return std::fmod(x, y); });
+    KILN_ASSIGN_OR_RETURN(Tensor half, acc.CastTo(DType::kFloat16));
+    std::memcpy(outputs[0].raw_data(), half.raw_data(), outputs[0].nbytes());
+    return Status::OK();
+  }
   return Dispatch(ctx, a.dtype(), MinMaxTypes{}, [&]<typename T>() -> Status {
     if constexpr (std::is_floating_point_v<T>) {
       if (fmod == 0) return InferMod(ctx).status();
