@@ -178,6 +178,45 @@ void ScanReference(int64_t axis, bool reverse, const Tensor& x, std::vector<floa
   *y = Floats(x.shape(), out);
 }
 
+// Scan-8 (opset 8): a batch axis 0 on every operand, the sequence on axis 1 of the scan inputs,
+// and an optional sequence_lens. State s [B,2]: s' = s + x_t, y_t = s' * k (k an outer input).
+OnnxBuilder Scan8Model(bool with_lens, bool reverse) {
+  OnnxBuilder b(8);
+  if (with_lens) b.Input("lens", kInt64, {2});
+  b.Input("s0", kFloat, {2, 2}).Input("x", kFloat, {2, 3, 2}).Input("k", kFloat, {});
+  b.Output("s", kFloat, {2, 2}).Output("y", kFloat, {2, 3, 2});
+  OnnxBuilder body;
+  body.Input("s_in", kFloat, {2}).Input("x_t", kFloat, {2});
+  body.Node("Add", {"s_in", "x_t"}, {"s_out"}, "acc");
+  body.Node("Mul", {"s_out", "k"}, {"y_t"}, "scale");
+  body.Output("s_out", kFloat, {2}).Output("y_t", kFloat, {2});
+  auto& n = b.Node("Scan", {with_lens ? "lens" : "", "s0", "x"}, {"s", "y"}, "scan8");
+  OnnxBuilder::IntAttr(n, "num_scan_inputs", 1);
+  if (reverse) OnnxBuilder::IntsAttr(n, "directions", {1});
+  AttachGraph(n, "body", body);
+  return b;
+}
+
+// Scan8Model by hand: batch element b runs lens[b] steps over x[b] (x is [2][3][2]); y past a
+// sequence's length is zero.
+void Scan8Reference(const std::vector<float>& x, std::vector<float> s, float k,
+                    const std::vector<int64_t>& lens, bool reverse, Tensor* final_s, Tensor* y) {
+  std::vector<float> out(12, 0.0f);
+  for (int64_t b = 0; b < 2; ++b) {
+    const int64_t len = lens[static_cast<size_t>(b)];
+    for (int64_t step = 0; step < len; ++step) {
+      const int64_t t = reverse ? len - 1 - step : step;
+      for (int64_t c = 0; c < 2; ++c) {
+        float& st = s[static_cast<size_t>(b * 2 + c)];
+        st += x[static_cast<size_t>((b * 3 + t) * 2 + c)];
+        out[static_cast<size_t>((b * 3 + step) * 2 + c)] = st * k;
+      }
+    }
+  }
+  *final_s = Floats({2, 2}, s);
+  *y = Floats({2, 3, 2}, out);
+}
+
 Tensor BoolScalar(bool v) {
   const uint8_t b = v;
   return *Tensor::FromBytes(DType::kBool, {}, &b, 1);
@@ -257,6 +296,21 @@ TEST(ControlFlowVerifier, BadSubgraphAttributesAreRejectedByName) {
       if (a.name() == "scan_input_directions") a.set_ints(0, 2);
     }
     cases.push_back({b, "Scan 'scan': scan direction 2 must be 0 (forward) or 1 (reverse)"});
+  }
+  for (const auto& [dirs, fragment] :
+       {std::pair<std::vector<int64_t>, std::string>{
+            {2}, "Scan 'scan8': attribute 'directions' has value 2, expected 0 (forward) or 1"},
+        {{0, 1}, "Scan 'scan8': attribute 'directions' has 2 values, expected 1"}}) {
+    OnnxBuilder b = Scan8Model(true, false);
+    OnnxBuilder::IntsAttr(*b.graph().mutable_node(0), "directions", dirs);
+    cases.push_back({b, fragment});
+  }
+  {
+    OnnxBuilder b = Scan8Model(false, false);
+    for (auto& a : *b.graph().mutable_node(0)->mutable_attribute()) {
+      if (a.name() == "num_scan_inputs") a.set_i(3);
+    }
+    cases.push_back({b, "Scan 'scan8': num_scan_inputs=3 must be in [1, 2]"});
   }
   {
     OnnxBuilder b = LoopModel();
@@ -425,6 +479,50 @@ TEST(ControlFlowEager, ScanForwardAndReversedAlongEitherAxis) {
       ExpectNear(out->at("y"), want_y, "scan output");
     }
   }
+}
+
+TEST(ControlFlowEager, Scan8BatchesWithAndWithoutSequenceLengths) {
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, -1, -2, -3, -4, -5, -6};
+  const std::vector<float> s0 = {0.5f, -1, 2, 0};
+  struct Case {
+    bool with_lens;
+    std::vector<int64_t> lens;
+  };
+  for (bool reverse : {false, true}) {
+    for (const Case& c : {Case{false, {3, 3}}, Case{true, {3, 1}}, Case{true, {0, 2}}}) {
+      SCOPED_TRACE(std::string(reverse ? "reversed" : "forward") + " lens " +
+                   std::to_string(c.lens[0]) + "," + std::to_string(c.lens[1]));
+      auto g = Import(Scan8Model(c.with_lens, reverse));
+      ASSERT_NE(g, nullptr);
+      auto interp = Interpreter::Create(g);
+      ASSERT_TRUE(interp.ok()) << interp.status().ToString();
+      TensorMap in = {
+          {"s0", Floats({2, 2}, s0)}, {"x", Floats({2, 3, 2}, x)}, {"k", Tensor::Scalar(2.0f)}};
+      if (c.with_lens) in["lens"] = Tensor::FromVector<int64_t>({2}, c.lens);
+      auto out = interp->Run(in);
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      Tensor want_s, want_y;
+      Scan8Reference(x, s0, 2.0f, c.lens, reverse, &want_s, &want_y);
+      ExpectNear(out->at("s"), want_s, "final state");
+      ExpectNear(out->at("y"), want_y, "scan output");
+    }
+  }
+}
+
+TEST(ControlFlowEager, Scan8RefusesASequenceLengthPastTheSequenceDim) {
+  auto g = Import(Scan8Model(true, false));
+  ASSERT_NE(g, nullptr);
+  auto interp = Interpreter::Create(g);
+  ASSERT_TRUE(interp.ok()) << interp.status().ToString();
+  auto out = interp->Run({{"lens", Tensor::FromVector<int64_t>({2}, {1, 4})},
+                          {"s0", Floats({2, 2}, {0, 0, 0, 0})},
+                          {"x", Floats({2, 3, 2}, std::vector<float>(12, 1.0f))},
+                          {"k", Tensor::Scalar(1.0f)}});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument) << out.status().ToString();
+  EXPECT_NE(out.status().message().find("Scan 'scan8': sequence_lens[1]=4 is outside [0, 3]"),
+            std::string::npos)
+      << out.status().ToString();
 }
 
 // ---- compiled -------------------------------------------------------------------------------
@@ -615,6 +713,28 @@ TEST(ControlFlowCompiled, ScanHasStaticShapesAndRunsCompiled) {
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   Tensor want_s, want_y;
   ScanReference(1, true, x, {0.5f, -1}, 3.0f, &want_s, &want_y);
+  ExpectNear(got->at("s"), want_s, "final state");
+  ExpectNear(got->at("y"), want_y, "scan output");
+}
+
+TEST(ControlFlowCompiled, Scan8WithSequenceLengthsRunsCompiled) {
+  auto g = Import(Scan8Model(true, true));
+  ASSERT_NE(g, nullptr);
+  auto c = Compile(g, Envelope{{{{"lens", {2}}, {"s0", {2, 2}}, {"x", {2, 3, 2}}, {"k", {}}}}}, {},
+                   "scan8");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, -1, -2, -3, -4, -5, -6};
+  const std::vector<float> s0 = {0.5f, -1, 2, 0};
+  CellRunError err;
+  auto got = c->cell->Run(0,
+                          {{"lens", Tensor::FromVector<int64_t>({2}, {2, 3})},
+                           {"s0", Floats({2, 2}, s0)},
+                           {"x", Floats({2, 3, 2}, x)},
+                           {"k", Tensor::Scalar(3.0f)}},
+                          &err);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  Tensor want_s, want_y;
+  Scan8Reference(x, s0, 3.0f, {2, 3}, true, &want_s, &want_y);
   ExpectNear(got->at("s"), want_s, "final state");
   ExpectNear(got->at("y"), want_y, "scan output");
 }
