@@ -217,6 +217,25 @@ void Scan8Reference(const std::vector<float>& x, std::vector<float> s, float k,
   *y = Floats({2, 3, 2}, out);
 }
 
+// Loop carrying `acc` whose body declares no type for its carried input and outputs (what ONNX's
+// function expansions write, e.g. Range's): the type comes from the loop-carried value.
+OnnxBuilder UntypedLoopModel() {
+  OnnxBuilder b(17);
+  b.Input("a", kFloat, {3}).Input("acc0", kFloat, {3});
+  b.Output("acc", kFloat, {3}).Output("rows", kFloat, {4, 3});
+  b.Int64Init("m", {}, {4});
+  OnnxBuilder body;
+  body.Input("i", kInt64, {}).Input("c_in", kBool, {});
+  body.graph().add_input()->set_name("acc_in");  // no type at all
+  body.Node("Add", {"acc_in", "a"}, {"acc_out"}, "plus_a");
+  body.Node("Identity", {"c_in"}, {"c_out"}, "same_cond");
+  body.Node("Identity", {"acc_in"}, {"row"}, "row");
+  for (const char* name : {"c_out", "acc_out", "row"}) body.graph().add_output()->set_name(name);
+  auto& loop = b.Node("Loop", {"m", "", "acc0"}, {"acc", "rows"}, "loop");
+  AttachGraph(loop, "body", body);
+  return b;
+}
+
 Tensor BoolScalar(bool v) {
   const uint8_t b = v;
   return *Tensor::FromBytes(DType::kBool, {}, &b, 1);
@@ -268,6 +287,46 @@ TEST(ControlFlowImport, SiblingBranchesReusingAConstantNameKeepTheirOwnValues) {
   auto e = interp->Run({{"c", BoolScalar(false)}});
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   ExpectNear(e->at("y"), Floats({2}, {5, 6}), "else");
+}
+
+TEST(ControlFlowImport, AnUntypedSubgraphValueTakesItsTypeFromItsBinding) {
+  auto g = Import(UntypedLoopModel());
+  ASSERT_NE(g, nullptr);
+  const Graph& body = *g->nodes.back().attrs.at("body").g;
+  EXPECT_TRUE(body.inputs[0].has_type);
+  EXPECT_FALSE(body.inputs[2].has_type);
+  EXPECT_FALSE(body.outputs[1].has_type);
+  EXPECT_TRUE(VerifyGraph(*g).ok());
+}
+
+TEST(ControlFlowImport, UntypedTopLevelValuesAndNonTensorBodyValuesAreRefusedByName) {
+  OnnxBuilder top = UntypedLoopModel();
+  top.graph().mutable_input(0)->clear_type();
+  auto g = ImportOnnxBytes(top.Bytes(), "m");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("graph input 'a' declares no type"), std::string::npos)
+      << g.status().ToString();
+  OnnxBuilder no_elem = UntypedLoopModel();
+  no_elem.graph().mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(0);
+  g = ImportOnnxBytes(no_elem.Bytes(), "m");
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("graph output 'acc' declares no element type"),
+            std::string::npos)
+      << g.status().ToString();
+  OnnxBuilder seq = UntypedLoopModel();
+  onnx::GraphProto* body = seq.graph().mutable_node(0)->mutable_attribute(0)->mutable_g();
+  body->mutable_input(2)
+      ->mutable_type()
+      ->mutable_sequence_type()
+      ->mutable_elem_type()
+      ->mutable_tensor_type()
+      ->set_elem_type(kFloat);
+  g = ImportOnnxBytes(seq.Bytes(), "m");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kUnimplemented) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("graph input 'acc_in' is not a tensor"), std::string::npos)
+      << g.status().ToString();
 }
 
 TEST(ControlFlowVerifier, AnUndefinedNameInsideABranchIsNamedWithItsPath) {
@@ -384,6 +443,13 @@ TEST(ControlFlowDigest, LoopBodyInputsBindByPositionSoTheirNamesAreCosmetic) {
   body->mutable_input(0)->set_name("acc_in");
   body->mutable_input(2)->set_name("i");
   EXPECT_NE(Digest(swapped), Digest(LoopModel()));
+}
+
+TEST(ControlFlowDigest, AnUntypedBodyValueDigestsApartFromATypedOne) {
+  OnnxBuilder typed = UntypedLoopModel();
+  onnx::GraphProto* body = typed.graph().mutable_node(0)->mutable_attribute(0)->mutable_g();
+  body->mutable_input(2)->mutable_type()->mutable_tensor_type()->set_elem_type(kFloat);
+  EXPECT_NE(Digest(typed), Digest(UntypedLoopModel()));
 }
 
 // ---- eager ----------------------------------------------------------------------------------
@@ -523,6 +589,18 @@ TEST(ControlFlowEager, Scan8RefusesASequenceLengthPastTheSequenceDim) {
   EXPECT_NE(out.status().message().find("Scan 'scan8': sequence_lens[1]=4 is outside [0, 3]"),
             std::string::npos)
       << out.status().ToString();
+}
+
+TEST(ControlFlowEager, LoopWithAnUntypedBodyCarriesTheInitialValuesType) {
+  auto g = Import(UntypedLoopModel());
+  ASSERT_NE(g, nullptr);
+  auto interp = Interpreter::Create(g);
+  ASSERT_TRUE(interp.ok()) << interp.status().ToString();
+  auto out = interp->Run({{"a", Floats({3}, {1, 2, 3})}, {"acc0", Floats({3}, {0.5f, 0, -1})}});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ExpectNear(out->at("acc"), Floats({3}, {4.5f, 8, 11}), "acc0 + 4a");
+  ExpectNear(out->at("rows"), Floats({4, 3}, {0.5f, 0, -1, 1.5f, 2, 2, 2.5f, 4, 5, 3.5f, 6, 8}),
+             "acc before each trip");
 }
 
 // ---- compiled -------------------------------------------------------------------------------
@@ -737,6 +815,19 @@ TEST(ControlFlowCompiled, Scan8WithSequenceLengthsRunsCompiled) {
   Scan8Reference(x, s0, 3.0f, {2, 3}, true, &want_s, &want_y);
   ExpectNear(got->at("s"), want_s, "final state");
   ExpectNear(got->at("y"), want_y, "scan output");
+}
+
+TEST(ControlFlowCompiled, LoopWithAnUntypedBodyRunsCompiled) {
+  auto g = Import(UntypedLoopModel());
+  ASSERT_NE(g, nullptr);
+  auto c = Compile(g, Envelope{{{{"a", {3}}, {"acc0", {3}}}}}, {}, "untyped");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(HasOp(c->programs[0], "Loop"));
+  CellRunError err;
+  auto got =
+      c->cell->Run(0, {{"a", Floats({3}, {1, 2, 3})}, {"acc0", Floats({3}, {0.5f, 0, -1})}}, &err);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectNear(got->at("acc"), Floats({3}, {4.5f, 8, 11}), "acc0 + 4a");
 }
 
 TEST(ControlFlowCompiled, ADataDependentLoopIsRefusedNamingTheOp) {

@@ -183,17 +183,32 @@ struct Importer {
     return t;
   }
 
-  Result<ValueInfo> ConvertValueInfo(const onnx::ValueInfoProto& vi,
-                                     const std::string& role) const {
+  // `subgraph`: the value is an input or output of a subgraph (a branch or loop body), which ONNX
+  // lets leave out its type, or its element type, to be taken from what binds it.
+  Result<ValueInfo> ConvertValueInfo(const onnx::ValueInfoProto& vi, const std::string& role,
+                                     bool subgraph = false) const {
     ValueInfo out;
     out.name = vi.name();
     const std::string obj = role + " '" + vi.name() + "'";
+    const bool untyped = !vi.has_type() || vi.type().value_case() == onnx::TypeProto::VALUE_NOT_SET;
+    if (untyped || (vi.type().has_tensor_type() &&
+                    vi.type().tensor_type().elem_type() == onnx::TensorProto::UNDEFINED)) {
+      if (!subgraph) {
+        return Error(StatusCode::kInvalidArgument,
+                     obj + " declares no " + (untyped ? "type" : "element type") +
+                         "; a model's graph inputs and outputs must declare a tensor type");
+      }
+      out.has_type = false;
+      if (untyped) return out;
+    }
     if (!vi.type().has_tensor_type()) {
       return Error(StatusCode::kUnimplemented,
                    obj + " is not a tensor (sequence/map/optional values are not supported)");
     }
     const auto& tt = vi.type().tensor_type();
-    KILN_ASSIGN_OR_RETURN(out.dtype, MapDType(tt.elem_type(), obj));
+    if (out.has_type) {
+      KILN_ASSIGN_OR_RETURN(out.dtype, MapDType(tt.elem_type(), obj));
+    }
     if (tt.has_shape()) {
       out.has_shape = true;
       for (const auto& d : tt.shape().dim()) {
@@ -367,11 +382,11 @@ struct Importer {
     }
     for (const auto& vi : gp.input()) {
       if (g.initializers.count(vi.name())) continue;  // a weight listed as an input
-      KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, "graph input"));
+      KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, "graph input", !top_level));
       g.inputs.push_back(std::move(v));
     }
     for (const auto& vi : gp.output()) {
-      KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, "graph output"));
+      KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, "graph output", !top_level));
       g.outputs.push_back(std::move(v));
     }
     for (const auto& vi : gp.value_info()) {

@@ -291,6 +291,11 @@ Status RunLoop(const OpContext& ctx, std::vector<Tensor>& outputs) {
       const size_t slot = carried + k;
       if (slot < outputs.size() && outputs[slot].valid()) continue;
       const ValueInfo& declared = body->outputs[1 + carried + k];
+      if (!declared.has_type) {
+        return Status::Unimplemented(ctx.where() + ": scan output " + std::to_string(k) + " ('" +
+                                     declared.name +
+                                     "') has no type: no iteration ran and the body declares none");
+      }
       KILN_ASSIGN_OR_RETURN(stacked, Tensor::Empty(declared.dtype, {0}));
     } else {
       Shape shape = scanned[k][0].shape();
