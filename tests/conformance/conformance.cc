@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "src/kiln/base/file.h"
@@ -295,6 +296,36 @@ std::string RequiredValue(const std::string& message) {
   return message.substr(start + 7, end - start - 7);
 }
 
+// The graph inputs whose values `value` is computed from in the top-level graph: itself when it
+// is one, else the inputs its producers read, transitively (a function expansion computes a
+// shape from the inputs the op under test takes, e.g. Range's start/limit/delta into a Loop's
+// trip count). Shape and Size read only types, so the walk stops there.
+std::vector<std::string> SourceInputs(const onnx::GraphProto& g, const std::string& value,
+                                      const std::vector<std::string>& input_names) {
+  std::map<std::string, const onnx::NodeProto*> producer;
+  for (const auto& n : g.node()) {
+    for (const auto& o : n.output()) producer[o] = &n;
+  }
+  std::vector<std::string> sources, work = {value};
+  std::set<std::string> seen;
+  while (!work.empty()) {
+    const std::string name = work.back();
+    work.pop_back();
+    if (name.empty() || !seen.insert(name).second) continue;
+    if (std::find(input_names.begin(), input_names.end(), name) != input_names.end()) {
+      sources.push_back(name);
+      continue;
+    }
+    auto it = producer.find(name);
+    if (it == producer.end()) continue;  // an initializer
+    const onnx::NodeProto& n = *it->second;
+    if (n.domain().empty() && (n.op_type() == "Shape" || n.op_type() == "Size")) continue;
+    for (const auto& in : n.input()) work.push_back(in);
+  }
+  std::sort(sources.begin(), sources.end());
+  return sources;
+}
+
 Result<Graph> ImportAndInfer(const onnx::ModelProto& model, const TensorMap& inputs,
                              const std::string& what) {
   KILN_ASSIGN_OR_RETURN(Graph graph, ImportOnnxBytes(model.SerializeAsString(), what));
@@ -319,13 +350,17 @@ ModeResult Prepare(const CaseInfo& info, Loaded l, size_t index, Prepared* p) {
     graph = ImportAndInfer(p->model, p->inputs, "model");
     if (graph.ok()) break;
     const std::string value = RequiredValue(graph.status().message());
-    auto it = std::find(l.input_names.begin(), l.input_names.end(), value);
     if (value.empty()) return FromError("shape inference", graph.status());
-    if (it == l.input_names.end() || !p->inputs.count(value)) {
+    std::vector<std::string> sources = SourceInputs(p->model.graph(), value, l.input_names);
+    std::erase_if(sources, [&](const std::string& s) { return !p->inputs.count(s); });
+    if (sources.empty()) {
       return Exclude("data-dependent shape in compiled mode: " + graph.status().message());
     }
-    *p->model.mutable_graph()->add_initializer() = l.input_protos[it - l.input_names.begin()];
-    p->inputs.erase(value);
+    for (const std::string& s : sources) {
+      auto it = std::find(l.input_names.begin(), l.input_names.end(), s);
+      *p->model.mutable_graph()->add_initializer() = l.input_protos[it - l.input_names.begin()];
+      p->inputs.erase(s);
+    }
   }
   if (!graph.ok()) return FromError("shape inference", graph.status());
   ShapeClass cls;

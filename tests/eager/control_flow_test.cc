@@ -844,6 +844,24 @@ TEST(ControlFlowCompiled, ADataDependentLoopIsRefusedNamingTheOp) {
       << cell.status().ToString();
 }
 
+// A body that never stops the loop: the trip count is M, so an M not known for the class is
+// named as the value to make a constant (a data-dependent cond is refused as above).
+TEST(ControlFlowCompiled, ALoopThatAlwaysRunsMTimesNamesAnUnknownM) {
+  OnnxBuilder b = UntypedLoopModel();
+  b.graph().mutable_initializer()->Clear();
+  b.Input("m", kInt64, {});
+  auto g = Import(b);
+  ASSERT_NE(g, nullptr);
+  auto cell = GenerateCell(*g, Envelope{{{{"a", {3}}, {"acc0", {3}}, {"m", {}}}}}, "control-flow",
+                           {}, nullptr, nullptr);
+  ASSERT_FALSE(cell.ok());
+  EXPECT_EQ(cell.status().code(), StatusCode::kInvalidArgument) << cell.status().ToString();
+  EXPECT_NE(cell.status().message().find(
+                "Loop 'loop': input 0 ('M', value 'm') must be a constant known before run"),
+            std::string::npos)
+      << cell.status().ToString();
+}
+
 TEST(ControlFlowCompiled, AnIfWhoseBranchesDisagreeOnADataConditionIsRefusedNamingTheOp) {
   OnnxBuilder b(17);
   b.Input("c", kBool, {}).Input("x", kFloat, {4}).Output("y", kFloat, {-1});

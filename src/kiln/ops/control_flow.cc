@@ -196,6 +196,13 @@ Result<std::vector<TensorType>> InferLoop(const OpContext& ctx) {
   if (trips < 0 && cond_known_true && always && ctx.present(0) && ctx.value(0) != nullptr) {
     trips = std::max<int64_t>(0, ctx.value(0)->GetAsInt64(0));
   }
+  if (trips < 0 && always && out->size() > carried + 1) {
+    // The body never stops the loop, so M and the initial cond alone decide the scan outputs'
+    // leading dim: name the one not known, which a caller specializing shapes can make a
+    // constant (an exporter's Range expansion computes both from Range's inputs).
+    if (ctx.present(0) && ctx.value(0) == nullptr) return ctx.RequireValue(0, "M").status();
+    if (ctx.present(1) && ctx.value(1) == nullptr) return ctx.RequireValue(1, "cond").status();
+  }
   std::vector<TensorType> result;
   for (size_t i = 0; i < carried; ++i) {
     TensorType t = (*out)[i + 1];
