@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <set>
@@ -80,6 +81,11 @@ In PosW(std::vector<int64_t> s) {
   In i = W(std::move(s));
   i.domain = Domain::kPositive;
   return i;
+}
+// The wider integers (INT16, UINT16, UINT32, UINT64) as inputs: full-range bits, or with
+// kPositive values in [1, 1000] (divisors), or with kIndex in [0, 4) (small exponents).
+In WideIn(std::vector<int64_t> s, int elem, Domain d = Domain::kAny) {
+  return In{std::move(s), elem, d, {}};
 }
 // float16 inputs: drawn like float ones, then rounded to float16.
 In H(std::vector<int64_t> s, Domain d = Domain::kAny) {
@@ -319,6 +325,12 @@ const std::vector<Case>& FamilyACases() {
       {"Mod", {Idx({2, 3}), C({3, -2, 5})}},
       {"Mod", {F({2, 3}), F({3}, Domain::kPositive)}, Int("fmod", 1)},
       {"Mod", {H({2, 3}), H({3}, Domain::kPositive)}, Int("fmod", 1)},
+      {"Mod", {WideIn({2, 3}, onnx::TensorProto::INT16), WideIn({3}, onnx::TensorProto::INT16, Domain::kPositive)}},
+      {"Mod", {WideIn({2, 3}, onnx::TensorProto::UINT64), WideIn({3}, onnx::TensorProto::UINT64, Domain::kPositive)}},
+      {"Min", {WideIn({2, 3}, onnx::TensorProto::UINT64), WideIn({3}, onnx::TensorProto::UINT64)}},
+      {"Max", {WideIn({2, 3}, onnx::TensorProto::UINT32), WideIn({2, 1}, onnx::TensorProto::UINT32)}},
+      {"Max", {WideIn({4}, onnx::TensorProto::UINT16), WideIn({4}, onnx::TensorProto::UINT16)}},
+      {"Pow", {F({2, 3}, Domain::kPositive), WideIn({3}, onnx::TensorProto::UINT32, Domain::kIndex)}},
       {"Sum", {F({2, 3, 4}), F({3, 1}), F({4})}},
       {"Sum", {F({2, 3})}},
       {"Mean", {F({2, 3, 4}), F({4}), F({})}},
@@ -503,6 +515,21 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
         for (auto& x : v) x = u(rng);
         t = Tensor::FromVector<float>(in.shape, v);
         if (in.elem == onnx::TensorProto::FLOAT16) t = *t.CastTo(DType::kFloat16);
+      } else if (in.elem == onnx::TensorProto::INT16 || in.elem == onnx::TensorProto::UINT16 ||
+                 in.elem == onnx::TensorProto::UINT32 || in.elem == onnx::TensorProto::UINT64) {
+        const DType dt = in.elem == onnx::TensorProto::INT16    ? DType::kInt16
+                         : in.elem == onnx::TensorProto::UINT16 ? DType::kUInt16
+                         : in.elem == onnx::TensorProto::UINT32 ? DType::kUInt32
+                                                                : DType::kUInt64;
+        t = *Tensor::Empty(dt, in.shape);
+        for (int64_t j = 0; j < n; ++j) {
+          const uint64_t bits = (static_cast<uint64_t>(rng()) << 32) | rng();
+          const uint64_t v = in.domain == Domain::kPositive ? 1 + bits % 1000
+                             : in.domain == Domain::kIndex  ? bits % 4
+                                                            : bits;
+          // The low bytes (little endian): the value truncated to the type's width.
+          std::memcpy(static_cast<char*>(t.raw_data()) + j * DTypeSize(dt), &v, DTypeSize(dt));
+        }
       } else if (in.elem == onnx::TensorProto::BOOL) {
         t = *Tensor::Empty(DType::kBool, in.shape);
         for (int64_t j = 0; j < n; ++j) t.data<uint8_t>()[j] = rng() % 2;

@@ -71,6 +71,14 @@ Result<DType> DTypeOfProto(int32_t t) {
       return DType::kBool;
     case onnx::TensorProto::DOUBLE:
       return DType::kFloat64;
+    case onnx::TensorProto::INT16:
+      return DType::kInt16;
+    case onnx::TensorProto::UINT16:
+      return DType::kUInt16;
+    case onnx::TensorProto::UINT32:
+      return DType::kUInt32;
+    case onnx::TensorProto::UINT64:
+      return DType::kUInt64;
     default: {
       const std::string name =
           onnx::TensorProto_DataType_IsValid(t)
@@ -115,7 +123,19 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& tp, const std::string& w
       if (tp.double_data_size() != n) return count_error(tp.double_data_size());
       std::copy(tp.double_data().begin(), tp.double_data().end(), t.data<double>());
       break;
-    default:  // int32, int8, uint8, bool and float16 bits all travel in int32_data
+    case DType::kUInt32:
+    case DType::kUInt64:
+      if (tp.uint64_data_size() != n) return count_error(tp.uint64_data_size());
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t v = tp.uint64_data(static_cast<int>(i));
+        if (dtype == DType::kUInt32) {
+          t.data<uint32_t>()[i] = static_cast<uint32_t>(v);
+        } else {
+          t.data<uint64_t>()[i] = v;
+        }
+      }
+      break;
+    default:  // int32, int16, uint16, int8, uint8, bool and float16 bits travel in int32_data
       if (tp.int32_data_size() != n) return count_error(tp.int32_data_size());
       for (int64_t i = 0; i < n; ++i) {
         const int32_t v = tp.int32_data(static_cast<int>(i));
@@ -127,6 +147,8 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& tp, const std::string& w
             t.data<int8_t>()[i] = static_cast<int8_t>(v);
             break;
           case DType::kFloat16:
+          case DType::kInt16:
+          case DType::kUInt16:
             t.data<uint16_t>()[i] = static_cast<uint16_t>(v);
             break;
           default:
