@@ -753,7 +753,7 @@ std::string RenderReport(const std::vector<CaseResult>& results, const std::stri
     << ") | " << s.listed_typed_compiled_pass << " ("
     << Percent(s.listed_typed_compiled_pass, s.listed_typed) << ") | - |\n\n"
     << "The acceptance figure is the second row: every case whose op kiln lists counts, including "
-       "cases kiln excludes (a dtype kiln has no type for, such as STRING or UINT16; training "
+       "cases kiln excludes (a dtype kiln has no type for, such as STRING or BFLOAT16; training "
        "modes; sequence values). The third row leaves out the cases whose tensors have no kiln "
        "dtype.\n\n";
   std::map<std::string, std::vector<const CaseResult*>> by_op;
