@@ -897,6 +897,12 @@ TEST(Differential, FamilyCOpsCompiledMatchEager) {
   RunBuilt(built, 17, 1, "rebind", &other);
 }
 
+// A graph whose only operand is a weight has no runtime inputs (as a case whose inputs were all
+// bound as constants): the cell still describes an empty input list and runs.
+TEST(Differential, AGraphWithNoRuntimeInputsCompilesAndRuns) {
+  RunGroup({{"Relu", {W({2, 3})}}, {"Neg", {W({4})}}}, 17);
+}
+
 // Every op in the registry appears in some case (a new op without a differential case fails).
 TEST(Differential, EveryRegisteredOpHasACase) {
   std::set<std::string> covered = {"Constant", "If", "Loop", "Scan"};  // subgraphs: control_flow_test

@@ -758,6 +758,9 @@ Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOpti
     const Program& p = entries[i];
     nlohmann::json e;
     e["index"] = i;
+    // Always arrays, also for a graph with no runtime inputs (readers iterate them).
+    e["inputs"] = nlohmann::json::array();
+    e["outputs"] = nlohmann::json::array();
     for (int id : p.inputs) e["inputs"].push_back(SpecJson(p.buffers[static_cast<size_t>(id)]));
     for (size_t o = 0; o < p.outputs.size(); ++o) {
       nlohmann::json s = SpecJson(p.buffers[static_cast<size_t>(p.outputs[o])]);
