@@ -2,8 +2,9 @@
 // normalizations.
 //
 // Registered into the op registry by RegisterNnOps (called from registry.cc). Each op has a check
-// (attributes only), an infer (shapes, with named errors) and a float32 reference kernel. GEMM
-// and convolution (ConvTranspose as GEMM + col2im) run through oneDNN (ops/dnnl_kernels.h); pools
+// (attributes only), an infer (shapes, with named errors) and a float32 reference kernel
+// (MaxPool, which only compares, also takes float16, float64, int8 and uint8). GEMM and
+// convolution (ConvTranspose as GEMM + col2im) run through oneDNN (ops/dnnl_kernels.h); pools
 // and normalizations are plain loops, and normalization statistics are accumulated in double.
 //
 // Layout of the file: attribute helpers, the sliding-window geometry shared by Conv and the
