@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <set>
@@ -95,6 +96,15 @@ In PosW(std::vector<int64_t> s) {
   In i = W(std::move(s));
   i.domain = Domain::kPositive;
   return i;
+}
+// The wider integers (INT16, UINT16, UINT32, UINT64) as inputs: full-range bits, or with
+// kPositive values in [1, 1000] (divisors), or with kIndex in [0, 4) (small exponents).
+In WideIn(std::vector<int64_t> s, int elem, Domain d = Domain::kAny) {
+  return In{std::move(s), elem, d, {}};
+}
+// float16 inputs: drawn like float ones, then rounded to float16.
+In H(std::vector<int64_t> s, Domain d = Domain::kAny) {
+  return In{std::move(s), onnx::TensorProto::FLOAT16, d, {}};
 }
 In I32Idx(std::vector<int64_t> s) {
   return In{std::move(s), onnx::TensorProto::INT32, Domain::kIndex, {}};
@@ -228,14 +238,15 @@ const std::vector<Case>& Opset17Cases() {
              a->set_s("SAME_UPPER");
            })},
       {"Conv", {F({1, 3, 10}), W({2, 3, 3})}},
-      {"MaxPool",
-       {F({1, 2, 7, 7})},
-       All(Ints("kernel_shape", {3, 3}), Ints("strides", {2, 2}), Int("ceil_mode", 1))},
-      {"AveragePool",
-       {F({1, 2, 6, 6})},
-       All(Ints("kernel_shape", {2, 2}), Ints("pads", {1, 1, 1, 1}))},
-      {"GlobalAveragePool", {F({1, 3, 5, 5})}},
-      {"GlobalMaxPool", {F({1, 3, 5, 5})}},
+      {"MaxPool", {F({1, 2, 7, 7})}, All(Ints("kernel_shape", {3, 3}), Ints("strides", {2, 2}), Int("ceil_mode", 1))},
+      // With Indices (output 1), row and column major, and the 8-bit inputs.
+      {"MaxPool", {F({2, 2, 6, 5})}, All(Ints("kernel_shape", {3, 2}), Ints("pads", {1, 1, 1, 0})), 2},
+      {"MaxPool", {F({1, 2, 5, 5})},
+       All(Ints("kernel_shape", {2, 2}), Ints("strides", {2, 2}), Int("storage_order", 1)), 2},
+      {"MaxPool", {U8In({1, 3, 6, 6})}, All(Ints("kernel_shape", {2, 2}), Ints("strides", {2, 2}))},
+      {"MaxPool", {I8In({1, 2, 7})}, All(Ints("kernel_shape", {3}), Ints("pads", {1, 1})), 2},
+      {"AveragePool", {F({1, 2, 6, 6})}, All(Ints("kernel_shape", {2, 2}), Ints("pads", {1, 1, 1, 1}))},
+      {"GlobalAveragePool", {F({1, 3, 5, 5})}}, {"GlobalMaxPool", {F({1, 3, 5, 5})}},
       {"BatchNormalization", {F({2, 3, 4, 4}), W({3}), W({3}), W({3}), F({3}, Domain::kPositive)}},
       {"InstanceNormalization", {F({2, 3, 4, 4}), W({3}), W({3})}},
       {"LayerNormalization", {F({2, 5, 8}), W({8}), W({8})}},
@@ -383,6 +394,13 @@ const std::vector<Case>& FamilyACases() {
       {"Xor", {B({2, 3}), B({3})}},
       {"Mod", {Idx({2, 3}), C({3, -2, 5})}},
       {"Mod", {F({2, 3}), F({3}, Domain::kPositive)}, Int("fmod", 1)},
+      {"Mod", {H({2, 3}), H({3}, Domain::kPositive)}, Int("fmod", 1)},
+      {"Mod", {WideIn({2, 3}, onnx::TensorProto::INT16), WideIn({3}, onnx::TensorProto::INT16, Domain::kPositive)}},
+      {"Mod", {WideIn({2, 3}, onnx::TensorProto::UINT64), WideIn({3}, onnx::TensorProto::UINT64, Domain::kPositive)}},
+      {"Min", {WideIn({2, 3}, onnx::TensorProto::UINT64), WideIn({3}, onnx::TensorProto::UINT64)}},
+      {"Max", {WideIn({2, 3}, onnx::TensorProto::UINT32), WideIn({2, 1}, onnx::TensorProto::UINT32)}},
+      {"Max", {WideIn({4}, onnx::TensorProto::UINT16), WideIn({4}, onnx::TensorProto::UINT16)}},
+      {"Pow", {F({2, 3}, Domain::kPositive), WideIn({3}, onnx::TensorProto::UINT32, Domain::kIndex)}},
       {"Sum", {F({2, 3, 4}), F({3, 1}), F({4})}},
       {"Sum", {F({2, 3})}},
       {"Mean", {F({2, 3, 4}), F({4}), F({})}},
@@ -573,12 +591,28 @@ Built BuildGroup(const std::vector<Case>& cases, int64_t opset) {
       }
       b.Input(name, in.elem, in.shape);
       Tensor t;
-      if (in.elem == onnx::TensorProto::FLOAT) {
+      if (in.elem == onnx::TensorProto::FLOAT || in.elem == onnx::TensorProto::FLOAT16) {
         std::vector<float> v(static_cast<size_t>(n));
         std::uniform_real_distribution<float> u(in.domain == Domain::kPositive ? 0.1f : -2.0f,
                                                 2.0f);
         for (auto& x : v) x = u(rng);
         t = Tensor::FromVector<float>(in.shape, v);
+        if (in.elem == onnx::TensorProto::FLOAT16) t = *t.CastTo(DType::kFloat16);
+      } else if (in.elem == onnx::TensorProto::INT16 || in.elem == onnx::TensorProto::UINT16 ||
+                 in.elem == onnx::TensorProto::UINT32 || in.elem == onnx::TensorProto::UINT64) {
+        const DType dt = in.elem == onnx::TensorProto::INT16    ? DType::kInt16
+                         : in.elem == onnx::TensorProto::UINT16 ? DType::kUInt16
+                         : in.elem == onnx::TensorProto::UINT32 ? DType::kUInt32
+                                                                : DType::kUInt64;
+        t = *Tensor::Empty(dt, in.shape);
+        for (int64_t j = 0; j < n; ++j) {
+          const uint64_t bits = (static_cast<uint64_t>(rng()) << 32) | rng();
+          const uint64_t v = in.domain == Domain::kPositive ? 1 + bits % 1000
+                             : in.domain == Domain::kIndex  ? bits % 4
+                                                            : bits;
+          // The low bytes (little endian): the value truncated to the type's width.
+          std::memcpy(static_cast<char*>(t.raw_data()) + j * DTypeSize(dt), &v, DTypeSize(dt));
+        }
       } else if (in.elem == onnx::TensorProto::BOOL) {
         t = *Tensor::Empty(DType::kBool, in.shape);
         for (int64_t j = 0; j < n; ++j) t.data<uint8_t>()[j] = rng() % 2;
@@ -963,6 +997,12 @@ TEST(Differential, FamilyCOpsCompiledMatchEager) {
     other.emplace(name, std::move(t));
   }
   RunBuilt(built, 17, 1, "rebind", &other);
+}
+
+// A graph whose only operand is a weight has no runtime inputs (as a case whose inputs were all
+// bound as constants): the cell still describes an empty input list and runs.
+TEST(Differential, AGraphWithNoRuntimeInputsCompilesAndRuns) {
+  RunGroup({{"Relu", {W({2, 3})}}, {"Neg", {W({4})}}}, 17);
 }
 
 // Every op in the registry appears in some case (a new op without a differential case fails).

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "src/kiln/base/file.h"
@@ -70,6 +71,14 @@ Result<DType> DTypeOfProto(int32_t t) {
       return DType::kBool;
     case onnx::TensorProto::DOUBLE:
       return DType::kFloat64;
+    case onnx::TensorProto::INT16:
+      return DType::kInt16;
+    case onnx::TensorProto::UINT16:
+      return DType::kUInt16;
+    case onnx::TensorProto::UINT32:
+      return DType::kUInt32;
+    case onnx::TensorProto::UINT64:
+      return DType::kUInt64;
     default: {
       const std::string name =
           onnx::TensorProto_DataType_IsValid(t)
@@ -114,7 +123,19 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& tp, const std::string& w
       if (tp.double_data_size() != n) return count_error(tp.double_data_size());
       std::copy(tp.double_data().begin(), tp.double_data().end(), t.data<double>());
       break;
-    default:  // int32, int8, uint8, bool and float16 bits all travel in int32_data
+    case DType::kUInt32:
+    case DType::kUInt64:
+      if (tp.uint64_data_size() != n) return count_error(tp.uint64_data_size());
+      for (int64_t i = 0; i < n; ++i) {
+        const uint64_t v = tp.uint64_data(static_cast<int>(i));
+        if (dtype == DType::kUInt32) {
+          t.data<uint32_t>()[i] = static_cast<uint32_t>(v);
+        } else {
+          t.data<uint64_t>()[i] = v;
+        }
+      }
+      break;
+    default:  // int32, int16, uint16, int8, uint8, bool and float16 bits travel in int32_data
       if (tp.int32_data_size() != n) return count_error(tp.int32_data_size());
       for (int64_t i = 0; i < n; ++i) {
         const int32_t v = tp.int32_data(static_cast<int>(i));
@@ -126,6 +147,8 @@ Result<Tensor> TensorFromProto(const onnx::TensorProto& tp, const std::string& w
             t.data<int8_t>()[i] = static_cast<int8_t>(v);
             break;
           case DType::kFloat16:
+          case DType::kInt16:
+          case DType::kUInt16:
             t.data<uint16_t>()[i] = static_cast<uint16_t>(v);
             break;
           default:
@@ -295,6 +318,36 @@ std::string RequiredValue(const std::string& message) {
   return message.substr(start + 7, end - start - 7);
 }
 
+// The graph inputs whose values `value` is computed from in the top-level graph: itself when it
+// is one, else the inputs its producers read, transitively (a function expansion computes a
+// shape from the inputs the op under test takes, e.g. Range's start/limit/delta into a Loop's
+// trip count). Shape and Size read only types, so the walk stops there.
+std::vector<std::string> SourceInputs(const onnx::GraphProto& g, const std::string& value,
+                                      const std::vector<std::string>& input_names) {
+  std::map<std::string, const onnx::NodeProto*> producer;
+  for (const auto& n : g.node()) {
+    for (const auto& o : n.output()) producer[o] = &n;
+  }
+  std::vector<std::string> sources, work = {value};
+  std::set<std::string> seen;
+  while (!work.empty()) {
+    const std::string name = work.back();
+    work.pop_back();
+    if (name.empty() || !seen.insert(name).second) continue;
+    if (std::find(input_names.begin(), input_names.end(), name) != input_names.end()) {
+      sources.push_back(name);
+      continue;
+    }
+    auto it = producer.find(name);
+    if (it == producer.end()) continue;  // an initializer
+    const onnx::NodeProto& n = *it->second;
+    if (n.domain().empty() && (n.op_type() == "Shape" || n.op_type() == "Size")) continue;
+    for (const auto& in : n.input()) work.push_back(in);
+  }
+  std::sort(sources.begin(), sources.end());
+  return sources;
+}
+
 Result<Graph> ImportAndInfer(const onnx::ModelProto& model, const TensorMap& inputs,
                              const std::string& what) {
   KILN_ASSIGN_OR_RETURN(Graph graph, ImportOnnxBytes(model.SerializeAsString(), what));
@@ -319,13 +372,17 @@ ModeResult Prepare(const CaseInfo& info, Loaded l, size_t index, Prepared* p) {
     graph = ImportAndInfer(p->model, p->inputs, "model");
     if (graph.ok()) break;
     const std::string value = RequiredValue(graph.status().message());
-    auto it = std::find(l.input_names.begin(), l.input_names.end(), value);
     if (value.empty()) return FromError("shape inference", graph.status());
-    if (it == l.input_names.end() || !p->inputs.count(value)) {
+    std::vector<std::string> sources = SourceInputs(p->model.graph(), value, l.input_names);
+    std::erase_if(sources, [&](const std::string& s) { return !p->inputs.count(s); });
+    if (sources.empty()) {
       return Exclude("data-dependent shape in compiled mode: " + graph.status().message());
     }
-    *p->model.mutable_graph()->add_initializer() = l.input_protos[it - l.input_names.begin()];
-    p->inputs.erase(value);
+    for (const std::string& s : sources) {
+      auto it = std::find(l.input_names.begin(), l.input_names.end(), s);
+      *p->model.mutable_graph()->add_initializer() = l.input_protos[it - l.input_names.begin()];
+      p->inputs.erase(s);
+    }
   }
   if (!graph.ok()) return FromError("shape inference", graph.status());
   ShapeClass cls;
@@ -696,7 +753,7 @@ std::string RenderReport(const std::vector<CaseResult>& results, const std::stri
     << ") | " << s.listed_typed_compiled_pass << " ("
     << Percent(s.listed_typed_compiled_pass, s.listed_typed) << ") | - |\n\n"
     << "The acceptance figure is the second row: every case whose op kiln lists counts, including "
-       "cases kiln excludes (a dtype kiln has no type for, such as STRING or UINT16; training "
+       "cases kiln excludes (a dtype kiln has no type for, such as STRING or BFLOAT16; training "
        "modes; sequence values). The third row leaves out the cases whose tensors have no kiln "
        "dtype.\n\n";
   std::map<std::string, std::vector<const CaseResult*>> by_op;

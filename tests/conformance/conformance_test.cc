@@ -96,6 +96,77 @@ TEST(Conformance, RunnerPassesFailsAndExcludes) {
   std::filesystem::remove_all(root);
 }
 
+// A shape computed from an input (y = Reshape(x, Add(s, zero)), as a function expansion writes
+// it): compiled mode binds the input the shape comes from, s, as a constant, so the case
+// compiles instead of being excluded as data-dependent.
+TEST(Conformance, CompiledModeBindsTheInputsAShapeIsComputedFrom) {
+  char tmpl[] = "/tmp/kiln-conformance-shape-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  const std::string dir = root + "/test_computed_shape";
+  std::filesystem::create_directories(dir + "/test_data_set_0");
+  onnx::ModelProto m;
+  m.set_ir_version(8);
+  m.add_opset_import()->set_version(13);
+  auto* g = m.mutable_graph();
+  g->set_name("case");
+  auto* zero = g->add_initializer();
+  zero->set_name("zero");
+  zero->set_data_type(onnx::TensorProto::INT64);
+  zero->add_dims(2);
+  zero->add_int64_data(0);
+  zero->add_int64_data(0);
+  auto* add = g->add_node();
+  add->set_op_type("Add");
+  add->add_input("s");
+  add->add_input("zero");
+  add->add_output("shape");
+  auto* reshape = g->add_node();
+  reshape->set_op_type("Reshape");
+  reshape->add_input("x");
+  reshape->add_input("shape");
+  reshape->add_output("y");
+  auto declare = [](onnx::ValueInfoProto* vi, const char* name, int elem,
+                    std::vector<int64_t> dims) {
+    vi->set_name(name);
+    vi->mutable_type()->mutable_tensor_type()->set_elem_type(elem);
+    for (int64_t d : dims) {
+      vi->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
+    }
+  };
+  declare(g->add_input(), "x", onnx::TensorProto::FLOAT, {6});
+  declare(g->add_input(), "s", onnx::TensorProto::INT64, {2});
+  declare(g->add_output(), "y", onnx::TensorProto::FLOAT, {2, 3});
+  std::ofstream(dir + "/model.onnx", std::ios::binary) << m.SerializeAsString();
+  auto write = [&](const std::string& file, const char* name, int elem, std::vector<int64_t> dims,
+                   const std::string& bytes) {
+    onnx::TensorProto t;
+    t.set_name(name);
+    t.set_data_type(elem);
+    for (int64_t d : dims) t.add_dims(d);
+    t.set_raw_data(bytes);
+    std::ofstream(dir + "/test_data_set_0/" + file, std::ios::binary) << t.SerializeAsString();
+  };
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6};
+  const std::vector<int64_t> shape = {2, 3};
+  const std::string xb(reinterpret_cast<const char*>(x.data()), x.size() * 4);
+  write("input_0.pb", "x", onnx::TensorProto::FLOAT, {6}, xb);
+  write("input_1.pb", "s", onnx::TensorProto::INT64, {2},
+        std::string(reinterpret_cast<const char*>(shape.data()), shape.size() * 8));
+  write("output_0.pb", "y", onnx::TensorProto::FLOAT, {2, 3}, xb);
+  std::ofstream(root + "/index.tsv") << "# test\n"
+                                     << "test_computed_shape\tReshape\t13\t0.001\t1e-07\n";
+  auto cases = ReadIndex(root);
+  ASSERT_TRUE(cases.ok()) << cases.status().ToString();
+  RunOptions options;
+  options.work_dir = root;
+  const std::vector<CaseResult> r = RunCases(*cases, options);
+  ASSERT_EQ(r.size(), 1u);
+  EXPECT_EQ(r[0].eager.outcome, Outcome::kPass) << r[0].eager.detail;
+  EXPECT_EQ(r[0].compiled.outcome, Outcome::kPass) << r[0].compiled.detail;
+  std::filesystem::remove_all(root);
+}
+
 std::string SourcePath(const char* file) {
   return (std::filesystem::path(KILN_SOURCE_DIR) / "tests" / "conformance" / file).string();
 }

@@ -179,6 +179,64 @@ void ScanReference(int64_t axis, bool reverse, const Tensor& x, std::vector<floa
   *y = Floats(x.shape(), out);
 }
 
+// Scan-8 (opset 8): a batch axis 0 on every operand, the sequence on axis 1 of the scan inputs,
+// and an optional sequence_lens. State s [B,2]: s' = s + x_t, y_t = s' * k (k an outer input).
+OnnxBuilder Scan8Model(bool with_lens, bool reverse) {
+  OnnxBuilder b(8);
+  if (with_lens) b.Input("lens", kInt64, {2});
+  b.Input("s0", kFloat, {2, 2}).Input("x", kFloat, {2, 3, 2}).Input("k", kFloat, {});
+  b.Output("s", kFloat, {2, 2}).Output("y", kFloat, {2, 3, 2});
+  OnnxBuilder body;
+  body.Input("s_in", kFloat, {2}).Input("x_t", kFloat, {2});
+  body.Node("Add", {"s_in", "x_t"}, {"s_out"}, "acc");
+  body.Node("Mul", {"s_out", "k"}, {"y_t"}, "scale");
+  body.Output("s_out", kFloat, {2}).Output("y_t", kFloat, {2});
+  auto& n = b.Node("Scan", {with_lens ? "lens" : "", "s0", "x"}, {"s", "y"}, "scan8");
+  OnnxBuilder::IntAttr(n, "num_scan_inputs", 1);
+  if (reverse) OnnxBuilder::IntsAttr(n, "directions", {1});
+  AttachGraph(n, "body", body);
+  return b;
+}
+
+// Scan8Model by hand: batch element b runs lens[b] steps over x[b] (x is [2][3][2]); y past a
+// sequence's length is zero.
+void Scan8Reference(const std::vector<float>& x, std::vector<float> s, float k,
+                    const std::vector<int64_t>& lens, bool reverse, Tensor* final_s, Tensor* y) {
+  std::vector<float> out(12, 0.0f);
+  for (int64_t b = 0; b < 2; ++b) {
+    const int64_t len = lens[static_cast<size_t>(b)];
+    for (int64_t step = 0; step < len; ++step) {
+      const int64_t t = reverse ? len - 1 - step : step;
+      for (int64_t c = 0; c < 2; ++c) {
+        float& st = s[static_cast<size_t>(b * 2 + c)];
+        st += x[static_cast<size_t>((b * 3 + t) * 2 + c)];
+        out[static_cast<size_t>((b * 3 + step) * 2 + c)] = st * k;
+      }
+    }
+  }
+  *final_s = Floats({2, 2}, s);
+  *y = Floats({2, 3, 2}, out);
+}
+
+// Loop carrying `acc` whose body declares no type for its carried input and outputs (what ONNX's
+// function expansions write, e.g. Range's): the type comes from the loop-carried value.
+OnnxBuilder UntypedLoopModel() {
+  OnnxBuilder b(17);
+  b.Input("a", kFloat, {3}).Input("acc0", kFloat, {3});
+  b.Output("acc", kFloat, {3}).Output("rows", kFloat, {4, 3});
+  b.Int64Init("m", {}, {4});
+  OnnxBuilder body;
+  body.Input("i", kInt64, {}).Input("c_in", kBool, {});
+  body.graph().add_input()->set_name("acc_in");  // no type at all
+  body.Node("Add", {"acc_in", "a"}, {"acc_out"}, "plus_a");
+  body.Node("Identity", {"c_in"}, {"c_out"}, "same_cond");
+  body.Node("Identity", {"acc_in"}, {"row"}, "row");
+  for (const char* name : {"c_out", "acc_out", "row"}) body.graph().add_output()->set_name(name);
+  auto& loop = b.Node("Loop", {"m", "", "acc0"}, {"acc", "rows"}, "loop");
+  AttachGraph(loop, "body", body);
+  return b;
+}
+
 Tensor BoolScalar(bool v) {
   const uint8_t b = v;
   return *Tensor::FromBytes(DType::kBool, {}, &b, 1);
@@ -232,6 +290,46 @@ TEST(ControlFlowImport, SiblingBranchesReusingAConstantNameKeepTheirOwnValues) {
   ExpectNear(e->at("y"), Floats({2}, {5, 6}), "else");
 }
 
+TEST(ControlFlowImport, AnUntypedSubgraphValueTakesItsTypeFromItsBinding) {
+  auto g = Import(UntypedLoopModel());
+  ASSERT_NE(g, nullptr);
+  const Graph& body = *g->nodes.back().attrs.at("body").g;
+  EXPECT_TRUE(body.inputs[0].has_type);
+  EXPECT_FALSE(body.inputs[2].has_type);
+  EXPECT_FALSE(body.outputs[1].has_type);
+  EXPECT_TRUE(VerifyGraph(*g).ok());
+}
+
+TEST(ControlFlowImport, UntypedTopLevelValuesAndNonTensorBodyValuesAreRefusedByName) {
+  OnnxBuilder top = UntypedLoopModel();
+  top.graph().mutable_input(0)->clear_type();
+  auto g = ImportOnnxBytes(top.Bytes(), "m");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kInvalidArgument) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("graph input 'a' declares no type"), std::string::npos)
+      << g.status().ToString();
+  OnnxBuilder no_elem = UntypedLoopModel();
+  no_elem.graph().mutable_output(0)->mutable_type()->mutable_tensor_type()->set_elem_type(0);
+  g = ImportOnnxBytes(no_elem.Bytes(), "m");
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("graph output 'acc' declares no element type"),
+            std::string::npos)
+      << g.status().ToString();
+  OnnxBuilder seq = UntypedLoopModel();
+  onnx::GraphProto* body = seq.graph().mutable_node(0)->mutable_attribute(0)->mutable_g();
+  body->mutable_input(2)
+      ->mutable_type()
+      ->mutable_sequence_type()
+      ->mutable_elem_type()
+      ->mutable_tensor_type()
+      ->set_elem_type(kFloat);
+  g = ImportOnnxBytes(seq.Bytes(), "m");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), StatusCode::kUnimplemented) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("graph input 'acc_in' is not a tensor"), std::string::npos)
+      << g.status().ToString();
+}
+
 TEST(ControlFlowVerifier, AnUndefinedNameInsideABranchIsNamedWithItsPath) {
   IfSpec spec;
   spec.undefined_in_then = "nowhere";
@@ -258,6 +356,21 @@ TEST(ControlFlowVerifier, BadSubgraphAttributesAreRejectedByName) {
       if (a.name() == "scan_input_directions") a.set_ints(0, 2);
     }
     cases.push_back({b, "Scan 'scan': scan direction 2 must be 0 (forward) or 1 (reverse)"});
+  }
+  for (const auto& [dirs, fragment] :
+       {std::pair<std::vector<int64_t>, std::string>{
+            {2}, "Scan 'scan8': attribute 'directions' has value 2, expected 0 (forward) or 1"},
+        {{0, 1}, "Scan 'scan8': attribute 'directions' has 2 values, expected 1"}}) {
+    OnnxBuilder b = Scan8Model(true, false);
+    OnnxBuilder::IntsAttr(*b.graph().mutable_node(0), "directions", dirs);
+    cases.push_back({b, fragment});
+  }
+  {
+    OnnxBuilder b = Scan8Model(false, false);
+    for (auto& a : *b.graph().mutable_node(0)->mutable_attribute()) {
+      if (a.name() == "num_scan_inputs") a.set_i(3);
+    }
+    cases.push_back({b, "Scan 'scan8': num_scan_inputs=3 must be in [1, 2]"});
   }
   {
     OnnxBuilder b = LoopModel();
@@ -331,6 +444,13 @@ TEST(ControlFlowDigest, LoopBodyInputsBindByPositionSoTheirNamesAreCosmetic) {
   body->mutable_input(0)->set_name("acc_in");
   body->mutable_input(2)->set_name("i");
   EXPECT_NE(Digest(swapped), Digest(LoopModel()));
+}
+
+TEST(ControlFlowDigest, AnUntypedBodyValueDigestsApartFromATypedOne) {
+  OnnxBuilder typed = UntypedLoopModel();
+  onnx::GraphProto* body = typed.graph().mutable_node(0)->mutable_attribute(0)->mutable_g();
+  body->mutable_input(2)->mutable_type()->mutable_tensor_type()->set_elem_type(kFloat);
+  EXPECT_NE(Digest(typed), Digest(UntypedLoopModel()));
 }
 
 // ---- eager ----------------------------------------------------------------------------------
@@ -426,6 +546,62 @@ TEST(ControlFlowEager, ScanForwardAndReversedAlongEitherAxis) {
       ExpectNear(out->at("y"), want_y, "scan output");
     }
   }
+}
+
+TEST(ControlFlowEager, Scan8BatchesWithAndWithoutSequenceLengths) {
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, -1, -2, -3, -4, -5, -6};
+  const std::vector<float> s0 = {0.5f, -1, 2, 0};
+  struct Case {
+    bool with_lens;
+    std::vector<int64_t> lens;
+  };
+  for (bool reverse : {false, true}) {
+    for (const Case& c : {Case{false, {3, 3}}, Case{true, {3, 1}}, Case{true, {0, 2}}}) {
+      SCOPED_TRACE(std::string(reverse ? "reversed" : "forward") + " lens " +
+                   std::to_string(c.lens[0]) + "," + std::to_string(c.lens[1]));
+      auto g = Import(Scan8Model(c.with_lens, reverse));
+      ASSERT_NE(g, nullptr);
+      auto interp = Interpreter::Create(g);
+      ASSERT_TRUE(interp.ok()) << interp.status().ToString();
+      TensorMap in = {
+          {"s0", Floats({2, 2}, s0)}, {"x", Floats({2, 3, 2}, x)}, {"k", Tensor::Scalar(2.0f)}};
+      if (c.with_lens) in["lens"] = Tensor::FromVector<int64_t>({2}, c.lens);
+      auto out = interp->Run(in);
+      ASSERT_TRUE(out.ok()) << out.status().ToString();
+      Tensor want_s, want_y;
+      Scan8Reference(x, s0, 2.0f, c.lens, reverse, &want_s, &want_y);
+      ExpectNear(out->at("s"), want_s, "final state");
+      ExpectNear(out->at("y"), want_y, "scan output");
+    }
+  }
+}
+
+TEST(ControlFlowEager, Scan8RefusesASequenceLengthPastTheSequenceDim) {
+  auto g = Import(Scan8Model(true, false));
+  ASSERT_NE(g, nullptr);
+  auto interp = Interpreter::Create(g);
+  ASSERT_TRUE(interp.ok()) << interp.status().ToString();
+  auto out = interp->Run({{"lens", Tensor::FromVector<int64_t>({2}, {1, 4})},
+                          {"s0", Floats({2, 2}, {0, 0, 0, 0})},
+                          {"x", Floats({2, 3, 2}, std::vector<float>(12, 1.0f))},
+                          {"k", Tensor::Scalar(1.0f)}});
+  ASSERT_FALSE(out.ok());
+  EXPECT_EQ(out.status().code(), StatusCode::kInvalidArgument) << out.status().ToString();
+  EXPECT_NE(out.status().message().find("Scan 'scan8': sequence_lens[1]=4 is outside [0, 3]"),
+            std::string::npos)
+      << out.status().ToString();
+}
+
+TEST(ControlFlowEager, LoopWithAnUntypedBodyCarriesTheInitialValuesType) {
+  auto g = Import(UntypedLoopModel());
+  ASSERT_NE(g, nullptr);
+  auto interp = Interpreter::Create(g);
+  ASSERT_TRUE(interp.ok()) << interp.status().ToString();
+  auto out = interp->Run({{"a", Floats({3}, {1, 2, 3})}, {"acc0", Floats({3}, {0.5f, 0, -1})}});
+  ASSERT_TRUE(out.ok()) << out.status().ToString();
+  ExpectNear(out->at("acc"), Floats({3}, {4.5f, 8, 11}), "acc0 + 4a");
+  ExpectNear(out->at("rows"), Floats({4, 3}, {0.5f, 0, -1, 1.5f, 2, 2, 2.5f, 4, 5, 3.5f, 6, 8}),
+             "acc before each trip");
 }
 
 // ---- compiled -------------------------------------------------------------------------------
@@ -623,6 +799,41 @@ TEST(ControlFlowCompiled, ScanHasStaticShapesAndRunsCompiled) {
   ExpectNear(got->at("y"), want_y, "scan output");
 }
 
+TEST(ControlFlowCompiled, Scan8WithSequenceLengthsRunsCompiled) {
+  auto g = Import(Scan8Model(true, true));
+  ASSERT_NE(g, nullptr);
+  auto c = Compile(g, Envelope{{{{"lens", {2}}, {"s0", {2, 2}}, {"x", {2, 3, 2}}, {"k", {}}}}}, {},
+                   "scan8");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const std::vector<float> x = {1, 2, 3, 4, 5, 6, -1, -2, -3, -4, -5, -6};
+  const std::vector<float> s0 = {0.5f, -1, 2, 0};
+  CellRunError err;
+  auto got = c->cell->Run(0,
+                          {{"lens", Tensor::FromVector<int64_t>({2}, {2, 3})},
+                           {"s0", Floats({2, 2}, s0)},
+                           {"x", Floats({2, 3, 2}, x)},
+                           {"k", Tensor::Scalar(3.0f)}},
+                          &err);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  Tensor want_s, want_y;
+  Scan8Reference(x, s0, 3.0f, {2, 3}, true, &want_s, &want_y);
+  ExpectNear(got->at("s"), want_s, "final state");
+  ExpectNear(got->at("y"), want_y, "scan output");
+}
+
+TEST(ControlFlowCompiled, LoopWithAnUntypedBodyRunsCompiled) {
+  auto g = Import(UntypedLoopModel());
+  ASSERT_NE(g, nullptr);
+  auto c = Compile(g, Envelope{{{{"a", {3}}, {"acc0", {3}}}}}, {}, "untyped");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(HasOp(c->programs[0], "Loop"));
+  CellRunError err;
+  auto got =
+      c->cell->Run(0, {{"a", Floats({3}, {1, 2, 3})}, {"acc0", Floats({3}, {0.5f, 0, -1})}}, &err);
+  ASSERT_TRUE(got.ok()) << got.status().ToString();
+  ExpectNear(got->at("acc"), Floats({3}, {4.5f, 8, 11}), "acc0 + 4a");
+}
+
 TEST(ControlFlowCompiled, ADataDependentLoopIsRefusedNamingTheOp) {
   // The body decides when to stop: the scan output's leading dim is data.
   auto g = Import(LoopModel());
@@ -634,6 +845,24 @@ TEST(ControlFlowCompiled, ADataDependentLoopIsRefusedNamingTheOp) {
   EXPECT_NE(cell.status().message().find("Loop 'loop'"), std::string::npos)
       << cell.status().ToString();
   EXPECT_NE(cell.status().message().find("data-dependent shape"), std::string::npos)
+      << cell.status().ToString();
+}
+
+// A body that never stops the loop: the trip count is M, so an M not known for the class is
+// named as the value to make a constant (a data-dependent cond is refused as above).
+TEST(ControlFlowCompiled, ALoopThatAlwaysRunsMTimesNamesAnUnknownM) {
+  OnnxBuilder b = UntypedLoopModel();
+  b.graph().mutable_initializer()->Clear();
+  b.Input("m", kInt64, {});
+  auto g = Import(b);
+  ASSERT_NE(g, nullptr);
+  auto cell = GenerateCell(*g, Envelope{{{{"a", {3}}, {"acc0", {3}}, {"m", {}}}}}, "control-flow",
+                           {}, nullptr, nullptr);
+  ASSERT_FALSE(cell.ok());
+  EXPECT_EQ(cell.status().code(), StatusCode::kInvalidArgument) << cell.status().ToString();
+  EXPECT_NE(cell.status().message().find(
+                "Loop 'loop': input 0 ('M', value 'm') must be a constant known before run"),
+            std::string::npos)
       << cell.status().ToString();
 }
 

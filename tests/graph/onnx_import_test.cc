@@ -112,6 +112,63 @@ TEST(OnnxImport, ReadsDoubleTensorsFromDoubleDataAndRawData) {
   EXPECT_NE(bad.status().message().find("float64[2]"), std::string::npos);
 }
 
+// INT16/UINT16 travel in int32_data, UINT32/UINT64 in uint64_data (or all in raw_data); they
+// are structural like int32.
+TEST(OnnxImport, ReadsTheWiderIntegerTypes) {
+  OnnxBuilder b;
+  b.Input("x", onnx::TensorProto::UINT64, {2}).Output("y", onnx::TensorProto::UINT64, {2});
+  auto* i16 = b.graph().add_initializer();
+  i16->set_name("i16");
+  i16->set_data_type(onnx::TensorProto::INT16);
+  i16->add_dims(2);
+  i16->add_int32_data(-32768);
+  i16->add_int32_data(12);
+  auto* u32 = b.graph().add_initializer();
+  u32->set_name("u32");
+  u32->set_data_type(onnx::TensorProto::UINT32);
+  u32->add_dims(1);
+  u32->add_uint64_data(4294967295u);
+  auto* u64 = b.graph().add_initializer();
+  u64->set_name("u64");
+  u64->set_data_type(onnx::TensorProto::UINT64);
+  u64->add_dims(2);
+  u64->add_uint64_data(18446744073709551615ull);
+  u64->add_uint64_data(3);
+  const uint16_t raw_values[2] = {65535, 1};
+  auto* u16 = b.graph().add_initializer();
+  u16->set_name("u16");
+  u16->set_data_type(onnx::TensorProto::UINT16);
+  u16->add_dims(2);
+  u16->set_raw_data(std::string(reinterpret_cast<const char*>(raw_values), sizeof(raw_values)));
+  b.Node("Max", {"x", "u64"}, {"y"});
+  auto g = ImportOnnxBytes(b.Bytes(), "w.onnx");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  EXPECT_TRUE(VerifyGraph(*g).ok());
+  EXPECT_EQ(g->inputs[0].dtype, DType::kUInt64);
+  const Tensor& a = g->initializers.at("i16");
+  ASSERT_EQ(a.dtype(), DType::kInt16);
+  EXPECT_EQ(a.data<int16_t>()[0], -32768);
+  EXPECT_EQ(g->initializers.at("u32").data<uint32_t>()[0], 4294967295u);
+  EXPECT_EQ(g->initializers.at("u64").data<uint64_t>()[0], 18446744073709551615ull);
+  EXPECT_EQ(g->initializers.at("u16").data<uint16_t>()[0], 65535);
+  EXPECT_TRUE(g->WeightNames().empty()) << "wider integers are structural";
+
+  OnnxBuilder short_data;
+  short_data.Input("x", onnx::TensorProto::UINT32, {2}).Output("y", onnx::TensorProto::UINT32, {2});
+  auto* s = short_data.graph().add_initializer();
+  s->set_name("w");
+  s->set_data_type(onnx::TensorProto::UINT32);
+  s->add_dims(2);
+  s->add_uint64_data(1);
+  short_data.Node("Max", {"x", "w"}, {"y"});
+  auto bad = ImportOnnxBytes(short_data.Bytes(), "w.onnx");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kCorruption);
+  EXPECT_NE(bad.status().message().find("'w' (uint32[2]) holds 1 values, expected 2"),
+            std::string::npos)
+      << bad.status().ToString();
+}
+
 TEST(OnnxImport, SortsUnsortedNodesAndRefusesCycles) {
   OnnxBuilder b;
   b.Input("x", kFloat, {2}).Output("z", kFloat, {2});
@@ -178,12 +235,12 @@ TEST(OnnxImport, RawDataOfWrongSizeIsCorruptionNamingTheTensor) {
 
 TEST(OnnxImport, UnsupportedElementTypeIsUnimplementedNamingIt) {
   OnnxBuilder b;
-  b.Input("x", onnx::TensorProto::UINT16, {2}).Output("y", onnx::TensorProto::UINT16, {2});
+  b.Input("x", onnx::TensorProto::BFLOAT16, {2}).Output("y", onnx::TensorProto::BFLOAT16, {2});
   b.Node("Relu", {"x"}, {"y"});
   auto g = ImportOnnxBytes(b.Bytes(), "m.onnx");
   ASSERT_FALSE(g.ok());
   EXPECT_EQ(g.status().code(), StatusCode::kUnimplemented);
-  EXPECT_NE(g.status().message().find("UINT16"), std::string::npos) << g.status().ToString();
+  EXPECT_NE(g.status().message().find("BFLOAT16"), std::string::npos) << g.status().ToString();
   EXPECT_NE(g.status().message().find("'x'"), std::string::npos);
 }
 

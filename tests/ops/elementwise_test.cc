@@ -331,6 +331,18 @@ std::vector<ElementwiseCase> BinaryCases() {
        {F32({4}, {-4.5f, 7.25f, 5, -7}), F32({4}, {2, -3, 8, 2.5f})},
        F32({4}, {std::fmod(-4.5f, 2.0f), std::fmod(7.25f, -3.0f), 5, std::fmod(-7.0f, 2.5f)}),
        {{"fmod", IntAttr(1)}}},
+      // float16 fmod is exact (the remainder fits the dividend's precision): 7.25 fmod -3 =
+      // 1.25, -4.5 fmod 2 = -0.5, 65504 fmod 3 = 65504 - 21834*3 = 2, -7 fmod 2.5 = -2.
+      {"ModHalfFmodMixedSign",
+       "Mod",
+       {Half({4}, {-4.5f, 7.25f, 65504, -7}), Half({4}, {2, -3, 3, 2.5f})},
+       Half({4}, {-0.5f, 1.25f, 2, -2}),
+       {{"fmod", IntAttr(1)}}},
+      {"ModHalfBroadcastScalar",
+       "Mod",
+       {Half({3}, {5.5f, -5.5f, 0.75f}), Half({}, {2})},
+       Half({3}, {1.5f, -1.5f, 0.75f}),
+       {{"fmod", IntAttr(1)}}},
       {"PReluSlopeBroadcast",
        "PRelu",
        {F32({2, 3}, {-1, 2, -3, 4, -5, 6}), F32({3}, {0.1f, 0.2f, 0.3f})},
@@ -702,6 +714,17 @@ std::vector<ErrorCase> ErrorCases() {
        {x, x},
        StatusCode::kInvalidArgument,
        {"Mod 'n0'", "'fmod'=0", "float32"}},
+      {"ModHalfNeedsFmod",
+       "Mod",
+       {Half({1}, {1}), Half({1}, {2})},
+       StatusCode::kInvalidArgument,
+       {"Mod 'n0'", "'fmod'=0", "float16 inputs need fmod=1"}},
+      {"ModBoolUnsupported",
+       "Mod",
+       {Bool({1}, {1}), Bool({1}, {1})},
+       StatusCode::kUnimplemented,
+       {"Mod 'n0'", "dtype bool is not supported", "uint64, float16"},
+       {{"fmod", IntAttr(1)}}},
       {"ModInt32ByZero",
        "Mod",
        {I32({2}, {1, 2}), I32({2}, {3, 0})},
@@ -838,6 +861,72 @@ TEST(ElementwiseFloat64, ModNegAbsComparePowClip) {
   auto clip = RunOp(MakeNode("Clip", 3), {x, F64({}, {-1.0}), F64({}, {1.0 / 3.0})});
   ASSERT_TRUE(clip.ok()) << clip.status().ToString();
   testing::ExpectTensorNear((*clip)[0], F64({4}, {1.0 / 3.0, -1.0, 1.0 / 3.0, -0.25}), 0, 0);
+}
+
+// int16, uint16, uint32 and uint64: Min/Max/Mod over the full range (uint64 past INT64_MAX),
+// unsigned Mod without signs, Pow with an unsigned exponent, Cast both ways, comparisons.
+TEST(ElementwiseWideIntegers, MinMaxModPowCastCompare) {
+  const uint64_t top = std::numeric_limits<uint64_t>::max();
+  auto u64 = [](Shape s, std::vector<uint64_t> v) { return Tensor::FromVector<uint64_t>(s, v); };
+  auto max = RunOp(MakeNode("Max", 2), {u64({3}, {top, 1, uint64_t{1} << 63}), u64({}, {2})});
+  ASSERT_TRUE(max.ok()) << max.status().ToString();
+  EXPECT_EQ((*max)[0].data<uint64_t>()[0], top);  // not -1 < 2
+  EXPECT_EQ((*max)[0].data<uint64_t>()[1], 2u);
+  EXPECT_EQ((*max)[0].data<uint64_t>()[2], uint64_t{1} << 63);
+  auto min = RunOp(MakeNode("Min", 3), {Tensor::FromVector<int16_t>({2}, {-32768, 7}),
+                                        Tensor::FromVector<int16_t>({2}, {3, 4}),
+                                        Tensor::FromVector<int16_t>({}, {5})});
+  ASSERT_TRUE(min.ok()) << min.status().ToString();
+  testing::ExpectTensorNear((*min)[0], Tensor::FromVector<int16_t>({2}, {-32768, 4}), 0, 0);
+
+  // fmod=0 takes the divisor's sign, fmod=1 the dividend's; unsigned has neither.
+  const Tensor a16 = Tensor::FromVector<int16_t>({4}, {-4, 7, 5, -7});
+  const Tensor b16 = Tensor::FromVector<int16_t>({4}, {3, -3, 8, -2});
+  auto mod = RunOp(MakeNode("Mod", 2), {a16, b16});
+  ASSERT_TRUE(mod.ok()) << mod.status().ToString();
+  testing::ExpectTensorNear((*mod)[0], Tensor::FromVector<int16_t>({4}, {2, -2, 5, -1}), 0, 0);
+  auto fmod = RunOp(MakeNode("Mod", 2, 1, {{"fmod", IntAttr(1)}}), {a16, b16});
+  ASSERT_TRUE(fmod.ok()) << fmod.status().ToString();
+  testing::ExpectTensorNear((*fmod)[0], Tensor::FromVector<int16_t>({4}, {-1, 1, 5, -1}), 0, 0);
+  auto umod = RunOp(MakeNode("Mod", 2),
+                    {Tensor::FromVector<uint32_t>({3}, {4294967295u, 7, 3}),
+                     Tensor::FromVector<uint32_t>({3}, {4294967295u - 1, 4294967295u, 2})});
+  ASSERT_TRUE(umod.ok()) << umod.status().ToString();
+  testing::ExpectTensorNear((*umod)[0], Tensor::FromVector<uint32_t>({3}, {1, 7, 1}), 0, 0);
+  auto zero = RunOp(MakeNode("Mod", 2), {Tensor::FromVector<uint16_t>({2}, {1, 2}),
+                                         Tensor::FromVector<uint16_t>({2}, {3, 0})});
+  ASSERT_FALSE(zero.ok());
+  EXPECT_NE(zero.status().message().find("Mod 'n0': integer division by zero"), std::string::npos)
+      << zero.status().ToString();
+
+  auto pow = RunOp(MakeNode("Pow", 2),
+                   {F32({3}, {2, -3, 0.5f}), Tensor::FromVector<uint32_t>({3}, {10, 3, 2})});
+  ASSERT_TRUE(pow.ok()) << pow.status().ToString();
+  testing::ExpectTensorNear((*pow)[0], F32({3}, {1024, -27, 0.25f}), 0, 0);
+  auto pow64 = RunOp(MakeNode("Pow", 2), {F32({1}, {3}), u64({1}, {4})});
+  ASSERT_TRUE(pow64.ok()) << pow64.status().ToString();
+  testing::ExpectTensorNear((*pow64)[0], F32({1}, {81}), 0, 0);
+  auto pow_base = RunOp(MakeNode("Pow", 2), {u64({1}, {3}), u64({1}, {4})});
+  ASSERT_FALSE(pow_base.ok());
+  EXPECT_NE(pow_base.status().message().find("Pow 'n0': dtype uint64 is not supported"),
+            std::string::npos)
+      << pow_base.status().ToString();
+
+  auto cast = RunOp(MakeNode("Cast", 1, 1, {{"to", IntAttr(13)}}), {I64({2}, {-1, 5})});
+  ASSERT_TRUE(cast.ok()) << cast.status().ToString();
+  EXPECT_EQ((*cast)[0].dtype(), DType::kUInt64);
+  EXPECT_EQ((*cast)[0].data<uint64_t>()[0], top);  // wraps, like numpy astype
+  for (const auto& [to, dtype] :
+       {std::pair<int64_t, DType>{5, DType::kInt16}, {4, DType::kUInt16}, {12, DType::kUInt32}}) {
+    auto c = RunOp(MakeNode("Cast", 1, 1, {{"to", IntAttr(to)}}), {F32({1}, {7.9f})});
+    ASSERT_TRUE(c.ok()) << c.status().ToString();
+    EXPECT_EQ((*c)[0].dtype(), dtype);
+    EXPECT_EQ((*c)[0].GetAsInt64(0), 7);
+  }
+
+  auto less = RunOp(MakeNode("Less", 2), {u64({2}, {top, 1}), u64({2}, {1, top})});
+  ASSERT_TRUE(less.ok()) << less.status().ToString();
+  testing::ExpectTensorNear((*less)[0], Bool({2}, {0, 1}), 0, 0);
 }
 
 TEST(ElementwiseFloat64, CastToAndFromDouble) {

@@ -729,12 +729,105 @@ TEST(NnPool, Cases) {
   });
 }
 
+// MaxPool's Indices output: where each maximum sits in X flattened (N*C planes, then the
+// position inside the plane, row major or with storage_order=1 column major), and the dtypes
+// MaxPool takes besides float32.
+TEST(NnPool, MaxPoolIndicesAndDtypes) {
+  using testing::I64;
+  // Plane 0 is [[3,1,2],[9,0,4],[5,8,7]], plane 1 its negation; 2x2 windows, stride 1.
+  // Plane 0: maxima 9 at (1,0), 4 at (1,2), 9 at (1,0), 8 at (2,1): row-major 3 5 3 7, column
+  // major (h + 3w) 1 7 1 5. Plane 1: 0 at (1,1) everywhere, 9 + 4 = 13 either way.
+  const Tensor x =
+      F32({1, 2, 3, 3}, {3, 1, 2, 9, 0, 4, 5, 8, 7, -3, -1, -2, -9, 0, -4, -5, -8, -7});
+  const Tensor y = F32({1, 2, 2, 2}, {9, 4, 9, 8, 0, 0, 0, 0});
+  const Attribute k22 = IntsAttr({2, 2});
+  // 2x2x2 window over [1,1,2,2,2]: the max 20 sits at (d,h,w) = (0,1,1), row major 0*4+1*2+1 = 3,
+  // column major 0 + 1*2 + 1*4 = 6.
+  const Tensor x3 = F32({1, 1, 2, 2, 2}, {1, 2, 3, 20, 5, 6, 7, 8});
+  auto f16 = [](Shape s, std::vector<float> v) { return *F32(s, v).CastTo(DType::kFloat16); };
+  const float nan = std::nanf("");
+  RunCases({
+      {"row_major",
+       "MaxPool",
+       {{"kernel_shape", k22}},
+       {x},
+       {y, I64({1, 2, 2, 2}, {3, 5, 3, 7, 13, 13, 13, 13})}},
+      {"column_major",
+       "MaxPool",
+       {{"kernel_shape", k22}, {"storage_order", IntAttr(1)}},
+       {x},
+       {y, I64({1, 2, 2, 2}, {1, 7, 1, 5, 13, 13, 13, 13})}},
+      {"3d_row_major",
+       "MaxPool",
+       {{"kernel_shape", IntsAttr({2, 2, 2})}},
+       {x3},
+       {F32({1, 1, 1, 1, 1}, {20}), I64({1, 1, 1, 1, 1}, {3})}},
+      {"3d_column_major",
+       "MaxPool",
+       {{"kernel_shape", IntsAttr({2, 2, 2})}, {"storage_order", IntAttr(1)}},
+       {x3},
+       {F32({1, 1, 1, 1, 1}, {20}), I64({1, 1, 1, 1, 1}, {6})}},
+      // Ties go to the first tap in window order.
+      {"ties_first_tap",
+       "MaxPool",
+       {{"kernel_shape", IntsAttr({2})}},
+       {F32({1, 1, 4}, {2, 2, 5, 5})},
+       {F32({1, 1, 3}, {2, 5, 5}), I64({1, 1, 3}, {0, 2, 2})}},
+      // Padding is never pointed at, even where every tap in the input is negative.
+      {"padding_never_pointed_at",
+       "MaxPool",
+       {{"kernel_shape", IntsAttr({3})}, {"pads", IntsAttr({1, 1})}},
+       {F32({1, 1, 3}, {-1, -2, -3})},
+       {F32({1, 1, 3}, {-1, -1, -2}), I64({1, 1, 3}, {0, 0, 1})}},
+      // NaN propagates; Indices points at the window's first NaN.
+      {"nan_first",
+       "MaxPool",
+       {{"kernel_shape", IntsAttr({2})}},
+       {F32({1, 1, 4}, {1, nan, 3, nan})},
+       {F32({1, 1, 3}, {nan, nan, nan}), I64({1, 1, 3}, {1, 1, 3})}},
+      {"int8",
+       "MaxPool",
+       {{"kernel_shape", IntsAttr({2})}, {"strides", IntsAttr({2})}},
+       {Tensor::FromVector<int8_t>({1, 1, 4}, {-128, -5, 127, 3})},
+       {Tensor::FromVector<int8_t>({1, 1, 2}, {-5, 127}), I64({1, 1, 2}, {1, 2})}},
+      {"uint8",
+       "MaxPool",
+       {{"kernel_shape", IntsAttr({2})}, {"strides", IntsAttr({2})}},
+       {Tensor::FromVector<uint8_t>({1, 1, 4}, {0, 255, 200, 201})},
+       {Tensor::FromVector<uint8_t>({1, 1, 2}, {255, 201}), I64({1, 1, 2}, {1, 3})}},
+      {"uint8_pads_without_indices",
+       "MaxPool",
+       {{"kernel_shape", IntsAttr({3})}, {"pads", IntsAttr({1, 1})}},
+       {Tensor::FromVector<uint8_t>({1, 1, 3}, {7, 0, 9})},
+       {Tensor::FromVector<uint8_t>({1, 1, 3}, {7, 9, 9})}},
+      {"float16",
+       "MaxPool",
+       {{"kernel_shape", IntsAttr({2})}, {"strides", IntsAttr({2})}},
+       {f16({1, 1, 4}, {0.5f, 1.5f, -2, -1})},
+       {f16({1, 1, 2}, {1.5f, -1}), I64({1, 1, 2}, {1, 3})}},
+      {"float64",
+       "MaxPool",
+       {{"kernel_shape", IntsAttr({2})}, {"strides", IntsAttr({2})}},
+       {Tensor::FromVector<double>({1, 1, 4}, {0.1, 0.3, 0.2, 0.25})},
+       {Tensor::FromVector<double>({1, 1, 2}, {0.3, 0.25}), I64({1, 1, 2}, {1, 3})}},
+  });
+}
+
 TEST(NnPool, Errors) {
-  ExpectError(MakeNode("MaxPool", 1, 2, {{"kernel_shape", IntsAttr({2, 2})}}), {Seq({1, 1, 4, 4})},
-              StatusCode::kUnimplemented, "output 1 ('Indices', value 'out1') is not supported");
-  ExpectError(MakeNode("MaxPool", 1, 1,
-                       {{"kernel_shape", IntsAttr({2, 2})}, {"storage_order", IntAttr(1)}}),
-              {Seq({1, 1, 4, 4})}, StatusCode::kUnimplemented, "storage_order=1");
+  ExpectError(MakeNode("MaxPool", 1, 2,
+                       {{"kernel_shape", IntsAttr({2, 2})}, {"storage_order", IntAttr(2)}}),
+              {Seq({1, 1, 4, 4})}, StatusCode::kInvalidArgument,
+              "MaxPool 'n0': storage_order=2 is invalid (expected 0, row major, or 1, column "
+              "major)");
+  ExpectError(MakeNode("MaxPool", 1, 1, {{"kernel_shape", IntsAttr({2})}}),
+              {Tensor::FromVector<int32_t>({1, 1, 4}, {1, 2, 3, 4})}, StatusCode::kUnimplemented,
+              "MaxPool 'n0': dtype int32 is not supported (supported: float32, float16, float64, "
+              "int8, uint8)");
+  ExpectError(MakeNode("AveragePool", 1, 1, {{"kernel_shape", IntsAttr({2})}}),
+              {Tensor::FromVector<uint8_t>({1, 1, 4}, {1, 2, 3, 4})}, StatusCode::kUnimplemented,
+              "AveragePool 'n0': dtype uint8 is not supported (supported: float32)");
+  ExpectError(MakeNode("AveragePool", 1, 2, {{"kernel_shape", IntsAttr({2})}}), {Seq({1, 1, 4})},
+              StatusCode::kInvalidArgument, "AveragePool 'n0': has 2 outputs, expected 1 to 1");
   ExpectError(MakeNode("AveragePool", 1), {Seq({1, 1, 4, 4})}, StatusCode::kInvalidArgument,
               "AveragePool 'n0': attribute 'kernel_shape' is required");
   ExpectError(MakeNode("MaxPool", 1, 1, {{"kernel_shape", IntsAttr({2, 2})}}), {Seq({1, 1, 4})},

@@ -115,6 +115,10 @@ TEST(NpyTest, RoundTripsEveryDTypeThroughAFile) {
   }
   tensors.push_back(*Tensor::Empty(DType::kFloat32, {0, 5}));
   tensors.push_back(Tensor::FromVector<double>({3}, {1.0 / 3.0, -1e300, 5e-324}));
+  tensors.push_back(Tensor::FromVector<int16_t>({2}, {-32768, 5}));
+  tensors.push_back(Tensor::FromVector<uint16_t>({2}, {65535, 5}));
+  tensors.push_back(Tensor::FromVector<uint32_t>({2}, {4294967295u, 5}));
+  tensors.push_back(Tensor::FromVector<uint64_t>({2}, {18446744073709551615ull, 5}));
 
   for (const Tensor& t : tensors) {
     SCOPED_TRACE(t.TypeString());
@@ -134,7 +138,8 @@ TEST(NpyTest, WritesDescrsNumpyUnderstands) {
     const char* descr;
   } cases[] = {{DType::kFloat32, "'<f4'"}, {DType::kFloat16, "'<f2'"}, {DType::kInt64, "'<i8'"},
                {DType::kInt32, "'<i4'"},   {DType::kInt8, "'|i1'"},    {DType::kUInt8, "'|u1'"},
-               {DType::kBool, "'|b1'"},    {DType::kFloat64, "'<f8'"}};
+               {DType::kBool, "'|b1'"},    {DType::kFloat64, "'<f8'"}, {DType::kInt16, "'<i2'"},
+               {DType::kUInt16, "'<u2'"},  {DType::kUInt32, "'<u4'"},  {DType::kUInt64, "'<u8'"}};
   for (const auto& c : cases) {
     EXPECT_NE(SerializeNpy(*Tensor::Empty(c.t, {1})).find(c.descr), std::string::npos) << c.descr;
   }

@@ -52,6 +52,10 @@ std::map<std::string, Tensor> SampleTensors() {
   m["mask"] = *Tensor::FromBytes(DType::kBool, {2}, b, 2);
   m["empty"] = *Tensor::Empty(DType::kFloat32, {0, 3});
   m["f64"] = Tensor::FromVector<double>({2}, {1.0 / 3.0, -1e300});
+  m["i16"] = Tensor::FromVector<int16_t>({2}, {-32768, 5});
+  m["u16"] = Tensor::FromVector<uint16_t>({1}, {65535});
+  m["u32"] = Tensor::FromVector<uint32_t>({1}, {4294967295u});
+  m["u64"] = Tensor::FromVector<uint64_t>({2}, {18446744073709551615ull, 0});
   return m;
 }
 

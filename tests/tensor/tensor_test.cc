@@ -26,6 +26,8 @@ TEST(DTypeTest, SizesNamesAndClasses) {
       {DType::kInt64, 8, "int64", false, false},   {DType::kInt32, 4, "int32", false, false},
       {DType::kInt8, 1, "int8", true, false},      {DType::kUInt8, 1, "uint8", true, false},
       {DType::kBool, 1, "bool", false, false},     {DType::kFloat64, 8, "float64", true, true},
+      {DType::kInt16, 2, "int16", false, false},   {DType::kUInt16, 2, "uint16", false, false},
+      {DType::kUInt32, 4, "uint32", false, false}, {DType::kUInt64, 8, "uint64", false, false},
   };
   static_assert(sizeof(cases) / sizeof(cases[0]) == kDTypeCount);
   for (const Case& c : cases) {
@@ -42,6 +44,45 @@ TEST(DTypeTest, SizesNamesAndClasses) {
   EXPECT_NE(bad.status().message().find("complex64"), std::string::npos);
   EXPECT_NE(bad.status().message().find("float64"), std::string::npos);  // the list names it
   EXPECT_EQ(DTypeOf<double>::value, DType::kFloat64);
+  EXPECT_EQ(DTypeOf<int16_t>::value, DType::kInt16);
+  EXPECT_EQ(DTypeOf<uint64_t>::value, DType::kUInt64);
+}
+
+// The wider integers: exact reads, integer casts that wrap like C++, float casts that truncate
+// and saturate (also at the top of uint64, which a double cannot hold exactly).
+TEST(TensorTest, WideIntegerReadsAndCasts) {
+  const uint64_t top = std::numeric_limits<uint64_t>::max();
+  Tensor u64 = Tensor::FromVector<uint64_t>({3}, {top, 5, uint64_t{1} << 63});
+  EXPECT_EQ(u64.TypeString(), "uint64[3]");
+  EXPECT_EQ(u64.GetAsDouble(0), 18446744073709551615.0);
+  EXPECT_EQ(u64.GetAsInt64(0), -1);  // wraps, as a C++ conversion does
+  Result<Tensor> i64 = u64.CastTo(DType::kInt64);
+  ASSERT_TRUE(i64.ok());
+  EXPECT_EQ(i64->data<int64_t>()[2], std::numeric_limits<int64_t>::min());
+  Result<Tensor> u16 = u64.CastTo(DType::kUInt16);
+  ASSERT_TRUE(u16.ok());
+  EXPECT_EQ(u16->data<uint16_t>()[0], 0xffff);
+  EXPECT_EQ(u16->data<uint16_t>()[1], 5);
+
+  Tensor i16 = Tensor::FromVector<int16_t>({2}, {-32768, 7});
+  EXPECT_EQ(i16.GetAsInt64(0), -32768);
+  Result<Tensor> as_u32 = i16.CastTo(DType::kUInt32);
+  ASSERT_TRUE(as_u32.ok());
+  EXPECT_EQ(as_u32->data<uint32_t>()[0], 4294934528u);  // -32768 mod 2^32
+  Result<Tensor> as_f = i16.CastTo(DType::kFloat32);
+  ASSERT_TRUE(as_f.ok());
+  EXPECT_EQ(as_f->data<float>()[0], -32768.0f);
+
+  Tensor f = Tensor::FromVector<float>({4}, {1e30f, -3.7f, 2.9f, std::nanf("")});
+  Result<Tensor> fu = f.CastTo(DType::kUInt64);
+  ASSERT_TRUE(fu.ok());
+  EXPECT_EQ(fu->data<uint64_t>()[0], top);  // saturates instead of overflowing
+  EXPECT_EQ(fu->data<uint64_t>()[1], 0u);
+  EXPECT_EQ(fu->data<uint64_t>()[2], 2u);
+  EXPECT_EQ(fu->data<uint64_t>()[3], 0u);
+  Result<Tensor> fi = f.CastTo(DType::kInt64);
+  ASSERT_TRUE(fi.ok());
+  EXPECT_EQ(fi->data<int64_t>()[0], std::numeric_limits<int64_t>::max());
 }
 
 TEST(TensorTest, Float64CastsRoundTripAndKeepPrecision) {

@@ -188,6 +188,38 @@ TEST(KServeCodec, Float64RoundTripsExactly) {
   }
 }
 
+TEST(KServeCodec, WideIntegersRoundTripOverTheirFullRange) {
+  auto parsed = ParseInferRequest(
+      R"({"inputs":[{"name":"u","shape":[2],"datatype":"UINT64","data":[18446744073709551615,3]},)"
+      R"({"name":"s","shape":[2],"datatype":"INT16","data":[-32768,32767]},)"
+      R"({"name":"w","shape":[1],"datatype":"UINT32","data":[4294967295]},)"
+      R"({"name":"h","shape":[1],"datatype":"UINT16","data":[65535]}]})",
+      std::nullopt);
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->inputs.at("u").data<uint64_t>()[0], 18446744073709551615ull);
+  EXPECT_EQ(parsed->inputs.at("s").data<int16_t>()[0], -32768);
+  EXPECT_EQ(parsed->inputs.at("w").data<uint32_t>()[0], 4294967295u);
+  EXPECT_EQ(parsed->inputs.at("h").data<uint16_t>()[0], 65535);
+  ExpectRefused(R"({"inputs":[{"name":"h","shape":[1],"datatype":"UINT16","data":[65536]}]})",
+                "input 'h' data[0] is 65536; UINT16 expects an integer in [0, 65535]");
+  ExpectRefused(R"({"inputs":[{"name":"u","shape":[1],"datatype":"UINT64","data":[-1]}]})",
+                "input 'u' data[0] is -1; UINT64 expects an integer in [0, 18446744073709551615]");
+
+  TensorMap in;
+  in["u"] = Tensor::FromVector<uint64_t>({2}, {18446744073709551615ull, 3});
+  in["s"] = Tensor::FromVector<int16_t>({1}, {-32768});
+  for (bool binary : {false, true}) {
+    SCOPED_TRACE(binary ? "binary" : "json");
+    EncodedInferRequest enc = EncodeInferRequest(in, binary, "wide");
+    auto back = ParseInferRequest(enc.body, enc.json_length);
+    ASSERT_TRUE(back.ok()) << back.status().ToString();
+    ASSERT_EQ(back->inputs.at("u").dtype(), DType::kUInt64);
+    EXPECT_EQ(back->inputs.at("u").data<uint64_t>()[0], 18446744073709551615ull);
+    ASSERT_EQ(back->inputs.at("s").dtype(), DType::kInt16);
+    EXPECT_EQ(back->inputs.at("s").data<int16_t>()[0], -32768);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Front end
 

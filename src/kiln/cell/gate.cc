@@ -178,6 +178,18 @@ Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t sa
         case DType::kBool:
           t.data<uint8_t>()[i] = u < 0.5 ? 0 : 1;
           break;
+        case DType::kInt16:
+          t.data<int16_t>()[i] = static_cast<int16_t>(u * range);
+          break;
+        case DType::kUInt16:
+          t.data<uint16_t>()[i] = static_cast<uint16_t>(u * range);
+          break;
+        case DType::kUInt32:
+          t.data<uint32_t>()[i] = static_cast<uint32_t>(u * range);
+          break;
+        case DType::kUInt64:
+          t.data<uint64_t>()[i] = static_cast<uint64_t>(u * range);
+          break;
       }
     }
     out[s.name] = std::move(t);

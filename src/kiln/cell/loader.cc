@@ -250,7 +250,10 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
   int rc;
   {
     std::shared_lock<std::shared_mutex> lock(mu_);
-    rc = library_->run(handles_[static_cast<size_t>(index)], in_ptrs.data(), out_ptrs.data(), ws,
+    // The ABI refuses a null array; an entry with no runtime inputs gets an empty one.
+    static const void* const kNoInputs[1] = {nullptr};
+    rc = library_->run(handles_[static_cast<size_t>(index)],
+                       in_ptrs.empty() ? kNoInputs : in_ptrs.data(), out_ptrs.data(), ws,
                        e.workspace_bytes);
   }
   std::free(ws);

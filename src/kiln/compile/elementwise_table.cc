@@ -56,6 +56,10 @@ const char* CType(DType t) {
     case DType::kUInt8: return "uint8_t";
     case DType::kBool: return "uint8_t";
     case DType::kFloat64: return "double";
+    case DType::kInt16: return "int16_t";
+    case DType::kUInt16: return "uint16_t";
+    case DType::kUInt32: return "uint32_t";
+    case DType::kUInt64: return "uint64_t";
   }
   return "void";
 }

@@ -59,6 +59,9 @@ std::string ValueLiteral(const Tensor& t, int64_t i) {
     case DType::kFloat32: return FloatLit(t.data<float>()[i]);
     case DType::kInt64: return Lit(t.data<int64_t>()[i]);
     case DType::kFloat64: return DoubleLit(t.data<double>()[i]);
+    // Unsigned literals: a value past the signed range must not read as a negative number.
+    case DType::kUInt32: return std::to_string(t.data<uint32_t>()[i]) + "u";
+    case DType::kUInt64: return std::to_string(t.data<uint64_t>()[i]) + "ull";
     default: return std::to_string(t.GetAsInt64(i));
   }
 }
@@ -755,6 +758,9 @@ Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOpti
     const Program& p = entries[i];
     nlohmann::json e;
     e["index"] = i;
+    // Always arrays, also for a graph with no runtime inputs (readers iterate them).
+    e["inputs"] = nlohmann::json::array();
+    e["outputs"] = nlohmann::json::array();
     for (int id : p.inputs) e["inputs"].push_back(SpecJson(p.buffers[static_cast<size_t>(id)]));
     for (size_t o = 0; o < p.outputs.size(); ++o) {
       nlohmann::json s = SpecJson(p.buffers[static_cast<size_t>(p.outputs[o])]);

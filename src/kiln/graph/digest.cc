@@ -34,7 +34,7 @@ nlohmann::json ValueInfoJson(const ValueInfo& v) {
       dims.push_back("?");  // symbolic names are cosmetic
     }
   }
-  nlohmann::json j = {{"name", v.name}, {"dtype", DTypeName(v.dtype)}};
+  nlohmann::json j = {{"name", v.name}, {"dtype", v.has_type ? DTypeName(v.dtype) : "unknown"}};
   j["shape"] = v.has_shape ? dims : nlohmann::json("unknown");
   return j;
 }

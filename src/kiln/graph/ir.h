@@ -76,9 +76,13 @@ struct Dim {
 
 struct ValueInfo {
   std::string name;
-  DType dtype = DType::kFloat32;
-  bool has_shape = false;  // false: rank unknown
+  DType dtype = DType::kFloat32;  // meaningful only when has_type
+  bool has_shape = false;         // false: rank unknown
   std::vector<Dim> dims;
+  // false only for a subgraph input or output declared without an element type (ONNX lets a
+  // subgraph leave it out): its type is the one its binding gives it (a Loop's carried value, a
+  // Scan slice, what the body computes). A top-level graph always declares its types.
+  bool has_type = true;
   std::string ShapeString() const;  // "[batch,3,224,224]" or "[?]" when unknown
 };
 

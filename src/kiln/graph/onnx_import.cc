@@ -72,6 +72,10 @@ struct Importer {
       case onnx::TensorProto::UINT8: return DType::kUInt8;
       case onnx::TensorProto::BOOL: return DType::kBool;
       case onnx::TensorProto::DOUBLE: return DType::kFloat64;
+      case onnx::TensorProto::INT16: return DType::kInt16;
+      case onnx::TensorProto::UINT16: return DType::kUInt16;
+      case onnx::TensorProto::UINT32: return DType::kUInt32;
+      case onnx::TensorProto::UINT64: return DType::kUInt64;
       default: {
         const std::string name =
             onnx::TensorProto_DataType_IsValid(t)
@@ -80,7 +84,8 @@ struct Importer {
         return Error(
             StatusCode::kUnimplemented,
             obj + " has element type " + std::to_string(t) + " (" + name +
-                "); kiln supports FLOAT, FLOAT16, INT64, INT32, INT8, UINT8, BOOL, DOUBLE");
+                "); kiln supports FLOAT, FLOAT16, INT64, INT32, INT8, UINT8, BOOL, DOUBLE, "
+                "INT16, UINT16, UINT32, UINT64");
       }
     }
   }
@@ -166,9 +171,12 @@ struct Importer {
     // Count the typed values before allocating: a few bytes of header can declare a shape of up
     // to kMaxTensorBytes with no data at all (a 65-byte model asked for 4 GiB under the importer's
     // fuzz harness; fuzz/regressions/onnx_import/).
+    // uint32 and uint64 travel in uint64_data, the other narrow types in int32_data.
+    const bool in_uint64 = dtype == DType::kUInt32 || dtype == DType::kUInt64;
     const int64_t held = dtype == DType::kFloat32   ? tp.float_data_size()
                          : dtype == DType::kInt64   ? tp.int64_data_size()
                          : dtype == DType::kFloat64 ? tp.double_data_size()
+                         : in_uint64                ? tp.uint64_data_size()
                                                     : tp.int32_data_size();
     if (held != count) {
       return Error(StatusCode::kCorruption, obj + " (" + DTypeName(dtype) + ShapeToString(shape) +
@@ -214,21 +222,51 @@ struct Importer {
               dtype == DType::kBool ? (v != 0) : static_cast<uint8_t>(static_cast<int8_t>(v));
         }
         break;
+      case DType::kInt16:
+      case DType::kUInt16:
+        if (tp.int32_data_size() != count) return mismatch(tp.int32_data_size());
+        for (int64_t i = 0; i < count; ++i) {  // the low 16 bits, either signedness
+          t.data<uint16_t>()[i] = static_cast<uint16_t>(tp.int32_data(static_cast<int>(i)));
+        }
+        break;
+      case DType::kUInt32:
+        for (int64_t i = 0; i < count; ++i) {
+          t.data<uint32_t>()[i] = static_cast<uint32_t>(tp.uint64_data(static_cast<int>(i)));
+        }
+        break;
+      case DType::kUInt64:
+        std::copy(tp.uint64_data().begin(), tp.uint64_data().end(), t.data<uint64_t>());
+        break;
     }
     return t;
   }
 
-  Result<ValueInfo> ConvertValueInfo(const onnx::ValueInfoProto& vi,
-                                     const std::string& role) const {
+  // `subgraph`: the value is an input or output of a subgraph (a branch or loop body), which ONNX
+  // lets leave out its type, or its element type, to be taken from what binds it.
+  Result<ValueInfo> ConvertValueInfo(const onnx::ValueInfoProto& vi, const std::string& role,
+                                     bool subgraph = false) const {
     ValueInfo out;
     out.name = vi.name();
     const std::string obj = role + " '" + vi.name() + "'";
+    const bool untyped = !vi.has_type() || vi.type().value_case() == onnx::TypeProto::VALUE_NOT_SET;
+    if (untyped || (vi.type().has_tensor_type() &&
+                    vi.type().tensor_type().elem_type() == onnx::TensorProto::UNDEFINED)) {
+      if (!subgraph) {
+        return Error(StatusCode::kInvalidArgument,
+                     obj + " declares no " + (untyped ? "type" : "element type") +
+                         "; a model's graph inputs and outputs must declare a tensor type");
+      }
+      out.has_type = false;
+      if (untyped) return out;
+    }
     if (!vi.type().has_tensor_type()) {
       return Error(StatusCode::kUnimplemented,
                    obj + " is not a tensor (sequence/map/optional values are not supported)");
     }
     const auto& tt = vi.type().tensor_type();
-    KILN_ASSIGN_OR_RETURN(out.dtype, MapDType(tt.elem_type(), obj));
+    if (out.has_type) {
+      KILN_ASSIGN_OR_RETURN(out.dtype, MapDType(tt.elem_type(), obj));
+    }
     if (tt.has_shape()) {
       out.has_shape = true;
       for (const auto& d : tt.shape().dim()) {
@@ -402,11 +440,11 @@ struct Importer {
     }
     for (const auto& vi : gp.input()) {
       if (g.initializers.count(vi.name())) continue;  // a weight listed as an input
-      KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, "graph input"));
+      KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, "graph input", !top_level));
       g.inputs.push_back(std::move(v));
     }
     for (const auto& vi : gp.output()) {
-      KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, "graph output"));
+      KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, "graph output", !top_level));
       g.outputs.push_back(std::move(v));
     }
     for (const auto& vi : gp.value_info()) {

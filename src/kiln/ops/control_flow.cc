@@ -196,6 +196,13 @@ Result<std::vector<TensorType>> InferLoop(const OpContext& ctx) {
   if (trips < 0 && cond_known_true && always && ctx.present(0) && ctx.value(0) != nullptr) {
     trips = std::max<int64_t>(0, ctx.value(0)->GetAsInt64(0));
   }
+  if (trips < 0 && always && out->size() > carried + 1) {
+    // The body never stops the loop, so M and the initial cond alone decide the scan outputs'
+    // leading dim: name the one not known, which a caller specializing shapes can make a
+    // constant (an exporter's Range expansion computes both from Range's inputs).
+    if (ctx.present(0) && ctx.value(0) == nullptr) return ctx.RequireValue(0, "M").status();
+    if (ctx.present(1) && ctx.value(1) == nullptr) return ctx.RequireValue(1, "cond").status();
+  }
   std::vector<TensorType> result;
   for (size_t i = 0; i < carried; ++i) {
     TensorType t = (*out)[i + 1];
@@ -291,6 +298,11 @@ Status RunLoop(const OpContext& ctx, std::vector<Tensor>& outputs) {
       const size_t slot = carried + k;
       if (slot < outputs.size() && outputs[slot].valid()) continue;
       const ValueInfo& declared = body->outputs[1 + carried + k];
+      if (!declared.has_type) {
+        return Status::Unimplemented(ctx.where() + ": scan output " + std::to_string(k) + " ('" +
+                                     declared.name +
+                                     "') has no type: no iteration ran and the body declares none");
+      }
       KILN_ASSIGN_OR_RETURN(stacked, Tensor::Empty(declared.dtype, {0}));
     } else {
       Shape shape = scanned[k][0].shape();
@@ -498,6 +510,258 @@ Status RunScan(const OpContext& ctx, std::vector<Tensor>& outputs) {
   return Status::OK();
 }
 
+// ---- Scan (opset 8) --------------------------------------------------------------------------
+// Scan-8 is batched: input 0 is the optional sequence_lens (int64 [batch]), then N state
+// initial values [batch, ...] and M scan inputs [batch, max_len, ...], always scanned along
+// axis 1 (reversed per `directions`). Each batch element runs its own scan of sequence_lens[b]
+// iterations (max_len without sequence_lens) from its own slice of the states. Outputs: N final
+// states [batch, ...], then K scan outputs [batch, max_len, ...]; past a short sequence's length
+// a scan output holds zeros (ONNX leaves those values undefined). A reverse direction walks the
+// first sequence_lens[b] elements backwards, as onnxruntime does; scan outputs are always
+// stacked in iteration order.
+
+struct Scan8Attrs {
+  size_t states = 0, scans_in = 0, scans_out = 0;
+  std::vector<int64_t> dirs;
+};
+
+Result<Scan8Attrs> ReadScan8(const Node& n, const Graph& body) {
+  Scan8Attrs a;
+  if (n.inputs.size() < 2) {
+    return Status::InvalidArgument(n.Describe() + ": has " + std::to_string(n.inputs.size()) +
+                                   " inputs, expected at least 2 (sequence_lens, then states and "
+                                   "scan inputs)");
+  }
+  const size_t operands = n.inputs.size() - 1;
+  KILN_ASSIGN_OR_RETURN(int64_t m, n.GetInt("num_scan_inputs"));
+  if (m < 1 || static_cast<size_t>(m) > operands) {
+    return Status::InvalidArgument(n.Describe() + ": num_scan_inputs=" + std::to_string(m) +
+                                   " must be in [1, " + std::to_string(operands) + "]");
+  }
+  a.scans_in = static_cast<size_t>(m);
+  a.states = operands - a.scans_in;
+  if (body.inputs.size() != operands || body.outputs.size() != n.outputs.size() ||
+      body.outputs.size() < a.states) {
+    return Status::InvalidArgument(
+        n.Describe() + ": body has " + std::to_string(body.inputs.size()) + " inputs and " +
+        std::to_string(body.outputs.size()) + " outputs, expected " + std::to_string(operands) +
+        " (states and scan inputs, without sequence_lens) and " + std::to_string(n.outputs.size()) +
+        " (the node's outputs)");
+  }
+  a.scans_out = n.outputs.size() - a.states;
+  a.dirs = n.GetInts("directions", std::vector<int64_t>(a.scans_in, 0));
+  if (a.dirs.size() != a.scans_in) {
+    return Status::InvalidArgument(n.Describe() + ": attribute 'directions' has " +
+                                   std::to_string(a.dirs.size()) + " values, expected " +
+                                   std::to_string(a.scans_in) + " (one per scan input)");
+  }
+  for (int64_t d : a.dirs) {
+    if (d != 0 && d != 1) {
+      return Status::InvalidArgument(n.Describe() + ": attribute 'directions' has value " +
+                                     std::to_string(d) + ", expected 0 (forward) or 1 (reverse)");
+    }
+  }
+  return a;
+}
+
+Status CheckScan8(const Node& n, int64_t opset) {
+  KILN_ASSIGN_OR_RETURN(const Graph* body, GraphAttr(n, "body"));
+  return ReadScan8(n, *body).status();
+}
+
+struct Scan8Shape {
+  int64_t batch = 0, max_len = 0;
+};
+
+// The batch size and maximum sequence length every state, scan input and sequence_lens agrees on.
+Result<Scan8Shape> Scan8Dims(const OpContext& ctx, const Scan8Attrs& a) {
+  Scan8Shape s;
+  for (size_t j = 0; j < a.scans_in; ++j) {
+    const Shape& x = ctx.type(1 + a.states + j).shape;
+    if (x.size() < 2) {
+      return Status::InvalidArgument(ctx.where() + ": scan input " + std::to_string(j) + " " +
+                                     ShapeToString(x) +
+                                     " must have rank >= 2 ([batch, sequence, ...])");
+    }
+    if (j == 0) {
+      s = {x[0], x[1]};
+    } else if (x[0] != s.batch || x[1] != s.max_len) {
+      return Status::InvalidArgument(ctx.where() + ": scan input " + std::to_string(j) + " " +
+                                     ShapeToString(x) + " has [batch, sequence] [" +
+                                     std::to_string(x[0]) + "," + std::to_string(x[1]) +
+                                     "], scan input 0 has [" + std::to_string(s.batch) + "," +
+                                     std::to_string(s.max_len) + "]");
+    }
+  }
+  for (size_t i = 0; i < a.states; ++i) {
+    const Shape& x = ctx.type(1 + i).shape;
+    if (x.empty() || x[0] != s.batch) {
+      return Status::InvalidArgument(ctx.where() + ": state " + std::to_string(i) + " " +
+                                     ShapeToString(x) + " must have leading batch dim " +
+                                     std::to_string(s.batch) + " like the scan inputs");
+    }
+  }
+  if (ctx.present(0)) {
+    const TensorType& t = ctx.type(0);
+    if (t.dtype != DType::kInt64 || t.shape != Shape{s.batch}) {
+      return Status::InvalidArgument(ctx.where() + ": input 0 ('sequence_lens') is " +
+                                     t.ToString() + ", expected int64[" + std::to_string(s.batch) +
+                                     "] (one length per batch element)");
+    }
+  }
+  return s;
+}
+
+Shape DropLeading(const Shape& s, size_t count) { return Shape(s.begin() + count, s.end()); }
+
+// The body's input types for one batch element: states without the batch dim, scan inputs
+// without batch and sequence dims.
+std::vector<TensorType> Scan8BodyTypes(const OpContext& ctx, const Scan8Attrs& a) {
+  std::vector<TensorType> types;
+  for (size_t i = 0; i < a.states + a.scans_in; ++i) {
+    const TensorType& t = ctx.type(1 + i);
+    types.push_back({t.dtype, DropLeading(t.shape, i < a.states ? 1 : 2)});
+  }
+  return types;
+}
+
+// Output types from the body's output types for one batch element.
+Result<std::vector<TensorType>> Scan8Outputs(const OpContext& ctx, const Scan8Attrs& a,
+                                             const Scan8Shape& s,
+                                             const std::vector<TensorType>& body_out) {
+  std::vector<TensorType> result;
+  for (size_t k = 0; k < body_out.size(); ++k) {
+    TensorType t = body_out[k];
+    if (k < a.states && t.dtype != ctx.type(1 + k).dtype) {
+      return Status::InvalidArgument(ctx.where() + ": state " + std::to_string(k) + " enters as " +
+                                     ctx.type(1 + k).ToString() + " and leaves the body as " +
+                                     t.ToString());
+    }
+    t.shape.insert(t.shape.begin(), s.batch);
+    if (k >= a.states) t.shape.insert(t.shape.begin() + 1, s.max_len);
+    result.push_back(std::move(t));
+  }
+  return result;
+}
+
+Result<std::vector<TensorType>> InferScan8(const OpContext& ctx) {
+  KILN_ASSIGN_OR_RETURN(const SubgraphRunner* runner, Runner(ctx));
+  KILN_ASSIGN_OR_RETURN(const Graph* body, GraphAttr(ctx.node(), "body"));
+  KILN_ASSIGN_OR_RETURN(Scan8Attrs a, ReadScan8(ctx.node(), *body));
+  KILN_ASSIGN_OR_RETURN(Scan8Shape s, Scan8Dims(ctx, a));
+  const std::vector<TensorType> types = Scan8BodyTypes(ctx, a);
+  auto out = runner->InferBody(*body, types, std::vector<const Tensor*>(types.size(), nullptr));
+  if (!out.ok()) return out.status().WithContext(ctx.where() + " body");
+  return Scan8Outputs(ctx, a, s, *out);
+}
+
+Status RunScan8(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  KILN_ASSIGN_OR_RETURN(const SubgraphRunner* runner, Runner(ctx));
+  KILN_ASSIGN_OR_RETURN(const Graph* body, GraphAttr(ctx.node(), "body"));
+  KILN_ASSIGN_OR_RETURN(Scan8Attrs a, ReadScan8(ctx.node(), *body));
+  KILN_ASSIGN_OR_RETURN(Scan8Shape s, Scan8Dims(ctx, a));
+  std::vector<int64_t> lens(static_cast<size_t>(s.batch), s.max_len);
+  if (ctx.present(0)) {
+    const int64_t* p = ctx.in(0).data<int64_t>();
+    for (int64_t b = 0; b < s.batch; ++b) {
+      if (p[b] < 0 || p[b] > s.max_len) {
+        return Status::InvalidArgument(
+            ctx.where() + ": sequence_lens[" + std::to_string(b) + "]=" + std::to_string(p[b]) +
+            " is outside [0, " + std::to_string(s.max_len) + "] (the scan inputs' sequence dim)");
+      }
+      lens[static_cast<size_t>(b)] = p[b];
+    }
+  }
+  // Per batch element: the final states and the scan output slices in iteration order.
+  std::vector<std::vector<Tensor>> finals(static_cast<size_t>(s.batch));
+  std::vector<std::vector<std::vector<Tensor>>> slices(static_cast<size_t>(s.batch));
+  std::vector<Tensor> first;  // one output of the first iteration run, per output: its type
+  for (int64_t b = 0; b < s.batch; ++b) {
+    std::vector<Tensor> state;
+    for (size_t i = 0; i < a.states; ++i) {
+      KILN_ASSIGN_OR_RETURN(Tensor v, SliceAt(ctx.in(1 + i), 0, b));
+      state.push_back(std::move(v));
+    }
+    std::vector<Tensor> sequences;  // scan input j at batch b: [max_len, ...]
+    for (size_t j = 0; j < a.scans_in; ++j) {
+      KILN_ASSIGN_OR_RETURN(Tensor v, SliceAt(ctx.in(1 + a.states + j), 0, b));
+      sequences.push_back(std::move(v));
+    }
+    const int64_t len = lens[static_cast<size_t>(b)];
+    auto& mine = slices[static_cast<size_t>(b)];
+    for (int64_t t = 0; t < len; ++t) {
+      std::vector<Tensor> in = state;
+      for (size_t j = 0; j < a.scans_in; ++j) {
+        const int64_t at = a.dirs[j] == 1 ? len - 1 - t : t;
+        KILN_ASSIGN_OR_RETURN(Tensor slice, SliceAt(sequences[j], 0, at));
+        in.push_back(std::move(slice));
+      }
+      auto out = runner->RunBody(*body, in);
+      if (!out.ok()) {
+        return out.status().WithContext(ctx.where() + " body (batch " + std::to_string(b) +
+                                        ", iteration " + std::to_string(t) + ")");
+      }
+      if (first.empty()) first = *out;
+      for (size_t k = 0; k < out->size(); ++k) {
+        const Tensor& v = (*out)[k];
+        if (v.dtype() != first[k].dtype() || v.shape() != first[k].shape()) {
+          return Status::InvalidArgument(
+              ctx.where() + ": body output " + std::to_string(k) + " is " + v.TypeString() +
+              " in batch " + std::to_string(b) + " iteration " + std::to_string(t) + " but " +
+              first[k].TypeString() + " in the first iteration");
+        }
+      }
+      for (size_t i = 0; i < a.states; ++i) state[i] = (*out)[i];
+      mine.emplace_back(out->begin() + static_cast<ptrdiff_t>(a.states), out->end());
+    }
+    finals[static_cast<size_t>(b)] = std::move(state);
+  }
+  // The per-element output types: from an iteration that ran, else from the body's inference.
+  std::vector<TensorType> piece;
+  if (!first.empty()) {
+    for (const Tensor& v : first) piece.push_back({v.dtype(), v.shape()});
+  } else {
+    auto inferred = runner->InferBody(*body, Scan8BodyTypes(ctx, a),
+                                      std::vector<const Tensor*>(a.states + a.scans_in, nullptr));
+    if (!inferred.ok()) return inferred.status().WithContext(ctx.where() + " body");
+    piece = *inferred;
+  }
+  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> types, Scan8Outputs(ctx, a, s, piece));
+  for (size_t k = 0; k < types.size(); ++k) {
+    for (int64_t d : types[k].shape) {
+      if (d < 0) {
+        return Status::Unimplemented(ctx.where() + ": output " + std::to_string(k) + " " +
+                                     types[k].ToString() +
+                                     " is not known: no iteration ran to give its shape");
+      }
+    }
+    KILN_ASSIGN_OR_RETURN(Tensor result, Tensor::Empty(types[k].dtype, types[k].shape));
+    char* dst = static_cast<char*>(result.raw_data());
+    const size_t element =
+        static_cast<size_t>(NumElements(piece[k].shape)) * DTypeSize(piece[k].dtype);
+    for (int64_t b = 0; b < s.batch; ++b) {
+      if (k < a.states) {
+        const Tensor& v = finals[static_cast<size_t>(b)][k];
+        if (v.shape() != piece[k].shape) {  // a batch element that ran no iteration
+          return Status::InvalidArgument(ctx.where() + ": state " + std::to_string(k) + " is " +
+                                         v.TypeString() + " in batch " + std::to_string(b) +
+                                         " but leaves the body as " + piece[k].ToString());
+        }
+        if (element > 0) std::memcpy(dst + b * element, v.raw_data(), element);
+        continue;
+      }
+      const auto& mine = slices[static_cast<size_t>(b)];
+      for (size_t t = 0; t < mine.size(); ++t) {
+        const Tensor& v = mine[t][k - a.states];
+        const size_t at = static_cast<size_t>(b * s.max_len) + t;
+        if (element > 0) std::memcpy(dst + at * element, v.raw_data(), element);
+      }
+    }
+    KILN_RETURN_IF_ERROR(Deliver(ctx, k, result, outputs));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 void RegisterControlFlowOps(OpRegistry& r) {
@@ -505,7 +769,8 @@ void RegisterControlFlowOps(OpRegistry& r) {
   // If-13/16 only widened the type constraints (sequences, optionals), which kiln does not take.
   r.Register({"If", "", 1, INT64_MAX, CheckIf, InferIf, RunIf});
   r.Register({"Loop", "", 1, INT64_MAX, CheckLoop, InferLoop, RunLoop});
-  // Scan-8 (batch axis, sequence_lens) is a different op; Scan-9/11/16 share this form.
+  // Scan-8 (batch axis, sequence_lens) is a different op; Scan-9/11/16 share one form.
+  r.Register({"Scan", "", 8, 8, CheckScan8, InferScan8, RunScan8});
   r.Register({"Scan", "", 9, INT64_MAX, CheckScan, InferScan, RunScan});
 }
 

@@ -7,8 +7,8 @@
 // and numpy broadcasting through strides (ForEachBroadcast) for the rest.
 //
 // Dtypes: float32 everywhere. The ops shape computations use (Add Sub Mul Div Pow Mod Min Max Sum
-// Neg Abs Sign Relu PRelu Clip) also take int64, int32 and float64 (Min Max Mod int8 and uint8 as
-// well);
+// Neg Abs Sign Relu PRelu Clip) also take int64, int32 and float64 (Min Max Mod every integer
+// width, int8 to uint64; Mod float16 too; Pow's exponent any numeric type);
 // Equal, Less, Greater, ... and Where
 // take any dtype; And, Or, Xor and Not take bool; Cast converts between all kiln dtypes. Anything
 // else is UnsupportedDType naming the op and dtype, reported by infer (so the verifier sees it) and
@@ -39,10 +39,16 @@ struct Types {};
 using ArithTypes = Types<float, int64_t, int32_t, double>;
 // Add/Sub/Mul/Div/Min/Max and Clip also take the 8-bit integers (wrapping, like numpy).
 using ArithTypes8 = Types<float, int64_t, int32_t, int8_t, uint8_t, double>;
-// Min, Max and Mod also take the byte-wide integers quantized models carry.
-using MinMaxTypes = Types<float, int64_t, int32_t, int8_t, uint8_t, double>;
+// Min, Max and Mod also take the byte-wide integers quantized models carry, and every other
+// integer width ONNX lists for them.
+using MinMaxTypes =
+    Types<float, int64_t, int32_t, int8_t, uint8_t, double, int16_t, uint16_t, uint32_t, uint64_t>;
 using SignedTypes = Types<float, int64_t, int32_t, int8_t, double>;
-using AllButHalf = Types<float, int64_t, int32_t, int8_t, uint8_t, bool, double>;
+using AllButHalf = Types<float, int64_t, int32_t, int8_t, uint8_t, bool, double, int16_t, uint16_t,
+                         uint32_t, uint64_t>;
+// Pow's exponent (T1) may be any numeric type; it is converted to the base's type.
+using PowExponentTypes =
+    Types<float, int64_t, int32_t, double, int16_t, int8_t, uint8_t, uint16_t, uint32_t, uint64_t>;
 using BoolTypes = Types<bool>;
 using FloatTypes = Types<float>;
 
@@ -610,7 +616,7 @@ Status RunArith(const OpContext& ctx, std::vector<Tensor>& outputs) {
 Result<std::vector<TensorType>> InferPow(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/false));
   KILN_RETURN_IF_ERROR(RequireDType(ctx, ctx.type(0).dtype, ArithTypes{}));
-  KILN_RETURN_IF_ERROR(RequireDType(ctx, ctx.type(1).dtype, ArithTypes{}));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, ctx.type(1).dtype, PowExponentTypes{}));
   return std::vector<TensorType>{t};
 }
 
@@ -649,7 +655,7 @@ Status RunPow(const OpContext& ctx, std::vector<Tensor>& outputs) {
   Tensor& out = outputs[0];
   const Tensor& base = ctx.in(0);
   KILN_ASSIGN_OR_RETURN(Tensor exponent, Operand(ctx, 1));
-  KILN_RETURN_IF_ERROR(RequireDType(ctx, exponent.dtype(), ArithTypes{}));
+  KILN_RETURN_IF_ERROR(RequireDType(ctx, exponent.dtype(), PowExponentTypes{}));
   return Dispatch(ctx, base.dtype(), ArithTypes{}, [&]<typename T>() -> Status {
     if constexpr (std::is_integral_v<T>) {
       if (IsFloatDType(exponent.dtype())) {
@@ -713,7 +719,8 @@ Status RunMean(const OpContext& ctx, std::vector<Tensor>& outputs) {
 
 // ---------------------------------------------------------------------------------------------
 // Mod: attribute fmod=0 (default) is integer modulo with the sign of the divisor (Python's %);
-// fmod=1 is C fmod, with the sign of the dividend. Floats need fmod=1, as ONNX requires.
+// fmod=1 is C fmod, with the sign of the dividend. Floats (float16 too) need fmod=1, as ONNX
+// requires.
 
 Result<int64_t> ModFlag(const Node& node) {
   const int64_t fmod = node.GetInt("fmod", 0);
@@ -732,7 +739,9 @@ Status CheckMod(const Node& node, int64_t) {
 
 Result<std::vector<TensorType>> InferMod(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
-  KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, MinMaxTypes{}));
+  if (t.dtype != DType::kFloat16 && !Accepts(MinMaxTypes{}, t.dtype)) {
+    return UnsupportedDType(ctx, t.dtype, (TypeNames(MinMaxTypes{}) + ", float16").c_str());
+  }
   KILN_ASSIGN_OR_RETURN(int64_t fmod, ModFlag(ctx.node()));
   if (IsFloatDType(t.dtype) && fmod == 0) {
     return Status::InvalidArgument(ctx.where() + ": attribute 'fmod'=0 needs integer inputs (" +
@@ -745,14 +754,29 @@ Status RunMod(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_ASSIGN_OR_RETURN(int64_t fmod, ModFlag(ctx.node()));
   const Tensor& a = ctx.in(0);
   const Tensor& b = ctx.in(1);
+  if (a.dtype() == DType::kFloat16) {
+    if (fmod == 0) return InferMod(ctx).status();
+    // fmod of two float16 values is exact in float32 (the remainder is representable in the
+    // dividend's precision), so the one rounding back to float16 loses nothing.
+    KILN_ASSIGN_OR_RETURN(Tensor wa, a.CastTo(DType::kFloat32));
+    KILN_ASSIGN_OR_RETURN(Tensor wb, b.CastTo(DType::kFloat32));
+    KILN_ASSIGN_OR_RETURN(Tensor acc, Tensor::Empty(DType::kFloat32, outputs[0].shape()));
+    BinaryKernel<float, float>(wa, wb, acc, [](float x, float y) { return std::fmod(x, y); });
+    KILN_ASSIGN_OR_RETURN(Tensor half, acc.CastTo(DType::kFloat16));
+    std::memcpy(outputs[0].raw_data(), half.raw_data(), outputs[0].nbytes());
+    return Status::OK();
+  }
   return Dispatch(ctx, a.dtype(), MinMaxTypes{}, [&]<typename T>() -> Status {
     if constexpr (std::is_floating_point_v<T>) {
       if (fmod == 0) return InferMod(ctx).status();
       BinaryKernel<T, T>(a, b, outputs[0], [](T x, T y) { return std::fmod(x, y); });
     } else {
       KILN_RETURN_IF_ERROR(CheckNoZeroDivisor<T>(ctx, b));
-      // y == -1 is special-cased: MIN % -1 traps on x86 although the result is 0.
-      if (fmod == 1) {
+      if constexpr (std::is_unsigned_v<T>) {
+        // No signs: fmod=0 and fmod=1 agree.
+        BinaryKernel<T, T>(a, b, outputs[0], [](T x, T y) { return T(x % y); });
+      } else if (fmod == 1) {
+        // y == -1 is special-cased: MIN % -1 traps on x86 although the result is 0.
         BinaryKernel<T, T>(a, b, outputs[0], [](T x, T y) { return y == -1 ? T(0) : T(x % y); });
       } else {
         BinaryKernel<T, T>(a, b, outputs[0], [](T x, T y) {
@@ -1053,13 +1077,22 @@ Result<DType> CastTarget(const Node& node) {
       return DType::kBool;
     case 11:
       return DType::kFloat64;
+    case 5:
+      return DType::kInt16;
+    case 4:
+      return DType::kUInt16;
+    case 12:
+      return DType::kUInt32;
+    case 13:
+      return DType::kUInt64;
     default:
       break;
   }
   return Status::Unimplemented(node.Describe() + ": attribute 'to'=" + std::to_string(to) + " (" +
                                OnnxTypeName(to) +
                                ") is not supported (supported: 1 FLOAT, 10 FLOAT16, 7 INT64, "
-                               "6 INT32, 3 INT8, 2 UINT8, 9 BOOL, 11 DOUBLE)");
+                               "6 INT32, 3 INT8, 2 UINT8, 9 BOOL, 11 DOUBLE, 5 INT16, 4 UINT16, "
+                               "12 UINT32, 13 UINT64)");
 }
 
 Status CheckCast(const Node& node, int64_t) {

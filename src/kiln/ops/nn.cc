@@ -2,8 +2,9 @@
 // normalizations.
 //
 // Registered into the op registry by RegisterNnOps (called from registry.cc). Each op has a check
-// (attributes only), an infer (shapes, with named errors) and a float32 reference kernel. GEMM
-// and convolution (ConvTranspose as GEMM + col2im) run through oneDNN (ops/dnnl_kernels.h); pools
+// (attributes only), an infer (shapes, with named errors) and a float32 reference kernel
+// (MaxPool, which only compares, also takes float16, float64, int8 and uint8). GEMM and
+// convolution (ConvTranspose as GEMM + col2im) run through oneDNN (ops/dnnl_kernels.h); pools
 // and normalizations are plain loops, and normalization statistics are accumulated in double.
 //
 // Layout of the file: attribute helpers, the sliding-window geometry shared by Conv and the
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -727,6 +729,11 @@ Status RunConvTranspose(const OpContext& ctx, std::vector<Tensor>& outputs) {
 // ---------------------------------------------------------------------------------------------
 // MaxPool / AveragePool: plain loops over 1-3 spatial dims, lifted to 3-D with unit leading
 // dims so one loop nest serves all ranks.
+//
+// MaxPool's optional output 1 (Indices, int64) holds, per output element, where its maximum sits
+// in X flattened: plane * in_plane + the position inside the plane, row major (storage_order=0)
+// or column major (storage_order=1, the first spatial axis fastest). Padding is never pointed
+// at; on ties the first tap in window order wins, as onnxruntime does.
 
 enum class PoolKind { kMax, kAverage };
 
@@ -738,21 +745,35 @@ struct PoolGeometry {
   Shape out_shape;
 };
 
-Status CheckPool(const Node& node, int64_t /*opset*/) {
-  KILN_RETURN_IF_ERROR(CheckArity(node, 1, 1, node.op_type == "MaxPool" ? 2 : 1));
-  if (WantsOutput(node, 1)) {
-    return Status::Unimplemented(node.Describe() + ": output 1 ('Indices', value '" +
-                                 node.outputs[1] + "') is not supported; only Y is computed");
-  }
-  KILN_RETURN_IF_ERROR(ReadWindow(node, -1, /*kernel_required=*/true).status());
+Result<int64_t> StorageOrder(const Node& node) {
   KILN_ASSIGN_OR_RETURN(int64_t storage_order, IntOr(node, "storage_order", 0));
-  if (storage_order != 0) {
-    return Status::Unimplemented(node.Describe() +
-                                 ": storage_order=" + std::to_string(storage_order) +
-                                 " is not supported (supported: 0, row major)");
+  if (storage_order != 0 && storage_order != 1) {
+    return Status::InvalidArgument(node.Describe() +
+                                   ": storage_order=" + std::to_string(storage_order) +
+                                   " is invalid (expected 0, row major, or 1, column major)");
   }
+  return storage_order;
+}
+
+Status CheckPool(const Node& node, int64_t /*opset*/) {
+  const bool max = node.op_type == "MaxPool";
+  KILN_RETURN_IF_ERROR(CheckArity(node, 1, 1, max ? 2 : 1));
+  KILN_RETURN_IF_ERROR(ReadWindow(node, -1, /*kernel_required=*/true).status());
+  if (max) KILN_RETURN_IF_ERROR(StorageOrder(node).status());
   KILN_RETURN_IF_ERROR(IntOr(node, "count_include_pad", 0).status());
   return Status::OK();
+}
+
+// MaxPool compares values, so it takes every dtype ONNX lists for it; AveragePool divides and is
+// float32 only.
+Status RequirePoolDType(const OpContext& ctx, PoolKind kind) {
+  const DType t = ctx.type(0).dtype;
+  if (kind == PoolKind::kAverage) return RequireFloat32(ctx, 0);
+  if (t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kFloat64 || t == DType::kInt8 ||
+      t == DType::kUInt8) {
+    return Status::OK();
+  }
+  return UnsupportedDType(ctx, t, "float32, float16, float64, int8, uint8");
 }
 
 Result<PoolGeometry> PoolShapes(const OpContext& ctx) {
@@ -788,16 +809,30 @@ Result<PoolGeometry> PoolShapes(const OpContext& ctx) {
   return g;
 }
 
+template <PoolKind kKind>
 Result<std::vector<TensorType>> InferPool(const OpContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequirePoolDType(ctx, kKind));
   KILN_ASSIGN_OR_RETURN(PoolGeometry g, PoolShapes(ctx));
-  return std::vector<TensorType>{{ctx.type(0).dtype, g.out_shape}};
+  std::vector<TensorType> out{{ctx.type(0).dtype, g.out_shape}};
+  if (kKind == PoolKind::kMax && ctx.node().outputs.size() > 1) {  // a slot, named or not
+    out.push_back({DType::kInt64, g.out_shape});
+  }
+  return out;
 }
 
 // Max ignores padding. Average divides by the taps inside the input, or with
 // count_include_pad by the taps inside the padded input (taps past the end padding, which
-// ceil_mode can create, never count).
-template <PoolKind kKind>
-void PoolPlane(const PoolGeometry& g, bool count_include_pad, const float* x, float* y) {
+// ceil_mode can create, never count). T is float, double, int8_t or uint8_t; every value widens
+// exactly to double, so max compares exactly. `indices` (max only, may be null) receives the
+// position of each maximum in X, `index_base` + the position inside the plane, row or column
+// major.
+template <PoolKind kKind, typename T>
+void PoolPlane(const PoolGeometry& g, bool count_include_pad, bool column_major, int64_t index_base,
+               const T* x, T* y, int64_t* indices) {
+  // Per-axis strides of a position inside the plane, for Indices.
+  const std::array<int64_t, 3> index_stride =
+      column_major ? std::array<int64_t, 3>{1, g.in[0], g.in[0] * g.in[1]}
+                   : std::array<int64_t, 3>{g.in[1] * g.in[2], g.in[2], 1};
   for (int64_t od = 0; od < g.out[0]; ++od) {
     for (int64_t oh = 0; oh < g.out[1]; ++oh) {
       for (int64_t ow = 0; ow < g.out[2]; ++ow) {
@@ -805,7 +840,7 @@ void PoolPlane(const PoolGeometry& g, bool count_include_pad, const float* x, fl
                                   oh * g.stride[1] - g.pad_begin[1],
                                   ow * g.stride[2] - g.pad_begin[2]};
         double acc = kKind == PoolKind::kMax ? -std::numeric_limits<double>::infinity() : 0.0;
-        int64_t inside = 0, padded = 0;
+        int64_t inside = 0, padded = 0, arg = -1;
         for (int64_t kd = 0; kd < g.kernel[0]; ++kd) {
           const int64_t id = start[0] + kd * g.dilation[0];
           for (int64_t kh = 0; kh < g.kernel[1]; ++kh) {
@@ -821,42 +856,93 @@ void PoolPlane(const PoolGeometry& g, bool count_include_pad, const float* x, fl
               padded += in_padded;
               if (!in_input) continue;
               ++inside;
-              const float v = x[(id * g.in[1] + ih) * g.in[2] + iw];
+              const double v = static_cast<double>(x[(id * g.in[1] + ih) * g.in[2] + iw]);
               if constexpr (kKind == PoolKind::kMax) {
-                // NaN propagates (as in PyTorch) rather than being skipped.
-                if (std::isnan(v) || v > acc) acc = v;
+                // NaN propagates (as in PyTorch) rather than being skipped; the first NaN is
+                // the one Indices points at.
+                if (arg < 0 || (!std::isnan(acc) && (std::isnan(v) || v > acc))) {
+                  acc = v;
+                  arg = id * index_stride[0] + ih * index_stride[1] + iw * index_stride[2];
+                }
               } else {
                 acc += v;
               }
             }
           }
         }
-        float result;
+        const int64_t o = (od * g.out[1] + oh) * g.out[2] + ow;
         if constexpr (kKind == PoolKind::kMax) {
-          result = static_cast<float>(acc);
+          if (inside == 0) {  // a window wholly in padding: no tap to take
+            y[o] = std::numeric_limits<T>::has_infinity ? -std::numeric_limits<T>::infinity()
+                                                        : std::numeric_limits<T>::lowest();
+            if (indices != nullptr) indices[o] = -1;
+          } else {
+            y[o] = static_cast<T>(acc);
+            if (indices != nullptr) indices[o] = index_base + arg;
+          }
         } else {
           const int64_t count = count_include_pad ? padded : inside;
-          result = count > 0 ? static_cast<float>(acc / static_cast<double>(count)) : 0.0f;
+          y[o] = count > 0 ? static_cast<T>(acc / static_cast<double>(count)) : T(0);
         }
-        y[(od * g.out[1] + oh) * g.out[2] + ow] = result;
       }
     }
   }
 }
 
-template <PoolKind kKind>
-Status RunPool(const OpContext& ctx, std::vector<Tensor>& outputs) {
-  KILN_RETURN_IF_ERROR(RequireFloat32(ctx, 0));
-  KILN_ASSIGN_OR_RETURN(PoolGeometry g, PoolShapes(ctx));
-  const bool count_include_pad = ctx.node().GetInt("count_include_pad", 0) != 0;
+template <PoolKind kKind, typename T>
+void PoolPlanes(const PoolGeometry& g, bool count_include_pad, bool column_major, const T* x, T* y,
+                int64_t* indices) {
   const int64_t in_plane = g.in[0] * g.in[1] * g.in[2];
   const int64_t out_plane = g.out[0] * g.out[1] * g.out[2];
-  const float* x = ctx.in(0).data<float>();
-  float* y = outputs[0].data<float>();
   for (int64_t p = 0; p < g.planes; ++p) {
-    PoolPlane<kKind>(g, count_include_pad, x + p * in_plane, y + p * out_plane);
+    PoolPlane<kKind, T>(g, count_include_pad, column_major, p * in_plane, x + p * in_plane,
+                        y + p * out_plane, indices == nullptr ? nullptr : indices + p * out_plane);
   }
-  return Status::OK();
+}
+
+template <PoolKind kKind>
+Status RunPool(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  KILN_RETURN_IF_ERROR(RequirePoolDType(ctx, kKind));
+  KILN_ASSIGN_OR_RETURN(PoolGeometry g, PoolShapes(ctx));
+  const bool count_include_pad = ctx.node().GetInt("count_include_pad", 0) != 0;
+  bool column_major = false;
+  if constexpr (kKind == PoolKind::kMax) {
+    KILN_ASSIGN_OR_RETURN(int64_t order, StorageOrder(ctx.node()));
+    column_major = order == 1;
+  }
+  int64_t* indices =
+      WantsOutput(ctx.node(), 1) && outputs.size() > 1 ? outputs[1].data<int64_t>() : nullptr;
+  const Tensor& x = ctx.in(0);
+  switch (x.dtype()) {
+    case DType::kFloat32:
+      PoolPlanes<kKind>(g, count_include_pad, column_major, x.data<float>(),
+                        outputs[0].data<float>(), indices);
+      return Status::OK();
+    case DType::kFloat64:
+      PoolPlanes<kKind>(g, count_include_pad, column_major, x.data<double>(),
+                        outputs[0].data<double>(), indices);
+      return Status::OK();
+    case DType::kInt8:
+      PoolPlanes<kKind>(g, count_include_pad, column_major, x.data<int8_t>(),
+                        outputs[0].data<int8_t>(), indices);
+      return Status::OK();
+    case DType::kUInt8:
+      PoolPlanes<kKind>(g, count_include_pad, column_major, x.data<uint8_t>(),
+                        outputs[0].data<uint8_t>(), indices);
+      return Status::OK();
+    case DType::kFloat16: {
+      // Widened to float32 and narrowed back: exact, since max only picks an input value.
+      KILN_ASSIGN_OR_RETURN(Tensor wide, x.CastTo(DType::kFloat32));
+      KILN_ASSIGN_OR_RETURN(Tensor y, Tensor::Empty(DType::kFloat32, outputs[0].shape()));
+      PoolPlanes<kKind>(g, count_include_pad, column_major, wide.data<float>(), y.data<float>(),
+                        indices);
+      KILN_ASSIGN_OR_RETURN(Tensor half, y.CastTo(DType::kFloat16));
+      std::memcpy(outputs[0].raw_data(), half.raw_data(), half.nbytes());
+      return Status::OK();
+    }
+    default:
+      return UnsupportedDType(ctx, x.dtype(), "float32, float16, float64, int8, uint8");
+  }
 }
 
 // GlobalAveragePool / GlobalMaxPool: one value per (n, c) plane, spatial dims become 1.
@@ -1204,8 +1290,9 @@ void RegisterNnOps(OpRegistry& r) {
       {"Gemm", "", 1, INT64_MAX, CheckGemm, InferGemm, RunGemm},
       {"Conv", "", 1, INT64_MAX, CheckConv, InferConv, RunConv},
       {"ConvTranspose", "", 1, INT64_MAX, CheckConvTranspose, InferConvTranspose, RunConvTranspose},
-      {"MaxPool", "", 1, INT64_MAX, CheckPool, InferPool, RunPool<PoolKind::kMax>},
-      {"AveragePool", "", 1, INT64_MAX, CheckPool, InferPool, RunPool<PoolKind::kAverage>},
+      {"MaxPool", "", 1, INT64_MAX, CheckPool, InferPool<PoolKind::kMax>, RunPool<PoolKind::kMax>},
+      {"AveragePool", "", 1, INT64_MAX, CheckPool, InferPool<PoolKind::kAverage>,
+       RunPool<PoolKind::kAverage>},
       {"GlobalAveragePool", "", 1, INT64_MAX, CheckUnary, InferGlobalPool,
        RunGlobalPool<PoolKind::kAverage>},
       {"GlobalMaxPool", "", 1, INT64_MAX, CheckUnary, InferGlobalPool,

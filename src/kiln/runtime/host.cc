@@ -90,14 +90,19 @@ Result<nlohmann::json> AttrJson(const Attribute& a) {
 nlohmann::json ValueInfoJson(const ValueInfo& v) {
   nlohmann::json dims = nlohmann::json::array();
   for (const Dim& d : v.dims) dims.push_back(d.value);
-  return {
+  nlohmann::json j = {
       {"name", v.name}, {"dtype", DTypeName(v.dtype)}, {"has_shape", v.has_shape}, {"dims", dims}};
+  // Written only when false, so the specs of graphs whose subgraphs declare every type (all
+  // before untyped subgraph values were accepted) keep their bytes.
+  if (!v.has_type) j["has_type"] = false;
+  return j;
 }
 
 Result<ValueInfo> ValueInfoFromJson(const nlohmann::json& j) {
   ValueInfo v;
   v.name = j.at("name").get<std::string>();
   KILN_ASSIGN_OR_RETURN(v.dtype, DTypeFromName(j.at("dtype").get<std::string>()));
+  v.has_type = j.value("has_type", true);
   v.has_shape = j.at("has_shape").get<bool>();
   for (const auto& d : j.at("dims")) v.dims.push_back(Dim{d.get<int64_t>(), ""});
   return v;

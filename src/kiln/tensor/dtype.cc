@@ -15,6 +15,10 @@ size_t DTypeSize(DType t) {
     case DType::kUInt8: return 1;
     case DType::kBool: return 1;
     case DType::kFloat64: return 8;
+    case DType::kInt16: return 2;
+    case DType::kUInt16: return 2;
+    case DType::kUInt32: return 4;
+    case DType::kUInt64: return 8;
   }
   return 0;
 }
@@ -29,6 +33,10 @@ const char* DTypeName(DType t) {
     case DType::kUInt8: return "uint8";
     case DType::kBool: return "bool";
     case DType::kFloat64: return "float64";
+    case DType::kInt16: return "int16";
+    case DType::kUInt16: return "uint16";
+    case DType::kUInt32: return "uint32";
+    case DType::kUInt64: return "uint64";
   }
   return "?";
 }
@@ -40,7 +48,8 @@ Result<DType> DTypeFromName(const std::string& name) {
   }
   return Status::InvalidArgument(
       "unknown dtype '" + name +
-      "': expected one of float32 float16 int64 int32 int8 uint8 bool float64");
+      "': expected one of float32 float16 int64 int32 int8 uint8 bool float64 int16 uint16 "
+      "uint32 uint64");
 }
 
 bool IsWeightDType(DType t) {

@@ -19,17 +19,23 @@ enum class DType : uint8_t {
   kUInt8,
   kBool,  // one byte per element, 0 or 1
   kFloat64,
+  // The wider integers ONNX models carry in a few places (index math, quantization tools);
+  // structural like int32, and appended so the earlier values keep their numbers.
+  kInt16,
+  kUInt16,
+  kUInt32,
+  kUInt64,
 };
-inline constexpr int kDTypeCount = 8;
+inline constexpr int kDTypeCount = 12;
 
 size_t DTypeSize(DType t);
 // ONNX-style lower-case names: "float32", "float16", "int64", "int32", "int8", "uint8", "bool",
-// "float64".
+// "float64", "int16", "uint16", "uint32", "uint64".
 const char* DTypeName(DType t);
 Result<DType> DTypeFromName(const std::string& name);
 
 // Floating or 8-bit: tensors of these types bound by name are weights (checkpoint data); others
-// (int32/int64/bool) are structural constants whose values are part of the graph.
+// (the wider integers and bool) are structural constants whose values are part of the graph.
 bool IsWeightDType(DType t);
 bool IsFloatDType(DType t);
 
@@ -47,5 +53,11 @@ template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kInt
 template <> struct DTypeOf<int8_t> { static constexpr DType value = DType::kInt8; };
 template <> struct DTypeOf<uint8_t> { static constexpr DType value = DType::kUInt8; };
 template <> struct DTypeOf<bool> { static constexpr DType value = DType::kBool; };
+template <> struct DTypeOf<int16_t> { static constexpr DType value = DType::kInt16; };
+// float16 is stored as uint16_t bits too; code handling float16 converts through FloatToHalf and
+// never asks DTypeOf<uint16_t>.
+template <> struct DTypeOf<uint16_t> { static constexpr DType value = DType::kUInt16; };
+template <> struct DTypeOf<uint32_t> { static constexpr DType value = DType::kUInt32; };
+template <> struct DTypeOf<uint64_t> { static constexpr DType value = DType::kUInt64; };
 
 }  // namespace kiln

@@ -265,6 +265,8 @@ constexpr DescrEntry kDescrs[] = {
     {'i', '8', DType::kInt64, "<i8"},   {'i', '4', DType::kInt32, "<i4"},
     {'i', '1', DType::kInt8, "|i1"},    {'u', '1', DType::kUInt8, "|u1"},
     {'b', '1', DType::kBool, "|b1"},    {'f', '8', DType::kFloat64, "<f8"},
+    {'i', '2', DType::kInt16, "<i2"},   {'u', '2', DType::kUInt16, "<u2"},
+    {'u', '4', DType::kUInt32, "<u4"},  {'u', '8', DType::kUInt64, "<u8"},
 };
 static_assert(sizeof(kDescrs) / sizeof(kDescrs[0]) == kDTypeCount, "one descr per DType");
 
@@ -282,7 +284,7 @@ Result<DType> DTypeFromDescr(const std::string& descr, const std::string& prefix
   }
   return Status::Unimplemented(
       prefix + "dtype '" + descr +
-      "' is not supported (expected one of <f4 <f2 <i8 <i4 |i1 |u1 |b1 <f8)");
+      "' is not supported (expected one of <f4 <f2 <i8 <i4 |i1 |u1 |b1 <f8 <i2 <u2 <u4 <u8)");
 }
 
 const char* DescrOf(DType t) {

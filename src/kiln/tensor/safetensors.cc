@@ -29,13 +29,13 @@ struct DTypeToken {
 constexpr DTypeToken kDTypeTokens[] = {
     {"F32", DType::kFloat32}, {"F16", DType::kFloat16}, {"I64", DType::kInt64},
     {"I32", DType::kInt32},   {"I8", DType::kInt8},     {"U8", DType::kUInt8},
-    {"BOOL", DType::kBool},   {"F64", DType::kFloat64},
+    {"BOOL", DType::kBool},   {"F64", DType::kFloat64}, {"I16", DType::kInt16},
+    {"U16", DType::kUInt16},  {"U32", DType::kUInt32},  {"U64", DType::kUInt64},
 };
 static_assert(sizeof(kDTypeTokens) / sizeof(kDTypeTokens[0]) == kDTypeCount,
               "one safetensors token per DType");
 // Valid in the format, not (yet) in kiln.
-constexpr const char* kUnsupportedTokens[] = {"BF16", "I16",     "U16",    "U32",
-                                              "U64",  "F8_E4M3", "F8_E5M2"};
+constexpr const char* kUnsupportedTokens[] = {"BF16", "F8_E4M3", "F8_E5M2"};
 
 const char* TokenOf(DType t) {
   for (const DTypeToken& e : kDTypeTokens) {

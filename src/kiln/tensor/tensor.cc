@@ -143,6 +143,10 @@ double Tensor::GetAsDouble(int64_t i) const {
     case DType::kUInt8: return data<uint8_t>()[i];
     case DType::kBool: return data<uint8_t>()[i] ? 1.0 : 0.0;
     case DType::kFloat64: return data<double>()[i];
+    case DType::kInt16: return data<int16_t>()[i];
+    case DType::kUInt16: return data<uint16_t>()[i];
+    case DType::kUInt32: return data<uint32_t>()[i];
+    case DType::kUInt64: return static_cast<double>(data<uint64_t>()[i]);
   }
   return 0;
 }
@@ -154,6 +158,11 @@ int64_t Tensor::GetAsInt64(int64_t i) const {
     case DType::kInt8: return data<int8_t>()[i];
     case DType::kUInt8: return data<uint8_t>()[i];
     case DType::kBool: return data<uint8_t>()[i] ? 1 : 0;
+    case DType::kInt16: return data<int16_t>()[i];
+    case DType::kUInt16: return data<uint16_t>()[i];
+    case DType::kUInt32: return data<uint32_t>()[i];
+    // Past INT64_MAX this wraps like a C++ conversion; integer-to-integer casts rely on that.
+    case DType::kUInt64: return static_cast<int64_t>(data<uint64_t>()[i]);
     default: {
       const double v = GetAsDouble(i);
       if (!std::isfinite(v)) return 0;
@@ -182,6 +191,8 @@ To ConvertFromDouble(double v) {
     if (std::isnan(v)) return 0;
     const double lo = static_cast<double>(std::numeric_limits<To>::lowest());
     const double hi = static_cast<double>(std::numeric_limits<To>::max());
+    // For 64-bit targets `hi` rounds up to 2^63 or 2^64, which the target cannot hold.
+    if (v >= hi) return std::numeric_limits<To>::max();
     return static_cast<To>(std::clamp(std::trunc(v), lo, hi));
   }
 }
@@ -217,6 +228,10 @@ Result<Tensor> Tensor::CastTo(DType to) const {
     case DType::kInt8: CastLoop(*this, out.data<int8_t>()); break;
     case DType::kUInt8: CastLoop(*this, out.data<uint8_t>()); break;
     case DType::kFloat64: CastLoop(*this, out.data<double>()); break;
+    case DType::kInt16: CastLoop(*this, out.data<int16_t>()); break;
+    case DType::kUInt16: CastLoop(*this, out.data<uint16_t>()); break;
+    case DType::kUInt32: CastLoop(*this, out.data<uint32_t>()); break;
+    case DType::kUInt64: CastLoop(*this, out.data<uint64_t>()); break;
     case DType::kBool: {
       uint8_t* o = out.data<uint8_t>();
       for (int64_t i = 0; i < n; ++i) o[i] = GetAsDouble(i) != 0.0 ? 1 : 0;

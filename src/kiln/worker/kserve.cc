@@ -116,13 +116,30 @@ Status StoreElement(const json& v, Tensor& t, int64_t i, const std::string& wher
       }
       return Status::OK();
     }
+    case DType::kUInt64: {
+      if (!v.is_number_integer()) return bad("an integer");
+      if (v.is_number_unsigned()) {
+        t.data<uint64_t>()[i] = v.get<uint64_t>();
+      } else if (v.get<int64_t>() >= 0) {
+        t.data<uint64_t>()[i] = static_cast<uint64_t>(v.get<int64_t>());
+      } else {
+        return bad("an integer in [0, 18446744073709551615]");
+      }
+      return Status::OK();
+    }
     case DType::kInt64:
     case DType::kInt32:
+    case DType::kInt16:
     case DType::kInt8:
+    case DType::kUInt32:
+    case DType::kUInt16:
     case DType::kUInt8: {
       int64_t lo = std::numeric_limits<int64_t>::min(), hi = std::numeric_limits<int64_t>::max();
       if (dt == DType::kInt32) lo = INT32_MIN, hi = INT32_MAX;
+      if (dt == DType::kInt16) lo = INT16_MIN, hi = INT16_MAX;
       if (dt == DType::kInt8) lo = INT8_MIN, hi = INT8_MAX;
+      if (dt == DType::kUInt32) lo = 0, hi = UINT32_MAX;
+      if (dt == DType::kUInt16) lo = 0, hi = UINT16_MAX;
       if (dt == DType::kUInt8) lo = 0, hi = UINT8_MAX;
       int64_t x = 0;
       if (!v.is_number_integer()) return bad("an integer");
@@ -131,7 +148,10 @@ Status StoreElement(const json& v, Tensor& t, int64_t i, const std::string& wher
       }
       if (dt == DType::kInt64) t.data<int64_t>()[i] = x;
       if (dt == DType::kInt32) t.data<int32_t>()[i] = static_cast<int32_t>(x);
+      if (dt == DType::kInt16) t.data<int16_t>()[i] = static_cast<int16_t>(x);
       if (dt == DType::kInt8) t.data<int8_t>()[i] = static_cast<int8_t>(x);
+      if (dt == DType::kUInt32) t.data<uint32_t>()[i] = static_cast<uint32_t>(x);
+      if (dt == DType::kUInt16) t.data<uint16_t>()[i] = static_cast<uint16_t>(x);
       if (dt == DType::kUInt8) t.data<uint8_t>()[i] = static_cast<uint8_t>(x);
       return Status::OK();
     }
@@ -347,6 +367,9 @@ json ElementsAsJson(const Tensor& t) {
       case DType::kBool:
         arr.emplace_back(t.data<uint8_t>()[i] != 0);
         break;
+      case DType::kUInt64:
+        arr.emplace_back(t.data<uint64_t>()[i]);
+        break;
       default:
         arr.emplace_back(t.GetAsInt64(i));
         break;
@@ -379,19 +402,28 @@ const char* KServeDatatype(DType dtype) {
       return "BOOL";
     case DType::kFloat64:
       return "FP64";
+    case DType::kInt16:
+      return "INT16";
+    case DType::kUInt16:
+      return "UINT16";
+    case DType::kUInt32:
+      return "UINT32";
+    case DType::kUInt64:
+      return "UINT64";
   }
   return "?";
 }
 
 Result<DType> DTypeFromKServe(const std::string& datatype) {
   for (DType t : {DType::kFloat32, DType::kFloat16, DType::kInt64, DType::kInt32, DType::kInt8,
-                  DType::kUInt8, DType::kBool, DType::kFloat64}) {
+                  DType::kUInt8, DType::kBool, DType::kFloat64, DType::kInt16, DType::kUInt16,
+                  DType::kUInt32, DType::kUInt64}) {
     if (datatype == KServeDatatype(t)) return t;
   }
   std::string shown = datatype.size() > 40 ? datatype.substr(0, 37) + "..." : datatype;
   return Status::InvalidArgument("datatype \"" + shown +
                                  "\" is not supported; expected one of FP32, FP16, INT64, INT32, "
-                                 "INT8, UINT8, BOOL, FP64");
+                                 "INT8, UINT8, BOOL, FP64, INT16, UINT16, UINT32, UINT64");
 }
 
 Result<size_t> ParseInferenceHeaderLength(const std::string& value, size_t body_size) {
