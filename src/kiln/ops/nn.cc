@@ -494,7 +494,8 @@ Result<ConvGeometry> ConvShapes(const OpContext& ctx) {
   return g;
 }
 
-Result<std::vector<TensorType>> InferConv(const OpContext& ctx) {
+// Conv and ConvTranspose: W (input 1) and the optional bias (input 2) have X's dtype.
+Status RequireWAndBiasDTypeOfX(const OpContext& ctx) {
   for (size_t i = 1; i < 3; ++i) {
     if (ctx.present(i) && ctx.type(i).dtype != ctx.type(0).dtype) {
       return Status::InvalidArgument(ctx.where() + ": input " + std::to_string(i) + " is " +
@@ -502,6 +503,11 @@ Result<std::vector<TensorType>> InferConv(const OpContext& ctx) {
                                      ctx.type(0).ToString() + "; dtypes must match");
     }
   }
+  return Status::OK();
+}
+
+Result<std::vector<TensorType>> InferConv(const OpContext& ctx) {
+  KILN_RETURN_IF_ERROR(RequireWAndBiasDTypeOfX(ctx));
   KILN_ASSIGN_OR_RETURN(ConvGeometry g, ConvShapes(ctx));
   return std::vector<TensorType>{{ctx.type(0).dtype, g.out}};
 }
@@ -650,13 +656,7 @@ Result<ConvTransposeGeometry> ConvTransposeShapes(const OpContext& ctx) {
 }
 
 Result<std::vector<TensorType>> InferConvTranspose(const OpContext& ctx) {
-  for (size_t i = 1; i < 3; ++i) {
-    if (ctx.present(i) && ctx.type(i).dtype != ctx.type(0).dtype) {
-      return Status::InvalidArgument(ctx.where() + ": input " + std::to_string(i) + " is " +
-                                     ctx.type(i).ToString() + " but X is " +
-                                     ctx.type(0).ToString() + "; dtypes must match");
-    }
-  }
+  KILN_RETURN_IF_ERROR(RequireWAndBiasDTypeOfX(ctx));
   KILN_ASSIGN_OR_RETURN(ConvTransposeGeometry g, ConvTransposeShapes(ctx));
   return std::vector<TensorType>{{ctx.type(0).dtype, g.out_shape}};
 }

@@ -19,6 +19,7 @@
 #include <array>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -150,10 +151,9 @@ struct Param {
 
 bool IsScalarLike(const Shape& s) { return s.size() <= 1 && NumElements(s) == 1; }
 
-// Accepts input i as one value or a 1-D vector of `n` values (per-`what`); other shapes are an
-// error naming the input, its shape and both accepted forms.
-Result<Param> ScalarOrVector(const OpContext& ctx, size_t i, const char* role, int64_t n,
-                             const std::string& what) {
+// Input i absent (an empty Param), one value, or a 1-D vector of `n` values; any other shape:
+// nullopt, for the caller to accept another form or name the error.
+std::optional<Param> ScalarOrVectorForm(const OpContext& ctx, size_t i, int64_t n) {
   Param p;
   if (!ctx.present(i)) return p;
   const Shape& s = ctx.type(i).shape;
@@ -167,6 +167,15 @@ Result<Param> ScalarOrVector(const OpContext& ctx, size_t i, const char* role, i
     p.n = n;
     return p;
   }
+  return std::nullopt;
+}
+
+// Accepts input i as one value or a 1-D vector of `n` values (per-`what`); other shapes are an
+// error naming the input, its shape and both accepted forms.
+Result<Param> ScalarOrVector(const OpContext& ctx, size_t i, const char* role, int64_t n,
+                             const std::string& what) {
+  if (std::optional<Param> p = ScalarOrVectorForm(ctx, i, n)) return *p;
+  const Shape& s = ctx.type(i).shape;
   return Status::InvalidArgument(ctx.where() + ": " + InputName(i, role) + " has shape " +
                                  ShapeToString(s) + ", expected a scalar or [" + std::to_string(n) +
                                  "] (" + what + ")");
@@ -385,19 +394,10 @@ int64_t BatchIndex(const Shape& out_batch, const Shape& operand_batch, int64_t o
 // with the reduced dim set to 1.
 Result<Param> MatMulParam(const OpContext& ctx, size_t i, const char* role, const Shape& operand,
                           bool row_side, int64_t n) {
-  Param p;
-  if (!ctx.present(i)) return p;
+  if (std::optional<Param> p = ScalarOrVectorForm(ctx, i, n)) return *p;
   const Shape& s = ctx.type(i).shape;
+  Param p;
   p.t = ctx.value(i);
-  if (IsScalarLike(s)) {
-    p.form = Param::Form::kScalar;
-    return p;
-  }
-  if (s.size() == 1 && s[0] == n) {
-    p.form = Param::Form::kVector;
-    p.n = n;
-    return p;
-  }
   Shape full = operand;
   if (full.size() >= 2) full[full.size() - (row_side ? 1 : 2)] = 1;
   if (operand.size() > 2 && s == full) {
