@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
+#include <set>
 
 namespace kiln {
 namespace {
@@ -50,6 +52,26 @@ TEST(DTypeTest, SizesNamesAndClasses) {
 
 // The wider integers: exact reads, integer casts that wrap like C++, float casts that truncate
 // and saturate (also at the top of uint64, which a double cannot hold exactly).
+// The one ONNX element-type table: every kiln DType has exactly one code, named by ONNX's
+// names; codes without a DType (STRING, BFLOAT16, out of range) map to nothing.
+TEST(DTypeTest, OnnxElementTypesMapOneToOne) {
+  std::set<DType> seen;
+  for (int64_t code = -1; code < 30; ++code) {
+    if (std::optional<DType> t = DTypeFromOnnxElemType(code)) {
+      EXPECT_TRUE(seen.insert(*t).second) << "two codes for " << DTypeName(*t);
+    }
+  }
+  EXPECT_EQ(static_cast<int>(seen.size()), kDTypeCount);
+  EXPECT_EQ(DTypeFromOnnxElemType(1), DType::kFloat32);
+  EXPECT_EQ(DTypeFromOnnxElemType(11), DType::kFloat64);
+  EXPECT_EQ(DTypeFromOnnxElemType(13), DType::kUInt64);
+  EXPECT_FALSE(DTypeFromOnnxElemType(8).has_value());   // STRING
+  EXPECT_FALSE(DTypeFromOnnxElemType(16).has_value());  // BFLOAT16
+  EXPECT_STREQ(OnnxElemTypeName(16), "BFLOAT16");
+  EXPECT_STREQ(OnnxElemTypeName(999), "unknown");
+  EXPECT_EQ(SupportedOnnxElemTypes().rfind("1 FLOAT, 10 FLOAT16, ", 0), 0u);
+}
+
 TEST(TensorTest, WideIntegerReadsAndCasts) {
   const uint64_t top = std::numeric_limits<uint64_t>::max();
   Tensor u64 = Tensor::FromVector<uint64_t>({3}, {top, 5, uint64_t{1} << 63});

@@ -63,31 +63,10 @@ struct Importer {
   }
 
   Result<DType> MapDType(int32_t t, const std::string& obj) const {
-    switch (t) {
-      case onnx::TensorProto::FLOAT: return DType::kFloat32;
-      case onnx::TensorProto::FLOAT16: return DType::kFloat16;
-      case onnx::TensorProto::INT64: return DType::kInt64;
-      case onnx::TensorProto::INT32: return DType::kInt32;
-      case onnx::TensorProto::INT8: return DType::kInt8;
-      case onnx::TensorProto::UINT8: return DType::kUInt8;
-      case onnx::TensorProto::BOOL: return DType::kBool;
-      case onnx::TensorProto::DOUBLE: return DType::kFloat64;
-      case onnx::TensorProto::INT16: return DType::kInt16;
-      case onnx::TensorProto::UINT16: return DType::kUInt16;
-      case onnx::TensorProto::UINT32: return DType::kUInt32;
-      case onnx::TensorProto::UINT64: return DType::kUInt64;
-      default: {
-        const std::string name =
-            onnx::TensorProto_DataType_IsValid(t)
-                ? onnx::TensorProto_DataType_Name(static_cast<onnx::TensorProto_DataType>(t))
-                : std::string("<invalid>");
-        return Error(
-            StatusCode::kUnimplemented,
-            obj + " has element type " + std::to_string(t) + " (" + name +
-                "); kiln supports FLOAT, FLOAT16, INT64, INT32, INT8, UINT8, BOOL, DOUBLE, "
-                "INT16, UINT16, UINT32, UINT64");
-      }
-    }
+    if (std::optional<DType> d = DTypeFromOnnxElemType(t)) return *d;
+    return Error(StatusCode::kUnimplemented, obj + " has element type " + std::to_string(t) + " (" +
+                                                 OnnxElemTypeName(t) + "); kiln supports " +
+                                                 SupportedOnnxElemTypes());
   }
 
   Result<Tensor> ReadExternal(const onnx::TensorProto& tp, DType dtype, const Shape& shape,

@@ -1048,51 +1048,12 @@ Status RunClip(const OpContext& ctx, std::vector<Tensor>& outputs) {
 // ---------------------------------------------------------------------------------------------
 // Cast: attribute `to` is an ONNX TensorProto.DataType number.
 
-const char* OnnxTypeName(int64_t to) {
-  static constexpr const char* kNames[] = {
-      "UNDEFINED",      "FLOAT",      "UINT8",          "INT8",       "UINT16",   "INT16",
-      "INT32",          "INT64",      "STRING",         "BOOL",       "FLOAT16",  "DOUBLE",
-      "UINT32",         "UINT64",     "COMPLEX64",      "COMPLEX128", "BFLOAT16", "FLOAT8E4M3FN",
-      "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "UINT4",      "INT4"};
-  if (to < 0 || to >= static_cast<int64_t>(std::size(kNames))) return "unknown";
-  return kNames[to];
-}
-
 Result<DType> CastTarget(const Node& node) {
   KILN_ASSIGN_OR_RETURN(int64_t to, node.GetInt("to"));
-  switch (to) {
-    case 1:
-      return DType::kFloat32;
-    case 10:
-      return DType::kFloat16;
-    case 7:
-      return DType::kInt64;
-    case 6:
-      return DType::kInt32;
-    case 3:
-      return DType::kInt8;
-    case 2:
-      return DType::kUInt8;
-    case 9:
-      return DType::kBool;
-    case 11:
-      return DType::kFloat64;
-    case 5:
-      return DType::kInt16;
-    case 4:
-      return DType::kUInt16;
-    case 12:
-      return DType::kUInt32;
-    case 13:
-      return DType::kUInt64;
-    default:
-      break;
-  }
+  if (std::optional<DType> t = DTypeFromOnnxElemType(to)) return *t;
   return Status::Unimplemented(node.Describe() + ": attribute 'to'=" + std::to_string(to) + " (" +
-                               OnnxTypeName(to) +
-                               ") is not supported (supported: 1 FLOAT, 10 FLOAT16, 7 INT64, "
-                               "6 INT32, 3 INT8, 2 UINT8, 9 BOOL, 11 DOUBLE, 5 INT16, 4 UINT16, "
-                               "12 UINT32, 13 UINT64)");
+                               OnnxElemTypeName(to) +
+                               ") is not supported (supported: " + SupportedOnnxElemTypes() + ")");
 }
 
 Status CheckCast(const Node& node, int64_t) {

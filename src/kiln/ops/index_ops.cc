@@ -112,30 +112,11 @@ Status DispatchArith(const OpContext& ctx, DType dtype, F&& f) {
 
 // The kiln dtype for ONNX TensorProto element type `code`, given in attribute `attr`.
 Result<DType> DTypeFromOnnxCode(const Node& node, const std::string& attr, int64_t code) {
-  switch (code) {
-    case 1:
-      return DType::kFloat32;
-    case 10:
-      return DType::kFloat16;
-    case 7:
-      return DType::kInt64;
-    case 6:
-      return DType::kInt32;
-    case 3:
-      return DType::kInt8;
-    case 2:
-      return DType::kUInt8;
-    case 9:
-      return DType::kBool;
-    case 11:
-      return DType::kFloat64;
-    default:
-      return Status::Unimplemented(node.Describe() + ": attribute " + attr + "=" +
-                                   std::to_string(code) +
-                                   " is not a supported element type (supported: 1 FLOAT, 10 "
-                                   "FLOAT16, 7 INT64, 6 INT32, 3 INT8, 2 UINT8, 9 BOOL, "
-                                   "11 DOUBLE)");
-  }
+  if (std::optional<DType> t = DTypeFromOnnxElemType(code)) return *t;
+  return Status::Unimplemented(
+      node.Describe() + ": attribute " + attr + "=" + std::to_string(code) + " (" +
+      OnnxElemTypeName(code) +
+      ") is not a supported element type (supported: " + SupportedOnnxElemTypes() + ")");
 }
 
 // ---------------------------------------------------------------------------------------------

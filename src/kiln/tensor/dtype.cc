@@ -2,6 +2,7 @@
 #include "src/kiln/tensor/dtype.h"
 
 #include <cstring>
+#include <iterator>
 
 namespace kiln {
 
@@ -50,6 +51,50 @@ Result<DType> DTypeFromName(const std::string& name) {
       "unknown dtype '" + name +
       "': expected one of float32 float16 int64 int32 int8 uint8 bool float64 int16 uint16 "
       "uint32 uint64");
+}
+
+namespace {
+
+struct OnnxElemType {
+  int64_t code;
+  DType dtype;
+};
+// The ONNX TensorProto.DataType numbers kiln has a DType for.
+constexpr OnnxElemType kOnnxElemTypes[] = {
+    {1, DType::kFloat32}, {10, DType::kFloat16}, {7, DType::kInt64},   {6, DType::kInt32},
+    {3, DType::kInt8},    {2, DType::kUInt8},    {9, DType::kBool},    {11, DType::kFloat64},
+    {5, DType::kInt16},   {4, DType::kUInt16},   {12, DType::kUInt32}, {13, DType::kUInt64},
+};
+
+}  // namespace
+
+std::optional<DType> DTypeFromOnnxElemType(int64_t code) {
+  for (const OnnxElemType& e : kOnnxElemTypes) {
+    if (e.code == code) return e.dtype;
+  }
+  return std::nullopt;
+}
+
+const char* OnnxElemTypeName(int64_t code) {
+  static constexpr const char* kNames[] = {
+      "UNDEFINED",      "FLOAT",      "UINT8",          "INT8",       "UINT16",   "INT16",
+      "INT32",          "INT64",      "STRING",         "BOOL",       "FLOAT16",  "DOUBLE",
+      "UINT32",         "UINT64",     "COMPLEX64",      "COMPLEX128", "BFLOAT16", "FLOAT8E4M3FN",
+      "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "UINT4",      "INT4"};
+  if (code < 0 || code >= static_cast<int64_t>(std::size(kNames))) return "unknown";
+  return kNames[code];
+}
+
+const std::string& SupportedOnnxElemTypes() {
+  static const std::string list = [] {
+    std::string s;
+    for (const OnnxElemType& e : kOnnxElemTypes) {
+      if (!s.empty()) s += ", ";
+      s += std::to_string(e.code) + " " + OnnxElemTypeName(e.code);
+    }
+    return s;
+  }();
+  return list;
 }
 
 bool IsWeightDType(DType t) {

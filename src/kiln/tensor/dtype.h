@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "src/kiln/base/status.h"
@@ -37,6 +38,14 @@ Result<DType> DTypeFromName(const std::string& name);
 // Floating or 8-bit: tensors of these types bound by name are weights (checkpoint data); others
 // (the wider integers and bool) are structural constants whose values are part of the graph.
 bool IsWeightDType(DType t);
+
+// ONNX TensorProto element-type numbers (the `to` of Cast, the `dtype` of EyeLike, a tensor's
+// elem_type), mapped in one place. Codes kiln has no DType for give nullopt.
+std::optional<DType> DTypeFromOnnxElemType(int64_t code);
+// "FLOAT", "BFLOAT16", ...; "unknown" outside the table.
+const char* OnnxElemTypeName(int64_t code);
+// The codes kiln maps, for messages: "1 FLOAT, 10 FLOAT16, ...".
+const std::string& SupportedOnnxElemTypes();
 bool IsFloatDType(DType t);
 
 // IEEE half <-> single, round-to-nearest-even, with inf/nan/subnormals preserved.
