@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 
@@ -59,6 +60,15 @@ Status MakeDirs(const std::string& path) {
   if (parent != path) KILN_RETURN_IF_ERROR(MakeDirs(parent));
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Errno("cannot mkdir", path);
   return Status::OK();
+}
+
+Result<std::string> KilnCacheRoot() {
+  const char* cache = std::getenv("KILN_CACHE_DIR");
+  if (cache != nullptr && *cache != '\0') return std::string(cache);
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && *home != '\0') return std::string(home) + "/.cache/kiln";
+  return Status::InvalidArgument(
+      "kiln cache: neither KILN_CACHE_DIR nor HOME is set; set one to place the cache");
 }
 
 Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability) {

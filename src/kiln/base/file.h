@@ -14,6 +14,11 @@ namespace kiln {
 
 Result<std::string> ReadFile(const std::string& path);
 
+// The machine's kiln cache directory: $KILN_CACHE_DIR, else $HOME/.cache/kiln. The cell store
+// (cells/) and learned toolchain facts (toolchain/) live under it. InvalidArgument when neither
+// variable is set.
+Result<std::string> KilnCacheRoot();
+
 // Whether a write must survive a machine crash. kScratch is for files that are useless after a
 // crash anyway (a private copy of a shared object about to be dlopened): readers still see the
 // whole file or none, but nothing is flushed to the device.

@@ -80,12 +80,9 @@ Lookup ReadEntry(const std::string& tar_path, const std::string& ref_path) {
 }  // namespace
 
 Result<std::string> DefaultStoreRoot() {
-  const char* cache = std::getenv("KILN_CACHE_DIR");
-  if (cache != nullptr && *cache != '\0') return std::string(cache) + "/cells";
-  const char* home = std::getenv("HOME");
-  if (home != nullptr && *home != '\0') return std::string(home) + "/.cache/kiln/cells";
-  return Status::InvalidArgument(
-      "local store: neither KILN_CACHE_DIR nor HOME is set; set one to place the cell store");
+  auto root = KilnCacheRoot();
+  if (!root.ok()) return Status::InvalidArgument("local store: " + root.status().message());
+  return *root + "/cells";
 }
 
 LocalStore::LocalStore(std::string root) : root_(std::move(root)) {}

@@ -14,6 +14,7 @@
 #include <mutex>
 
 #include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/file.h"
 #include "src/kiln/base/log.h"
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/base/sm_levels.h"
@@ -181,6 +182,31 @@ Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
+Result<std::string> CompilerVersion(const std::string& compiler_path,
+                                    const std::string& compiler_sha256,
+                                    const std::string& cache_root) {
+  const std::string cached =
+      cache_root.empty() ? "" : cache_root + "/toolchain/" + compiler_sha256 + ".version";
+  if (!cached.empty()) {
+    auto text = ReadFile(cached);
+    if (text.ok() && !text->empty() && text->size() <= 512 &&
+        text->find('\n') == std::string::npos) {
+      return *text;
+    }
+  }
+  std::string out;
+  KILN_ASSIGN_OR_RETURN(int rc, RunProcess({compiler_path, "--version"}, &out));
+  if (rc != 0) {
+    return Status::IOError("'" + compiler_path + " --version' exited " + std::to_string(rc));
+  }
+  const std::string version = Trim(out.substr(0, out.find('\n')));
+  if (!cached.empty() && !version.empty() && version.size() <= 512 &&
+      MakeDirs(cache_root + "/toolchain").ok()) {
+    WriteFileAtomic(cached, version).IgnoreError();  // a cache: failing to keep it costs a spawn
+  }
+  return version;
+}
+
 Result<Toolchain> LocalToolchain() {
   static std::mutex mu;
   static std::unique_ptr<Toolchain> cached;
@@ -188,13 +214,11 @@ Result<Toolchain> LocalToolchain() {
   if (cached) return *cached;
   Toolchain t;
   KILN_ASSIGN_OR_RETURN(t.compiler_path, FindCompiler());
-  std::string out;
-  KILN_ASSIGN_OR_RETURN(int rc, RunProcess({t.compiler_path, "--version"}, &out));
-  if (rc != 0) {
-    return Status::IOError("'" + t.compiler_path + " --version' exited " + std::to_string(rc));
-  }
-  t.compiler_version = Trim(out.substr(0, out.find('\n')));
   KILN_ASSIGN_OR_RETURN(t.compiler_sha256, Sha256File(t.compiler_path));
+  auto cache_root = KilnCacheRoot();
+  KILN_ASSIGN_OR_RETURN(t.compiler_version,
+                        CompilerVersion(t.compiler_path, t.compiler_sha256,
+                                        cache_root.ok() ? *cache_root : std::string()));
   t.flags = {"-std=c++17",
              "-O3",
              "-fPIC",

@@ -47,6 +47,15 @@ struct Toolchain {
 // `c++` from PATH. Fails (NotFound) when no compiler is found.
 Result<Toolchain> LocalToolchain();
 
+// The first line of `<compiler_path> --version`, for the compiler binary whose SHA-256 is
+// `compiler_sha256`. That line is a function of the binary's bytes, so it is kept under
+// `cache_root`/toolchain/<sha256>.version once learned, and a later process (a worker's boot)
+// reads it instead of spawning the compiler. A missing or malformed entry (empty, more than one
+// line, over 512 bytes) is learned again; `cache_root` "" = no cache.
+Result<std::string> CompilerVersion(const std::string& compiler_path,
+                                    const std::string& compiler_sha256,
+                                    const std::string& cache_root);
+
 // Runs the system compiler. Real implementation plus one that records commands (tests).
 class CompilerDriver {
  public:
