@@ -146,6 +146,13 @@ Result<std::string> Toolchain::Digest() const { return FactsDigest(Block()); }
 
 Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output,
                        const std::string& cwd) {
+  if (argv.empty()) return Status::InvalidArgument("RunProcess: empty argv");
+  // Everything the child needs is built before fork: the caller may be one thread of many (a
+  // worker learning its toolchain while it loads), so the child makes only async-signal-safe
+  // calls (dup2, chdir, execv, _exit) and never allocates.
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
   int pipefd[2];
   if (::pipe2(pipefd, O_CLOEXEC) != 0) return Status::IOError("pipe failed");
   const pid_t pid = ::fork();
@@ -158,9 +165,6 @@ Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output
     ::dup2(pipefd[1], 1);
     ::dup2(pipefd[1], 2);
     if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) _exit(126);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
     ::execv(args[0], args.data());
     _exit(127);
   }
