@@ -329,10 +329,13 @@ Status RunFleetDemo(std::string examples, bool keep) {
   KILN_ASSIGN_OR_RETURN(nlohmann::json b_boot_row, WaitForRow(*b_http, "boot_adopt", 5000));
   KILN_ASSIGN_OR_RETURN(Answer first_b, Infer(*b_http, model, inputs));
   const double adopt_ms = b_boot_row.value("duration_ms", 0.0);
-  std::printf(
-      "\nworker B  boot_adopt %s in %.1f ms (resolve, receipt, fetch, verify, load, bind); "
-      "ready in %.0f ms\n",
-      b_boot_row.value("phase", "?").c_str(), adopt_ms, b_ready_ms);
+  std::printf("\nworker B  boot_adopt %s in %.1f ms; ready in %.0f ms\n",
+              b_boot_row.value("phase", "?").c_str(), adopt_ms, b_ready_ms);
+  // The row's own breakdown: key, resolve, receipt, revocations, fetch, admit, open, bind, ...
+  const std::string stages = After(b_boot_row.value("detail", ""), "stages_ms=");
+  if (stages != b_boot_row.value("detail", "")) {
+    std::printf("          stages (ms): %s\n", stages.substr(0, stages.find(' ')).c_str());
+  }
   std::printf("          first request: %s in %.0f ms\n          cell %s\n", first_b.mode.c_str(),
               first_b.ms, first_b.ref.c_str());
 
