@@ -149,49 +149,17 @@ Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t sa
         b == int_bounds.end() ? 8.0 : static_cast<double>(std::min<int64_t>(8, b->second));
     uint64_t state = Mix(entry.index * 1000003ull + (lane == Lane::kExported ? 1 : 2) + salt);
     for (char c : s.name) state = Mix(state ^ static_cast<unsigned char>(c));
-    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(s.dtype, s.shape));
-    for (int64_t i = 0; i < t.numel(); ++i) {
+    // Drawn as doubles, then converted by the tensor's own cast (which truncates toward zero,
+    // as the probe's integers need, and rounds floats through float32 for float16).
+    const bool is_float = IsFloatDType(s.dtype);
+    KILN_ASSIGN_OR_RETURN(Tensor drawn, Tensor::Empty(DType::kFloat64, s.shape));
+    double* x = drawn.data<double>();
+    for (int64_t i = 0; i < drawn.numel(); ++i) {
       state = Mix(state);
       const double u = static_cast<double>(state >> 11) / 9007199254740992.0;  // [0,1)
-      switch (s.dtype) {
-        case DType::kFloat32:
-          t.data<float>()[i] = static_cast<float>(2 * u - 1);
-          break;
-        case DType::kFloat64:
-          t.data<double>()[i] = 2 * u - 1;
-          break;
-        case DType::kFloat16:
-          t.data<uint16_t>()[i] = FloatToHalf(static_cast<float>(2 * u - 1));
-          break;
-        case DType::kInt64:
-          t.data<int64_t>()[i] = static_cast<int64_t>(u * range);
-          break;
-        case DType::kInt32:
-          t.data<int32_t>()[i] = static_cast<int32_t>(u * range);
-          break;
-        case DType::kInt8:
-          t.data<int8_t>()[i] = static_cast<int8_t>(u * range);
-          break;
-        case DType::kUInt8:
-          t.data<uint8_t>()[i] = static_cast<uint8_t>(u * range);
-          break;
-        case DType::kBool:
-          t.data<uint8_t>()[i] = u < 0.5 ? 0 : 1;
-          break;
-        case DType::kInt16:
-          t.data<int16_t>()[i] = static_cast<int16_t>(u * range);
-          break;
-        case DType::kUInt16:
-          t.data<uint16_t>()[i] = static_cast<uint16_t>(u * range);
-          break;
-        case DType::kUInt32:
-          t.data<uint32_t>()[i] = static_cast<uint32_t>(u * range);
-          break;
-        case DType::kUInt64:
-          t.data<uint64_t>()[i] = static_cast<uint64_t>(u * range);
-          break;
-      }
+      x[i] = is_float ? 2 * u - 1 : s.dtype == DType::kBool ? (u < 0.5 ? 0 : 1) : u * range;
     }
+    KILN_ASSIGN_OR_RETURN(Tensor t, drawn.CastTo(s.dtype));
     out[s.name] = std::move(t);
   }
   return out;

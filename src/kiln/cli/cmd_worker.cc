@@ -72,14 +72,10 @@ Status DoWorker(const WorkerArgs& a) {
   // costs a process spawn and a file hash, the sm level a cpuid) are learned once per process.
   // Learn them while the manifest, graphs and checkpoints load, not inside the first adopt;
   // LocalToolchain() is cached under a mutex, so a boot that gets there first simply waits.
-  std::thread machine_facts([] {
+  std::jthread machine_facts([] {
     LocalToolchain().status().IgnoreError();
     DetectSmLevel();
   });
-  struct Joiner {
-    std::thread& t;
-    ~Joiner() { t.join(); }
-  } join_machine_facts{machine_facts};
   KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
   EventLog events;
   if (!a.events.empty()) KILN_RETURN_IF_ERROR(events.SetPath(a.events));

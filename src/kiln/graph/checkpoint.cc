@@ -1,7 +1,6 @@
 // Checkpoint binding and derivation (graph layer).
 #include "src/kiln/graph/checkpoint.h"
 
-#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -112,19 +111,14 @@ Result<WeightMap> DeriveCheckpoint(const Graph& graph, uint64_t seed, double sca
                                  t.dtype() == DType::kInt32)) {
       // Quantized weights, zero points and int32 biases: shifted by 1-3 steps either way,
       // saturating, so a cell that baked any of them in would differ on the derived checkpoint.
+      // The shifted values are computed in float64 and cast back: the cast saturates.
       uint64_t state = seed ^ NameHash(name);
+      KILN_ASSIGN_OR_RETURN(Tensor shifted, t.CastTo(DType::kFloat64));
       for (int64_t i = 0; i < t.numel(); ++i) {
         const double u = Uniform(state);
-        const int64_t step = (u < 0.5 ? -1 : 1) * (1 + static_cast<int64_t>(u * 6) % 3);
-        const int64_t v = static_cast<int64_t>(t.GetAsDouble(i)) + step;
-        if (t.dtype() == DType::kInt8) {
-          t.data<int8_t>()[i] = static_cast<int8_t>(std::clamp<int64_t>(v, -128, 127));
-        } else if (t.dtype() == DType::kUInt8) {
-          t.data<uint8_t>()[i] = static_cast<uint8_t>(std::clamp<int64_t>(v, 0, 255));
-        } else {
-          t.data<int32_t>()[i] = static_cast<int32_t>(v);
-        }
+        shifted.data<double>()[i] += (u < 0.5 ? -1 : 1) * (1 + static_cast<int64_t>(u * 6) % 3);
       }
+      KILN_ASSIGN_OR_RETURN(t, shifted.CastTo(t.dtype()));
     }
     out.emplace(name, std::move(t));
   }

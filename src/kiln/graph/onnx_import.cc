@@ -54,6 +54,23 @@ Status CheckNamesAreUtf8(const onnx::GraphProto& gp, const std::string& where) {
   return Status::OK();
 }
 
+// Records the role an initializer of `g` plays where `n` reads it when its dtype alone says
+// otherwise: a float feeding a shape input is structural (IsShapeInput), an int32 feeding a
+// quantized bias is a weight (IsInt32WeightInput).
+void MarkInitializerRoles(const Node& n, Graph& g) {
+  for (size_t i = 0; i < n.inputs.size(); ++i) {
+    auto it = g.initializers.find(n.inputs[i]);
+    if (it == g.initializers.end()) continue;
+    const DType dtype = it->second.dtype();
+    if (IsWeightDType(dtype) && IsShapeInput(n.domain, n.op_type, i)) {
+      g.structural_floats.insert(n.inputs[i]);
+    }
+    if (dtype == DType::kInt32 && IsInt32WeightInput(n.domain, n.op_type, i)) {
+      g.int32_weights.insert(n.inputs[i]);
+    }
+  }
+}
+
 struct Importer {
   std::string what;  // the source, for errors
   ImportOptions options;
@@ -474,19 +491,7 @@ struct Importer {
       g.nodes.push_back(std::move(n));
     }
     KILN_RETURN_IF_ERROR(TopoSort(g, outer));
-    for (const Node& n : g.nodes) {
-      for (size_t i = 0; i < n.inputs.size(); ++i) {
-        auto it = g.initializers.find(n.inputs[i]);
-        if (it != g.initializers.end() && IsWeightDType(it->second.dtype()) &&
-            IsShapeInput(n.domain, n.op_type, i)) {
-          g.structural_floats.insert(n.inputs[i]);
-        }
-        if (it != g.initializers.end() && it->second.dtype() == DType::kInt32 &&
-            IsInt32WeightInput(n.domain, n.op_type, i)) {
-          g.int32_weights.insert(n.inputs[i]);
-        }
-      }
-    }
+    for (const Node& n : g.nodes) MarkInitializerRoles(n, g);
     return g;
   }
 
@@ -555,17 +560,7 @@ struct Importer {
     // A float that feeds a shape input inside a subgraph is structural too.
     std::function<void(const Graph&)> mark = [&](const Graph& g) {
       for (const Node& n : g.nodes) {
-        for (size_t i = 0; i < n.inputs.size(); ++i) {
-          auto it = top.initializers.find(n.inputs[i]);
-          if (it != top.initializers.end() && IsWeightDType(it->second.dtype()) &&
-              IsShapeInput(n.domain, n.op_type, i)) {
-            top.structural_floats.insert(n.inputs[i]);
-          }
-          if (it != top.initializers.end() && it->second.dtype() == DType::kInt32 &&
-              IsInt32WeightInput(n.domain, n.op_type, i)) {
-            top.int32_weights.insert(n.inputs[i]);
-          }
-        }
+        MarkInitializerRoles(n, top);
         for (const Graph* sub : Subgraphs(n)) mark(*sub);
       }
     };

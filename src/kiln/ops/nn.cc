@@ -913,23 +913,21 @@ Status RunPool(const OpContext& ctx, std::vector<Tensor>& outputs) {
   int64_t* indices =
       WantsOutput(ctx.node(), 1) && outputs.size() > 1 ? outputs[1].data<int64_t>() : nullptr;
   const Tensor& x = ctx.in(0);
+  auto pool = [&](auto element) {
+    using T = decltype(element);
+    PoolPlanes<kKind>(g, count_include_pad, column_major, x.data<T>(), outputs[0].data<T>(),
+                      indices);
+    return Status::OK();
+  };
   switch (x.dtype()) {
     case DType::kFloat32:
-      PoolPlanes<kKind>(g, count_include_pad, column_major, x.data<float>(),
-                        outputs[0].data<float>(), indices);
-      return Status::OK();
+      return pool(float{});
     case DType::kFloat64:
-      PoolPlanes<kKind>(g, count_include_pad, column_major, x.data<double>(),
-                        outputs[0].data<double>(), indices);
-      return Status::OK();
+      return pool(double{});
     case DType::kInt8:
-      PoolPlanes<kKind>(g, count_include_pad, column_major, x.data<int8_t>(),
-                        outputs[0].data<int8_t>(), indices);
-      return Status::OK();
+      return pool(int8_t{});
     case DType::kUInt8:
-      PoolPlanes<kKind>(g, count_include_pad, column_major, x.data<uint8_t>(),
-                        outputs[0].data<uint8_t>(), indices);
-      return Status::OK();
+      return pool(uint8_t{});
     case DType::kFloat16: {
       // Widened to float32 and narrowed back: exact, since max only picks an input value.
       KILN_ASSIGN_OR_RETURN(Tensor wide, x.CastTo(DType::kFloat32));
