@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kiln builds and tests with (see docs/dependencies.md for why
 # each is here). Idempotent: apt runs only when something is missing. Needs root (or sudo).
+# `deps.sh --list` prints the package list and installs nothing (tools/check_install_steps.py
+# checks every path a build found against it).
 set -euo pipefail
 
 PACKAGES=(
@@ -15,6 +17,11 @@ PACKAGES=(
 )
 if [ "${KILN_WITH_PYTHON:-0}" = 1 ]; then
   PACKAGES+=(python3-torch)
+fi
+
+if [ "${1:-}" = --list ]; then
+  printf '%s\n' "${PACKAGES[@]}"
+  exit 0
 fi
 
 missing=()
