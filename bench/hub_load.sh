@@ -7,7 +7,7 @@
 #   env: KILN=path/to/kiln  DURATION=10s  CONNECTIONS=16  THREADS=2  HUB_THREADS=32
 #
 # Seeds each hub with one published cell (tests/make_test_cell), then measures GET /v1/cells/<key>
-# (a hit with its receipt) with wrk --latency. The goal (issue 4): >= 5000 resolves/s, p99 < 10 ms
+# (a hit with its receipt) with wrk --latency. The goal: >= 5000 resolves/s, p99 < 10 ms
 # on 2 cores.
 set -euo pipefail
 BUILD="${1:-build}"

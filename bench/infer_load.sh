@@ -11,7 +11,7 @@
 # checks serving_mode=aot_cell; wrk with 1 connection measures the end-to-end latency of one
 # request at a time (HTTP, parsing the binary tensor extension, the serving wrapper, the cell,
 # the binary answer); wrk with 2 and 4 connections measures throughput on the machine's cores.
-# Overhead = (end-to-end p50 at 1 connection - cell median) / cell median. The goal (issue 5):
+# Overhead = (end-to-end p50 at 1 connection - cell median) / cell median. The goal:
 # under 5%, no errors.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,4 +1,4 @@
-// Tests for admission (cell layer, DESIGN.md §2 laws 3-4): a good cell is admitted, and each
+// Tests for admission (cell layer, docs/design.md §2 laws 3-4): a good cell is admitted, and each
 // refusal token has its own case whose message starts with the token and names the values.
 #include "src/kiln/cell/admission.h"
 

@@ -1,5 +1,5 @@
-// Tests for the cell key (cell layer, DESIGN.md §5): one fixed set of axes gives one pinned key,
-// every axis moves the key, and malformed axes are refused by name.
+// Tests for the cell key (cell layer, docs/design.md §5): one fixed set of axes gives one pinned
+// key, every axis moves the key, and malformed axes are refused by name.
 #include "src/kiln/cell/key.h"
 
 #include <gtest/gtest.h>

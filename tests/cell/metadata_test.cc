@@ -1,4 +1,4 @@
-// Tests for metadata.json (cell layer, DESIGN.md §6 and §2 law 3): byte-identical round trip,
+// Tests for metadata.json (cell layer, docs/design.md §6 and §2 law 3): byte-identical round trip,
 // strict parsing, and key restatement that names the edited axis.
 #include "src/kiln/cell/metadata.h"
 

@@ -1,4 +1,4 @@
-// Tests for cell packing (cell layer, DESIGN.md §6): the tar is deterministic and readable by
+// Tests for cell packing (cell layer, docs/design.md §6): the tar is deterministic and readable by
 // ordinary tar, and unpack refuses every malformed archive by name. Malformed archives are built
 // with RawHeader below, an independent ustar writer, so these tests do not trust pack.cc's own.
 #include "src/kiln/cell/pack.h"

@@ -316,7 +316,7 @@ const std::vector<Case>& Opset18Cases() {
   return cases;
 }
 
-// Issue 7, family C (quantized and recurrent ops), opset 17. Scales and zero points are bound
+// Family C (quantized and recurrent ops), opset 17. Scales and zero points are bound
 // weights as in a real quantized model; recurrent W/R/B/P are bound weights too.
 const std::vector<Case>& FamilyCCases() {
   static const std::vector<Case> cases = {
@@ -386,8 +386,8 @@ const std::vector<Case>& FamilyCCases() {
   return cases;
 }
 
-// Issue 7, family A (elementwise, activations, reductions, normalizations, TopK, CumSum): one
-// group per opset the cases need. Opset 17 unless a case says otherwise.
+// Family A (elementwise, activations, reductions, normalizations, TopK, CumSum): one group per
+// opset the cases need. Opset 17 unless a case says otherwise.
 const std::vector<Case>& FamilyACases() {
   static const std::vector<Case> cases = {
       // elementwise and activations
@@ -750,7 +750,7 @@ void RunGroup(const std::vector<Case>& cases, int64_t opset) {
   RunBuilt(BuildGroup(cases, opset), opset, 1, "");
 }
 
-// Issue 7, family B (indexing, scatter/gather, ConvTranspose, Einsum, quantized, recurrent).
+// Family B (indexing, scatter/gather, ConvTranspose, Einsum, quantized, recurrent).
 // Index inputs drawn at run time hold 0..3, so every indexed axis here has at least 4 entries;
 // negative indices come as structural constants. NonZero's input must be structural (its output
 // shape depends on values), so it folds; the refusal for a runtime input is tested below.

@@ -1,4 +1,4 @@
-// The digest law (DESIGN.md §2 law 1, §5): what must leave the graph digest unchanged and what
+// The digest law (docs/design.md §2 law 1, §5): what must leave the graph digest unchanged and what
 // must change it. Each case varies exactly one thing of a small base model.
 #include "src/kiln/graph/digest.h"
 

@@ -1,6 +1,6 @@
-// The worker's minting half end to end, with real processes on loopback (issue 6): `kiln hub`,
-// `kiln worker` processes, each with its own cache directory (one "machine" each), and the
-// `kiln mint --child` processes the workers start. Every test asserts the worker's exact event
+// The worker's minting half end to end, with real processes on loopback: `kiln hub`, `kiln
+// worker` processes, each with its own cache directory (one "machine" each), and the `kiln mint
+// --child` processes the workers start. Every test asserts the worker's exact event
 // rows (kind/phase, in seq order) from the JSON-lines file it writes.
 //
 // Test-only switches the mint child honours (cli/cmd_cell.cc; all start with KILN_TEST_, so none

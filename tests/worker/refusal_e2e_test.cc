@@ -1,5 +1,5 @@
-// The serving half's refusals and fallbacks with real processes on loopback (issue 5): a `kiln
-// hub` holding the mlp example's cell (minted and published by `kiln mint` + `kiln publish`) and
+// The serving half's refusals and fallbacks with real processes on loopback: a `kiln hub`
+// holding the mlp example's cell (minted and published by `kiln mint` + `kiln publish`) and
 // one `kiln worker` per test, each with its own machine directory and manifest. Every test asserts
 // the exact event rows the worker wrote (kind/phase, in seq order) and what the wire said.
 //

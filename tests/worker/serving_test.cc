@@ -1,6 +1,6 @@
 // Tests for the serving wrapper (src/kiln/worker/serving.h) with real cells: the mlp example is
 // minted once, admitted and loaded through the same seam every adopt route uses, and each law of
-// DESIGN.md §2 (7-11) gets a test that fails when the law breaks.
+// docs/design.md §2 (7-11) gets a test that fails when the law breaks.
 #include "src/kiln/worker/serving.h"
 
 #include <gtest/gtest.h>

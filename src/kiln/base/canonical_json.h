@@ -1,7 +1,7 @@
 // Canonical JSON and facts digests (base layer): how kiln turns structured facts into key bytes.
 //
 // Cell keys, graph/envelope/toolchain digests and cell metadata are hashed over canonical JSON, so
-// equal facts must give equal bytes on every machine and every build (DESIGN.md §5):
+// equal facts must give equal bytes on every machine and every build (docs/design.md §5):
 //   - object keys sorted by their UTF-8 bytes (equivalently by code point), no duplicates;
 //   - no insignificant whitespace;
 //   - strings UTF-8, emitted as-is except the escapes JSON requires (", \, control characters);

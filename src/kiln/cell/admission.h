@@ -1,9 +1,10 @@
 // Admission: every check a cell's bytes must pass before anything of it is loaded (cell layer).
 //
-// DESIGN.md §2 law 3 (restate the key from the cell's own metadata, with the function that minted
-// it) and law 4 (digest, size, declared axes — all before dlopen). The hub runs this at publish,
-// the worker at adopt (after the receipt or local-store provenance check, before the loader).
-// Nothing here loads or executes any part of the cell; the loader runs only on an AdmittedCell.
+// docs/design.md §2 law 3 (restate the key from the cell's own metadata, with the function that
+// minted it) and law 4 (digest, size, declared axes — all before dlopen). The hub runs this at
+// publish, the worker at adopt (after the receipt or local-store provenance check, before the
+// loader). Nothing here loads or executes any part of the cell; the loader runs only on an
+// AdmittedCell.
 //
 // Checks, in order; the first failure is returned and its message starts with its token:
 //   size_mismatch       Corruption       the byte count differs from the expected size

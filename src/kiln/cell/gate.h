@@ -1,4 +1,4 @@
-// The numerics gate and the fence proof (cell layer; DESIGN.md §2 laws 2 and 5, §8).
+// The numerics gate and the fence proof (cell layer; docs/design.md §2 laws 2 and 5, §8).
 //
 // Gate, per entry: compiled vs eager on seeded probe inputs, over all outputs concatenated, in
 // double: cos = <r,s>/(|r||s|) (both zero -> 1, one zero -> 0), ret = |s|/|r|, rel_l2 = |s-r|/|r|

@@ -1,5 +1,5 @@
 // The cell key: `ck1-` + 56 hex of SHA-256 over canonical JSON {graph, envelope, sm, toolchain}
-// (DESIGN.md §5). Cell layer. Derived without compiling: graph digest × envelope × sm ×
+// (docs/design.md §5). Cell layer. Derived without compiling: graph digest × envelope × sm ×
 // toolchain. One function (KeyFromAxes) makes every key, at mint and at every restatement
 // (hub publish, worker adopt), so a key can only ever be restated the way it was minted.
 #pragma once

@@ -2,7 +2,7 @@
 //
 // Parse checks types and required fields only; RestateKey checks how the recorded facts relate
 // (axes against the blocks they digest, entries against the envelope). Admission runs both, in
-// that order, before anything is loaded (DESIGN.md §2 laws 3-4).
+// that order, before anything is loaded (docs/design.md §2 laws 3-4).
 #include "src/kiln/cell/metadata.h"
 
 #include <algorithm>

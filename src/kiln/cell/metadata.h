@@ -1,4 +1,4 @@
-// metadata.json: what a cell says about itself (DESIGN.md §6). Cell layer.
+// metadata.json: what a cell says about itself (docs/design.md §6). Cell layer.
 //
 // Canonical JSON (sorted keys, no spaces), no timings or wall clocks (those ride events), so two
 // mints of one key produce identical bytes. Admission restates the key from these recorded facts

@@ -1,4 +1,4 @@
-// Minting: build a cell on this machine, prove it, seal it (cell layer; DESIGN.md §4 Mint).
+// Minting: build a cell on this machine, prove it, seal it (cell layer; docs/design.md §4 Mint).
 //
 // Stages, each timed: key (derived without compiling) -> compile (passes per class) -> build
 // (entries compiled as parallel compiler processes, linked) -> load -> gate (strict: only

@@ -1,4 +1,4 @@
-// Cell packing: the deterministic tar that is a cell's bytes, and its digest (DESIGN.md §6).
+// Cell packing: the deterministic tar that is a cell's bytes, and its digest (docs/design.md §6).
 // Cell layer.
 //
 // Layout: a POSIX ustar archive holding exactly three regular files, in this order:

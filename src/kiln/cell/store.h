@@ -1,9 +1,9 @@
 // LocalStore: the cells this machine keeps on disk, by key (cell layer).
 //
-// Boot looks here before asking the hub (DESIGN.md §4: derive key → local store → hub). The store
-// holds bytes and their digest, nothing more: it does not admit a cell. A caller hands what Get
-// returns to AdmitCell (admission.h) before anything is loaded (law 4); the recorded digest is
-// the local-store provenance that admission checks the bytes against.
+// Boot looks here before asking the hub (docs/design.md §4: derive key → local store → hub). The
+// store holds bytes and their digest, nothing more: it does not admit a cell. A caller hands what
+// Get returns to AdmitCell (admission.h) before anything is loaded (law 4); the recorded digest
+// is the local-store provenance that admission checks the bytes against.
 //
 // Layout, one directory per key under the root:
 //   <root>/<key>/cell.tar   the packed cell bytes (pack.h)

@@ -1,5 +1,5 @@
 // `kiln demo`: the README's main command — the whole cell lifecycle on one machine, as a fleet
-// would live it (cli layer; issue 6 item 5).
+// would live it (cli layer).
 //
 // It starts, as real processes on loopback, an embedded `kiln hub` and two `kiln worker`s on
 // the micro-diffusion example, each worker with a cache directory of its own (two "machines"):

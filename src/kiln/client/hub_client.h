@@ -93,8 +93,8 @@ class HubClient {
                              const std::string& sm, const std::string& token);
   // Checks a Found answer's receipt like VerifyResolvedReceipt against `*trusted`; when the
   // receipt's key id is not in `*trusted`, fetches this hub's key set (GET /.well-known/jwks.json)
-  // once, adds its keys to `*trusted` and checks again (REFERENCE.md "Receipt checks": refetch the
-  // key set once on an unknown id). A kid still unknown after a refetch stays refused
+  // once, adds its keys to `*trusted` and checks again (docs/design.md "Receipt checks": refetch
+  // the key set once on an unknown id). A kid still unknown after a refetch stays refused
   // receipt_unknown_kid and is remembered, so a foreign kid costs this client one fetch, not one
   // per check; a failed refetch leaves the refusal receipt_unknown_kid (fail closed) with the
   // transport token in the message. For key sets whose source is this hub; operator-configured

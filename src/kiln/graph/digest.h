@@ -1,4 +1,4 @@
-// The graph digest: the `graph` axis of a cell key (DESIGN.md §5). Graph layer.
+// The graph digest: the `graph` axis of a cell key (docs/design.md §5). Graph layer.
 //
 // A node-level canonical digest that identifies the computation and never reads a weight value.
 // Each value gets a Merkle-style identity:

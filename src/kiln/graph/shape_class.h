@@ -1,6 +1,6 @@
 // Shape classes and envelopes: the concrete input shapes a target is declared to serve
-// (DESIGN.md §1). Graph layer, so the compiler (which specializes per class) and the cell layer
-// (which keys by envelope) share one definition.
+// (docs/design.md §1). Graph layer, so the compiler (which specializes per class) and the cell
+// layer (which keys by envelope) share one definition.
 #pragma once
 
 #include <map>

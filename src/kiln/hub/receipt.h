@@ -1,5 +1,5 @@
 // Receipts: the hub's Ed25519-signed statement that binds a cell key to the bytes it stored (hub
-// layer; DESIGN.md §9, REFERENCE.md "Receipt checks"). Built into the small `kiln_receipt`
+// layer; docs/design.md §9, §12 "Receipt checks"). Built into the small `kiln_receipt`
 // library so that the client and the worker can verify receipts without linking the hub server.
 //
 // Wire format: JWS compact serialization, three base64url (no padding) parts joined by '.':

@@ -1,4 +1,4 @@
-// The hub: routes over a HubStore, a BlobStore and a SigningKeyRing (hub layer; DESIGN.md §9,
+// The hub: routes over a HubStore, a BlobStore and a SigningKeyRing (hub layer; docs/design.md §9,
 // docs/hub-api.md is the wire reference).
 //
 // Two parts. HubService holds every route as a plain method (principal + parsed inputs in, Reply

@@ -1,5 +1,6 @@
 // HubStore: the hub's rows — cells, publish intents, revocations, tokens, releases and their
-// obligations, worker events (hub layer; DESIGN.md §9). Blob bytes live in a BlobStore, not here.
+// obligations, worker events (hub layer; docs/design.md §9). Blob bytes live in a BlobStore, not
+// here.
 //
 // Implementations: SQLite (the default, one file under the data dir), PostgreSQL (several hub
 // processes share one database; first-writer-wins is a UNIQUE key + INSERT … ON CONFLICT DO

@@ -1,6 +1,6 @@
 // Shape and data-movement op family (ops layer): Reshape, Transpose, Concat, Split, Slice,
-// Gather, Squeeze, Unsqueeze, Flatten, Expand, Pad, Resize/Upsample (nearest), Shape, Size,
-// Constant, ConstantOfShape, Identity, Dropout (inference), Range, Tile.
+// Gather, Squeeze, Unsqueeze, Flatten, Expand, Pad, Shape, Size, Constant, ConstantOfShape,
+// Identity, Dropout (inference), Range, Tile. Resize and Upsample live in resize.cc.
 //
 // These kernels move bytes, so they work on every dtype through DTypeSize; only Range and the
 // fill values of Pad/ConstantOfShape look at element types. Every op registers one OpDef whose

@@ -1,4 +1,5 @@
-// safetensors files (tensor layer): the checkpoint format weights are bound from (DESIGN.md §1).
+// safetensors files (tensor layer): the checkpoint format weights are bound from
+// (docs/design.md §1).
 //
 // Layout: an 8-byte little-endian header length N, N bytes of JSON
 //   {"<name>": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...,

@@ -1,11 +1,11 @@
 // Boot-adopt (worker layer): local store -> hub resolve -> receipt gate -> fetch by digest ->
 // admission -> load -> install, one boot_adopt row per target. See boot.h for the order.
 //
-// Layering note (DESIGN.md §3): worker/ reaches compiler headers only through cell/ and the mint
-// driver. This file includes compile/toolchain.h for exactly two read-only facts, the machine's
-// sm level (DetectSmLevel) and its toolchain block (LocalToolchain().Block()), which admission
-// compares a cell against; the key itself comes from cell/mint.h (DeriveKeyAxes, KeyFromAxes),
-// the same functions that minted it (law 3). Nothing here compiles.
+// Layering note (docs/design.md §3): worker/ reaches compiler headers only through cell/ and the
+// mint driver. This file includes compile/toolchain.h for exactly two read-only facts, the
+// machine's sm level (DetectSmLevel) and its toolchain block (LocalToolchain().Block()), which
+// admission compares a cell against; the key itself comes from cell/mint.h (DeriveKeyAxes,
+// KeyFromAxes), the same functions that minted it (law 3). Nothing here compiles.
 #include "src/kiln/worker/boot.h"
 
 #include <atomic>

@@ -1,6 +1,6 @@
 // Boot-adopt: how one target of a worker adopts an exported cell at boot, from this machine's
-// local store or from the hub (worker layer; DESIGN.md §4 "Boot (per target)", §2 laws 3, 4, 9,
-// 10, 11; REFERENCE.md "Boot-adopt details").
+// local store or from the hub (worker layer; docs/design.md §4 "Boot (per target)", §2 laws 3,
+// 4, 9, 10, 11, §12 "Boot-adopt details").
 //
 // AdoptAtBoot runs, in exactly this order, and stops at the first step that decides:
 //   1. operator eager-only order on the target      -> nothing armed   `operator_eager_only`

@@ -12,7 +12,7 @@ namespace kiln {
 namespace {
 
 // The hub's row carries no target or fn column; they travel in the detail, as `target=`/`fn=`
-// words (DESIGN.md §10: detail is prose with key=, fn=, target=).
+// words (docs/design.md §10: detail is prose with key=, fn=, target=).
 nlohmann::json HubRow(const EventRow& row, const std::string& worker) {
   std::string detail = row.detail;
   auto add_word = [&](const char* name, const std::string& value) {

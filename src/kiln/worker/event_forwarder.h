@@ -1,5 +1,5 @@
 // EventForwarder: ships a worker's event rows to its hub (POST /v1/events) in the background
-// (worker layer; DESIGN.md §10, docs/hub-api.md "POST /v1/events").
+// (worker layer; docs/design.md §10, docs/hub-api.md "POST /v1/events").
 //
 // Rows are queued by EventLog's sink (never blocking a request: the sink only takes this
 // forwarder's lock and pushes) and posted in batches by one thread. A hub that is down or slow

@@ -1,5 +1,5 @@
 // Worker event rows: typed telemetry for every decision the worker makes (worker layer;
-// DESIGN.md §10, REFERENCE.md "Event rows").
+// docs/design.md §10, §12 "Event rows").
 //
 // A row is {seq, kind, phase, duration_ms, key, ref, fn, target, detail, ts_ms}. `seq` is
 // process-monotonic and shared by every row of the process (every EventLog draws from one
@@ -26,7 +26,7 @@
 
 namespace kiln {
 
-// Event kinds (DESIGN.md §10): the complete vocabulary of `kind`.
+// Event kinds (docs/design.md §10): the complete vocabulary of `kind`.
 namespace event_kind {
 inline constexpr const char* kBootAdopt = "boot_adopt";
 inline constexpr const char* kCellNumerics = "cell_numerics";
@@ -48,7 +48,7 @@ inline constexpr const char* kGuardMiss = "guard_miss";
 inline constexpr const char* kMintPhases = "mint_phases";
 }  // namespace event_kind
 
-// Every kind above, in DESIGN.md order.
+// Every kind above, in docs/design.md §10 order.
 const std::vector<std::string>& EventKinds();
 // True when `kind` is one of EventKinds().
 bool IsKnownEventKind(const std::string& kind);

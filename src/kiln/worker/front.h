@@ -1,4 +1,4 @@
-// Frontend: the worker's HTTP front end (worker layer, above serving.h and kserve.h; DESIGN.md
+// Frontend: the worker's HTTP front end (worker layer, above serving.h and kserve.h; docs/design.md
 // §10, §4 Request). KServe v2 / Open Inference Protocol over cpp-httplib, plus metrics, events
 // and the operator's admin routes:
 //

@@ -1,6 +1,6 @@
 // KServe v2 / Open Inference Protocol codec: infer request bodies in, infer response bodies out,
 // JSON tensors and the binary tensor data extension (worker layer, under the front end in
-// front.h; DESIGN.md §10).
+// front.h; docs/design.md §10).
 //
 // Request: {"id", "parameters": {...}, "inputs": [{"name", "shape", "datatype", "data"}],
 // "outputs": [{"name", "parameters": {"binary_data": bool}}]}. `data` is flat or nested (a nested

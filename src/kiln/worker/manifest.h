@@ -1,4 +1,5 @@
-// The worker manifest (kiln.toml): what one endpoint serves and how (DESIGN.md §10). Worker layer.
+// The worker manifest (kiln.toml): what one endpoint serves and how (docs/design.md §10). Worker
+// layer.
 //
 // A manifest names the endpoint, the hub it adopts from, its targets (graph, checkpoint, envelope,
 // lane policy, export declaration, numerics thresholds), the KServe model names (functions) that
@@ -23,7 +24,7 @@
 
 namespace kiln {
 
-// `targets.<name>.lane`: whether a target may be served eager (DESIGN.md §1, law 11).
+// `targets.<name>.lane`: whether a target may be served eager (docs/design.md §1, law 11).
 enum class LanePolicy {
   kOptional,   // "optional": eager is allowed (the default)
   kMandatory,  // "mandatory": serve only from a cell; without one, refuse retryably
@@ -56,8 +57,8 @@ struct HubSpec {
   int timeout_ms = 5000;           // per hub request (> 0)
 };
 
-// `targets.<name>.numerics`: the mint-time numerics gate (DESIGN.md §8). 0 < floor <= warn <= 1,
-// 0 < retention <= 1. Integers are accepted where a float is expected (`warn = 1`).
+// `targets.<name>.numerics`: the mint-time numerics gate (docs/design.md §8). 0 < floor <= warn
+// <= 1, 0 < retention <= 1. Integers are accepted where a float is expected (`warn = 1`).
 struct NumericsSpec {
   double floor = 0.999;      // cos below this: DESTROYED
   double warn = 0.99999;     // floor <= cos < warn: DEGRADED; only cos >= warn is HEALTHY
@@ -96,7 +97,7 @@ struct FunctionSpec {
   std::vector<std::string> aliases;  // other model names for the same function
 };
 
-// `[mint]` (optional): limits of the mint driver (DESIGN.md §4, law 16).
+// `[mint]` (optional): limits of the mint driver (docs/design.md §4, law 16).
 struct MintSpec {
   int stall_window_s = 120;   // kill a child with no CPU or disk progress for this long (> 0)
   int memory_budget_mb = 0;   // skip a mint that would exceed this; 0 = auto (from free memory)

@@ -1,5 +1,5 @@
 // The mint child protocol: what a worker hands a `kiln mint --child REQUEST.json` process and
-// what it gets back (worker layer; DESIGN.md §4 "Mint (child process)", REFERENCE.md "Mint child
+// what it gets back (worker layer; docs/design.md §4 "Mint (child process)", §12 "Mint child
 // protocol"). The child is a fresh process, never a fork of the threaded server, so nothing the
 // compiler does can hurt serving (law 16).
 //

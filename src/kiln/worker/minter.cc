@@ -1,9 +1,9 @@
 // Minter: mint children, their watchdog, and adopting what they made (see minter.h).
 //
-// Layering note (DESIGN.md §3): this is the mint driver, the one worker file besides boot.cc that
-// reaches compile/toolchain.h, for the same two read-only facts (this machine's sm level and its
-// toolchain block), which admission compares the child's cell against. Nothing here compiles: the
-// compiler runs in the child process.
+// Layering note (docs/design.md §3): this is the mint driver, the one worker file besides boot.cc
+// that reaches compile/toolchain.h, for the same two read-only facts (this machine's sm level and
+// its toolchain block), which admission compares the child's cell against. Nothing here compiles:
+// the compiler runs in the child process.
 #include "src/kiln/worker/minter.h"
 
 #include <dirent.h>

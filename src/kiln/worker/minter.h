@@ -1,5 +1,5 @@
 // Minter: the worker's miss policy and intake lane, driving `kiln mint --child` processes
-// (worker layer; DESIGN.md §2 laws 5, 6, 12-14, 16, §4 Mint; REFERENCE.md "Mint child protocol").
+// (worker layer; docs/design.md §2 laws 5, 6, 12-14, 16, §4 Mint, §12 "Mint child protocol").
 //
 // Exported target, boot miss (MintExported). The target already serves eager (posture
 // `mint_in_progress` while the mint runs); this returns at once and, on a thread of its own:

@@ -1,5 +1,5 @@
 // Publisher: the worker's background lane to the hub for cells it minted itself (worker layer;
-// DESIGN.md §2 laws 13 and 14, §4 Mint, issue 6 item 3).
+// docs/design.md §2 laws 13 and 14, §4 Mint).
 //
 // Readiness never waits for it: the mint driver arms and stores a cell first, then enqueues the
 // publish here. One thread works the queue in order:

@@ -1,6 +1,6 @@
 // The serving wrapper: one ServedTarget per target decides, per request, whether a cell or the
-// eager interpreter answers, and says which on the wire (worker layer; DESIGN.md §2 laws 7-11,
-// §4 Request, REFERENCE.md "Serving details").
+// eager interpreter answers, and says which on the wire (worker layer; docs/design.md §2 laws
+// 7-11, §4 Request, §12 "Serving details").
 //
 // Serve runs in exactly this order:
 //   1. operator eager-only order (atomic, read on every call) -> eager, `operator_eager_only`
@@ -46,9 +46,9 @@ inline constexpr const char* kServingAotCell = "aot_cell";
 inline constexpr const char* kServingJitCell = "jit_cell";
 inline constexpr const char* kServingEager = "eager";
 
-// Eager posture tokens, highest precedence first (REFERENCE.md): mint_in_progress > stored token
-// > compiled_degraded > no_compile_declared > arm_pending > uncompiled. The operator's order
-// overrides them all with operator_eager_only (not a fallback).
+// Eager posture tokens, highest precedence first (docs/design.md "Serving details"):
+// mint_in_progress > stored token > compiled_degraded > no_compile_declared > arm_pending >
+// uncompiled. The operator's order overrides them all with operator_eager_only (not a fallback).
 inline constexpr const char* kPostureOperatorEagerOnly = "operator_eager_only";
 inline constexpr const char* kPostureMintInProgress = "mint_in_progress";
 inline constexpr const char* kPostureCompiledDegraded = "compiled_degraded";
