@@ -4,7 +4,8 @@
 //   node bench/ort_bench.js [--threads T] [--warmup 5] [--runs 30] [--min-seconds 1]
 //                           [--max-seconds 5] MODEL_DIR[@CLASS] ...
 //
-// MODEL_DIR is an examples/<name> directory (model.onnx, inputs/*.npy, outputs/*.npy).
+// MODEL_DIR is an examples/<name> directory (model.onnx, inputs/*.npy, outputs/*.npy), or a
+// generated benchmark model's directory (bench/models.py: model.onnx only; a CLASS is required).
 // CLASS is a shape class, e.g. `x=[4,64]` or `latent=[1,4,64,64];timestep=[1];cond=[1,64]`
 // (inputs separated by `;` or `,`); without one, the reference inputs' shapes are used.
 // `--class SPEC` applies to the MODEL_DIR arguments that follow it and carry no `@CLASS`.
@@ -165,7 +166,9 @@ async function benchOne(modelDir, classSpec, opt) {
   // Reference inputs / outputs.
   const refIn = {};
   const inDir = path.join(modelDir, 'inputs');
-  for (const f of fs.readdirSync(inDir).sort()) {
+  // A generated benchmark model (bench/models.py) has no reference inputs: only classes.
+  const inFiles = fs.existsSync(inDir) ? fs.readdirSync(inDir).sort() : [];
+  for (const f of inFiles) {
     if (f.endsWith('.npy')) refIn[f.slice(0, -4)] = readNpy(path.join(inDir, f));
   }
   const refOut = {};

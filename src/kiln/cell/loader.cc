@@ -50,6 +50,28 @@ ArmedCell::~ArmedCell() {
   for (kiln_cell_entry* h : handles_) {
     if (h) library_->release(h);
   }
+  for (auto& list : free_ws_) {
+    for (void* ws : list) std::free(ws);
+  }
+}
+
+void* ArmedCell::TakeWorkspace(size_t index) const {
+  {
+    std::lock_guard<std::mutex> lock(ws_mu_);
+    if (!free_ws_[index].empty()) {
+      void* ws = free_ws_[index].back();
+      free_ws_[index].pop_back();
+      return ws;
+    }
+  }
+  const uint64_t bytes = entries_[index].workspace_bytes;
+  return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+}
+
+void ArmedCell::GiveWorkspace(size_t index, void* ws) const {
+  if (ws == nullptr) return;
+  std::lock_guard<std::mutex> lock(ws_mu_);
+  free_ws_[index].push_back(ws);
 }
 
 void ArmedCell::Revoke(const std::string& reason) {
@@ -129,6 +151,18 @@ Result<std::unique_ptr<ArmedCell>> ArmedCell::Arm(std::shared_ptr<CellLibrary> l
   cell->threads_ = num_threads;
   cell->weights_ = weights;
   KILN_RETURN_IF_ERROR(cell->BindAll(cell->weights_));
+  cell->free_ws_.resize(cell->entries_.size());
+  for (size_t i = 0; i < cell->entries_.size(); ++i) {
+    const uint64_t bytes = cell->entries_[i].workspace_bytes;
+    if (bytes == 0) continue;
+    void* ws = cell->TakeWorkspace(i);
+    if (ws == nullptr) {
+      return Status::ResourceExhausted("cannot allocate " + std::to_string(bytes) +
+                                       " bytes of workspace for cell entry " + std::to_string(i));
+    }
+    std::memset(ws, 0, bytes);  // touch the pages now, not in the first request
+    cell->GiveWorkspace(i, ws);
+  }
   return cell;
 }
 
@@ -240,7 +274,7 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
   }
   void* ws = nullptr;
   if (e.workspace_bytes > 0) {
-    ws = std::aligned_alloc(64, (e.workspace_bytes + 63) / 64 * 64);
+    ws = TakeWorkspace(static_cast<size_t>(index));
     if (!ws) {
       return fail(CellRunError::kResource,
                   Status::ResourceExhausted("cannot allocate " + std::to_string(e.workspace_bytes) +
@@ -256,7 +290,7 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
                        in_ptrs.empty() ? kNoInputs : in_ptrs.data(), out_ptrs.data(), ws,
                        e.workspace_bytes);
   }
-  std::free(ws);
+  GiveWorkspace(static_cast<size_t>(index), ws);
   if (rc == KILN_CELL_RESOURCE_EXHAUSTED) {
     return fail(
         CellRunError::kResource,

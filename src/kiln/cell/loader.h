@@ -84,6 +84,10 @@ class ArmedCell {
  private:
   ArmedCell() = default;
   Status BindAll(const WeightMap& weights);
+  // A workspace for entry `index`: one a finished run gave back, or a new one (nullptr when
+  // that allocation fails). Runs of one entry at once each hold their own.
+  void* TakeWorkspace(size_t index) const;
+  void GiveWorkspace(size_t index, void* ws) const;
 
   std::shared_ptr<CellLibrary> library_;
   std::vector<EntryMetadata> entries_;
@@ -95,6 +99,10 @@ class ArmedCell {
   std::atomic<bool> revoked_{false};
   std::string revoke_reason_;
   mutable std::shared_mutex mu_;  // Run shares it; Rebind and Revoke take it alone
+  // Workspaces kept between runs, per entry: a run allocates none once one exists, and the
+  // first is made (and its pages touched) at arm time, so the first request pays no faults.
+  mutable std::mutex ws_mu_;
+  mutable std::vector<std::vector<void*>> free_ws_;
 };
 
 // Writes the verified .so into `private_dir` (created 0700) and opens it.

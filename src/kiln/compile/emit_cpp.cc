@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <set>
 #include <sstream>
@@ -108,12 +109,35 @@ class EntryEmitter {
         << "; }\n";
     os_ << "extern \"C\" KILN_HIDDEN const char* const* " << e << "_op_specs() { return " << e
         << "_specs; }\n\n";
+    mm_plans_.assign(p_.kernels.size(), MatmulPlan{});
+    int mm_count = 0;
+    for (size_t k = 0; k < p_.kernels.size(); ++k) {
+      KILN_ASSIGN_OR_RETURN(mm_plans_[k], PlanMatmul(p_.kernels[k], e));
+      if (mm_plans_[k].prepared) mm_plans_[k].index = mm_count++;
+    }
     KILN_RETURN_IF_ERROR(EmitInit(e));
     // S3: run.
     os_ << "extern \"C\" KILN_HIDDEN int " << e
         << "_run(kiln_cell_entry* E, const void* const* in, void* const* out, char* ws) {\n";
     os_ << "  const kiln_host_api* H = E->host;\n  (void)H; (void)in; (void)out; (void)ws;\n";
-    for (const Buffer& b : p_.buffers) EmitPointer(b, e);
+    // Roots first, then each view after the buffer it views (layout planning may point a view
+    // at a copy numbered after it).
+    std::vector<bool> declared(p_.buffers.size(), false);
+    for (const Buffer& b : p_.buffers) {
+      if (b.alias_of >= 0) continue;
+      EmitPointer(b, e);
+      declared[static_cast<size_t>(b.id)] = true;
+    }
+    for (bool progress = true; progress;) {
+      progress = false;
+      for (const Buffer& b : p_.buffers) {
+        if (declared[static_cast<size_t>(b.id)] || !declared[static_cast<size_t>(b.alias_of)]) {
+          continue;
+        }
+        EmitPointer(b, e);
+        declared[static_cast<size_t>(b.id)] = progress = true;
+      }
+    }
     int op_index = 0, conv_index = 0;
     for (size_t k = 0; k < p_.kernels.size(); ++k) {
       const Kernel& kern = p_.kernels[k];
@@ -121,11 +145,14 @@ class EntryEmitter {
       switch (kern.kind) {
         case Kernel::Kind::kFused: KILN_RETURN_IF_ERROR(EmitFused(kern)); break;
         case Kernel::Kind::kMatMul:
-          KILN_RETURN_IF_ERROR(EmitMatMul(kern));
-          KILN_RETURN_IF_ERROR(EmitEpilogue(kern));
-          break;
         case Kernel::Kind::kGemm:
-          KILN_RETURN_IF_ERROR(EmitGemm(kern));
+          if (mm_plans_[k].prepared) {
+            EmitPreparedMatmul(mm_plans_[k]);
+          } else if (kern.kind == Kernel::Kind::kMatMul) {
+            KILN_RETURN_IF_ERROR(EmitMatMul(kern));
+          } else {
+            KILN_RETURN_IF_ERROR(EmitGemm(kern));
+          }
           KILN_RETURN_IF_ERROR(EmitEpilogue(kern));
           break;
         case Kernel::Kind::kConv:
@@ -138,6 +165,9 @@ class EntryEmitter {
         case Kernel::Kind::kConcat: EmitConcat(kern); break;
         case Kernel::Kind::kGather: EmitGather(kern); break;
         case Kernel::Kind::kResize: EmitResize(kern); break;
+        case Kernel::Kind::kPool:
+          EmitPool(kern);
+          break;
         case Kernel::Kind::kReference: EmitReference(kern, op_index++); break;
       }
       os_ << "  }\n";
@@ -155,8 +185,26 @@ class EntryEmitter {
   }
 
  private:
-  std::string B(int id) const { return "b" + std::to_string(id); }
-  const Buffer& Buf(int id) const { return p_.buffers[static_cast<size_t>(id)]; }
+  std::string B(int id) const {
+    const size_t n = p_.buffers.size();
+    if (static_cast<size_t>(id) >= n) return synthetic_expr_[static_cast<size_t>(id) - n];
+    return "b" + std::to_string(id);
+  }
+  const Buffer& Buf(int id) const {
+    const size_t n = p_.buffers.size();
+    if (static_cast<size_t>(id) >= n) return synthetic_[static_cast<size_t>(id) - n];
+    return p_.buffers[static_cast<size_t>(id)];
+  }
+  // A row-major operand the emitter itself names (a kernel's local statistics, another view
+  // of a buffer), usable wherever a buffer id is; `expr` is its pointer expression.
+  int AddSynthetic(const TensorType& type, const std::string& expr) {
+    Buffer b;
+    b.id = static_cast<int>(p_.buffers.size() + synthetic_.size());
+    b.type = type;
+    synthetic_.push_back(b);
+    synthetic_expr_.push_back(expr);
+    return b.id;
+  }
 
   void EmitArray(const std::string& name, const Tensor& t) {
     const int64_t n = std::max<int64_t>(t.numel(), 1);
@@ -225,6 +273,24 @@ class EntryEmitter {
     return ln;
   }
 
+  static Shape Permuted(const Shape& shape, const std::vector<int>& perm) {
+    if (perm.empty()) return shape;
+    Shape out;
+    for (int d : perm) out.push_back(shape[static_cast<size_t>(d)]);
+    return out;
+  }
+  static std::vector<std::vector<int64_t>> PermutedStrides(
+      const std::vector<std::vector<int64_t>>& strides, const std::vector<int>& perm) {
+    if (perm.empty()) return strides;
+    std::vector<std::vector<int64_t>> out;
+    for (const auto& st : strides) {
+      std::vector<int64_t> p;
+      for (int d : perm) p.push_back(st[static_cast<size_t>(d)]);
+      out.push_back(std::move(p));
+    }
+    return out;
+  }
+
   // GEMMs with at most this many multiply-adds run single-threaded (team wakeup costs more).
   static constexpr int64_t kSmallGemm = int64_t{1} << 16;
   std::string GemmThreads(int64_t m, int64_t n, int64_t k) const {
@@ -260,9 +326,12 @@ class EntryEmitter {
       }
     }
     std::vector<std::vector<int64_t>> strides;
-    for (int in : k.inputs) strides.push_back(BroadcastStrides(Buf(in).type.shape, shape));
-    for (size_t i = 0; i < k.outputs.size(); ++i) strides.push_back(ContiguousStrides(shape));
-    const LoopNest ln = Merge(shape, strides);
+    for (int in : k.inputs) strides.push_back(OperandStrides(Buf(in), shape));
+    for (int o : k.outputs) strides.push_back(LogicalStrides(Buf(o)));
+    // Loop in the first output's memory order, so it is written contiguously whatever the
+    // layouts of the operands (each read through its own strides).
+    const LoopNest ln = Merge(Permuted(shape, Buf(k.outputs[0]).perm),
+                              PermutedStrides(strides, Buf(k.outputs[0]).perm));
     const size_t depth = ln.dims.size();
     std::string indent = "    ";
     Range r;
@@ -347,6 +416,105 @@ class EntryEmitter {
     KILN_RETURN_IF_ERROR(EmitFused(f));
     os_ << "    }\n";
     return Status::OK();
+  }
+
+  // A MatMul or Gemm run through a matmul primitive prepared at init: with its right-hand
+  // operand bound there (a weight or structural constant, reordered once into the library's
+  // layout) or passed per run (an activation), bias and scale inside the call.
+  struct MatmulPlan {
+    bool prepared = false;
+    int index = -1;       // E->mms slot
+    std::string desc;     // kiln_matmul_desc initializer
+    std::string w_init;   // the bound W as an init expression; "" = passed per run
+    std::string threads;  // thread count at prepare
+    int a = -1, w = -1, c = -1, bias = -1;  // buffer ids (bias -1: none)
+  };
+
+  Result<MatmulPlan> PlanMatmul(const Kernel& k, const std::string& e) const {
+    MatmulPlan plan;
+    if (k.kind != Kernel::Kind::kMatMul && k.kind != Kernel::Kind::kGemm) return plan;
+    int64_t M, N, K, batch = 1, w_batch = 1;
+    int64_t trans_a = 0, trans_w = 0;
+    float alpha = 1.0f;
+    int bias = k.bias >= 0 ? k.inputs[static_cast<size_t>(k.bias)] : -1;
+    Shape a = Buf(k.inputs[0]).type.shape, b = Buf(k.inputs[1]).type.shape;
+    const std::string w_init = BoundOperand(k.inputs[1], e);
+    if (k.kind == Kernel::Kind::kMatMul) {
+      if (a.empty() || b.size() < 2) return plan;
+      if (a.size() == 1) a.insert(a.begin(), 1);
+      K = a.back();
+      N = b.back();
+      if (b.size() == 2) {  // one product over every row of A
+        M = NumElements(a) / K;
+      } else {  // batched: same batch dims on both sides, or a shared W
+        Shape ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
+        M = a[a.size() - 2];
+        batch = NumElements(ab);
+        w_batch = NumElements(bb);
+        if (!(ab == bb || w_batch == 1) || (ab != bb && ab.size() < bb.size())) return plan;
+        if (w_batch == 1) {  // fold the batch into M
+          M *= batch;
+          batch = 1;
+        }
+      }
+      if (b[b.size() - 2] != K) return plan;
+    } else {
+      const Node& n = k.node;
+      trans_a = n.GetInt("transA", 0);
+      trans_w = n.GetInt("transB", 0);
+      alpha = n.GetFloat("alpha", 1.0f);
+      const float beta = n.GetFloat("beta", 1.0f);
+      if (a.size() != 2 || b.size() != 2) return plan;
+      M = trans_a ? a[1] : a[0];
+      K = trans_a ? a[0] : a[1];
+      N = trans_w ? b[0] : b[1];
+      const bool has_c = n.HasInput(2) && beta != 0.0f;
+      if (has_c) {
+        // C as a per-column bias is the library's bias; anything else keeps the generic path.
+        const TensorType& ct = Buf(k.inputs[2]).type;
+        if (beta != 1.0f || ct.shape.empty() || ct.shape.back() != N ||
+            NumElements(ct.shape) != N) {
+          return plan;
+        }
+        bias = k.inputs[2];
+      }
+    }
+    if (M * N * K == 0) return plan;
+    // A run-time W cannot carry alpha without the library scaling the bias too.
+    if (alpha != 1.0f && bias >= 0 && w_init.empty()) return plan;
+    plan.prepared = true;
+    plan.a = k.inputs[0];
+    plan.w = k.inputs[1];
+    plan.c = k.outputs[0];
+    plan.bias = bias;
+    plan.w_init = w_init;
+    plan.threads = GemmThreads(M * batch, N, K);
+    std::ostringstream d;
+    d << "{" << M << ", " << N << ", " << K << ", " << batch << ", " << w_batch << ", "
+      << FloatLit(alpha) << ", " << trans_a << ", " << trans_w << ", " << (bias >= 0 ? 1 : 0)
+      << ", 0, 0}";
+    plan.desc = d.str();
+    return plan;
+  }
+
+  void EmitPreparedMatmul(const MatmulPlan& m) {
+    os_ << "    KILN_TRY(H->matmul_run(E->mms[" << m.index << "], " << B(m.a) << ", "
+        << (m.w_init.empty() ? B(m.w) : std::string("NULL")) << ", "
+        << (m.bias >= 0 ? B(m.bias) : std::string("NULL")) << ", " << B(m.c) << "));\n";
+  }
+
+  // A buffer's bytes as an expression valid in the entry's init (a bound weight or an embedded
+  // constant), or "" when it is computed at run time.
+  std::string BoundOperand(int id, const std::string& e) const {
+    const Buffer& w = Buf(p_.Root(id));
+    if (w.kind == Buffer::Kind::kWeight) {
+      if (w.name == opt_.bake_weight_for_test && opt_.baked_value.valid()) {
+        return e + "_baked" + std::to_string(w.index);
+      }
+      return "E->w[" + std::to_string(w.index) + "]";
+    }
+    if (w.kind == Buffer::Kind::kConst) return e + "_c" + std::to_string(w.index);
+    return "";
   }
 
   Status EmitMatMul(const Kernel& k) {
@@ -465,15 +633,7 @@ class EntryEmitter {
   // The convolution's weights as an expression valid in the entry's init (bound weight or
   // embedded constant), or "" when they are computed at run time (no prepared kernel then).
   std::string BoundWeight(const Kernel& k, const std::string& e) const {
-    const Buffer& w = Buf(p_.Root(k.inputs[1]));
-    if (w.kind == Buffer::Kind::kWeight) {
-      if (w.name == opt_.bake_weight_for_test && opt_.baked_value.valid()) {
-        return e + "_baked" + std::to_string(w.index);
-      }
-      return "E->w[" + std::to_string(w.index) + "]";
-    }
-    if (w.kind == Buffer::Kind::kConst) return e + "_c" + std::to_string(w.index);
-    return "";
+    return BoundOperand(k.inputs[1], e);
   }
 
   Status EmitConv(const Kernel& k, int* conv_index) {
@@ -514,6 +674,7 @@ class EntryEmitter {
       has_bias.push_back(k.node.HasInput(2) ? 1 : 0);
     }
     os_ << "extern \"C\" KILN_HIDDEN int " << e << "_init(kiln_cell_entry* E) {\n";
+    EmitMatmulInit();
     if (convs.empty()) {
       os_ << "  (void)E;\n  return KILN_CELL_OK;\n}\n\n";
       return Status::OK();
@@ -530,6 +691,25 @@ class EntryEmitter {
     }
     os_ << "  return KILN_CELL_OK;\n}\n\n";
     return Status::OK();
+  }
+
+  void EmitMatmulInit() {
+    std::vector<const MatmulPlan*> mms;
+    for (const MatmulPlan& m : mm_plans_) {
+      if (m.prepared) mms.push_back(&m);
+    }
+    if (mms.empty()) return;
+    os_ << "  static const kiln_matmul_desc md[" << mms.size() << "] = {";
+    for (const MatmulPlan* m : mms) os_ << "\n      " << m->desc << ",";
+    os_ << "};\n";
+    os_ << "  E->mms = (void**)calloc(" << mms.size() << ", sizeof(void*));\n"
+        << "  if (!E->mms) return KILN_CELL_RESOURCE_EXHAUSTED;\n";
+    for (const MatmulPlan* m : mms) {
+      os_ << "  E->num_mms = " << m->index + 1 << ";\n"
+          << "  KILN_TRY(E->host->matmul_prepare(&md[" << m->index << "], "
+          << (m->w_init.empty() ? std::string("NULL") : "(const float*)" + m->w_init) << ", "
+          << m->threads << ", &E->mms[" << m->index << "]));\n";
+    }
   }
 
   Status EmitSoftmax(const Kernel& k) {
@@ -572,51 +752,187 @@ class EntryEmitter {
     return Status::OK();
   }
 
+  // Normalizations in two phases: statistics per normalized group (mean M, then A = scale/std
+  // and, per channel, the bias Bb), then one generated elementwise loop over the output,
+  //   LayerNorm:            y = (x - M) * A * gamma [+ beta]
+  //   Instance/GroupNorm:   y = (x - M) * A + Bb
+  // with the activation or affine chain that read the norm (its epilogue) applied in the same
+  // loop, in whatever layout the input has. GroupNorm (groups > 0) normalizes channel groups of
+  // a rank-4 input with per-group scale and bias (the InstanceNormalization it came from).
   Status EmitNorm(const Kernel& k) {
-    const Shape& s = Buf(k.inputs[0]).type.shape;
-    const std::string X = B(k.inputs[0]), Y = B(k.outputs[0]);
+    const Buffer& xb = Buf(k.inputs[0]);
+    const Shape& s = xb.type.shape;
+    const int64_t rank = static_cast<int64_t>(s.size());
+    const std::string X = B(k.inputs[0]);
     const std::string scale = B(k.inputs[1]);
     const bool has_bias = k.inputs.size() > 2;
     const std::string bias = has_bias ? B(k.inputs[2]) : "";
     const float eps = k.node.GetFloat("epsilon", 1e-5f);
-    int64_t outer, inner;
-    bool per_channel;  // InstanceNorm: scale/bias by channel; LayerNorm: by position
-    if (k.node.op_type == "InstanceNormalization") {
-      outer = s[0] * s[1];
-      inner = NumElements(s) / std::max<int64_t>(outer, 1);
-      per_channel = true;
+    const bool layer = k.node.op_type == "LayerNormalization";
+    const std::string eps_lit = "(double)" + FloatLit(eps);
+    int64_t stat = 0, axis = 2;
+    Shape stat_shape;
+    if (layer) {
+      axis = k.node.GetInt("axis", -1);
+      if (axis < 0) axis += rank;
+      stat_shape = s;
+      for (int64_t d = axis; d < rank; ++d) stat_shape[static_cast<size_t>(d)] = 1;
     } else {
-      int64_t axis = k.node.GetInt("axis", -1);
-      if (axis < 0) axis += static_cast<int64_t>(s.size());
-      outer = 1;
-      for (int64_t d = 0; d < axis; ++d) outer *= s[d];
-      inner = NumElements(s) / std::max<int64_t>(outer, 1);
-      per_channel = false;
+      stat_shape = s;
+      for (int64_t d = 2; d < rank; ++d) stat_shape[static_cast<size_t>(d)] = 1;
     }
-    const std::string C = per_channel ? Lit(s[1]) : "1";
-    const Range r = ParOpen(outer, outer * inner);
-    os_ << "    for (int64_t o = " << r.lo << "; o < " << r.hi << "; ++o) {\n"
-        << "      const float* x = " << X << " + o * " << Lit(inner) << ";\n"
-        << "      float* y = " << Y << " + o * " << Lit(inner) << ";\n"
-        << "      double mean, var;\n"
-        << "      kiln_row_moments(x, " << Lit(inner) << ", &mean, &var);\n"
-        << "      const float inv = (float)(1.0 / sqrt(var + (double)" << FloatLit(eps)
-        << "));\n"
-        << "      const float fm = (float)mean;\n";
-    if (per_channel) {
-      os_ << "      const int64_t c = o % " << C << ";\n"
-          << "      const float g = " << scale << "[c] * inv, bb = "
-          << (has_bias ? bias + "[c]" : std::string("0.0f")) << ";\n"
-          << "      #pragma GCC ivdep\n"
-          << "      for (int64_t i = 0; i < " << Lit(inner)
-          << "; ++i) y[i] = (x[i] - fm) * g + bb;\n";
+    stat = NumElements(stat_shape);
+    const int64_t inner = NumElements(s) / std::max<int64_t>(stat, 1);
+    const int64_t arrays = layer ? 2 : 3;  // M, A (, Bb)
+    // GroupNorm over a channels-last input: per-channel partial sums over chunks of pixels.
+    const bool gn_nhwc = k.groups > 0 && !IsRowMajor(s, xb.perm);
+    const int64_t chunks = gn_nhwc ? std::min<int64_t>(8, s[2] * s[3]) : 0;
+    const int64_t floats = arrays * stat + (gn_nhwc ? 4 * s[0] * chunks * s[1] : 0);
+    // Statistics live on the stack (a few KiB in practice); an outsized set is allocated.
+    const bool heap = floats * 4 > (int64_t{1} << 20);
+    if (heap) {
+      os_ << "    float* kiln_st = (float*)malloc(" << floats * 4 << ");\n"
+          << "    if (!kiln_st) return KILN_CELL_RESOURCE_EXHAUSTED;\n";
     } else {
-      os_ << "      #pragma GCC ivdep\n"
-          << "      for (int64_t i = 0; i < " << Lit(inner) << "; ++i) y[i] = (x[i] - fm) * inv * "
-          << scale << "[i]" << (has_bias ? " + " + bias + "[i]" : std::string()) << ";\n";
+      os_ << "    alignas(64) float kiln_st[" << floats << "];\n";
     }
+    os_ << "    float* const kiln_M = kiln_st;\n    float* const kiln_A = kiln_st + " << stat
+        << ";\n";
+    if (!layer) os_ << "    float* const kiln_Bb = kiln_st + " << 2 * stat << ";\n";
+    // Phase 1.
+    if (k.groups > 0 && gn_nhwc) {
+      const int64_t N = s[0], C = s[1], HW = s[2] * s[3], G = k.groups, cg = C / G;
+      const auto xs = LogicalStrides(xb);  // channel stride 1, pixel stride C
+      os_ << "    double* const kiln_part = (double*)(kiln_st + " << arrays * stat << ");\n";
+      const Range r = ParOpen(N * chunks, NumElements(s));
+      os_ << "    for (int64_t q = " << r.lo << "; q < " << r.hi << "; ++q) {\n"
+          << "      const int64_t n = q / " << Lit(chunks) << ", ch = q % " << Lit(chunks) << ";\n"
+          << "      const int64_t p0 = ch * " << Lit(HW) << " / " << Lit(chunks)
+          << ", p1 = (ch + 1) * " << Lit(HW) << " / " << Lit(chunks) << ";\n"
+          << "      double* sum = kiln_part + q * " << Lit(2 * C) << ";\n"
+          << "      double* sq = sum + " << Lit(C) << ";\n"
+          << "      for (int64_t c = 0; c < " << Lit(C) << "; ++c) { sum[c] = 0; sq[c] = 0; }\n"
+          << "      for (int64_t p = p0; p < p1; ++p) {\n"
+          << "        const float* x = " << X << " + n * " << Lit(xs[0]) << " + p * " << Lit(xs[3])
+          << ";\n"
+          << "        #pragma GCC ivdep\n"
+          << "        for (int64_t c = 0; c < " << Lit(C) << "; ++c) {\n"
+          << "          const double v = x[c];\n"
+          << "          sum[c] += v;\n          sq[c] += v * v;\n        }\n      }\n    }\n";
+      ParClose(r);
+      os_ << "    for (int64_t n = 0; n < " << Lit(N) << "; ++n)\n"
+          << "      for (int64_t g = 0; g < " << Lit(G) << "; ++g) {\n"
+          << "        double s1 = 0, s2 = 0;\n"
+          << "        for (int64_t ch = 0; ch < " << Lit(chunks) << "; ++ch) {\n"
+          << "          const double* sum = kiln_part + (n * " << Lit(chunks) << " + ch) * "
+          << Lit(2 * C) << " + g * " << Lit(cg) << ";\n"
+          << "          for (int64_t c = 0; c < " << Lit(cg) << "; ++c) { s1 += sum[c]; s2 += sum["
+          << Lit(C) << " + c]; }\n        }\n"
+          << "        const double mean = s1 / " << DoubleLit(static_cast<double>(cg * HW)) << ";\n"
+          << "        double var = s2 / " << DoubleLit(static_cast<double>(cg * HW))
+          << " - mean * mean;\n"
+          << "        var = var > 0 ? var : 0;\n"
+          << "        const float inv = (float)(1.0 / sqrt(var + " << eps_lit << "));\n"
+          << "        for (int64_t c = g * " << Lit(cg) << "; c < (g + 1) * " << Lit(cg)
+          << "; ++c) {\n"
+          << "          kiln_M[n * " << Lit(C) << " + c] = (float)mean;\n"
+          << "          kiln_A[n * " << Lit(C) << " + c] = " << scale << "[g] * inv;\n"
+          << "          kiln_Bb[n * " << Lit(C)
+          << " + c] = " << (has_bias ? bias + "[g]" : std::string("0.0f"))
+          << ";\n        }\n      }\n";
+    } else if (k.groups > 0) {  // row-major GroupNorm: each (n, g) is one contiguous region
+      const int64_t C = s[1], G = k.groups, cg = C / G, region = inner * cg;
+      const Range r = ParOpen(s[0] * G, NumElements(s));
+      os_ << "    for (int64_t q = " << r.lo << "; q < " << r.hi << "; ++q) {\n"
+          << "      double mean, var;\n"
+          << "      kiln_row_moments(" << X << " + q * " << Lit(region) << ", " << Lit(region)
+          << ", &mean, &var);\n"
+          << "      const float inv = (float)(1.0 / sqrt(var + " << eps_lit << "));\n"
+          << "      const int64_t n = q / " << Lit(G) << ", g = q % " << Lit(G) << ";\n"
+          << "      for (int64_t c = g * " << Lit(cg) << "; c < (g + 1) * " << Lit(cg)
+          << "; ++c) {\n"
+          << "        kiln_M[n * " << Lit(C) << " + c] = (float)mean;\n"
+          << "        kiln_A[n * " << Lit(C) << " + c] = " << scale << "[g] * inv;\n"
+          << "        kiln_Bb[n * " << Lit(C)
+          << " + c] = " << (has_bias ? bias + "[g]" : std::string("0.0f")) << ";\n      }\n    }\n";
+      ParClose(r);
+    } else {  // one contiguous row per statistic
+      const Range r = ParOpen(stat, NumElements(s));
+      os_ << "    for (int64_t o = " << r.lo << "; o < " << r.hi << "; ++o) {\n"
+          << "      double mean, var;\n"
+          << "      kiln_row_moments(" << X << " + o * " << Lit(inner) << ", " << Lit(inner)
+          << ", &mean, &var);\n"
+          << "      const float inv = (float)(1.0 / sqrt(var + " << eps_lit << "));\n"
+          << "      kiln_M[o] = (float)mean;\n";
+      if (layer) {
+        os_ << "      kiln_A[o] = inv;\n";
+      } else {
+        os_ << "      const int64_t c = o % " << Lit(s[1]) << ";\n"
+            << "      kiln_A[o] = " << scale << "[c] * inv;\n"
+            << "      kiln_Bb[o] = " << (has_bias ? bias + "[c]" : std::string("0.0f")) << ";\n";
+      }
+      os_ << "    }\n";
+      ParClose(r);
+    }
+    // Phase 2: one fused loop.
+    Kernel f;
+    f.kind = Kernel::Kind::kFused;
+    f.label = "norm";
+    const TensorType st{DType::kFloat32, stat_shape};
+    f.inputs = {k.inputs[0], AddSynthetic(st, "kiln_M"), AddSynthetic(st, "kiln_A")};
+    auto ex = [](const char* op, int a, int b) {
+      Expr e;
+      e.op = op;
+      e.operands = {a, b};
+      return e;
+    };
+    f.exprs.push_back(ex("Sub", -1, -2));
+    f.exprs.push_back(ex("Mul", 0, -3));
+    if (layer) {
+      // gamma and beta span the normalized dims, whatever shape they were declared with.
+      const TensorType gt{DType::kFloat32, Shape(s.begin() + axis, s.end())};
+      f.inputs.push_back(AddSynthetic(gt, scale));
+      f.exprs.push_back(ex("Mul", 1, -4));
+      if (has_bias) {
+        f.inputs.push_back(AddSynthetic(gt, bias));
+        f.exprs.push_back(ex("Add", 2, -5));
+      }
+    } else {
+      f.inputs.push_back(AddSynthetic(st, "kiln_Bb"));
+      f.exprs.push_back(ex("Add", 1, -4));
+    }
+    const int norm_out = static_cast<int>(f.exprs.size()) - 1;
+    int out_expr = norm_out;
+    if (!k.epilogue.empty()) {
+      std::map<int, int> slot;  // kernel input index -> fused input slot
+      const int base = static_cast<int>(f.exprs.size());
+      for (Expr e : k.epilogue) {
+        for (int& o : e.operands) {
+          if (o == INT32_MIN) continue;
+          if (o >= 0) {
+            o += base;
+          } else if (o == -1) {
+            o = norm_out;
+          } else {
+            const int j = -o - 2;
+            auto it = slot.find(j);
+            if (it == slot.end()) {
+              it = slot.emplace(j, static_cast<int>(f.inputs.size())).first;
+              f.inputs.push_back(k.inputs[static_cast<size_t>(j)]);
+            }
+            o = -(it->second + 1);
+          }
+        }
+        f.exprs.push_back(e);
+      }
+      out_expr = base + k.epilogue_out;
+    }
+    f.outputs = {k.outputs[0]};
+    f.output_exprs = {out_expr};
+    os_ << "    {\n";
+    KILN_RETURN_IF_ERROR(EmitFused(f));
     os_ << "    }\n";
-    ParClose(r);
+    if (heap) os_ << "    free(kiln_st);\n";
     return Status::OK();
   }
 
@@ -654,19 +970,28 @@ class EntryEmitter {
   }
 
   // Concat: per input, one contiguous block per outer index copied to its offset in the row.
+  // Inputs and output share one layout (layout planning sees to it): the blocks are those of
+  // the memory order, where the concatenated axis sits at its position in the perm.
   void EmitConcat(const Kernel& k) {
-    const Shape& out = Buf(k.outputs[0]).type.shape;
-    const int64_t rank = static_cast<int64_t>(out.size());
+    const Buffer& ob = Buf(k.outputs[0]);
+    const int64_t rank = static_cast<int64_t>(ob.type.shape.size());
     int64_t axis = k.node.GetInt("axis", 0);
     if (axis < 0) axis += rank;
+    std::vector<int> perm = ob.perm;
+    if (perm.empty()) {
+      for (int64_t d = 0; d < rank; ++d) perm.push_back(static_cast<int>(d));
+    }
+    const Shape out = Permuted(ob.type.shape, perm);
+    const int64_t logical_axis = axis;
+    axis = std::find(perm.begin(), perm.end(), static_cast<int>(axis)) - perm.begin();
     int64_t outer = 1, inner = 1;
     for (int64_t d = 0; d < axis; ++d) outer *= out[static_cast<size_t>(d)];
     for (int64_t d = axis + 1; d < rank; ++d) inner *= out[static_cast<size_t>(d)];
     const int64_t row = out[static_cast<size_t>(axis)] * inner;
-    const int64_t esize = static_cast<int64_t>(DTypeSize(Buf(k.outputs[0]).type.dtype));
+    const int64_t esize = static_cast<int64_t>(DTypeSize(ob.type.dtype));
     int64_t off = 0;
     for (int id : k.inputs) {
-      const int64_t block = Buf(id).type.shape[static_cast<size_t>(axis)] * inner;
+      const int64_t block = Buf(id).type.shape[static_cast<size_t>(logical_axis)] * inner;
       if (block > 0 && outer > 0) {
         os_ << "    for (int64_t o = 0; o < " << Lit(outer) << "; ++o) memcpy(" << B(k.outputs[0])
             << " + o * " << Lit(row) << " + " << Lit(off) << ", " << B(id) << " + o * "
@@ -702,16 +1027,21 @@ class EntryEmitter {
   }
 
   // Nearest Resize by integer factors (lowering checked): y[i] = x[i / factor] per axis, one
-  // output row (last axis) at a time.
+  // output row (the innermost axis in memory) at a time. Input and output share one layout.
   void EmitResize(const Kernel& k) {
-    const Shape& in = Buf(k.inputs[0]).type.shape;
-    const Shape& out = Buf(k.outputs[0]).type.shape;
-    const size_t r = in.size();
+    const Buffer& ob = Buf(k.outputs[0]);
+    const size_t r = ob.type.shape.size();
+    std::vector<int> perm = ob.perm;
+    if (perm.empty()) {
+      for (size_t d = 0; d < r; ++d) perm.push_back(static_cast<int>(d));
+    }
+    const Shape in = Permuted(Buf(k.inputs[0]).type.shape, perm);
+    const Shape out = Permuted(ob.type.shape, perm);
     const auto in_strides = ContiguousStrides(in);
     int64_t rows = 1;
     for (size_t d = 0; d + 1 < r; ++d) rows *= out[d];
     const int64_t ow = out[r - 1], fw = out[r - 1] / in[r - 1];
-    const char* ct = CType(Buf(k.outputs[0]).type.dtype);
+    const char* ct = CType(ob.type.dtype);
     const Range rg = ParOpen(rows, rows * ow);
     os_ << "    for (int64_t q = " << rg.lo << "; q < " << rg.hi << "; ++q) {\n"
         << "      int64_t rem = q, src = 0;\n      (void)rem;\n";
@@ -720,10 +1050,78 @@ class EntryEmitter {
           << "; src += (i / " << Lit(out[d] / in[d]) << ") * " << Lit(in_strides[d]) << "; }\n";
     }
     os_ << "      const " << ct << "* xr = " << B(k.inputs[0]) << " + src;\n"
-        << "      " << ct << "* yr = " << B(k.outputs[0]) << " + q * " << Lit(ow) << ";\n"
-        << "      for (int64_t j = 0; j < " << Lit(ow) << "; ++j) yr[j] = xr[j / " << Lit(fw)
-        << "];\n    }\n";
+        << "      " << ct << "* yr = " << B(k.outputs[0]) << " + q * " << Lit(ow) << ";\n";
+    if (fw == 1) {
+      os_ << "      memcpy(yr, xr, " << Lit(ow * static_cast<int64_t>(DTypeSize(ob.type.dtype)))
+          << ");\n    }\n";
+    } else {
+      os_ << "      for (int64_t j = 0; j < " << Lit(ow) << "; ++j) yr[j] = xr[j / " << Lit(fw)
+          << "];\n    }\n";
+    }
     ParClose(rg);
+  }
+
+  // Pooling over H and W of a rank-4 tensor in either layout: one output pixel per iteration,
+  // the channel loop innermost, so a channels-last tensor is read and written in vectors.
+  void EmitPool(const Kernel& k) {
+    const Buffer& xb = Buf(k.inputs[0]);
+    const Buffer& yb = Buf(k.outputs[0]);
+    const Shape& x = xb.type.shape;
+    const Shape& y = yb.type.shape;
+    const auto xs = LogicalStrides(xb), ys = LogicalStrides(yb);
+    const std::string& op = k.node.op_type;
+    const bool global = op == "GlobalAveragePool" || op == "GlobalMaxPool";
+    const bool max = op == "MaxPool" || op == "GlobalMaxPool";
+    const int64_t C = x[1], H = x[2], W = x[3], OH = y[2], OW = y[3];
+    std::vector<int64_t> kernel = {H, W}, strides = {1, 1}, pads = {0, 0, 0, 0};
+    if (!global) {
+      kernel = k.node.GetInts("kernel_shape", {});
+      strides = k.node.GetInts("strides", {1, 1});
+      pads = k.node.GetInts("pads", {0, 0, 0, 0});
+    }
+    const bool include_pad = k.node.GetInt("count_include_pad", 0) != 0;
+    const std::string X = B(k.inputs[0]), Y = B(k.outputs[0]);
+    const Range r = ParOpen(y[0] * OH * OW, NumElements(x));
+    os_ << "    for (int64_t q = " << r.lo << "; q < " << r.hi << "; ++q) {\n"
+        << "      const int64_t n = q / " << Lit(OH * OW) << ", oh = (q / " << Lit(OW) << ") % "
+        << Lit(OH) << ", ow = q % " << Lit(OW) << ";\n"
+        << "      float* y = " << Y << " + n * " << Lit(ys[0]) << " + oh * " << Lit(ys[2])
+        << " + ow * " << Lit(ys[3]) << ";\n"
+        << "      const float* x = " << X << " + n * " << Lit(xs[0]) << ";\n"
+        << "      const int64_t h0 = oh * " << Lit(strides[0]) << " - " << Lit(pads[0])
+        << ", w0 = ow * " << Lit(strides[1]) << " - " << Lit(pads[1]) << ";\n"
+        << "      const int64_t kh0 = h0 < 0 ? -h0 : 0, kw0 = w0 < 0 ? -w0 : 0;\n"
+        << "      const int64_t kh1 = h0 + " << Lit(kernel[0]) << " > " << Lit(H) << " ? " << Lit(H)
+        << " - h0 : " << Lit(kernel[0]) << ";\n"
+        << "      const int64_t kw1 = w0 + " << Lit(kernel[1]) << " > " << Lit(W) << " ? " << Lit(W)
+        << " - w0 : " << Lit(kernel[1]) << ";\n"
+        << "      #pragma GCC ivdep\n"
+        << "      for (int64_t c = 0; c < " << Lit(C) << "; ++c) y[c * " << Lit(ys[1])
+        << "] = " << (max ? "-INFINITY" : "0.0f") << ";\n"
+        << "      for (int64_t kh = kh0; kh < kh1; ++kh)\n"
+        << "        for (int64_t kw = kw0; kw < kw1; ++kw) {\n"
+        << "          const float* xp = x + (h0 + kh) * " << Lit(xs[2]) << " + (w0 + kw) * "
+        << Lit(xs[3]) << ";\n"
+        << "          #pragma GCC ivdep\n"
+        << "          for (int64_t c = 0; c < " << Lit(C) << "; ++c) {\n"
+        << "            const float v = xp[c * " << Lit(xs[1]) << "];\n";
+    if (max) {  // NaN wins, as in the reference kernel
+      os_ << "            float* a = &y[c * " << Lit(ys[1]) << "];\n"
+          << "            *a = (v > *a || v != v) ? v : *a;\n";
+    } else {
+      os_ << "            y[c * " << Lit(ys[1]) << "] += v;\n";
+    }
+    os_ << "          }\n        }\n";
+    if (!max) {
+      const std::string count =
+          include_pad ? Lit(kernel[0] * kernel[1]) : "((kh1 - kh0) * (kw1 - kw0))";
+      os_ << "      const float inv = 1.0f / (float)" << count << ";\n"
+          << "      #pragma GCC ivdep\n"
+          << "      for (int64_t c = 0; c < " << Lit(C) << "; ++c) y[c * " << Lit(ys[1])
+          << "] *= inv;\n";
+    }
+    os_ << "    }\n";
+    ParClose(r);
   }
 
   void EmitReference(const Kernel& k, int op_index) {
@@ -739,6 +1137,9 @@ class EntryEmitter {
   int idx_;
   const EmitOptions& opt_;
   std::ostream& os_;
+  std::vector<MatmulPlan> mm_plans_;  // per kernel
+  std::deque<Buffer> synthetic_;      // AddSynthetic; a deque keeps references stable
+  std::deque<std::string> synthetic_expr_;
 };
 
 }  // namespace
@@ -817,6 +1218,10 @@ KILN_EXPORT void kiln_cell_entry_release(kiln_cell_entry* e) {
   for (uint32_t i = 0; i < e->num_convs; ++i) {
     if (e->convs[i]) e->host->conv2d_release(e->convs[i]);
   }
+  for (uint32_t i = 0; i < e->num_mms; ++i) {
+    if (e->mms[i]) e->host->matmul_release(e->mms[i]);
+  }
+  free(e->mms);
   free(e->convs);
   free(e->ops);
   free((void*)e->w);

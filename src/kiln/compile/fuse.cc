@@ -189,7 +189,8 @@ bool FuseEpilogueOnce(Program& p) {
   for (size_t ki = 0; ki < p.kernels.size(); ++ki) {
     Kernel& K = p.kernels[ki];
     const bool library = K.kind == Kernel::Kind::kMatMul || K.kind == Kernel::Kind::kGemm ||
-                         (K.kind == Kernel::Kind::kConv && !K.conv_sum);
+                         (K.kind == Kernel::Kind::kConv && !K.conv_sum) ||
+                         K.kind == Kernel::Kind::kNorm;
     if (!library || !K.epilogue.empty() || K.outputs.size() != 1) continue;
     const int out = K.outputs[0];
     if (IsGraphOutput(p, out) || HasAlias(p, out)) continue;
@@ -323,7 +324,8 @@ Status PlanMemory(Program& p) {
         for (size_t j = 0; j < kern.inputs.size(); ++j) {
           if (kern.inputs[j] < 0 || p.Root(kern.inputs[j]) != r) continue;
           if (conv_sum && j + 1 != kern.inputs.size()) same_index = false;  // r is also the x/w
-          if (p.buffers[static_cast<size_t>(kern.inputs[j])].type.shape != ob.type.shape) {
+          const Buffer& ib = p.buffers[static_cast<size_t>(kern.inputs[j])];
+          if (ib.type.shape != ob.type.shape || LogicalStrides(ib) != LogicalStrides(ob)) {
             same_index = false;
           }
         }

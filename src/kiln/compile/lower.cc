@@ -59,6 +59,17 @@ Kernel::Kind ChooseKind(const Node& n, int64_t opset, const std::vector<TensorTy
     if (in.size() > 2) ok = ok && NumElements(in[2].shape) == inner;
     if (ok) return Kernel::Kind::kNorm;
   }
+  if ((op == "GlobalAveragePool" || op == "GlobalMaxPool") && all_float() &&
+      in[0].shape.size() == 4) {
+    return Kernel::Kind::kPool;
+  }
+  if ((op == "MaxPool" || op == "AveragePool") && all_float() && in[0].shape.size() == 4 &&
+      out.size() == 1 && n.outputs.size() == 1 && n.GetString("auto_pad", "NOTSET") == "NOTSET" &&
+      n.GetInt("ceil_mode", 0) == 0 && n.GetInts("kernel_shape", {}).size() == 2 &&
+      n.GetInts("pads", {0, 0, 0, 0}).size() == 4 && n.GetInts("strides", {1, 1}).size() == 2 &&
+      n.GetInts("dilations", {1, 1}) == std::vector<int64_t>{1, 1}) {
+    return Kernel::Kind::kPool;
+  }
   if (op == "Transpose" && in[0].shape.size() <= 6) return Kernel::Kind::kTranspose;
   if (op == "Concat" && !in.empty() && out.size() == 1 && n.HasAttr("axis")) {
     bool same = true;

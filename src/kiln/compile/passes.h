@@ -42,16 +42,36 @@ Status FuseElementwise(Program& program);
 // that produces their input, when the convolution's output has no other reader.
 Status FuseConvEpilogues(Program& program);
 
-// Folds the elementwise loop that is the only reader of a GEMM or convolution output into that
-// kernel as an epilogue run right after the library call (bias adds, activations, scaling,
-// per-channel adds). Requires FuseElementwise, so a whole chain folds at once.
+// Recognizes GroupNorm as exporters write it (Reshape to [N, G, -1], InstanceNormalization,
+// Reshape back) and makes it one norm kernel over the rank-4 tensor (Kernel::groups), so its
+// input keeps whatever layout it has and the affine and activation after it can fold into it.
+// Requires FuseElementwise.
+Status FuseGroupNorm(Program& program);
+
+// Folds the elementwise loop that is the only reader of a GEMM, convolution or normalization
+// output into that kernel as an epilogue run right after the library call, or in the norm's own
+// output loop (bias adds, activations, scaling, per-channel adds). Requires FuseElementwise, so a
+// whole chain folds at once.
 Status FuseLibraryEpilogues(Program& program);
+
+// Moves a per-column bias add (the epilogue's first operation, reading the GEMM result and a
+// vector of N values) into the library call of a MatMul or Gemm, which adds it while the output
+// tile is in registers. Requires FuseLibraryEpilogues.
+Status FoldGemmBias(Program& program);
 
 // Chooses each convolution's layout inside the kernel library: plain NCHW for a dense 1x1
 // convolution (it is a GEMM on NCHW, ~1.6x faster measured), the library's blocked layout for
 // everything else (depthwise ~6x, dense 3x3 1.1-1.3x faster despite the reorders). Disabled, the
 // library applies the same rule itself.
 Status ChooseConvLayout(Program& program);
+
+// Plans memory layouts (Buffer::perm): rank-4 float tensors linked to a convolution through
+// layout-agnostic kernels (elementwise loops, GroupNorm, pools, concat, resize) live NHWC and the
+// convolutions run on them as they lie; every Transpose becomes a view; reshapes view permuted
+// bytes where they can; a kernel that cannot read an operand as it lies gets a converted copy.
+// Inputs, weights and outputs stay row-major. Requires the fusion passes (it runs on the kernels
+// they leave) and choose-conv-layout (it overrides the choice for NHWC convolutions).
+Status PlanLayout(Program& program);
 
 // Gives every workspace temp an offset by liveness (greedy, largest first, 64-byte aligned) and
 // records the entry's workspace size. Graph outputs are written into the caller's buffers.

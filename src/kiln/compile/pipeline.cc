@@ -2,8 +2,9 @@
 //
 //   graph passes, per shape class:   specialize -> fold-structural -> dead-code
 //   lowering:                        lower                (Graph -> Program)
-//   program passes:                  fuse-conv-epilogue -> fuse-elementwise ->
-//                                    fuse-library-epilogue -> choose-conv-layout -> plan-memory
+//   program passes:                  fuse-conv-epilogue -> fuse-elementwise -> fuse-group-norm ->
+//                                    fuse-library-epilogue -> fold-gemm-bias ->
+//                                    choose-conv-layout -> plan-layout -> plan-memory
 //   emission, all classes together:  emit-cpp             (Programs -> cell.cc)
 //   build:                           compile-entry-<i> (parallel processes) -> link
 //
@@ -44,8 +45,11 @@ const std::vector<ProgramPass>& ProgramPasses() {
   static const std::vector<ProgramPass> kPasses = {
       {"fuse-conv-epilogue", FuseConvEpilogues},
       {"fuse-elementwise", FuseElementwise},
+      {"fuse-group-norm", FuseGroupNorm},
       {"fuse-library-epilogue", FuseLibraryEpilogues},
+      {"fold-gemm-bias", FoldGemmBias},
       {"choose-conv-layout", ChooseConvLayout},
+      {"plan-layout", PlanLayout},
   };
   return kPasses;
 }
@@ -82,10 +86,19 @@ double Ms(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 const std::vector<std::string>& PassNames() {
-  static const std::vector<std::string> kNames = {
-      "specialize", "fold-structural", "dead-code",  "lower", "fuse-conv-epilogue",
-      "fuse-elementwise", "fuse-library-epilogue", "choose-conv-layout", "plan-memory",
-      "emit-cpp"};
+  static const std::vector<std::string> kNames = {"specialize",
+                                                  "fold-structural",
+                                                  "dead-code",
+                                                  "lower",
+                                                  "fuse-conv-epilogue",
+                                                  "fuse-elementwise",
+                                                  "fuse-group-norm",
+                                                  "fuse-library-epilogue",
+                                                  "fold-gemm-bias",
+                                                  "choose-conv-layout",
+                                                  "plan-layout",
+                                                  "plan-memory",
+                                                  "emit-cpp"};
   return kNames;
 }
 

@@ -1,10 +1,42 @@
 // Program helpers: buffers, aliases, the verifier and the text dump (compile layer).
 #include "src/kiln/compile/program.h"
 
+#include <algorithm>
 #include <set>
 #include <sstream>
 
 namespace kiln {
+
+bool IsRowMajor(const Shape& shape, const std::vector<int>& perm) {
+  int last = -1;
+  for (int d : perm) {
+    if (shape[static_cast<size_t>(d)] == 1) continue;
+    if (d < last) return false;
+    last = d;
+  }
+  return true;
+}
+
+std::vector<int64_t> LogicalStrides(const Buffer& b) {
+  const Shape& s = b.type.shape;
+  if (b.perm.empty()) return ContiguousStrides(s);
+  std::vector<int64_t> strides(s.size(), 0);
+  int64_t st = 1;
+  for (size_t j = b.perm.size(); j-- > 0;) {
+    strides[static_cast<size_t>(b.perm[j])] = st;
+    st *= s[static_cast<size_t>(b.perm[j])];
+  }
+  return strides;
+}
+
+std::vector<int64_t> OperandStrides(const Buffer& b, const Shape& out) {
+  const Shape& in = b.type.shape;
+  const std::vector<int64_t> own = LogicalStrides(b);
+  std::vector<int64_t> st(out.size(), 0);
+  const size_t off = out.size() - in.size();
+  for (size_t d = 0; d < in.size(); ++d) st[off + d] = in[d] == 1 ? 0 : own[d];
+  return st;
+}
 
 int Program::AddBuffer(Buffer b) {
   b.id = static_cast<int>(buffers.size());
@@ -62,6 +94,19 @@ Status Program::Verify() const {
         return bad("alias '" + b.name + "' does not match '" + r.name + "'");
       }
     }
+    if (!b.perm.empty()) {
+      std::vector<int> sorted = b.perm;
+      std::sort(sorted.begin(), sorted.end());
+      for (size_t d = 0; d < sorted.size(); ++d) {
+        if (sorted[d] != static_cast<int>(d) || sorted.size() != b.type.shape.size()) {
+          return bad("'" + b.name + "' has a perm that is no permutation of its dims");
+        }
+      }
+      const bool fixed = b.kind != Buffer::Kind::kTemp || b.output_slot >= 0;
+      if (fixed && !IsRowMajor(b.type.shape, b.perm)) {
+        return bad("'" + b.name + "' is an input, weight, constant or output but not row-major");
+      }
+    }
   }
   for (int out : outputs) {
     if (!is_defined(out)) return bad("output '" + buffers[static_cast<size_t>(out)].name + "' is never written");
@@ -71,6 +116,12 @@ Status Program::Verify() const {
 
 std::string Program::Dump() const {
   std::ostringstream os;
+  auto perm = [&](const Buffer& b) {
+    if (b.perm.empty()) return std::string();
+    std::string s = "{";
+    for (size_t i = 0; i < b.perm.size(); ++i) s += (i ? "," : "") + std::to_string(b.perm[i]);
+    return s + "}";
+  };
   auto name = [&](int id) {
     const Buffer& b = buffers[static_cast<size_t>(id)];
     std::string s = "%" + std::to_string(id);
@@ -83,14 +134,14 @@ std::string Program::Dump() const {
   for (const Buffer& b : buffers) {
     if (b.alias_of >= 0) {
       os << "  " << name(b.id) << " = view " << name(b.alias_of) << " as " << b.type.ToString()
-         << "\n";
+         << perm(b) << "\n";
     }
   }
   for (const Kernel& k : kernels) {
     os << "  ";
     for (size_t i = 0; i < k.outputs.size(); ++i) {
       const Buffer& b = buffers[static_cast<size_t>(k.outputs[i])];
-      os << (i ? ", " : "") << name(b.id) << ":" << b.type.ToString();
+      os << (i ? ", " : "") << name(b.id) << ":" << b.type.ToString() << perm(b);
       if (b.output_slot >= 0) os << "@out" << b.output_slot;
       if (b.offset >= 0) os << "@" << b.offset;
     }

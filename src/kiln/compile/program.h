@@ -31,6 +31,11 @@ struct Buffer {
   int output_slot = -1;  // >= 0: a temp written straight into the caller's output buffer
   int64_t offset = -1;   // kTemp without output_slot/alias: byte offset in the workspace
   Tensor value;          // kConst only: the structural value (embedded in the cell source)
+  // Memory order of the logical dims, outermost first (plan-layout sets it): {0, 2, 3, 1} is a
+  // [N,C,H,W] tensor stored NHWC. Empty = row-major. Inputs, weights, constants and the
+  // caller's outputs are always row-major; an alias's perm describes the same bytes in its own
+  // logical shape.
+  std::vector<int> perm;
 
   int64_t bytes() const {
     return NumElements(type.shape) * static_cast<int64_t>(DTypeSize(type.dtype));
@@ -57,6 +62,7 @@ struct Kernel {
     kConcat,     // generated block copies
     kGather,     // Gather with a structural (compile-time) index: generated block copies
     kResize,     // nearest Resize by integer factors (floor(out / factor) per axis)
+    kPool,       // 2-D max/average pooling and global pooling, generated loops (any layout)
     kReference,  // the op registry's reference kernel through the runtime
   };
   Kind kind = Kind::kReference;
@@ -81,7 +87,20 @@ struct Kernel {
   // -1 the element the call produced, -(j+2) inputs[j] broadcast to the output.
   std::vector<Expr> epilogue;
   int epilogue_out = -1;
+  // kNorm: > 0 for a GroupNorm over this many channel groups of a rank-4 input (node is the
+  // InstanceNormalization it was written as, whose scale and bias are per group).
+  int64_t groups = 0;
+  // kMatMul / kGemm: inputs[bias] is a per-column vector [N] the library adds to every row
+  // (fold-gemm-bias moves it there out of the epilogue); -1 for none.
+  int bias = -1;
 };
+
+// True for an empty or identity perm, or one that moves only dims of size 1 (same bytes).
+bool IsRowMajor(const Shape& shape, const std::vector<int>& perm);
+// Element stride of every logical dim of `b` (its perm applied).
+std::vector<int64_t> LogicalStrides(const Buffer& b);
+// Strides of `b` read as an operand broadcast to `out` (right-aligned, size-1 dims stride 0).
+std::vector<int64_t> OperandStrides(const Buffer& b, const Shape& out);
 
 struct Program {
   std::string entry_name;  // "entry<i>"

@@ -19,6 +19,8 @@ struct kiln_cell_entry {
   uint32_t num_ops;
   void** convs;  // prepared convolutions (bind time: weights in the kernel's layout)
   uint32_t num_convs;
+  void** mms;  // prepared matrix products (bind time: bound operands in the kernel's layout)
+  uint32_t num_mms;
 };
 
 #define KILN_HIDDEN __attribute__((visibility("hidden")))
@@ -46,7 +48,11 @@ static inline int kiln_par(const kiln_host_api* H, int threads, int64_t n, F& bo
 }
 
 // exp(x) to ~1 ulp: Cody-Waite range reduction and a degree-6 polynomial (Cephes), no libm call.
+// Below the smallest normal result it is 0, not a denormal: the compiler folds the clamped lanes
+// into constants, and one denormal constant multiplied into every lane of a loop (sigmoid's
+// 1 / (1 + exp(88)) was one) costs a microcode assist per element, ~20x the loop's time.
 static inline float kiln_exp(float x) {
+  const float flush = x < -87.3365447504f ? 0.0f : 1.0f;
   x = x > 88.3762626647949f ? 88.3762626647949f : x;
   x = x < -87.3365447504f ? -87.3365447504f : x;
   const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
@@ -63,9 +69,12 @@ static inline float kiln_exp(float x) {
   uint32_t bits = (uint32_t)e << 23;
   float scale;
   memcpy(&scale, &bits, 4);
-  return p * scale;
+  return p * scale * flush;
 }
-static inline float kiln_sigmoid(float x) { return 1.0f / (1.0f + kiln_exp(-x)); }
+// 0 below -87 (where 1 / (1 + exp(-x)) would be a denormal; see kiln_exp).
+static inline float kiln_sigmoid(float x) {
+  return x < -87.0f ? 0.0f : 1.0f / (1.0f + kiln_exp(-x));
+}
 static inline float kiln_tanh(float x) { return tanhf(x); }
 // erf without a libm call, so loops over it vectorize: the Taylor series below 0.5 (relative
 // error ~3e-8) and Abramowitz-Stegun 7.1.26 above (absolute error < 1.5e-7).
@@ -138,6 +147,7 @@ static inline void kiln_store8(float* p, kiln_f8 v) { memcpy(p, &v, sizeof(v)); 
 static inline kiln_f8 kiln_splat8(float x) { return (kiln_f8){x, x, x, x, x, x, x, x}; }
 // The vector twin of kiln_exp (same reduction and polynomial; round-to-nearest via 1.5*2^23).
 static inline kiln_f8 kiln_exp8(kiln_f8 x) {
+  const kiln_f8 flush = x < kiln_splat8(-87.3365447504f) ? kiln_splat8(0.0f) : kiln_splat8(1.0f);
   x = x > kiln_splat8(88.3762626647949f) ? kiln_splat8(88.3762626647949f) : x;
   x = x < kiln_splat8(-87.3365447504f) ? kiln_splat8(-87.3365447504f) : x;
   const kiln_f8 magic = kiln_splat8(12582912.0f);
@@ -154,7 +164,7 @@ static inline kiln_f8 kiln_exp8(kiln_f8 x) {
   const kiln_i8 e = (__builtin_convertvector(n, kiln_i8) + 127) << 23;
   kiln_f8 scale;
   memcpy(&scale, &e, sizeof(scale));
-  return p * scale;
+  return p * scale * flush;
 }
 static inline float kiln_row_max(const float* x, int64_t n) {
   kiln_f8 m = kiln_splat8(-INFINITY);

@@ -4,11 +4,10 @@
 // what escapes in ErrorFromException.
 #include "src/kiln/ops/dnnl_kernels.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
-#include <new>
-
-#include <algorithm>
+#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -17,6 +16,7 @@
 #include <string>
 #include <tuple>
 #include <unordered_map>
+#include <vector>
 
 #include "oneapi/dnnl/dnnl.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -190,7 +190,7 @@ using ConvKey = std::tuple<Conv2dParams, bool /*has_bias*/, int /*threads*/>;
 // the same rule here for callers without a compiler (the eager interpreter).
 bool PreferBlockedLayout(const Conv2dParams& p) {
   if (p.layout == 1) return true;
-  if (p.layout == 2) return false;
+  if (p.layout == 2 || p.layout == 3) return false;
   return p.group > 1 || p.R * p.S > 1;
 }
 
@@ -234,20 +234,25 @@ std::shared_ptr<const ConvPrimitive> CreateConv(const Conv2dParams& p, bool has_
   const dims wei = p.group == 1 ? dims{p.K, p.C, p.R, p.S}
                                 : dims{p.group, p.K / p.group, p.C / p.group, p.R, p.S};
   auto cp = std::make_shared<ConvPrimitive>();
-  cp->user_src = dnnl::memory::desc(src, dt::f32, tag::nchw);
-  cp->user_dst = dnnl::memory::desc(dst, dt::f32, tag::nchw);
+  // NHWC: the caller's activations are channels-last already (the compiler planned them so
+  // through the graph), and the primitive runs on them as they are.
+  const bool nhwc = p.layout == 3;
+  cp->user_src = dnnl::memory::desc(src, dt::f32, nhwc ? tag::nhwc : tag::nchw);
+  cp->user_dst = dnnl::memory::desc(dst, dt::f32, nhwc ? tag::nhwc : tag::nchw);
   cp->user_wei = dnnl::memory::desc(wei, dt::f32, p.group == 1 ? tag::oihw : tag::goihw);
   if (has_bias) cp->bias = dnnl::memory::desc({p.K}, dt::f32, tag::x);
 
-  const bool blocked = PreferBlockedLayout(p);
+  const bool blocked = !nhwc && PreferBlockedLayout(p);
   auto pick = [&](const dims& d, const dnnl::memory::desc& user) {
     return blocked ? dnnl::memory::desc(d, dt::f32, tag::any) : user;
   };
   // oneDNN counts dilation as the gap between taps: ONNX dilation 1 is oneDNN 0.
   dnnl::convolution_forward::desc desc(
       dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
-      pick(src, cp->user_src), pick(wei, cp->user_wei), cp->bias, pick(dst, cp->user_dst),
-      {p.stride_h, p.stride_w}, {p.dil_h - 1, p.dil_w - 1}, {p.pad_t, p.pad_l}, {p.pad_b, p.pad_r});
+      pick(src, cp->user_src),
+      blocked || nhwc ? dnnl::memory::desc(wei, dt::f32, tag::any) : cp->user_wei, cp->bias,
+      pick(dst, cp->user_dst), {p.stride_h, p.stride_w}, {p.dil_h - 1, p.dil_w - 1},
+      {p.pad_t, p.pad_l}, {p.pad_b, p.pad_r});
   auto make_pd = [&](bool with_sum) {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -314,25 +319,75 @@ class ConvCache {
   std::map<ConvKey, std::shared_ptr<const ConvPrimitive>> map_;
 };
 
-// Per-thread scratch for prepared convolutions: blocked src/dst and the primitives' scratchpads.
-// Grows only; thread-local so concurrent runs never share it.
-char* ThreadScratch(size_t bytes) {
+// Scratch for prepared kernels (reordered activations, primitive scratchpads): a process-wide
+// pool of 64-byte aligned blocks, one taken per run and given back after it, so concurrent runs
+// never share one and a run never allocates once the pool holds a block large enough (prepare
+// reserves one and touches its pages, so a cell's first request pays no page faults either).
+class ScratchPool {
+ public:
+  static ScratchPool& Get() {
+    static ScratchPool* pool = new ScratchPool();  // never destroyed: safe at exit
+    return *pool;
+  }
   struct Block {
     char* p = nullptr;
     size_t size = 0;
-    ~Block() { std::free(p); }
   };
-  thread_local Block block;
-  if (block.size < bytes) {
-    const size_t size = (bytes + 4095) / 4096 * 4096;
+  // A block of at least `bytes`; throws std::bad_alloc.
+  Block Acquire(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (size_t i = 0; i < free_.size(); ++i) {
+        if (free_[i].size >= bytes) {
+          Block b = free_[i];
+          free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+          return b;
+        }
+      }
+    }
+    return Allocate(bytes);
+  }
+  void Release(Block b) {
+    if (b.p == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(b);
+    // Smallest first, so Acquire takes the tightest fit.
+    std::sort(free_.begin(), free_.end(),
+              [](const Block& x, const Block& y) { return x.size < y.size; });
+  }
+  // Makes sure at least one free block holds `bytes` (grows the largest one), pages touched.
+  void Reserve(size_t bytes) {
+    if (bytes == 0) return;
+    Block b = Acquire(bytes);
+    Release(b);
+  }
+
+ private:
+  static Block Allocate(size_t bytes) {
+    const size_t size = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
     char* p = static_cast<char*>(std::aligned_alloc(64, size));
     if (p == nullptr) throw std::bad_alloc();
-    std::free(block.p);
-    block.p = p;
-    block.size = size;
+    std::memset(p, 0, size);
+    return {p, size};
   }
-  return block.p;
-}
+  std::mutex mu_;
+  std::vector<Block> free_;
+};
+
+// One run's scratch block, given back on scope exit.
+class ScopedScratch {
+ public:
+  explicit ScopedScratch(size_t bytes) {
+    if (bytes > 0) b_ = ScratchPool::Get().Acquire(bytes);
+  }
+  ~ScopedScratch() { ScratchPool::Get().Release(b_); }
+  ScopedScratch(const ScopedScratch&) = delete;
+  ScopedScratch& operator=(const ScopedScratch&) = delete;
+  char* data() const { return b_.p; }
+
+ private:
+  ScratchPool::Block b_;
+};
 
 size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
 
@@ -385,6 +440,7 @@ Result<PreparedConv2dPtr> PrepareConv2d(const Conv2dParams& p, const float* w, b
       if (*r) sp = std::max(sp, (*r)->scratchpad.get_size());
     }
     c->scratch_bytes = Align64(sp);
+    ScratchPool::Get().Reserve(c->src_bytes + c->dst_bytes + c->scratch_bytes);
     return c;
   } catch (...) {
     return ErrorFromException(what);
@@ -396,7 +452,8 @@ Status RunConv2d(const PreparedConv2d& c, const float* x, const float* bias, flo
     ScopedThreads threads(c.threads);
     const ConvPrimitive& cp = *c.cp;
     const dnnl::engine& eng = CpuEngine();
-    char* base = ThreadScratch(c.src_bytes + c.dst_bytes + c.scratch_bytes);
+    ScopedScratch scratch(c.src_bytes + c.dst_bytes + c.scratch_bytes);
+    char* base = scratch.data();
     char* sp_ptr = base + c.src_bytes + c.dst_bytes;
     dnnl::stream stream(eng);
     auto run = [&](const dnnl::primitive& prim, const dnnl::memory::desc& sp_md,
@@ -436,6 +493,147 @@ Status RunConv2d(const PreparedConv2d& c, const float* x, const float* bias, flo
   }
 }
 
+// ---- prepared matmul ------------------------------------------------------------------------
+
+class PreparedMatmul {
+ public:
+  MatmulParams p;
+  int threads = 0;
+  dnnl::matmul::primitive_desc pd;
+  dnnl::matmul prim;
+  dnnl::memory::desc a_md, w_md, c_md, bias_md;
+  dnnl::memory weights;  // bound W in the primitive's layout (empty for a run-time W)
+  bool bound = false;
+  size_t scratch_bytes = 0;
+};
+
+void PreparedMatmulDeleter::operator()(PreparedMatmul* m) const { delete m; }
+
+namespace {
+
+std::string ShapeOf(const MatmulParams& p) {
+  auto s = [](int64_t v) { return std::to_string(v); };
+  return "Matmul(batch=" + s(p.batch) + ", M=" + s(p.M) + ", N=" + s(p.N) + ", K=" + s(p.K) +
+         (p.trans_a ? ", trans_a" : "") + (p.trans_w ? ", trans_w" : "") + ")";
+}
+
+// A [rows, cols] matrix per batch, row-major, or its transpose stored ([cols, rows] in memory).
+dnnl::memory::desc MatrixDesc(int64_t batch, int64_t rows, int64_t cols, bool transposed) {
+  using dt = dnnl::memory::data_type;
+  const dnnl::memory::dims strides = transposed ? dnnl::memory::dims{rows * cols, 1, rows}
+                                                : dnnl::memory::dims{rows * cols, cols, 1};
+  return dnnl::memory::desc({batch, rows, cols}, dt::f32, strides);
+}
+
+}  // namespace
+
+Result<PreparedMatmulPtr> PrepareMatmul(const MatmulParams& p, const float* w, int num_threads) {
+  const std::string what = ShapeOf(p);
+  struct Field {
+    const char* name;
+    int64_t value;
+  };
+  for (const Field& f : {Field{"M", p.M}, Field{"N", p.N}, Field{"K", p.K}, Field{"batch", p.batch},
+                         Field{"w_batch", p.w_batch}}) {
+    if (f.value < 1) {
+      return Status::InvalidArgument(what + ": " + f.name + "=" + std::to_string(f.value) +
+                                     " must be >= 1");
+    }
+  }
+  if (p.w_batch != 1 && p.w_batch != p.batch) {
+    return Status::InvalidArgument(what + ": w_batch=" + std::to_string(p.w_batch) +
+                                   " must be 1 or batch");
+  }
+  if (p.post_op < 0 || p.post_op > 5) {
+    return Status::InvalidArgument(what + ": unknown fused post-op code " +
+                                   std::to_string(p.post_op));
+  }
+  try {
+    using dt = dnnl::memory::data_type;
+    ScopedThreads threads(num_threads);
+    const dnnl::engine& eng = CpuEngine();
+    PreparedMatmulPtr m(new PreparedMatmul());
+    m->p = p;
+    m->threads = num_threads;
+    m->a_md = MatrixDesc(p.batch, p.M, p.K, p.trans_a);
+    m->c_md = MatrixDesc(p.batch, p.M, p.N, false);
+    const dnnl::memory::desc user_w = MatrixDesc(p.w_batch, p.K, p.N, p.trans_w);
+    m->bound = w != nullptr;
+    // A bound W lets the library pick its layout (blocked panels); a run-time W stays plain.
+    const dnnl::memory::desc w_any({p.w_batch, p.K, p.N}, dt::f32, dnnl::memory::format_tag::any);
+    if (p.has_bias) m->bias_md = dnnl::memory::desc({1, 1, p.N}, dt::f32, {p.N, p.N, 1});
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    // alpha scales the product, never the bias: a bound W is scaled as it is reordered (below);
+    // a run-time W takes the library's output scale, which would scale a bias too.
+    if (p.alpha != 1.0f && !m->bound) {
+      if (p.has_bias) {
+        return Status::InvalidArgument(what + ": alpha=" + std::to_string(p.alpha) +
+                                       " with a bias needs W bound at prepare");
+      }
+      attr.set_output_scales(0, {p.alpha});
+    }
+    float alpha = 0.0f;
+    if (auto alg = PostOpAlgorithm(p.post_op, &alpha)) {
+      dnnl::post_ops ops;
+      ops.append_eltwise(1.0f, *alg, alpha, 0.0f);
+      attr.set_post_ops(ops);
+    }
+    dnnl::matmul::desc desc =
+        p.has_bias ? dnnl::matmul::desc(m->a_md, m->bound ? w_any : user_w, m->bias_md, m->c_md)
+                   : dnnl::matmul::desc(m->a_md, m->bound ? w_any : user_w, m->c_md);
+    m->pd = dnnl::matmul::primitive_desc(desc, attr, eng);
+    m->prim = dnnl::matmul(m->pd);
+    m->w_md = m->pd.weights_desc();
+    if (m->bound) {
+      // Always a copy, even when the layouts agree: the caller's W need not outlive the call.
+      m->weights = dnnl::memory(m->w_md, eng);
+      dnnl::memory user(user_w, eng, const_cast<float*>(w));
+      dnnl::primitive_attr scale;
+      if (p.alpha != 1.0f) scale.set_output_scales(0, {p.alpha});
+      dnnl::stream stream(eng);
+      dnnl::reorder(dnnl::reorder::primitive_desc(eng, user_w, eng, m->w_md, scale))
+          .execute(stream, user, m->weights);
+      stream.wait();
+    }
+    m->scratch_bytes = Align64(m->pd.scratchpad_desc().get_size());
+    ScratchPool::Get().Reserve(m->scratch_bytes);
+    return m;
+  } catch (...) {
+    return ErrorFromException(what);
+  }
+}
+
+Status RunMatmul(const PreparedMatmul& m, const float* a, const float* w, const float* bias,
+                 float* c) {
+  try {
+    if (!m.bound && w == nullptr) return Status::InvalidArgument(ShapeOf(m.p) + ": W expected");
+    if (m.p.has_bias && bias == nullptr) {
+      return Status::InvalidArgument(ShapeOf(m.p) + ": bias expected");
+    }
+    ScopedThreads threads(m.threads);
+    const dnnl::engine& eng = CpuEngine();
+    ScopedScratch scratch(m.scratch_bytes);
+    dnnl::stream stream(eng);
+    std::unordered_map<int, dnnl::memory> args{
+        {DNNL_ARG_SRC, dnnl::memory(m.a_md, eng, const_cast<float*>(a))},
+        {DNNL_ARG_WEIGHTS, m.bound ? m.weights : dnnl::memory(m.w_md, eng, const_cast<float*>(w))},
+        {DNNL_ARG_DST, dnnl::memory(m.c_md, eng, c)}};
+    if (m.p.has_bias) {
+      args.emplace(DNNL_ARG_BIAS, dnnl::memory(m.bias_md, eng, const_cast<float*>(bias)));
+    }
+    if (m.scratch_bytes > 0) {
+      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(m.pd.scratchpad_desc(), eng, scratch.data()));
+    }
+    m.prim.execute(stream, args);
+    stream.wait();
+    return Status::OK();
+  } catch (...) {
+    return ErrorFromException(ShapeOf(m.p));
+  }
+}
+
+std::string MatmulImplementation(const PreparedMatmul& m) { return m.pd.impl_info_str(); }
 
 int64_t Conv2dParams::OutH() const {
   if (stride_h <= 0) return 0;

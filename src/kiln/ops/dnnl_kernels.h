@@ -14,6 +14,7 @@
 #include <compare>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "src/kiln/base/status.h"
 
@@ -37,7 +38,9 @@ struct Conv2dParams {
   int64_t pad_t = 0, pad_l = 0, pad_b = 0, pad_r = 0;
   int64_t dil_h = 1, dil_w = 1;  // ONNX convention: 1 = dense kernel
   int64_t group = 1;             // divides C and K
-  int layout = 0;  // kiln_conv_layout: 0 auto (PreferBlockedLayout), 1 blocked, 2 plain NCHW
+  // kiln_conv_layout: 0 auto (PreferBlockedLayout), 1 blocked, 2 plain NCHW, 3 NHWC: x, y
+  // (and a summed residual) are channels-last in the caller's memory.
+  int layout = 0;
 
   // Output extents: (H + pad_t + pad_b - ((R - 1) * dil_h + 1)) / stride_h + 1, likewise W.
   int64_t OutH() const;
@@ -80,6 +83,39 @@ Result<PreparedConv2dPtr> PrepareConv2d(const Conv2dParams& p, const float* w, b
                                         const ConvEpilogue& epi, int num_threads = 0);
 // y = post_op(conv(x, w) + bias [+ y_in]); the thread count is the one given at prepare.
 Status RunConv2d(const PreparedConv2d& c, const float* x, const float* bias, float* y);
+
+// A matrix product prepared once (bind time, law 1): the oneDNN matmul primitive with bias and
+// post-op fused, and, when the right-hand operand W is bound at prepare, W already reordered
+// into the layout the primitive chose (the library's blocked panels, so no run packs it again).
+//   C[b] = alpha * op(A[b]) * op(W[b or 0]) (+ bias[n]), then post_op (kiln_post_op codes).
+// A is [batch, M, K] (or [batch, K, M] when trans_a), W is [w_batch, K, N] (or [w_batch, N, K]
+// when trans_w) with w_batch 1 (shared) or batch, C is [batch, M, N]; all dense row-major.
+struct MatmulParams {
+  int64_t M = 1, N = 1, K = 1;
+  int64_t batch = 1, w_batch = 1;
+  bool trans_a = false, trans_w = false;
+  bool has_bias = false;
+  int post_op = 0;
+  float alpha = 1.0f;
+  auto operator<=>(const MatmulParams&) const = default;
+};
+
+class PreparedMatmul;
+struct PreparedMatmulDeleter {
+  void operator()(PreparedMatmul* m) const;
+};
+using PreparedMatmulPtr = std::unique_ptr<PreparedMatmul, PreparedMatmulDeleter>;
+
+// `w` non-null: W is bound now and reordered into the primitive's layout (a copy; `w` is not read
+// again). `w` null: W is passed at every run, in plain layout. InvalidArgument names the field
+// for bad params. Runs never allocate: scratch comes from a process-wide pool of blocks (one per
+// concurrent run), reserved and touched here.
+Result<PreparedMatmulPtr> PrepareMatmul(const MatmulParams& p, const float* w, int num_threads = 0);
+// `w` is ignored when W was bound at prepare; `bias` is read when has_bias. May run concurrently.
+Status RunMatmul(const PreparedMatmul& m, const float* a, const float* w, const float* bias,
+                 float* c);
+// The oneDNN implementation the primitive runs ("brg:avx512_core", ...), for dumps and tests.
+std::string MatmulImplementation(const PreparedMatmul& m);
 
 // Applies a kiln_post_op code in place to n floats; InvalidArgument for an unknown code.
 Status ApplyPostOp(int post_op, float* y, int64_t n);

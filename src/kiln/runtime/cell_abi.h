@@ -26,7 +26,7 @@
 extern "C" {
 #endif
 
-#define KILN_CELL_ABI_VERSION 1
+#define KILN_CELL_ABI_VERSION 2
 
 enum kiln_cell_status {
   KILN_CELL_OK = 0,
@@ -50,11 +50,12 @@ enum kiln_post_op {
 enum kiln_conv_layout {
   KILN_CONV_LAYOUT_AUTO = 0,
   KILN_CONV_LAYOUT_BLOCKED = 1, /* the library's blocked layout, reordered in and out */
-  KILN_CONV_LAYOUT_PLAIN = 2    /* directly on NCHW (a 1x1 convolution is a GEMM) */
+  KILN_CONV_LAYOUT_PLAIN = 2,   /* directly on NCHW (a 1x1 convolution is a GEMM) */
+  KILN_CONV_LAYOUT_NHWC = 3     /* x, y and a summed residual are NHWC in the caller's memory */
 };
 
 typedef struct kiln_conv2d_desc {
-  int64_t n, c, h, w;    /* input NCHW */
+  int64_t n, c, h, w;    /* input dims in NCHW order (memory order per `layout`) */
   int64_t k, r, s;       /* output channels, kernel height/width */
   int64_t stride_h, stride_w;
   int64_t pad_t, pad_l, pad_b, pad_r;
@@ -65,6 +66,20 @@ typedef struct kiln_conv2d_desc {
   int32_t layout;        /* enum kiln_conv_layout: the compiler's layout choice for this conv */
   int32_t reserved;      /* 0 */
 } kiln_conv2d_desc;
+
+/* A matrix product prepared at entry init (see matmul_prepare):
+ *   C[b] = alpha * op(A[b]) * op(W[b or 0]) (+ bias[n]), then post_op,
+ * A [batch, m, k] ([batch, k, m] when trans_a), W [w_batch, k, n] ([w_batch, n, k] when trans_w),
+ * w_batch 1 (shared) or batch, C [batch, m, n]; all dense row-major float32. */
+typedef struct kiln_matmul_desc {
+  int64_t m, n, k;
+  int64_t batch, w_batch;
+  float alpha;
+  int32_t trans_a, trans_w;
+  int32_t has_bias; /* bias[n] passed to every run */
+  int32_t post_op;  /* enum kiln_post_op, applied after bias */
+  int32_t reserved; /* 0 */
+} kiln_matmul_desc;
 
 typedef struct kiln_host_api {
   uint32_t abi_version; /* KILN_CELL_ABI_VERSION of the host */
@@ -93,6 +108,12 @@ typedef struct kiln_host_api {
    * (the kernel library's thread team); returns when all are done. fn must not fail. */
   int (*parallel_for)(int64_t n, void (*fn)(void* ctx, int64_t begin, int64_t end), void* ctx,
                       int num_threads);
+  /* A matrix product prepared at entry init. `w` non-NULL: W is bound now (bind time, law 1)
+   * and copied into the kernel library's preferred layout, so no run repacks it; NULL: W is
+   * passed to every run. Runs allocate nothing and may run concurrently. */
+  int (*matmul_prepare)(const kiln_matmul_desc* desc, const float* w, int num_threads, void** mm);
+  int (*matmul_run)(void* mm, const float* a, const float* w, const float* bias, float* c);
+  void (*matmul_release)(void* mm);
 } kiln_host_api;
 
 typedef struct kiln_cell_entry kiln_cell_entry;

@@ -362,6 +362,46 @@ void HostConv2dRelease(void* handle) {
   PreparedConv2dDeleter()(static_cast<PreparedConv2d*>(handle));
 }
 
+int HostMatmulPrepare(const kiln_matmul_desc* d, const float* w, int num_threads, void** out) {
+  try {
+    if (d == nullptr || out == nullptr) return KILN_CELL_BAD_ARGUMENT;
+    *out = nullptr;
+    MatmulParams p;
+    p.M = d->m;
+    p.N = d->n;
+    p.K = d->k;
+    p.batch = d->batch;
+    p.w_batch = d->w_batch;
+    p.alpha = d->alpha;
+    p.trans_a = d->trans_a != 0;
+    p.trans_w = d->trans_w != 0;
+    p.has_bias = d->has_bias != 0;
+    p.post_op = d->post_op;
+    auto m = PrepareMatmul(p, w, num_threads);
+    if (!m.ok()) {
+      KILN_LOG(ERROR) << "cell matmul_prepare: " << m.status().ToString();
+      return StatusToCellCode(m.status());
+    }
+    *out = m->release();
+    return KILN_CELL_OK;
+  } catch (const std::bad_alloc&) {
+    return KILN_CELL_RESOURCE_EXHAUSTED;
+  } catch (...) {
+    return KILN_CELL_FAULT;
+  }
+}
+
+int HostMatmulRun(void* handle, const float* a, const float* w, const float* bias, float* c) {
+  if (handle == nullptr) return KILN_CELL_BAD_ARGUMENT;
+  Status s = RunMatmul(*static_cast<const PreparedMatmul*>(handle), a, w, bias, c);
+  if (!s.ok()) KILN_LOG(ERROR) << "cell matmul_run: " << s.ToString();
+  return StatusToCellCode(s);
+}
+
+void HostMatmulRelease(void* handle) {
+  PreparedMatmulDeleter()(static_cast<PreparedMatmul*>(handle));
+}
+
 int HostParallelFor(int64_t n, void (*fn)(void*, int64_t, int64_t), void* ctx,
                     int num_threads) {
   if (fn == nullptr || n < 0) return KILN_CELL_BAD_ARGUMENT;
@@ -476,7 +516,8 @@ const kiln_host_api* HostApi() {
   static const kiln_host_api api = {KILN_CELL_ABI_VERSION, HostSgemm,         HostConv2d,
                                     HostOpPrepare,         HostOpRun,         HostOpRelease,
                                     HostConv2dPrepare,     HostConv2dRun,     HostConv2dRelease,
-                                    HostParallelFor};
+                                    HostParallelFor,       HostMatmulPrepare, HostMatmulRun,
+                                    HostMatmulRelease};
   return &api;
 }
 
