@@ -8,8 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <set>
@@ -20,6 +20,7 @@
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/eager/shape_inference.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/runtime/cell_abi.h"
 #include "tests/graph/onnx_builder.h"
 
 namespace kiln {
@@ -940,6 +941,215 @@ Built BuildParallelChain() {
 
 TEST(Differential, FusedConvEpiloguesAndParallelKernelsOnTwoThreads) {
   RunBuilt(BuildParallelChain(), 17, 2, "par");
+}
+
+// Small builders for whole-network tests: random weights and inputs, every named output a graph
+// output.
+struct NetBuilder {
+  OnnxBuilder b{17};
+  std::mt19937 rng{7};
+  TensorMap inputs;
+  std::vector<std::string> outs;
+  void Weight(const std::string& name, std::vector<int64_t> dims, float lo = -0.5f,
+              float hi = 0.5f) {
+    std::vector<float> v(static_cast<size_t>(NumElements(dims)));
+    std::uniform_real_distribution<float> u(lo, hi);
+    for (auto& x : v) x = u(rng);
+    b.FloatInit(name, dims, v);
+  }
+  void Input(const std::string& name, std::vector<int64_t> dims) {
+    b.Input(name, onnx::TensorProto::FLOAT, dims);
+    std::vector<float> v(static_cast<size_t>(NumElements(dims)));
+    std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+    for (auto& x : v) x = u(rng);
+    inputs[name] = Tensor::FromVector<float>(dims, v);
+  }
+  onnx::NodeProto& Conv(const std::string& x, const std::string& w, const std::string& bias,
+                        const std::string& y, int64_t pad) {
+    auto& n = b.Node("Conv", {x, w, bias}, {y}, y);
+    OnnxBuilder::IntsAttr(n, "pads", {pad, pad, pad, pad});
+    return n;
+  }
+  // The exporters' GroupNorm: Reshape [N, G, -1], InstanceNormalization, Reshape back, then the
+  // per-channel affine.
+  void GroupNorm(const std::string& x, const std::string& y, int64_t n, int64_t c, int64_t h,
+                 int64_t w, int64_t groups) {
+    b.Int64Init(y + "_s1", {3}, {n, groups, -1});
+    b.Int64Init(y + "_s2", {4}, {n, c, h, w});
+    Weight(y + "_is", {groups}, 1.0f, 1.0f);
+    Weight(y + "_ib", {groups}, 0.0f, 0.0f);
+    Weight(y + "_g", {c, 1, 1}, 0.5f, 1.5f);
+    Weight(y + "_b", {c, 1, 1});
+    b.Node("Reshape", {x, y + "_s1"}, {y + "_r1"}, y + "_r1");
+    b.Node("InstanceNormalization", {y + "_r1", y + "_is", y + "_ib"}, {y + "_in"}, y + "_in");
+    b.Node("Reshape", {y + "_in", y + "_s2"}, {y + "_r2"}, y + "_r2");
+    b.Node("Mul", {y + "_r2", y + "_g"}, {y + "_m"}, y + "_m");
+    b.Node("Add", {y + "_m", y + "_b"}, {y}, y);
+  }
+  void Silu(const std::string& x, const std::string& y) {
+    b.Node("Sigmoid", {x}, {y + "_sig"}, y + "_sig");
+    b.Node("Mul", {x, y + "_sig"}, {y}, y);
+  }
+  Built Finish(const char* name) {
+    for (const auto& o : outs) {
+      auto* vi = b.graph().add_output();
+      vi->set_name(o);
+      vi->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+    }
+    auto g = ImportOnnxBytes(b.Bytes(), name);
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    Graph graph = std::move(g).value();
+    for (ValueInfo& v : graph.outputs) {
+      v.dtype = DType::kFloat32;
+      v.has_shape = false;
+    }
+    Built built;
+    built.graph = std::make_shared<const Graph>(std::move(graph));
+    built.inputs = inputs;
+    built.weights = GraphWeights(*built.graph);
+    return built;
+  }
+};
+
+// A convolutional network in the shape of a UNet/ResNet: a stem on the (row-major) input,
+// convolutions with residuals, GroupNorm + SiLU, pools, a per-channel broadcast add, nearest
+// upsampling, a channel concat, a head; one intermediate and the last convolution are graph
+// outputs (row-major by contract).
+Built BuildConvNetwork() {
+  NetBuilder n;
+  n.Input("x", {2, 3, 16, 16});
+  n.Input("t", {2, 32, 1, 1});
+  n.Weight("w0", {32, 3, 3, 3});
+  n.Weight("b0", {32});
+  n.Weight("w1", {32, 32, 3, 3});
+  n.Weight("b1", {32});
+  n.Weight("w2", {32, 32, 1, 1});
+  n.Weight("b2", {32});
+  n.Weight("w3", {16, 64, 3, 3});
+  n.Weight("b3", {16});
+  n.Weight("wf", {10, 16});
+  n.Weight("bf", {10});
+  n.Conv("x", "w0", "b0", "c0", 1);
+  n.b.Node("Relu", {"c0"}, {"r0"}, "r0");
+  n.GroupNorm("r0", "g1", 2, 32, 16, 16, 8);
+  n.Silu("g1", "s1");
+  n.Conv("s1", "w1", "b1", "c1", 1);
+  n.b.Node("Add", {"c1", "t"}, {"ct"}, "ct");  // a time embedding per (batch, channel)
+  n.b.Node("Add", {"ct", "r0"}, {"res"}, "res");
+  auto& mp = n.b.Node("MaxPool", {"res"}, {"mp"}, "mp");
+  OnnxBuilder::IntsAttr(mp, "kernel_shape", {3, 3});
+  OnnxBuilder::IntsAttr(mp, "strides", {2, 2});
+  OnnxBuilder::IntsAttr(mp, "pads", {1, 1, 1, 1});
+  n.Conv("mp", "w2", "b2", "c2", 0);
+  n.outs.push_back("c2");  // an NHWC-planned tensor that is also a graph output
+  n.b.FloatInit("scales", {4}, {1.0f, 1.0f, 2.0f, 2.0f});
+  n.b.Node("Resize", {"c2", "", "scales"}, {"up"}, "up");
+  OnnxBuilder::IntAttr(n.b.Node("Concat", {"up", "res"}, {"cat"}, "cat"), "axis", 1);
+  n.Conv("cat", "w3", "b3", "c3", 1);
+  n.outs.push_back("c3");  // the last convolution writes a graph output
+  auto& ap = n.b.Node("AveragePool", {"c3"}, {"ap"}, "ap");
+  OnnxBuilder::IntsAttr(ap, "kernel_shape", {3, 3});
+  OnnxBuilder::IntsAttr(ap, "pads", {1, 1, 1, 1});
+  n.b.Node("GlobalAveragePool", {"ap"}, {"gap"}, "gap");
+  n.b.Node("Flatten", {"gap"}, {"flat"}, "flat");
+  auto& fc = n.b.Node("Gemm", {"flat", "wf", "bf"}, {"logits"}, "fc");
+  OnnxBuilder::IntAttr(fc, "transB", 1);
+  n.outs.push_back("logits");
+  return n.Finish("convnet");
+}
+
+// Attention as exporters write it: a QKV projection with bias, Split, per-head reshapes and
+// transposes, scaled scores plus a mask, softmax, the value product, heads merged back and an
+// output projection. 300 queries and keys: several query blocks and two key blocks, the last
+// ones partial; the mask hides the whole first key block of batch 1 behind -inf.
+Built BuildAttentionNetwork() {
+  NetBuilder n;
+  const int64_t B = 2, S = 300, D = 96, H = 4;
+  n.Input("x", {B, S, D});
+  n.b.Input("mask", onnx::TensorProto::FLOAT, {B, 1, 1, S});
+  std::vector<float> mask(static_cast<size_t>(B * S), 0.0f);
+  for (int64_t j = 0; j < S; ++j) {
+    if (j % 7 == 3) mask[static_cast<size_t>(j)] = -1e9f;
+    if (j < 256) mask[static_cast<size_t>(S + j)] = -INFINITY;
+  }
+  n.inputs["mask"] = Tensor::FromVector<float>({B, 1, 1, S}, mask);
+  n.Weight("wqkv", {D, 3 * D});
+  n.Weight("bqkv", {3 * D});
+  n.Weight("scale", {}, 0.2f, 0.2f);
+  n.Weight("wo", {D, D});
+  n.b.Node("MatMul", {"x", "wqkv"}, {"qkv0"}, "qkv0");
+  n.b.Node("Add", {"qkv0", "bqkv"}, {"qkv"}, "qkv");
+  n.b.Int64Init("split", {3}, {D, D, D});
+  OnnxBuilder::IntAttr(n.b.Node("Split", {"qkv", "split"}, {"q", "k", "v"}, "split"), "axis", -1);
+  n.b.Int64Init("heads", {4}, {B, S, H, D / H});
+  for (const char* t : {"q", "k", "v"}) {
+    const std::string s(t);
+    n.b.Node("Reshape", {s, "heads"}, {s + "h"}, s + "h");
+    OnnxBuilder::IntsAttr(
+        n.b.Node("Transpose", {s + "h"}, {s + "t"}, s + "t"), "perm",
+        s == "k" ? std::vector<int64_t>{0, 2, 3, 1} : std::vector<int64_t>{0, 2, 1, 3});
+  }
+  n.b.Node("MatMul", {"qt", "kt"}, {"sc"}, "sc");
+  n.b.Node("Mul", {"sc", "scale"}, {"scs"}, "scs");
+  n.b.Node("Add", {"scs", "mask"}, {"scm"}, "scm");
+  OnnxBuilder::IntAttr(n.b.Node("Softmax", {"scm"}, {"p"}, "p"), "axis", -1);
+  n.b.Node("MatMul", {"p", "vt"}, {"a"}, "a");
+  OnnxBuilder::IntsAttr(n.b.Node("Transpose", {"a"}, {"at"}, "at"), "perm", {0, 2, 1, 3});
+  n.b.Int64Init("merged", {3}, {B, S, D});
+  n.b.Node("Reshape", {"at", "merged"}, {"am"}, "am");
+  n.b.Node("MatMul", {"am", "wo"}, {"y"}, "y");
+  n.outs.push_back("y");
+  return n.Finish("attention");
+}
+
+// The kernels the compiler made for entry 0 of `b`.
+Program CompiledProgram(const Built& b) {
+  ShapeClass cls;
+  for (const auto& [n, t] : b.inputs) cls[n] = t.shape();
+  auto p = CompileEntry(*b.graph, cls, 0, CompileOptions{}, nullptr);
+  EXPECT_TRUE(p.ok()) << p.status().ToString();
+  return p.ok() ? std::move(p).value() : Program{};
+}
+
+TEST(Differential, ConvNetworkRunsChannelsLastAndMatchesEager) {
+  const Built b = BuildConvNetwork();
+  const Program p = CompiledProgram(b);
+  int convs = 0, nhwc = 0, group_norms = 0, pools = 0, copies = 0;
+  for (const Kernel& k : p.kernels) {
+    EXPECT_NE(k.kind, Kernel::Kind::kReference) << k.label;
+    if (k.kind == Kernel::Kind::kConv) {
+      ++convs;
+      nhwc += k.conv_layout == KILN_CONV_LAYOUT_NHWC;
+    }
+    group_norms += k.kind == Kernel::Kind::kNorm && k.groups == 8;
+    pools += k.kind == Kernel::Kind::kPool;
+    copies += k.label == "ToNhwc" || k.label == "ToRowMajor";
+  }
+  EXPECT_EQ(convs, 4);
+  EXPECT_EQ(nhwc, 4) << p.Dump();
+  EXPECT_EQ(group_norms, 1) << p.Dump();
+  EXPECT_EQ(pools, 3);
+  // The input into NHWC, c2 and c3 out to the caller's row-major outputs: nothing else.
+  EXPECT_EQ(copies, 3) << p.Dump();
+  RunBuilt(b, 17, 2, "convnet");
+}
+
+TEST(Differential, AttentionIsFusedOnViewsAndMatchesEager) {
+  const Built b = BuildAttentionNetwork();
+  const Program p = CompiledProgram(b);
+  int attention = 0;
+  for (const Kernel& k : p.kernels) {
+    attention += k.kind == Kernel::Kind::kAttention;
+    // No softmax over materialized scores, no copies into heads, no split.
+    EXPECT_NE(k.kind, Kernel::Kind::kSoftmax) << p.Dump();
+    EXPECT_NE(k.kind, Kernel::Kind::kTranspose) << p.Dump();
+    EXPECT_NE(k.kind, Kernel::Kind::kReference) << k.label;
+    EXPECT_NE(k.label, "ToRowMajor") << p.Dump();
+  }
+  EXPECT_EQ(attention, 1) << p.Dump();
+  // The scores ([2, 4, 300, 300], 1.4 MiB) are never in the workspace.
+  EXPECT_LT(p.workspace_bytes, 2 * 300 * 4 * 300 * 4) << p.Dump();
+  RunBuilt(b, 17, 2, "attention");
 }
 
 TEST(Differential, EveryOpCompiledMatchesEagerOpset17) { RunGroup(Opset17Cases(), 17); }

@@ -165,6 +165,9 @@ class EntryEmitter {
         case Kernel::Kind::kConcat: EmitConcat(kern); break;
         case Kernel::Kind::kGather: EmitGather(kern); break;
         case Kernel::Kind::kResize: EmitResize(kern); break;
+        case Kernel::Kind::kAttention:
+          KILN_RETURN_IF_ERROR(EmitAttention(kern));
+          break;
         case Kernel::Kind::kPool:
           EmitPool(kern);
           break;
@@ -221,6 +224,7 @@ class EntryEmitter {
     os_ << "  " << ct << "* " << B(b.id) << " = (" << ct << "*)";
     if (b.alias_of >= 0) {
       os_ << B(b.alias_of);
+      if (b.view_offset != 0) os_ << " + " << Lit(b.view_offset);
     } else if (b.kind == Buffer::Kind::kInput) {
       os_ << "in[" << b.index << "]";
     } else if (b.kind == Buffer::Kind::kWeight) {
@@ -785,7 +789,7 @@ class EntryEmitter {
     const int64_t inner = NumElements(s) / std::max<int64_t>(stat, 1);
     const int64_t arrays = layer ? 2 : 3;  // M, A (, Bb)
     // GroupNorm over a channels-last input: per-channel partial sums over chunks of pixels.
-    const bool gn_nhwc = k.groups > 0 && !IsRowMajor(s, xb.perm);
+    const bool gn_nhwc = k.groups > 0 && !HasRowMajorStrides(xb);
     const int64_t chunks = gn_nhwc ? std::min<int64_t>(8, s[2] * s[3]) : 0;
     const int64_t floats = arrays * stat + (gn_nhwc ? 4 * s[0] * chunks * s[1] : 0);
     // Statistics live on the stack (a few KiB in practice); an outsized set is allocated.
@@ -1059,6 +1063,162 @@ class EntryEmitter {
           << "];\n    }\n";
     }
     ParClose(rg);
+  }
+
+  // One matrix operand of a tile product as the host's row-major sgemm takes it: row-major
+  // (trans 0, ld = row stride) when its columns are contiguous, else its transpose stored
+  // row-major (trans 1, ld = column stride). Layout planning gives every attention operand one
+  // unit stride.
+  struct MatrixArg {
+    int trans = 0;
+    int64_t ld = 0;
+  };
+  static Result<MatrixArg> AsMatrix(int64_t rows, int64_t cols, int64_t row_stride,
+                                    int64_t col_stride, const std::string& what) {
+    if (col_stride == 1 || cols == 1) return MatrixArg{0, std::max<int64_t>(row_stride, cols)};
+    if (row_stride == 1 || rows == 1) return MatrixArg{1, std::max<int64_t>(col_stride, rows)};
+    return Status::Internal("attention operand " + what + " has no unit stride");
+  }
+
+  // softmax(epilogue(Q K')) V: per (batch, block of BQ queries), key blocks of BK: the tile of
+  // scores (Q block x K' block, the host's sgemm), the epilogue on it, the online softmax update
+  // (running max and sum per row, earlier output rescaled), and the tile's probabilities times
+  // the V block accumulated into the output block; divided by the sums at the end. Operands are
+  // read with their own strides (views of the projections, never copied into heads).
+  Status EmitAttention(const Kernel& k) {
+    const Buffer& qb = Buf(k.inputs[0]);
+    const Buffer& kb = Buf(k.inputs[1]);
+    const Buffer& vb = Buf(k.inputs[2]);
+    const Buffer& ob = Buf(k.outputs[0]);
+    const Shape& q = qb.type.shape;
+    const size_t r = q.size();
+    const int64_t Sq = q[r - 2], D = q[r - 1], Sk = kb.type.shape[r - 1];
+    const int64_t Dv = vb.type.shape[r - 1];
+    const Shape batch(q.begin(), q.end() - 2);
+    const int64_t BH = NumElements(batch);
+    Shape scores = batch;
+    scores.push_back(Sq);
+    scores.push_back(Sk);
+    const auto qs = LogicalStrides(qb), ks = LogicalStrides(kb), vs = LogicalStrides(vb);
+    const auto os = LogicalStrides(ob);
+    KILN_ASSIGN_OR_RETURN(MatrixArg qa, AsMatrix(Sq, D, qs[r - 2], qs[r - 1], "Q"));
+    KILN_ASSIGN_OR_RETURN(MatrixArg ka, AsMatrix(D, Sk, ks[r - 2], ks[r - 1], "K'"));
+    KILN_ASSIGN_OR_RETURN(MatrixArg va, AsMatrix(Sk, Dv, vs[r - 2], vs[r - 1], "V"));
+    // Tiles live on each thread's stack: at most ~256 KiB.
+    const int64_t BK = std::min<int64_t>(Sk, 256);
+    int64_t BQ = std::min<int64_t>(Sq, 64);
+    while (BQ > 8 && BQ * (BK + Dv) * 4 > (int64_t{1} << 18)) BQ /= 2;
+    const int64_t NQB = (Sq + BQ - 1) / BQ;
+    // Per batch index: offsets of Q, K', V, O, then of every epilogue operand.
+    std::vector<std::vector<int64_t>> ops_strides;
+    for (size_t j = 3; j < k.inputs.size(); ++j) {
+      ops_strides.push_back(OperandStrides(Buf(k.inputs[j]), scores));
+    }
+    const size_t per = 4 + ops_strides.size();
+    const auto bstr = ContiguousStrides(batch);
+    os_ << "    static const int64_t offs[" << std::max<int64_t>(BH, 1) * static_cast<int64_t>(per)
+        << "] = {";
+    for (int64_t b = 0; b < BH; ++b) {
+      std::vector<int64_t> o(per, 0);
+      int64_t rem = b;
+      for (size_t d = 0; d < batch.size(); ++d) {
+        const int64_t idx = rem / bstr[d];
+        rem %= bstr[d];
+        o[0] += idx * qs[d];
+        o[1] += idx * ks[d];
+        o[2] += idx * vs[d];
+        o[3] += idx * os[d];
+        for (size_t e = 0; e < ops_strides.size(); ++e) o[4 + e] += idx * ops_strides[e][d];
+      }
+      for (int64_t x : o) os_ << Lit(x) << ", ";
+    }
+    os_ << "};\n    int kiln_rc = 0;\n"
+        << "    auto kiln_body = [&](int64_t kiln_lo, int64_t kiln_hi) {\n"
+        << "      alignas(64) float S[" << BQ * BK << "];\n"
+        << "      alignas(64) float Oa[" << BQ * Dv << "];\n"
+        << "      float mx[" << BQ << "], ls[" << BQ << "];\n"
+        << "      for (int64_t t = kiln_lo; t < kiln_hi; ++t) {\n"
+        << "        const int64_t bh = t / " << Lit(NQB) << ", i0 = (t % " << Lit(NQB) << ") * "
+        << Lit(BQ) << ";\n"
+        << "        const int64_t nq = " << Lit(Sq) << " - i0 < " << Lit(BQ) << " ? " << Lit(Sq)
+        << " - i0 : " << Lit(BQ) << ";\n"
+        << "        const int64_t* off = offs + bh * " << per << ";\n"
+        << "        const float* qp = " << B(k.inputs[0]) << " + off[0] + i0 * " << Lit(qs[r - 2])
+        << ";\n"
+        << "        const float* kp = " << B(k.inputs[1]) << " + off[1];\n"
+        << "        const float* vp = " << B(k.inputs[2]) << " + off[2];\n"
+        << "        float* op = " << B(k.outputs[0]) << " + off[3] + i0 * " << Lit(os[r - 2])
+        << ";\n"
+        << "        for (int64_t i = 0; i < nq; ++i) { mx[i] = -INFINITY; ls[i] = 0.0f; }\n"
+        << "        memset(Oa, 0, sizeof(float) * nq * " << Lit(Dv) << ");\n"
+        << "        for (int64_t j0 = 0; j0 < " << Lit(Sk) << "; j0 += " << Lit(BK) << ") {\n"
+        << "          const int64_t nk = " << Lit(Sk) << " - j0 < " << Lit(BK) << " ? " << Lit(Sk)
+        << " - j0 : " << Lit(BK) << ";\n"
+        << "          int rc = H->sgemm(" << qa.trans << ", " << ka.trans << ", nq, nk, " << Lit(D)
+        << ", 1.0f, qp, " << Lit(qa.ld) << ", kp + j0 * " << Lit(ks[r - 1]) << ", " << Lit(ka.ld)
+        << ", 0.0f, S, nk, 1);\n"
+        << "          if (rc) { __atomic_store_n(&kiln_rc, rc, __ATOMIC_RELAXED); return; }\n"
+        << "          for (int64_t i = 0; i < nq; ++i) {\n"
+        << "            float* s = S + i * nk;\n";
+    if (!k.epilogue.empty()) {
+      // The score epilogue, per element of the row: operand -1 is the score, -(j+2) inputs[j].
+      os_ << "            #pragma GCC ivdep\n"
+          << "            for (int64_t j = 0; j < nk; ++j) {\n"
+          << "              const float a0 = s[j];\n";
+      std::vector<std::string> names(k.epilogue.size());
+      for (size_t x = 0; x < k.epilogue.size(); ++x) {
+        const Expr& e = k.epilogue[x];
+        std::vector<std::string> ops;
+        for (int o : e.operands) {
+          if (o == INT32_MIN) {
+            ops.push_back("");
+          } else if (o >= 0) {
+            ops.push_back("v" + std::to_string(o));
+          } else if (o == -1) {
+            ops.push_back("a0");
+          } else {
+            const size_t j = static_cast<size_t>(-o - 2);
+            const auto& st = ops_strides[j - 3];
+            ops.push_back(B(k.inputs[j]) + "[off[" + std::to_string(4 + j - 3) + "] + (i0 + i) * " +
+                          Lit(st[r - 2]) + " + (j0 + j) * " + Lit(st[r - 1]) + "]");
+          }
+        }
+        os_ << "              const " << CType(e.dtype) << " v" << x << " = " << FormatExpr(e, ops)
+            << ";\n";
+      }
+      os_ << "              s[j] = v" << k.epilogue_out << ";\n            }\n";
+    }
+    os_ << "            const float m_old = mx[i];\n"
+        << "            const float m_row = kiln_row_max(s, nk);\n"
+        << "            const float m_new = m_row > m_old ? m_row : m_old;\n"
+        << "            if (m_new == -INFINITY) {  // nothing but -inf so far: weights 0\n"
+        << "              memset(s, 0, sizeof(float) * nk);\n"
+        << "              continue;\n            }\n"
+        << "            const float sum = kiln_row_exp_sum(s, s, nk, m_new);\n"
+        << "            const float corr = kiln_exp(m_old - m_new);\n"
+        << "            ls[i] = ls[i] * corr + sum;\n"
+        << "            mx[i] = m_new;\n"
+        << "            if (corr != 1.0f) {\n"
+        << "              float* oa = Oa + i * " << Lit(Dv) << ";\n"
+        << "              #pragma GCC ivdep\n"
+        << "              for (int64_t d = 0; d < " << Lit(Dv) << "; ++d) oa[d] *= corr;\n"
+        << "            }\n          }\n"
+        << "          rc = H->sgemm(0, " << va.trans << ", nq, " << Lit(Dv) << ", nk, 1.0f, S, nk, "
+        << "vp + j0 * " << Lit(vs[r - 2]) << ", " << Lit(va.ld) << ", 1.0f, Oa, " << Lit(Dv)
+        << ", 1);\n"
+        << "          if (rc) { __atomic_store_n(&kiln_rc, rc, __ATOMIC_RELAXED); return; }\n"
+        << "        }\n"
+        << "        for (int64_t i = 0; i < nq; ++i) {\n"
+        << "          const float inv = 1.0f / ls[i];\n"
+        << "          const float* oa = Oa + i * " << Lit(Dv) << ";\n"
+        << "          float* o = op + i * " << Lit(os[r - 2]) << ";\n"
+        << "          #pragma GCC ivdep\n"
+        << "          for (int64_t d = 0; d < " << Lit(Dv) << "; ++d) o[d * " << Lit(os[r - 1])
+        << "] = oa[d] * inv;\n"
+        << "        }\n      }\n    };\n"
+        << "    KILN_TRY(kiln_par(H, E->threads, " << Lit(BH * NQB) << ", kiln_body));\n"
+        << "    if (kiln_rc) return kiln_rc;\n";
+    return Status::OK();
   }
 
   // Pooling over H and W of a rank-4 tensor in either layout: one output pixel per iteration,

@@ -325,7 +325,8 @@ Status PlanMemory(Program& p) {
           if (kern.inputs[j] < 0 || p.Root(kern.inputs[j]) != r) continue;
           if (conv_sum && j + 1 != kern.inputs.size()) same_index = false;  // r is also the x/w
           const Buffer& ib = p.buffers[static_cast<size_t>(kern.inputs[j])];
-          if (ib.type.shape != ob.type.shape || LogicalStrides(ib) != LogicalStrides(ob)) {
+          if (ib.type.shape != ob.type.shape || LogicalStrides(ib) != LogicalStrides(ob) ||
+              p.RootOffset(kern.inputs[j]) != 0) {
             same_index = false;
           }
         }

@@ -30,19 +30,10 @@ namespace {
 
 const std::vector<int> kNhwc = {0, 2, 3, 1};
 
-std::vector<int> Identity(size_t rank) {
-  std::vector<int> p(rank);
-  for (size_t i = 0; i < rank; ++i) p[i] = static_cast<int>(i);
-  return p;
-}
-
-std::vector<int> PermOf(const Buffer& b) {
-  return b.perm.empty() ? Identity(b.type.shape.size()) : b.perm;
-}
-
 // Same bytes per element: equal logical strides over the dims that are not 1.
 bool SameStrides(const Buffer& b, const std::vector<int>& perm) {
-  Buffer other = b;
+  Buffer other;
+  other.type = b.type;
   other.perm = perm;
   const auto x = LogicalStrides(b), y = LogicalStrides(other);
   for (size_t d = 0; d < x.size(); ++d) {
@@ -51,23 +42,16 @@ bool SameStrides(const Buffer& b, const std::vector<int>& perm) {
   return true;
 }
 
-bool IsPlain(const Buffer& b) { return IsRowMajor(b.type.shape, b.perm); }
+bool IsPlain(const Buffer& b) { return HasRowMajorStrides(b); }
 bool IsNhwc(const Buffer& b) { return b.type.shape.size() == 4 && SameStrides(b, kNhwc); }
 
-// The view of a Transpose with `t` (out dim i = in dim t[i]) over a root laid out as `in_perm`.
-std::vector<int> TransposedPerm(const std::vector<int>& in_perm, const std::vector<int64_t>& t) {
-  std::vector<int> inv(t.size());
-  for (size_t i = 0; i < t.size(); ++i) inv[static_cast<size_t>(t[i])] = static_cast<int>(i);
-  std::vector<int> out;
-  for (int d : in_perm) out.push_back(inv[static_cast<size_t>(d)]);
-  return out;
-}
-
-// The perm under which `out_shape` views the bytes of `in_shape` laid out as `in_perm`, when a
-// reshape (row-major element order) can be one: every output dim must gather atoms of the input
-// that lie consecutively, in order, in memory. nullopt otherwise.
-std::optional<std::vector<int>> ReshapedPerm(const Shape& in_shape, const std::vector<int>& in_perm,
-                                             const Shape& out_shape) {
+// The strides under which `out_shape` views the elements of `in_shape` laid out with
+// `in_strides` in row-major element order (what a reshape means), when a view can express it:
+// every output dim must gather input atoms whose strides chain (stride(a+1) = stride(a) *
+// size(a)). nullopt otherwise.
+std::optional<std::vector<int64_t>> ReshapedStrides(const Shape& in_shape,
+                                                    const std::vector<int64_t>& in_strides,
+                                                    const Shape& out_shape) {
   // Atom boundaries: the suffix products of both shapes (dims of 1 add none).
   auto suffixes = [](const Shape& s) {
     std::vector<int64_t> out;
@@ -85,46 +69,33 @@ std::optional<std::vector<int>> ReshapedPerm(const Shape& in_shape, const std::v
   for (size_t i = 1; i < b.size(); ++i) {
     if (b[i - 1] == 0 || b[i] % b[i - 1] != 0) return std::nullopt;
   }
-  // Atom index range [lo, hi) of each dim (atoms numbered from the innermost, 0).
-  auto ranges = [&](const Shape& s) {
-    std::vector<std::pair<size_t, size_t>> r(s.size());
-    int64_t p = 1;
-    for (size_t d = s.size(); d-- > 0;) {
-      const size_t lo = static_cast<size_t>(std::find(b.begin(), b.end(), p) - b.begin());
-      p *= s[d];
-      const size_t hi = static_cast<size_t>(std::find(b.begin(), b.end(), p) - b.begin());
-      r[d] = {lo, hi};
-    }
-    return r;
-  };
-  const auto in_r = ranges(in_shape), out_r = ranges(out_shape);
-  // Memory order of the atoms, outermost first.
-  std::vector<size_t> seq;
-  for (int d : in_perm) {
-    for (size_t a = in_r[static_cast<size_t>(d)].second;
-         a-- > in_r[static_cast<size_t>(d)].first;) {
-      seq.push_back(a);
+  // Atom a (numbered from the innermost, 0) has size b[a+1] / b[a]; its stride comes from the
+  // input dim that holds it.
+  std::vector<int64_t> atom_stride(b.size(), 0);
+  int64_t p = 1;
+  for (size_t d = in_shape.size(); d-- > 0;) {
+    const size_t lo = static_cast<size_t>(std::find(b.begin(), b.end(), p) - b.begin());
+    p *= in_shape[d];
+    const size_t hi = static_cast<size_t>(std::find(b.begin(), b.end(), p) - b.begin());
+    int64_t st = in_strides[d];
+    for (size_t a = lo; a < hi; ++a) {
+      atom_stride[a] = st;
+      st *= b[a + 1] / b[a];
     }
   }
-  std::vector<size_t> pos(b.size(), 0);
-  for (size_t i = 0; i < seq.size(); ++i) pos[seq[i]] = i;
-  std::vector<std::pair<size_t, int>> order;  // (memory position of the outermost atom, dim)
-  std::vector<int> ones;
-  for (size_t e = 0; e < out_shape.size(); ++e) {
-    const auto [lo, hi] = out_r[e];
-    if (lo == hi) {
-      ones.push_back(static_cast<int>(e));
-      continue;
+  std::vector<int64_t> out(out_shape.size(), 0);
+  p = 1;
+  for (size_t e = out_shape.size(); e-- > 0;) {
+    const size_t lo = static_cast<size_t>(std::find(b.begin(), b.end(), p) - b.begin());
+    p *= out_shape[e];
+    const size_t hi = static_cast<size_t>(std::find(b.begin(), b.end(), p) - b.begin());
+    if (lo == hi) continue;  // a dim of 1
+    for (size_t a = lo + 1; a < hi; ++a) {
+      if (atom_stride[a] != atom_stride[a - 1] * (b[a] / b[a - 1])) return std::nullopt;
     }
-    for (size_t a = hi - 1; a > lo; --a) {
-      if (pos[a - 1] != pos[a] + 1) return std::nullopt;  // not consecutive, in order
-    }
-    order.emplace_back(pos[hi - 1], static_cast<int>(e));
+    out[e] = atom_stride[lo];
   }
-  std::sort(order.begin(), order.end());
-  std::vector<int> perm = ones;
-  for (const auto& [p, e] : order) perm.push_back(e);
-  return perm;
+  return out;
 }
 
 bool Rank4Float(const Buffer& b) {
@@ -142,6 +113,8 @@ bool WritesAnyLayout(const Kernel& k) {
       return true;
     case Kernel::Kind::kNorm:
       return k.groups > 0;
+    case Kernel::Kind::kAttention:
+      return true;
     default:
       return false;
   }
@@ -164,8 +137,10 @@ class Planner {
 
   Status Run() {
     TransposesToViews();
+    SplitsToViews();
     ConvOutputsToTemps();
     PlanNhwc();
+    PlanAttentionOutputs();
     KILN_RETURN_IF_ERROR(DeriveViews());
     ConvertOperands();
     for (Kernel& k : p_.kernels) {
@@ -203,9 +178,64 @@ class Planner {
     p_.kernels = std::move(kept);
   }
 
-  // A convolution that writes a graph output (always row-major) from a tensor that may be
-  // planned NHWC writes a temp instead, copied out after it: converting the output is cheaper
-  // than converting the input (the last convolution of a network narrows to few channels).
+  // A Split along an axis is views of its input (offsets along that axis); readers that need
+  // dense rows get them copied, the attention kernel reads the pieces as they lie.
+  void SplitsToViews() {
+    std::vector<Kernel> kept;
+    for (Kernel& k : p_.kernels) {
+      std::vector<int64_t> sizes;
+      int64_t axis = 0;
+      if (!SplitSizes(k, &sizes, &axis)) {
+        kept.push_back(std::move(k));
+        continue;
+      }
+      int64_t at = 0;
+      for (size_t i = 0; i < k.outputs.size(); ++i) {
+        Buf(k.outputs[i]).alias_of = k.inputs[0];
+        sliced_[k.outputs[i]] = {axis, at};
+        at += sizes[i];
+      }
+    }
+    p_.kernels = std::move(kept);
+  }
+
+  // The piece sizes and axis of a Split kernel whose pieces may become views; false otherwise.
+  bool SplitSizes(const Kernel& k, std::vector<int64_t>* sizes, int64_t* axis) {
+    if (k.kind != Kernel::Kind::kReference || k.node.op_type != "Split" || !k.node.domain.empty() ||
+        k.inputs.empty() || k.inputs[0] < 0 || k.outputs.empty()) {
+      return false;
+    }
+    const Buffer& x = Buf(k.inputs[0]);
+    const int64_t rank = static_cast<int64_t>(x.type.shape.size());
+    *axis = k.node.GetInt("axis", 0);
+    if (*axis < 0) *axis += rank;
+    if (*axis < 0 || *axis >= rank) return false;
+    int64_t total = 0;
+    for (int o : k.outputs) {
+      const Buffer& b = Buf(o);
+      // Every piece must be a plain intermediate: not the caller's output, same dtype and rank.
+      if (b.output_slot >= 0 || b.type.dtype != x.type.dtype ||
+          b.type.shape.size() != x.type.shape.size()) {
+        return false;
+      }
+      for (int64_t d = 0; d < rank; ++d) {
+        if (d != *axis &&
+            b.type.shape[static_cast<size_t>(d)] != x.type.shape[static_cast<size_t>(d)]) {
+          return false;
+        }
+      }
+      sizes->push_back(b.type.shape[static_cast<size_t>(*axis)]);
+      total += sizes->back();
+    }
+    // The output types come from the op's own shape function, so pieces that tile the axis in
+    // order are exactly what the reference kernel would copy out.
+    return total == x.type.shape[static_cast<size_t>(*axis)];
+  }
+
+  // A convolution that writes a graph output (always row-major) writes a temp instead, copied
+  // out right after it, and later kernels read the temp: converting the output is cheaper than
+  // converting the input (the last convolution of a network narrows to few channels), and the
+  // network goes on in the temp's layout.
   void ConvOutputsToTemps() {
     for (size_t k = 0; k < p_.kernels.size(); ++k) {
       if (p_.kernels[k].kind != Kernel::Kind::kConv) continue;
@@ -216,6 +246,15 @@ class Planner {
       t.type = Buf(out).type;
       const int tid = p_.AddBuffer(std::move(t));
       p_.kernels[k].outputs[0] = tid;
+      // Later readers and views read the temp in whatever layout it gets.
+      for (size_t r = k + 1; r < p_.kernels.size(); ++r) {
+        for (int& in : p_.kernels[r].inputs) {
+          if (in == out) in = tid;
+        }
+      }
+      for (Buffer& b : p_.buffers) {
+        if (b.alias_of == out) b.alias_of = tid;
+      }
       Kernel copy = CopyKernel(tid, out, "ToRowMajor");
       p_.kernels.insert(p_.kernels.begin() + static_cast<std::ptrdiff_t>(k + 1), std::move(copy));
       ++k;
@@ -299,6 +338,30 @@ class Planner {
     for (int id : want) Buf(id).perm = kNhwc;
   }
 
+  // An attention output read only through one transposed view (heads back beside each other,
+  // [B, H, S, D] -> [B, S, H, D], then reshaped to [B, S, H*D]) is written in the view's order,
+  // so the view is row-major and nothing is copied.
+  void PlanAttentionOutputs() {
+    std::map<int, int> views, direct;
+    for (const Buffer& b : p_.buffers) {
+      if (b.alias_of >= 0) ++views[b.alias_of];
+    }
+    for (const Kernel& k : p_.kernels) {
+      for (int in : k.inputs) {
+        if (in >= 0) ++direct[in];
+      }
+    }
+    for (const Kernel& k : p_.kernels) {
+      if (k.kind != Kernel::Kind::kAttention) continue;
+      const int o = k.outputs[0];
+      if (Buf(o).output_slot >= 0 || direct.count(o) || views[o] != 1) continue;
+      for (const auto& [view, t] : transposed_) {
+        if (Buf(view).alias_of != o) continue;
+        Buf(o).perm.assign(t.begin(), t.end());
+      }
+    }
+  }
+
   // 3. Every view's perm, from its parent's (buffers are numbered parents first, and a copy a
   // view is redirected to is numbered after it, which the loop reaches before the view's own
   // views).
@@ -315,25 +378,28 @@ class Planner {
     for (size_t i = 0; i < n; ++i) {
       Buffer& v = p_.buffers[i];
       if (v.alias_of < 0) continue;
-      if (!read.count(v.id)) {
-        v.perm.clear();
-        continue;
-      }
       const Buffer& parent = Buf(v.alias_of);
+      const std::vector<int64_t> ps = LogicalStrides(parent);
       auto t = transposed_.find(v.id);
+      auto sl = sliced_.find(v.id);
+      v.perm.clear();
+      v.view_offset = 0;
       if (t != transposed_.end()) {
-        v.perm = TransposedPerm(PermOf(parent), t->second);
-      } else if (IsPlain(parent)) {
-        v.perm.clear();
-      } else if (auto perm = ReshapedPerm(parent.type.shape, PermOf(parent), v.type.shape)) {
-        v.perm = *perm;
+        v.strides.clear();
+        for (int64_t d : t->second) v.strides.push_back(ps[static_cast<size_t>(d)]);
+      } else if (sl != sliced_.end()) {
+        v.strides = ps;
+        v.view_offset = sl->second.second * ps[static_cast<size_t>(sl->second.first)];
+      } else if (auto st = ReshapedStrides(parent.type.shape, ps, v.type.shape)) {
+        v.strides = *st;
+      } else if (!read.count(v.id)) {
+        v.strides = ContiguousStrides(v.type.shape);  // left behind by a rewrite: never read
       } else {
         // Not expressible over the parent's layout: view a row-major copy of it.
         const int copy = Converted(v.alias_of, {});
         p_.buffers[i].alias_of = copy;
-        p_.buffers[i].perm.clear();
+        p_.buffers[i].strides = ContiguousStrides(p_.buffers[i].type.shape);
       }
-      if (IsRowMajor(p_.buffers[i].type.shape, p_.buffers[i].perm)) p_.buffers[i].perm.clear();
     }
     return Status::OK();
   }
@@ -377,6 +443,18 @@ class Planner {
       case Kernel::Kind::kConcat:
       case Kernel::Kind::kResize:
         return IsNhwc(out) ? kNhwc : std::vector<int>{};
+      case Kernel::Kind::kAttention: {
+        // Q, K' and V are read as matrices by the host's sgemm: one of their two matrix dims
+        // must be contiguous.
+        const Buffer& b = Buf(k.inputs[j]);
+        const auto st = LogicalStrides(b);
+        const size_t r = st.size();
+        const Shape& sh = b.type.shape;
+        if (r >= 2 && (st[r - 1] == 1 || st[r - 2] == 1 || sh[r - 1] == 1 || sh[r - 2] == 1)) {
+          return std::nullopt;
+        }
+        return std::vector<int>{};
+      }
       default:
         return std::vector<int>{};
     }
@@ -410,7 +488,8 @@ class Planner {
   }
 
   Program& p_;
-  std::map<int, std::vector<int64_t>> transposed_;  // view id -> Transpose perm
+  std::map<int, std::vector<int64_t>> transposed_;     // view id -> Transpose perm
+  std::map<int, std::pair<int64_t, int64_t>> sliced_;  // view id -> (axis, start) in its parent
   std::map<std::pair<int, std::vector<int>>, int> copies_;
   size_t inserted_ = 0;
 };

@@ -59,6 +59,12 @@ Status FuseLibraryEpilogues(Program& program);
 // tile is in registers. Requires FuseLibraryEpilogues.
 Status FoldGemmBias(Program& program);
 
+// Fuses MatMul(Q, K') -> elementwise score epilogue (scale, mask) -> Softmax(last axis) ->
+// MatMul(., V) into one attention kernel that runs query blocks against key blocks with an
+// online softmax: the scores and probabilities are never stored. Requires FuseLibraryEpilogues
+// (the scale and mask are the first MatMul's epilogue).
+Status FuseAttention(Program& program);
+
 // Chooses each convolution's layout inside the kernel library: plain NCHW for a dense 1x1
 // convolution (it is a GEMM on NCHW, ~1.6x faster measured), the library's blocked layout for
 // everything else (depthwise ~6x, dense 3x3 1.1-1.3x faster despite the reorders). Disabled, the

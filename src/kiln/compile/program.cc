@@ -19,6 +19,7 @@ bool IsRowMajor(const Shape& shape, const std::vector<int>& perm) {
 
 std::vector<int64_t> LogicalStrides(const Buffer& b) {
   const Shape& s = b.type.shape;
+  if (!b.strides.empty()) return b.strides;
   if (b.perm.empty()) return ContiguousStrides(s);
   std::vector<int64_t> strides(s.size(), 0);
   int64_t st = 1;
@@ -27,6 +28,14 @@ std::vector<int64_t> LogicalStrides(const Buffer& b) {
     st *= s[static_cast<size_t>(b.perm[j])];
   }
   return strides;
+}
+
+bool HasRowMajorStrides(const Buffer& b) {
+  const auto st = LogicalStrides(b), dense = ContiguousStrides(b.type.shape);
+  for (size_t d = 0; d < st.size(); ++d) {
+    if (b.type.shape[d] != 1 && st[d] != dense[d]) return false;
+  }
+  return true;
 }
 
 std::vector<int64_t> OperandStrides(const Buffer& b, const Shape& out) {
@@ -47,6 +56,15 @@ int Program::AddBuffer(Buffer b) {
 int Program::Root(int id) const {
   while (buffers[static_cast<size_t>(id)].alias_of >= 0) id = buffers[static_cast<size_t>(id)].alias_of;
   return id;
+}
+
+int64_t Program::RootOffset(int id) const {
+  int64_t off = 0;
+  for (; buffers[static_cast<size_t>(id)].alias_of >= 0;
+       id = buffers[static_cast<size_t>(id)].alias_of) {
+    off += buffers[static_cast<size_t>(id)].view_offset;
+  }
+  return off;
 }
 
 Status Program::Verify() const {
@@ -90,9 +108,20 @@ Status Program::Verify() const {
   for (const Buffer& b : buffers) {
     if (b.alias_of >= 0) {
       const Buffer& r = buffers[static_cast<size_t>(b.alias_of)];
-      if (r.type.dtype != b.type.dtype || NumElements(r.type.shape) != NumElements(b.type.shape)) {
-        return bad("alias '" + b.name + "' does not match '" + r.name + "'");
+      bool fits = r.type.dtype == b.type.dtype;
+      if (b.strides.empty() && b.view_offset == 0) {
+        fits = fits && NumElements(r.type.shape) == NumElements(b.type.shape);
+      } else if (NumElements(b.type.shape) > 0) {  // a strided view stays inside its root
+        const Buffer& root = buffers[static_cast<size_t>(Root(b.id))];
+        const int64_t first = RootOffset(b.id);
+        int64_t last = first;
+        for (size_t d = 0; d < b.type.shape.size() && d < b.strides.size(); ++d) {
+          last += (b.type.shape[d] - 1) * b.strides[d];
+        }
+        fits = fits && b.view_offset >= 0 && first >= 0 && last < NumElements(root.type.shape) &&
+               b.strides.size() == b.type.shape.size();
       }
+      if (!fits) return bad("alias '" + b.name + "' does not match '" + r.name + "'");
     }
     if (!b.perm.empty()) {
       std::vector<int> sorted = b.perm;
@@ -117,10 +146,21 @@ Status Program::Verify() const {
 std::string Program::Dump() const {
   std::ostringstream os;
   auto perm = [&](const Buffer& b) {
-    if (b.perm.empty()) return std::string();
-    std::string s = "{";
-    for (size_t i = 0; i < b.perm.size(); ++i) s += (i ? "," : "") + std::to_string(b.perm[i]);
-    return s + "}";
+    std::string s;
+    if (!b.perm.empty()) {
+      s = "{";
+      for (size_t i = 0; i < b.perm.size(); ++i) s += (i ? "," : "") + std::to_string(b.perm[i]);
+      s += "}";
+    }
+    if (!b.strides.empty() && !HasRowMajorStrides(b)) {
+      s += "<";
+      for (size_t i = 0; i < b.strides.size(); ++i) {
+        s += (i ? "," : "") + std::to_string(b.strides[i]);
+      }
+      s += ">";
+    }
+    if (b.view_offset != 0) s += "+" + std::to_string(b.view_offset);
+    return s;
   };
   auto name = [&](int id) {
     const Buffer& b = buffers[static_cast<size_t>(id)];

@@ -36,6 +36,11 @@ struct Buffer {
   // caller's outputs are always row-major; an alias's perm describes the same bytes in its own
   // logical shape.
   std::vector<int> perm;
+  // A view (alias_of >= 0) planned by plan-layout: the element stride of each logical dim and
+  // the element offset from the start of the buffer it views (a slice of it, a transposed or
+  // reshaped view of permuted bytes). Empty strides: the view's own perm decides.
+  std::vector<int64_t> strides;
+  int64_t view_offset = 0;
 
   int64_t bytes() const {
     return NumElements(type.shape) * static_cast<int64_t>(DTypeSize(type.dtype));
@@ -63,6 +68,8 @@ struct Kernel {
     kGather,     // Gather with a structural (compile-time) index: generated block copies
     kResize,     // nearest Resize by integer factors (floor(out / factor) per axis)
     kPool,       // 2-D max/average pooling and global pooling, generated loops (any layout)
+    kAttention,  // softmax(epilogue(Q K')) V in tiles with an online softmax (inputs Q, K', V,
+                 // then the epilogue's operands); the scores are never materialized
     kReference,  // the op registry's reference kernel through the runtime
   };
   Kind kind = Kind::kReference;
@@ -97,8 +104,11 @@ struct Kernel {
 
 // True for an empty or identity perm, or one that moves only dims of size 1 (same bytes).
 bool IsRowMajor(const Shape& shape, const std::vector<int>& perm);
-// Element stride of every logical dim of `b` (its perm applied).
+// Element stride of every logical dim of `b` (its view strides, else its perm applied).
 std::vector<int64_t> LogicalStrides(const Buffer& b);
+// Whether `b`'s elements lie row-major and dense (from its pointer), whatever its perm or
+// strides say.
+bool HasRowMajorStrides(const Buffer& b);
 // Strides of `b` read as an operand broadcast to `out` (right-aligned, size-1 dims stride 0).
 std::vector<int64_t> OperandStrides(const Buffer& b, const Shape& out);
 
@@ -115,6 +125,8 @@ struct Program {
   int AddBuffer(Buffer b);
   // Follows alias_of to the buffer that owns the bytes.
   int Root(int id) const;
+  // Element offset of buffer `id`'s first element from its root's (sum of view offsets).
+  int64_t RootOffset(int id) const;
   Status Verify() const;
   std::string Dump() const;  // text, one kernel per line; deterministic
 };
