@@ -2,8 +2,11 @@
 """The realistic benchmark set: torch modules of real sizes, exported to ONNX at bench time
 (never committed). Run with Debian's /usr/bin/python3 (torch 1.13, torchvision 0.14).
 
-    /usr/bin/python3 bench/models.py export DIR     # DIR/<name>/model.onnx + bench.json
-    /usr/bin/python3 bench/models.py list           # name and shape classes, one per line
+    /usr/bin/python3 bench/models.py export DIR [NAME ...]   # DIR/<name>/model.onnx + bench.json
+    /usr/bin/python3 bench/models.py list                    # name and shape classes, one a line
+
+An export that finds DIR/<name>/bench.json (written last) keeps that model: bench/run.sh keys DIR
+by a hash of this file and the torch version, so a run re-exports only when either changes.
 
 Models (random weights, fixed seeds, eval mode, opset 17):
 
@@ -171,18 +174,24 @@ def _mobilenetv3():
 
 
 # name -> (seed, constructor, [(input name, dtype), ...], output names, classes)
-# A class is {input: dims}; the first dim is the batch.
+# A class is {input: dims}; the first dim is the batch. "attention": the model has attention
+# (the report checks its activation memory); "compute_bound": classes whose time should be
+# GEMM/convolution throughput (the report compares their GFLOP/s with the SGEMM peak).
 SPECS = [
     {"name": "resnet50", "seed": 50, "make": _resnet50, "inputs": [("x", "float32")],
-     "outputs": ["logits"], "classes": [{"x": [1, 3, 224, 224]}, {"x": [8, 3, 224, 224]}]},
+     "outputs": ["logits"], "classes": [{"x": [1, 3, 224, 224]}, {"x": [8, 3, 224, 224]}],
+     "compute_bound": [{"x": [8, 3, 224, 224]}]},
     {"name": "mobilenetv3", "seed": 3, "make": _mobilenetv3, "inputs": [("x", "float32")],
      "outputs": ["logits"], "classes": [{"x": [1, 3, 224, 224]}]},
     {"name": "bert", "seed": 768, "make": BertEncoder, "inputs": [("input_ids", "int64")],
-     "outputs": ["hidden"], "classes": [{"input_ids": [1, 128]}, {"input_ids": [8, 128]}]},
+     "outputs": ["hidden"], "classes": [{"input_ids": [1, 128]}, {"input_ids": [8, 128]}],
+     "attention": True, "compute_bound": [{"input_ids": [8, 128]}]},
     {"name": "unet", "seed": 64, "make": UNetDenoiser,
      "inputs": [("latent", "float32"), ("timestep", "float32")], "outputs": ["noise"],
      "classes": [{"latent": [1, 4, 64, 64], "timestep": [1]},
-                 {"latent": [2, 4, 64, 64], "timestep": [2]}]},
+                 {"latent": [2, 4, 64, 64], "timestep": [2]}],
+     "attention": True, "compute_bound": [{"latent": [1, 4, 64, 64], "timestep": [1]},
+                                          {"latent": [2, 4, 64, 64], "timestep": [2]}]},
     {"name": "mlp", "seed": 512, "make": WideMlp, "inputs": [("x", "float32")],
      "outputs": ["y"], "classes": [{"x": [8, 512]}, {"x": [64, 512]}]},
 ]
@@ -274,6 +283,8 @@ def export(out_dir, names=None):
         if names and spec["name"] not in names:
             continue
         d = os.path.join(out_dir, spec["name"])
+        if os.path.exists(os.path.join(d, "bench.json")):  # written last: the export is whole
+            continue
         os.makedirs(d, exist_ok=True)
         path = os.path.join(d, "model.onnx")
         _, model = build(spec["name"])
@@ -288,10 +299,12 @@ def export(out_dir, names=None):
                               output_names=spec["outputs"], dynamic_axes=axes,
                               do_constant_folding=True)
         meta = {"name": spec["name"], "opset": OPSET, "source": "bench/models.py",
-                "torch": torch.__version__, "classes": []}
+                "torch": torch.__version__, "attention": spec.get("attention", False),
+                "inputs": [n for n, _ in spec["inputs"]], "classes": []}
         for cls in spec["classes"]:
             meta["classes"].append({"class": class_spec(cls),
-                                    "macs": count_macs(model, example_inputs(spec, cls))})
+                                    "macs": count_macs(model, example_inputs(spec, cls)),
+                                    "compute_bound": cls in spec.get("compute_bound", [])})
         with open(os.path.join(d, "bench.json"), "w") as f:
             json.dump(meta, f, indent=1, sort_keys=True)
         sys.stderr.write("models.py: %s: %s\n" % (spec["name"], ", ".join(

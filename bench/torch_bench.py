@@ -4,7 +4,8 @@
     /usr/bin/python3 bench/torch_bench.py --engine eager|jit_frozen [--threads T]
         [--warmup 5] [--runs 30] [--min-seconds 1] [--max-seconds 5] MODEL_DIR[@CLASS] ...
 
-The module is the one that produced the example: tools/make_examples.py's classes, built with
+The module is the one that produced the model: tools/make_examples.py's classes for an example,
+bench/models.py's for a generated benchmark model (its directory holds bench.json), built with
 the same seeds (so the same weights), eval mode. Engines:
 
   eager       model(*inputs) under torch.inference_mode()
@@ -135,6 +136,23 @@ def gen_input(name, dtype, dims):
 # ------------------------------------------------------------------------------------------------
 
 
+def load_bench_models():
+    path = os.path.join(HERE, "models.py")
+    spec = importlib.util.spec_from_file_location("kiln_bench_models", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def build_bench_module(name):
+    """A realistic-set model exactly as bench/models.py exported it (same seeds and weights)."""
+    models = load_bench_models()
+    spec, model = models.build(name)
+    order = [n for n, _ in spec["inputs"]]
+    dtypes = {n: (np.int64 if dt == "int64" else np.float32) for n, dt in spec["inputs"]}
+    return {"inputs": order, "dtypes": dtypes, "outputs": spec["outputs"]}, model
+
+
 def build_module(name):
     """The example's torch module exactly as tools/make_examples.py builds it."""
     specs = {s["name"]: s for s in ME.SPECS}
@@ -175,11 +193,12 @@ def bench_one(model_dir, class_spec, engine, opt):
     name = os.path.basename(os.path.abspath(model_dir))
     ref_in = read_dir(os.path.join(model_dir, "inputs"))
     ref_out = read_dir(os.path.join(model_dir, "outputs"))
-    spec, module = build_module(name)
+    generated = os.path.exists(os.path.join(model_dir, "bench.json"))  # bench/models.py
+    spec, module = build_bench_module(name) if generated else build_module(name)
     torch.set_num_threads(opt.threads)
 
-    # Input order: make_examples' input generator gives the graph's input order.
-    order = list(spec["inputs"](np.random.RandomState(0)).keys())
+    # Input order: the graph's (make_examples' input generator, or bench/models.py's spec).
+    order = spec["inputs"] if generated else list(spec["inputs"](np.random.RandomState(0)).keys())
     if class_spec:
         given = dict(parse_class(class_spec))
         missing = [n for n in order if n not in given]
@@ -194,7 +213,8 @@ def bench_one(model_dir, class_spec, engine, opt):
         if is_ref:
             arrays.append(ref_in[n])
         else:
-            dt = ref_in[n].dtype.type if n in ref_in else np.float32
+            dt = ref_in[n].dtype.type if n in ref_in else \
+                spec["dtypes"][n] if generated else np.float32
             arrays.append(gen_input(n, dt, dims))
     inputs = tuple(torch.from_numpy(np.ascontiguousarray(a)) for a in arrays)
 
@@ -223,8 +243,13 @@ def bench_one(model_dir, class_spec, engine, opt):
                 e = float(np.max(np.abs(g.astype(np.float64) - ref.astype(np.float64))))
                 max_abs_err = max(max_abs_err, e if e == e else float("inf"))
 
-        for _ in range(opt.warmup):
+        # Warm-up stops early on a slow model (Debian's torch runs Linear on the reference BLAS:
+        # seconds per BERT run), after at least one call.
+        w0 = time.perf_counter()
+        for i in range(opt.warmup):
             fn(*inputs)
+            if time.perf_counter() - w0 >= opt.max_seconds:
+                break
 
         times = []
         clock = time.perf_counter

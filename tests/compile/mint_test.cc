@@ -78,6 +78,26 @@ TEST(Mint, MicroDiffusionAndTransformerAreHealthy) {
   }
 }
 
+// The AVX-512 variant: a cell minted for x86-64-v4 (what KILN_SM_CEILING or a target's `sm`
+// asks for; built with -march=x86-64-v4, so its generated loops use 512-bit vectors) is keyed
+// apart from the fleet default and passes the same strict gate. Only on a machine that runs
+// x86-64-v4.
+TEST(Mint, X86V4VariantIsKeyedApartAndHealthy) {
+  if (DetectSmLevel() != "x86-64-v4") GTEST_SKIP() << "this CPU runs " << DetectSmLevel();
+  Target t = Load("micro-diffusion");
+  const Envelope env{{{{"latent", {1, 4, 64, 64}}, {"timestep", {1}}, {"cond", {1, 64}}}}};
+  MintRequest v4 = Request(t, env, "root/micro-diffusion");
+  v4.sm = "x86-64-v4";
+  auto m = MintCell(v4);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->gate.verdict, Verdict::kHealthy) << m->gate.Summary();
+  EXPECT_EQ(m->axes.sm, "x86-64-v4");
+  auto v3 = DeriveKeyAxes(*t.graph, env, "x86-64-v3");
+  ASSERT_TRUE(v3.ok());
+  EXPECT_NE(*KeyFromAxes(*v3), m->key);
+  EXPECT_NE(m->metadata.sm, DefaultSmTarget()) << "the fleet default stays x86-64-v3";
+}
+
 Envelope MlpEnvelope() { return Envelope{{{{"x", {1, 64}}}, {{"x", {4, 64}}}}}; }
 
 // Law 1: both checkpoints of an example give one key, and one cell serves both.

@@ -36,6 +36,7 @@ struct BenchArgs {
   std::string engine = "both";  // eager | compiled | both
   bool mint_only = false;       // put the class's cell into the local store and stop
   bool sgemm_peak = false;
+  std::string label;  // engine name of the compiled row (default kiln_compiled)
 };
 
 using Clock = std::chrono::steady_clock;
@@ -63,7 +64,15 @@ struct Timing {
 
 template <typename F>
 Result<Timing> Time(const BenchArgs& a, F&& once) {
-  for (int i = 0; i < a.warmup; ++i) KILN_RETURN_IF_ERROR(once());
+  // Warm-up stops early on a slow model, after at least one run.
+  const auto warm = std::chrono::steady_clock::now();
+  for (int i = 0; i < a.warmup; ++i) {
+    KILN_RETURN_IF_ERROR(once());
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - warm).count() >
+        a.max_seconds) {
+      break;
+    }
+  }
   std::vector<double> ms;
   const auto begin = std::chrono::steady_clock::now();
   while (static_cast<int>(ms.size()) < a.runs) {
@@ -195,8 +204,8 @@ Status DoBench(const BenchArgs& a) {
   KILN_ASSIGN_OR_RETURN(Timing tc, Time(a, run));
   std::string extra = ",\"cell\":\"" + cell.ref + "\",\"sm\":\"" + DefaultSmTarget() +
                       "\",\"store_hit\":" + (cell.store_hit ? "true" : "false");
-  PrintRow(a, "kiln_compiled", model, spec, tc, first_ms, setup_ms,
-           cell.cell->entries()[0].workspace_bytes / 1048576.0, rss_base, extra);
+  PrintRow(a, a.label.empty() ? "kiln_compiled" : a.label.c_str(), model, spec, tc, first_ms,
+           setup_ms, cell.cell->entries()[0].workspace_bytes / 1048576.0, rss_base, extra);
   return Status::OK();
 }
 
@@ -218,6 +227,7 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--engine", a->engine, "eager, compiled or both (one engine per process)");
   cmd->add_flag("--mint-only", a->mint_only,
                 "mint the class's cell into the local store, then stop");
+  cmd->add_option("--label", a->label, "engine name of the compiled row (e.g. kiln_compiled_v4)");
   cmd->add_flag("--sgemm-peak", a->sgemm_peak,
                 "time the kernel library's SGEMM (2048^3) at --threads instead of a model");
   cmd->callback([=] {

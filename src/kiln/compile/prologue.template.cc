@@ -134,61 +134,67 @@ static inline int32_t kiln_cast_int32_t(double v) {
 static inline uint8_t kiln_cast_uint8_t(double v) { return (uint8_t)(v != 0.0); }
 
 // Row reductions on GCC vector types, so they are SIMD at every -march level without
-// -ffast-math (a scalar accumulator is a serial chain the compiler may not reorder).
-typedef float kiln_f8 __attribute__((vector_size(32)));
-typedef int32_t kiln_i8 __attribute__((vector_size(32)));
-typedef double kiln_d4 __attribute__((vector_size(32)));
-static inline kiln_f8 kiln_load8(const float* p) {
-  kiln_f8 v;
+// -ffast-math (a scalar accumulator is a serial chain the compiler may not reorder). The vector
+// is as wide as the cell's sm: 16 floats (one zmm) when built for x86-64-v4, else 8.
+#if defined(__AVX512F__)
+#define KILN_VW 16
+#else
+#define KILN_VW 8
+#endif
+typedef float kiln_fv __attribute__((vector_size(KILN_VW * 4)));
+typedef int32_t kiln_iv __attribute__((vector_size(KILN_VW * 4)));
+typedef double kiln_dv __attribute__((vector_size(KILN_VW * 8)));
+static inline kiln_fv kiln_loadv(const float* p) {
+  kiln_fv v;
   memcpy(&v, p, sizeof(v));
   return v;
 }
-static inline void kiln_store8(float* p, kiln_f8 v) { memcpy(p, &v, sizeof(v)); }
-static inline kiln_f8 kiln_splat8(float x) { return (kiln_f8){x, x, x, x, x, x, x, x}; }
+static inline void kiln_storev(float* p, kiln_fv v) { memcpy(p, &v, sizeof(v)); }
+static inline kiln_fv kiln_splatv(float x) { return (kiln_fv){} + x; }
 // The vector twin of kiln_exp (same reduction and polynomial; round-to-nearest via 1.5*2^23).
-static inline kiln_f8 kiln_exp8(kiln_f8 x) {
-  const kiln_f8 flush = x < kiln_splat8(-87.3365447504f) ? kiln_splat8(0.0f) : kiln_splat8(1.0f);
-  x = x > kiln_splat8(88.3762626647949f) ? kiln_splat8(88.3762626647949f) : x;
-  x = x < kiln_splat8(-87.3365447504f) ? kiln_splat8(-87.3365447504f) : x;
-  const kiln_f8 magic = kiln_splat8(12582912.0f);
-  const kiln_f8 n = (x * 1.44269504088896341f + magic) - magic;
-  kiln_f8 r = x - n * 0.693359375f;
+static inline kiln_fv kiln_expv(kiln_fv x) {
+  const kiln_fv flush = x < kiln_splatv(-87.3365447504f) ? kiln_splatv(0.0f) : kiln_splatv(1.0f);
+  x = x > kiln_splatv(88.3762626647949f) ? kiln_splatv(88.3762626647949f) : x;
+  x = x < kiln_splatv(-87.3365447504f) ? kiln_splatv(-87.3365447504f) : x;
+  const kiln_fv magic = kiln_splatv(12582912.0f);
+  const kiln_fv n = (x * 1.44269504088896341f + magic) - magic;
+  kiln_fv r = x - n * 0.693359375f;
   r = r - n * -2.12194440e-4f;
-  kiln_f8 p = kiln_splat8(1.9875691500e-4f);
+  kiln_fv p = kiln_splatv(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
-  const kiln_i8 e = (__builtin_convertvector(n, kiln_i8) + 127) << 23;
-  kiln_f8 scale;
+  const kiln_iv e = (__builtin_convertvector(n, kiln_iv) + 127) << 23;
+  kiln_fv scale;
   memcpy(&scale, &e, sizeof(scale));
   return p * scale * flush;
 }
 static inline float kiln_row_max(const float* x, int64_t n) {
-  kiln_f8 m = kiln_splat8(-INFINITY);
+  kiln_fv m = kiln_splatv(-INFINITY);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const kiln_f8 v = kiln_load8(x + i);
+  for (; i + KILN_VW <= n; i += KILN_VW) {
+    const kiln_fv v = kiln_loadv(x + i);
     m = v > m ? v : m;
   }
   float r = -INFINITY;
-  for (int j = 0; j < 8; ++j) r = m[j] > r ? m[j] : r;
+  for (int j = 0; j < KILN_VW; ++j) r = m[j] > r ? m[j] : r;
   for (; i < n; ++i) r = x[i] > r ? x[i] : r;
   return r;
 }
 // y[i] = exp(x[i] - m); returns the sum of y. x and y may be the same row.
 static inline float kiln_row_exp_sum(const float* x, float* y, int64_t n, float m) {
-  kiln_f8 acc = kiln_splat8(0.0f);
+  kiln_fv acc = kiln_splatv(0.0f);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const kiln_f8 e = kiln_exp8(kiln_load8(x + i) - m);
-    kiln_store8(y + i, e);
+  for (; i + KILN_VW <= n; i += KILN_VW) {
+    const kiln_fv e = kiln_expv(kiln_loadv(x + i) - m);
+    kiln_storev(y + i, e);
     acc += e;
   }
   float s = 0.0f;
-  for (int j = 0; j < 8; ++j) s += acc[j];
+  for (int j = 0; j < KILN_VW; ++j) s += acc[j];
   for (; i < n; ++i) {
     const float e = kiln_exp(x[i] - m);
     y[i] = e;
@@ -198,28 +204,21 @@ static inline float kiln_row_exp_sum(const float* x, float* y, int64_t n, float 
 }
 // Mean and variance of a row, accumulated in double.
 static inline void kiln_row_moments(const float* x, int64_t n, double* mean, double* var) {
-  kiln_d4 a = {0, 0, 0, 0}, b = {0, 0, 0, 0};
+  kiln_dv a = {};
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const kiln_f8 v = kiln_load8(x + i);
-    a += (kiln_d4){v[0], v[1], v[2], v[3]};
-    b += (kiln_d4){v[4], v[5], v[6], v[7]};
-  }
-  double s = a[0] + a[1] + a[2] + a[3] + b[0] + b[1] + b[2] + b[3];
+  for (; i + KILN_VW <= n; i += KILN_VW) a += __builtin_convertvector(kiln_loadv(x + i), kiln_dv);
+  double s = 0;
+  for (int j = 0; j < KILN_VW; ++j) s += a[j];
   for (; i < n; ++i) s += x[i];
   const double mu = s / (double)n;
-  const kiln_d4 muv = {mu, mu, mu, mu};
-  a = (kiln_d4){0, 0, 0, 0};
-  b = a;
+  a = (kiln_dv){};
   i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const kiln_f8 v = kiln_load8(x + i);
-    const kiln_d4 d0 = (kiln_d4){v[0], v[1], v[2], v[3]} - muv;
-    const kiln_d4 d1 = (kiln_d4){v[4], v[5], v[6], v[7]} - muv;
-    a += d0 * d0;
-    b += d1 * d1;
+  for (; i + KILN_VW <= n; i += KILN_VW) {
+    const kiln_dv d = __builtin_convertvector(kiln_loadv(x + i), kiln_dv) - mu;
+    a += d * d;
   }
-  double q = a[0] + a[1] + a[2] + a[3] + b[0] + b[1] + b[2] + b[3];
+  double q = 0;
+  for (int j = 0; j < KILN_VW; ++j) q += a[j];
   for (; i < n; ++i) {
     const double d = x[i] - mu;
     q += d * d;
