@@ -679,6 +679,7 @@ class EntryEmitter {
     }
     os_ << "extern \"C\" KILN_HIDDEN int " << e << "_init(kiln_cell_entry* E) {\n";
     EmitMatmulInit();
+    KILN_RETURN_IF_ERROR(EmitAttentionInit());
     if (convs.empty()) {
       os_ << "  (void)E;\n  return KILN_CELL_OK;\n}\n\n";
       return Status::OK();
@@ -1080,6 +1081,56 @@ class EntryEmitter {
     return Status::Internal("attention operand " + what + " has no unit stride");
   }
 
+  // An attention kernel's tiles: BQ queries by BK keys, and how the host's sgemm takes Q, K'
+  // and V. Tiles live on each thread's stack: at most ~256 KiB.
+  struct AttentionTiles {
+    int64_t bq = 0, bk = 0, d = 0, dv = 0;
+    MatrixArg q, k, v;
+  };
+  Result<AttentionTiles> PlanAttention(const Kernel& k) const {
+    const Buffer& qb = Buf(k.inputs[0]);
+    const Buffer& kb = Buf(k.inputs[1]);
+    const Buffer& vb = Buf(k.inputs[2]);
+    const size_t r = qb.type.shape.size();
+    const int64_t Sq = qb.type.shape[r - 2], D = qb.type.shape[r - 1];
+    const int64_t Sk = kb.type.shape[r - 1], Dv = vb.type.shape[r - 1];
+    const auto qs = LogicalStrides(qb), ks = LogicalStrides(kb), vs = LogicalStrides(vb);
+    AttentionTiles t;
+    KILN_ASSIGN_OR_RETURN(t.q, AsMatrix(Sq, D, qs[r - 2], qs[r - 1], "Q"));
+    KILN_ASSIGN_OR_RETURN(t.k, AsMatrix(D, Sk, ks[r - 2], ks[r - 1], "K'"));
+    KILN_ASSIGN_OR_RETURN(t.v, AsMatrix(Sk, Dv, vs[r - 2], vs[r - 1], "V"));
+    t.bk = std::min<int64_t>(Sk, 256);
+    t.bq = std::min<int64_t>(Sq, 64);
+    while (t.bq > 8 && t.bq * (t.bk + Dv) * 4 > (int64_t{1} << 18)) t.bq /= 2;
+    t.d = D;
+    t.dv = Dv;
+    return t;
+  }
+
+  // At bind, one product of each tile shape on zeroed scratch: the host's sgemm generates its
+  // kernels on first use, which would otherwise fall on the first request.
+  Status EmitAttentionInit() {
+    for (const Kernel& k : p_.kernels) {
+      if (k.kind != Kernel::Kind::kAttention) continue;
+      KILN_ASSIGN_OR_RETURN(const AttentionTiles t, PlanAttention(k));
+      const int64_t a = t.bq * t.d, b = t.d * t.bk, c = t.bq * t.bk, v = t.bk * t.dv;
+      const int64_t o = t.bq * t.dv;
+      os_ << "  {  // warm the host's sgemm for this attention's tiles\n"
+          << "    float* s = (float*)calloc(" << a + b + c + v + o << ", sizeof(float));\n"
+          << "    if (!s) return KILN_CELL_RESOURCE_EXHAUSTED;\n"
+          << "    int rc = E->host->sgemm(" << t.q.trans << ", " << t.k.trans << ", " << Lit(t.bq)
+          << ", " << Lit(t.bk) << ", " << Lit(t.d) << ", 1.0f, s, " << Lit(t.q.trans ? t.bq : t.d)
+          << ", s + " << a << ", " << Lit(t.k.trans ? t.d : t.bk) << ", 0.0f, s + " << a + b << ", "
+          << Lit(t.bk) << ", 1);\n"
+          << "    if (!rc) rc = E->host->sgemm(0, " << t.v.trans << ", " << Lit(t.bq) << ", "
+          << Lit(t.dv) << ", " << Lit(t.bk) << ", 1.0f, s + " << a + b << ", " << Lit(t.bk)
+          << ", s + " << a + b + c << ", " << Lit(t.v.trans ? t.bk : t.dv) << ", 1.0f, s + "
+          << a + b + c + v << ", " << Lit(t.dv) << ", 1);\n"
+          << "    free(s);\n    KILN_TRY(rc);\n  }\n";
+    }
+    return Status::OK();
+  }
+
   // softmax(epilogue(Q K')) V: per (batch, block of BQ queries), key blocks of BK: the tile of
   // scores (Q block x K' block, the host's sgemm), the epilogue on it, the online softmax update
   // (running max and sum per row, earlier output rescaled), and the tile's probabilities times
@@ -1101,13 +1152,9 @@ class EntryEmitter {
     scores.push_back(Sk);
     const auto qs = LogicalStrides(qb), ks = LogicalStrides(kb), vs = LogicalStrides(vb);
     const auto os = LogicalStrides(ob);
-    KILN_ASSIGN_OR_RETURN(MatrixArg qa, AsMatrix(Sq, D, qs[r - 2], qs[r - 1], "Q"));
-    KILN_ASSIGN_OR_RETURN(MatrixArg ka, AsMatrix(D, Sk, ks[r - 2], ks[r - 1], "K'"));
-    KILN_ASSIGN_OR_RETURN(MatrixArg va, AsMatrix(Sk, Dv, vs[r - 2], vs[r - 1], "V"));
-    // Tiles live on each thread's stack: at most ~256 KiB.
-    const int64_t BK = std::min<int64_t>(Sk, 256);
-    int64_t BQ = std::min<int64_t>(Sq, 64);
-    while (BQ > 8 && BQ * (BK + Dv) * 4 > (int64_t{1} << 18)) BQ /= 2;
+    KILN_ASSIGN_OR_RETURN(const AttentionTiles tiles, PlanAttention(k));
+    const MatrixArg qa = tiles.q, ka = tiles.k, va = tiles.v;
+    const int64_t BQ = tiles.bq, BK = tiles.bk;
     const int64_t NQB = (Sq + BQ - 1) / BQ;
     // Per batch index: offsets of Q, K', V, O, then of every epilogue operand.
     std::vector<std::vector<int64_t>> ops_strides;
