@@ -1013,8 +1013,8 @@ struct NetBuilder {
 
 // A convolutional network in the shape of a UNet/ResNet: a stem on the (row-major) input,
 // convolutions with residuals, GroupNorm + SiLU, pools, a per-channel broadcast add, nearest
-// upsampling, a channel concat, a head; one intermediate and the last convolution are graph
-// outputs (row-major by contract).
+// upsampling, a channel concat, a Winograd-sized convolution, a head; one intermediate and the
+// last convolution are graph outputs (row-major by contract).
 Built BuildConvNetwork() {
   NetBuilder n;
   n.Input("x", {2, 3, 16, 16});
@@ -1025,9 +1025,9 @@ Built BuildConvNetwork() {
   n.Weight("b1", {32});
   n.Weight("w2", {32, 32, 1, 1});
   n.Weight("b2", {32});
-  n.Weight("w3", {16, 64, 3, 3});
-  n.Weight("b3", {16});
-  n.Weight("wf", {10, 16});
+  n.Weight("w3", {64, 64, 3, 3});  // Winograd-sized: 64 channels in and out, 2x16x16 pixels
+  n.Weight("b3", {64});
+  n.Weight("wf", {10, 64});
   n.Weight("bf", {10});
   n.Conv("x", "w0", "b0", "c0", 1);
   n.b.Node("Relu", {"c0"}, {"r0"}, "r0");
@@ -1114,12 +1114,14 @@ Program CompiledProgram(const Built& b) {
 TEST(Differential, ConvNetworkRunsChannelsLastAndMatchesEager) {
   const Built b = BuildConvNetwork();
   const Program p = CompiledProgram(b);
-  int convs = 0, nhwc = 0, group_norms = 0, pools = 0, copies = 0;
+  int convs = 0, nhwc = 0, winograd = 0, group_norms = 0, pools = 0, copies = 0;
   for (const Kernel& k : p.kernels) {
     EXPECT_NE(k.kind, Kernel::Kind::kReference) << k.label;
     if (k.kind == Kernel::Kind::kConv) {
       ++convs;
-      nhwc += k.conv_layout == KILN_CONV_LAYOUT_NHWC;
+      nhwc +=
+          k.conv_layout == KILN_CONV_LAYOUT_NHWC || k.conv_layout == KILN_CONV_LAYOUT_NHWC_WINOGRAD;
+      winograd += k.conv_layout == KILN_CONV_LAYOUT_NHWC_WINOGRAD;
     }
     group_norms += k.kind == Kernel::Kind::kNorm && k.groups == 8;
     pools += k.kind == Kernel::Kind::kPool;
@@ -1127,6 +1129,7 @@ TEST(Differential, ConvNetworkRunsChannelsLastAndMatchesEager) {
   }
   EXPECT_EQ(convs, 4);
   EXPECT_EQ(nhwc, 4) << p.Dump();
+  EXPECT_EQ(winograd, 1) << p.Dump();  // c3; the others have too few channels
   EXPECT_EQ(group_norms, 1) << p.Dump();
   EXPECT_EQ(pools, 3);
   // The input into NHWC, c2 and c3 out to the caller's row-major outputs: nothing else.

@@ -39,7 +39,8 @@ struct Conv2dParams {
   int64_t dil_h = 1, dil_w = 1;  // ONNX convention: 1 = dense kernel
   int64_t group = 1;             // divides C and K
   // kiln_conv_layout: 0 auto (PreferBlockedLayout), 1 blocked, 2 plain NCHW, 3 NHWC: x, y
-  // (and a summed residual) are channels-last in the caller's memory.
+  // (and a summed residual) are channels-last in the caller's memory, 4 as 3 with the library's
+  // Winograd kernel where it has one for the geometry.
   int layout = 0;
 
   // Output extents: (H + pad_t + pad_b - ((R - 1) * dil_h + 1)) / stride_h + 1, likewise W.

@@ -51,7 +51,8 @@ enum kiln_conv_layout {
   KILN_CONV_LAYOUT_AUTO = 0,
   KILN_CONV_LAYOUT_BLOCKED = 1, /* the library's blocked layout, reordered in and out */
   KILN_CONV_LAYOUT_PLAIN = 2,   /* directly on NCHW (a 1x1 convolution is a GEMM) */
-  KILN_CONV_LAYOUT_NHWC = 3     /* x, y and a summed residual are NHWC in the caller's memory */
+  KILN_CONV_LAYOUT_NHWC = 3,    /* x, y and a summed residual are NHWC in the caller's memory */
+  KILN_CONV_LAYOUT_NHWC_WINOGRAD = 4 /* as NHWC; the library's Winograd kernel where it has one */
 };
 
 typedef struct kiln_conv2d_desc {
