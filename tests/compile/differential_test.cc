@@ -1102,6 +1102,37 @@ Built BuildAttentionNetwork() {
   return n.Finish("attention");
 }
 
+// Linear layers followed by the erf GELU as exporters write it, with its constants as weights:
+// x / sqrt(2) in one, x * (1 / sqrt(2)) in the other.
+Built BuildGeluMlp() {
+  NetBuilder n;
+  n.Input("x", {8, 64});
+  n.Weight("w1", {64, 96});
+  n.Weight("b1", {96});
+  n.Weight("w2", {96, 32});
+  n.Weight("b2", {32});
+  n.b.FloatInit("sqrt2", {}, {1.41421356f});
+  n.b.FloatInit("rsqrt2", {}, {0.707106781f});
+  n.b.FloatInit("one", {}, {1.0f});
+  n.b.FloatInit("half", {}, {0.5f});
+  n.b.Node("MatMul", {"x", "w1"}, {"m1"}, "m1");
+  n.b.Node("Add", {"m1", "b1"}, {"h1"}, "h1");
+  n.b.Node("Div", {"h1", "sqrt2"}, {"d1"}, "d1");
+  n.b.Node("Erf", {"d1"}, {"e1"}, "e1");
+  n.b.Node("Add", {"e1", "one"}, {"a1"}, "a1");
+  n.b.Node("Mul", {"h1", "a1"}, {"p1"}, "p1");
+  n.b.Node("Mul", {"p1", "half"}, {"g1"}, "g1");
+  n.b.Node("MatMul", {"g1", "w2"}, {"m2"}, "m2");
+  n.b.Node("Add", {"m2", "b2"}, {"h2"}, "h2");
+  n.b.Node("Mul", {"h2", "rsqrt2"}, {"d2"}, "d2");
+  n.b.Node("Erf", {"d2"}, {"e2"}, "e2");
+  n.b.Node("Add", {"one", "e2"}, {"a2"}, "a2");
+  n.b.Node("Mul", {"half", "h2"}, {"p2"}, "p2");
+  n.b.Node("Mul", {"a2", "p2"}, {"y"}, "y");
+  n.outs.push_back("y");
+  return n.Finish("gelu");
+}
+
 // The kernels the compiler made for entry 0 of `b`.
 Program CompiledProgram(const Built& b) {
   ShapeClass cls;
@@ -1109,6 +1140,20 @@ Program CompiledProgram(const Built& b) {
   auto p = CompileEntry(*b.graph, cls, 0, CompileOptions{}, nullptr);
   EXPECT_TRUE(p.ok()) << p.status().ToString();
   return p.ok() ? std::move(p).value() : Program{};
+}
+
+TEST(Differential, GeluEpiloguesAreMarkedAndFollowTheBoundConstants) {
+  const Built b = BuildGeluMlp();
+  const Program p = CompiledProgram(b);
+  int marked = 0;
+  for (const Kernel& k : p.kernels) marked += !k.gelu.empty();
+  EXPECT_EQ(marked, 2) << p.Dump();
+  // With the exporters' constants the library applies GELU; rebound to other values (a
+  // checkpoint may hold anything: law 1) the cell must follow eager with those.
+  WeightMap other = b.weights;
+  other["sqrt2"] = Tensor::FromVector<float>({}, {1.25f});
+  other["half"] = Tensor::FromVector<float>({}, {0.75f});
+  RunBuilt(b, 17, 1, "gelu", &other);
 }
 
 TEST(Differential, ConvNetworkRunsChannelsLastAndMatchesEager) {

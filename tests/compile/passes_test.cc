@@ -152,8 +152,8 @@ TEST(Pipeline, NamesTimesSkipsAndDumps) {
   for (const PassTiming& t : timings) ran.push_back(t.pass);
   EXPECT_EQ(ran, (std::vector<std::string>{
                      "specialize", "fold-structural", "dead-code", "lower", "fuse-conv-epilogue",
-                     "fuse-group-norm", "fuse-library-epilogue", "fold-gemm-bias", "fuse-attention",
-                     "choose-conv-layout", "plan-layout", "plan-memory"}));
+                     "fuse-group-norm", "fuse-library-epilogue", "fold-gemm-bias", "fold-gemm-gelu",
+                     "fuse-attention", "choose-conv-layout", "plan-layout", "plan-memory"}));
   EXPECT_NE(dump.str().find("== entry0 after fold-structural"), std::string::npos);
   EXPECT_NE(dump.str().find("(unchanged)"), std::string::npos) << dump.str();
   options.disabled_passes = {"no-such-pass"};

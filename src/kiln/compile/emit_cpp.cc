@@ -146,6 +146,16 @@ class EntryEmitter {
         case Kernel::Kind::kFused: KILN_RETURN_IF_ERROR(EmitFused(kern)); break;
         case Kernel::Kind::kMatMul:
         case Kernel::Kind::kGemm:
+          if (mm_plans_[k].prepared && !mm_plans_[k].gelu.empty()) {
+            // The library applies GELU when the bound scalars allowed it at init.
+            os_ << "    if (E->mm_fused[" << mm_plans_[k].index << "]) {\n";
+            EmitPreparedMatmul(mm_plans_[k]);
+            os_ << "    } else {\n";
+            EmitPreparedMatmul(mm_plans_[k]);
+            KILN_RETURN_IF_ERROR(EmitEpilogue(kern));
+            os_ << "    }\n";
+            break;
+          }
           if (mm_plans_[k].prepared) {
             EmitPreparedMatmul(mm_plans_[k]);
           } else if (kern.kind == Kernel::Kind::kMatMul) {
@@ -432,6 +442,11 @@ class EntryEmitter {
     std::string w_init;   // the bound W as an init expression; "" = passed per run
     std::string threads;  // thread count at prepare
     int a = -1, w = -1, c = -1, bias = -1;  // buffer ids (bias -1: none)
+    // The erf GELU epilogue's scalars as init expressions (Kernel::gelu), when all are bound:
+    // at init the cell checks their values and, if they are sqrt(2) (or its inverse), 1 and 0.5,
+    // lets the library apply GELU (E->mm_fused) instead of running the epilogue.
+    std::vector<std::string> gelu;
+    bool gelu_div = true;
   };
 
   Result<MatmulPlan> PlanMatmul(const Kernel& k, const std::string& e) const {
@@ -492,6 +507,11 @@ class EntryEmitter {
     plan.c = k.outputs[0];
     plan.bias = bias;
     plan.w_init = w_init;
+    if (k.gelu.size() == 3) {
+      for (int j : k.gelu) plan.gelu.push_back(BoundOperand(k.inputs[static_cast<size_t>(j)], e));
+      if (std::find(plan.gelu.begin(), plan.gelu.end(), "") != plan.gelu.end()) plan.gelu.clear();
+      plan.gelu_div = k.gelu_div;
+    }
     plan.threads = GemmThreads(M * batch, N, K);
     std::ostringstream d;
     d << "{" << M << ", " << N << ", " << K << ", " << batch << ", " << w_batch << ", "
@@ -708,10 +728,23 @@ class EntryEmitter {
     for (const MatmulPlan* m : mms) os_ << "\n      " << m->desc << ",";
     os_ << "};\n";
     os_ << "  E->mms = (void**)calloc(" << mms.size() << ", sizeof(void*));\n"
-        << "  if (!E->mms) return KILN_CELL_RESOURCE_EXHAUSTED;\n";
+        << "  E->mm_fused = (uint8_t*)calloc(" << mms.size() << ", 1);\n"
+        << "  if (!E->mms || !E->mm_fused) return KILN_CELL_RESOURCE_EXHAUSTED;\n";
     for (const MatmulPlan* m : mms) {
-      os_ << "  E->num_mms = " << m->index + 1 << ";\n"
-          << "  KILN_TRY(E->host->matmul_prepare(&md[" << m->index << "], "
+      os_ << "  E->num_mms = " << m->index + 1 << ";\n";
+      std::string desc = "&md[" + std::to_string(m->index) + "]";
+      if (!m->gelu.empty()) {
+        // The bound scalars decide (law 1): exactly sqrt(2) (or 1/sqrt(2) as a factor), 1, 0.5.
+        os_ << "  kiln_matmul_desc md" << m->index << " = md[" << m->index << "];\n"
+            << "  E->mm_fused[" << m->index << "] = *(const float*)" << m->gelu[0]
+            << " == " << (m->gelu_div ? "0x1.6a09e6p+0f" : "0x1.6a09e6p-1f")
+            << " && *(const float*)" << m->gelu[1] << " == 1.0f && *(const float*)" << m->gelu[2]
+            << " == 0.5f;\n"
+            << "  if (E->mm_fused[" << m->index << "]) md" << m->index
+            << ".post_op = KILN_POST_GELU_ERF;\n";
+        desc = "&md" + std::to_string(m->index);
+      }
+      os_ << "  KILN_TRY(E->host->matmul_prepare(" << desc << ", "
           << (m->w_init.empty() ? std::string("NULL") : "(const float*)" + m->w_init) << ", "
           << m->threads << ", &E->mms[" << m->index << "]));\n";
     }
@@ -1429,6 +1462,7 @@ KILN_EXPORT void kiln_cell_entry_release(kiln_cell_entry* e) {
     if (e->mms[i]) e->host->matmul_release(e->mms[i]);
   }
   free(e->mms);
+  free(e->mm_fused);
   free(e->convs);
   free(e->ops);
   free((void*)e->w);

@@ -2,6 +2,8 @@
 // computes besides the product itself. See passes.h for the contracts.
 #include <algorithm>
 #include <climits>
+#include <set>
+#include <vector>
 
 #include "src/kiln/compile/passes.h"
 
@@ -69,7 +71,90 @@ bool FoldBias(const Program& p, Kernel& k) {
   return true;
 }
 
+bool IsScalarInput(const Program& p, const Kernel& k, int operand) {
+  if (operand == INT32_MIN || operand > -2) return false;
+  const Buffer& b = p.buffers[static_cast<size_t>(k.inputs[static_cast<size_t>(-operand - 2)])];
+  return b.type.dtype == DType::kFloat32 && NumElements(b.type.shape) == 1;
+}
+
+// x * c3 * (c2 + erf(x / c1)) (or x * c1 inside the erf), in any order of the two products and
+// of the operands of the commutative ops; the whole epilogue and nothing else.
+void MarkGelu(const Program& p, Kernel& k) {
+  const std::vector<Expr>& e = k.epilogue;
+  if (e.size() != 5 || k.epilogue_out < 0 || e[static_cast<size_t>(k.epilogue_out)].op != "Mul") {
+    return;
+  }
+  int erf = -1;
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (e[i].op == "Erf") erf = static_cast<int>(i);
+  }
+  if (erf < 0 || e[static_cast<size_t>(erf)].operands.size() != 1) return;
+  const int di = e[static_cast<size_t>(erf)].operands[0];
+  if (di < 0) return;
+  const Expr& d = e[static_cast<size_t>(di)];
+  if ((d.op != "Div" && d.op != "Mul") || d.operands.size() != 2) return;
+  int c1;
+  if (d.operands[0] == -1 && IsScalarInput(p, k, d.operands[1])) {
+    c1 = d.operands[1];
+  } else if (d.op == "Mul" && d.operands[1] == -1 && IsScalarInput(p, k, d.operands[0])) {
+    c1 = d.operands[0];
+  } else {
+    return;
+  }
+  int add = -1, c2 = 0;
+  for (size_t i = 0; i < e.size(); ++i) {
+    if (e[i].op != "Add" || e[i].operands.size() != 2) continue;
+    const auto& o = e[i].operands;
+    if (o[0] == erf && IsScalarInput(p, k, o[1])) {
+      add = static_cast<int>(i), c2 = o[1];
+    } else if (o[1] == erf && IsScalarInput(p, k, o[0])) {
+      add = static_cast<int>(i), c2 = o[0];
+    }
+  }
+  if (add < 0) return;
+  // The two products: the output and the one it reads; their leaves must be {x, add, c3}.
+  const Expr& m2 = e[static_cast<size_t>(k.epilogue_out)];
+  std::vector<int> leaves;
+  int m1 = -1;
+  for (int o : m2.operands) {
+    if (o >= 0 && o != add && e[static_cast<size_t>(o)].op == "Mul") {
+      m1 = o;
+    } else {
+      leaves.push_back(o);
+    }
+  }
+  if (m1 < 0) return;
+  for (int o : e[static_cast<size_t>(m1)].operands) leaves.push_back(o);
+  if (leaves.size() != 3) return;
+  int c3 = 0, seen_x = 0, seen_add = 0;
+  for (int o : leaves) {
+    if (o == -1) {
+      ++seen_x;
+    } else if (o == add) {
+      ++seen_add;
+    } else if (IsScalarInput(p, k, o)) {
+      c3 = o;
+    }
+  }
+  if (seen_x != 1 || seen_add != 1 || c3 == 0) return;
+  // Every expr is one of the five: Div/Mul, Erf, Add, and the two products.
+  const std::set<int> used = {di, erf, add, m1, k.epilogue_out};
+  if (used.size() != 5) return;
+  k.gelu = {-c1 - 2, -c2 - 2, -c3 - 2};
+  k.gelu_div = d.op == "Div";
+  k.label += "+gelu?";
+}
+
 }  // namespace
+
+Status FoldGemmGelu(Program& program) {
+  for (Kernel& k : program.kernels) {
+    if ((k.kind == Kernel::Kind::kMatMul || k.kind == Kernel::Kind::kGemm) && k.gelu.empty()) {
+      MarkGelu(program, k);
+    }
+  }
+  return Status::OK();
+}
 
 Status FoldGemmBias(Program& program) {
   for (Kernel& k : program.kernels) {

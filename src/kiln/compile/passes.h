@@ -59,6 +59,12 @@ Status FuseLibraryEpilogues(Program& program);
 // tile is in registers. Requires FuseLibraryEpilogues.
 Status FoldGemmBias(Program& program);
 
+// Marks a MatMul or Gemm whose epilogue is exactly the erf GELU (as exporters write it: divide by
+// a scalar, Erf, add a scalar, times the input, times a scalar) so the cell can let the library
+// apply GELU while the tile is in registers, when the scalars bound at bind are sqrt(2), 1 and
+// 0.5 (else the epilogue runs as written). Requires FoldGemmBias.
+Status FoldGemmGelu(Program& program);
+
 // Fuses MatMul(Q, K') -> elementwise score epilogue (scale, mask) -> Softmax(last axis) ->
 // MatMul(., V) into one attention kernel that runs query blocks against key blocks with an
 // online softmax: the scores and probabilities are never stored. Requires FuseLibraryEpilogues

@@ -3,7 +3,8 @@
 //   graph passes, per shape class:   specialize -> fold-structural -> dead-code
 //   lowering:                        lower                (Graph -> Program)
 //   program passes:                  fuse-conv-epilogue -> fuse-elementwise -> fuse-group-norm ->
-//                                    fuse-library-epilogue -> fold-gemm-bias -> fuse-attention ->
+//                                    fuse-library-epilogue -> fold-gemm-bias -> fold-gemm-gelu ->
+//                                    fuse-attention ->
 //                                    choose-conv-layout -> plan-layout -> plan-memory
 //   emission, all classes together:  emit-cpp             (Programs -> cell.cc)
 //   build:                           compile-entry-<i> (parallel processes) -> link
@@ -43,10 +44,15 @@ struct ProgramPass {
 
 const std::vector<ProgramPass>& ProgramPasses() {
   static const std::vector<ProgramPass> kPasses = {
-      {"fuse-conv-epilogue", FuseConvEpilogues}, {"fuse-elementwise", FuseElementwise},
-      {"fuse-group-norm", FuseGroupNorm},        {"fuse-library-epilogue", FuseLibraryEpilogues},
-      {"fold-gemm-bias", FoldGemmBias},          {"fuse-attention", FuseAttention},
-      {"choose-conv-layout", ChooseConvLayout},  {"plan-layout", PlanLayout},
+      {"fuse-conv-epilogue", FuseConvEpilogues},
+      {"fuse-elementwise", FuseElementwise},
+      {"fuse-group-norm", FuseGroupNorm},
+      {"fuse-library-epilogue", FuseLibraryEpilogues},
+      {"fold-gemm-bias", FoldGemmBias},
+      {"fold-gemm-gelu", FoldGemmGelu},
+      {"fuse-attention", FuseAttention},
+      {"choose-conv-layout", ChooseConvLayout},
+      {"plan-layout", PlanLayout},
   };
   return kPasses;
 }
@@ -84,10 +90,10 @@ double Ms(std::chrono::steady_clock::time_point start) {
 
 const std::vector<std::string>& PassNames() {
   static const std::vector<std::string> kNames = {
-      "specialize",         "fold-structural",  "dead-code",          "lower",
-      "fuse-conv-epilogue", "fuse-elementwise", "fuse-group-norm",    "fuse-library-epilogue",
-      "fold-gemm-bias",     "fuse-attention",   "choose-conv-layout", "plan-layout",
-      "plan-memory",        "emit-cpp"};
+      "specialize",         "fold-structural",  "dead-code",       "lower",
+      "fuse-conv-epilogue", "fuse-elementwise", "fuse-group-norm", "fuse-library-epilogue",
+      "fold-gemm-bias",     "fold-gemm-gelu",   "fuse-attention",  "choose-conv-layout",
+      "plan-layout",        "plan-memory",      "emit-cpp"};
   return kNames;
 }
 

@@ -100,6 +100,12 @@ struct Kernel {
   // kMatMul / kGemm: inputs[bias] is a per-column vector [N] the library adds to every row
   // (fold-gemm-bias moves it there out of the epilogue); -1 for none.
   int bias = -1;
+  // kMatMul / kGemm whose whole epilogue is the erf GELU x * c3 * (c2 + erf(x op c1)) with scalar
+  // operands: inputs[gelu[0..2]] are c1, c2, c3 and gelu_div says op is / (else *). The
+  // constants are weights, so whether the library's fused GELU stands in for the epilogue is
+  // decided at bind, from their bound values (law 1); empty: no such epilogue.
+  std::vector<int> gelu;
+  bool gelu_div = true;
 };
 
 // True for an empty or identity perm, or one that moves only dims of size 1 (same bytes).

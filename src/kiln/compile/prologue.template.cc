@@ -21,6 +21,7 @@ struct kiln_cell_entry {
   uint32_t num_convs;
   void** mms;  // prepared matrix products (bind time: bound operands in the kernel's layout)
   uint32_t num_mms;
+  uint8_t* mm_fused;  // per product: the library applies its epilogue (decided at bind)
 };
 
 #define KILN_HIDDEN __attribute__((visibility("hidden")))
