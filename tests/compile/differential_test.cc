@@ -887,6 +887,10 @@ Built BuildParallelChain() {
   b.Node("Conv", {"y1", "w2"}, {"c2"}, "conv2");
   b.Node("Sigmoid", {"c2"}, {"y2"}, "sig2");
   out("y2");
+  // 1x1 conv + HardSwish: a library post-op.
+  b.Node("Conv", {"y1", "w2"}, {"c14"}, "conv14");
+  b.Node("HardSwish", {"c14"}, {"y14"}, "hswish14");
+  out("y14");
   // Depthwise conv + SiLU (x * sigmoid(x)).
   auto& dw = b.Node("Conv", {"x", "w3"}, {"c3"}, "conv3");
   OnnxBuilder::IntsAttr(dw, "pads", {1, 1, 1, 1});

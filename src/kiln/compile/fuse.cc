@@ -130,6 +130,7 @@ int PostOpFor(const Kernel& k) {
   if (op == "Relu") return KILN_POST_RELU;
   if (op == "Sigmoid") return KILN_POST_SIGMOID;
   if (op == "Tanh") return KILN_POST_TANH;
+  if (op == "HardSwish") return KILN_POST_HARDSWISH;
   return KILN_POST_NONE;
 }
 

@@ -219,6 +219,8 @@ std::optional<dnnl::algorithm> PostOpAlgorithm(int post_op, float* alpha) {
     case 3: *alpha = 1.0f; return dnnl::algorithm::eltwise_swish;
     case 4: return dnnl::algorithm::eltwise_tanh;
     case 5: return dnnl::algorithm::eltwise_gelu_erf;
+    case 6:
+      return dnnl::algorithm::eltwise_hardswish;  // oneDNN 2.6: no alpha/beta
     default: return std::nullopt;
   }
 }
@@ -432,7 +434,7 @@ void PreparedConv2dDeleter::operator()(PreparedConv2d* c) const { delete c; }
 Result<PreparedConv2dPtr> PrepareConv2d(const Conv2dParams& p, const float* w, bool has_bias,
                                         const ConvEpilogue& epi, int num_threads) {
   KILN_RETURN_IF_ERROR(ValidateConv(p));
-  if (epi.post_op < 0 || epi.post_op > 5) {
+  if (epi.post_op < 0 || epi.post_op > 6) {
     return Status::InvalidArgument("unknown fused post-op code " + std::to_string(epi.post_op));
   }
   const std::string what = ShapeOf(p);
@@ -576,7 +578,7 @@ Result<PreparedMatmulPtr> PrepareMatmul(const MatmulParams& p, const float* w, i
     return Status::InvalidArgument(what + ": w_batch=" + std::to_string(p.w_batch) +
                                    " must be 1 or batch");
   }
-  if (p.post_op < 0 || p.post_op > 5) {
+  if (p.post_op < 0 || p.post_op > 6) {
     return Status::InvalidArgument(what + ": unknown fused post-op code " +
                                    std::to_string(p.post_op));
   }
@@ -780,6 +782,11 @@ Status ApplyPostOp(int post_op, float* y, int64_t n) {
       return Status::OK();
     case 5:
       for (int64_t i = 0; i < n; ++i) y[i] = 0.5f * y[i] * (1.0f + std::erf(y[i] * 0.70710678f));
+      return Status::OK();
+    case 6:
+      for (int64_t i = 0; i < n; ++i) {
+        y[i] = y[i] * std::min(std::max(y[i] + 3.0f, 0.0f), 6.0f) / 6.0f;
+      }
       return Status::OK();
     default:
       return Status::InvalidArgument("unknown fused post-op code " + std::to_string(post_op));

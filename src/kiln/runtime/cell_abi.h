@@ -42,7 +42,8 @@ enum kiln_post_op {
   KILN_POST_SIGMOID = 2,
   KILN_POST_SILU = 3, /* x * sigmoid(x) */
   KILN_POST_TANH = 4,
-  KILN_POST_GELU_ERF = 5
+  KILN_POST_GELU_ERF = 5,
+  KILN_POST_HARDSWISH = 6 /* x * min(max(x + 3, 0), 6) / 6 (ONNX HardSwish) */
 };
 
 /* How a convolution lays its tensors out inside the kernel library (the compiler's
