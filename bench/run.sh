@@ -47,8 +47,8 @@ TORCH_PY=/usr/bin/python3   # Debian's python: has python3-torch (the pyenv pyth
 
 # PyTorch runs with OMP_WAIT_POLICY=PASSIVE: its idle OpenMP workers would otherwise spin against
 # its other threads on 2 cores. Each engine runs alone in its own process, so the others keep
-# their own defaults (kiln's one OpenMP team, which its generated loops share with oneDNN, and
-# ORT's own pool spin briefly, then sleep).
+# their own defaults: ORT's own pool; kiln's one OpenMP team (shared by oneDNN and its generated
+# loops), whose barrier spin the kiln binary shortens itself (cli/main.cc).
 TORCH_ENV=(env OMP_WAIT_POLICY=PASSIVE)
 unset OMP_WAIT_POLICY
 
@@ -129,7 +129,7 @@ m = {"date_utc": stamp, "set": bset, "cpus": int(nproc), "cpu": cpu, "git": git,
      "OMP_WAIT_POLICY": "PASSIVE for torch only",
      "loadavg_start": open("/proc/loadavg").read().split()[0]}
 for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-          "KILN_SM_CEILING"):
+          "KILN_SM_CEILING", "GOMP_SPINCOUNT"):
     if os.environ.get(k) is not None:
         m[k + " (environment)"] = os.environ[k]
 print(json.dumps({"meta": m}))
