@@ -1160,6 +1160,25 @@ TEST(Differential, GeluEpiloguesAreMarkedAndFollowTheBoundConstants) {
   RunBuilt(b, 17, 1, "gelu", &other);
 }
 
+// Gathers of one structural index are views (a slice of the input, the axis dropped for a
+// scalar index): no kernel copies them out.
+TEST(Differential, SingleIndexGathersAreViews) {
+  NetBuilder n;
+  n.Input("x", {2, 3, 4, 5});
+  n.b.Int64Init("i2", {}, {2});
+  n.b.Int64Init("last", {1}, {-1});
+  OnnxBuilder::IntAttr(n.b.Node("Gather", {"x", "i2"}, {"g1"}, "g1"), "axis", 1);
+  n.b.FloatInit("two", {}, {2.0f});
+  n.b.Node("Mul", {"g1", "two"}, {"y1"}, "y1");
+  OnnxBuilder::IntAttr(n.b.Node("Gather", {"x", "last"}, {"g2"}, "g2"), "axis", -1);
+  n.b.Node("Add", {"g2", "g2"}, {"y2"}, "y2");
+  n.outs = {"y1", "y2"};
+  const Built b = n.Finish("gathers");
+  const Program p = CompiledProgram(b);
+  for (const Kernel& k : p.kernels) EXPECT_NE(k.kind, Kernel::Kind::kGather) << p.Dump();
+  RunBuilt(b, 17, 1, "gathers");
+}
+
 TEST(Differential, ConvNetworkRunsChannelsLastAndMatchesEager) {
   const Built b = BuildConvNetwork();
   const Program p = CompiledProgram(b);

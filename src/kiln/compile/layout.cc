@@ -193,25 +193,54 @@ class Planner {
     p_.kernels = std::move(kept);
   }
 
-  // A Split along an axis is views of its input (offsets along that axis); readers that need
+  // A Split along an axis is views of its input (offsets along that axis), and so is a Gather
+  // of one structural index (a slice, the axis dropped for a scalar index); readers that need
   // dense rows get them copied, the attention kernel reads the pieces as they lie.
   void SplitsToViews() {
     std::vector<Kernel> kept;
     for (Kernel& k : p_.kernels) {
       std::vector<int64_t> sizes;
-      int64_t axis = 0;
-      if (!SplitSizes(k, &sizes, &axis)) {
+      int64_t axis = 0, index = 0;
+      bool drop = false;
+      if (SplitSizes(k, &sizes, &axis)) {
+        int64_t at = 0;
+        for (size_t i = 0; i < k.outputs.size(); ++i) {
+          Buf(k.outputs[i]).alias_of = k.inputs[0];
+          sliced_[k.outputs[i]] = {axis, at, false};
+          at += sizes[i];
+        }
+      } else if (GatherSlice(k, &axis, &index, &drop)) {
+        Buf(k.outputs[0]).alias_of = k.inputs[0];
+        sliced_[k.outputs[0]] = {axis, index, drop};
+      } else {
         kept.push_back(std::move(k));
-        continue;
-      }
-      int64_t at = 0;
-      for (size_t i = 0; i < k.outputs.size(); ++i) {
-        Buf(k.outputs[i]).alias_of = k.inputs[0];
-        sliced_[k.outputs[i]] = {axis, at};
-        at += sizes[i];
       }
     }
     p_.kernels = std::move(kept);
+  }
+
+  // A Gather of one in-range structural index whose output is an intermediate.
+  bool GatherSlice(const Kernel& k, int64_t* axis, int64_t* index, bool* drop) {
+    if (k.kind != Kernel::Kind::kGather || k.outputs.size() != 1 || k.inputs.size() != 2) {
+      return false;
+    }
+    const Buffer& x = Buf(k.inputs[0]);
+    const Buffer& idx = Buf(p_.Root(k.inputs[1]));
+    const Buffer& y = Buf(k.outputs[0]);
+    if (y.output_slot >= 0 || idx.kind != Buffer::Kind::kConst || !idx.value.valid() ||
+        idx.value.numel() != 1 || y.type.dtype != x.type.dtype) {
+      return false;
+    }
+    const int64_t rank = static_cast<int64_t>(x.type.shape.size());
+    *axis = k.node.GetInt("axis", 0);
+    if (*axis < 0) *axis += rank;
+    if (*axis < 0 || *axis >= rank) return false;
+    const int64_t dim = x.type.shape[static_cast<size_t>(*axis)];
+    *index = idx.value.GetAsInt64(0);
+    if (*index < 0) *index += dim;
+    if (*index < 0 || *index >= dim) return false;
+    *drop = idx.type.shape.empty();
+    return static_cast<int64_t>(y.type.shape.size()) == (*drop ? rank - 1 : rank);
   }
 
   // The piece sizes and axis of a Split kernel whose pieces may become views; false otherwise.
@@ -403,8 +432,10 @@ class Planner {
         v.strides.clear();
         for (int64_t d : t->second) v.strides.push_back(ps[static_cast<size_t>(d)]);
       } else if (sl != sliced_.end()) {
+        const size_t axis = static_cast<size_t>(sl->second.axis);
         v.strides = ps;
-        v.view_offset = sl->second.second * ps[static_cast<size_t>(sl->second.first)];
+        v.view_offset = sl->second.start * ps[axis];
+        if (sl->second.drop) v.strides.erase(v.strides.begin() + static_cast<std::ptrdiff_t>(axis));
       } else if (auto st = ReshapedStrides(parent.type.shape, ps, v.type.shape)) {
         v.strides = *st;
       } else if (!read.count(v.id)) {
@@ -504,7 +535,11 @@ class Planner {
 
   Program& p_;
   std::map<int, std::vector<int64_t>> transposed_;     // view id -> Transpose perm
-  std::map<int, std::pair<int64_t, int64_t>> sliced_;  // view id -> (axis, start) in its parent
+  struct Slice {
+    int64_t axis = 0, start = 0;
+    bool drop = false;  // the axis is gone (a Gather of a scalar index)
+  };
+  std::map<int, Slice> sliced_;  // view id -> where it lies in its parent
   std::map<std::pair<int, std::vector<int>>, int> copies_;
   size_t inserted_ = 0;
 };
