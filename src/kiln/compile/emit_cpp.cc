@@ -684,16 +684,29 @@ class EntryEmitter {
     return Status::OK();
   }
 
+  // Convolutions with at most this many multiply-adds run on one thread: a parallel region's
+  // fork and join cost about what splitting ~20 us of work saves, and a small network
+  // (MobileNetV3: ~60 convolutions, most tiny) would otherwise pay it at every one.
+  static constexpr int64_t kSmallConv = int64_t{1} << 21;
+  std::string ConvThreads(const Kernel& k) const {
+    const Shape& y = Buf(k.outputs[0]).type.shape;
+    const Shape& w = Buf(k.inputs[1]).type.shape;
+    return NumElements(y) * NumElements(Shape(w.begin() + 1, w.end())) <= kSmallConv ? "1"
+                                                                                     : "E->threads";
+  }
+
   // The entry's bind-time preparation: one prepared convolution per conv with bound weights.
   Status EmitInit(const std::string& e) {
     std::vector<std::pair<std::string, std::string>> convs;  // desc, weight expression
     std::vector<int> has_bias;
+    std::vector<std::string> threads;
     for (const Kernel& k : p_.kernels) {
       if (k.kind != Kernel::Kind::kConv) continue;
       const std::string w = BoundWeight(k, e);
       if (w.empty()) continue;
       std::string desc;
       KILN_RETURN_IF_ERROR(ConvDesc(k, &desc));
+      threads.push_back(ConvThreads(k));
       convs.emplace_back(desc, w);
       has_bias.push_back(k.node.HasInput(2) ? 1 : 0);
     }
@@ -712,7 +725,7 @@ class EntryEmitter {
     for (size_t i = 0; i < convs.size(); ++i) {
       os_ << "  E->num_convs = " << i + 1 << ";\n"
           << "  KILN_TRY(E->host->conv2d_prepare(&d[" << i << "], (const float*)" << convs[i].second
-          << ", " << has_bias[i] << ", E->threads, &E->convs[" << i << "]));\n";
+          << ", " << has_bias[i] << ", " << threads[i] << ", &E->convs[" << i << "]));\n";
     }
     os_ << "  return KILN_CELL_OK;\n}\n\n";
     return Status::OK();
