@@ -263,9 +263,10 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
         Status::ResourceExhausted("cell entry " + std::to_string(index) + " ran out of memory"));
   }
   if (rc != KILN_CELL_OK) {
-    return fail(CellRunError::kCellFault,
-                Status::Internal("cell_fault: entry " + std::to_string(index) + " returned code " +
-                                 std::to_string(rc)));
+    return fail(
+        CellRunError::kCellFault,
+        Status::Refused(StatusCode::kInternal, "cell_fault",
+                        "entry " + std::to_string(index) + " returned code " + std::to_string(rc)));
   }
   return outputs;
 }

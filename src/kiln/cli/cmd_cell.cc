@@ -198,9 +198,8 @@ int ExitFor(const Status& s, std::string* token) {
     *token = "resource_exhausted";
     return kMintExitResource;
   }
-  const std::string& m = s.message();
-  for (const char* t : {"numerics_refused", "fence_refused", "unmeasurable"}) {
-    if (m.rfind(t, 0) == 0) {
+  for (const char* t : {kRefusalNumerics, kRefusalFence, kRefusalUnmeasurable}) {
+    if (s.Is(t)) {
       *token = t;
       return kMintExitRefused;
     }

@@ -42,10 +42,9 @@ std::string PrivateDirFor(const BootContext& ctx, const std::string& target) {
   return root + "/" + target + "-" + std::to_string(counter.fetch_add(1));
 }
 
-// The token a refusal status starts with (admission tokens first), else `fallback`.
+// An admission refusal's own token, else `fallback`.
 std::string TokenOf(const Status& status, const char* fallback) {
-  std::string token = RefusalToken(status);
-  return token.empty() ? fallback : token;
+  return status.token().empty() ? fallback : status.token();
 }
 
 // Reads the cached blob for `digest` if it still hashes to its name (and has `size` bytes when

@@ -504,7 +504,7 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
   const AdmissionPolicy policy{job->key, DetectSmLevel(), toolchain->Block()};
   auto admitted = AdmitCell(*bytes, report.digest, bytes->size(), policy);
   if (!admitted.ok()) {
-    const std::string token = RefusalToken(admitted.status());
+    const std::string& token = admitted.status().token();
     return abort(token.empty() ? kMintArmRefused : token, admitted.status().ToString(), false);
   }
   const std::string ref = CellRef(job->key, admitted->digest);
