@@ -206,8 +206,9 @@ Result<GateReport> RunFenceProof(ArmedCell& cell, const Interpreter& eager,
     for (const TensorSpec& c : e.constants) listed.insert(c.name);
     for (const std::string& w : bound) {
       if (!listed.count(w)) {
-        return Status::InvalidArgument("fence_refused: entry " + std::to_string(e.index) +
-                                       "'s constant table does not list weight '" + w + "'");
+        return Status::Refused(StatusCode::kInvalidArgument, kRefusalFence,
+                               "entry " + std::to_string(e.index) +
+                                   "'s constant table does not list weight '" + w + "'");
       }
     }
   }
@@ -227,14 +228,15 @@ Result<GateReport> RunFenceProof(ArmedCell& cell, const Interpreter& eager,
     auto r = RunGate(cell, eager, one, t);
     if (r.ok() && r->verdict != Verdict::kHealthy) {
       KILN_RETURN_IF_ERROR(cell.Rebind(weights));
-      return Status::InvalidArgument("fence_refused: the cell does not follow weight '" + name +
-                                     "' (perturbed checkpoint: " + r->Summary() +
-                                     "); a weight value was baked into the code");
+      return Status::Refused(StatusCode::kInvalidArgument, kRefusalFence,
+                             "the cell does not follow weight '" + name +
+                                 "' (perturbed checkpoint: " + r->Summary() +
+                                 "); a weight value was baked into the code");
     }
   }
   KILN_RETURN_IF_ERROR(cell.Rebind(weights));
-  return Status::InvalidArgument("fence_refused: with a perturbed checkpoint the cell is " +
-                                 report->Summary());
+  return Status::Refused(StatusCode::kInvalidArgument, kRefusalFence,
+                         "with a perturbed checkpoint the cell is " + report->Summary());
 }
 
 }  // namespace kiln

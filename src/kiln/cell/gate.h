@@ -21,6 +21,11 @@
 
 namespace kiln {
 
+// Refusal tokens of a mint's proof (Status::token()).
+inline constexpr const char* kRefusalNumerics = "numerics_refused";
+inline constexpr const char* kRefusalFence = "fence_refused";
+inline constexpr const char* kRefusalUnmeasurable = "unmeasurable";
+
 struct NumericsThresholds {
   double floor = 0.999;
   double warn = 0.99999;
@@ -64,7 +69,7 @@ Result<GateReport> RunGate(const ArmedCell& cell, const Interpreter& eager,
                            const WeightMap& weights, const NumericsThresholds& t);
 
 // The fence proof. On success returns the perturbed-checkpoint gate report; refuses with
-// InvalidArgument "fence_refused: ..." naming the weight. Leaves `cell` bound to `weights`.
+// InvalidArgument, token `fence_refused`, naming the weight. Leaves `cell` bound to `weights`.
 Result<GateReport> RunFenceProof(ArmedCell& cell, const Interpreter& eager,
                                  const WeightMap& weights, const NumericsThresholds& t,
                                  uint64_t seed = 0x6b696c6e);

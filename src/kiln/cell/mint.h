@@ -66,8 +66,8 @@ Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& des
 // The key and its axes for a target, without compiling (`kiln key`).
 Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, const std::string& sm);
 
-// Mints. A gate or fence refusal is InvalidArgument whose message starts with the refusal token
-// (`numerics_refused`, `fence_refused`, `unmeasurable`) and names the worst entry.
+// Mints. A gate or fence refusal is InvalidArgument with its refusal token (`numerics_refused`,
+// `fence_refused`, `unmeasurable`; gate.h) and names the worst entry.
 Result<MintResult> MintCell(const MintRequest& request);
 
 // Mints and, only if the mint succeeded, stores the sealed bytes in `store` (a refused cell
