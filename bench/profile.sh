@@ -33,7 +33,7 @@ CACHE="${KILN_CACHE_DIR:-$HOME/.cache/kiln}"
 mkdir -p "$WORK/cell"
 tar -xf "$CACHE/cells/$KEY/cell.tar" -C "$WORK/cell"
 LOADED=$(perf script -i "$WORK/perf.data" --show-mmap-events 2>/dev/null |
-  grep -m1 -o '/tmp/kiln-cells-[0-9]*-[0-9]*/cell.so' || true)
+  grep -m1 -oE '/[^ ]*/cell\.so' || true)
 if [ -n "$LOADED" ]; then
   mkdir -p "$(dirname "$LOADED")"
   cp "$WORK/cell/cell.so" "$LOADED"
