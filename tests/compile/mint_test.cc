@@ -143,7 +143,7 @@ TEST(MintLaws, IntegerProbesStayInsideTheTableTheyIndex) {
   Target t;
   t.graph = std::make_shared<const Graph>(std::move(g).value());
   t.weights = GraphWeights(*t.graph);
-  EXPECT_EQ(ProbeIntBounds(*t.graph), (std::map<std::string, int64_t>{{"ids", 5}}));
+  EXPECT_EQ(ProbeIntBounds(*t.graph), (ProbeBounds{{"ids", {5}}}));
   EntryMetadata e;
   e.inputs.push_back({"ids", DType::kInt32, {64}});
   auto probe = ProbeInputs(e, Lane::kExported, 0, ProbeIntBounds(*t.graph));

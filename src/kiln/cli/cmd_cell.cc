@@ -43,6 +43,7 @@ Result<MintRequest> RequestForTarget(const Manifest& manifest, const std::string
     r.weights = GraphWeights(*r.graph);
   }
   r.envelope = t->envelope;
+  KILN_ASSIGN_OR_RETURN(r.samples, ReadSamples(t->samples));
   r.family = t->export_spec ? t->export_spec->family : "intake/" + t->name;
   r.thresholds = {t->numerics.floor, t->numerics.warn, t->numerics.retention};
   r.sm = t->sm;
@@ -135,10 +136,11 @@ std::string PrivateCellDir() {
 
 Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,
                                     const ShapeClass& shape_class, const std::string& family,
-                                    int num_threads) {
+                                    int num_threads, const Samples& samples) {
   MintRequest r;
   r.graph = std::move(graph);
   r.weights = weights;
+  r.samples = samples;
   r.envelope.classes = {shape_class};
   r.family = family;
   r.num_threads = num_threads;

@@ -54,7 +54,7 @@ Status DoRun(const RunArgs& a) {
     for (const auto& [name, t] : inputs) c[name] = t.shape();
     KILN_ASSIGN_OR_RETURN(LocalCell cell,
                           LocalCellForClass(shared, bound ? *bound : GraphWeights(*shared), c,
-                                            "local/run", a.threads));
+                                            "local/run", a.threads, Samples{inputs}));
     std::printf("cell: %s (%s, %.0f ms)\n", cell.ref.c_str(),
                 cell.store_hit ? "local store hit" : "minted and stored", cell.ms);
     CellRunError err;

@@ -693,7 +693,7 @@ Status RunPow(const OpContext& ctx, std::vector<Tensor>& outputs) {
         if (e == T(0.5)) {  // as pow (and numpy): (-inf)^0.5 is +inf, where sqrt gives NaN
           UnaryKernel<T, T>(base, out, [](T x) {
             return x == -std::numeric_limits<T>::infinity() ? std::numeric_limits<T>::infinity()
-                                                             : std::sqrt(x);
+                                                            : std::sqrt(x);
           });
           return Status::OK();
         }
