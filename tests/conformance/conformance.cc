@@ -16,6 +16,7 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/loader.h"
+#include "src/kiln/cell/mint.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/eager/shape_inference.h"
@@ -171,8 +172,7 @@ Result<onnx::TensorProto> ReadProtoFile(const std::string& path) {
 
 struct Loaded {
   onnx::ModelProto model;
-  std::vector<std::string> input_names;         // graph input order
-  std::vector<onnx::TensorProto> input_protos;  // as stored, for promotion to initializers
+  std::vector<std::string> input_names;  // graph input order
   TensorMap inputs;
   std::vector<std::pair<std::string, Tensor>> expected;  // graph output order
 };
@@ -207,7 +207,6 @@ Result<Loaded> Load(const CaseInfo& info) {
     KILN_ASSIGN_OR_RETURN(Tensor t, TensorFromProto(tp, path));
     tp.set_name(g.input(j).name());
     l.input_names.push_back(g.input(j).name());
-    l.input_protos.push_back(tp);
     l.inputs[g.input(j).name()] = std::move(t);
   }
   for (int j = 0; j < g.output_size(); ++j) {
@@ -287,9 +286,9 @@ ModeResult RunEager(const CaseInfo& info, const Loaded& l) {
 
 // --- compiled -------------------------------------------------------------------------------
 
-// A case ready to join a compiled batch: its model with shape-determining inputs promoted to
-// initializers (a cell is specialized to one shape class, so a value that decides an output
-// shape must be a constant, as an exporter writes it), and its remaining runtime inputs.
+// A case ready to join a compiled batch: its model and its runtime inputs, exactly as a user
+// hands them to `kiln run --compile` (an input that decides an output shape stays an input; the
+// cell runs the nodes it decides as a dynamic region).
 struct Prepared {
   size_t index = 0;  // into the results
   onnx::ModelProto model;
@@ -308,82 +307,26 @@ std::string OpsetKey(const onnx::ModelProto& m) {
   return key;
 }
 
-// The value a "must be a constant known before run" error names, or "".
-std::string RequiredValue(const std::string& message) {
-  const std::string tail = "') must be a constant known before run";
-  const size_t end = message.find(tail);
-  if (end == std::string::npos) return "";
-  const size_t start = message.rfind("value '", end);
-  if (start == std::string::npos) return "";
-  return message.substr(start + 7, end - start - 7);
-}
-
-// The graph inputs whose values `value` is computed from in the top-level graph: itself when it
-// is one, else the inputs its producers read, transitively (a function expansion computes a
-// shape from the inputs the op under test takes, e.g. Range's start/limit/delta into a Loop's
-// trip count). Shape and Size read only types, so the walk stops there.
-std::vector<std::string> SourceInputs(const onnx::GraphProto& g, const std::string& value,
-                                      const std::vector<std::string>& input_names) {
-  std::map<std::string, const onnx::NodeProto*> producer;
-  for (const auto& n : g.node()) {
-    for (const auto& o : n.output()) producer[o] = &n;
-  }
-  std::vector<std::string> sources, work = {value};
-  std::set<std::string> seen;
-  while (!work.empty()) {
-    const std::string name = work.back();
-    work.pop_back();
-    if (name.empty() || !seen.insert(name).second) continue;
-    if (std::find(input_names.begin(), input_names.end(), name) != input_names.end()) {
-      sources.push_back(name);
-      continue;
-    }
-    auto it = producer.find(name);
-    if (it == producer.end()) continue;  // an initializer
-    const onnx::NodeProto& n = *it->second;
-    if (n.domain().empty() && (n.op_type() == "Shape" || n.op_type() == "Size")) continue;
-    for (const auto& in : n.input()) work.push_back(in);
-  }
-  std::sort(sources.begin(), sources.end());
-  return sources;
-}
-
 Result<Graph> ImportAndInfer(const onnx::ModelProto& model, const TensorMap& inputs,
                              const std::string& what) {
   KILN_ASSIGN_OR_RETURN(Graph graph, ImportOnnxBytes(model.SerializeAsString(), what));
   KILN_RETURN_IF_ERROR(VerifyGraph(graph));
   std::map<std::string, Shape> shapes;
   for (const auto& [n, t] : inputs) shapes[n] = t.shape();
-  KILN_ASSIGN_OR_RETURN(InferredGraph inf, InferShapes(graph, shapes));
+  KILN_ASSIGN_OR_RETURN(InferredGraph inf, InferShapes(graph, shapes, /*tolerate_dynamic=*/true));
   (void)inf;
   return graph;
 }
 
-// Promotes shape-determining inputs and checks the case compiles to a cell source on its own
-// (cheap: no system compiler). A result other than kPass settles the compiled outcome.
+// Checks the case compiles to a cell source on its own (cheap: no system compiler). A result
+// other than kPass settles the compiled outcome.
 ModeResult Prepare(const CaseInfo& info, Loaded l, size_t index, Prepared* p) {
   p->index = index;
   p->model = std::move(l.model);
   p->inputs = std::move(l.inputs);
   p->expected = std::move(l.expected);
   p->opset_key = OpsetKey(p->model);
-  Result<Graph> graph = Status::Internal("not imported");
-  for (size_t round = 0; round <= l.input_names.size(); ++round) {
-    graph = ImportAndInfer(p->model, p->inputs, "model");
-    if (graph.ok()) break;
-    const std::string value = RequiredValue(graph.status().message());
-    if (value.empty()) return FromError("shape inference", graph.status());
-    std::vector<std::string> sources = SourceInputs(p->model.graph(), value, l.input_names);
-    std::erase_if(sources, [&](const std::string& s) { return !p->inputs.count(s); });
-    if (sources.empty()) {
-      return Exclude("data-dependent shape in compiled mode: " + graph.status().message());
-    }
-    for (const std::string& s : sources) {
-      auto it = std::find(l.input_names.begin(), l.input_names.end(), s);
-      *p->model.mutable_graph()->add_initializer() = l.input_protos[it - l.input_names.begin()];
-      p->inputs.erase(s);
-    }
-  }
+  Result<Graph> graph = ImportAndInfer(p->model, p->inputs, "model");
   if (!graph.ok()) return FromError("shape inference", graph.status());
   ShapeClass cls;
   for (const auto& [n, t] : p->inputs) cls[n] = t.shape();
@@ -451,22 +394,10 @@ Status RunBatch(const std::vector<const Prepared*>& batch, const RunOptions& opt
   KILN_ASSIGN_OR_RETURN(std::string so, BuildSharedObject(cell.source, 1, DefaultSmTarget(),
                                                           "conformance", *driver, dir, 1, nullptr));
   KILN_ASSIGN_OR_RETURN(auto lib, OpenCellBytes(so, dir + "/load"));
-  EntryMetadata e;
-  e.index = 0;
-  e.shape_class = cls;
-  const auto& entry = cell.describe["entries"][0];
-  for (const auto* key : {"inputs", "outputs", "constants"}) {
-    std::vector<TensorSpec>& specs = std::string(key) == "inputs"    ? e.inputs
-                                     : std::string(key) == "outputs" ? e.outputs
-                                                                     : e.constants;
-    for (const auto& j : entry[key]) {
-      KILN_ASSIGN_OR_RETURN(DType dt, DTypeFromName(j["dtype"].get<std::string>()));
-      specs.push_back({j["name"].get<std::string>(), dt, j["shape"].get<Shape>()});
-    }
-  }
-  e.workspace_bytes = entry["workspace_bytes"].get<uint64_t>();
+  KILN_ASSIGN_OR_RETURN(std::vector<EntryMetadata> entries,
+                        EntriesFromDescribe(cell.describe, Envelope{{cls}}));
   KILN_ASSIGN_OR_RETURN(auto armed,
-                        ArmedCell::Arm(lib, {e}, GraphWeights(*shared), Lane::kIntake, "", 1));
+                        ArmedCell::Arm(lib, entries, GraphWeights(*shared), Lane::kIntake, "", 1));
   CellRunError err = CellRunError::kNone;
   KILN_ASSIGN_OR_RETURN(TensorMap got, armed->Run(0, inputs, &err));
   for (const Prepared* p : batch) {
