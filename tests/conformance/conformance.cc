@@ -5,25 +5,30 @@
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/loader.h"
 #include "src/kiln/cell/mint.h"
 #include "src/kiln/compile/pipeline.h"
+#include "src/kiln/compile/toolchain.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/eager/shape_inference.h"
 #include "src/kiln/eager/verifier.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/ops/registry.h"
+#include "src/kiln/tensor/npy.h"
 
 namespace kiln::conformance {
 namespace {
@@ -430,6 +435,91 @@ void RunBisecting(const std::vector<const Prepared*>& batch, const RunOptions& o
   RunBisecting({batch.begin() + half, batch.end()}, options, serial, results);
 }
 
+// --- the command line -------------------------------------------------------------------
+
+// The file name `kiln run --out` gives an output (src/kiln/cli/util.cc SafeFileName).
+std::string OutputFileName(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    out += ok ? c : '_';
+  }
+  if (out.empty() || out == "." || out == "..") out = "_" + out;
+  return out + ".npy";
+}
+
+// One `kiln run` of a case: its outputs compared with the expected ones. An error kiln reports
+// as unimplemented excludes the case, any other fails it.
+ModeResult RunCli(const CaseInfo& info, const Loaded& l, const std::string& kiln,
+                  const std::string& dir, bool compile) {
+  const std::string out_dir = dir + (compile ? "/compiled" : "/eager");
+  std::vector<std::string> argv = {kiln, "run", info.dir + "/model.onnx", "--out", out_dir};
+  for (const auto& [name, t] : l.inputs) {
+    const std::string path = dir + "/in/" + OutputFileName(name);
+    argv.push_back("--input");
+    argv.push_back(name + "=" + path);
+  }
+  if (compile) argv.push_back("--compile");
+  std::string output;
+  auto rc = RunProcess(argv, &output);
+  if (!rc.ok()) return Fail("kiln run: " + rc.status().ToString());
+  if (*rc != 0) {
+    std::string last = output;
+    while (!last.empty() && last.back() == '\n') last.pop_back();
+    last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
+    if (last.find("unimplemented:") != std::string::npos) return Exclude(last);
+    return Fail(last.empty() ? "kiln run exited " + std::to_string(*rc) : last);
+  }
+  for (const auto& [name, want] : l.expected) {
+    auto got = ReadNpy(out_dir + "/" + OutputFileName(name));
+    if (!got.ok()) return Fail("output '" + name + "': " + got.status().ToString());
+    const std::string m = FirstMismatch(name, *got, want, info.rtol, info.atol);
+    if (!m.empty()) return Fail(m);
+  }
+  return Pass();
+}
+
+void RunCommandLine(std::vector<CaseResult>& results, const RunOptions& options) {
+  std::atomic<size_t> next{0};
+  std::mutex log_mu;
+  auto worker = [&] {
+    for (size_t i = next++; i < results.size(); i = next++) {
+      CaseResult& r = results[i];
+      if (options.skip.count(r.info.name)) {
+        r.cli_eager = r.cli_compiled = Exclude("skipped (--skip)");
+        continue;
+      }
+      auto loaded = Load(r.info);
+      if (!loaded.ok()) {
+        r.cli_eager = r.cli_compiled = FromError("load", loaded.status());
+        continue;
+      }
+      const std::string dir = options.work_dir + "/cli/" + r.info.name;
+      Status made = MakeDirs(dir + "/in");
+      for (const auto& [name, t] : loaded->inputs) {
+        if (made.ok()) made = WriteNpy(dir + "/in/" + OutputFileName(name), t);
+      }
+      if (!made.ok()) {
+        r.cli_eager = r.cli_compiled = Fail(made.ToString());
+        continue;
+      }
+      r.cli_eager = RunCli(r.info, *loaded, options.cli_kiln, dir, false);
+      r.cli_compiled = RunCli(r.info, *loaded, options.cli_kiln, dir, true);
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      if (options.log && options.verbose) {
+        std::lock_guard<std::mutex> lock(log_mu);
+        options.log("conformance: cli " + r.info.name + " eager " +
+                    OutcomeName(r.cli_eager.outcome) + ", compiled " +
+                    OutcomeName(r.cli_compiled.outcome));
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < std::max(1, options.cli_jobs); ++t) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
+}
+
 }  // namespace
 
 const char* OutcomeName(Outcome outcome) {
@@ -535,6 +625,17 @@ std::vector<CaseResult> RunCases(const std::vector<CaseInfo>& cases, const RunOp
       RunBisecting({group.begin() + start, group.begin() + end}, options, &serial, results);
     }
   }
+  if (!options.cli_kiln.empty()) {
+    if (options.log) {
+      options.log("conformance: every case through `" + options.cli_kiln +
+                  " run` and `run "
+                  "--compile`, " +
+                  std::to_string(options.cli_jobs) + " at a time");
+    }
+    RunCommandLine(results, options);
+  } else {
+    for (CaseResult& r : results) r.cli_eager = r.cli_compiled = Exclude("command line not run");
+  }
   return results;
 }
 
@@ -621,6 +722,13 @@ Summary Summarize(const std::vector<CaseResult>& results) {
     const bool c = r.compiled.outcome == Outcome::kPass;
     s.eager_pass += e;
     s.compiled_pass += c;
+    const bool ce = r.cli_eager.outcome == Outcome::kPass;
+    const bool cc = r.cli_compiled.outcome == Outcome::kPass;
+    s.cli_ran = s.cli_ran || r.cli_eager.detail != "command line not run";
+    s.cli_eager_pass += ce;
+    s.cli_compiled_pass += cc;
+    s.cli_both_pass += ce && cc;
+    if (ce && !cc) s.cli_eager_only.push_back(r.info.name);
     if (!r.op_listed) continue;
     ++s.listed;
     s.listed_eager_pass += e;
@@ -653,7 +761,11 @@ std::string SummaryLine(const Summary& s) {
          Percent(s.listed_eager_pass, s.listed) + "), " + std::to_string(s.listed_compiled_pass) +
          " pass compiled (" + Percent(s.listed_compiled_pass, s.listed) + "), " +
          std::to_string(s.listed_both_pass) + " pass both (" +
-         Percent(s.listed_both_pass, s.listed) + ")";
+         Percent(s.listed_both_pass, s.listed) + ")" +
+         (s.cli_ran ? "; command line, all cases: " + std::to_string(s.cli_eager_pass) +
+                          " pass `kiln run`, " + std::to_string(s.cli_compiled_pass) +
+                          " pass `kiln run --compile`"
+                    : "");
 }
 
 std::string RenderReport(const std::vector<CaseResult>& results, const std::string& generator) {
@@ -665,14 +777,30 @@ std::string RenderReport(const std::vector<CaseResult>& results, const std::stri
        "the case's expected outputs at its tolerance (rtol "
     << (results.empty() ? 1e-3 : results[0].info.rtol) << ", atol "
     << (results.empty() ? 1e-7 : results[0].info.atol)
-    << "; NaN equals NaN; integers exact). In compiled mode an input that decides an output "
-       "shape (a Reshape shape, Resize scales, ...) is bound as a constant, as exporters write "
-       "it; a case kiln refuses in eager mode (op form, attribute, dtype) is excluded in compiled "
-       "mode with the same reason. The runner is `tests/conformance/`; the CI test "
-       "`conformance_test` fails when a "
-       "(mode, case) listed in `tests/conformance/baseline.txt` stops passing.\n\n"
-    << "## Summary\n\n"
-    << "| | cases | eager pass | compiled pass | both pass |\n|---|---|---|---|---|\n"
+    << "; NaN equals NaN; integers exact). Every input stays an input, as a user hands it to "
+       "`kiln run --compile`: a value that decides an output shape (a Reshape shape, Resize "
+       "scales, a TopK k, ...) makes the nodes it decides the cell's dynamic region, run with "
+       "shapes computed at run time while the rest stays compiled. A case kiln refuses in eager "
+       "mode (op form, attribute, dtype) is excluded in compiled mode with the same reason. The "
+       "runner is `tests/conformance/`; the CI test `conformance_test` fails when a (mode, case) "
+       "listed in `tests/conformance/baseline.txt` stops passing.\n\n"
+    << "## Summary\n\n";
+  if (s.cli_ran) {
+    o << "**Through the command line** (every generated case, whatever its op: its inputs "
+         "written as `.npy` files, then `kiln run MODEL --input NAME=FILE.npy ...` and the same "
+         "with `--compile`, which mints a cell with the numerics gate and the fence proof, the "
+         "case's inputs declared as the sample, and runs it): **"
+      << s.cli_eager_pass << " of " << s.total << " pass eager, " << s.cli_compiled_pass << " of "
+      << s.total << " pass compiled**, " << s.cli_both_pass << " both.";
+    if (!s.cli_eager_only.empty()) {
+      o << " Passing eager but not compiled:";
+      for (const std::string& n : s.cli_eager_only) o << " `" << n << "`";
+      o << ".";
+    }
+    o << "\n\nIn process (the runner's own eager interpreter and cells, cases batched into one "
+         "cell per opset):\n\n";
+  }
+  o << "| | cases | eager pass | compiled pass | both pass |\n|---|---|---|---|---|\n"
     << "| all generated node cases | " << s.total << " | " << s.eager_pass << " | "
     << s.compiled_pass << " | - |\n"
     << "| cases whose op kiln lists | " << s.listed << " | " << s.listed_eager_pass << " ("

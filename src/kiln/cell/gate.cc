@@ -127,7 +127,12 @@ EntryNumerics CompareOutputs(const TensorMap& reference, const TensorMap& candid
     }
   }
   const double nr = std::sqrt(rr), ns = std::sqrt(ss);
-  if (nr == 0 && ns == 0) {
+  // Below this norm both sides are zero for float32 purposes: exp(-inf) is 0 in libm and the
+  // smallest normal float where a vectorized exp clamps, and a cosine of such specks (a probe
+  // whose only finite outputs are underflows) measures nothing.
+  constexpr double kZero = 1e-30;
+  const bool both_zero = nr < kZero && ns < kZero;
+  if (both_zero) {
     n.cos = 1;
     n.ret = 1;
   } else if (nr == 0 || ns == 0) {
@@ -137,8 +142,8 @@ EntryNumerics CompareOutputs(const TensorMap& reference, const TensorMap& candid
     n.cos = rs / (nr * ns);
     n.ret = ns / nr;
   }
-  n.rel_l2 = nr == 0 ? (ns == 0 ? 0 : INFINITY) : std::sqrt(dd) / nr;
-  if (!std::isfinite(n.cos) || !std::isfinite(n.rel_l2)) {
+  n.rel_l2 = both_zero ? 0 : (nr == 0 ? INFINITY : std::sqrt(dd) / nr);
+  if (std::isnan(n.cos) || std::isnan(n.rel_l2) || (!both_zero && !std::isfinite(rr + ss))) {
     // Finite values whose squares overflow a double: no cosine can be formed.
     n.verdict = Verdict::kUnmeasurable;
     n.note = "finite outputs too large to compare";
@@ -251,8 +256,11 @@ Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t sa
   TensorMap out;
   for (const TensorSpec& s : entry.inputs) {
     auto b = int_bounds.find(s.name);
-    const std::vector<int64_t> ranges =
-        b == int_bounds.end() || b->second.empty() ? std::vector<int64_t>{8} : b->second;
+    const bool bounded = b != int_bounds.end() && !b->second.empty();
+    const std::vector<int64_t> ranges = bounded ? b->second : std::vector<int64_t>{8};
+    // An unbounded integer scalar is most often a count, a step or a size (a Loop trip count, a
+    // Range delta, a TopK k): 0 there divides by zero or loops without end, so it starts at 1.
+    const double low = !bounded && NumElements(s.shape) == 1 ? 1.0 : 0.0;
     uint64_t state = Mix(entry.index * 1000003ull + (lane == Lane::kExported ? 1 : 2) + salt);
     for (char c : s.name) state = Mix(state ^ static_cast<unsigned char>(c));
     // Drawn as doubles, then converted by the tensor's own cast (which truncates toward zero,
@@ -268,7 +276,9 @@ Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t sa
       // indexes (per index column for tuples).
       const double range =
           static_cast<double>(std::min<int64_t>(8, ranges[static_cast<size_t>(i) % ranges.size()]));
-      x[i] = is_float ? 2 * u - 1 : s.dtype == DType::kBool ? (u < 0.5 ? 0 : 1) : u * range;
+      x[i] = is_float                  ? 2 * u - 1
+             : s.dtype == DType::kBool ? (u < 0.5 ? 0 : 1)
+                                       : low + u * (range - low);
     }
     if (is_float && non_finite) {
       const double planted[] = {NAN, INFINITY, -INFINITY};

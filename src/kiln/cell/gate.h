@@ -83,7 +83,9 @@ using ProbeBounds = std::map<std::string, std::vector<int64_t>>;
 ProbeBounds ProbeIntBounds(const Graph& graph, const ShapeClass& shape_class = {});
 
 // Seeded probe inputs for an entry: a pure function of (entry index, lane, input specs, bounds,
-// salt). Floats are drawn from [-1, 1), integers from [0, min(8, bound)), bools from {0, 1}.
+// salt). Floats are drawn from [-1, 1), integers from [0, min(8, bound)) (an unbounded integer
+// scalar from [1, 8): a count or a step, where 0 divides by zero or never ends), bools from
+// {0, 1}.
 // With `non_finite`, the first three elements of every float input become NaN, +Inf and -Inf.
 Result<TensorMap> ProbeInputs(const EntryMetadata& entry, Lane lane, uint64_t salt = 0,
                               const ProbeBounds& int_bounds = {}, bool non_finite = false);

@@ -245,10 +245,8 @@ Result<EntryMetadata> ParseEntry(const Json& v, const std::string& path) {
   EntryMetadata e;
   KILN_ASSIGN_OR_RETURN(uint64_t index, r.Unsigned("index", std::numeric_limits<uint32_t>::max()));
   e.index = static_cast<uint32_t>(index);
+  // An empty shape class is the entry of a graph with no runtime inputs.
   KILN_ASSIGN_OR_RETURN(const Json* sc, r.Object("shape_class"));
-  if (sc->empty()) {
-    return Status::InvalidArgument(path + ".shape_class names no input; expected at least one");
-  }
   for (auto it = sc->begin(); it != sc->end(); ++it) {
     KILN_ASSIGN_OR_RETURN(e.shape_class[it.key()],
                           ParseDims(it.value(), path + ".shape_class." + it.key()));

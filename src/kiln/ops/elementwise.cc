@@ -1042,8 +1042,15 @@ Status RunClip(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 1, "min"));
   KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 2, "max"));
   return Dispatch(ctx, x.dtype(), ArithTypes8{}, [&]<typename T>() {
-    const T lo = ctx.present(1) ? ctx.in(1).data<T>()[0] : std::numeric_limits<T>::lowest();
-    const T hi = ctx.present(2) ? ctx.in(2).data<T>()[0] : std::numeric_limits<T>::max();
+    // An absent bound is no bound: infinite for floats, so +-inf pass through (as numpy.clip
+    // with None); the type's range for integers.
+    constexpr bool kFloat = std::numeric_limits<T>::has_infinity;
+    const T lo = ctx.present(1) ? ctx.in(1).data<T>()[0]
+                                : (kFloat ? -std::numeric_limits<T>::infinity()
+                                          : std::numeric_limits<T>::lowest());
+    const T hi = ctx.present(2) ? ctx.in(2).data<T>()[0]
+                                : (kFloat ? std::numeric_limits<T>::infinity()
+                                          : std::numeric_limits<T>::max());
     UnaryKernel<T, T>(x, outputs[0], [=](T v) {
       v = v < lo ? lo : v;
       return v > hi ? hi : v;
