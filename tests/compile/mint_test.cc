@@ -334,6 +334,69 @@ TEST(MintLaws, IntegerProbesStayInsideTheTableTheyIndex) {
   EXPECT_EQ(m->gate.verdict, Verdict::kHealthy) << m->gate.Summary();
 }
 
+// Index inputs of every index-consuming op stay inside what they index, with extents from the
+// shape class (the data is a runtime input here, not a table the graph binds): GatherElements
+// and ScatterElements along their axis, GatherND and ScatterND per index column, OneHot below a
+// constant depth; bools stay bools; an unbounded integer scalar is a count, drawn from [1, 8).
+TEST(MintLaws, ProbesStayInsideWhatEveryIndexOpIndexes) {
+  testing::OnnxBuilder b(17);
+  b.Input("data", testing::kFloat, {-1, 6})
+      .Input("ge_idx", onnx::TensorProto::INT64, {2, 6})
+      .Input("nd_idx", onnx::TensorProto::INT64, {5, 2})
+      .Input("sc_idx", onnx::TensorProto::INT32, {2, 6})
+      .Input("sc_upd", testing::kFloat, {2, 6})
+      .Input("hot", onnx::TensorProto::INT64, {7})
+      .Input("mask", onnx::TensorProto::BOOL, {3, 6})
+      .Input("steps", onnx::TensorProto::INT64, {});
+  testing::OnnxBuilder::IntAttr(b.Node("GatherElements", {"data", "ge_idx"}, {"ge"}), "axis", 0);
+  b.Node("GatherND", {"data", "nd_idx"}, {"nd"});
+  auto& cast = b.Node("Cast", {"sc_idx"}, {"sc_idx64"});
+  testing::OnnxBuilder::IntAttr(cast, "to", onnx::TensorProto::INT64);
+  testing::OnnxBuilder::IntAttr(
+      b.Node("ScatterElements", {"data", "sc_idx64", "sc_upd"}, {"sc"}), "axis", 1);
+  b.Int64Init("depth", {}, {4});
+  b.FloatInit("onoff", {2}, {0.0f, 1.0f});
+  b.Node("OneHot", {"hot", "depth", "onoff"}, {"oh"});
+  for (const char* o : {"ge", "nd", "sc", "oh"}) b.Output(o, testing::kFloat, {});
+  auto g = ImportOnnxBytes(b.Bytes(), "index_ops");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const ShapeClass cls{{"data", {3, 6}}, {"ge_idx", {2, 6}}, {"nd_idx", {5, 2}},
+                       {"sc_idx", {2, 6}}, {"sc_upd", {2, 6}}, {"hot", {7}},
+                       {"mask", {3, 6}}, {"steps", {}}};
+  const ProbeBounds bounds = ProbeIntBounds(*g, cls);
+  EXPECT_EQ(bounds.at("ge_idx"), std::vector<int64_t>{3});     // data's rows (axis 0)
+  EXPECT_EQ(bounds.at("nd_idx"), (std::vector<int64_t>{3, 6}));  // one bound per column
+  EXPECT_EQ(bounds.at("sc_idx"), std::vector<int64_t>{6});     // through the Cast, axis 1
+  EXPECT_EQ(bounds.at("hot"), std::vector<int64_t>{4});
+  EXPECT_FALSE(bounds.count("steps"));
+  EntryMetadata e;
+  for (const auto& [name, shape] : cls) {
+    const ValueInfo* v = g->FindInput(name);
+    ASSERT_NE(v, nullptr);
+    e.inputs.push_back({name, v->dtype, shape});
+  }
+  for (uint64_t salt = 0; salt < 4; ++salt) {
+    auto probe = ProbeInputs(e, Lane::kExported, salt, bounds);
+    ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+    auto all_in = [&](const std::string& name, std::vector<int64_t> hi) {
+      const Tensor& t = probe->at(name);
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const int64_t v = t.GetAsInt64(i);
+        EXPECT_GE(v, 0) << name;
+        EXPECT_LT(v, hi[static_cast<size_t>(i) % hi.size()]) << name << " [" << i << "]";
+      }
+    };
+    all_in("ge_idx", {3});
+    all_in("nd_idx", {3, 6});
+    all_in("sc_idx", {6});
+    all_in("hot", {4});
+    all_in("mask", {2});
+    const int64_t steps = probe->at("steps").GetAsInt64(0);
+    EXPECT_GE(steps, 1);
+    EXPECT_LT(steps, 8);
+  }
+}
+
 // Law 5: the strict gate refuses the gray band and below the floor; nothing reaches the store.
 TEST(MintLaws, GateRefusesGrayBandAndDestroyedAndNothingIsStored) {
   Target t = Load("mlp");
