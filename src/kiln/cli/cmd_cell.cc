@@ -404,7 +404,7 @@ Status DoInspect(const Args& a) {
                 ClassSpec(e.shape_class).c_str(), (unsigned long long)e.workspace_bytes);
     for (const TensorSpec& s : e.outputs) {
       std::printf("  output   %-24s %s%s\n", s.name.c_str(), DTypeName(s.dtype),
-                  ShapeToString(s.shape).c_str());
+                  s.dynamic ? "[shape known at run time]" : ShapeToString(s.shape).c_str());
     }
     std::printf("  constants (%zu, bound at init in this order):\n", e.constants.size());
     for (const TensorSpec& s : e.constants) {
