@@ -58,6 +58,7 @@ from onnx import numpy_helper
 warnings.filterwarnings("ignore")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REL_L2 = 1e-3
+EXPORT_VERSION = 1
 
 # --------------------------------------------------------------------------------------------
 # Text and audio models, built with torch.
@@ -204,6 +205,31 @@ class ControlFlow(nn.Module):
         return self.head(y)
 
 
+class OcrLike(nn.Module):
+    """An OCR-style CNN: Conv/BatchNorm/ReLU stages, a squeeze-excitation gate with HardSigmoid,
+    a ConvTranspose2d and a nearest Resize (Upsample at opset 9) back up, a per-pixel head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.Conv2d(16, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32),
+                                  nn.ReLU())
+        self.se_fc1 = nn.Conv2d(32, 8, 1)
+        self.se_fc2 = nn.Conv2d(8, 32, 1)
+        self.body = nn.Sequential(nn.Conv2d(32, 32, 3, stride=2, padding=1), nn.BatchNorm2d(32),
+                                  nn.ReLU())
+        self.up = nn.ConvTranspose2d(32, 16, 2, stride=2)
+        self.head = nn.Conv2d(16, 8, 1)
+
+    def forward(self, x):
+        h = self.stem(x)
+        s = F.hardsigmoid(self.se_fc2(F.relu(self.se_fc1(h.mean((2, 3), keepdim=True)))))
+        h = self.body(h * s)
+        h = self.up(h)
+        h = F.interpolate(h, scale_factor=2.0, mode="nearest")
+        return self.head(h).sigmoid()
+
+
 class VadBranch(nn.Module):
     """One sample rate's front end and recurrent stack: a strided Conv1d filterbank, a Conv1d
     encoder, an LSTM over time carrying (h, c), a Conv1d decoder."""
@@ -315,6 +341,9 @@ MODELS = [
          lambda rng: {"x": rng.standard_normal((1, 1, 1024)).astype(np.float32),
                       "steps": np.array(3, dtype=np.int64)},
          opsets=(11, 13, 17), script=True, fast_opsets=(13,)),
+    Spec("ocr_like", OcrLike,
+         lambda rng: {"image": rng.standard_normal((1, 3, 32, 128)).astype(np.float32)},
+         unfused=(9, 11), fast_opsets=(9,)),
     Spec("vad_like", VadLike,
          lambda rng: {"x": rng.standard_normal((1, 512)).astype(np.float32),
                       "sr": np.array(16000, dtype=np.int64),
@@ -449,9 +478,10 @@ def export_one(spec, opset, fast, seed, d, stem, which):
 def make(spec, opset, fast, work):
     """Writes the model's files under work/<name>-op<opset>/; returns that folder or raises."""
     d = os.path.join(work, f"{spec.name}-op{opset}")
-    # The files are reused only when this script and torch are the ones that made them.
-    stamp = hashlib.sha256(open(os.path.abspath(__file__), "rb").read() +
-                           torch.__version__.encode() + (b"fast" if fast else b"")).hexdigest()
+    # The files are reused only when they were made the same way: bump EXPORT_VERSION when what
+    # make() or the models write changes.
+    stamp = hashlib.sha256(f"{EXPORT_VERSION} {torch.__version__} {spec.name} {opset} {fast}"
+                           .encode()).hexdigest()
     done = os.path.join(d, "done")
     if os.path.exists(done) and open(done).read() == stamp:
         return d
