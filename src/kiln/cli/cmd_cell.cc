@@ -357,7 +357,7 @@ Status DoMint(const Args& a) {
   if (!a.dump_ir.empty()) KILN_RETURN_IF_ERROR(WriteFileAtomic(a.dump_ir, dump.str()));
   if (!result.ok()) return result.status();
   std::printf("%s\n", result->ref.c_str());
-  std::printf("  gate   %s\n  fence  %s (perturbed checkpoint)\n", result->gate.Summary().c_str(),
+  std::printf("  gate   %s\n  fence  %s\n", result->gate.Summary().c_str(),
               result->fence.Summary().c_str());
   std::printf("  stored %s/%s\n  stage      ms\n", root.c_str(), result->key.c_str());
   double total = 0;
