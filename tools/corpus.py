@@ -651,8 +651,10 @@ def render(rows, fast, command):
         "initialisations (one key), `kiln run` (eager), `kiln mint` (numerics gate and fence "
         "proof; a refusal fails the row), `kiln run --compile` (the minted cell), the same cell "
         "re-bound to the second initialisation with `--checkpoint`, and `kiln bench`. "
-        "BatchNorm running statistics are calibrated on random batches (realistic, not 0 and 1), "
-        "and the opset-11 exports keep BatchNormalization unfused (`do_constant_folding=False`). "
+        "BatchNorm running statistics are calibrated on random batches (realistic, not 0 and 1). "
+        "Export `folded` is torch's default (constant folding, BatchNorm fused into the "
+        "convolution before it); `as traced` keeps every node, BatchNormalization included "
+        "(`do_constant_folding=False`, training mode PRESERVE). "
         "The target declares its sample input in `kiln.toml` (`samples`), which the gate and "
         "the fence probe beside their synthetic probes.",
         "",
@@ -661,13 +663,16 @@ def render(rows, fast, command):
         "compiled cell's error against torch's second initialisation; mint is the wall time of "
         "`kiln mint` (compile, build, gate, fence, seal); cell the packed cell's size; fence "
         "says how many weights the perturbed checkpoints measured and how many the structural "
-        "scan proved; latency is `kiln bench`'s median, single-threaded, compiled/eager.",
+        "scan proved; latency is `kiln bench`'s median, single-threaded, compiled/eager, "
+        f"measured on the machine that ran the command ({os.cpu_count()} cores, load average "
+        f"{os.getloadavg()[0]:.1f} when the run started: other work on a loaded machine makes "
+        "the latencies indicative only; `docs/benchmarks.md` has the controlled comparison).",
         "",
     ]
     ok = sum(1 for r in rows if r["ok"])
     lines += [f"**{ok} of {len(rows)} (model, opset) rows pass{' (fast subset)' if fast else ''}.**",
               ""]
-    lines += ["| model | opset | BN | eager | compiled | rebound | one key | gate | fence | mint s "
+    lines += ["| model | opset | export | eager | compiled | rebound | one key | gate | fence | mint s "
               "| cell MiB | eager ms | compiled ms | compiled/eager |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -685,7 +690,7 @@ def render(rows, fast, command):
             return ("ok " if v <= REL_L2 else "**FAIL** ") + f"{v:.1e}"
 
         key = "yes" if r.get("same_key") else ("**no**" if "same_key" in r else "-")
-        cells = [r["model"], str(r["opset"]), "folded" if r.get("fold", True) else "unfused",
+        cells = [r["model"], str(r["opset"]), "folded" if r.get("fold", True) else "as traced",
                  err("eager_err"), err("compiled_err"), err("rebound_err"), key,
                  r.get("gate", "-"), fence,
                  f"{r['mint_ms'] / 1000:.1f}" if "mint_ms" in r else "-",
