@@ -42,9 +42,9 @@ bool FuzzOne(std::string_view bytes) {
   Result<AdmittedCell> admitted = AdmitCell(bytes, "", 0, Policy());
   if (!admitted.ok()) {
     CheckRefusal(admitted.status(), "AdmitCell");
-    KILN_FUZZ_CHECK(!RefusalToken(admitted.status()).empty(),
+    KILN_FUZZ_CHECK(!admitted.status().token().empty(),
                     "refusal starts with no token: " + admitted.status().ToString());
-    KILN_FUZZ_CHECK(files.ok() || RefusalToken(admitted.status()) == kRefusalCellCorrupt,
+    KILN_FUZZ_CHECK(files.ok() || admitted.status().token() == kRefusalCellCorrupt,
                     "a tar UnpackCell refuses was refused as " + admitted.status().ToString());
     return false;
   }

@@ -80,6 +80,28 @@ Status CheckEven(int x) {
   return Status::OK();
 }
 
+TEST(StatusTest, RefusedCarriesItsTokenAsData) {
+  const Status s = Status::Refused(StatusCode::kInvalidArgument, "key_mismatch", "metadata says x");
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.token(), "key_mismatch");
+  EXPECT_EQ(s.message(), "key_mismatch: metadata says x");
+  EXPECT_TRUE(s.Is("key_mismatch"));
+  EXPECT_FALSE(s.Is("key"));
+  // Context, copies and moves keep the token; the message gains the context only.
+  Status wrapped = s.WithContext("cell 'ck1-x'");
+  EXPECT_EQ(wrapped.token(), "key_mismatch");
+  EXPECT_EQ(wrapped.message(), "cell 'ck1-x': key_mismatch: metadata says x");
+  Status copy = wrapped;
+  Status moved = std::move(wrapped);
+  EXPECT_EQ(copy.token(), "key_mismatch");
+  EXPECT_EQ(moved.token(), "key_mismatch");
+  // A plain error has none, whatever its message says; OK has none.
+  EXPECT_EQ(Status::InvalidArgument("key_mismatch: spoofed").token(), "");
+  EXPECT_FALSE(Status::InvalidArgument("key_mismatch: spoofed").Is("key_mismatch"));
+  EXPECT_EQ(Status::OK().token(), "");
+  EXPECT_FALSE(Status::OK().Is("key_mismatch"));
+}
+
 TEST(ResultTest, HoldsValueOrError) {
   Result<int> ok = Half(8);
   ASSERT_TRUE(ok.ok());

@@ -92,8 +92,8 @@ T ValueOr(const Result<T>& r, T fallback) {
 // One `kiln hub` child process.
 class HubProcess {
  public:
-  HubProcess(std::string data_dir, std::string db_url)
-      : data_(std::move(data_dir)), db_(std::move(db_url)) {}
+  HubProcess(std::string data_dir, std::string db_url, std::vector<std::string> extra_args = {})
+      : data_(std::move(data_dir)), db_(std::move(db_url)), extra_(std::move(extra_args)) {}
   ~HubProcess() { Kill(SIGKILL); }
 
   // Starts the process on `port` (0: a free one) and waits until /v1/health answers.
@@ -112,6 +112,7 @@ class HubProcess {
                                        "--tokens",  data_ + "/../tokens.json",
                                        "--threads", "40"};
       if (!db_.empty()) args.insert(args.end(), {"--db", db_});
+      args.insert(args.end(), extra_.begin(), extra_.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -138,6 +139,10 @@ class HubProcess {
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
+  // This process's output so far (the file Start writes it to).
+  std::string Log() const {
+    return ValueOr(ReadFile(data_ + "/hub-" + std::to_string(port_) + ".log"), std::string());
+  }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int port() const { return port_; }
   std::unique_ptr<HubClient> Client(const std::string& token) const {
@@ -151,6 +156,7 @@ class HubProcess {
 
  private:
   std::string data_, db_;
+  std::vector<std::string> extra_;
   pid_t pid_ = -1;
   int port_ = 0;
 };

@@ -311,7 +311,7 @@ TEST_F(Serving, RevokedCellInstallsNoTarget) {
   cell->Revoke("revoked before install");
   Status s = t->InstallCell(cell);
   ASSERT_FALSE(s.ok());
-  EXPECT_EQ(ServeRefusalToken(s), "");
+  EXPECT_EQ(s.token(), kPostureCompiledDegraded);
   EXPECT_EQ(s.message().rfind("compiled_degraded:", 0), 0u) << s.ToString();
   EXPECT_EQ(t->cell(), nullptr);
   EXPECT_EQ(t->Posture(), kPostureCompiledDegraded);
@@ -360,7 +360,7 @@ TEST_F(Serving, MandatoryLaneFailsClosed) {
   ASSERT_FALSE(r.ok()) << "a mandatory target answered " << r->serving_mode;
   EXPECT_EQ(r.status().code(), StatusCode::kResourceExhausted);
   EXPECT_TRUE(IsRetryableServeRefusal(r.status())) << r.status().ToString();
-  EXPECT_EQ(ServeRefusalToken(r.status()), kRefusalRequiredCompileMissing);
+  EXPECT_EQ(r.status().token(), kRefusalRequiredCompileMissing);
 
   auto t = ArmedTarget(Lane::kExported, LanePolicy::kMandatory);
   ASSERT_NE(t, nullptr);
@@ -370,7 +370,7 @@ TEST_F(Serving, MandatoryLaneFailsClosed) {
 
   auto outside = t->Serve(Input(3), "mlp");
   ASSERT_FALSE(outside.ok()) << "out of envelope answered eager on a mandatory lane";
-  EXPECT_EQ(ServeRefusalToken(outside.status()), kFallbackOutOfEnvelope);
+  EXPECT_EQ(outside.status().token(), kFallbackOutOfEnvelope);
   EXPECT_FALSE(IsRetryableServeRefusal(outside.status()));
   EXPECT_FALSE(t->cell()->revoked());
 
@@ -380,7 +380,7 @@ TEST_F(Serving, MandatoryLaneFailsClosed) {
   EXPECT_TRUE(IsRetryableServeRefusal(fault.status()));
   auto after = t->Serve(Input(1), "mlp");
   ASSERT_FALSE(after.ok());
-  EXPECT_EQ(ServeRefusalToken(after.status()), kRefusalRequiredCompileMissing);
+  EXPECT_EQ(after.status().token(), kRefusalRequiredCompileMissing);
 }
 
 // Law 9: the lane is read off the armed object: the same admitted bytes armed on the intake lane

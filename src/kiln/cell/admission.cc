@@ -2,7 +2,6 @@
 #include "src/kiln/cell/admission.h"
 
 #include <algorithm>
-#include <array>
 #include <optional>
 
 #include "src/kiln/base/canonical_json.h"
@@ -14,14 +13,8 @@ namespace {
 
 using Json = nlohmann::json;
 
-constexpr std::array<const char*, 8> kTokens = {
-    kRefusalSizeMismatch,      kRefusalDigestMismatch, kRefusalCellCorrupt,
-    kRefusalMetadataInvalid,   kRefusalKeyMismatch,    kRefusalSmMismatch,
-    kRefusalToolchainMismatch, kRefusalFenceUnproven,
-};
-
 Status Refuse(StatusCode code, const char* token, const std::string& msg) {
-  return Status(code, std::string(token) + ": " + msg);
+  return Status::Refused(code, token, msg);
 }
 
 // Position of `sm` in KnownSmLevels(), or nullopt.
@@ -147,16 +140,6 @@ Result<AdmittedCell> AdmitCell(std::string_view tar_bytes, const std::string& ex
                       "; every flag must be true");
   }
   return out;
-}
-
-std::string RefusalToken(const Status& status) {
-  if (status.ok()) return "";
-  const std::string& msg = status.message();
-  for (const char* token : kTokens) {
-    const std::string prefix = std::string(token) + ": ";
-    if (msg.rfind(prefix, 0) == 0) return token;
-  }
-  return "";
 }
 
 }  // namespace kiln

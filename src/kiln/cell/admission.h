@@ -6,7 +6,8 @@
 // loader). Nothing here loads or executes any part of the cell; the loader runs only on an
 // AdmittedCell.
 //
-// Checks, in order; the first failure is returned and its message starts with its token:
+// Checks, in order; the first failure is returned with its token (Status::token(), also the
+// first word of its message):
 //   size_mismatch       Corruption       the byte count differs from the expected size
 //   digest_mismatch     Corruption       CellDigest(bytes) differs from the expected digest
 //   cell_corrupt        Corruption       the tar does not unpack (pack.h refusals)
@@ -63,9 +64,5 @@ struct AdmittedCell {
 // empty; `expected_size` is skipped when 0. Pure function of its arguments; any thread.
 Result<AdmittedCell> AdmitCell(std::string_view tar_bytes, const std::string& expected_digest,
                                uint64_t expected_size, const AdmissionPolicy& policy);
-
-// The refusal token a status starts with ("sm_mismatch"), or "" when it is OK or starts with no
-// admission token.
-std::string RefusalToken(const Status& status);
 
 }  // namespace kiln

@@ -524,10 +524,11 @@ Status ScanForBakedWeights(const WeightMap& weights, const CellArtifacts& artifa
       const std::string_view needle(bytes, static_cast<size_t>(len * esize));
       if (!artifacts.shared_object.empty() &&
           artifacts.shared_object.find(needle) != std::string_view::npos) {
-        return Status::InvalidArgument(
-            "fence_refused: weight '" + name + "' (" + w.TypeString() +
-            ") appears in the cell's shared object " + "(values " + std::to_string(start) + ".." +
-            std::to_string(start + len - 1) + "); a weight value was baked into the code");
+        return Status::Refused(StatusCode::kInvalidArgument, kRefusalFence,
+                               "weight '" + name + "' (" + w.TypeString() +
+                                   ") appears in the cell's shared object " + "(values " +
+                                   std::to_string(start) + ".." + std::to_string(start + len - 1) +
+                                   "); a weight value was baked into the code");
       }
       if (w.dtype() != DType::kFloat32 || literals.empty()) continue;
       const float* v = w.data<float>() + start;
@@ -541,10 +542,11 @@ Status ScanForBakedWeights(const WeightMap& weights, const CellArtifacts& artifa
           match = std::memcmp(&literals[pos + static_cast<size_t>(k)], &v[k], 4) == 0;
         }
         if (match) {
-          return Status::InvalidArgument(
-              "fence_refused: weight '" + name + "' (" + w.TypeString() +
-              ") appears in the generated source " + "(values " + std::to_string(start) + ".." +
-              std::to_string(start + len - 1) + "); a weight value was baked into the code");
+          return Status::Refused(
+              StatusCode::kInvalidArgument, kRefusalFence,
+              "weight '" + name + "' (" + w.TypeString() + ") appears in the generated source " +
+                  "(values " + std::to_string(start) + ".." + std::to_string(start + len - 1) +
+                  "); a weight value was baked into the code");
         }
       }
     }
@@ -670,11 +672,13 @@ class Fence {
         report_.structural.push_back(w);
         return Status::OK();
       }
-      return Status::InvalidArgument(
-          "unmeasurable: fence: weight '" + w + "' (" + weights_.at(w).TypeString() +
-          ") cannot be perturbed without eager's own outputs gaining or losing a non-finite "
-          "value (scales 0.5, 0.1, 0.02), and holds no run of values distinctive enough for the "
-          "structural scan; the fence cannot prove this cell follows it");
+      return Status::Refused(
+          StatusCode::kInvalidArgument, kRefusalUnmeasurable,
+          "fence: weight '" + w + "' (" + weights_.at(w).TypeString() +
+              ") cannot be perturbed without eager's own outputs gaining or losing a non-finite "
+              "value (scales 0.5, 0.1, 0.02), and holds no run of values distinctive enough for "
+              "the "
+              "structural scan; the fence cannot prove this cell follows it");
     }
     const size_t half = names.size() / 2;
     KILN_RETURN_IF_ERROR(Prove({names.begin(), names.begin() + half}));
@@ -696,9 +700,10 @@ class Fence {
   }
 
   Status Baked(const std::string& name, const GateReport& gate) {
-    return Status::InvalidArgument("fence_refused: the cell does not follow weight '" + name +
-                                   "' (perturbed checkpoint: " + gate.Summary() +
-                                   "); a weight value was baked into the code");
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalFence,
+                           "the cell does not follow weight '" + name +
+                               "' (perturbed checkpoint: " + gate.Summary() +
+                               "); a weight value was baked into the code");
   }
 
   // `names` diverged under (scale, seed): halve until one weight diverges on its own.
@@ -722,9 +727,9 @@ class Fence {
     std::string list;
     for (size_t i = 0; i < names.size() && i < 8; ++i) list += (i ? ", '" : "'") + names[i] + "'";
     if (names.size() > 8) list += ", ...";
-    return Status::InvalidArgument("fence_refused: with weights " + list +
-                                   " perturbed together the cell is " + gate.Summary() +
-                                   ", though it follows each of them alone");
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalFence,
+                           "with weights " + list + " perturbed together the cell is " +
+                               gate.Summary() + ", though it follows each of them alone");
   }
 
   ArmedCell& cell_;
@@ -749,8 +754,9 @@ Result<FenceReport> RunFenceProof(ArmedCell& cell, const Interpreter& eager,
     for (const TensorSpec& c : e.constants) listed.insert(c.name);
     for (const std::string& w : bound) {
       if (!listed.count(w)) {
-        return Status::InvalidArgument("fence_refused: entry " + std::to_string(e.index) +
-                                       "'s constant table does not list weight '" + w + "'");
+        return Status::Refused(StatusCode::kInvalidArgument, kRefusalFence,
+                               "entry " + std::to_string(e.index) +
+                                   "'s constant table does not list weight '" + w + "'");
       }
     }
   }

@@ -40,6 +40,11 @@
 
 namespace kiln {
 
+// Refusal tokens of a mint's proof (Status::token()).
+inline constexpr const char* kRefusalNumerics = "numerics_refused";
+inline constexpr const char* kRefusalFence = "fence_refused";
+inline constexpr const char* kRefusalUnmeasurable = "unmeasurable";
+
 struct NumericsThresholds {
   double floor = 0.999;
   double warn = 0.99999;

@@ -177,11 +177,11 @@ Result<MintResult> MintCell(const MintRequest& req) {
   KILN_ASSIGN_OR_RETURN(out.gate, RunGate(*cell, eager, req.weights, req.thresholds, req.samples));
   mark("gate");
   if (out.gate.verdict == Verdict::kUnmeasurable) {
-    return Status::InvalidArgument("unmeasurable: " + out.gate.Summary());
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalUnmeasurable, out.gate.Summary());
   }
   if (out.gate.verdict != Verdict::kHealthy) {
-    return Status::InvalidArgument("numerics_refused: " + out.gate.Summary() +
-                                   "; only HEALTHY cells are sealed");
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalNumerics,
+                           out.gate.Summary() + "; only HEALTHY cells are sealed");
   }
   // fence
   KILN_ASSIGN_OR_RETURN(out.fence,

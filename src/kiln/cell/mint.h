@@ -72,8 +72,8 @@ Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, cons
 // Reads sample inputs: one map per sample, input name -> .npy path. Errors name the file.
 Result<Samples> ReadSamples(const std::vector<std::map<std::string, std::string>>& paths);
 
-// Mints. A gate or fence refusal is InvalidArgument whose message starts with the refusal token
-// (`numerics_refused`, `fence_refused`, `unmeasurable`) and names the worst entry.
+// Mints. A gate or fence refusal is InvalidArgument with its refusal token (`numerics_refused`,
+// `fence_refused`, `unmeasurable`; gate.h) and names the worst entry.
 Result<MintResult> MintCell(const MintRequest& request);
 
 // Mints and, only if the mint succeeded, stores the sealed bytes in `store` (a refused cell

@@ -115,7 +115,7 @@ Status DoWorker(const WorkerArgs& a) {
   ctx.trust = trust.get();
   ctx.hub_keys = &hub_keys;
   ctx.events = &events;
-  ctx.private_dir = PrivateCellDir();
+  KILN_ASSIGN_OR_RETURN(ctx.private_dir, ProcessPrivateDir());
   ctx.threads = threads;
   ctx.worker = m.endpoint.name;
 
@@ -149,9 +149,10 @@ Status DoWorker(const WorkerArgs& a) {
   Minter minter(mo);
   for (const TargetSpec& spec : m.targets) {
     if (spec.lane == LanePolicy::kMandatory && !spec.exported()) {
-      return Status::InvalidArgument("mandatory_lane_needs_a_cell: target '" + spec.name +
-                                     "' is mandatory but declares no export, so no cell can "
-                                     "ever serve it");
+      return Status::Refused(StatusCode::kInvalidArgument, "mandatory_lane_needs_a_cell",
+                             "target '" + spec.name +
+                                 "' is mandatory but declares no export, so no cell can "
+                                 "ever serve it");
     }
     Booted b;
     KILN_ASSIGN_OR_RETURN(Graph g, ImportOnnxFile(spec.graph));

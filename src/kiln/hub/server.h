@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -41,8 +42,8 @@ struct Reply {
   // {"error":token,"message":message} merged with `extra`.
   static Reply Error(int status, const std::string& token, const std::string& message,
                      nlohmann::json extra = nlohmann::json::object());
-  // The translation of a store/blob Status that no route expected: 503 store_unavailable for
-  // IOError, 500 internal otherwise.
+  // The translation of a store/blob Status that no route expected: 500 store_corrupt for damage,
+  // 503 store_unavailable for IOError, 500 internal otherwise.
   static Reply FromStatus(const Status& status);
   bool ok() const { return status >= 200 && status < 300; }
 };
@@ -50,6 +51,11 @@ struct Reply {
 // Pulls a request body chunk by chunk into `sink` (returns false to stop); false if the
 // transport failed.
 using BodyReader = std::function<bool(const std::function<bool(std::string_view)>& sink)>;
+
+// What /v1/ready demands beyond reachability.
+struct ReadyOptions {
+  uint64_t min_free_bytes = 512ull << 20;  // free disk under the blob store
+};
 
 class HubService {
  public:
@@ -65,6 +71,9 @@ class HubService {
   std::variant<Principal, Reply> Authenticate(const std::string& authorization_header);
 
   Reply Health();
+  Reply Ready();
+  Reply VerifyBlobs();
+  Reply ReportBlobMismatch(const Principal& p, const std::string& digest);
   Reply ResolveCell(const Principal& p, const std::string& key);
   Reply PublishIntent(const Principal& p, std::string_view body);
   Reply UploadBlob(const Principal& p, const std::string& digest, const BodyReader& read_body);
@@ -84,6 +93,7 @@ class HubService {
   std::variant<std::unique_ptr<BlobReader>, Reply> OpenBlob(const Principal& p,
                                                             const std::string& digest);
 
+  void set_ready_options(const ReadyOptions& o) { ready_options_ = o; }
   HubStore& store() { return *store_; }
   BlobStore& blobs() { return *blobs_; }
   SigningKeyRing& keys() { return *keys_; }
@@ -94,6 +104,7 @@ class HubService {
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<SigningKeyRing> keys_;
   std::function<int64_t()> now_;
+  ReadyOptions ready_options_;
   struct TokenCache;
   std::unique_ptr<TokenCache> token_cache_;
 };
@@ -111,6 +122,9 @@ struct HubOptions {
   // the cores (docs/benchmarks.md). A database on another host may want more.
   int db_pool = 0;
   uint64_t max_blob_bytes = 2ull << 30;
+  // Every stored blob is re-hashed this often (0: never); a damaged one is quarantined.
+  int blob_verify_interval_s = 3600;
+  ReadyOptions ready;
 };
 
 // The PostgreSQL pool size `options` asks for (see HubOptions::db_pool).
@@ -142,11 +156,17 @@ class HubServer {
  private:
   HubServer() = default;
   void InstallRoutes();
+  // Runs VerifyBlobs every options_.blob_verify_interval_s until Stop().
+  void VerifyBlobsOnSchedule();
   HubOptions options_;
   int port_ = 0;
   std::unique_ptr<HubService> service_;
   struct Http;
   std::unique_ptr<Http> http_;
+  std::mutex verify_mu_;
+  std::condition_variable verify_cv_;
+  bool stopping_ = false;
+  std::thread verifier_;
 };
 
 }  // namespace kiln

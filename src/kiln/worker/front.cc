@@ -480,7 +480,7 @@ void Frontend::InstallRoutes() {
         if (!served.ok()) {
           const Status& s = served.status();
           if (IsRetryableServeRefusal(s)) {
-            SendRetry(res, options_.retry_after_s, ServeRefusalToken(s), s.message());
+            SendRetry(res, options_.retry_after_s, s.token(), s.message());
             metrics_->Error(model, 503);
           } else if (s.code() == StatusCode::kInvalidArgument) {
             refuse(400, s.message());

@@ -16,12 +16,6 @@ double MsSince(Clock::time_point start) {
 
 std::string KeyOfRef(const std::string& ref) { return ref.substr(0, ref.find('@')); }
 
-bool StartsWithToken(const std::string& message, const char* token) {
-  const std::string t(token);
-  return message.size() >= t.size() && message.compare(0, t.size(), t) == 0 &&
-         (message.size() == t.size() || message[t.size()] == ':');
-}
-
 const char* ModeOf(const ArmedCell& cell) {
   return cell.lane() == Lane::kExported ? kServingAotCell : kServingJitCell;
 }
@@ -30,15 +24,7 @@ const char* ModeOf(const ArmedCell& cell) {
 
 bool IsRetryableServeRefusal(const Status& status) {
   return status.code() == StatusCode::kResourceExhausted &&
-         (StartsWithToken(status.message(), kRefusalRequiredCompileMissing) ||
-          StartsWithToken(status.message(), kFallbackCellOom));
-}
-
-std::string ServeRefusalToken(const Status& status) {
-  for (const char* t : {kRefusalRequiredCompileMissing, kFallbackOutOfEnvelope, kFallbackCellOom}) {
-    if (!status.ok() && StartsWithToken(status.message(), t)) return t;
-  }
-  return "";
+         (status.Is(kRefusalRequiredCompileMissing) || status.Is(kFallbackCellOom));
 }
 
 ServedTarget::ServedTarget(ServedTargetOptions options, std::shared_ptr<const Graph> graph,
@@ -163,9 +149,10 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
     return EagerPostureLocked();
   };
   auto refuse_missing = [&](const std::string& why) -> Result<ServeResult> {
-    return Status::ResourceExhausted(std::string(kRefusalRequiredCompileMissing) + ": target '" +
-                                     options_.name + "' has a mandatory lane and no armed cell (" +
-                                     why + "); retry later");
+    return Status::Refused(StatusCode::kResourceExhausted, kRefusalRequiredCompileMissing,
+                           "target '" + options_.name +
+                               "' has a mandatory lane and no armed cell (" + why +
+                               "); retry later");
   };
 
   // 2. Mandatory lanes fail closed (law 11).
@@ -182,8 +169,8 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
   if (entry < 0) {
     Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, mismatch);
     if (mandatory) {
-      return Status::InvalidArgument(std::string(kFallbackOutOfEnvelope) + ": target '" +
-                                     options_.name + "' has a mandatory lane: " + mismatch);
+      return Status::Refused(StatusCode::kInvalidArgument, kFallbackOutOfEnvelope,
+                             "target '" + options_.name + "' has a mandatory lane: " + mismatch);
     }
     return done(ServeEager(inputs, snap, kFallbackOutOfEnvelope, mismatch, fn, false));
   }
@@ -200,7 +187,8 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
     }
     if (hook) err = hook();
     if (err == CellRunError::kCellFault) {
-      out = Status::Internal("cell_fault: injected by the test switch");
+      out =
+          Status::Refused(StatusCode::kInternal, kFallbackCellFault, "injected by the test switch");
     } else if (err == CellRunError::kResource) {
       out = Status::ResourceExhausted("injected allocation failure (test switch)");
     } else {
@@ -226,8 +214,8 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
       Emit(event_kind::kCellOom, "stay_armed", run_ms, ref, fn,
            "entry=" + std::to_string(entry) + " " + why);
       if (mandatory) {
-        return Status::ResourceExhausted(std::string(kFallbackCellOom) + ": target '" +
-                                         options_.name + "': " + why + "; retry later");
+        return Status::Refused(StatusCode::kResourceExhausted, kFallbackCellOom,
+                               "target '" + options_.name + "': " + why + "; retry later");
       }
       return done(ServeEager(inputs, snap, kFallbackCellOom, why, fn, false));
     case CellRunError::kRevoked:
@@ -239,8 +227,8 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
       // Admit chose the entry; the cell disagreeing is still not an error (law 8).
       Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, why);
       if (mandatory) {
-        return Status::InvalidArgument(std::string(kFallbackOutOfEnvelope) + ": target '" +
-                                       options_.name + "' has a mandatory lane: " + why);
+        return Status::Refused(StatusCode::kInvalidArgument, kFallbackOutOfEnvelope,
+                               "target '" + options_.name + "' has a mandatory lane: " + why);
       }
       return done(ServeEager(inputs, snap, kFallbackOutOfEnvelope, why, fn, false));
     case CellRunError::kCellFault:
@@ -282,8 +270,8 @@ Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell) {
   if (!refusal.empty()) {
     Emit(event_kind::kServePosture, kPostureCompiledDegraded, 0, ref, "",
          "not installed: " + refusal);
-    return Status::InvalidArgument(std::string(kPostureCompiledDegraded) + ": target '" +
-                                   options_.name + "': " + refusal);
+    return Status::Refused(StatusCode::kInvalidArgument, kPostureCompiledDegraded,
+                           "target '" + options_.name + "': " + refusal);
   }
   Emit(event_kind::kServePosture, ModeOf(*cell), 0, ref, "",
        std::string("installed lane=") + LaneName(cell->lane()));

@@ -66,11 +66,8 @@ inline constexpr const char* kFallbackGuardMiss = "guard_miss";
 inline constexpr const char* kRefusalRequiredCompileMissing = "required_compile_missing";
 
 // True when `status` is a refusal the client should retry (HTTP 503 + Retry-After): it is
-// ResourceExhausted and its message starts with `required_compile_missing` or `cell_oom`.
+// ResourceExhausted and its token is `required_compile_missing` or `cell_oom`.
 bool IsRetryableServeRefusal(const Status& status);
-// The token a Serve refusal's message starts with ("required_compile_missing",
-// "out_of_envelope", "cell_oom"), or "" for any other status.
-std::string ServeRefusalToken(const Status& status);
 
 struct ServeResult {
   TensorMap outputs;
