@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -60,11 +61,13 @@ TEST_P(StoreTest, FirstWriterWinsPerKey) {
   const std::string k = Key("fww");
   auto first = store_->InsertCellIfAbsent(Cell(k, Digest("a"), "receipt-a"));
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  EXPECT_EQ(first->digest, Digest("a"));
+  EXPECT_TRUE(first->inserted);
+  EXPECT_EQ(first->owner.digest, Digest("a"));
   auto second = store_->InsertCellIfAbsent(Cell(k, Digest("b"), "receipt-b"));
   ASSERT_TRUE(second.ok());
-  EXPECT_EQ(second->digest, Digest("a"));
-  EXPECT_EQ(second->receipt, "receipt-a");
+  EXPECT_FALSE(second->inserted);
+  EXPECT_EQ(second->owner.digest, Digest("a"));
+  EXPECT_EQ(second->owner.receipt, "receipt-a");
   auto got = store_->GetCell(k).value();
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->receipt, "receipt-a");
@@ -78,12 +81,33 @@ TEST_P(StoreTest, ConcurrentInsertsLeaveExactlyOneOwner) {
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
       auto r = store_->InsertCellIfAbsent(Cell(k, Digest("d" + std::to_string(i)), "r"));
-      owners[i] = r.ok() ? r->digest : "error: " + r.status().ToString();
+      owners[i] = r.ok() ? r->owner.digest : "error: " + r.status().ToString();
     });
   }
   for (auto& t : threads) t.join();
   for (const auto& o : owners) EXPECT_EQ(o, owners[0]);
   EXPECT_EQ(store_->GetCell(k).value()->digest, owners[0]);
+}
+
+// Publishers of the same bytes in the same second sign identical receipts: the rows they insert
+// are identical, and still exactly one of them is told it inserted.
+TEST_P(StoreTest, IdenticalConcurrentInsertsHaveExactlyOneWinner) {
+  const std::string k = Key("same");
+  std::vector<std::thread> threads;
+  std::atomic<int> winners{0}, errors{0};
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&] {
+      auto r = store_->InsertCellIfAbsent(Cell(k, Digest("same"), "receipt-same"));
+      if (!r.ok()) {
+        ++errors;
+      } else if (r->inserted) {
+        ++winners;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(winners.load(), 1);
 }
 
 TEST_P(StoreTest, IntentsByKeyDigestAndByDigest) {

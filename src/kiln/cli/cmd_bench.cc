@@ -168,7 +168,7 @@ Status DoBench(const BenchArgs& a) {
     probe_spec.inputs.push_back({v.name, v.dtype, it->second});
   }
   KILN_ASSIGN_OR_RETURN(TensorMap inputs,
-                        ProbeInputs(probe_spec, Lane::kExported, 99, ProbeIntBounds(*graph)));
+                        ProbeInputs(probe_spec, Lane::kExported, 99, ProbeIntBounds(*graph, cls)));
 
   const std::string model = ModelName(a.model), spec = ClassSpec(cls);
   if (run_eager) {

@@ -17,6 +17,7 @@
 #include "src/kiln/base/status.h"
 #include "src/kiln/graph/ir.h"
 #include "src/kiln/ops/registry.h"
+#include "src/kiln/runtime/host.h"
 
 namespace kiln {
 
@@ -26,11 +27,15 @@ struct Buffer {
   std::string name;  // the graph value's name (for dumps and errors)
   TensorType type;
   Kind kind = Kind::kTemp;
-  int index = -1;      // kInput: input slot; kWeight: constant-table slot; kConst: embed slot
-  int alias_of = -1;   // >= 0: views that buffer's bytes (Reshape-likes); no kernel writes it
+  int index = -1;        // kInput: input slot; kWeight: constant-table slot; kConst: embed slot
+  int alias_of = -1;     // >= 0: views that buffer's bytes (Reshape-likes); no kernel writes it
   int output_slot = -1;  // >= 0: a temp written straight into the caller's output buffer
-  int64_t offset = -1;   // kTemp without output_slot/alias: byte offset in the workspace
-  Tensor value;          // kConst only: the structural value (embedded in the cell source)
+  // A graph output whose shape is known only at run time: `type` holds its dtype and no shape,
+  // and its slot carries a kiln_dynamic_output (runtime/cell_abi.h). Only a dynamic region's
+  // kernel writes one.
+  bool dynamic = false;
+  int64_t offset = -1;  // kTemp without output_slot/alias: byte offset in the workspace
+  Tensor value;         // kConst only: the structural value (embedded in the cell source)
   // Memory order of the logical dims, outermost first (plan-layout sets it): {0, 2, 3, 1} is a
   // [N,C,H,W] tensor stored NHWC. Empty = row-major. Inputs, weights, constants and the
   // caller's outputs are always row-major; an alias's perm describes the same bytes in its own
@@ -49,9 +54,9 @@ struct Buffer {
 
 // One operation of a fused elementwise loop nest.
 struct Expr {
-  std::string op;             // ONNX op type (Add, Sigmoid, Where, Cast, ...)
-  std::vector<int> operands;  // >= 0: expr index; < 0: kernel input -(k+1)
-  std::vector<float> params;  // op constants from attributes (alpha, min/max, ...)
+  std::string op;                 // ONNX op type (Add, Sigmoid, Where, Cast, ...)
+  std::vector<int> operands;      // >= 0: expr index; < 0: kernel input -(k+1)
+  std::vector<float> params;      // op constants from attributes (alpha, min/max, ...)
   DType dtype = DType::kFloat32;  // result type
 };
 
@@ -70,7 +75,9 @@ struct Kernel {
     kPool,       // 2-D max/average pooling and global pooling, generated loops (any layout)
     kAttention,  // softmax(epilogue(Q K')) V in tiles with an online softmax (inputs Q, K', V,
                  // then the epilogue's operands); the scores are never materialized
-    kReference,  // the op registry's reference kernel through the runtime
+    kReference,  // the op registry's reference kernel through the runtime; also the dynamic
+                 // region (runtime/host.h kDynamicRegionOp: the graph's data-dependent nodes,
+                 // run by the host's eager interpreter)
   };
   Kind kind = Kind::kReference;
   std::string label;        // op types it covers, for dumps ("Conv+Add+Relu")
@@ -122,10 +129,10 @@ struct Program {
   std::string entry_name;  // "entry<i>"
   std::vector<Buffer> buffers;
   std::vector<Kernel> kernels;
-  std::vector<int> inputs;     // buffer id per graph input, in graph order
-  std::vector<int> outputs;    // buffer id per graph output, in graph order
+  std::vector<int> inputs;   // buffer id per graph input, in graph order
+  std::vector<int> outputs;  // buffer id per graph output, in graph order
   std::vector<std::string> input_names, output_names;
-  std::vector<int> weights;    // buffer id per constant-table slot
+  std::vector<int> weights;  // buffer id per constant-table slot
   int64_t workspace_bytes = 0;
 
   int AddBuffer(Buffer b);

@@ -51,8 +51,10 @@ static inline int kiln_par(const kiln_host_api* H, int threads, int64_t n, F& bo
 // exp(x) to ~1 ulp: Cody-Waite range reduction and a degree-6 polynomial (Cephes), no libm call.
 // Below the smallest normal result it is 0, not a denormal: the compiler folds the clamped lanes
 // into constants, and one denormal constant multiplied into every lane of a loop (sigmoid's
-// 1 / (1 + exp(88)) was one) costs a microcode assist per element, ~20x the loop's time.
+// 1 / (1 + exp(88)) was one) costs a microcode assist per element, ~20x the loop's time. Past
+// ln(FLT_MAX) the result is +inf, as expf gives; NaN stays NaN.
 static inline float kiln_exp(float x) {
+  const float xin = x;
   const float flush = x < -87.3365447504f ? 0.0f : 1.0f;
   x = x > 88.3762626647949f ? 88.3762626647949f : x;
   x = x < -87.3365447504f ? -87.3365447504f : x;
@@ -70,9 +72,9 @@ static inline float kiln_exp(float x) {
   uint32_t bits = (uint32_t)e << 23;
   float scale;
   memcpy(&scale, &bits, 4);
-  return p * scale * flush;
+  return xin > 88.72283935546875f ? INFINITY : p * scale * flush;
 }
-// 0 below -87 (where 1 / (1 + exp(-x)) would be a denormal; see kiln_exp).
+// 0 below -87 (where 1 / (1 + exp(-x)) would be a denormal; see kiln_exp); NaN stays NaN.
 static inline float kiln_sigmoid(float x) {
   return x < -87.0f ? 0.0f : 1.0f / (1.0f + kiln_exp(-x));
 }
@@ -97,7 +99,9 @@ static inline float kiln_erf(float x) {
   const float big = 1.0f - p * t * kiln_exp(-x2);
   return ax < 0.5f ? x * s : copysignf(big, x);
 }
-static inline float kiln_relu(float x) { return x > 0.0f ? x : 0.0f; }
+// Every helper below keeps NaN, as the eager interpreter (and numpy) does: a comparison with NaN
+// is false, so each is written to fall through to the NaN operand.
+static inline float kiln_relu(float x) { return x < 0.0f ? 0.0f : x; }
 static inline float kiln_leaky(float x, float a) { return x >= 0.0f ? x : a * x; }
 // max then min, as ONNX/numpy clip: when lo > hi every value becomes hi.
 static inline float kiln_clip(float x, float lo, float hi) {
@@ -109,15 +113,15 @@ static inline float kiln_hardsigmoid(float x, float a, float b) {
 }
 static inline float kiln_softplus(float x) { return x > 20.0f ? x : log1pf(kiln_exp(x)); }
 static inline float kiln_elu(float x, float a) { return x >= 0.0f ? x : a * (kiln_exp(x) - 1.0f); }
-static inline float kiln_sign(float x) { return (float)((x > 0.0f) - (x < 0.0f)); }
-static inline float kiln_min(float a, float b) { return a < b ? a : b; }
-static inline float kiln_max(float a, float b) { return a > b ? a : b; }
+static inline float kiln_sign(float x) { return x != x ? x : (float)((x > 0.0f) - (x < 0.0f)); }
+static inline float kiln_min(float a, float b) { return a != a ? a : (a < b ? a : b); }
+static inline float kiln_max(float a, float b) { return a != a ? a : (a > b ? a : b); }
 // Pow: the exponent may be a weight, so the square/sqrt fast paths are chosen per value at run
 // time, never at compile time (law 1).
 static inline float kiln_pow(float a, float b) {
   if (b == 2.0f) return a * a;
   if (b == 1.0f) return a;
-  if (b == 0.5f) return sqrtf(a);
+  if (b == 0.5f) return a == -INFINITY ? INFINITY : sqrtf(a);  // powf(-inf, 0.5) is +inf
   return powf(a, b);
 }
 static inline int64_t kiln_cast_int64_t(double v) {
@@ -154,6 +158,7 @@ static inline void kiln_storev(float* p, kiln_fv v) { memcpy(p, &v, sizeof(v)); 
 static inline kiln_fv kiln_splatv(float x) { return (kiln_fv){} + x; }
 // The vector twin of kiln_exp (same reduction and polynomial; round-to-nearest via 1.5*2^23).
 static inline kiln_fv kiln_expv(kiln_fv x) {
+  const kiln_fv xin = x;
   const kiln_fv flush = x < kiln_splatv(-87.3365447504f) ? kiln_splatv(0.0f) : kiln_splatv(1.0f);
   x = x > kiln_splatv(88.3762626647949f) ? kiln_splatv(88.3762626647949f) : x;
   x = x < kiln_splatv(-87.3365447504f) ? kiln_splatv(-87.3365447504f) : x;
@@ -171,18 +176,20 @@ static inline kiln_fv kiln_expv(kiln_fv x) {
   const kiln_iv e = (__builtin_convertvector(n, kiln_iv) + 127) << 23;
   kiln_fv scale;
   memcpy(&scale, &e, sizeof(scale));
-  return p * scale * flush;
+  return xin > kiln_splatv(88.72283935546875f) ? kiln_splatv(INFINITY) : p * scale * flush;
 }
+// The row's maximum; NaN when the row holds one (a lane that saw NaN keeps it: `v > m` is
+// false for a NaN v, so NaN is taken through `v != v`).
 static inline float kiln_row_max(const float* x, int64_t n) {
   kiln_fv m = kiln_splatv(-INFINITY);
   int64_t i = 0;
   for (; i + KILN_VW <= n; i += KILN_VW) {
     const kiln_fv v = kiln_loadv(x + i);
-    m = v > m ? v : m;
+    m = (v > m) | (v != v) ? v : m;
   }
   float r = -INFINITY;
-  for (int j = 0; j < KILN_VW; ++j) r = m[j] > r ? m[j] : r;
-  for (; i < n; ++i) r = x[i] > r ? x[i] : r;
+  for (int j = 0; j < KILN_VW; ++j) r = m[j] > r || m[j] != m[j] ? m[j] : r;
+  for (; i < n; ++i) r = x[i] > r || x[i] != x[i] ? x[i] : r;
   return r;
 }
 // y[i] = exp(x[i] - m); returns the sum of y. x and y may be the same row.

@@ -16,11 +16,11 @@ class MemoryStore final : public HubStore {
  public:
   std::string Describe() const override { return "memory"; }
 
-  Result<CellRow> InsertCellIfAbsent(const CellRow& row) override {
+  Result<CellInsert> InsertCellIfAbsent(const CellRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto [it, inserted] = cells_.emplace(row.key, row);
     if (inserted) order_.push_back(row.key);
-    return it->second;
+    return CellInsert{it->second, inserted};
   }
   Result<std::optional<CellRow>> GetCell(const std::string& key) override {
     std::lock_guard<std::mutex> lock(mu_);

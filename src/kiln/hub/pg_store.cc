@@ -135,18 +135,21 @@ class PostgresStore final : public HubStore {
     });
   }
 
-  Result<CellRow> InsertCellIfAbsent(const CellRow& c) override {
-    CellRow out;
+  Result<CellInsert> InsertCellIfAbsent(const CellRow& c) override {
+    CellInsert out;
     KILN_RETURN_IF_ERROR(Do("insert cell", [&](pqxx::transaction_base& w) {
-      w.exec_params(
+      // RETURNING yields a row only when this statement inserted: the winner of a race.
+      auto ins = w.exec_params(
           "INSERT INTO cells (key, digest, size, family, publisher, tier, release, receipt, "
-          "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (key) DO NOTHING",
+          "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (key) DO NOTHING "
+          "RETURNING key",
           c.key, c.digest, static_cast<int64_t>(c.size), c.family, c.publisher, c.tier, c.release,
           c.receipt, c.created_at);
+      out.inserted = !ins.empty();
       auto r =
           w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1", c.key);
       if (r.empty()) throw std::runtime_error("cell row vanished after insert");
-      out = ReadCell(r[0]);
+      out.owner = ReadCell(r[0]);
     }));
     return out;
   }

@@ -249,8 +249,9 @@ class SqliteStore final : public HubStore {
     return WriteFileAtomic(side, id + "\n");
   }
 
-  Result<CellRow> InsertCellIfAbsent(const CellRow& row) override {
+  Result<CellInsert> InsertCellIfAbsent(const CellRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
+    bool inserted = false;
     {
       Stmt s(db_,
              "INSERT INTO cells (key, digest, size, family, publisher, tier, release, receipt, "
@@ -258,10 +259,12 @@ class SqliteStore final : public HubStore {
       s.Bind(row.key).Bind(row.digest).Bind(static_cast<int64_t>(row.size)).Bind(row.family);
       s.Bind(row.publisher).Bind(row.tier).Bind(row.release).Bind(row.receipt).Bind(row.created_at);
       KILN_RETURN_IF_ERROR(s.Run("insert cell"));
+      // mu_ serialises every statement on this connection, so the count is this insert's.
+      inserted = sqlite3_changes(db_) == 1;
     }
     KILN_ASSIGN_OR_RETURN(auto existing, GetCellLocked(row.key));
     if (!existing) return Status::Internal("sqlite: cell '" + row.key + "' vanished after insert");
-    return *existing;
+    return CellInsert{*existing, inserted};
   }
   Result<std::optional<CellRow>> GetCell(const std::string& key) override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -36,6 +36,12 @@ struct CellRow {
   int64_t created_at = 0;  // unix seconds
 };
 
+// The outcome of a first-writer-wins insert: the row that owns the key, and whether it is ours.
+struct CellInsert {
+  CellRow owner;
+  bool inserted = false;
+};
+
 // A publisher's declared upload: PUT /v1/blobs/<digest> is accepted only against an intent.
 struct IntentRow {
   std::string key;
@@ -132,9 +138,11 @@ class HubStore {
   virtual Status CheckIntegrity() { return Status::OK(); }
 
   // --- cells --------------------------------------------------------------------------------
-  // Inserts `row` if no row has its key. Returns the row that owns the key afterwards: `row`
-  // itself if this call inserted it, else the existing first writer's row (never overwritten).
-  virtual Result<CellRow> InsertCellIfAbsent(const CellRow& row) = 0;
+  // Inserts `row` if no row has its key. Returns the row that owns the key afterwards (`row`
+  // itself if this call inserted it, else the first writer's row, never overwritten) and whether
+  // this call was the one that inserted. Two publishers of identical bytes in the same second
+  // sign byte-identical receipts, so only `inserted` tells the winner from the others.
+  virtual Result<CellInsert> InsertCellIfAbsent(const CellRow& row) = 0;
   virtual Result<std::optional<CellRow>> GetCell(const std::string& key) = 0;
   // The row of `key` with its revocation (resolve's hot path). The default reads GetCell then
   // GetRevocation; a store over the network answers it in one round trip.
