@@ -110,7 +110,8 @@ class HubDashboardTest : public ::testing::TestWithParam<std::string> {
                                         {Sha256Hex(kWorker), "worker-dash", "worker", "", ""},
                                         {Sha256Hex(kAdmin), "admin", "admin", "", ""}}))
             .ok());
-    hub_ = std::make_unique<HubProcess>(root_ + "/data", db_);
+    hub_ = std::make_unique<HubProcess>(root_ + "/data", db_,
+                                        std::vector<std::string>{"--rebuild", "off"});
     ASSERT_TRUE(hub_->Start());
   }
   void TearDown() override {

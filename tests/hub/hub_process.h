@@ -92,8 +92,10 @@ T ValueOr(const Result<T>& r, T fallback) {
 // One `kiln hub` child process.
 class HubProcess {
  public:
-  HubProcess(std::string data_dir, std::string db_url)
-      : data_(std::move(data_dir)), db_(std::move(db_url)) {}
+  // `extra` is appended to the command line (e.g. {"--rebuild", "off"} for tests that publish
+  // the fixtures' cells, whose shared objects are not built from their sources).
+  HubProcess(std::string data_dir, std::string db_url, std::vector<std::string> extra = {})
+      : data_(std::move(data_dir)), db_(std::move(db_url)), extra_(std::move(extra)) {}
   ~HubProcess() { Kill(SIGKILL); }
 
   // Starts the process on `port` (0: a free one) and waits until /v1/health answers.
@@ -112,6 +114,7 @@ class HubProcess {
                                        "--tokens",  data_ + "/../tokens.json",
                                        "--threads", "40"};
       if (!db_.empty()) args.insert(args.end(), {"--db", db_});
+      args.insert(args.end(), extra_.begin(), extra_.end());
       std::vector<char*> argv;
       for (auto& a : args) argv.push_back(a.data());
       argv.push_back(nullptr);
@@ -151,6 +154,7 @@ class HubProcess {
 
  private:
   std::string data_, db_;
+  std::vector<std::string> extra_;
   pid_t pid_ = -1;
   int port_ = 0;
 };

@@ -2,8 +2,6 @@
 
 #include "src/kiln/cli/commands.h"
 
-
-
 int main(int argc, char** argv) {
   CLI::App app{"kiln: ahead-of-time compiled ONNX cells, proven against an eager interpreter"};
   app.require_subcommand(1);
@@ -17,6 +15,7 @@ int main(int argc, char** argv) {
   kiln::cli::AddHubCommand(app, &exit_code);
   kiln::cli::AddPublishCommand(app, &exit_code);
   kiln::cli::AddResolveCommand(app, &exit_code);
+  kiln::cli::AddRebuildCommand(app, &exit_code);
   kiln::cli::AddWorkerCommand(app, &exit_code);
   try {
     app.parse(argc, argv);

@@ -16,6 +16,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "src/kiln/base/status.h"
 
@@ -63,6 +64,15 @@ class BlobStore {
   Result<std::string> ReadAll(const std::string& digest);
   // How many upload temp files exist now (tests: no partial blob after a crash).
   virtual int TempFileCount() = 0;
+
+  // Every stored blob with the time it became visible (unix seconds), for garbage collection.
+  struct Stored {
+    std::string digest;
+    int64_t stored_at = 0;
+  };
+  virtual Result<std::vector<Stored>> List() = 0;
+  // Deletes a stored blob; OK if it is not there. A reader already open keeps its bytes.
+  virtual Status Remove(const std::string& digest) = 0;
 };
 
 // "sha256:" + 64 lowercase hex.

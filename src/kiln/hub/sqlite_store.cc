@@ -11,22 +11,29 @@ namespace kiln {
 
 namespace {
 
+// Schema version 2: cells are owned per (key, family), intents per (key, digest, publisher),
+// tokens carry their release grants, and admin-revoked tokens are remembered.
+constexpr int kSchemaVersion = 2;
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
-  key TEXT PRIMARY KEY, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
+  key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
   publisher TEXT NOT NULL, tier TEXT NOT NULL, release TEXT NOT NULL, receipt TEXT NOT NULL,
-  created_at INTEGER NOT NULL);
+  created_at INTEGER NOT NULL, PRIMARY KEY (key, family));
+CREATE INDEX IF NOT EXISTS cells_digest ON cells(digest);
 CREATE TABLE IF NOT EXISTS intents (
   key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
   release TEXT NOT NULL, target TEXT NOT NULL, publisher TEXT NOT NULL,
-  created_at INTEGER NOT NULL, PRIMARY KEY (key, digest));
+  created_at INTEGER NOT NULL, PRIMARY KEY (key, digest, publisher));
 CREATE INDEX IF NOT EXISTS intents_digest ON intents(digest);
 CREATE TABLE IF NOT EXISTS revocations (
   key TEXT NOT NULL, digest TEXT NOT NULL, reason TEXT NOT NULL, revoked_by TEXT NOT NULL,
   revoked_at INTEGER NOT NULL, PRIMARY KEY (key, digest));
 CREATE TABLE IF NOT EXISTS tokens (
   token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, tier TEXT NOT NULL,
-  org TEXT NOT NULL);
+  org TEXT NOT NULL, releases TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS revoked_tokens (
+  token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, revoked_by TEXT NOT NULL,
+  revoked_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS obligations (
   release TEXT NOT NULL, target TEXT NOT NULL, sm TEXT NOT NULL, key TEXT NOT NULL,
   state TEXT NOT NULL, cell_digest TEXT NOT NULL, updated_at INTEGER NOT NULL,
@@ -38,6 +45,47 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
 )sql";
+
+// From version 1 (one owner per key, one intent per (key, digest)): the primary keys change, so
+// the two tables are rebuilt; the rows are kept.
+constexpr const char* kMigrateFrom1 = R"sql(
+ALTER TABLE cells RENAME TO cells_v1;
+CREATE TABLE cells (
+  key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
+  publisher TEXT NOT NULL, tier TEXT NOT NULL, release TEXT NOT NULL, receipt TEXT NOT NULL,
+  created_at INTEGER NOT NULL, PRIMARY KEY (key, family));
+INSERT INTO cells SELECT key, digest, size, family, publisher, tier, release, receipt, created_at
+  FROM cells_v1 ORDER BY rowid;
+DROP TABLE cells_v1;
+ALTER TABLE intents RENAME TO intents_v1;
+DROP INDEX IF EXISTS intents_digest;
+CREATE TABLE intents (
+  key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
+  release TEXT NOT NULL, target TEXT NOT NULL, publisher TEXT NOT NULL,
+  created_at INTEGER NOT NULL, PRIMARY KEY (key, digest, publisher));
+INSERT INTO intents SELECT * FROM intents_v1;
+DROP TABLE intents_v1;
+ALTER TABLE tokens ADD COLUMN releases TEXT NOT NULL DEFAULT '';
+)sql";
+
+// Release grants as one column: names joined by newlines (ParseTokensFile refuses a newline in a
+// release name).
+std::string JoinReleases(const std::vector<std::string>& releases) {
+  std::string out;
+  for (const auto& r : releases) out += (out.empty() ? "" : "\n") + r;
+  return out;
+}
+std::vector<std::string> SplitReleases(const std::string& text) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t nl = text.find('\n', at);
+    if (nl == std::string::npos) nl = text.size();
+    out.push_back(text.substr(at, nl - at));
+    at = nl + 1;
+  }
+  return out;
+}
 
 // A prepared statement with positional binds; finalized on destruction.
 class Stmt {
@@ -162,20 +210,42 @@ class SqliteStore final : public HubStore {
   Result<CellRow> InsertCellIfAbsent(const CellRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
     {
+      // A live owner is never overwritten; an owner whose (key, digest) is revoked is replaced.
       Stmt s(db_,
              "INSERT INTO cells (key, digest, size, family, publisher, tier, release, receipt, "
-             "created_at) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(key) DO NOTHING");
+             "created_at) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(key, family) DO UPDATE SET "
+             "digest = excluded.digest, size = excluded.size, publisher = excluded.publisher, "
+             "tier = excluded.tier, release = excluded.release, receipt = excluded.receipt, "
+             "created_at = excluded.created_at WHERE cells.digest <> excluded.digest AND EXISTS "
+             "(SELECT 1 FROM revocations r WHERE r.key = cells.key AND r.digest = cells.digest)");
       s.Bind(row.key).Bind(row.digest).Bind(static_cast<int64_t>(row.size)).Bind(row.family);
       s.Bind(row.publisher).Bind(row.tier).Bind(row.release).Bind(row.receipt).Bind(row.created_at);
       KILN_RETURN_IF_ERROR(s.Run("insert cell"));
     }
-    KILN_ASSIGN_OR_RETURN(auto existing, GetCellLocked(row.key));
+    KILN_ASSIGN_OR_RETURN(auto existing, GetCellLocked(row.key, row.family));
     if (!existing) return Status::Internal("sqlite: cell '" + row.key + "' vanished after insert");
     return *existing;
   }
-  Result<std::optional<CellRow>> GetCell(const std::string& key) override {
+  Result<std::optional<CellRow>> GetCell(const std::string& key,
+                                         const std::string& family) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return GetCellLocked(key);
+    return GetCellLocked(key, family);
+  }
+  Result<std::vector<CellRow>> ListCellsForKey(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, (std::string("SELECT ") + kCellCols +
+                 " FROM cells WHERE key = ? ORDER BY created_at, rowid")
+                    .c_str());
+    s.Bind(key);
+    return All<CellRow>(s, ReadCell, "list cells of a key");
+  }
+  Result<std::vector<CellRow>> CellsWithDigest(const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, (std::string("SELECT ") + kCellCols +
+                 " FROM cells WHERE digest = ? ORDER BY created_at, rowid")
+                    .c_str());
+    s.Bind(digest);
+    return All<CellRow>(s, ReadCell, "cells of a digest");
   }
   Result<std::vector<CellRow>> ListCells(int limit) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -199,22 +269,30 @@ class SqliteStore final : public HubStore {
     s.Bind(r.target).Bind(r.publisher).Bind(r.created_at);
     return s.Run("put intent");
   }
-  Result<std::optional<IntentRow>> GetIntent(const std::string& key,
-                                             const std::string& digest) override {
+  Result<std::optional<IntentRow>> GetIntent(const std::string& key, const std::string& digest,
+                                             const std::string& publisher) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
            "SELECT key, digest, size, family, release, target, publisher, created_at FROM intents "
-           "WHERE key = ? AND digest = ?");
-    s.Bind(key).Bind(digest);
+           "WHERE key = ? AND digest = ? AND publisher = ?");
+    s.Bind(key).Bind(digest).Bind(publisher);
     return One<IntentRow>(s, ReadIntent, "get intent");
   }
-  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) override {
+  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest,
+                                                      const std::string& publisher) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
            "SELECT key, digest, size, family, release, target, publisher, created_at FROM intents "
-           "WHERE digest = ? LIMIT 1");
-    s.Bind(digest);
+           "WHERE digest = ? AND (? = '' OR publisher = ?) ORDER BY created_at DESC LIMIT 1");
+    s.Bind(digest).Bind(publisher).Bind(publisher);
     return One<IntentRow>(s, ReadIntent, "find intent");
+  }
+  Result<int> DeleteIntentsBefore(int64_t before) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, "DELETE FROM intents WHERE created_at < ?");
+    s.Bind(before);
+    KILN_RETURN_IF_ERROR(s.Run("delete old intents"));
+    return sqlite3_changes(db_);
   }
 
   Status Revoke(const RevocationRow& r) override {
@@ -244,22 +322,87 @@ class SqliteStore final : public HubStore {
 
   Status PutToken(const TokenRow& r) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Stmt s(
-        db_,
-        "INSERT OR REPLACE INTO tokens (token_sha256, name, role, tier, org) VALUES (?,?,?,?,?)");
-    s.Bind(r.token_sha256).Bind(r.name).Bind(r.role).Bind(r.tier).Bind(r.org);
-    return s.Run("put token");
+    return PutTokenLocked(r);
   }
   Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Stmt s(db_, "SELECT token_sha256, name, role, tier, org FROM tokens WHERE token_sha256 = ?");
+    Stmt s(db_,
+           "SELECT token_sha256, name, role, tier, org, releases FROM tokens WHERE "
+           "token_sha256 = ?");
     s.Bind(token_sha256);
     return One<TokenRow>(
         s,
         [](const Stmt& s) {
-          return TokenRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4)};
+          return TokenRow{s.Text(0), s.Text(1), s.Text(2),
+                          s.Text(3), s.Text(4), SplitReleases(s.Text(5))};
         },
         "get token");
+  }
+  Status ReplaceTokens(const std::vector<TokenRow>& rows) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin"));
+    Status st = Exec("DELETE FROM tokens", "delete tokens");
+    for (size_t i = 0; st.ok() && i < rows.size(); ++i) st = PutTokenLocked(rows[i]);
+    if (!st.ok()) {
+      Exec("ROLLBACK", "rollback").IgnoreError();
+      return st;
+    }
+    return Exec("COMMIT", "commit");
+  }
+  Result<std::vector<RevokedTokenRow>> RevokeTokens(const std::string& token_sha256,
+                                                    const std::string& name,
+                                                    const std::string& revoked_by,
+                                                    int64_t now) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin"));
+    std::vector<RevokedTokenRow> out;
+    Status st;
+    {
+      Stmt s(db_,
+             "SELECT token_sha256, name FROM tokens WHERE (? <> '' AND token_sha256 = ?) OR "
+             "(? = '' AND name = ?)");
+      s.Bind(token_sha256).Bind(token_sha256).Bind(token_sha256).Bind(name);
+      auto rows = All<RevokedTokenRow>(
+          s,
+          [&](const Stmt& s) {
+            return RevokedTokenRow{s.Text(0), s.Text(1), revoked_by, now};
+          },
+          "find tokens to revoke");
+      if (rows.ok()) {
+        out = std::move(rows).value();
+      } else {
+        st = rows.status();
+      }
+    }
+    for (size_t i = 0; st.ok() && i < out.size(); ++i) {
+      Stmt ins(db_,
+               "INSERT OR REPLACE INTO revoked_tokens (token_sha256, name, revoked_by, "
+               "revoked_at) VALUES (?,?,?,?)");
+      ins.Bind(out[i].token_sha256).Bind(out[i].name).Bind(revoked_by).Bind(now);
+      st = ins.Run("record revoked token");
+      if (!st.ok()) break;
+      Stmt del(db_, "DELETE FROM tokens WHERE token_sha256 = ?");
+      del.Bind(out[i].token_sha256);
+      st = del.Run("delete revoked token");
+    }
+    if (!st.ok()) {
+      Exec("ROLLBACK", "rollback").IgnoreError();
+      return st;
+    }
+    KILN_RETURN_IF_ERROR(Exec("COMMIT", "commit"));
+    return out;
+  }
+  Result<std::vector<RevokedTokenRow>> ListRevokedTokens() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT token_sha256, name, revoked_by, revoked_at FROM revoked_tokens ORDER BY "
+           "revoked_at, name");
+    return All<RevokedTokenRow>(
+        s,
+        [](const Stmt& s) {
+          return RevokedTokenRow{s.Text(0), s.Text(1), s.Text(2), s.Int(3)};
+        },
+        "list revoked tokens");
   }
 
   Result<int> AddObligations(const std::vector<ObligationRow>& rows) override {
@@ -299,13 +442,15 @@ class SqliteStore final : public HubStore {
   }
   Result<int> DischargeObligations(const std::string& key, const std::string& digest,
                                    const std::string& release, const std::string& target,
-                                   const std::string& sm, int64_t now) override {
+                                   const std::string& sm, int64_t now,
+                                   const std::string& scope) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
            "UPDATE obligations SET state = 'discharged', key = ?, cell_digest = ?, updated_at = ? "
-           "WHERE state = 'owed' AND (key = ? OR (key = '' AND ? <> '' AND release = ? AND "
-           "target = ? AND sm = ?))");
-    s.Bind(key).Bind(digest).Bind(now).Bind(key).Bind(release).Bind(release).Bind(target).Bind(sm);
+           "WHERE state = 'owed' AND (? = '*' OR release = ?) AND (key = ? OR (key = '' AND "
+           "? <> '' AND release = ? AND target = ? AND sm = ?))");
+    s.Bind(key).Bind(digest).Bind(now).Bind(scope).Bind(scope).Bind(key).Bind(release);
+    s.Bind(release).Bind(target).Bind(sm);
     KILN_RETURN_IF_ERROR(s.Run("discharge obligations"));
     return sqlite3_changes(db_);
   }
@@ -378,11 +523,52 @@ class SqliteStore final : public HubStore {
   }
 
  private:
-  Result<std::optional<CellRow>> GetCellLocked(const std::string& key) {
-    Stmt s(db_, (std::string("SELECT ") + kCellCols + " FROM cells WHERE key = ?").c_str());
-    s.Bind(key);
+  Result<std::optional<CellRow>> GetCellLocked(const std::string& key, const std::string& family) {
+    Stmt s(
+        db_,
+        (std::string("SELECT ") + kCellCols + " FROM cells WHERE key = ? AND family = ?").c_str());
+    s.Bind(key).Bind(family);
     return One<CellRow>(s, ReadCell, "get cell");
   }
+  Status PutTokenLocked(const TokenRow& r) {
+    Stmt s(db_,
+           "INSERT OR REPLACE INTO tokens (token_sha256, name, role, tier, org, releases) VALUES "
+           "(?,?,?,?,?,?)");
+    s.Bind(r.token_sha256).Bind(r.name).Bind(r.role).Bind(r.tier).Bind(r.org);
+    s.Bind(JoinReleases(r.releases));
+    return s.Run("put token");
+  }
+
+ public:
+  // Creates the schema, or brings an older one to kSchemaVersion.
+  Status Migrate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int version = 0;
+    {
+      Stmt v(db_, "PRAGMA user_version");
+      if (v.Step() == SQLITE_ROW) version = static_cast<int>(v.Int(0));
+    }
+    if (version >= kSchemaVersion) return Exec(kSchema, "create schema");
+    bool had_cells = false;
+    {
+      Stmt t(db_, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cells'");
+      had_cells = t.Step() == SQLITE_ROW;
+    }
+    KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin migration"));
+    Status st = had_cells ? Exec(kMigrateFrom1, "migrate schema 1 to 2") : Status::OK();
+    if (st.ok()) st = Exec(kSchema, "create schema");
+    if (st.ok()) {
+      st = Exec(("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str(),
+                "set schema version");
+    }
+    if (!st.ok()) {
+      Exec("ROLLBACK", "rollback").IgnoreError();
+      return st;
+    }
+    return Exec("COMMIT", "commit migration");
+  }
+
+ private:
   template <typename T, typename F>
   Result<std::optional<T>> One(Stmt& s, F read, const char* what) {
     const int rc = s.Step();
@@ -420,7 +606,7 @@ Result<std::unique_ptr<HubStore>> OpenSqliteStore(const std::string& path) {
   sqlite3_busy_timeout(db, 5000);
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL", "enable WAL"));
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL", "set synchronous"));
-  KILN_RETURN_IF_ERROR(store->Exec(kSchema, "create schema"));
+  KILN_RETURN_IF_ERROR(store->Migrate());
   return std::unique_ptr<HubStore>(std::move(store));
 }
 
