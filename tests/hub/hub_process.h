@@ -54,10 +54,11 @@ inline int FreePort() {
 }
 
 // Holds a loopback port bound but not listening: connections to it are refused, and no other
-// process (a parallel test's hub or worker) can take it before this test's hub starts there.
+// process (a parallel test's hub or worker) can take it before this test's hub starts there. The
+// socket is close-on-exec, so a process the test starts meanwhile does not keep it bound.
 class ReservedPort {
  public:
-  ReservedPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+  ReservedPort() : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);

@@ -342,7 +342,8 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
             } else {
               PublicKeySet keys = ctx.hub_keys != nullptr ? *ctx.hub_keys : PublicKeySet();
               if (ctx.revocations != nullptr) {
-                for (const auto& [kid, raw] : ctx.revocations->Keys().keys()) {
+                const PublicKeySet watched = ctx.revocations->Keys();
+                for (const auto& [kid, raw] : watched.keys()) {
                   if (!keys.Has(kid)) keys.AddRaw(raw).IgnoreError();
                 }
               }

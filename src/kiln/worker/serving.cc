@@ -269,23 +269,29 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
       if (mandatory) {
         // Without a cell a mandatory target can only refuse: mint the key again (the bytes are
         // proven afresh before they arm) rather than refuse forever.
+        // Without a hook (nothing here can mint) another route may still install a cell, so
+        // the refusal stays retryable.
         std::function<void(const std::string&)> remint;
+        bool lost = false;
         {
           std::lock_guard<std::mutex> lock(mu_);
-          if (remints_left_ > 0 && on_cell_lost_) {
+          if (on_cell_lost_ && remints_left_ > 0) {
             --remints_left_;
             remint = on_cell_lost_;
-          } else {
-            cell_lost_ = true;
+          } else if (on_cell_lost_) {
+            cell_lost_ = lost = true;
           }
         }
         if (remint) {
           remint(ref);
           return refuse_missing(std::string(kFallbackCellFault) + ": " + why + "; re-minting");
         }
-        return Status::Refused(StatusCode::kInternal, kRefusalCellLost,
-                               "target '" + options_.name + "': its cell faulted (" + why +
-                                   ") and no re-mint is left; no cell will arm in this process");
+        if (lost) {
+          return Status::Refused(StatusCode::kInternal, kRefusalCellLost,
+                                 "target '" + options_.name + "': its cell faulted (" + why +
+                                     ") and no re-mint is left; no cell will arm in this process");
+        }
+        return refuse_missing(std::string(kFallbackCellFault) + ": " + why);
       }
       return done(ServeEager(inputs, snap, kFallbackCellFault, why, fn, false));
   }
