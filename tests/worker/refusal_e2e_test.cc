@@ -356,8 +356,8 @@ TEST_F(Refusals, HubDownAtBootThenBackAdoptsWithinTheRetryBound) {
   ASSERT_TRUE(back.Start(port.port()));
   const auto published = std::chrono::steady_clock::now();
   ASSERT_TRUE(w.WaitForRow("boot_adopt", "hit", 30000));
-  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - published)
-                            .count();
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - published).count();
   std::fprintf(stderr, "adopted %.2f s after the hub came back (retry bound 2 s)\n", waited);
   EXPECT_LE(waited, 2.0 + 8.0) << "the retry bound is 2 s; the rest is slack for a loaded machine";
   auto b = Infer(w);
