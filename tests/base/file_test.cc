@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 namespace kiln {
@@ -111,6 +112,37 @@ TEST_F(FileTest, MappingADirectoryIsRefused) {
   Result<std::shared_ptr<MappedFile>> m = MappedFile::Open(dir_);
   ASSERT_FALSE(m.ok());
   EXPECT_NE(m.status().message().find(dir_), std::string::npos);
+}
+
+TEST_F(FileTest, PrivateDirMustBeThisUsersAloneAndNoLink) {
+  const std::string good = dir_ + "/good";
+  ASSERT_EQ(::mkdir(good.c_str(), 0700), 0);
+  EXPECT_TRUE(CheckPrivateDir(good).ok()) << CheckPrivateDir(good).ToString();
+
+  const std::string link = dir_ + "/link";
+  std::filesystem::create_directory_symlink(good, link);
+  Status s = CheckPrivateDir(link);
+  EXPECT_EQ(s.token(), "private_dir_unsafe") << s.ToString();
+  EXPECT_NE(s.message().find("is a symbolic link"), std::string::npos) << s.ToString();
+
+  const std::string open = dir_ + "/open";
+  ASSERT_EQ(::mkdir(open.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(open.c_str(), 0755), 0);
+  s = CheckPrivateDir(open);
+  EXPECT_EQ(s.token(), "private_dir_unsafe");
+  EXPECT_NE(s.message().find("has mode 0755"), std::string::npos) << s.ToString();
+
+  const std::string file = dir_ + "/file";
+  ASSERT_TRUE(WriteFileAtomic(file, "x").ok());
+  EXPECT_NE(CheckPrivateDir(file).message().find("is not a directory"), std::string::npos);
+
+  if (::geteuid() == 0) {
+    const std::string theirs = dir_ + "/theirs";
+    ASSERT_EQ(::mkdir(theirs.c_str(), 0700), 0);
+    ASSERT_EQ(::chown(theirs.c_str(), 65534, 65534), 0);
+    s = CheckPrivateDir(theirs);
+    EXPECT_NE(s.message().find("belongs to uid 65534"), std::string::npos) << s.ToString();
+  }
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // End-to-end tests of the `kiln` binary as a user runs it: info, run, checkpoint derive, errors.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -154,13 +155,16 @@ TEST_F(CliCellTest, KeyMintInspectAndRunCompiled) {
 
   // A private directory left by a process that died (here: one that exited without cleaning up)
   // is swept by the next kiln process; a live process's one is not touched.
-  const std::string prefix = "/tmp/kiln-cells-" + std::to_string(::getuid()) + "-";
+  // Private directories are `cells-<pid>-<random>` under the user's 0700 root.
+  const std::string root = "/tmp/kiln-" + std::to_string(::geteuid());
+  ::mkdir(root.c_str(), 0700);
+  const std::string prefix = root + "/cells-";
   const pid_t dead = ::fork();
   if (dead == 0) ::_exit(0);
   ASSERT_GT(dead, 0);
   ::waitpid(dead, nullptr, 0);
-  const std::string dead_dir = prefix + std::to_string(dead);
-  const std::string live_dir = prefix + std::to_string(::getpid());  // this test process
+  const std::string dead_dir = prefix + std::to_string(dead) + "-Ab12Cd";
+  const std::string live_dir = prefix + std::to_string(::getpid()) + "-Ab12Cd";  // this process
   ASSERT_EQ(std::system(("mkdir -p " + dead_dir + "/x " + live_dir + "/x").c_str()), 0);
 
   const std::string out_dir = "/tmp/kiln_cli_compiled_" + std::to_string(::getpid());
@@ -173,7 +177,7 @@ TEST_F(CliCellTest, KeyMintInspectAndRunCompiled) {
   std::filesystem::remove_all(live_dir);
   // The run loaded its cell from its own private directory and removed it when it exited: no
   // directory is left whose process is gone (one that vanishes while we look is not a leak).
-  for (const auto& e : std::filesystem::directory_iterator("/tmp")) {
+  for (const auto& e : std::filesystem::directory_iterator(root)) {
     const std::string path = e.path().string();
     if (path.rfind(prefix, 0) != 0) continue;
     const pid_t pid = static_cast<pid_t>(std::atol(path.c_str() + prefix.size()));

@@ -93,10 +93,10 @@ T ValueOr(const Result<T>& r, T fallback) {
 // One `kiln hub` child process.
 class HubProcess {
  public:
-  // `extra` is appended to the command line (e.g. {"--rebuild", "off"} for tests that publish
+  // `extra_args` is appended to the command line (e.g. {"--rebuild", "off"} for tests that publish
   // the fixtures' cells, whose shared objects are not built from their sources).
-  HubProcess(std::string data_dir, std::string db_url, std::vector<std::string> extra = {})
-      : data_(std::move(data_dir)), db_(std::move(db_url)), extra_(std::move(extra)) {}
+  HubProcess(std::string data_dir, std::string db_url, std::vector<std::string> extra_args = {})
+      : data_(std::move(data_dir)), db_(std::move(db_url)), extra_(std::move(extra_args)) {}
   ~HubProcess() { Kill(SIGKILL); }
 
   // Starts the process on `port` (0: a free one) and waits until /v1/health answers.
@@ -141,6 +141,10 @@ class HubProcess {
     ::kill(pid_, sig);
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
+  }
+  // This process's output so far (the file Start writes it to).
+  std::string Log() const {
+    return ValueOr(ReadFile(data_ + "/hub-" + std::to_string(port_) + ".log"), std::string());
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int port() const { return port_; }

@@ -310,5 +310,80 @@ INSERT INTO tokens VALUES ('h', 'ci', 'publisher', 'platform', '');
   std::filesystem::remove_all(dir);
 }
 
+// Damage is a refusal, never a miss: a SQLite file with garbled pages, truncated, or swapped for
+// another hub's refuses to open with store_corrupt instead of starting (empty) or answering
+// "found: false" for rows it holds.
+class SqliteDamageTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = ::testing::TempDir() + "/kiln_sqlite_damage_" + Nonce();
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    path_ = dir_ + "/hub.sqlite";
+    auto s = OpenSqliteStore(path_);
+    ASSERT_TRUE(s.ok()) << s.status().ToString();
+    // Enough rows for the cells table and its index to span many pages.
+    for (int i = 0; i < 400; ++i) {
+      const std::string n = std::to_string(i);
+      CellRow row{Key(n), Digest(n), 100, "root/m", "ci", "platform", "r1", std::string(300, 'r'),
+                  1000};
+      ASSERT_TRUE((*s)->InsertCellIfAbsent(row).ok());
+    }
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  void ExpectCorrupt(const char* what) {
+    auto reopened = OpenSqliteStore(path_);
+    ASSERT_FALSE(reopened.ok()) << what << ": a damaged store opened";
+    EXPECT_EQ(reopened.status().token(), kRefusalStoreCorrupt) << reopened.status().ToString();
+    EXPECT_EQ(reopened.status().code(), StatusCode::kCorruption);
+    EXPECT_NE(reopened.status().message().find(path_), std::string::npos)
+        << "the refusal names the file: " << reopened.status().ToString();
+  }
+  std::string dir_, path_;
+};
+
+TEST_F(SqliteDamageTest, AnUndamagedStoreReopensWithItsRows) {
+  auto s = OpenSqliteStore(path_);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE((*s)->CheckIntegrity().ok());
+  auto got = (*s)->GetCell(Key("7"), "root/m");
+  ASSERT_TRUE(got.ok());
+  EXPECT_TRUE(got->has_value());
+}
+
+TEST_F(SqliteDamageTest, GarbledPagesRefuse) {
+  const auto size = std::filesystem::file_size(path_);
+  ASSERT_GT(size, 8u * 4096u);
+  {
+    std::FILE* f = std::fopen(path_.c_str(), "r+b");
+    ASSERT_NE(f, nullptr);
+    std::mt19937 rng(7);
+    // Pages 3.. half the file: b-tree pages of the tables and the index, not the header.
+    std::fseek(f, 2 * 4096, SEEK_SET);
+    for (uint64_t i = 2 * 4096; i < size / 2; ++i) std::fputc(static_cast<int>(rng() & 0xff), f);
+    std::fclose(f);
+  }
+  ExpectCorrupt("garbled pages");
+}
+
+TEST_F(SqliteDamageTest, TruncatedToNothingRefusesInsteadOfStartingEmpty) {
+  std::filesystem::resize_file(path_, 0);
+  ExpectCorrupt("truncated to 0 bytes");
+}
+
+TEST_F(SqliteDamageTest, TruncatedMidFileRefuses) {
+  std::filesystem::resize_file(path_, std::filesystem::file_size(path_) / 2);
+  ExpectCorrupt("truncated to half");
+}
+
+TEST_F(SqliteDamageTest, AnotherHubsDatabaseInItsPlaceRefuses) {
+  const std::string other_dir = dir_ + "/other";
+  std::filesystem::create_directories(other_dir);
+  ASSERT_TRUE(OpenSqliteStore(other_dir + "/hub.sqlite").ok());
+  std::filesystem::copy_file(other_dir + "/hub.sqlite", path_,
+                             std::filesystem::copy_options::overwrite_existing);
+  ExpectCorrupt("replaced by another store");
+}
+
 }  // namespace
 }  // namespace kiln

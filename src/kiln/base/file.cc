@@ -2,6 +2,7 @@
 #include "src/kiln/base/file.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,7 +10,10 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
+
+#include "src/kiln/base/log.h"
 
 namespace kiln {
 
@@ -60,6 +64,110 @@ Status MakeDirs(const std::string& path) {
   if (parent != path) KILN_RETURN_IF_ERROR(MakeDirs(parent));
   if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST) return Errno("cannot mkdir", path);
   return Status::OK();
+}
+
+Status CheckPrivateDir(const std::string& dir) {
+  auto unsafe = [&](const std::string& why) {
+    return Status::Refused(StatusCode::kInvalidArgument, "private_dir_unsafe",
+                           "'" + dir + "' " + why + "; kiln keeps code it is about to load there");
+  };
+  struct stat link;
+  if (::lstat(dir.c_str(), &link) == 0 && S_ISLNK(link.st_mode))
+    return unsafe("is a symbolic link");
+  // The checks below are made on what this descriptor opened, never on the name again.
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ELOOP) return unsafe("is a symbolic link");
+    if (errno == ENOTDIR) return unsafe("is not a directory");
+    return unsafe(std::string("cannot be opened: ") + std::strerror(errno));
+  }
+  struct stat st;
+  const int rc = ::fstat(fd, &st);
+  ::close(fd);
+  if (rc != 0) return unsafe(std::string("cannot be examined: ") + std::strerror(errno));
+  if (st.st_uid != ::geteuid()) {
+    return unsafe("belongs to uid " + std::to_string(st.st_uid) + ", not to this user (uid " +
+                  std::to_string(::geteuid()) + ")");
+  }
+  if ((st.st_mode & 077) != 0) {
+    char mode[8];
+    std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+    return unsafe(std::string("has mode ") + mode + ", open to other users (expected 0700)");
+  }
+  return Status::OK();
+}
+
+namespace {
+
+// Removes `<root>/<prefix><pid>-*` directories whose process no longer exists: what a crash or a
+// SIGKILL left behind. A live process's directory (kill(pid, 0) does not say ESRCH) is never
+// touched; a reused pid only delays a sweep.
+void SweepDeadPrivateDirs(const std::string& root, const std::string& prefix) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const size_t dash = name.find('-', prefix.size());
+    const std::string digits = name.substr(prefix.size(), dash - prefix.size());
+    if (digits.empty() || digits.size() > 9 ||
+        digits.find_first_not_of("0123456789") != std::string::npos) {
+      continue;
+    }
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
+    std::error_code rm;
+    std::filesystem::remove_all(entry.path(), rm);
+  }
+}
+
+// The parent of private directories: the configured or conventional path when it is (or can be
+// made) safe, else a fresh mkdtemp'd one.
+Result<std::string> PrivateParent() {
+  const char* env = std::getenv("KILN_PRIVATE_ROOT");
+  const std::string wanted = env != nullptr && *env != '\0'
+                                 ? std::string(env)
+                                 : "/tmp/kiln-" + std::to_string(::geteuid());
+  if (::mkdir(wanted.c_str(), 0700) != 0 && errno != EEXIST) {
+    KILN_LOG(WARNING) << "private directories: cannot create '" << wanted
+                      << "': " << std::strerror(errno) << "; using a fresh directory instead";
+  } else {
+    Status safe = CheckPrivateDir(wanted);
+    if (safe.ok()) return wanted;
+    KILN_LOG(ERROR) << "private directories: refused " << safe.message()
+                    << "; using a fresh directory instead";
+  }
+  std::string tmpl = "/tmp/kiln-" + std::to_string(::geteuid()) + "-XXXXXX";
+  if (::mkdtemp(tmpl.data()) == nullptr) return Errno("cannot mkdtemp", tmpl);
+  return tmpl;
+}
+
+}  // namespace
+
+Result<std::string> ProcessPrivateDir() {
+  static const pid_t owner = ::getpid();
+  static const Result<std::string>* dir = [] {
+    auto* out = new Result<std::string>(Status::Internal("unset"));
+    Result<std::string> parent = PrivateParent();
+    if (!parent.ok()) {
+      *out = parent.status();
+      return out;
+    }
+    const std::string prefix = "cells-";
+    SweepDeadPrivateDirs(*parent, prefix);
+    std::string tmpl = *parent + "/" + prefix + std::to_string(owner) + "-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      *out = Errno("cannot mkdtemp", tmpl);
+      return out;
+    }
+    *out = tmpl;
+    std::atexit([] {
+      if (::getpid() != owner) return;  // a forked child exiting must not remove its parent's
+      std::error_code ec;
+      if (dir->ok()) std::filesystem::remove_all(**dir, ec);
+    });
+    return out;
+  }();
+  return *dir;
 }
 
 Result<std::string> KilnCacheRoot() {

@@ -33,6 +33,22 @@ Status WriteFileAtomic(const std::string& path, std::string_view bytes,
 // Creates `path` and its parents (like mkdir -p). OK if it already exists as a directory.
 Status MakeDirs(const std::string& path);
 
+// This process's private directory: copies of cells about to be dlopened, mint work, fetched
+// blobs. Made on first call with mkdtemp (mode 0700, a name nobody can predict) inside a parent
+// that this user owns and nobody else may enter: $KILN_PRIVATE_ROOT, else /tmp/kiln-<uid>. The
+// parent is opened with O_NOFOLLOW and checked (a directory, owned by this user, mode 0700); one
+// that fails the check — a planted symlink, another user's directory, a world-writable one — is
+// never used: the refusal is logged and a fresh mkdtemp'd parent is made instead, so a planted
+// path can neither redirect this process nor stop it. The directory is removed at normal exit;
+// the directories of dead processes are swept by the next process of the same user. Any thread;
+// the first call decides.
+Result<std::string> ProcessPrivateDir();
+
+// Whether `dir` may hold this process's private files: it exists as a directory (not a symlink),
+// is owned by this user, and no one else may read, write or enter it. OK, or InvalidArgument with
+// token `private_dir_unsafe` naming the path and what is wrong.
+Status CheckPrivateDir(const std::string& dir);
+
 // A read-only private mapping of a whole file. Immutable and thread-safe once opened; the mapping
 // lives as long as the last shared_ptr (tensors viewing it hold one).
 class MappedFile {

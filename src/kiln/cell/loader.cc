@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <sys/stat.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -273,8 +274,17 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
 
 Result<std::shared_ptr<CellLibrary>> OpenCellBytes(const std::string& so_bytes,
                                                    const std::string& private_dir) {
-  KILN_RETURN_IF_ERROR(MakeDirs(private_dir));
-  ::chmod(private_dir.c_str(), 0700);
+  // What is written here is about to run: the directory is made 0700 (never chmod-ed, which would
+  // follow a link), must be this user's alone, and no link may lead the write or the dlopen
+  // elsewhere.
+  const size_t slash = private_dir.find_last_of('/');
+  if (slash != std::string::npos && slash > 0) {
+    KILN_RETURN_IF_ERROR(MakeDirs(private_dir.substr(0, slash)));
+  }
+  if (::mkdir(private_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Status::IOError("cannot mkdir '" + private_dir + "': " + std::strerror(errno));
+  }
+  KILN_RETURN_IF_ERROR(CheckPrivateDir(private_dir));
   const std::string path = private_dir + "/cell.so";
   // A private copy made to be dlopened now: after a crash it is garbage, so it is not flushed
   // (measured on micro-diffusion: the fsync was ~7 ms of a 29 ms adopt).

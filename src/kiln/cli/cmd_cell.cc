@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <memory>
 #include <sstream>
+#include <thread>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/pack.h"
@@ -92,47 +93,6 @@ std::string ClassSpec(const ShapeClass& c) {
   return s;
 }
 
-namespace {
-
-// Removes `<root>/<prefix><pid>` directories whose process no longer exists: what a crash or a
-// SIGKILL left behind. A live process's directory (kill(pid, 0) does not say ESRCH) is never
-// touched; a reused pid only delays a sweep.
-void SweepDeadPrivateDirs(const std::string& root, const std::string& prefix) {
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(root, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
-    const std::string digits = name.substr(prefix.size());
-    if (digits.find_first_not_of("0123456789") != std::string::npos || digits.size() > 9) continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(digits));
-    if (pid <= 0 || ::kill(pid, 0) == 0 || errno != ESRCH) continue;
-    std::error_code rm;
-    std::filesystem::remove_all(entry.path(), rm);
-  }
-}
-
-}  // namespace
-
-std::string PrivateCellDir() {
-  // One directory per process, made on first use: dlopen copies of cells and mint work. It is
-  // removed when the process exits normally (a worker's drain, a command's return) — mapped
-  // objects stay valid after their files go — and a dead process's directory is swept by the
-  // next kiln process of the same user. Without this a fleet host gained one directory per boot.
-  static const std::string* dir = [] {
-    const std::string prefix = "kiln-cells-" + std::to_string(::getuid()) + "-";
-    SweepDeadPrivateDirs("/tmp", prefix);
-    static const pid_t owner = ::getpid();
-    auto* d = new std::string("/tmp/" + prefix + std::to_string(owner));
-    std::atexit([] {
-      if (::getpid() != owner) return;  // a forked child exiting must not remove its parent's
-      std::error_code ec;
-      std::filesystem::remove_all(*dir, ec);
-    });
-    return d;
-  }();
-  return *dir;
-}
-
 Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,
                                     const ShapeClass& shape_class, const std::string& family,
                                     int num_threads) {
@@ -144,7 +104,8 @@ Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const We
   r.num_threads = num_threads;
   KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
   LocalStore store(root);
-  return CompileThroughStore(r, store, PrivateCellDir());
+  KILN_ASSIGN_OR_RETURN(std::string private_dir, ProcessPrivateDir());
+  return CompileThroughStore(r, store, private_dir);
 }
 
 namespace {
@@ -156,7 +117,8 @@ struct Args {
   bool source = false;
   std::string dump_ir;
   std::vector<std::string> disabled_passes;
-  std::string child;  // `kiln mint --child REQUEST.json`
+  std::string child;         // `kiln mint --child REQUEST.json`
+  int parent_alive_fd = -1;  // `--parent-alive-fd N` (worker/mint_child.h)
 };
 
 // ---- `kiln mint --child REQUEST.json` (worker/mint_child.h is the protocol) ----
@@ -208,7 +170,22 @@ int ExitFor(const Status& s, std::string* token) {
   return kMintExitRefused;
 }
 
-int RunMintChild(const std::string& request_path) {
+// Blocks on the parent's lifeline; end of file (or an error) means the parent is gone, and the
+// whole process group goes with it: this child and the compilers it started.
+void WatchParent(int fd) {
+  std::thread([fd] {
+    char c;
+    while (true) {
+      const ssize_t n = ::read(fd, &c, 1);
+      if (n > 0 || (n < 0 && errno == EINTR)) continue;
+      ::kill(0, SIGKILL);
+      ::_exit(kMintExitBadRequest);
+    }
+  }).detach();
+}
+
+int RunMintChild(const std::string& request_path, int parent_alive_fd) {
+  if (parent_alive_fd >= 0) WatchParent(parent_alive_fd);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   auto text = ReadFile(request_path);
   if (!text.ok()) {
@@ -431,12 +408,15 @@ void AddCellCommands(CLI::App& app, int* exit_code) {
   mint->add_option("--child", args->child,
                    "run as a worker's mint child: REQUEST.json in, MINT_FRAME lines out, a report "
                    "file; exit 0 minted, 2 refused, 3 resource, 4 bad request");
+  mint->add_option(kMintParentAliveFlag, args->parent_alive_fd,
+                   "with --child: a descriptor whose end of file means the parent died (the child "
+                   "then kills its process group)");
   mint->add_option("--dump-ir", args->dump_ir, "write the IR after every pass to this file");
   mint->add_option("--disable-pass", args->disabled_passes,
                    "skip a compiler pass by name, for bisecting (repeatable)");
   mint->callback([=] {
     if (!args->child.empty()) {
-      *exit_code = RunMintChild(args->child);
+      *exit_code = RunMintChild(args->child, args->parent_alive_fd);
       return;
     }
     Status s = DoMint(*args);

@@ -244,6 +244,12 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
                   "(default 86400)");
   cmd->add_option("--gc-interval", args->options.gc_interval_s,
                   "seconds between garbage collections (default 3600; 0 = never)");
+  cmd->add_option("--blob-verify-interval", args->options.blob_verify_interval_s,
+                  "seconds between re-hashes of every stored blob, the first at start; a damaged "
+                  "blob is quarantined (0: never; default 3600)");
+  cmd->add_option("--min-free-bytes", args->options.ready.min_free_bytes,
+                  "GET /v1/ready answers 503 when less disk than this is free under the blobs "
+                  "(default 512 MiB)");
   cmd->callback([=] { *exit_code = RunHub(*args); });
 }
 

@@ -119,7 +119,7 @@ Status DoWorker(const WorkerArgs& a) {
   ctx.trust = trust.get();
   ctx.hub_keys = &hub_keys;
   ctx.events = &events;
-  ctx.private_dir = PrivateCellDir();
+  KILN_ASSIGN_OR_RETURN(ctx.private_dir, ProcessPrivateDir());
   ctx.threads = threads;
   ctx.worker = m.endpoint.name;
 

@@ -18,9 +18,6 @@ Result<MintRequest> RequestForTarget(const Manifest& manifest, const std::string
 Result<ShapeClass> ParseClassSpec(const std::string& spec);
 std::string ClassSpec(const ShapeClass& c);
 
-// The process's private directory for loaded cells.
-std::string PrivateCellDir();
-
 // The cell for one shape class of `graph` bound to `weights`, from the local store (minted and
 // stored on a miss), admitted and armed: what `run --compile`, `bench` and `demo` serve from.
 Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,

@@ -307,6 +307,15 @@ HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& des
     a.token = "digest_mismatch";
     a.message = "blob " + digest + " from the hub hashes to sha256:" + *hex + " (" +
                 std::to_string(size) + " bytes)";
+    // Tell the hub at once: it re-reads its copy and quarantines it if its disk damaged it, so
+    // the next fetch (this worker's or any other's) is a clean miss instead of the same bad bytes.
+    // A transfer that went wrong on the way finds the hub's copy intact and changes nothing.
+    HubAnswer report = Call("POST", path + "/verify", "{}");
+    if (report.ok()) {
+      a.message += report.body.value("quarantined", false)
+                       ? "; reported: the hub quarantined its damaged copy"
+                       : "; reported: the hub's copy is intact";
+    }
     return a;
   }
   std::filesystem::rename(part, dest_path, ec);

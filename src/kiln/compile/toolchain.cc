@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <oneapi/dnnl/dnnl.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -162,6 +163,8 @@ Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output
     return Status::ResourceExhausted("fork failed for '" + argv[0] + "'");
   }
   if (pid == 0) {
+    // A compiler outlives nothing it works for: it dies with the thread that waits for it.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
     ::dup2(pipefd[1], 1);
     ::dup2(pipefd[1], 2);
     if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) _exit(126);

@@ -4,10 +4,13 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <chrono>
+#include <climits>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
@@ -162,6 +165,7 @@ class DiskBlobStore final : public BlobStore {
   Status Init() {
     KILN_RETURN_IF_ERROR(MakeDirs(root_ + "/sha256"));
     KILN_RETURN_IF_ERROR(MakeDirs(root_ + "/tmp"));
+    KILN_RETURN_IF_ERROR(MakeDirs(root_ + "/quarantine"));
     std::error_code ec;
     int removed = 0;
     for (const auto& e : std::filesystem::directory_iterator(root_ + "/tmp", ec)) {
@@ -218,7 +222,7 @@ class DiskBlobStore final : public BlobStore {
     }
     return n;
   }
-  Result<std::vector<Stored>> List() override {
+  Result<std::vector<Stored>> ListStored() override {
     std::vector<Stored> out;
     std::error_code ec;
     for (auto it = std::filesystem::directory_iterator(root_ + "/sha256", ec);
@@ -241,6 +245,68 @@ class DiskBlobStore final : public BlobStore {
       return Status::IOError("unlink '" + path + "': " + Errno());
     }
     return Status::OK();
+  }
+
+  Status Verify(const std::string& digest) override {
+    KILN_ASSIGN_OR_RETURN(auto reader, Open(digest));
+    Sha256 sha;
+    std::string buf(1 << 20, '\0');
+    uint64_t at = 0;
+    while (at < reader->size()) {
+      KILN_ASSIGN_OR_RETURN(size_t n, reader->ReadAt(at, buf.data(), buf.size()));
+      if (n == 0) break;
+      sha.Update(std::string_view(buf.data(), n));
+      at += n;
+    }
+    const std::string got = "sha256:" + sha.FinalHex();
+    if (got == digest) return Status::OK();
+    // Moved, not deleted: the bytes are evidence. A rename is atomic, so a concurrent download
+    // either has the file open already (and its reader sees the damaged bytes, which the worker's
+    // own digest check refuses) or finds no blob.
+    const std::string hex = digest.substr(7);
+    const std::string to =
+        root_ + "/quarantine/" + hex + "." +
+        std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+    if (::rename((root_ + "/sha256/" + hex).c_str(), to.c_str()) != 0 && errno != ENOENT) {
+      return Status::IOError("quarantine blob " + digest + ": " + Errno());
+    }
+    KILN_LOG(ERROR) << "blob store " << root_ << ": blob " << digest << " hashes to " << got << " ("
+                    << at << " bytes); quarantined as " << to;
+    return Status::Refused(StatusCode::kCorruption, kRefusalBlobCorrupt,
+                           "blob " + digest + " hashes to " + got + "; quarantined as " + to +
+                               "; a republish of the cell repairs it");
+  }
+
+  Result<std::vector<std::string>> List() override {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(root_ + "/sha256", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      const std::string d = "sha256:" + it->path().filename().string();
+      if (IsWellFormedDigest(d)) out.push_back(d);
+    }
+    if (ec) return Status::IOError("list '" + root_ + "/sha256': " + ec.message());
+    return out;
+  }
+
+  Status CheckWritable() override {
+    const std::string probe = root_ + "/tmp/ready-probe." + std::to_string(::getpid()) + "-" +
+                              std::to_string(counter_.fetch_add(1));
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return Status::IOError("blob store '" + root_ + "' is not writable: " + Errno());
+    const bool wrote = ::write(fd, "k", 1) == 1;
+    ::close(fd);
+    ::unlink(probe.c_str());
+    if (!wrote) return Status::IOError("blob store '" + root_ + "' refuses writes: " + Errno());
+    return Status::OK();
+  }
+
+  Result<uint64_t> FreeBytes() override {
+    struct statvfs st;
+    if (::statvfs(root_.c_str(), &st) != 0) {
+      return Status::IOError("statvfs '" + root_ + "': " + Errno());
+    }
+    return static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
   }
 
  private:
@@ -330,7 +396,7 @@ class MemoryBlobStore final : public BlobStore {
     std::lock_guard<std::mutex> lock(blobs_->mu);
     return blobs_->temps;
   }
-  Result<std::vector<Stored>> List() override {
+  Result<std::vector<Stored>> ListStored() override {
     std::lock_guard<std::mutex> lock(blobs_->mu);
     std::vector<Stored> out;
     for (const auto& [digest, at] : blobs_->stored_at) out.push_back({digest, at});
@@ -342,6 +408,24 @@ class MemoryBlobStore final : public BlobStore {
     blobs_->stored_at.erase(digest);
     return Status::OK();
   }
+  Status Verify(const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(blobs_->mu);
+    auto it = blobs_->blobs.find(digest);
+    if (it == blobs_->blobs.end()) return Status::NotFound("blob " + digest + " is not stored");
+    if ("sha256:" + Sha256Hex(*it->second) == digest) return Status::OK();
+    blobs_->blobs.erase(it);
+    blobs_->stored_at.erase(digest);
+    return Status::Refused(StatusCode::kCorruption, kRefusalBlobCorrupt,
+                           "blob " + digest + " no longer hashes to its digest; dropped");
+  }
+  Result<std::vector<std::string>> List() override {
+    std::lock_guard<std::mutex> lock(blobs_->mu);
+    std::vector<std::string> out;
+    for (const auto& [d, b] : blobs_->blobs) out.push_back(d);
+    return out;
+  }
+  Status CheckWritable() override { return Status::OK(); }
+  Result<uint64_t> FreeBytes() override { return uint64_t{UINT64_MAX}; }
 
  private:
   std::shared_ptr<MemoryBlobs> blobs_ = std::make_shared<MemoryBlobs>();

@@ -6,6 +6,9 @@
 // Disk layout under the root directory:
 //   sha256/<64 hex>            a verified blob, never modified after the rename
 //   tmp/<64 hex>.<n>.part      an upload in progress (deleted at startup: never resumed)
+//   quarantine/<64 hex>.<t>    a blob whose bytes stopped hashing to its name (disk damage, a
+//                              hand edit): moved out of sha256/ so it is never served again, kept
+//                              for a post-mortem. The next upload of that digest repairs it.
 //
 // Implementations: disk (NewDiskBlobStore) and memory (NewMemoryBlobStore, for unit tests).
 // Every method may be called from any thread; concurrent uploads of one digest each write their
@@ -65,15 +68,28 @@ class BlobStore {
   // How many upload temp files exist now (tests: no partial blob after a crash).
   virtual int TempFileCount() = 0;
 
+  // Re-reads a stored blob and checks that it still hashes to its digest. OK when intact;
+  // NotFound when absent; a damaged blob is quarantined (no longer Has/Open-able) and the answer
+  // is Corruption with token `blob_corrupt`. Costs one full read.
+  virtual Status Verify(const std::string& digest) = 0;
+  // Every stored digest (for scheduled re-verification). Order unspecified.
+  virtual Result<std::vector<std::string>> List() = 0;
+  // Whether a new blob could be written now: OK, or IOError naming what failed.
+  virtual Status CheckWritable() = 0;
+  // Free bytes where blobs are written (disk), or UINT64_MAX where the notion does not apply.
+  virtual Result<uint64_t> FreeBytes() = 0;
   // Every stored blob with the time it became visible (unix seconds), for garbage collection.
   struct Stored {
     std::string digest;
     int64_t stored_at = 0;
   };
-  virtual Result<std::vector<Stored>> List() = 0;
+  virtual Result<std::vector<Stored>> ListStored() = 0;
   // Deletes a stored blob; OK if it is not there. A reader already open keeps its bytes.
   virtual Status Remove(const std::string& digest) = 0;
 };
+
+// The refusal token of a stored blob whose bytes no longer match its digest.
+inline constexpr const char* kRefusalBlobCorrupt = "blob_corrupt";
 
 // "sha256:" + 64 lowercase hex.
 bool IsWellFormedDigest(const std::string& digest);

@@ -159,6 +159,13 @@ class PostgresStore final : public HubStore {
 
   std::string Describe() const override { return "postgresql"; }
 
+  // Reachable and answering; damage inside PostgreSQL surfaces on the statement that meets it
+  // (SQLSTATE XX001/XX002, see Do).
+  Status CheckIntegrity() override {
+    return Do(
+        "check", [](pqxx::transaction_base& w) { w.exec("SELECT 1"); }, true);
+  }
+
   Status Init() {
     return Do("create schema", [&](pqxx::transaction_base& w) {
       w.exec("SELECT pg_advisory_xact_lock(7394001)");  // one hub creates the schema at a time
@@ -564,6 +571,15 @@ class PostgresStore final : public HubStore {
           return Status::IOError(std::string("postgresql: ") + what +
                                  ": connection broken: " + e.what());
         }
+      } catch (const pqxx::sql_error& e) {
+        if (conn) Release(conn->is_open() ? std::move(conn) : nullptr);
+        // data_corrupted / index_corrupted: the server read damaged pages. A refusal, so that no
+        // caller mistakes the failed lookup for an absent row.
+        if (e.sqlstate() == "XX001" || e.sqlstate() == "XX002") {
+          return Status::Refused(StatusCode::kCorruption, kRefusalStoreCorrupt,
+                                 std::string("postgresql: ") + what + ": " + e.what());
+        }
+        return Status::IOError(std::string("postgresql: ") + what + ": " + e.what());
       } catch (const std::exception& e) {
         if (conn) Release(conn->is_open() ? std::move(conn) : nullptr);
         return Status::IOError(std::string("postgresql: ") + what + ": " + e.what());

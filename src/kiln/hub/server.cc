@@ -5,6 +5,7 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -20,6 +21,19 @@ struct HubServer::Http {
 };
 
 namespace {
+
+// Whether any range of a parsed Range header (first, last; -1 where absent, so (-1, n) is the
+// suffix "-n") selects at least one byte of a `size`-byte representation.
+bool AnyRangeSatisfiable(const httplib::Ranges& ranges, uint64_t size) {
+  for (const auto& [first, last] : ranges) {
+    if (first < 0) {
+      if (last > 0 && size > 0) return true;  // a non-empty suffix of a non-empty blob
+    } else if (static_cast<uint64_t>(first) < size) {
+      return true;
+    }
+  }
+  return false;
+}
 
 void Send(const Reply& r, httplib::Response& res) {
   res.status = r.status;
@@ -46,7 +60,28 @@ int DbPoolSize(const HubOptions& options) {
   return std::clamp(pool, 1, threads);
 }
 
-HubServer::~HubServer() { Stop(); }
+HubServer::~HubServer() {
+  Stop();
+  if (verifier_.joinable()) verifier_.join();
+}
+
+void HubServer::VerifyBlobsOnSchedule() {
+  const auto every = std::chrono::seconds(options_.blob_verify_interval_s);
+  std::unique_lock<std::mutex> lock(verify_mu_);
+  // The first pass runs at start, so damage done while the hub was down is found at once.
+  for (bool first = true; first || !verify_cv_.wait_for(lock, every, [&] { return stopping_; });
+       first = false) {
+    if (stopping_) break;
+    lock.unlock();
+    const Reply r = service_->VerifyBlobs();
+    if (!r.ok()) {
+      KILN_LOG(ERROR) << "hub: scheduled blob verification failed: " << r.body.dump();
+    } else if (const auto q = r.body.value("quarantined", nlohmann::json::array()); !q.empty()) {
+      KILN_LOG(ERROR) << "hub: scheduled blob verification quarantined " << q.dump();
+    }
+    lock.lock();
+  }
+}
 
 Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
                                                    HubFirstStart* first_start) {
@@ -104,6 +139,7 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
     KILN_LOG(WARNING) << "hub: token '" << name << "' in " << tokens_path
                       << " was revoked by an admin and stays dead; remove it from the file";
   }
+  hub->service_->set_ready_options(options.ready);
   hub->service_->StartMaintenance(options.gc_interval_s);
   hub->http_ = std::make_unique<Http>();
   hub->InstallRoutes();
@@ -120,6 +156,9 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
     }
     hub->port_ = options.port;
   }
+  if (options.blob_verify_interval_s > 0) {
+    hub->verifier_ = std::thread([h = hub.get()] { h->VerifyBlobsOnSchedule(); });
+  }
   KILN_LOG(INFO) << "hub: " << hub->service_->store().Describe() << ", blobs " << options.data_dir
                  << "/blobs, signing key " << hub->service_->keys().Current()->kid() << ", "
                  << tokens.size() << " token(s), listening on " << options.bind << ":"
@@ -135,6 +174,11 @@ Status HubServer::Serve() {
 }
 
 void HubServer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(verify_mu_);
+    stopping_ = true;
+  }
+  verify_cv_.notify_all();
   if (http_) http_->server.stop();
 }
 
@@ -182,6 +226,8 @@ void HubServer::InstallRoutes() {
 
   svr.Get("/v1/health",
           [s](const httplib::Request&, httplib::Response& res) { Send(s->Health(), res); });
+  svr.Get("/v1/ready",
+          [s](const httplib::Request&, httplib::Response& res) { Send(s->Ready(), res); });
   svr.Get("/.well-known/jwks.json",
           [s](const httplib::Request&, httplib::Response& res) { Send(s->Jwks(), res); });
   svr.Get("/v1/revocations",
@@ -213,6 +259,15 @@ void HubServer::InstallRoutes() {
     if (auto* r = std::get_if<Reply>(&opened)) return Send(*r, res);
     std::shared_ptr<BlobReader> reader = std::move(std::get<std::unique_ptr<BlobReader>>(opened));
     const uint64_t size = reader->size();
+    // RFC 9110 §14.1.2: a range set none of whose ranges overlaps the blob is answered 416 with
+    // the blob's length, never a 206 of a length computed past its end.
+    if (!req.ranges.empty() && !AnyRangeSatisfiable(req.ranges, size)) {
+      res.set_header("Content-Range", "bytes */" + std::to_string(size));
+      return Send(Reply::Error(416, "range_not_satisfiable",
+                               "no requested range starts inside the " + std::to_string(size) +
+                                   "-byte blob " + std::string(req.matches[1])),
+                  res);
+    }
     res.set_header("Accept-Ranges", "bytes");
     // httplib answers a Range request (206 + Content-Range) from a sized content provider.
     res.set_content_provider(size, "application/octet-stream",
@@ -224,6 +279,10 @@ void HubServer::InstallRoutes() {
                                return sink.write(buf, *n);
                              });
   });
+  svr.Post(R"(/v1/blobs/([^/]+)/verify)",
+           authed([s](const Principal& p, const httplib::Request& req) {
+             return s->ReportBlobMismatch(p, req.matches[1]);
+           }));
   svr.Get(R"(/v1/receipts/([^/]+)/([^/]+))",
           authed([s](const Principal& p, const httplib::Request& req) {
             return s->GetReceipt(p, req.matches[1], req.matches[2]);

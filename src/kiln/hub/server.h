@@ -12,6 +12,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -43,8 +44,8 @@ struct Reply {
   // {"error":token,"message":message} merged with `extra`.
   static Reply Error(int status, const std::string& token, const std::string& message,
                      nlohmann::json extra = nlohmann::json::object());
-  // The translation of a store/blob Status that no route expected: 503 store_unavailable for
-  // IOError, 500 internal otherwise.
+  // The translation of a store/blob Status that no route expected: 500 store_corrupt for damage,
+  // 503 store_unavailable for IOError, 500 internal otherwise.
   static Reply FromStatus(const Status& status);
   bool ok() const { return status >= 200 && status < 300; }
 };
@@ -73,6 +74,11 @@ struct CollectedGarbage {
   int blobs = 0;
 };
 
+// What /v1/ready demands beyond reachability.
+struct ReadyOptions {
+  uint64_t min_free_bytes = 512ull << 20;  // free disk under the blob store
+};
+
 class HubService {
  public:
   // `now` returns unix seconds (tests pass a fixed clock); defaults to the system clock.
@@ -92,6 +98,9 @@ class HubService {
   Result<std::vector<std::string>> InstallTokens(const std::vector<TokenRow>& tokens);
 
   Reply Health();
+  Reply Ready();
+  Reply VerifyBlobs();
+  Reply ReportBlobMismatch(const Principal& p, const std::string& digest);
   // `family` is the scope asked about: cells are owned per (key, family).
   Reply ResolveCell(const Principal& p, const std::string& key, const std::string& family);
   Reply PublishIntent(const Principal& p, std::string_view body);
@@ -118,6 +127,7 @@ class HubService {
   // Runs CollectGarbage every `interval_s` on a thread of its own until this object goes.
   void StartMaintenance(int interval_s);
 
+  void set_ready_options(const ReadyOptions& o) { ready_options_ = o; }
   HubStore& store() { return *store_; }
   BlobStore& blobs() { return *blobs_; }
   SigningKeyRing& keys() { return *keys_; }
@@ -129,6 +139,7 @@ class HubService {
   std::unique_ptr<SigningKeyRing> keys_;
   std::function<int64_t()> now_;
   HubServiceOptions options_;
+  ReadyOptions ready_options_;
   struct TokenCache;
   std::unique_ptr<TokenCache> token_cache_;
   struct Maintenance;
@@ -156,6 +167,9 @@ struct HubOptions {
   int64_t blob_grace_s = 24 * 3600;
   int gc_interval_s = 3600;
   uint64_t max_shared_object_bytes = kDefaultMaxSharedObjectBytes;
+  // Every stored blob is re-hashed this often (0: never); a damaged one is quarantined.
+  int blob_verify_interval_s = 3600;
+  ReadyOptions ready;
 };
 
 // The PostgreSQL pool size `options` asks for (see HubOptions::db_pool).
@@ -187,11 +201,17 @@ class HubServer {
  private:
   HubServer() = default;
   void InstallRoutes();
+  // Runs VerifyBlobs every options_.blob_verify_interval_s until Stop().
+  void VerifyBlobsOnSchedule();
   HubOptions options_;
   int port_ = 0;
   std::unique_ptr<HubService> service_;
   struct Http;
   std::unique_ptr<Http> http_;
+  std::mutex verify_mu_;
+  std::condition_variable verify_cv_;
+  bool stopping_ = false;
+  std::thread verifier_;
 };
 
 }  // namespace kiln

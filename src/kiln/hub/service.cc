@@ -26,6 +26,8 @@ Reply Reply::Error(int status, const std::string& token, const std::string& mess
 }
 
 Reply Reply::FromStatus(const Status& status) {
+  // Damage is a typed refusal, never a miss and never "try again later".
+  if (status.Is(kRefusalStoreCorrupt)) return Error(500, kRefusalStoreCorrupt, status.message());
   if (status.code() == StatusCode::kIOError) {
     return Error(503, "store_unavailable", status.message());
   }
@@ -228,6 +230,82 @@ Reply HubService::Health() {
                            {"builder", options_.builder ? options_.builder->name() : ""}});
 }
 
+// GET /v1/ready: what a load balancer asks before sending traffic. Unlike /v1/health (the process
+// answers), every dependency is exercised: the store reachable and undamaged, the blob store
+// writable, the disk above its floor. A failing check names itself; the answer is 503.
+Reply HubService::Ready() {
+  nlohmann::json checks = nlohmann::json::object();
+  bool ready = true;
+  auto record = [&](const char* name, const Status& s) {
+    if (s.ok()) {
+      checks[name] = {{"ok", true}};
+      return;
+    }
+    ready = false;
+    checks[name] = {{"ok", false},
+                    {"error", s.token().empty() ? StatusCodeName(s.code()) : s.token()},
+                    {"message", s.message()}};
+  };
+  record("store", store_->CheckIntegrity());
+  record("blobs_writable", blobs_->CheckWritable());
+  auto free_bytes = blobs_->FreeBytes();
+  if (!free_bytes.ok()) {
+    record("disk", free_bytes.status());
+  } else if (*free_bytes < ready_options_.min_free_bytes) {
+    record("disk", Status::Refused(StatusCode::kResourceExhausted, "disk_low",
+                                   std::to_string(*free_bytes) +
+                                       " bytes free under the blob "
+                                       "store, below the floor of " +
+                                       std::to_string(ready_options_.min_free_bytes)));
+  } else {
+    record("disk", Status::OK());
+    checks["disk"]["free_bytes"] = *free_bytes;
+  }
+  if (!ready) {
+    return Reply::Error(503, "not_ready", "a dependency of the hub is failing",
+                        {{"ready", false}, {"checks", checks}});
+  }
+  return Reply::Json(200, {{"ready", true}, {"checks", checks}});
+}
+
+// Re-verifies every stored blob; damaged ones are quarantined by the blob store. Run on a schedule
+// by the server and callable by an operator. Returns how many were checked and quarantined.
+Reply HubService::VerifyBlobs() {
+  auto all = blobs_->List();
+  if (!all.ok()) return Reply::FromStatus(all.status());
+  int checked = 0;
+  nlohmann::json quarantined = nlohmann::json::array();
+  for (const std::string& digest : *all) {
+    Status s = blobs_->Verify(digest);
+    if (s.ok() || s.code() == StatusCode::kNotFound) {
+      ++checked;
+      continue;
+    }
+    if (!s.Is(kRefusalBlobCorrupt)) return Reply::FromStatus(s);
+    ++checked;
+    quarantined.push_back(digest);
+  }
+  return Reply::Json(200, {{"checked", checked}, {"quarantined", quarantined}});
+}
+
+// POST /v1/blobs/{digest}/verify: a worker whose download did not hash to the digest it asked for
+// says so; the hub re-reads its copy at once instead of waiting for the schedule.
+Reply HubService::ReportBlobMismatch(const Principal& p, const std::string& digest) {
+  if (!HasRole(p, {"worker", "publisher"})) return Forbidden(p, "report blob damage");
+  if (!IsWellFormedDigest(digest)) {
+    return Reply::Error(400, "bad_digest", "digest '" + digest + "' is not sha256:<64 hex>");
+  }
+  Status s = blobs_->Verify(digest);
+  if (s.ok()) return Reply::Json(200, {{"digest", digest}, {"intact", true}});
+  if (s.code() == StatusCode::kNotFound) {
+    return Reply::Error(404, "not_found", "blob " + digest + " is not stored");
+  }
+  if (s.Is(kRefusalBlobCorrupt)) {
+    return Reply::Json(200, {{"digest", digest}, {"intact", false}, {"quarantined", true}});
+  }
+  return Reply::FromStatus(s);
+}
+
 // GET /v1/cells/{key}?family=
 Reply HubService::ResolveCell(const Principal& p, const std::string& key,
                               const std::string& family) {
@@ -306,23 +384,37 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
   if (revoked->has_value()) return RevokedReply(**revoked);
   auto existing = store_->GetCellForResolve(intent.key, intent.family);
   if (!existing.ok()) return Reply::FromStatus(existing.status());
+  bool repair = false;
   if (existing->has_value() && !(*existing)->revocation.has_value()) {
     const CellRow& c = (*existing)->cell;
     if (c.digest == intent.digest) {
-      return Reply::Json(
-          200, {{"already", true}, {"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
+      // The same cell again: already published, unless its stored bytes were damaged (or lost),
+      // in which case this publisher's upload repairs them.
+      Status intact = blobs_->Verify(c.digest);
+      if (intact.ok()) {
+        return Reply::Json(
+            200, {{"already", true}, {"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
+      }
+      if (!intact.Is(kRefusalBlobCorrupt) && intact.code() != StatusCode::kNotFound) {
+        return Reply::FromStatus(intact);
+      }
+      repair = true;
     }
-    return Reply::Error(409, "key_taken",
-                        "key " + c.key + " is already owned in family " + c.family + " by " +
-                            c.digest + " (first writer " + c.publisher + "); " + intent.digest +
-                            " is refused",
-                        {{"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
+    if (!repair) {
+      return Reply::Error(409, "key_taken",
+                          "key " + c.key + " is already owned in family " + c.family + " by " +
+                              c.digest + " (first writer " + c.publisher + "); " + intent.digest +
+                              " is refused",
+                          {{"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
+    }
   }
   intent.publisher = p.name;
   intent.created_at = Now();
   if (Status s = store_->PutIntent(intent); !s.ok()) return Reply::FromStatus(s);
-  return Reply::Json(
-      200, {{"upload", "/v1/blobs/" + intent.digest}, {"have_blob", blobs_->Has(intent.digest)}});
+  nlohmann::json answer{{"upload", "/v1/blobs/" + intent.digest},
+                        {"have_blob", blobs_->Has(intent.digest)}};
+  if (repair) answer["repair"] = true;
+  return Reply::Json(200, answer);
 }
 
 // PUT /v1/blobs/{digest}
@@ -341,8 +433,15 @@ Reply HubService::UploadBlob(const Principal& p, const std::string& digest,
                             "; POST /v1/publish/intent first");
   }
   if (blobs_->Has(digest)) {
-    read_body([](std::string_view) { return true; });  // drain: the bytes are already here
-    return Reply::Json(200, {{"stored", true}, {"already", true}, {"digest", digest}});
+    // Already here and intact: nothing to store. Damaged: Verify quarantined it; store these.
+    Status intact = blobs_->Verify(digest);
+    if (intact.ok()) {
+      read_body([](std::string_view) { return true; });  // drain: the bytes are already here
+      return Reply::Json(200, {{"stored", true}, {"already", true}, {"digest", digest}});
+    }
+    if (!intact.Is(kRefusalBlobCorrupt) && intact.code() != StatusCode::kNotFound) {
+      return Reply::FromStatus(intact);
+    }
   }
   auto writer = blobs_->BeginWrite(digest, (*intent)->size);
   if (!writer.ok()) return Reply::FromStatus(writer.status());
@@ -880,7 +979,7 @@ Result<CollectedGarbage> HubService::CollectGarbage() {
   CollectedGarbage out;
   const int64_t horizon = Now() - options_.blob_grace_s;
   KILN_ASSIGN_OR_RETURN(out.intents, store_->DeleteIntentsBefore(horizon));
-  KILN_ASSIGN_OR_RETURN(auto blobs, blobs_->List());
+  KILN_ASSIGN_OR_RETURN(auto blobs, blobs_->ListStored());
   for (const auto& b : blobs) {
     if (b.stored_at >= horizon) continue;  // young: its publish may still complete
     KILN_ASSIGN_OR_RETURN(auto cells, store_->CellsWithDigest(b.digest));

@@ -1,10 +1,20 @@
 // The SQLite HubStore (hub layer): the default, one database file under the hub's data dir, so
 // `kiln hub` starts with nothing installed by hand. One connection in WAL mode behind a mutex;
 // first-writer-wins per key is the PRIMARY KEY on cells.key with INSERT … ON CONFLICT DO NOTHING.
+//
+// Damage is a refusal, never a miss: the file is quick_checked at open and on CheckIntegrity, and
+// any statement that meets a malformed page answers `store_corrupt` instead of "no such row". A
+// store that once held data and now holds none (truncated, or replaced by an empty file) is told
+// apart from a new one by its store id, kept both inside the database and beside it.
 #include <sqlite3.h>
 
+#include <filesystem>
 #include <mutex>
+#include <optional>
 
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/sha256.h"
+#include "src/kiln/hub/authz.h"
 #include "src/kiln/hub/store.h"
 
 namespace kiln {
@@ -44,6 +54,7 @@ CREATE TABLE IF NOT EXISTS events (
   detail TEXT NOT NULL, ts INTEGER NOT NULL);
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
+CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 )sql";
 
 // From version 1 (one owner per key, one intent per (key, digest)): the primary keys change, so
@@ -87,10 +98,23 @@ std::vector<std::string> SplitReleases(const std::string& text) {
   return out;
 }
 
+// SQLite's primary result codes that mean the file itself is damaged (not busy, not full).
+bool IsDamage(int rc) {
+  const int primary = rc & 0xff;
+  return primary == SQLITE_CORRUPT || primary == SQLITE_NOTADB;
+}
+
+Status StoreCorrupt(const std::string& path, const std::string& detail) {
+  return Status::Refused(StatusCode::kCorruption, kRefusalStoreCorrupt,
+                         "sqlite store '" + path + "': " + detail +
+                             "; restore it from a backup (the hub will not start on it as empty)");
+}
+
 // A prepared statement with positional binds; finalized on destruction.
 class Stmt {
  public:
   Stmt(sqlite3* db, const char* sql) : db_(db) {
+    path_ = sqlite3_db_filename(db, "main") ? sqlite3_db_filename(db, "main") : "";
     rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
   }
   ~Stmt() { sqlite3_finalize(stmt_); }
@@ -117,8 +141,10 @@ class Stmt {
     return Status::OK();
   }
   Status Error(const char* what, int rc) const {
-    return Status::IOError(std::string("sqlite: ") + what + ": " + sqlite3_errstr(rc) + " (" +
-                           sqlite3_errmsg(db_) + ")");
+    const std::string detail =
+        std::string(what) + ": " + sqlite3_errstr(rc) + " (" + sqlite3_errmsg(db_) + ")";
+    if (IsDamage(rc)) return StoreCorrupt(path_, detail);
+    return Status::IOError("sqlite: " + detail);
   }
   std::string Text(int col) const {
     const auto* p = sqlite3_column_text(stmt_, col);
@@ -130,6 +156,7 @@ class Stmt {
 
  private:
   sqlite3* db_;
+  std::string path_;
   sqlite3_stmt* stmt_ = nullptr;
   int rc_ = SQLITE_OK;
   int n_ = 0;
@@ -199,12 +226,75 @@ class SqliteStore final : public HubStore {
 
   Status Exec(const char* sql, const char* what) {
     char* err = nullptr;
-    if (sqlite3_exec(db_, sql, nullptr, nullptr, &err) != SQLITE_OK) {
+    const int rc = sqlite3_exec(db_, sql, nullptr, nullptr, &err);
+    if (rc != SQLITE_OK) {
       std::string msg = err ? err : "unknown error";
       sqlite3_free(err);
+      if (IsDamage(rc)) return StoreCorrupt(path_, std::string(what) + ": " + msg);
       return Status::IOError(std::string("sqlite: ") + what + " in '" + path_ + "': " + msg);
     }
     return Status::OK();
+  }
+
+  // PRAGMA quick_check: every page and index readable and consistent (not a full cross-check of
+  // index contents, which costs a multiple of the file's size). OK, or store_corrupt naming the
+  // first problems SQLite reported.
+  Status CheckIntegrity() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return QuickCheckLocked();
+  }
+  Status QuickCheckLocked() {
+    Stmt s(db_, "PRAGMA quick_check(5)");
+    std::vector<std::string> problems;
+    int rc;
+    while ((rc = s.Step()) == SQLITE_ROW) problems.push_back(s.Text(0));
+    if (rc != SQLITE_DONE)
+      return StoreCorrupt(path_, std::string("quick_check could not run: ") + sqlite3_errstr(rc));
+    if (problems.size() == 1 && problems[0] == "ok") return Status::OK();
+    std::string joined;
+    for (const std::string& p : problems) joined += (joined.empty() ? "" : "; ") + p;
+    return StoreCorrupt(path_, "quick_check found: " + joined);
+  }
+
+  // The store id binds the database to its data dir: a new store writes a fresh id into `meta` and
+  // into `<path>.id`; a later open whose database lacks the id that the side file names was
+  // truncated or replaced, and refuses rather than start empty.
+  Status CheckStoreId() {
+    const std::string side = path_ + ".id";
+    std::error_code ec;
+    const bool has_side = std::filesystem::exists(side, ec);
+    std::optional<std::string> in_db;
+    {
+      Stmt s(db_, "SELECT value FROM meta WHERE name = 'store_id'");
+      const int rc = s.Step();
+      if (rc == SQLITE_ROW) {
+        in_db = s.Text(0);
+      } else if (rc != SQLITE_DONE) {
+        return s.Error("read store id", rc);
+      }
+    }
+    if (has_side) {
+      KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(side));
+      while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+      if (!in_db) {
+        return StoreCorrupt(path_, "it holds no store id, but '" + side + "' says it is store " +
+                                       text + ": the database was truncated or replaced");
+      }
+      if (*in_db != text) {
+        return StoreCorrupt(path_, "it is store " + *in_db + ", but '" + side + "' says " + text +
+                                       ": another hub's database was put in its place");
+      }
+      return Status::OK();
+    }
+    std::string id = in_db.value_or("");
+    if (id.empty()) {
+      KILN_ASSIGN_OR_RETURN(std::string random, GenerateToken());
+      id = Sha256Hex(random).substr(0, 32);
+      Stmt s(db_, "INSERT INTO meta (name, value) VALUES ('store_id', ?)");
+      s.Bind(id);
+      KILN_RETURN_IF_ERROR(s.Run("write store id"));
+    }
+    return WriteFileAtomic(side, id + "\n");
   }
 
   Result<CellRow> InsertCellIfAbsent(const CellRow& row) override {
@@ -604,9 +694,12 @@ Result<std::unique_ptr<HubStore>> OpenSqliteStore(const std::string& path) {
   }
   auto store = std::make_unique<SqliteStore>(db, path);
   sqlite3_busy_timeout(db, 5000);
+  // Checked before anything writes: creating the schema on a damaged file could bury the damage.
+  KILN_RETURN_IF_ERROR(store->CheckIntegrity());
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL", "enable WAL"));
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL", "set synchronous"));
   KILN_RETURN_IF_ERROR(store->Migrate());
+  KILN_RETURN_IF_ERROR(store->CheckStoreId());
   return std::unique_ptr<HubStore>(std::move(store));
 }
 

@@ -128,6 +128,10 @@ struct WorkerSummary {
   int64_t events = 0;
 };
 
+// The refusal token of a store whose bytes are damaged (a malformed page, a truncated or replaced
+// database). Never answered as a miss.
+inline constexpr const char* kRefusalStoreCorrupt = "store_corrupt";
+
 class HubStore {
  public:
   HubStore() = default;
@@ -137,6 +141,11 @@ class HubStore {
 
   // A short name for logs: "sqlite:<path>", "postgresql", "memory".
   virtual std::string Describe() const = 0;
+
+  // Whether the store is reachable and its data readable: OK, `store_corrupt` (damage found), or
+  // IOError (unreachable). Cheap enough for a readiness probe on small stores; SQLite's runs a
+  // quick_check over the whole file. Any thread.
+  virtual Status CheckIntegrity() { return Status::OK(); }
 
   // --- cells --------------------------------------------------------------------------------
   // Inserts `row` unless a live row owns its (key, family): a row with no revocation is never

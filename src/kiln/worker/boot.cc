@@ -36,10 +36,13 @@ double MsSince(std::chrono::steady_clock::time_point start) {
 
 // A fresh private directory per load: dlopen keys on the path, so two loads must never share
 // one .so path within a process.
-std::string PrivateDirFor(const BootContext& ctx, const std::string& target) {
+Result<std::string> PrivateRoot(const BootContext& ctx) {
+  if (!ctx.private_dir.empty()) return ctx.private_dir;
+  return ProcessPrivateDir();
+}
+Result<std::string> PrivateDirFor(const BootContext& ctx, const std::string& target) {
   static std::atomic<uint64_t> counter{0};
-  const std::string root =
-      ctx.private_dir.empty() ? std::string("/tmp/kiln-private") : ctx.private_dir;
+  KILN_ASSIGN_OR_RETURN(std::string root, PrivateRoot(ctx));
   return root + "/" + target + "-" + std::to_string(counter.fetch_add(1));
 }
 
@@ -242,8 +245,9 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
   auto arm_and_install = [&](const AdmittedCell& admitted, const char* phase,
                              std::string note) -> BootOutcome {
     LoadTimings load;
-    auto armed = LoadAdmittedCell(admitted, weights, Lane::kExported, PrivateDirFor(ctx, spec.name),
-                                  ctx.threads, &load);
+    auto dir = PrivateDirFor(ctx, spec.name);
+    if (!dir.ok()) return finish(kBootArmRefused, dir.status().ToString() + note);
+    auto armed = LoadAdmittedCell(admitted, weights, Lane::kExported, *dir, ctx.threads, &load);
     clock.Split("open", load.open_ms, "bind");
     if (!armed.ok()) return finish(kBootArmRefused, armed.status().ToString() + note);
     std::shared_ptr<ArmedCell> cell(std::move(armed).value());
@@ -444,9 +448,11 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
   if (!revocation.ok()) return refuse_with(revocation, kBootReceiptRefused, note);
 
   // 9. Fetch by digest into the cache; a cached file is re-verified on use.
-  const std::string cache_dir =
-      ctx.blob_cache_dir.empty() ? ctx.private_dir + "/blobs" : ctx.blob_cache_dir;
-  if (Status made = MakeDirs(cache_dir); !made.ok()) {
+  auto root = PrivateRoot(ctx);
+  const std::string cache_dir = !ctx.blob_cache_dir.empty() ? ctx.blob_cache_dir
+                                : root.ok()                 ? *root + "/blobs"
+                                                            : std::string();
+  if (Status made = root.ok() ? MakeDirs(cache_dir) : root.status(); !made.ok()) {
     return finish(kBootFetchRefused,
                   "token=cache_unwritable message=\"" + made.ToString() + "\"" + note);
   }

@@ -34,6 +34,15 @@ inline constexpr int kMintExitBadRequest = 4;
 
 inline constexpr const char* kMintFramePrefix = "MINT_FRAME ";
 
+// The child dies with its parent, whatever killed the parent (even SIGKILL, which runs no
+// cleanup): PR_SET_PDEATHSIG is set before exec, and the child also holds the read end of a pipe
+// at this descriptor whose write end only the parent holds (`--parent-alive-fd 3`). End of file
+// on it means the parent is gone; the child then kills its own process group (itself and its
+// compilers). The pipe covers what the signal alone misses: a parent that died before the signal
+// was armed, and the signal's tie to the forking thread rather than the process.
+inline constexpr int kMintParentAliveFd = 3;
+inline constexpr const char* kMintParentAliveFlag = "--parent-alive-fd";
+
 struct MintChildRequest {
   std::string manifest;  // absolute path of the worker's manifest
   std::string target;    // the target to mint

@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -290,26 +291,49 @@ Minter::ChildOutcome Minter::RunChild(Job& job, int attempt) {
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
     return fail(kMintSpawnFailed, std::string("pipe: ") + std::strerror(errno));
   }
+  // The child's lifeline (mint_child.h): the parent holds the write end until it has reaped the
+  // child; the child sees end of file only when the parent is gone.
+  int alive_fds[2];
+  if (::pipe2(alive_fds, O_CLOEXEC) != 0) {
+    ::close(pipe_fds[0]);
+    ::close(pipe_fds[1]);
+    return fail(kMintSpawnFailed, std::string("pipe: ") + std::strerror(errno));
+  }
   const std::string binary = options_.binary.empty() ? SelfExe() : options_.binary;
   const std::string log = job.dir + "/child.log";
-  std::vector<std::string> args = {binary, "mint", "--child", request_path};
+  std::vector<std::string> args = {binary,
+                                   "mint",
+                                   "--child",
+                                   request_path,
+                                   kMintParentAliveFlag,
+                                   std::to_string(kMintParentAliveFd)};
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
   const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  const pid_t parent = ::getpid();
   // Everything the child needs is prepared before fork: only async-signal-safe calls after it.
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
+    ::close(alive_fds[0]);
+    ::close(alive_fds[1]);
     if (log_fd >= 0) ::close(log_fd);
     return fail(kMintSpawnFailed, std::string("fork: ") + std::strerror(errno));
   }
   if (pid == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (::getppid() != parent) ::_exit(kMintExitBadRequest);  // the parent died before the prctl
     ::setpgid(0, 0);
     ::setpriority(PRIO_PROCESS, 0, options_.child_nice);
     ::dup2(pipe_fds[1], 1);
     if (log_fd >= 0) ::dup2(log_fd, 2);
+    if (alive_fds[0] == kMintParentAliveFd) {
+      ::fcntl(kMintParentAliveFd, F_SETFD, 0);  // dup2 onto itself would keep O_CLOEXEC
+    } else {
+      ::dup2(alive_fds[0], kMintParentAliveFd);
+    }
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the server blocks SIGTERM for its sigwait
@@ -318,6 +342,7 @@ Minter::ChildOutcome Minter::RunChild(Job& job, int attempt) {
   }
   ::setpgid(pid, pid);  // also here, so the group exists before we ever signal it
   ::close(pipe_fds[1]);
+  ::close(alive_fds[0]);
   if (log_fd >= 0) ::close(log_fd);
   job.pgid = pid;
   {
@@ -376,6 +401,7 @@ Minter::ChildOutcome Minter::RunChild(Job& job, int attempt) {
   }
   ::kill(-pid, SIGKILL);  // nothing of the group outlives the mint (a compiler grandchild)
   ::close(pipe_fds[0]);
+  ::close(alive_fds[1]);
   {
     std::lock_guard<std::mutex> lock(mu_);
     children_.erase(pid);
