@@ -45,24 +45,24 @@ class ServiceTest : public ::testing::Test {
   void Make(std::shared_ptr<CellBuilder> builder, std::function<int64_t()> now = nullptr) {
     dir_ = ::testing::TempDir() + "/kiln_service_test";
     std::filesystem::remove_all(dir_);
-    auto store = NewMemoryStore();
-    ASSERT_TRUE(store
-                    ->ReplaceTokens({
-                        {Sha256Hex("platform-token"), "ci", "publisher", "platform", "", {"*"}},
-                        {Sha256Hex("acme-token"), "acme-ci", "publisher", "org", "acme", {}},
-                        {Sha256Hex("worker-token"), "w1", "worker", "", "", {"r1"}},
-                        {Sha256Hex("other-worker-token"), "w2", "worker", "", "", {}},
-                        {Sha256Hex("acme-worker-token"), "acme-w", "worker", "", "acme", {}},
-                        {Sha256Hex("admin-token"), "admin", "admin", "", "", {}},
-                    })
-                    .ok());
     HubServiceOptions o;
     o.builder = std::move(builder);
     o.blob_grace_s = 60;
     if (!now) now = [] { return int64_t{1700000000}; };
     svc_ =
-        std::make_unique<HubService>(std::move(store), NewMemoryBlobStore(),
+        std::make_unique<HubService>(NewMemoryStore(), NewMemoryBlobStore(),
                                      SigningKeyRing::OpenOrCreate(dir_).value(), now, std::move(o));
+    ASSERT_TRUE(svc_->InstallTokens(Tokens()).ok());
+  }
+  static std::vector<TokenRow> Tokens() {
+    return {
+        {Sha256Hex("platform-token"), "ci", "publisher", "platform", "", {"*"}},
+        {Sha256Hex("acme-token"), "acme-ci", "publisher", "org", "acme", {}},
+        {Sha256Hex("worker-token"), "w1", "worker", "", "", {"r1"}},
+        {Sha256Hex("other-worker-token"), "w2", "worker", "", "", {}},
+        {Sha256Hex("acme-worker-token"), "acme-w", "worker", "", "acme", {}},
+        {Sha256Hex("admin-token"), "admin", "admin", "", "", {}},
+    };
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -495,10 +495,9 @@ TEST_F(ServiceTest, BlobsAreReadableOnlyInScope) {
   EXPECT_TRUE(readable("worker-token")) << "an unscoped (platform) worker serves every family";
   EXPECT_TRUE(readable("admin-token"));
   // Another org's publisher: as if the blob did not exist.
-  ASSERT_TRUE(
-      svc_->store()
-          .PutToken({Sha256Hex("globex-token"), "globex-ci", "publisher", "org", "globex", {}})
-          .ok());
+  std::vector<TokenRow> tokens = Tokens();
+  tokens.push_back({Sha256Hex("globex-token"), "globex-ci", "publisher", "org", "globex", {}});
+  ASSERT_TRUE(svc_->InstallTokens(tokens).ok());
   auto other = svc_->OpenBlob(As("globex-token"), digest);
   ASSERT_TRUE(std::holds_alternative<Reply>(other));
   EXPECT_EQ(std::get<Reply>(other).status, 404);

@@ -162,36 +162,24 @@ TEST_P(StoreTest, RevocationsAreStickyAndListed) {
   EXPECT_TRUE(listed);
 }
 
-TEST_P(StoreTest, TokensByHash) {
-  TokenRow t{Sha256Hex(Nonce() + "tok"), "acme-ci", "publisher", "org", "acme", {"r1", "r2"}};
-  ASSERT_TRUE(store_->PutToken(t).ok());
-  auto got = store_->GetToken(t.token_sha256).value();
-  ASSERT_TRUE(got.has_value());
-  EXPECT_EQ(got->org, "acme");
-  EXPECT_EQ(got->releases, (std::vector<std::string>{"r1", "r2"}));
-  EXPECT_FALSE(store_->GetToken(Sha256Hex("unknown" + Nonce())).value().has_value());
-}
-
-// The tokens file is the truth at every start: what it no longer lists is gone; a revoked token
-// is gone at once and remembered.
-TEST_P(StoreTest, ReplaceTokensDropsWhatIsNotListedAndRevocationIsRemembered) {
-  if (GetParam() == "postgresql") GTEST_SKIP() << "replaces every token of a shared database";
-  TokenRow keep{Sha256Hex(Nonce() + "keep"), "keep", "worker", "", "", {}};
-  TokenRow drop{Sha256Hex(Nonce() + "drop"), "drop", "worker", "", "", {}};
-  ASSERT_TRUE(store_->PutToken(drop).ok());
-  ASSERT_TRUE(store_->ReplaceTokens({keep}).ok());
-  EXPECT_TRUE(store_->GetToken(keep.token_sha256).value().has_value());
-  EXPECT_FALSE(store_->GetToken(drop.token_sha256).value().has_value());
-  auto revoked = store_->RevokeTokens("", "keep", "admin", 77).value();
-  ASSERT_EQ(revoked.size(), 1u);
-  EXPECT_EQ(revoked[0].token_sha256, keep.token_sha256);
-  EXPECT_FALSE(store_->GetToken(keep.token_sha256).value().has_value());
-  auto listed = store_->ListRevokedTokens().value();
-  ASSERT_EQ(listed.size(), 1u);
-  EXPECT_EQ(listed[0].name, "keep");
-  EXPECT_EQ(listed[0].revoked_by, "admin");
-  EXPECT_EQ(listed[0].revoked_at, 77);
-  EXPECT_TRUE(store_->RevokeTokens(Sha256Hex("none"), "", "admin", 78).value().empty());
+// Revoked tokens are remembered (the tokens themselves are each hub's tokens file): sticky, the
+// first revocation kept, visible to every hub on the store.
+TEST_P(StoreTest, TokenRevocationsAreRememberedAndSticky) {
+  const std::string hash = Sha256Hex(Nonce() + "tok");
+  EXPECT_FALSE(store_->IsTokenRevoked(hash).value());
+  ASSERT_TRUE(store_->RevokeToken({hash, "acme-ci", "admin", 77}).ok());
+  ASSERT_TRUE(store_->RevokeToken({hash, "acme-ci", "other-admin", 78}).ok());
+  EXPECT_TRUE(store_->IsTokenRevoked(hash).value());
+  bool found = false;
+  const auto listed = store_->ListRevokedTokens().value();
+  for (const auto& r : listed) {
+    if (r.token_sha256 != hash) continue;
+    found = true;
+    EXPECT_EQ(r.revoked_by, "admin");
+    EXPECT_EQ(r.revoked_at, 77);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_FALSE(store_->IsTokenRevoked(Sha256Hex("unknown" + Nonce())).value());
 }
 
 TEST_P(StoreTest, ObligationsDischargeBySlotOrKeyAndSettleTerminally) {
@@ -264,8 +252,8 @@ TEST_P(StoreTest, EventsFilterAndAdoptionCounts) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("memory", "sqlite", "postgresql"));
 
-// A database made by the first schema (one owner per key, one intent per (key, digest), tokens
-// without grants) is brought forward on open, its rows kept.
+// A database made by the first schema (one owner per key, one intent per (key, digest), a token
+// table) is brought forward on open, its cells and intents kept (tokens now live in the file).
 TEST(SqliteMigration, VersionOneDatabaseKeepsItsRowsAndGainsTheScopedKeys) {
   const std::string dir = ::testing::TempDir() + "/kiln_sqlite_migration_" + Nonce();
   std::filesystem::create_directories(dir);
@@ -300,7 +288,6 @@ INSERT INTO tokens VALUES ('h', 'ci', 'publisher', 'platform', '');
   ASSERT_TRUE(store->GetCell("K", "root/m").value().has_value());
   EXPECT_EQ(store->GetCell("K", "root/m").value()->receipt, "R");
   EXPECT_TRUE(store->GetIntent("K", "sha256:a", "ci").value().has_value());
-  EXPECT_TRUE(store->GetToken("h").value().has_value());
   CellRow other{"K", "sha256:b", 1, "acme/m", "acme-ci", "org", "", "R2", 2};
   EXPECT_EQ(store->InsertCellIfAbsent(other).value().digest, "sha256:b");
   store.reset();

@@ -6,7 +6,8 @@
 // role. A publisher has a tier: `platform` may write any family; `org` (a tenant) may write only
 // families "<org>/…", and never the platform families "root/…".
 //
-// Tokens file (JSON), read at hub start and upserted into the store:
+// Tokens file (JSON), read at hub start; it is the hub process's whole token set (revocations by
+// an admin are kept in the store and shared by hubs on one database):
 //   {"tokens":[{"name":"admin","role":"admin","sha256":"<64 hex>"},
 //              {"name":"acme-ci","role":"publisher","tier":"org","org":"acme","sha256":"…"}]}
 #pragma once

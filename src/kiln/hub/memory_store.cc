@@ -118,41 +118,14 @@ class MemoryStore final : public HubStore {
     return out;
   }
 
-  Status PutToken(const TokenRow& row) override {
+  Status RevokeToken(const RevokedTokenRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
-    tokens_[row.token_sha256] = row;
+    revoked_tokens_.emplace(row.token_sha256, row);
     return Status::OK();
   }
-  Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
+  Result<bool> IsTokenRevoked(const std::string& token_sha256) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = tokens_.find(token_sha256);
-    if (it == tokens_.end()) return std::optional<TokenRow>();
-    return std::optional<TokenRow>(it->second);
-  }
-  Status ReplaceTokens(const std::vector<TokenRow>& rows) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    tokens_.clear();
-    for (const auto& r : rows) tokens_[r.token_sha256] = r;
-    return Status::OK();
-  }
-  Result<std::vector<RevokedTokenRow>> RevokeTokens(const std::string& token_sha256,
-                                                    const std::string& name,
-                                                    const std::string& revoked_by,
-                                                    int64_t now) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    std::vector<RevokedTokenRow> out;
-    for (auto it = tokens_.begin(); it != tokens_.end();) {
-      const bool hit = token_sha256.empty() ? it->second.name == name : it->first == token_sha256;
-      if (!hit) {
-        ++it;
-        continue;
-      }
-      RevokedTokenRow r{it->first, it->second.name, revoked_by, now};
-      revoked_tokens_.emplace(it->first, r);
-      out.push_back(r);
-      it = tokens_.erase(it);
-    }
-    return out;
+    return revoked_tokens_.count(token_sha256) != 0;
   }
   Result<std::vector<RevokedTokenRow>> ListRevokedTokens() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -270,7 +243,6 @@ class MemoryStore final : public HubStore {
   std::vector<std::pair<std::string, std::string>> order_;        // insertion order
   std::map<std::tuple<std::string, std::string, std::string>, IntentRow> intents_;
   std::map<std::pair<std::string, std::string>, RevocationRow> revocations_;
-  std::map<std::string, TokenRow> tokens_;
   std::map<std::string, RevokedTokenRow> revoked_tokens_;
   std::map<std::tuple<std::string, std::string, std::string>, ObligationRow> obligations_;
   std::vector<StoredEvent> events_;

@@ -18,9 +18,9 @@ namespace kiln {
 namespace {
 
 // Schema version 2 (see sqlite_store.cc): cells owned per (key, family), intents per (key,
-// digest, publisher), release grants on tokens, remembered token revocations. The statements are
-// idempotent, so a database of version 1 is brought forward by running them (the primary keys
-// are replaced in place; the rows are kept).
+// digest, publisher), remembered token revocations; tokens live in each hub's tokens file. The
+// statements are idempotent, so a database of version 1 is brought forward by running them (the
+// primary keys are replaced in place; the rows are kept).
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
   key TEXT NOT NULL, digest TEXT NOT NULL, size BIGINT NOT NULL, family TEXT NOT NULL,
@@ -37,6 +37,7 @@ DO $$ BEGIN
     ALTER TABLE cells ADD PRIMARY KEY (key, family);
     ALTER TABLE intents DROP CONSTRAINT IF EXISTS intents_pkey;
     ALTER TABLE intents ADD PRIMARY KEY (key, digest, publisher);
+    DROP TABLE IF EXISTS tokens;
     DELETE FROM kiln_schema;
     INSERT INTO kiln_schema VALUES (2);
   END IF;
@@ -46,10 +47,6 @@ CREATE INDEX IF NOT EXISTS intents_digest ON intents(digest);
 CREATE TABLE IF NOT EXISTS revocations (
   key TEXT NOT NULL, digest TEXT NOT NULL, reason TEXT NOT NULL, revoked_by TEXT NOT NULL,
   revoked_at BIGINT NOT NULL, PRIMARY KEY (key, digest));
-CREATE TABLE IF NOT EXISTS tokens (
-  token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, tier TEXT NOT NULL,
-  org TEXT NOT NULL);
-ALTER TABLE tokens ADD COLUMN IF NOT EXISTS releases TEXT NOT NULL DEFAULT '';
 CREATE TABLE IF NOT EXISTS revoked_tokens (
   token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, revoked_by TEXT NOT NULL,
   revoked_at BIGINT NOT NULL);
@@ -81,24 +78,6 @@ constexpr const char* kEventCols = "id, worker, seq, kind, phase, key, duration_
 
 std::string S(const pqxx::field& f) { return f.is_null() ? std::string() : f.as<std::string>(); }
 int64_t I(const pqxx::field& f) { return f.is_null() ? 0 : f.as<int64_t>(); }
-
-// Release grants as one column, names joined by newlines (see sqlite_store.cc).
-std::string JoinReleases(const std::vector<std::string>& releases) {
-  std::string out;
-  for (const auto& r : releases) out += (out.empty() ? "" : "\n") + r;
-  return out;
-}
-std::vector<std::string> SplitReleases(const std::string& text) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t nl = text.find('\n', at);
-    if (nl == std::string::npos) nl = text.size();
-    out.push_back(text.substr(at, nl - at));
-    at = nl + 1;
-  }
-  return out;
-}
 
 CellRow ReadCell(const pqxx::row& r) {
   CellRow c;
@@ -339,52 +318,25 @@ class PostgresStore final : public HubStore {
     return out;
   }
 
-  Status PutToken(const TokenRow& t) override {
-    return Do("put token", [&](pqxx::transaction_base& w) { PutTokenIn(w, t); });
-  }
-  Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
-    std::optional<TokenRow> out;
-    KILN_RETURN_IF_ERROR(Do(
-        "get token",
-        [&](pqxx::transaction_base& w) {
-          auto r = w.exec_params(
-              "SELECT token_sha256, name, role, tier, org, releases FROM tokens WHERE "
-              "token_sha256 = $1",
-              token_sha256);
-          if (!r.empty()) {
-            out = TokenRow{S(r[0][0]), S(r[0][1]), S(r[0][2]),
-                           S(r[0][3]), S(r[0][4]), SplitReleases(S(r[0][5]))};
-          }
-        },
-        true));
-    return out;
-  }
-  Status ReplaceTokens(const std::vector<TokenRow>& rows) override {
-    return Do("replace tokens", [&](pqxx::transaction_base& w) {
-      w.exec("DELETE FROM tokens");
-      for (const auto& t : rows) PutTokenIn(w, t);
+  Status RevokeToken(const RevokedTokenRow& r) override {
+    return Do("record revoked token", [&](pqxx::transaction_base& w) {
+      w.exec_params(
+          "INSERT INTO revoked_tokens (token_sha256, name, revoked_by, revoked_at) VALUES "
+          "($1,$2,$3,$4) ON CONFLICT (token_sha256) DO NOTHING",
+          r.token_sha256, r.name, r.revoked_by, r.revoked_at);
     });
   }
-  Result<std::vector<RevokedTokenRow>> RevokeTokens(const std::string& token_sha256,
-                                                    const std::string& name,
-                                                    const std::string& revoked_by,
-                                                    int64_t now) override {
-    std::vector<RevokedTokenRow> out;
-    KILN_RETURN_IF_ERROR(Do("revoke tokens", [&](pqxx::transaction_base& w) {
-      out.clear();
-      auto r = w.exec_params(
-          "DELETE FROM tokens WHERE ($1 <> '' AND token_sha256 = $1) OR ($1 = '' AND name = $2) "
-          "RETURNING token_sha256, name",
-          token_sha256, name);
-      for (const auto& row : r) {
-        out.push_back({S(row[0]), S(row[1]), revoked_by, now});
-        w.exec_params(
-            "INSERT INTO revoked_tokens (token_sha256, name, revoked_by, revoked_at) VALUES "
-            "($1,$2,$3,$4) ON CONFLICT (token_sha256) DO NOTHING",
-            S(row[0]), S(row[1]), revoked_by, now);
-      }
-    }));
-    return out;
+  Result<bool> IsTokenRevoked(const std::string& token_sha256) override {
+    bool revoked = false;
+    KILN_RETURN_IF_ERROR(Do(
+        "check revoked token",
+        [&](pqxx::transaction_base& w) {
+          revoked =
+              !w.exec_params("SELECT 1 FROM revoked_tokens WHERE token_sha256 = $1", token_sha256)
+                   .empty();
+        },
+        true));
+    return revoked;
   }
   Result<std::vector<RevokedTokenRow>> ListRevokedTokens() override {
     std::vector<RevokedTokenRow> out;
@@ -526,14 +478,6 @@ class PostgresStore final : public HubStore {
   }
 
  private:
-  static void PutTokenIn(pqxx::transaction_base& w, const TokenRow& t) {
-    w.exec_params(
-        "INSERT INTO tokens (token_sha256, name, role, tier, org, releases) VALUES "
-        "($1,$2,$3,$4,$5,$6) ON CONFLICT (token_sha256) DO UPDATE SET name = EXCLUDED.name, "
-        "role = EXCLUDED.role, tier = EXCLUDED.tier, org = EXCLUDED.org, releases = "
-        "EXCLUDED.releases",
-        t.token_sha256, t.name, t.role, t.tier, t.org, JoinReleases(t.releases));
-  }
   Result<std::vector<CellRow>> Cells(const char* what, const std::string& sql,
                                      const std::string& arg) {
     std::vector<CellRow> out;

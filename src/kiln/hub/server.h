@@ -89,12 +89,15 @@ class HubService {
   HubService(const HubService&) = delete;
   HubService& operator=(const HubService&) = delete;
 
-  // The principal of an "Authorization: Bearer …" header, or 401 unauthenticated. Lookups are
-  // cached for a few seconds (resolve is the hot path).
+  // The principal of an "Authorization: Bearer …" header, or 401 unauthenticated: a token of the
+  // installed set that no admin revoked. Lookups are cached for a few seconds (resolve is the
+  // hot path); a revocation through this process clears the cache at once.
   std::variant<Principal, Reply> Authenticate(const std::string& authorization_header);
 
-  // Makes `tokens` the hub's whole token table (the tokens file is the truth at every start),
-  // leaving out any token an admin revoked; returns the names left out.
+  // Makes `tokens` this hub's whole token set (the tokens file is the truth at every start, and
+  // each hub process keeps its own, so hubs sharing a database never overwrite each other's),
+  // leaving out any token an admin revoked; returns the names left out. Authenticate knows no
+  // token before this is called.
   Result<std::vector<std::string>> InstallTokens(const std::vector<TokenRow>& tokens);
 
   Reply Health();

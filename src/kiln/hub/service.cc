@@ -141,6 +141,7 @@ nlohmann::json EventJson(const StoredEvent& e) {
 struct HubService::TokenCache {
   std::mutex mu;
   std::map<std::string, std::pair<Principal, int64_t>> entries;  // sha256 -> (principal, expiry)
+  std::map<std::string, TokenRow> tokens;                        // the tokens file, by sha256
 };
 
 struct HubService::Maintenance {
@@ -173,7 +174,7 @@ HubService::~HubService() {
 
 Result<std::vector<std::string>> HubService::InstallTokens(const std::vector<TokenRow>& tokens) {
   KILN_ASSIGN_OR_RETURN(auto revoked, store_->ListRevokedTokens());
-  std::vector<TokenRow> live;
+  std::map<std::string, TokenRow> live;
   std::vector<std::string> skipped;
   for (const TokenRow& t : tokens) {
     const bool dead = std::any_of(revoked.begin(), revoked.end(), [&](const RevokedTokenRow& r) {
@@ -182,11 +183,11 @@ Result<std::vector<std::string>> HubService::InstallTokens(const std::vector<Tok
     if (dead) {
       skipped.push_back(t.name);
     } else {
-      live.push_back(t);
+      live[t.token_sha256] = t;
     }
   }
-  KILN_RETURN_IF_ERROR(store_->ReplaceTokens(live));
   std::lock_guard<std::mutex> lock(token_cache_->mu);
+  token_cache_->tokens = std::move(live);
   token_cache_->entries.clear();
   return skipped;
 }
@@ -210,12 +211,21 @@ std::variant<Principal, Reply> HubService::Authenticate(const std::string& heade
     auto it = token_cache_->entries.find(hash);
     if (it != token_cache_->entries.end() && it->second.second > now) return it->second.first;
   }
-  auto row = store_->GetToken(hash);
-  if (!row.ok()) return Reply::FromStatus(row.status());
-  if (!row->has_value()) {
-    return Reply::Error(401, "unauthenticated", "the bearer token is not known to this hub");
+  TokenRow t;
+  {
+    std::lock_guard<std::mutex> lock(token_cache_->mu);
+    auto it = token_cache_->tokens.find(hash);
+    if (it == token_cache_->tokens.end()) {
+      return Reply::Error(401, "unauthenticated", "the bearer token is not known to this hub");
+    }
+    t = it->second;
   }
-  const TokenRow& t = **row;
+  // Revoked by an admin, here or through another hub sharing the database.
+  auto revoked = store_->IsTokenRevoked(hash);
+  if (!revoked.ok()) return Reply::FromStatus(revoked.status());
+  if (*revoked) {
+    return Reply::Error(401, "unauthenticated", "the bearer token was revoked");
+  }
   Principal p{t.name, t.role, t.role == "admin" ? "platform" : t.tier, t.org, t.releases};
   std::lock_guard<std::mutex> lock(token_cache_->mu);
   if (token_cache_->entries.size() > 10000) token_cache_->entries.clear();
@@ -711,22 +721,35 @@ Reply HubService::RevokeToken(const Principal& p, std::string_view body) {
                         "token revoke: give exactly one of 'name' or 'sha256' (the token's "
                         "SHA-256, as in the tokens file)");
   }
-  auto revoked = store_->RevokeTokens(sha256, name, p.name, Now());
-  if (!revoked.ok()) return Reply::FromStatus(revoked.status());
+  std::vector<RevokedTokenRow> revoked;
   {
     std::lock_guard<std::mutex> lock(token_cache_->mu);
-    token_cache_->entries.clear();  // dead now, not after the cache's few seconds
+    for (const auto& [hash, t] : token_cache_->tokens) {
+      if (sha256.empty() ? t.name == name : hash == sha256) {
+        revoked.push_back({hash, t.name, p.name, Now()});
+      }
+    }
   }
-  if (revoked->empty()) {
+  if (revoked.empty()) {
     return Reply::Error(
         404, "not_found",
         "no live token " + (name.empty() ? "with sha256 " + sha256 : "named '" + name + "'"));
   }
+  for (const RevokedTokenRow& r : revoked) {
+    if (Status s = store_->RevokeToken(r); !s.ok()) return Reply::FromStatus(s);
+  }
   nlohmann::json names = nlohmann::json::array();
-  for (const auto& r : *revoked) names.push_back(r.name);
-  KILN_LOG(INFO) << "hub: revoked " << revoked->size() << " token(s) " << names.dump() << " by "
+  {
+    std::lock_guard<std::mutex> lock(token_cache_->mu);
+    for (const RevokedTokenRow& r : revoked) {
+      token_cache_->tokens.erase(r.token_sha256);
+      names.push_back(r.name);
+    }
+    token_cache_->entries.clear();  // dead now, not after the cache's few seconds
+  }
+  KILN_LOG(INFO) << "hub: revoked " << revoked.size() << " token(s) " << names.dump() << " by "
                  << p.name;
-  return Reply::Json(200, {{"revoked", revoked->size()}, {"names", names}});
+  return Reply::Json(200, {{"revoked", revoked.size()}, {"names", names}});
 }
 
 Reply HubService::Jwks() { return Reply::Json(200, keys_->Jwks()); }

@@ -21,8 +21,8 @@ namespace kiln {
 
 namespace {
 
-// Schema version 2: cells are owned per (key, family), intents per (key, digest, publisher),
-// tokens carry their release grants, and admin-revoked tokens are remembered.
+// Schema version 2: cells are owned per (key, family), intents per (key, digest, publisher), and
+// admin-revoked tokens are remembered (the tokens themselves are each hub's tokens file).
 constexpr int kSchemaVersion = 2;
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
@@ -38,9 +38,6 @@ CREATE INDEX IF NOT EXISTS intents_digest ON intents(digest);
 CREATE TABLE IF NOT EXISTS revocations (
   key TEXT NOT NULL, digest TEXT NOT NULL, reason TEXT NOT NULL, revoked_by TEXT NOT NULL,
   revoked_at INTEGER NOT NULL, PRIMARY KEY (key, digest));
-CREATE TABLE IF NOT EXISTS tokens (
-  token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, tier TEXT NOT NULL,
-  org TEXT NOT NULL, releases TEXT NOT NULL DEFAULT '');
 CREATE TABLE IF NOT EXISTS revoked_tokens (
   token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, revoked_by TEXT NOT NULL,
   revoked_at INTEGER NOT NULL);
@@ -76,27 +73,8 @@ CREATE TABLE intents (
   created_at INTEGER NOT NULL, PRIMARY KEY (key, digest, publisher));
 INSERT INTO intents SELECT * FROM intents_v1;
 DROP TABLE intents_v1;
-ALTER TABLE tokens ADD COLUMN releases TEXT NOT NULL DEFAULT '';
+DROP TABLE IF EXISTS tokens;
 )sql";
-
-// Release grants as one column: names joined by newlines (ParseTokensFile refuses a newline in a
-// release name).
-std::string JoinReleases(const std::vector<std::string>& releases) {
-  std::string out;
-  for (const auto& r : releases) out += (out.empty() ? "" : "\n") + r;
-  return out;
-}
-std::vector<std::string> SplitReleases(const std::string& text) {
-  std::vector<std::string> out;
-  size_t at = 0;
-  while (at < text.size()) {
-    size_t nl = text.find('\n', at);
-    if (nl == std::string::npos) nl = text.size();
-    out.push_back(text.substr(at, nl - at));
-    at = nl + 1;
-  }
-  return out;
-}
 
 // SQLite's primary result codes that mean the file itself is damaged (not busy, not full).
 bool IsDamage(int rc) {
@@ -410,77 +388,22 @@ class SqliteStore final : public HubStore {
     return All<RevocationRow>(s, ReadRevocation, "list revocations");
   }
 
-  Status PutToken(const TokenRow& r) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return PutTokenLocked(r);
-  }
-  Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
+  Status RevokeToken(const RevokedTokenRow& r) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
-           "SELECT token_sha256, name, role, tier, org, releases FROM tokens WHERE "
-           "token_sha256 = ?");
+           "INSERT INTO revoked_tokens (token_sha256, name, revoked_by, revoked_at) VALUES "
+           "(?,?,?,?) ON CONFLICT(token_sha256) DO NOTHING");
+    s.Bind(r.token_sha256).Bind(r.name).Bind(r.revoked_by).Bind(r.revoked_at);
+    return s.Run("record revoked token");
+  }
+  Result<bool> IsTokenRevoked(const std::string& token_sha256) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, "SELECT 1 FROM revoked_tokens WHERE token_sha256 = ?");
     s.Bind(token_sha256);
-    return One<TokenRow>(
-        s,
-        [](const Stmt& s) {
-          return TokenRow{s.Text(0), s.Text(1), s.Text(2),
-                          s.Text(3), s.Text(4), SplitReleases(s.Text(5))};
-        },
-        "get token");
-  }
-  Status ReplaceTokens(const std::vector<TokenRow>& rows) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin"));
-    Status st = Exec("DELETE FROM tokens", "delete tokens");
-    for (size_t i = 0; st.ok() && i < rows.size(); ++i) st = PutTokenLocked(rows[i]);
-    if (!st.ok()) {
-      Exec("ROLLBACK", "rollback").IgnoreError();
-      return st;
-    }
-    return Exec("COMMIT", "commit");
-  }
-  Result<std::vector<RevokedTokenRow>> RevokeTokens(const std::string& token_sha256,
-                                                    const std::string& name,
-                                                    const std::string& revoked_by,
-                                                    int64_t now) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin"));
-    std::vector<RevokedTokenRow> out;
-    Status st;
-    {
-      Stmt s(db_,
-             "SELECT token_sha256, name FROM tokens WHERE (? <> '' AND token_sha256 = ?) OR "
-             "(? = '' AND name = ?)");
-      s.Bind(token_sha256).Bind(token_sha256).Bind(token_sha256).Bind(name);
-      auto rows = All<RevokedTokenRow>(
-          s,
-          [&](const Stmt& s) {
-            return RevokedTokenRow{s.Text(0), s.Text(1), revoked_by, now};
-          },
-          "find tokens to revoke");
-      if (rows.ok()) {
-        out = std::move(rows).value();
-      } else {
-        st = rows.status();
-      }
-    }
-    for (size_t i = 0; st.ok() && i < out.size(); ++i) {
-      Stmt ins(db_,
-               "INSERT OR REPLACE INTO revoked_tokens (token_sha256, name, revoked_by, "
-               "revoked_at) VALUES (?,?,?,?)");
-      ins.Bind(out[i].token_sha256).Bind(out[i].name).Bind(revoked_by).Bind(now);
-      st = ins.Run("record revoked token");
-      if (!st.ok()) break;
-      Stmt del(db_, "DELETE FROM tokens WHERE token_sha256 = ?");
-      del.Bind(out[i].token_sha256);
-      st = del.Run("delete revoked token");
-    }
-    if (!st.ok()) {
-      Exec("ROLLBACK", "rollback").IgnoreError();
-      return st;
-    }
-    KILN_RETURN_IF_ERROR(Exec("COMMIT", "commit"));
-    return out;
+    const int rc = s.Step();
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return s.Error("check revoked token", rc);
   }
   Result<std::vector<RevokedTokenRow>> ListRevokedTokens() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -619,14 +542,6 @@ class SqliteStore final : public HubStore {
         (std::string("SELECT ") + kCellCols + " FROM cells WHERE key = ? AND family = ?").c_str());
     s.Bind(key).Bind(family);
     return One<CellRow>(s, ReadCell, "get cell");
-  }
-  Status PutTokenLocked(const TokenRow& r) {
-    Stmt s(db_,
-           "INSERT OR REPLACE INTO tokens (token_sha256, name, role, tier, org, releases) VALUES "
-           "(?,?,?,?,?,?)");
-    s.Bind(r.token_sha256).Bind(r.name).Bind(r.role).Bind(r.tier).Bind(r.org);
-    s.Bind(JoinReleases(r.releases));
-    return s.Run("put token");
   }
 
  public:

@@ -59,7 +59,8 @@ struct RevocationRow {
   int64_t revoked_at = 0;
 };
 
-// A bearer token, stored by SHA-256 of its text; the text itself is never stored.
+// A bearer token, known by the SHA-256 of its text (the text itself is never stored), as the
+// tokens file lists it.
 struct TokenRow {
   std::string token_sha256;  // 64 hex
   std::string name;
@@ -192,19 +193,12 @@ class HubStore {
                                                              const std::string& digest) = 0;
   virtual Result<std::vector<RevocationRow>> ListRevocations() = 0;
 
-  // --- tokens -------------------------------------------------------------------------------
-  // Inserts or replaces the token with this hash.
-  virtual Status PutToken(const TokenRow& row) = 0;
-  virtual Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) = 0;
-  // Makes `rows` the whole token table: rows not in it are deleted, the others inserted or
-  // replaced (the tokens file is the truth at every start).
-  virtual Status ReplaceTokens(const std::vector<TokenRow>& rows) = 0;
-  // Deletes the token with this hash, or every token with this name (`name` used when
-  // `token_sha256` is empty), and records each as revoked. Returns the rows revoked now.
-  virtual Result<std::vector<RevokedTokenRow>> RevokeTokens(const std::string& token_sha256,
-                                                            const std::string& name,
-                                                            const std::string& revoked_by,
-                                                            int64_t now) = 0;
+  // --- token revocations --------------------------------------------------------------------
+  // Tokens themselves live in each hub process's tokens file (the truth at every start, so hubs
+  // sharing a database never overwrite each other's); what the store shares is which tokens an
+  // admin revoked. Records `row`; a second revocation of one hash keeps the first row.
+  virtual Status RevokeToken(const RevokedTokenRow& row) = 0;
+  virtual Result<bool> IsTokenRevoked(const std::string& token_sha256) = 0;
   virtual Result<std::vector<RevokedTokenRow>> ListRevokedTokens() = 0;
 
   // --- releases and obligations -------------------------------------------------------------
