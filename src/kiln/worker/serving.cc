@@ -32,8 +32,8 @@ ServedTarget::ServedTarget(ServedTargetOptions options, std::shared_ptr<const Gr
     : options_(std::move(options)),
       graph_(std::move(graph)),
       interpreter_(std::move(interpreter)),
-      weights_(std::make_shared<const WeightMap>(std::move(weights))),
-      remints_left_(options_.max_remints) {}
+      remints_left_(options_.max_remints),
+      weights_(std::make_shared<const WeightMap>(std::move(weights))) {}
 
 Result<std::unique_ptr<ServedTarget>> ServedTarget::Create(ServedTargetOptions options,
                                                            std::shared_ptr<const Graph> graph,
