@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/kiln/base/file.h"
@@ -517,6 +518,63 @@ TEST_F(Boot, ARevokedCellIsRefusedFromTheLocalStoreToo) {
   EXPECT_NE(out.detail.find("origin=hub"), std::string::npos) << out.detail;
   EXPECT_EQ(out.cell, nullptr);
   EXPECT_FALSE(store_->Get(m_->mint.key)->has_value()) << "the revoked entry is deleted";
+}
+
+// The running side of revocation (worker/revocations.h): a poll de-arms a listed cell on a watched
+// target at once; a list gone stale with the hub down follows the `eager` policy (every watched
+// target serves eager, nothing revoked), and a fresh list lifts it.
+TEST_F(Boot, RevocationWatchDeArmsOnPollAndFollowsTheStalePolicy) {
+  StartHubAndPublish();
+  ASSERT_FALSE(HasFatalFailure());
+  auto t = Target();
+  ASSERT_EQ(Adopt(*t, Spec(), Ctx()).phase, kBootHit);
+  RevocationWatchOptions o;
+  o.hub.url = hub_->url();
+  o.hub.token = kWorker;
+  o.hub.connect_timeout_s = 1;
+  o.hub.io_timeout_s = 2;
+  o.max_age_cap_s = 1;
+  o.stale = StaleRevocationPolicy::kEager;
+  o.events = &events_;
+  auto watch = RevocationWatch::Create(o);
+  ASSERT_TRUE(watch.ok()) << watch.status().ToString();
+  (*watch)->Watch(t.get());
+  ASSERT_TRUE((*watch)->PollOnce().ok());
+  ExpectServes(*t, kServingAotCell, m_->mint.ref);
+  EXPECT_TRUE((*watch)->CheckAdoption(m_->mint.key, m_->mint.digest).ok());
+
+  // Stale: the hub is down and the last list is older than the 1 s cap.
+  const int port = hub_->port();
+  hub_->Kill(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_FALSE((*watch)->PollOnce().ok());
+  auto held = t->Serve(Input(1), "mlp");
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->serving_mode, kServingEager);
+  EXPECT_EQ(held->fallback_reason, kPostureRevocationsStale);
+  Status stale = (*watch)->CheckAdoption(m_->mint.key, m_->mint.digest);
+  EXPECT_TRUE(stale.Is(kRefusalRevocationsUnreachable)) << stale.ToString();
+  EventQuery q;
+  q.kind = event_kind::kRevocationList;
+  ASSERT_FALSE(events_.Query(q).empty());
+  EXPECT_EQ(events_.Query(q).back().phase, "stale_eager");
+
+  // Back, and the cell revoked meanwhile: the fresh list lifts the hold and de-arms the cell.
+  ASSERT_TRUE(hub_->Start(port));
+  HubAnswer rv = hub_->Client(hub_testing::kAdmin)->Revoke(m_->mint.key, m_->mint.digest, "poll");
+  ASSERT_TRUE(rv.ok()) << rv.token << ": " << rv.message;
+  ASSERT_TRUE((*watch)->PollOnce().ok());
+  EXPECT_EQ(events_.Query(q).back().phase, "fresh");
+  EXPECT_TRUE((*watch)->IsRevoked(m_->mint.digest));
+  auto after = t->Serve(Input(1), "mlp");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->serving_mode, kServingEager);
+  EXPECT_EQ(after->fallback_reason, kPostureCompiledDegraded);
+  EventQuery revoked;
+  revoked.kind = event_kind::kCellRevoked;
+  ASSERT_EQ(events_.Query(revoked).size(), 1u);
+  EXPECT_EQ(events_.Query(revoked)[0].phase, "hub_revoked");
+  EXPECT_TRUE((*watch)->CheckAdoption(m_->mint.key, m_->mint.digest).Is(kRefusalRevoked));
 }
 
 TEST(BootCoverage, NamesDeclaredClassesNoEntryCarries) {
