@@ -4,7 +4,10 @@
 # case eager and compiled.
 #   bash tools/conformance.sh            check against tests/conformance/baseline.txt (exit 1 when
 #                                        a recorded (mode, case) no longer passes)
-#   bash tools/conformance.sh --update   rewrite docs/conformance.md and the baseline
+#   bash tools/conformance.sh --update   rewrite docs/conformance.md and the baseline; also runs
+#                                        every case through the command line (`kiln run` and
+#                                        `kiln run --compile`, $KILN_CONFORMANCE_JOBS at a time,
+#                                        default 2), the counts the report leads with
 # Extra arguments go to kiln_conformance (--filter SUBSTRING, --eager-only, --batch N, --verbose,
 # --skip CASE: a case that crashes the process shows last with --verbose); the build
 # directory is $KILN_BUILD_DIR (default build/).
@@ -20,7 +23,7 @@ done
 
 export CCACHE_BASEDIR="$PWD" CCACHE_NOHASHDIR=1
 [ -f "$dir/build.ninja" ] || cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-ninja -C "$dir" kiln_conformance
+ninja -C "$dir" kiln_conformance kiln
 
 cases="$dir/conformance_cases"
 # --update always regenerates, so the report speaks for the installed onnx; a check reuses them.
@@ -34,7 +37,8 @@ export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$(mktemp -d /tmp/kiln-conformance-cache
 args+=(--skip-file tests/conformance/skip.txt)
 if [ "$update" = 1 ]; then
   exec "$dir/tests/kiln_conformance" --cases "$cases" --update --report docs/conformance.md \
-    --baseline tests/conformance/baseline.txt ${args[@]+"${args[@]}"}
+    --baseline tests/conformance/baseline.txt --cli "$dir/kiln" \
+    --jobs "${KILN_CONFORMANCE_JOBS:-2}" ${args[@]+"${args[@]}"}
 fi
 exec "$dir/tests/kiln_conformance" --cases "$cases" --baseline tests/conformance/baseline.txt \
   ${args[@]+"${args[@]}"}

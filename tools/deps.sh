@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages kiln builds and tests with (see docs/dependencies.md for why
 # each is here). Idempotent: apt runs only when something is missing. Needs root (or sudo).
-# `deps.sh --list` prints the package list and installs nothing (tools/check_install_steps.py
-# checks every path a build found against it).
+# `deps.sh --tests` adds what the test suite needs beyond the build: python3-torch and
+# python3-torchvision, which make the real-model corpus at test time (tools/corpus.py); the demo
+# (tools/demo.sh) does not pay for them. KILN_WITH_PYTHON=1 does the same (regenerating
+# examples/). `deps.sh --list` prints every package, test ones included, and installs nothing
+# (tools/check_install_steps.py checks every path a build found against it).
 set -euo pipefail
 
 PACKAGES=(
@@ -15,13 +18,21 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   python3 python3-numpy python3-onnx
 )
+TEST_PACKAGES=(python3-torch python3-torchvision)
+case "${1:-}" in
+  --list)
+    printf '%s\n' "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
+    exit 0
+    ;;
+  --tests) PACKAGES+=("${TEST_PACKAGES[@]}") ;;
+  "") ;;
+  *)
+    echo "deps.sh: unknown argument '$1' (expected --tests or --list)" >&2
+    exit 2
+    ;;
+esac
 if [ "${KILN_WITH_PYTHON:-0}" = 1 ]; then
-  PACKAGES+=(python3-torch)
-fi
-
-if [ "${1:-}" = --list ]; then
-  printf '%s\n' "${PACKAGES[@]}"
-  exit 0
+  PACKAGES+=("${TEST_PACKAGES[@]}")
 fi
 
 missing=()

@@ -26,7 +26,8 @@ report() {
 trap report EXIT
 
 echo "== deps =="
-bash tools/deps.sh
+# --tests: also python3-torch and python3-torchvision, for the real-model corpus subset.
+bash tools/deps.sh --tests
 phase_done deps
 
 echo "== build (RelWithDebInfo) =="

@@ -8,14 +8,15 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <random>
 #include <set>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/loader.h"
+#include "src/kiln/cell/mint.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/eager/shape_inference.h"
@@ -959,24 +960,237 @@ TEST(Differential, FamilyBOpsCompiledMatchEager) {
 }
 TEST(Differential, FamilyBOpset18OpsCompiledMatchEager) { RunGroup(FamilyBOpset18Cases(), 18); }
 
-// NonZero over a runtime input has a data-dependent output shape: the compiler refuses it by
-// name rather than guessing a shape.
-TEST(Differential, NonZeroOnRuntimeInputIsRefusedAsDataDependent) {
+// 0 finite, 1 NaN, 2 +Inf, 3 -Inf.
+int FiniteClass(double v) {
+  if (std::isnan(v)) return 1;
+  if (std::isinf(v)) return v > 0 ? 2 : 3;
+  return 0;
+}
+
+// Compiles `b` once and runs it, cell and eager, on its inputs with every float input rewritten
+// by `plant`: the non-finite positions must be the same on both sides, value for value (NaN,
+// +Inf, -Inf), and the finite ones close.
+void RunNonFinite(const Built& b, const std::string& tag,
+                  const std::vector<std::pair<std::string, std::function<void(Tensor&)>>>& plants) {
+  auto eager = Interpreter::Create(b.graph);
+  ASSERT_TRUE(eager.ok()) << eager.status().ToString();
+  ShapeClass cls;
+  for (const auto& [n, t] : b.inputs) cls[n] = t.shape();
+  Envelope env{{cls}};
+  auto cell = GenerateCell(*b.graph, env, "nonfinite", CompileOptions{}, nullptr);
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  auto toolchain = LocalToolchain();
+  ASSERT_TRUE(toolchain.ok());
+  auto driver = MakeSystemCompilerDriver(*toolchain);
+  const std::string dir = "/tmp/kiln-nonfinite-" + tag + "-" + std::to_string(::getpid());
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  auto so = BuildSharedObject(cell->source, 1, DefaultSmTarget(), "nf", *driver, dir, 2, nullptr);
+  ASSERT_TRUE(so.ok()) << so.status().ToString();
+  auto lib = OpenCellBytes(*so, dir + "/load");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  ASSERT_TRUE(lib.ok()) << lib.status().ToString();
+  auto entries = EntriesFromDescribe(cell->describe, env);
+  ASSERT_TRUE(entries.ok()) << entries.status().ToString();
+  auto armed = ArmedCell::Arm(*lib, *entries, b.weights, Lane::kIntake, "", 2);
+  ASSERT_TRUE(armed.ok()) << armed.status().ToString();
+  for (const auto& [label, plant] : plants) {
+    TensorMap inputs;
+    int64_t planted = 0;
+    for (const auto& [name, t] : b.inputs) {
+      Tensor c = *t.Clone();
+      if (c.dtype() == DType::kFloat32) {
+        plant(c);
+        for (int64_t i = 0; i < c.numel(); ++i) planted += FiniteClass(c.data<float>()[i]) != 0;
+      }
+      inputs[name] = std::move(c);
+    }
+    ASSERT_GT(planted, 0) << label;
+    auto ref = eager->Run(inputs, &b.weights);
+    ASSERT_TRUE(ref.ok()) << label << ": " << ref.status().ToString();
+    CellRunError err;
+    auto got = (*armed)->Run(0, inputs, &err);
+    ASSERT_TRUE(got.ok()) << label << ": " << got.status().ToString();
+    int64_t non_finite = 0;
+    for (const auto& [name, r] : *ref) {
+      const Tensor& c = got->at(name);
+      ASSERT_EQ(c.shape(), r.shape()) << label << " " << name;
+      double max_ref = 1.0;
+      for (int64_t i = 0; i < r.numel(); ++i) {
+        const double v = r.GetAsDouble(i);
+        if (std::isfinite(v)) max_ref = std::max(max_ref, std::fabs(v));
+      }
+      for (int64_t i = 0; i < r.numel(); ++i) {
+        const double want = r.GetAsDouble(i), have = c.GetAsDouble(i);
+        ASSERT_EQ(FiniteClass(have), FiniteClass(want)) << label << ": output " << name << " [" << i
+                                                        << "]: eager " << want << ", cell " << have;
+        non_finite += FiniteClass(want) != 0;
+        if (std::isfinite(want)) {
+          ASSERT_NEAR(have, want, 2e-5 * max_ref) << label << ": " << name << " [" << i << "]";
+        }
+      }
+    }
+    EXPECT_GT(non_finite, 0) << label << ": no output was non-finite; the test measures nothing";
+  }
+}
+
+const std::vector<std::pair<std::string, std::function<void(Tensor&)>>>& Plants() {
+  static const std::vector<std::pair<std::string, std::function<void(Tensor&)>>> plants = {
+      {"all NaN",
+       [](Tensor& t) {
+         for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = NAN;
+       }},
+      {"NaN, +Inf and -Inf among finite values",
+       [](Tensor& t) {
+         const float v[] = {NAN, INFINITY, -INFINITY};
+         for (int64_t i = 0; i < t.numel(); i += 7) t.data<float>()[i] = v[(i / 7) % 3];
+       }},
+      {"all -Inf",
+       [](Tensor& t) {
+         for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = -INFINITY;
+       }},
+  };
+  return plants;
+}
+
+// NaN and infinities give the same outputs compiled and eager: generated loops (ReLU, Max, Min,
+// Sign, Clip, HardSigmoid, exp past its range, softmax, norms), the fused GEMM and convolution
+// epilogues (ReLU, sigmoid, SiLU, residual sums) and the kernel library's calls must neither lose
+// a NaN nor invent one. An all-NaN input once gave finite numbers compiled (a ReLU that mapped
+// NaN to 0 before the second GEMM) where eager gave NaN.
+TEST(Differential, NaNInputsGiveEqualOutputsCompiledAndEager) {
+  const std::vector<Case> elementwise = {
+      {"Relu", {F({4, 9})}},
+      {"Max", {F({4, 9}), F({4, 9})}},
+      {"Min", {F({4, 9}), F({1, 9})}},
+      {"Sign", {F({4, 9})}},
+      {"Clip", {F({4, 9}), CF({}, {-0.5f}), CF({}, {0.5f})}},
+      {"HardSigmoid", {F({4, 9})}},
+      {"HardSwish", {F({4, 9})}},
+      {"Exp", {F({4, 9})}},
+      {"Sigmoid", {F({4, 9})}},
+      {"Softplus", {F({4, 9})}},
+      {"Pow", {F({4, 9}), CF({}, {0.5f})}},
+      {"LeakyRelu", {F({4, 9})}},
+      {"Elu", {F({4, 9})}},
+      {"Erf", {F({4, 9})}},
+      {"Softmax", {F({4, 9})}},
+      {"Softmax", {F({4, 9, 3})}, Int("axis", 1)},
+      {"Gemm", {F({4, 9}), W({9, 5}), W({5})}},
+      {"MatMul", {F({2, 4, 9}), W({9, 6})}},
+      {"LayerNormalization", {F({4, 9}), W({9}), W({9})}},
+  };
+  RunNonFinite(BuildGroup(elementwise, 17), "elementwise", Plants());
+  RunNonFinite(BuildParallelChain(), "chain", Plants());
+}
+
+// Shapes that depend on input values (NonZero, a Reshape or Expand by a shape given as an input,
+// Range and TopK by runtime bounds) run inside the cell as one dynamic region, beside the
+// compiled rest, and give what eager gives for every value of those inputs.
+TEST(Differential, DataDependentShapesRunInADynamicRegion) {
   OnnxBuilder b(17);
-  b.Input("x", onnx::TensorProto::FLOAT, {2, 3});
-  b.Node("NonZero", {"x"}, {"y"}, "nz");
-  b.Output("y", onnx::TensorProto::INT64, {});
-  auto g = ImportOnnxBytes(b.Bytes(), "nonzero");
+  b.Input("x", onnx::TensorProto::FLOAT, {2, 6});
+  b.Input("shape", onnx::TensorProto::INT64, {2});
+  b.Input("k", onnx::TensorProto::INT64, {1});
+  b.Input("limit", onnx::TensorProto::FLOAT, {});
+  b.Node("Relu", {"x"}, {"r"}, "relu");              // compiled
+  b.Node("Mul", {"r", "x"}, {"static_out"}, "mul");  // compiled, a graph output
+  b.Node("NonZero", {"r"}, {"nz"}, "nz");
+  b.Node("Reshape", {"r", "shape"}, {"reshaped"}, "reshape");
+  b.Node("Sigmoid", {"reshaped"}, {"sig"}, "sig");  // reads a dynamic value: in the region
+  auto& topk = b.Node("TopK", {"x", "k"}, {"top", "top_i"}, "topk");
+  OnnxBuilder::IntAttr(topk, "axis", 1);
+  b.FloatInit("start", {}, {0.25f});
+  b.FloatInit("delta", {}, {0.5f});
+  b.Node("Range", {"start", "limit", "delta"}, {"range"}, "range");
+  b.Output("static_out", onnx::TensorProto::FLOAT, {2, 6});
+  b.Output("nz", onnx::TensorProto::INT64, {});
+  b.Output("sig", onnx::TensorProto::FLOAT, {});
+  b.Output("top", onnx::TensorProto::FLOAT, {});
+  b.Output("top_i", onnx::TensorProto::INT64, {});
+  b.Output("range", onnx::TensorProto::FLOAT, {});
+  auto g = ImportOnnxBytes(b.Bytes(), "dynamic");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
-  g->outputs[0].has_shape = false;
-  Envelope env{{ShapeClass{{"x", {2, 3}}}}};
-  auto cell = GenerateCell(*g, env, "nonzero", CompileOptions{}, nullptr);
-  ASSERT_FALSE(cell.ok());
-  EXPECT_EQ(cell.status().code(), StatusCode::kUnimplemented) << cell.status().ToString();
-  EXPECT_NE(cell.status().message().find("NonZero 'nz'"), std::string::npos)
-      << cell.status().ToString();
-  EXPECT_NE(cell.status().message().find("data-dependent output shape"), std::string::npos)
-      << cell.status().ToString();
+  for (ValueInfo& v : g->outputs) {
+    if (v.name != "static_out") v.has_shape = false;
+  }
+  auto graph = std::make_shared<const Graph>(std::move(g).value());
+  ShapeClass cls{{"x", {2, 6}}, {"shape", {2}}, {"k", {1}}, {"limit", {}}};
+  Envelope env{{cls}};
+  std::vector<Program> programs;
+  auto cell = GenerateCell(*graph, env, "dynamic", CompileOptions{}, nullptr, &programs);
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  int regions = 0, compiled = 0;
+  for (const Kernel& k : programs[0].kernels) {
+    if (k.node.op_type == kDynamicRegionOp) {
+      ++regions;
+      EXPECT_EQ(k.outputs.size(), 5u) << k.label;
+    } else if (k.kind != Kernel::Kind::kReference) {
+      ++compiled;
+    }
+  }
+  EXPECT_EQ(regions, 1) << programs[0].Dump();
+  EXPECT_GE(compiled, 1) << "the static part must stay compiled\n" << programs[0].Dump();
+  auto entries = EntriesFromDescribe(cell->describe, env);
+  ASSERT_TRUE(entries.ok()) << entries.status().ToString();
+  int dynamic = 0;
+  for (const TensorSpec& o : (*entries)[0].outputs) dynamic += o.dynamic;
+  EXPECT_EQ(dynamic, 5);
+
+  auto toolchain = LocalToolchain();
+  auto driver = MakeSystemCompilerDriver(*toolchain);
+  const std::string dir = "/tmp/kiln-dynamic-" + std::to_string(::getpid());
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  auto so = BuildSharedObject(cell->source, 1, DefaultSmTarget(), "dyn", *driver, dir, 2, nullptr);
+  ASSERT_TRUE(so.ok()) << so.status().ToString();
+  auto lib = OpenCellBytes(*so, dir + "/load");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  ASSERT_TRUE(lib.ok()) << lib.status().ToString();
+  auto weights = GraphWeights(*graph);
+  auto armed = ArmedCell::Arm(*lib, *entries, weights, Lane::kIntake, "", 1);
+  ASSERT_TRUE(armed.ok()) << armed.status().ToString();
+  auto eager = Interpreter::Create(graph);
+  ASSERT_TRUE(eager.ok());
+  struct Values {
+    std::vector<float> x;
+    std::vector<int64_t> shape;
+    int64_t k;
+    float limit;
+  };
+  const std::vector<Values> runs = {
+      {{1, -2, 3, 0, 5, -6, 7, 8, -9, 0, 1, 2}, {3, 4}, 2, 3.0f},
+      {{-1, -2, -3, 0, 0, 0, 0, 0, 9, 0, 0, 2}, {12, 1}, 5, 0.1f},
+      {{0.5f, 1, 0, 2, 0, 3, 0, 4, 0, 5, 0, 6}, {-1, 2}, 0, 6.0f},
+  };
+  for (const Values& v : runs) {
+    TensorMap in{{"x", Tensor::FromVector<float>({2, 6}, v.x)},
+                 {"shape", Tensor::FromVector<int64_t>({2}, v.shape)},
+                 {"k", Tensor::FromVector<int64_t>({1}, {v.k})},
+                 {"limit", Tensor::FromVector<float>({}, {v.limit})}};
+    auto ref = eager->Run(in);
+    ASSERT_TRUE(ref.ok()) << ref.status().ToString();
+    CellRunError err;
+    auto got = (*armed)->Run(0, in, &err);
+    ASSERT_TRUE(got.ok()) << got.status().ToString();
+    for (const auto& [name, r] : *ref) {
+      const Tensor& c = got->at(name);
+      ASSERT_EQ(c.dtype(), r.dtype()) << name;
+      ASSERT_EQ(c.shape(), r.shape()) << name;
+      for (int64_t i = 0; i < r.numel(); ++i) {
+        ASSERT_NEAR(c.GetAsDouble(i), r.GetAsDouble(i), 1e-6) << name << " [" << i << "]";
+      }
+    }
+  }
+  // A shape eager refuses is refused by the cell too (the region runs eager's own kernels), and
+  // the cell keeps serving afterwards.
+  TensorMap bad{{"x", Tensor::FromVector<float>({2, 6}, runs[0].x)},
+                {"shape", Tensor::FromVector<int64_t>({2}, {5, 5})},
+                {"k", Tensor::FromVector<int64_t>({1}, {1})},
+                {"limit", Tensor::FromVector<float>({}, {1.0f})}};
+  EXPECT_FALSE(eager->Run(bad).ok());
+  CellRunError err;
+  EXPECT_FALSE((*armed)->Run(0, bad, &err).ok());
 }
 
 // Family C also re-binds the cell to another checkpoint: scales, zero points and recurrent

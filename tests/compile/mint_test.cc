@@ -12,6 +12,7 @@
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/store.h"
+#include "src/kiln/compile/pipeline.h"
 #include "src/kiln/compile/toolchain.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/tensor/npy.h"
@@ -80,6 +81,47 @@ TEST(Mint, MicroDiffusionAndTransformerAreHealthy) {
 
 Envelope MlpEnvelope() { return Envelope{{{{"x", {1, 64}}}, {{"x", {4, 64}}}}}; }
 
+// A cell built and armed outside MintCell, for calling the fence directly.
+struct ArmedFixture {
+  std::unique_ptr<ArmedCell> cell;
+  std::unique_ptr<Interpreter> eager;
+  std::string source, so;
+};
+
+ArmedFixture Build(std::shared_ptr<const Graph> graph, const WeightMap& weights,
+                   const Envelope& env, const EmitOptions& emit) {
+  ArmedFixture f;
+  CompileOptions options;
+  options.emit = emit;
+  std::vector<Program> programs;
+  auto cell = GenerateCell(*graph, env, "fixture", options, nullptr, &programs);
+  EXPECT_TRUE(cell.ok()) << cell.status().ToString();
+  if (!cell.ok()) return f;
+  auto driver = MakeSystemCompilerDriver(*LocalToolchain());
+  const std::string dir = "/tmp/kiln-test-fixture-" + std::to_string(::getpid());
+  EXPECT_TRUE(MakeDirs(dir).ok());
+  auto so = BuildSharedObject(cell->source, programs.size(), DefaultSmTarget(), "fixture",
+                              *driver, dir, 2, nullptr);
+  EXPECT_TRUE(so.ok()) << so.status().ToString();
+  if (!so.ok()) return f;
+  auto lib = OpenCellBytes(*so, dir + "/load");
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  EXPECT_TRUE(lib.ok()) << lib.status().ToString();
+  auto entries = EntriesFromDescribe(cell->describe, env);
+  EXPECT_TRUE(entries.ok());
+  auto armed = ArmedCell::Arm(*lib, *entries, weights, Lane::kExported, "", 1);
+  EXPECT_TRUE(armed.ok()) << armed.status().ToString();
+  auto eager = Interpreter::Create(graph);
+  EXPECT_TRUE(eager.ok());
+  if (!armed.ok() || !eager.ok()) return f;
+  f.cell = std::move(armed).value();
+  f.eager = std::make_unique<Interpreter>(std::move(eager).value());
+  f.source = cell->source;
+  f.so = *so;
+  return f;
+}
+
 // Law 1: both checkpoints of an example give one key, and one cell serves both.
 TEST(MintLaws, OneKeyAndOneCellServeBothCheckpoints) {
   Target t = Load("mlp");
@@ -113,6 +155,8 @@ TEST(MintLaws, OneKeyAndOneCellServeBothCheckpoints) {
 }
 
 // Law 2: a cell with a weight baked into its code is refused by the fence proof, by name.
+// Both halves of the fence catch it on their own: the structural scan finds the weight's values
+// in the shared object, and with the scan off the perturbed checkpoints name it.
 TEST(MintLaws, FenceRefusesABakedWeightByName) {
   Target t = Load("mlp");
   MintRequest r = Request(t, MlpEnvelope(), "root/mlp");
@@ -124,6 +168,139 @@ TEST(MintLaws, FenceRefusesABakedWeightByName) {
   EXPECT_NE(m.status().message().find("fence_refused"), std::string::npos) << m.status().ToString();
   EXPECT_NE(m.status().message().find("'" + victim + "'"), std::string::npos)
       << m.status().ToString();
+
+  ArmedFixture f = Build(t.graph, t.weights, MlpEnvelope(), r.compile.emit);
+  ASSERT_TRUE(f.cell != nullptr);
+  FenceOptions no_scan;
+  no_scan.structural_scan = false;
+  auto measured = RunFenceProof(*f.cell, *f.eager, t.weights, NumericsThresholds{},
+                                CellArtifacts{}, {}, no_scan);
+  ASSERT_FALSE(measured.ok()) << "the perturbed checkpoints did not catch a baked weight";
+  EXPECT_EQ(measured.status().message().rfind("fence_refused: the cell does not follow weight '" +
+                                                  victim + "'",
+                                              0),
+            0u)
+      << measured.status().ToString();
+  auto scanned = RunFenceProof(*f.cell, *f.eager, t.weights, NumericsThresholds{},
+                               CellArtifacts{f.source, f.so}, {});
+  ASSERT_FALSE(scanned.ok());
+  EXPECT_NE(scanned.status().message().find("'" + victim + "'"), std::string::npos);
+  EXPECT_NE(scanned.status().message().find("appears in the cell's shared object"),
+            std::string::npos)
+      << scanned.status().ToString();
+}
+
+// A model whose weights have domains: BatchNormalization with small running variances (noise of
+// half their RMS turned some negative), and a LayerNorm decomposed with Pow(d, 2) (an exponent of
+// 2.3 on negative bases is NaN). Eager went non-finite under the old perturbation and the fence
+// called it a baked weight; each weight now moves inside its domain and the mint is proven by
+// measurement.
+TEST(MintLaws, FenceMeasuresWeightsInsideTheirDomains) {
+  testing::OnnxBuilder b(11);
+  constexpr int64_t kC = 16;
+  b.Input("x", testing::kFloat, {1, kC, 6, 6}).Output("y", testing::kFloat, {1, kC, 6, 6});
+  std::vector<float> gamma(kC), beta(kC), mean_v(kC), var_v(kC);
+  for (int64_t c = 0; c < kC; ++c) {
+    gamma[c] = 0.8f + 0.03f * static_cast<float>(c);
+    beta[c] = 0.02f * static_cast<float>(c % 5) - 0.04f;
+    mean_v[c] = 0.01f * static_cast<float>(c % 7) - 0.03f;
+    // Running variances spread over four decades, as trained BatchNorms have them (nearly dead
+    // channels beside live ones): noise scaled to their RMS turns the small ones negative.
+    var_v[c] = c == kC - 1 ? 1.0f : 0.0001f * (1.0f + 0.2f * static_cast<float>(c));
+  }
+  b.FloatInit("bn.weight", {kC}, gamma);
+  b.FloatInit("bn.bias", {kC}, beta);
+  b.FloatInit("bn.running_mean", {kC}, mean_v);
+  b.FloatInit("bn.running_var", {kC}, var_v);
+  b.Node("BatchNormalization", {"x", "bn.weight", "bn.bias", "bn.running_mean", "bn.running_var"},
+         {"h"}, "bn");
+  auto& mean = b.Node("ReduceMean", {"h"}, {"m"}, "mean");
+  testing::OnnxBuilder::IntsAttr(mean, "axes", {-1});
+  b.Node("Sub", {"h", "m"}, {"d"}, "sub");
+  b.FloatConstant("ln.two", {}, {2.0f});
+  b.Node("Pow", {"d", "ln.two"}, {"p"}, "pow");
+  auto& var = b.Node("ReduceMean", {"p"}, {"v"}, "var");
+  testing::OnnxBuilder::IntsAttr(var, "axes", {-1});
+  b.FloatConstant("ln.eps", {}, {1e-5f});
+  b.Node("Add", {"v", "ln.eps"}, {"ve"}, "add_eps");
+  b.Node("Sqrt", {"ve"}, {"sd"}, "sqrt");
+  b.Node("Div", {"d", "sd"}, {"n"}, "div");
+  b.FloatInit("ln.gamma", {6}, {1.0f, 0.5f, 1.5f, 1.2f, 0.8f, 1.1f});
+  b.Node("Mul", {"n", "ln.gamma"}, {"y"}, "gamma");
+  auto g = ImportOnnxBytes(b.Bytes(), "domains");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  Target t;
+  t.graph = std::make_shared<const Graph>(std::move(g).value());
+  t.weights = GraphWeights(*t.graph);
+  // The old perturbation (additive, half the RMS) leaves the domain: eager itself is NaN.
+  auto old = DeriveCheckpoint(*t.graph, 0x6b696c6e, 0.5);
+  ASSERT_TRUE(old.ok());
+  auto eager = Interpreter::Create(t.graph);
+  ASSERT_TRUE(eager.ok());
+  std::vector<float> xv(kC * 36);
+  for (size_t i = 0; i < xv.size(); ++i) xv[i] = std::sin(0.37f * static_cast<float>(i));
+  TensorMap x{{"x", Tensor::FromVector<float>({1, kC, 6, 6}, xv)}};
+  auto under_old = eager->Run(x, &*old);
+  ASSERT_TRUE(under_old.ok());
+  bool nan = false;
+  for (int64_t i = 0; i < under_old->at("y").numel(); ++i) {
+    nan = nan || std::isnan(under_old->at("y").GetAsDouble(i));
+  }
+  EXPECT_TRUE(nan) << "the old perturbation no longer leaves the domain: the test shows nothing";
+  auto m = MintCell(Request(t, Envelope{{{{"x", {1, kC, 6, 6}}}}}, "root/domains"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->fence.measured, m->fence.weights) << m->fence.Summary();
+  EXPECT_TRUE(m->fence.structural.empty()) << m->fence.Summary();
+  // The first perturbed checkpoint (the largest scale) already stayed inside every domain.
+  EXPECT_EQ(m->fence.perturbed_runs, 1) << m->fence.Summary();
+}
+
+// A weight every perturbation takes out of its domain (sqrt(w - 1) with each w just above 1)
+// measures nothing; it is proven by the structural scan instead (its values are distinctive).
+// A scalar in that role (sqrt(s - 1) + sqrt(1 - s), s = 1) cannot be scanned either: the mint is
+// refused as unmeasurable, never as a baked weight.
+TEST(MintLaws, FenceProvesStructurallyOrRefusesAsUnmeasurableNeverAsBaked) {
+  auto model = [](bool scalar) {
+    testing::OnnxBuilder b(13);
+    b.Input("x", testing::kFloat, {2, 8}).Output("y", testing::kFloat, {2, 8});
+    b.Int64Init("one_i", {}, {1});
+    auto& cast = b.Node("Cast", {"one_i"}, {"one"}, "one");
+    testing::OnnxBuilder::IntAttr(cast, "to", onnx::TensorProto::FLOAT);
+    if (scalar) {
+      b.FloatInit("s", {}, {1.0f});
+      b.Node("Sub", {"s", "one"}, {"a"}, "a");
+      b.Node("Sub", {"one", "s"}, {"c"}, "c");
+      b.Node("Sqrt", {"a"}, {"ra"}, "ra");
+      b.Node("Sqrt", {"c"}, {"rc"}, "rc");
+      b.Node("Add", {"ra", "rc"}, {"r"}, "r");
+    } else {
+      b.FloatInit("w", {8}, {1.0013f, 1.0021f, 1.0034f, 1.0042f, 1.0057f, 1.0065f, 1.0078f,
+                             1.0089f});
+      b.Node("Sub", {"w", "one"}, {"a"}, "a");
+      b.Node("Sqrt", {"a"}, {"r"}, "r");
+    }
+    b.FloatInit("scale", {8}, {0.3f, -0.2f, 0.7f, 0.1f, -0.9f, 0.4f, 0.25f, -0.6f});
+    b.Node("Mul", {"x", "scale"}, {"xs"}, "xs");
+    b.Node("Add", {"xs", "r"}, {"y"}, "y");
+    auto g = ImportOnnxBytes(b.Bytes(), scalar ? "scalar" : "vector");
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    Target t;
+    t.graph = std::make_shared<const Graph>(std::move(g).value());
+    t.weights = GraphWeights(*t.graph);
+    return t;
+  };
+  Target vec = model(false);
+  auto m = MintCell(Request(vec, Envelope{{{{"x", {2, 8}}}}}, "root/structural"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->fence.structural, std::vector<std::string>{"w"}) << m->fence.Summary();
+  EXPECT_EQ(m->fence.measured, m->fence.weights - 1) << m->fence.Summary();
+
+  Target sc = model(true);
+  auto r = MintCell(Request(sc, Envelope{{{{"x", {2, 8}}}}}, "root/unmeasurable"));
+  ASSERT_FALSE(r.ok()) << "a weight nothing can measure was sealed";
+  EXPECT_EQ(r.status().message().rfind("unmeasurable: fence: weight 's'", 0), 0u)
+      << r.status().ToString();
+  EXPECT_EQ(r.status().message().find("baked"), std::string::npos) << r.status().ToString();
 }
 
 // Integer probes stay inside the table an input indexes: a model whose token ids look up a
@@ -143,7 +320,7 @@ TEST(MintLaws, IntegerProbesStayInsideTheTableTheyIndex) {
   Target t;
   t.graph = std::make_shared<const Graph>(std::move(g).value());
   t.weights = GraphWeights(*t.graph);
-  EXPECT_EQ(ProbeIntBounds(*t.graph), (std::map<std::string, int64_t>{{"ids", 5}}));
+  EXPECT_EQ(ProbeIntBounds(*t.graph), (ProbeBounds{{"ids", {5}}}));
   EntryMetadata e;
   e.inputs.push_back({"ids", DType::kInt32, {64}});
   auto probe = ProbeInputs(e, Lane::kExported, 0, ProbeIntBounds(*t.graph));
@@ -155,6 +332,69 @@ TEST(MintLaws, IntegerProbesStayInsideTheTableTheyIndex) {
   auto m = MintCell(Request(t, Envelope{{{{"ids", {2, 3}}}}}, "root/embedding"));
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->gate.verdict, Verdict::kHealthy) << m->gate.Summary();
+}
+
+// Index inputs of every index-consuming op stay inside what they index, with extents from the
+// shape class (the data is a runtime input here, not a table the graph binds): GatherElements
+// and ScatterElements along their axis, GatherND and ScatterND per index column, OneHot below a
+// constant depth; bools stay bools; an unbounded integer scalar is a count, drawn from [1, 8).
+TEST(MintLaws, ProbesStayInsideWhatEveryIndexOpIndexes) {
+  testing::OnnxBuilder b(17);
+  b.Input("data", testing::kFloat, {-1, 6})
+      .Input("ge_idx", onnx::TensorProto::INT64, {2, 6})
+      .Input("nd_idx", onnx::TensorProto::INT64, {5, 2})
+      .Input("sc_idx", onnx::TensorProto::INT32, {2, 6})
+      .Input("sc_upd", testing::kFloat, {2, 6})
+      .Input("hot", onnx::TensorProto::INT64, {7})
+      .Input("mask", onnx::TensorProto::BOOL, {3, 6})
+      .Input("steps", onnx::TensorProto::INT64, {});
+  testing::OnnxBuilder::IntAttr(b.Node("GatherElements", {"data", "ge_idx"}, {"ge"}), "axis", 0);
+  b.Node("GatherND", {"data", "nd_idx"}, {"nd"});
+  auto& cast = b.Node("Cast", {"sc_idx"}, {"sc_idx64"});
+  testing::OnnxBuilder::IntAttr(cast, "to", onnx::TensorProto::INT64);
+  testing::OnnxBuilder::IntAttr(
+      b.Node("ScatterElements", {"data", "sc_idx64", "sc_upd"}, {"sc"}), "axis", 1);
+  b.Int64Init("depth", {}, {4});
+  b.FloatInit("onoff", {2}, {0.0f, 1.0f});
+  b.Node("OneHot", {"hot", "depth", "onoff"}, {"oh"});
+  for (const char* o : {"ge", "nd", "sc", "oh"}) b.Output(o, testing::kFloat, {});
+  auto g = ImportOnnxBytes(b.Bytes(), "index_ops");
+  ASSERT_TRUE(g.ok()) << g.status().ToString();
+  const ShapeClass cls{{"data", {3, 6}}, {"ge_idx", {2, 6}}, {"nd_idx", {5, 2}},
+                       {"sc_idx", {2, 6}}, {"sc_upd", {2, 6}}, {"hot", {7}},
+                       {"mask", {3, 6}}, {"steps", {}}};
+  const ProbeBounds bounds = ProbeIntBounds(*g, cls);
+  EXPECT_EQ(bounds.at("ge_idx"), std::vector<int64_t>{3});     // data's rows (axis 0)
+  EXPECT_EQ(bounds.at("nd_idx"), (std::vector<int64_t>{3, 6}));  // one bound per column
+  EXPECT_EQ(bounds.at("sc_idx"), std::vector<int64_t>{6});     // through the Cast, axis 1
+  EXPECT_EQ(bounds.at("hot"), std::vector<int64_t>{4});
+  EXPECT_FALSE(bounds.count("steps"));
+  EntryMetadata e;
+  for (const auto& [name, shape] : cls) {
+    const ValueInfo* v = g->FindInput(name);
+    ASSERT_NE(v, nullptr);
+    e.inputs.push_back({name, v->dtype, shape});
+  }
+  for (uint64_t salt = 0; salt < 4; ++salt) {
+    auto probe = ProbeInputs(e, Lane::kExported, salt, bounds);
+    ASSERT_TRUE(probe.ok()) << probe.status().ToString();
+    auto all_in = [&](const std::string& name, std::vector<int64_t> hi) {
+      const Tensor& t = probe->at(name);
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const int64_t v = t.GetAsInt64(i);
+        EXPECT_GE(v, 0) << name;
+        EXPECT_LT(v, hi[static_cast<size_t>(i) % hi.size()]) << name << " [" << i << "]";
+      }
+    };
+    all_in("ge_idx", {3});
+    all_in("nd_idx", {3, 6});
+    all_in("sc_idx", {6});
+    all_in("hot", {4});
+    all_in("mask", {2});
+    const int64_t steps = probe->at("steps").GetAsInt64(0);
+    EXPECT_GE(steps, 1);
+    EXPECT_LT(steps, 8);
+  }
 }
 
 // Law 5: the strict gate refuses the gray band and below the floor; nothing reaches the store.

@@ -5,24 +5,30 @@
 #include <onnx/onnx_pb.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/loader.h"
+#include "src/kiln/cell/mint.h"
 #include "src/kiln/compile/pipeline.h"
+#include "src/kiln/compile/toolchain.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/eager/shape_inference.h"
 #include "src/kiln/eager/verifier.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/ops/registry.h"
+#include "src/kiln/tensor/npy.h"
 
 namespace kiln::conformance {
 namespace {
@@ -171,8 +177,7 @@ Result<onnx::TensorProto> ReadProtoFile(const std::string& path) {
 
 struct Loaded {
   onnx::ModelProto model;
-  std::vector<std::string> input_names;         // graph input order
-  std::vector<onnx::TensorProto> input_protos;  // as stored, for promotion to initializers
+  std::vector<std::string> input_names;  // graph input order
   TensorMap inputs;
   std::vector<std::pair<std::string, Tensor>> expected;  // graph output order
 };
@@ -207,7 +212,6 @@ Result<Loaded> Load(const CaseInfo& info) {
     KILN_ASSIGN_OR_RETURN(Tensor t, TensorFromProto(tp, path));
     tp.set_name(g.input(j).name());
     l.input_names.push_back(g.input(j).name());
-    l.input_protos.push_back(tp);
     l.inputs[g.input(j).name()] = std::move(t);
   }
   for (int j = 0; j < g.output_size(); ++j) {
@@ -287,9 +291,9 @@ ModeResult RunEager(const CaseInfo& info, const Loaded& l) {
 
 // --- compiled -------------------------------------------------------------------------------
 
-// A case ready to join a compiled batch: its model with shape-determining inputs promoted to
-// initializers (a cell is specialized to one shape class, so a value that decides an output
-// shape must be a constant, as an exporter writes it), and its remaining runtime inputs.
+// A case ready to join a compiled batch: its model and its runtime inputs, exactly as a user
+// hands them to `kiln run --compile` (an input that decides an output shape stays an input; the
+// cell runs the nodes it decides as a dynamic region).
 struct Prepared {
   size_t index = 0;  // into the results
   onnx::ModelProto model;
@@ -308,82 +312,26 @@ std::string OpsetKey(const onnx::ModelProto& m) {
   return key;
 }
 
-// The value a "must be a constant known before run" error names, or "".
-std::string RequiredValue(const std::string& message) {
-  const std::string tail = "') must be a constant known before run";
-  const size_t end = message.find(tail);
-  if (end == std::string::npos) return "";
-  const size_t start = message.rfind("value '", end);
-  if (start == std::string::npos) return "";
-  return message.substr(start + 7, end - start - 7);
-}
-
-// The graph inputs whose values `value` is computed from in the top-level graph: itself when it
-// is one, else the inputs its producers read, transitively (a function expansion computes a
-// shape from the inputs the op under test takes, e.g. Range's start/limit/delta into a Loop's
-// trip count). Shape and Size read only types, so the walk stops there.
-std::vector<std::string> SourceInputs(const onnx::GraphProto& g, const std::string& value,
-                                      const std::vector<std::string>& input_names) {
-  std::map<std::string, const onnx::NodeProto*> producer;
-  for (const auto& n : g.node()) {
-    for (const auto& o : n.output()) producer[o] = &n;
-  }
-  std::vector<std::string> sources, work = {value};
-  std::set<std::string> seen;
-  while (!work.empty()) {
-    const std::string name = work.back();
-    work.pop_back();
-    if (name.empty() || !seen.insert(name).second) continue;
-    if (std::find(input_names.begin(), input_names.end(), name) != input_names.end()) {
-      sources.push_back(name);
-      continue;
-    }
-    auto it = producer.find(name);
-    if (it == producer.end()) continue;  // an initializer
-    const onnx::NodeProto& n = *it->second;
-    if (n.domain().empty() && (n.op_type() == "Shape" || n.op_type() == "Size")) continue;
-    for (const auto& in : n.input()) work.push_back(in);
-  }
-  std::sort(sources.begin(), sources.end());
-  return sources;
-}
-
 Result<Graph> ImportAndInfer(const onnx::ModelProto& model, const TensorMap& inputs,
                              const std::string& what) {
   KILN_ASSIGN_OR_RETURN(Graph graph, ImportOnnxBytes(model.SerializeAsString(), what));
   KILN_RETURN_IF_ERROR(VerifyGraph(graph));
   std::map<std::string, Shape> shapes;
   for (const auto& [n, t] : inputs) shapes[n] = t.shape();
-  KILN_ASSIGN_OR_RETURN(InferredGraph inf, InferShapes(graph, shapes));
+  KILN_ASSIGN_OR_RETURN(InferredGraph inf, InferShapes(graph, shapes, /*tolerate_dynamic=*/true));
   (void)inf;
   return graph;
 }
 
-// Promotes shape-determining inputs and checks the case compiles to a cell source on its own
-// (cheap: no system compiler). A result other than kPass settles the compiled outcome.
+// Checks the case compiles to a cell source on its own (cheap: no system compiler). A result
+// other than kPass settles the compiled outcome.
 ModeResult Prepare(const CaseInfo& info, Loaded l, size_t index, Prepared* p) {
   p->index = index;
   p->model = std::move(l.model);
   p->inputs = std::move(l.inputs);
   p->expected = std::move(l.expected);
   p->opset_key = OpsetKey(p->model);
-  Result<Graph> graph = Status::Internal("not imported");
-  for (size_t round = 0; round <= l.input_names.size(); ++round) {
-    graph = ImportAndInfer(p->model, p->inputs, "model");
-    if (graph.ok()) break;
-    const std::string value = RequiredValue(graph.status().message());
-    if (value.empty()) return FromError("shape inference", graph.status());
-    std::vector<std::string> sources = SourceInputs(p->model.graph(), value, l.input_names);
-    std::erase_if(sources, [&](const std::string& s) { return !p->inputs.count(s); });
-    if (sources.empty()) {
-      return Exclude("data-dependent shape in compiled mode: " + graph.status().message());
-    }
-    for (const std::string& s : sources) {
-      auto it = std::find(l.input_names.begin(), l.input_names.end(), s);
-      *p->model.mutable_graph()->add_initializer() = l.input_protos[it - l.input_names.begin()];
-      p->inputs.erase(s);
-    }
-  }
+  Result<Graph> graph = ImportAndInfer(p->model, p->inputs, "model");
   if (!graph.ok()) return FromError("shape inference", graph.status());
   ShapeClass cls;
   for (const auto& [n, t] : p->inputs) cls[n] = t.shape();
@@ -451,22 +399,10 @@ Status RunBatch(const std::vector<const Prepared*>& batch, const RunOptions& opt
   KILN_ASSIGN_OR_RETURN(std::string so, BuildSharedObject(cell.source, 1, DefaultSmTarget(),
                                                           "conformance", *driver, dir, 1, nullptr));
   KILN_ASSIGN_OR_RETURN(auto lib, OpenCellBytes(so, dir + "/load"));
-  EntryMetadata e;
-  e.index = 0;
-  e.shape_class = cls;
-  const auto& entry = cell.describe["entries"][0];
-  for (const auto* key : {"inputs", "outputs", "constants"}) {
-    std::vector<TensorSpec>& specs = std::string(key) == "inputs"    ? e.inputs
-                                     : std::string(key) == "outputs" ? e.outputs
-                                                                     : e.constants;
-    for (const auto& j : entry[key]) {
-      KILN_ASSIGN_OR_RETURN(DType dt, DTypeFromName(j["dtype"].get<std::string>()));
-      specs.push_back({j["name"].get<std::string>(), dt, j["shape"].get<Shape>()});
-    }
-  }
-  e.workspace_bytes = entry["workspace_bytes"].get<uint64_t>();
+  KILN_ASSIGN_OR_RETURN(std::vector<EntryMetadata> entries,
+                        EntriesFromDescribe(cell.describe, Envelope{{cls}}));
   KILN_ASSIGN_OR_RETURN(auto armed,
-                        ArmedCell::Arm(lib, {e}, GraphWeights(*shared), Lane::kIntake, "", 1));
+                        ArmedCell::Arm(lib, entries, GraphWeights(*shared), Lane::kIntake, "", 1));
   CellRunError err = CellRunError::kNone;
   KILN_ASSIGN_OR_RETURN(TensorMap got, armed->Run(0, inputs, &err));
   for (const Prepared* p : batch) {
@@ -497,6 +433,91 @@ void RunBisecting(const std::vector<const Prepared*>& batch, const RunOptions& o
   const size_t half = batch.size() / 2;
   RunBisecting({batch.begin(), batch.begin() + half}, options, serial, results);
   RunBisecting({batch.begin() + half, batch.end()}, options, serial, results);
+}
+
+// --- the command line -------------------------------------------------------------------
+
+// The file name `kiln run --out` gives an output (src/kiln/cli/util.cc SafeFileName).
+std::string OutputFileName(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+    out += ok ? c : '_';
+  }
+  if (out.empty() || out == "." || out == "..") out = "_" + out;
+  return out + ".npy";
+}
+
+// One `kiln run` of a case: its outputs compared with the expected ones. An error kiln reports
+// as unimplemented excludes the case, any other fails it.
+ModeResult RunCli(const CaseInfo& info, const Loaded& l, const std::string& kiln,
+                  const std::string& dir, bool compile) {
+  const std::string out_dir = dir + (compile ? "/compiled" : "/eager");
+  std::vector<std::string> argv = {kiln, "run", info.dir + "/model.onnx", "--out", out_dir};
+  for (const auto& [name, t] : l.inputs) {
+    const std::string path = dir + "/in/" + OutputFileName(name);
+    argv.push_back("--input");
+    argv.push_back(name + "=" + path);
+  }
+  if (compile) argv.push_back("--compile");
+  std::string output;
+  auto rc = RunProcess(argv, &output);
+  if (!rc.ok()) return Fail("kiln run: " + rc.status().ToString());
+  if (*rc != 0) {
+    std::string last = output;
+    while (!last.empty() && last.back() == '\n') last.pop_back();
+    last = last.substr(last.rfind('\n') == std::string::npos ? 0 : last.rfind('\n') + 1);
+    if (last.find("unimplemented:") != std::string::npos) return Exclude(last);
+    return Fail(last.empty() ? "kiln run exited " + std::to_string(*rc) : last);
+  }
+  for (const auto& [name, want] : l.expected) {
+    auto got = ReadNpy(out_dir + "/" + OutputFileName(name));
+    if (!got.ok()) return Fail("output '" + name + "': " + got.status().ToString());
+    const std::string m = FirstMismatch(name, *got, want, info.rtol, info.atol);
+    if (!m.empty()) return Fail(m);
+  }
+  return Pass();
+}
+
+void RunCommandLine(std::vector<CaseResult>& results, const RunOptions& options) {
+  std::atomic<size_t> next{0};
+  std::mutex log_mu;
+  auto worker = [&] {
+    for (size_t i = next++; i < results.size(); i = next++) {
+      CaseResult& r = results[i];
+      if (options.skip.count(r.info.name)) {
+        r.cli_eager = r.cli_compiled = Exclude("skipped (--skip)");
+        continue;
+      }
+      auto loaded = Load(r.info);
+      if (!loaded.ok()) {
+        r.cli_eager = r.cli_compiled = FromError("load", loaded.status());
+        continue;
+      }
+      const std::string dir = options.work_dir + "/cli/" + r.info.name;
+      Status made = MakeDirs(dir + "/in");
+      for (const auto& [name, t] : loaded->inputs) {
+        if (made.ok()) made = WriteNpy(dir + "/in/" + OutputFileName(name), t);
+      }
+      if (!made.ok()) {
+        r.cli_eager = r.cli_compiled = Fail(made.ToString());
+        continue;
+      }
+      r.cli_eager = RunCli(r.info, *loaded, options.cli_kiln, dir, false);
+      r.cli_compiled = RunCli(r.info, *loaded, options.cli_kiln, dir, true);
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+      if (options.log && options.verbose) {
+        std::lock_guard<std::mutex> lock(log_mu);
+        options.log("conformance: cli " + r.info.name + " eager " +
+                    OutcomeName(r.cli_eager.outcome) + ", compiled " +
+                    OutcomeName(r.cli_compiled.outcome));
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < std::max(1, options.cli_jobs); ++t) threads.emplace_back(worker);
+  for (auto& t : threads) t.join();
 }
 
 }  // namespace
@@ -604,6 +625,17 @@ std::vector<CaseResult> RunCases(const std::vector<CaseInfo>& cases, const RunOp
       RunBisecting({group.begin() + start, group.begin() + end}, options, &serial, results);
     }
   }
+  if (!options.cli_kiln.empty()) {
+    if (options.log) {
+      options.log("conformance: every case through `" + options.cli_kiln +
+                  " run` and `run "
+                  "--compile`, " +
+                  std::to_string(options.cli_jobs) + " at a time");
+    }
+    RunCommandLine(results, options);
+  } else {
+    for (CaseResult& r : results) r.cli_eager = r.cli_compiled = Exclude("command line not run");
+  }
   return results;
 }
 
@@ -690,6 +722,13 @@ Summary Summarize(const std::vector<CaseResult>& results) {
     const bool c = r.compiled.outcome == Outcome::kPass;
     s.eager_pass += e;
     s.compiled_pass += c;
+    const bool ce = r.cli_eager.outcome == Outcome::kPass;
+    const bool cc = r.cli_compiled.outcome == Outcome::kPass;
+    s.cli_ran = s.cli_ran || r.cli_eager.detail != "command line not run";
+    s.cli_eager_pass += ce;
+    s.cli_compiled_pass += cc;
+    s.cli_both_pass += ce && cc;
+    if (ce && !cc) s.cli_eager_only.push_back(r.info.name);
     if (!r.op_listed) continue;
     ++s.listed;
     s.listed_eager_pass += e;
@@ -722,7 +761,11 @@ std::string SummaryLine(const Summary& s) {
          Percent(s.listed_eager_pass, s.listed) + "), " + std::to_string(s.listed_compiled_pass) +
          " pass compiled (" + Percent(s.listed_compiled_pass, s.listed) + "), " +
          std::to_string(s.listed_both_pass) + " pass both (" +
-         Percent(s.listed_both_pass, s.listed) + ")";
+         Percent(s.listed_both_pass, s.listed) + ")" +
+         (s.cli_ran ? "; command line, all cases: " + std::to_string(s.cli_eager_pass) +
+                          " pass `kiln run`, " + std::to_string(s.cli_compiled_pass) +
+                          " pass `kiln run --compile`"
+                    : "");
 }
 
 std::string RenderReport(const std::vector<CaseResult>& results, const std::string& generator) {
@@ -734,14 +777,30 @@ std::string RenderReport(const std::vector<CaseResult>& results, const std::stri
        "the case's expected outputs at its tolerance (rtol "
     << (results.empty() ? 1e-3 : results[0].info.rtol) << ", atol "
     << (results.empty() ? 1e-7 : results[0].info.atol)
-    << "; NaN equals NaN; integers exact). In compiled mode an input that decides an output "
-       "shape (a Reshape shape, Resize scales, ...) is bound as a constant, as exporters write "
-       "it; a case kiln refuses in eager mode (op form, attribute, dtype) is excluded in compiled "
-       "mode with the same reason. The runner is `tests/conformance/`; the CI test "
-       "`conformance_test` fails when a "
-       "(mode, case) listed in `tests/conformance/baseline.txt` stops passing.\n\n"
-    << "## Summary\n\n"
-    << "| | cases | eager pass | compiled pass | both pass |\n|---|---|---|---|---|\n"
+    << "; NaN equals NaN; integers exact). Every input stays an input, as a user hands it to "
+       "`kiln run --compile`: a value that decides an output shape (a Reshape shape, Resize "
+       "scales, a TopK k, ...) makes the nodes it decides the cell's dynamic region, run with "
+       "shapes computed at run time while the rest stays compiled. A case kiln refuses in eager "
+       "mode (op form, attribute, dtype) is excluded in compiled mode with the same reason. The "
+       "runner is `tests/conformance/`; the CI test `conformance_test` fails when a (mode, case) "
+       "listed in `tests/conformance/baseline.txt` stops passing.\n\n"
+    << "## Summary\n\n";
+  if (s.cli_ran) {
+    o << "**Through the command line** (every generated case, whatever its op: its inputs "
+         "written as `.npy` files, then `kiln run MODEL --input NAME=FILE.npy ...` and the same "
+         "with `--compile`, which mints a cell with the numerics gate and the fence proof, the "
+         "case's inputs declared as the sample, and runs it): **"
+      << s.cli_eager_pass << " of " << s.total << " pass eager, " << s.cli_compiled_pass << " of "
+      << s.total << " pass compiled**, " << s.cli_both_pass << " both.";
+    if (!s.cli_eager_only.empty()) {
+      o << " Passing eager but not compiled:";
+      for (const std::string& n : s.cli_eager_only) o << " `" << n << "`";
+      o << ".";
+    }
+    o << "\n\nIn process (the runner's own eager interpreter and cells, cases batched into one "
+         "cell per opset):\n\n";
+  }
+  o << "| | cases | eager pass | compiled pass | both pass |\n|---|---|---|---|---|\n"
     << "| all generated node cases | " << s.total << " | " << s.eager_pass << " | "
     << s.compiled_pass << " | - |\n"
     << "| cases whose op kiln lists | " << s.listed << " | " << s.listed_eager_pass << " ("

@@ -47,6 +47,11 @@ struct CaseResult {
   bool kiln_dtypes = true;  // every tensor of the case has a kiln DType (not double, string, ...)
   ModeResult eager;
   ModeResult compiled;
+  // Through the command line, as a user runs a case: its inputs as .npy files, `kiln run` and
+  // `kiln run --compile` (which mints with the numerics gate and the fence, probing those inputs
+  // as the sample). Excluded with "command line not run" unless RunOptions::cli_kiln is set.
+  ModeResult cli_eager;
+  ModeResult cli_compiled;
 };
 
 struct RunOptions {
@@ -59,6 +64,10 @@ struct RunOptions {
   // Cases not run at all, excluded in both modes with reason "skipped (--skip)": the way out
   // when a case crashes the process, until the crash is fixed.
   std::set<std::string> skip;
+  // The `kiln` binary: when set, every case (whatever its op) also runs through the command line
+  // (CaseResult::cli_eager, cli_compiled), `cli_jobs` processes at a time.
+  std::string cli_kiln;
+  int cli_jobs = 2;
 };
 
 // Reads `cases_dir`/index.tsv. An error names the file and the line.
@@ -105,6 +114,12 @@ struct Summary {
   int64_t listed_typed_eager_pass = 0;
   int64_t listed_typed_compiled_pass = 0;
   std::vector<std::string> listed_ops_without_pass;  // listed ops no case of which passes eager
+  // The command line (all cases, whatever their op), when it ran.
+  bool cli_ran = false;
+  int64_t cli_eager_pass = 0;
+  int64_t cli_compiled_pass = 0;
+  int64_t cli_both_pass = 0;
+  std::vector<std::string> cli_eager_only;  // cases that pass eager but not compiled
 };
 Summary Summarize(const std::vector<CaseResult>& results);
 std::string SummaryLine(const Summary& s);

@@ -4,7 +4,10 @@
 //
 // Usage: kiln_conformance --cases DIR [--update] [--report PATH] [--baseline PATH]
 //                         [--eager-only] [--batch N] [--filter SUBSTRING] [--verbose]
-//                         [--skip CASE]... [--skip-file PATH]
+//                         [--skip CASE]... [--skip-file PATH] [--cli KILN [--jobs N]]
+// --cli also runs every case through the command line (`KILN run` and `KILN run --compile`, the
+// case's inputs as .npy files), N processes at a time, as a user would; the report then leads
+// with those counts.
 // --verbose logs each case before it runs, so a case that crashes the process shows last; --skip
 // excludes it (reason "skipped (--skip)", visible in the report) until the crash is fixed.
 // Exit status: 0 ok, 1 a baseline (mode, case) no longer passes, 2 bad usage or unreadable input.
@@ -26,7 +29,7 @@ int Usage(const std::string& why) {
   std::cerr << "kiln_conformance: " << why
             << "\nusage: kiln_conformance --cases DIR [--update] [--report PATH] "
                "[--baseline PATH] [--eager-only] [--batch N] [--filter SUBSTRING] [--verbose] "
-               "[--skip CASE]... [--skip-file PATH]\n";
+               "[--skip CASE]... [--skip-file PATH] [--cli KILN [--jobs N]]\n";
   return 2;
 }
 
@@ -64,6 +67,12 @@ int main(int argc, char** argv) {
       auto names = ReadSkipFile(v);
       if (!names.ok()) return Usage(names.status().ToString());
       options.skip.insert(names->begin(), names->end());
+    } else if (a == "--cli") {
+      if (!value(&options.cli_kiln)) return Usage("--cli needs the kiln binary");
+      options.cli_kiln = std::filesystem::absolute(options.cli_kiln).string();
+    } else if (a == "--jobs") {
+      if (!value(&v) || std::atoi(v.c_str()) < 1) return Usage("--jobs needs a count >= 1");
+      options.cli_jobs = std::atoi(v.c_str());
     } else if (a == "--verbose") {
       options.verbose = true;
     } else if (a == "--update") {
@@ -109,6 +118,11 @@ int main(int argc, char** argv) {
     if (!s.ok()) return Usage(s.ToString());
     std::cout << "conformance: wrote " << report_path << " and " << baseline_path << "\n";
     return 0;
+  }
+  if (!report_path.empty()) {  // a report of this run alone (the baseline is left as it is)
+    const std::string generator = std::to_string(results.size()) + " node cases";
+    auto s = kiln::WriteFileAtomic(report_path, RenderReport(results, generator));
+    if (!s.ok()) return Usage(s.ToString());
   }
   if (baseline_path.empty()) return 0;
   auto baseline = ReadBaseline(baseline_path);

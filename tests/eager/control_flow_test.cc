@@ -628,24 +628,8 @@ Result<Compiled> Compile(std::shared_ptr<const Graph> g, const Envelope& env,
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);  // the mapping outlives the file; nothing is left in /tmp
   KILN_ASSIGN_OR_RETURN(auto lib, std::move(opened));
-  std::vector<EntryMetadata> entries;
-  for (size_t i = 0; i < env.classes.size(); ++i) {
-    const auto& d = cell.describe["entries"][i];
-    EntryMetadata e;
-    e.index = static_cast<uint32_t>(i);
-    e.shape_class = env.classes[i];
-    for (const char* key : {"inputs", "outputs", "constants"}) {
-      for (const auto& j : d[key]) {
-        TensorSpec t{j["name"], *DTypeFromName(j["dtype"]), j["shape"].get<Shape>()};
-        (std::string(key) == "inputs"    ? e.inputs
-         : std::string(key) == "outputs" ? e.outputs
-                                         : e.constants)
-            .push_back(t);
-      }
-    }
-    e.workspace_bytes = d["workspace_bytes"];
-    entries.push_back(e);
-  }
+  KILN_ASSIGN_OR_RETURN(std::vector<EntryMetadata> entries,
+                        EntriesFromDescribe(cell.describe, env));
   KILN_ASSIGN_OR_RETURN(out.cell, ArmedCell::Arm(lib, entries, weights, Lane::kIntake, "", 1));
   return out;
 }
@@ -834,39 +818,67 @@ TEST(ControlFlowCompiled, LoopWithAnUntypedBodyRunsCompiled) {
   ExpectNear(got->at("acc"), Floats({3}, {4.5f, 8, 11}), "acc0 + 4a");
 }
 
-TEST(ControlFlowCompiled, ADataDependentLoopIsRefusedNamingTheOp) {
-  // The body decides when to stop: the scan output's leading dim is data.
+// The cell and eager give the same outputs, shapes included, for each set of inputs.
+void ExpectCellFollowsEager(const Compiled& c, const Interpreter& eager,
+                            const std::vector<TensorMap>& runs) {
+  for (size_t r = 0; r < runs.size(); ++r) {
+    auto want = eager.Run(runs[r]);
+    ASSERT_TRUE(want.ok()) << "run " << r << ": " << want.status().ToString();
+    CellRunError err;
+    auto got = c.cell->Run(0, runs[r], &err);
+    ASSERT_TRUE(got.ok()) << "run " << r << ": " << got.status().ToString();
+    for (const auto& [name, w] : *want)
+      ExpectNear(got->at(name), w, name + " run " + std::to_string(r));
+  }
+}
+
+// The body decides when to stop: the scan output's leading dim is data. The Loop runs in the
+// entry's dynamic region, and its outputs come back with the shape each run gives them.
+TEST(ControlFlowCompiled, ADataDependentLoopRunsInTheDynamicRegion) {
   auto g = Import(LoopModel());
   ASSERT_NE(g, nullptr);
   ShapeClass cls = {{"a", {3}}, {"limit", {}}, {"acc0", {3}}, {"m", {}}, {"cond", {}}};
-  auto cell = GenerateCell(*g, Envelope{{cls}}, "control-flow", {}, nullptr, nullptr);
-  ASSERT_FALSE(cell.ok());
-  EXPECT_EQ(cell.status().code(), StatusCode::kUnimplemented) << cell.status().ToString();
-  EXPECT_NE(cell.status().message().find("Loop 'loop'"), std::string::npos)
-      << cell.status().ToString();
-  EXPECT_NE(cell.status().message().find("data-dependent shape"), std::string::npos)
-      << cell.status().ToString();
+  auto c = Compile(g, Envelope{{cls}}, {}, "dynloop");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(HasOp(c->programs[0], kDynamicRegionOp)) << c->programs[0].Dump();
+  auto eager = Interpreter::Create(g);
+  ASSERT_TRUE(eager.ok());
+  std::vector<TensorMap> runs;
+  for (float limit : {5.0f, 40.0f}) {
+    runs.push_back({{"a", Floats({3}, {1, 2, 3})},
+                    {"limit", Tensor::Scalar(limit)},
+                    {"acc0", Floats({3}, {0, 0, 0})},
+                    {"m", Tensor::FromVector<int64_t>({}, {10})},
+                    {"cond", BoolScalar(true)}});
+  }
+  ExpectCellFollowsEager(*c, *eager, runs);
 }
 
-// A body that never stops the loop: the trip count is M, so an M not known for the class is
-// named as the value to make a constant (a data-dependent cond is refused as above).
-TEST(ControlFlowCompiled, ALoopThatAlwaysRunsMTimesNamesAnUnknownM) {
+// A body that never stops the loop runs M times: an M given at run time makes the Loop dynamic.
+TEST(ControlFlowCompiled, ALoopWithARuntimeTripCountRunsInTheDynamicRegion) {
   OnnxBuilder b = UntypedLoopModel();
   b.graph().mutable_initializer()->Clear();
   b.Input("m", kInt64, {});
+  // The rows output has M rows: its declared shape says nothing more.
+  b.graph().mutable_output(1)->mutable_type()->mutable_tensor_type()->clear_shape();
   auto g = Import(b);
   ASSERT_NE(g, nullptr);
-  auto cell = GenerateCell(*g, Envelope{{{{"a", {3}}, {"acc0", {3}}, {"m", {}}}}}, "control-flow",
-                           {}, nullptr, nullptr);
-  ASSERT_FALSE(cell.ok());
-  EXPECT_EQ(cell.status().code(), StatusCode::kInvalidArgument) << cell.status().ToString();
-  EXPECT_NE(cell.status().message().find(
-                "Loop 'loop': input 0 ('M', value 'm') must be a constant known before run"),
-            std::string::npos)
-      << cell.status().ToString();
+  auto c = Compile(g, Envelope{{{{"a", {3}}, {"acc0", {3}}, {"m", {}}}}}, {}, "dynm");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(HasOp(c->programs[0], kDynamicRegionOp)) << c->programs[0].Dump();
+  auto eager = Interpreter::Create(g);
+  ASSERT_TRUE(eager.ok());
+  std::vector<TensorMap> runs;
+  for (int64_t m : {1, 2, 5}) {
+    runs.push_back({{"a", Floats({3}, {1, 2, 3})},
+                    {"acc0", Floats({3}, {0.5f, 0, -1})},
+                    {"m", Tensor::FromVector<int64_t>({}, {m})}});
+  }
+  ExpectCellFollowsEager(*c, *eager, runs);
 }
 
-TEST(ControlFlowCompiled, AnIfWhoseBranchesDisagreeOnADataConditionIsRefusedNamingTheOp) {
+// Branches of different output shapes on a condition given at run time: the If is dynamic.
+TEST(ControlFlowCompiled, AnIfWhoseBranchesDisagreeOnADataConditionRunsInTheDynamicRegion) {
   OnnxBuilder b(17);
   b.Input("c", kBool, {}).Input("x", kFloat, {4}).Output("y", kFloat, {-1});
   b.Int64Init("halves", {2}, {2, 2});
@@ -880,17 +892,17 @@ TEST(ControlFlowCompiled, AnIfWhoseBranchesDisagreeOnADataConditionIsRefusedNami
   AttachGraph(n, "else_branch", else_b);
   auto g = Import(b);
   ASSERT_NE(g, nullptr);
-  auto interp = Interpreter::Create(g);  // eager serves it either way
-  ASSERT_TRUE(interp.ok());
-  auto e = interp->Run({{"c", BoolScalar(false)}, {"x", Floats({4}, {1, 2, 3, 4})}});
+  auto eager = Interpreter::Create(g);
+  ASSERT_TRUE(eager.ok());
+  auto e = eager->Run({{"c", BoolScalar(false)}, {"x", Floats({4}, {1, 2, 3, 4})}});
   ASSERT_TRUE(e.ok()) << e.status().ToString();
   ExpectNear(e->at("y"), Floats({2}, {1, 2}), "else half");
-  auto cell =
-      GenerateCell(*g, Envelope{{{{"c", {}}, {"x", {4}}}}}, "control-flow", {}, nullptr, nullptr);
-  ASSERT_FALSE(cell.ok());
-  EXPECT_EQ(cell.status().code(), StatusCode::kUnimplemented) << cell.status().ToString();
-  EXPECT_NE(cell.status().message().find("If 'ragged'"), std::string::npos)
-      << cell.status().ToString();
+  auto c = Compile(g, Envelope{{{{"c", {}}, {"x", {4}}}}}, {}, "ragged");
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  EXPECT_TRUE(HasOp(c->programs[0], kDynamicRegionOp)) << c->programs[0].Dump();
+  ExpectCellFollowsEager(*c, *eager,
+                         {{{"c", BoolScalar(false)}, {"x", Floats({4}, {1, 2, 3, 4})}},
+                          {{"c", BoolScalar(true)}, {"x", Floats({4}, {1, 2, 3, 4})}}});
 }
 
 }  // namespace

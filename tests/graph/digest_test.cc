@@ -214,6 +214,37 @@ TEST(GraphDigest, ShapeDeterminingFloatsAreStructural) {
   EXPECT_TRUE(derived->empty());
 }
 
+// Scales written as a computation (torch's opset-11 export of interpolate: Concat of two
+// Constants) decide the shape as surely as a Constant feeding Resize directly: every float that
+// reaches a shape input is structural, so a different scale is another graph, and the fence never
+// perturbs a value the output's shape depends on.
+TEST(GraphDigest, FloatsReachingAShapeInputThroughComputationAreStructural) {
+  auto build = [](float scale) {
+    testing::OnnxBuilder b;
+    b.Input("x", testing::kFloat, {1, 1, 2, 2}).Output("y", testing::kFloat, {1, 1, 4, 4});
+    b.FloatConstant("batch_chan", {2}, {1, 1});
+    b.FloatConstant("spatial", {2}, {scale, scale});
+    b.Node("Concat", {"batch_chan", "spatial"}, {"scales"}).add_attribute()->CopyFrom([] {
+      onnx::AttributeProto a;
+      a.set_name("axis");
+      a.set_type(onnx::AttributeProto::INT);
+      a.set_i(0);
+      return a;
+    }());
+    b.FloatConstant("w", {1}, {0.5f});  // a real weight beside them
+    b.Node("Resize", {"x", "", "scales"}, {"r"});
+    b.Node("Mul", {"r", "w"}, {"y"});
+    auto g = ImportOnnxBytes(b.Bytes(), "resize");
+    EXPECT_TRUE(g.ok()) << g.status().ToString();
+    return *g;
+  };
+  const Graph g2 = build(2.0f), g3 = build(3.0f);
+  EXPECT_FALSE(g2.IsWeight("batch_chan"));
+  EXPECT_FALSE(g2.IsWeight("spatial"));
+  EXPECT_EQ(g2.WeightNames(), std::vector<std::string>{"w"});
+  EXPECT_NE(*GraphDigest(g2), *GraphDigest(g3));
+}
+
 // A quantized model's int32 bias is checkpoint data like its 8-bit weights: a weight, not a
 // structural constant, so its values do not enter the digest and a derived checkpoint moves it.
 // Other int32 initializers (a Reshape's shape, indices) stay structural.

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <sqlite3.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -61,11 +62,13 @@ TEST_P(StoreTest, FirstWriterWinsPerKeyAndFamily) {
   const std::string k = Key("fww");
   auto first = store_->InsertCellIfAbsent(Cell(k, Digest("a"), "receipt-a"));
   ASSERT_TRUE(first.ok()) << first.status().ToString();
-  EXPECT_EQ(first->digest, Digest("a"));
+  EXPECT_TRUE(first->inserted);
+  EXPECT_EQ(first->owner.digest, Digest("a"));
   auto second = store_->InsertCellIfAbsent(Cell(k, Digest("b"), "receipt-b"));
   ASSERT_TRUE(second.ok());
-  EXPECT_EQ(second->digest, Digest("a"));
-  EXPECT_EQ(second->receipt, "receipt-a");
+  EXPECT_FALSE(second->inserted);
+  EXPECT_EQ(second->owner.digest, Digest("a"));
+  EXPECT_EQ(second->owner.receipt, "receipt-a");
   auto got = store_->GetCell(k, "root/m").value();
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->receipt, "receipt-a");
@@ -74,7 +77,7 @@ TEST_P(StoreTest, FirstWriterWinsPerKeyAndFamily) {
   CellRow tenant = Cell(k, Digest("t"), "receipt-t");
   tenant.family = "acme/m";
   tenant.tier = "org";
-  EXPECT_EQ(store_->InsertCellIfAbsent(tenant).value().digest, Digest("t"));
+  EXPECT_EQ(store_->InsertCellIfAbsent(tenant).value().owner.digest, Digest("t"));
   EXPECT_EQ(store_->GetCell(k, "root/m").value()->digest, Digest("a"));
   EXPECT_EQ(store_->GetCell(k, "acme/m").value()->digest, Digest("t"));
   auto all = store_->ListCellsForKey(k).value();
@@ -92,15 +95,16 @@ TEST_P(StoreTest, FirstWriterWinsPerKeyAndFamily) {
 TEST_P(StoreTest, RevokedOwnerIsReplacedLiveOwnerIsNot) {
   const std::string k = Key("freed");
   ASSERT_TRUE(store_->InsertCellIfAbsent(Cell(k, Digest("old"), "r-old")).ok());
-  EXPECT_EQ(store_->InsertCellIfAbsent(Cell(k, Digest("new"), "r-new")).value().digest,
+  EXPECT_EQ(store_->InsertCellIfAbsent(Cell(k, Digest("new"), "r-new")).value().owner.digest,
             Digest("old"));
   ASSERT_TRUE(store_->Revoke({k, Digest("old"), "bad", "admin", 5}).ok());
   auto owner = store_->InsertCellIfAbsent(Cell(k, Digest("new"), "r-new"));
   ASSERT_TRUE(owner.ok()) << owner.status().ToString();
-  EXPECT_EQ(owner->digest, Digest("new"));
-  EXPECT_EQ(owner->receipt, "r-new");
+  EXPECT_TRUE(owner->inserted);
+  EXPECT_EQ(owner->owner.digest, Digest("new"));
+  EXPECT_EQ(owner->owner.receipt, "r-new");
   EXPECT_EQ(store_->GetCell(k, "root/m").value()->digest, Digest("new"));
-  EXPECT_EQ(store_->InsertCellIfAbsent(Cell(k, Digest("third"), "r-3")).value().digest,
+  EXPECT_EQ(store_->InsertCellIfAbsent(Cell(k, Digest("third"), "r-3")).value().owner.digest,
             Digest("new"));
 }
 
@@ -111,12 +115,33 @@ TEST_P(StoreTest, ConcurrentInsertsLeaveExactlyOneOwner) {
   for (int i = 0; i < 16; ++i) {
     threads.emplace_back([&, i] {
       auto r = store_->InsertCellIfAbsent(Cell(k, Digest("d" + std::to_string(i)), "r"));
-      owners[i] = r.ok() ? r->digest : "error: " + r.status().ToString();
+      owners[i] = r.ok() ? r->owner.digest : "error: " + r.status().ToString();
     });
   }
   for (auto& t : threads) t.join();
   for (const auto& o : owners) EXPECT_EQ(o, owners[0]);
   EXPECT_EQ(store_->GetCell(k, "root/m").value()->digest, owners[0]);
+}
+
+// Publishers of the same bytes in the same second sign identical receipts: the rows they insert
+// are identical, and still exactly one of them is told it inserted.
+TEST_P(StoreTest, IdenticalConcurrentInsertsHaveExactlyOneWinner) {
+  const std::string k = Key("same");
+  std::vector<std::thread> threads;
+  std::atomic<int> winners{0}, errors{0};
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&] {
+      auto r = store_->InsertCellIfAbsent(Cell(k, Digest("same"), "receipt-same"));
+      if (!r.ok()) {
+        ++errors;
+      } else if (r->inserted) {
+        ++winners;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_EQ(winners.load(), 1);
 }
 
 TEST_P(StoreTest, IntentsArePerPublisher) {
@@ -289,7 +314,7 @@ INSERT INTO tokens VALUES ('h', 'ci', 'publisher', 'platform', '');
   EXPECT_EQ(store->GetCell("K", "root/m").value()->receipt, "R");
   EXPECT_TRUE(store->GetIntent("K", "sha256:a", "ci").value().has_value());
   CellRow other{"K", "sha256:b", 1, "acme/m", "acme-ci", "org", "", "R2", 2};
-  EXPECT_EQ(store->InsertCellIfAbsent(other).value().digest, "sha256:b");
+  EXPECT_EQ(store->InsertCellIfAbsent(other).value().owner.digest, "sha256:b");
   store.reset();
   auto again = OpenSqliteStore(path);  // a second open finds version 2 and changes nothing
   ASSERT_TRUE(again.ok()) << again.status().ToString();

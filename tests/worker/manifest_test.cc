@@ -169,6 +169,24 @@ remints = 0
   ::unsetenv("KILN_MANIFEST_TEST_TOKEN");
 }
 
+// Samples map every input to a .npy file, resolved against the manifest's directory like every
+// path; several samples keep their order.
+TEST(ManifestTest, SamplesResolveAndKeepTheirOrder) {
+  std::string text = kMinimal;
+  const std::string envelope = "envelope = [{ x = [1, 64] }]";
+  text.replace(text.find(envelope), envelope.size(),
+               envelope + "\nsamples = [{ x = \"s/a.npy\" }, { x = \"/abs/b.npy\" }]");
+  Result<Manifest> m = Parse(text);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const auto& samples = m->targets[0].samples;
+  ASSERT_EQ(samples.size(), 2u);
+  EXPECT_EQ(samples[0].at("x"), "/srv/models/s/a.npy");
+  EXPECT_EQ(samples[1].at("x"), "/abs/b.npy");
+  Result<Manifest> none = Parse(kMinimal);
+  ASSERT_TRUE(none.ok());
+  EXPECT_TRUE(none->targets[0].samples.empty());
+}
+
 TEST(ManifestTest, MandatoryTargetWithoutExportStillParses) {
   // The worker refuses it at boot (mandatory_lane_needs_a_cell); the parser keeps it.
   std::string text = kMinimal;
@@ -402,6 +420,22 @@ TEST(ManifestTest, BadManifestsAreRefusedByKeyPath) {
        "[functions.mlp]",
        "[mint]\nparallel_compiles = 0\n[functions.mlp]",
        {"mint.parallel_compiles is 0, expected an integer in 1..1024"}},
+      {"samples not an array",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [1, 64] }]\nsamples = \"x.npy\"",
+       {"targets.mlp.samples is a string", "expected an array of samples"}},
+      {"sample names an input the envelope does not",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [1, 64] }]\nsamples = [{ x = \"x.npy\", y = \"y.npy\" }]",
+       {"targets.mlp.samples[0] names input \"y\"", "which the envelope does not"}},
+      {"sample lacks an input",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [1, 64] }]\nsamples = [{}]",
+       {"targets.mlp.samples[0] lacks input \"x\""}},
+      {"sample path not a string",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [1, 64] }]\nsamples = [{ x = 3 }]",
+       {"targets.mlp.samples[0].x is an integer (3), expected a string"}},
       {"toml syntax", "name = \"demo\"", "name = \"demo", {"kiln.toml:3:", "not valid TOML"}},
       {"duplicate key",
        "name = \"demo\"",

@@ -19,6 +19,34 @@ namespace kiln {
 
 const char* LaneName(Lane lane) { return lane == Lane::kExported ? "exported" : "intake"; }
 
+namespace {
+
+// The caller's side of a kiln_dynamic_output: the tensor the cell asked for, allocated once.
+struct DynamicOutput {
+  kiln_dynamic_output abi{};  // first member: the cell hands back a pointer to it
+  DType dtype = DType::kFloat32;
+  Tensor tensor;
+  bool called = false;
+
+  static void* Alloc(kiln_dynamic_output* self, const int64_t* dims, int32_t rank) {
+    auto* d = reinterpret_cast<DynamicOutput*>(self);
+    if (d == nullptr || d->called || rank < 0 || rank > 64 || (rank > 0 && dims == nullptr)) {
+      return nullptr;
+    }
+    Shape shape(dims, dims + rank);
+    for (int64_t v : shape) {
+      if (v < 0) return nullptr;
+    }
+    auto t = Tensor::Empty(d->dtype, shape);
+    if (!t.ok()) return nullptr;
+    d->tensor = std::move(t).value();
+    d->called = true;
+    return d->tensor.raw_data();
+  }
+};
+
+}  // namespace
+
 Result<std::shared_ptr<CellLibrary>> CellLibrary::Open(const std::string& so_path) {
   void* h = ::dlopen(so_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (h == nullptr) {
@@ -233,7 +261,15 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
   }
   std::map<std::string, Tensor> outputs;
   std::vector<void*> out_ptrs;
-  for (const TensorSpec& s : e.outputs) {
+  std::vector<DynamicOutput> dynamic(e.outputs.size());
+  for (size_t i = 0; i < e.outputs.size(); ++i) {
+    const TensorSpec& s = e.outputs[i];
+    if (s.dynamic) {  // allocated by the cell once its shape is known (kiln_dynamic_output)
+      dynamic[i].abi.alloc = &DynamicOutput::Alloc;
+      dynamic[i].dtype = s.dtype;
+      out_ptrs.push_back(&dynamic[i].abi);
+      continue;
+    }
     auto t = Tensor::Empty(s.dtype, s.shape);
     if (!t.ok()) return fail(CellRunError::kResource, t.status());
     out_ptrs.push_back(t->raw_data());
@@ -263,11 +299,28 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
         CellRunError::kResource,
         Status::ResourceExhausted("cell entry " + std::to_string(index) + " ran out of memory"));
   }
+  if (rc == KILN_CELL_BAD_ARGUMENT) {
+    // The inputs are of the entry's types, so the cell refused their values (a dynamic region's
+    // eager kernels did): the request is outside what the cell serves; the cell stays armed.
+    return fail(CellRunError::kOutOfEnvelope,
+                Status::InvalidArgument("cell entry " + std::to_string(index) +
+                                        " refused the inputs' values (a data-dependent shape or "
+                                        "index eager refuses too)"));
+  }
   if (rc != KILN_CELL_OK) {
     return fail(
         CellRunError::kCellFault,
         Status::Refused(StatusCode::kInternal, "cell_fault",
                         "entry " + std::to_string(index) + " returned code " + std::to_string(rc)));
+  }
+  for (size_t i = 0; i < e.outputs.size(); ++i) {
+    if (!e.outputs[i].dynamic) continue;
+    if (!dynamic[i].called) {
+      return fail(CellRunError::kCellFault,
+                  Status::Internal("cell_fault: entry " + std::to_string(index) +
+                                   " never produced dynamic output '" + e.outputs[i].name + "'"));
+    }
+    outputs[e.outputs[i].name] = std::move(dynamic[i].tensor);
   }
   return outputs;
 }

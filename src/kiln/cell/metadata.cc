@@ -20,7 +20,9 @@ using Json = nlohmann::json;
 // ---- serialization --------------------------------------------------------------------------
 
 Json SpecToJson(const TensorSpec& t) {
-  return Json{{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}};
+  Json j{{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}};
+  if (t.dynamic) j["dynamic"] = true;  // written only when set: static specs keep their bytes
+  return j;
 }
 
 Json SpecsToJson(const std::vector<TensorSpec>& specs) {
@@ -206,6 +208,16 @@ Result<TensorSpec> ParseSpec(const Json& v, const std::string& path) {
   t.dtype = *dt;
   KILN_ASSIGN_OR_RETURN(const Json* shape, r.Array("shape"));
   KILN_ASSIGN_OR_RETURN(t.shape, ParseDims(*shape, path + ".shape"));
+  if (v.contains("dynamic")) {
+    KILN_ASSIGN_OR_RETURN(t.dynamic, r.Bool("dynamic"));
+    if (!t.dynamic) {
+      return Status::InvalidArgument(path + ".dynamic is false; it is written only as true");
+    }
+    if (!t.shape.empty()) {
+      return Status::InvalidArgument(path + " is dynamic with shape " + ShapeToString(t.shape) +
+                                     "; a dynamic spec has shape []");
+    }
+  }
   KILN_RETURN_IF_ERROR(r.NoUnknownFields());
   return t;
 }
@@ -233,10 +245,8 @@ Result<EntryMetadata> ParseEntry(const Json& v, const std::string& path) {
   EntryMetadata e;
   KILN_ASSIGN_OR_RETURN(uint64_t index, r.Unsigned("index", std::numeric_limits<uint32_t>::max()));
   e.index = static_cast<uint32_t>(index);
+  // An empty shape class is the entry of a graph with no runtime inputs.
   KILN_ASSIGN_OR_RETURN(const Json* sc, r.Object("shape_class"));
-  if (sc->empty()) {
-    return Status::InvalidArgument(path + ".shape_class names no input; expected at least one");
-  }
   for (auto it = sc->begin(); it != sc->end(); ++it) {
     KILN_ASSIGN_OR_RETURN(e.shape_class[it.key()],
                           ParseDims(it.value(), path + ".shape_class." + it.key()));

@@ -33,6 +33,9 @@ struct TensorSpec {
   std::string name;
   DType dtype = DType::kFloat32;
   Shape shape;
+  // An entry output whose shape is known only at run time (shape [] then; "dynamic": true in the
+  // JSON, absent when false): it is passed to the cell as a kiln_dynamic_output.
+  bool dynamic = false;
   bool operator==(const TensorSpec&) const = default;
 };
 

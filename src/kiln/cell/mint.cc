@@ -12,6 +12,7 @@
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/graph/digest.h"
+#include "src/kiln/tensor/npy.h"
 
 namespace kiln {
 
@@ -27,6 +28,7 @@ Result<TensorSpec> SpecFromJson(const nlohmann::json& j) {
   s.name = j.at("name").get<std::string>();
   KILN_ASSIGN_OR_RETURN(s.dtype, DTypeFromName(j.at("dtype").get<std::string>()));
   s.shape = j.at("shape").get<Shape>();
+  s.dynamic = j.value("dynamic", false);
   return s;
 }
 
@@ -77,6 +79,22 @@ Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& des
     return Status::InvalidArgument(std::string("cell describe: malformed entry: ") + e.what());
   }
   return entries;
+}
+
+Result<Samples> ReadSamples(const std::vector<std::map<std::string, std::string>>& paths) {
+  Samples out;
+  for (size_t i = 0; i < paths.size(); ++i) {
+    TensorMap sample;
+    for (const auto& [name, path] : paths[i]) {
+      auto t = ReadNpy(path);
+      if (!t.ok()) {
+        return t.status().WithContext("sample " + std::to_string(i) + " input '" + name + "'");
+      }
+      sample[name] = std::move(t).value();
+    }
+    out.push_back(std::move(sample));
+  }
+  return out;
 }
 
 Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, const std::string& sm) {
@@ -156,7 +174,7 @@ Result<MintResult> MintCell(const MintRequest& req) {
   KILN_ASSIGN_OR_RETURN(Interpreter eager, Interpreter::Create(req.graph));
   mark("load");
   // gate
-  KILN_ASSIGN_OR_RETURN(out.gate, RunGate(*cell, eager, req.weights, req.thresholds));
+  KILN_ASSIGN_OR_RETURN(out.gate, RunGate(*cell, eager, req.weights, req.thresholds, req.samples));
   mark("gate");
   if (out.gate.verdict == Verdict::kUnmeasurable) {
     return Status::Refused(StatusCode::kInvalidArgument, kRefusalUnmeasurable, out.gate.Summary());
@@ -166,7 +184,9 @@ Result<MintResult> MintCell(const MintRequest& req) {
                            out.gate.Summary() + "; only HEALTHY cells are sealed");
   }
   // fence
-  KILN_ASSIGN_OR_RETURN(out.fence, RunFenceProof(*cell, eager, req.weights, req.thresholds));
+  KILN_ASSIGN_OR_RETURN(out.fence,
+                        RunFenceProof(*cell, eager, req.weights, req.thresholds,
+                                      CellArtifacts{emitted.source, so_bytes}, req.samples));
   md.fence.checkpoint_free = true;
   md.fence.perturbed_checkpoint_matched = true;
   md.fence.constant_table_complete = true;

@@ -27,6 +27,9 @@ struct MintRequest {
   Envelope envelope;
   std::string family;  // e.g. "root/micro-diffusion"
   WeightMap weights;   // the checkpoint the proof runs with
+  // Inputs the target declares as samples (or `kiln run --compile` was given): the gate and the
+  // fence probe each on the entry it fits, beside the synthetic probes.
+  Samples samples;
   NumericsThresholds thresholds;
   std::string sm;  // "" = DefaultSmTarget()
   CompileOptions compile;
@@ -53,7 +56,7 @@ struct MintResult {
   std::string shared_object;  // intake only: the proven .so bytes
   CellMetadata metadata;
   GateReport gate;
-  GateReport fence;
+  FenceReport fence;
   std::vector<StageTime> stages;
   std::vector<PassTiming> passes;
 };
@@ -65,6 +68,9 @@ Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& des
 
 // The key and its axes for a target, without compiling (`kiln key`).
 Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, const std::string& sm);
+
+// Reads sample inputs: one map per sample, input name -> .npy path. Errors name the file.
+Result<Samples> ReadSamples(const std::vector<std::map<std::string, std::string>>& paths);
 
 // Mints. A gate or fence refusal is InvalidArgument with its refusal token (`numerics_refused`,
 // `fence_refused`, `unmeasurable`; gate.h) and names the worst entry.

@@ -72,7 +72,7 @@ Status DoBench(const BenchArgs& a) {
     probe_spec.inputs.push_back({v.name, v.dtype, it->second});
   }
   KILN_ASSIGN_OR_RETURN(TensorMap inputs,
-                        ProbeInputs(probe_spec, Lane::kExported, 99, ProbeIntBounds(*graph)));
+                        ProbeInputs(probe_spec, Lane::kExported, 99, ProbeIntBounds(*graph, cls)));
 
   KILN_ASSIGN_OR_RETURN(Interpreter eager, Interpreter::Create(graph));
   RunStats stats;

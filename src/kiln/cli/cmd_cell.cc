@@ -44,6 +44,7 @@ Result<MintRequest> RequestForTarget(const Manifest& manifest, const std::string
     r.weights = GraphWeights(*r.graph);
   }
   r.envelope = t->envelope;
+  KILN_ASSIGN_OR_RETURN(r.samples, ReadSamples(t->samples));
   r.family = t->export_spec ? t->export_spec->family : "intake/" + t->name;
   r.thresholds = {t->numerics.floor, t->numerics.warn, t->numerics.retention};
   r.sm = t->sm;
@@ -95,10 +96,11 @@ std::string ClassSpec(const ShapeClass& c) {
 
 Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,
                                     const ShapeClass& shape_class, const std::string& family,
-                                    int num_threads) {
+                                    int num_threads, const Samples& samples) {
   MintRequest r;
   r.graph = std::move(graph);
   r.weights = weights;
+  r.samples = samples;
   r.envelope.classes = {shape_class};
   r.family = family;
   r.num_threads = num_threads;
@@ -331,7 +333,7 @@ Status DoMint(const Args& a) {
   if (!a.dump_ir.empty()) KILN_RETURN_IF_ERROR(WriteFileAtomic(a.dump_ir, dump.str()));
   if (!result.ok()) return result.status();
   std::printf("%s\n", result->ref.c_str());
-  std::printf("  gate   %s\n  fence  %s (perturbed checkpoint)\n", result->gate.Summary().c_str(),
+  std::printf("  gate   %s\n  fence  %s\n", result->gate.Summary().c_str(),
               result->fence.Summary().c_str());
   std::printf("  stored %s/%s\n  stage      ms\n", root.c_str(), result->key.c_str());
   double total = 0;
@@ -378,7 +380,7 @@ Status DoInspect(const Args& a) {
                 ClassSpec(e.shape_class).c_str(), (unsigned long long)e.workspace_bytes);
     for (const TensorSpec& s : e.outputs) {
       std::printf("  output   %-24s %s%s\n", s.name.c_str(), DTypeName(s.dtype),
-                  ShapeToString(s.shape).c_str());
+                  s.dynamic ? "[shape known at run time]" : ShapeToString(s.shape).c_str());
     }
     std::printf("  constants (%zu, bound at init in this order):\n", e.constants.size());
     for (const TensorSpec& s : e.constants) {

@@ -54,7 +54,7 @@ Status DoRun(const RunArgs& a) {
     for (const auto& [name, t] : inputs) c[name] = t.shape();
     KILN_ASSIGN_OR_RETURN(LocalCell cell,
                           LocalCellForClass(shared, bound ? *bound : GraphWeights(*shared), c,
-                                            "local/run", a.threads));
+                                            "local/run", a.threads, Samples{inputs}));
     std::printf("cell: %s (%s, %.0f ms)\n", cell.ref.c_str(),
                 cell.store_hit ? "local store hit" : "minted and stored", cell.ms);
     CellRunError err;
@@ -88,7 +88,7 @@ void AddRunCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("model", args->model, "ONNX model file")->required();
   cmd->add_option("--checkpoint", args->checkpoint,
                   "safetensors file whose tensors replace the model's weights by name");
-  cmd->add_option("--input", args->inputs, "NAME=FILE.npy, once per graph input")->required();
+  cmd->add_option("--input", args->inputs, "NAME=FILE.npy, once per graph input");
   cmd->add_option("--out", args->out_dir, "directory for <output name>.npy files")->required();
   cmd->add_flag("--compile", args->compile,
                 "compile the graph for these input shapes (through the local store) and run the cell");

@@ -20,8 +20,9 @@ std::string ClassSpec(const ShapeClass& c);
 
 // The cell for one shape class of `graph` bound to `weights`, from the local store (minted and
 // stored on a miss), admitted and armed: what `run --compile`, `bench` and `demo` serve from.
+// A mint probes `samples` beside its synthetic probes.
 Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,
                                     const ShapeClass& shape_class, const std::string& family,
-                                    int num_threads);
+                                    int num_threads, const Samples& samples = {});
 
 }  // namespace kiln::cli

@@ -67,8 +67,9 @@ std::string ValueLiteral(const Tensor& t, int64_t i) {
 }
 
 nlohmann::json SpecJson(const Buffer& b) {
-  return nlohmann::json{{"name", b.name}, {"dtype", DTypeName(b.type.dtype)},
-                        {"shape", b.type.shape}};
+  nlohmann::json j{{"name", b.name}, {"dtype", DTypeName(b.type.dtype)}, {"shape", b.type.shape}};
+  if (b.dynamic) j["dynamic"] = true;  // shape known only at run time (kiln_dynamic_output)
+  return j;
 }
 
 class EntryEmitter {
@@ -99,6 +100,9 @@ class EntryEmitter {
       for (int id : k.outputs) out_types.push_back(p_.buffers[static_cast<size_t>(id)].type);
       KILN_ASSIGN_OR_RETURN(nlohmann::json spec,
                             NodeSpecJson(k.node, k.opset, in_types, present, out_types));
+      for (size_t j = 0; j < k.outputs.size(); ++j) {
+        if (Buf(k.outputs[j]).dynamic) spec["outputs"][j]["dynamic"] = true;
+      }
       specs.push_back(spec.dump());
     }
     os_ << "static const char* const " << e << "_specs[] = {";
@@ -144,7 +148,7 @@ class EntryEmitter {
     }
     if (opt_.test_output_scale != 1.0) {
       for (int id : p_.outputs) {
-        if (Buf(id).type.dtype != DType::kFloat32) continue;
+        if (Buf(id).type.dtype != DType::kFloat32 || Buf(id).dynamic) continue;
         os_ << "  for (int64_t i = 0; i < " << Lit(NumElements(Buf(id).type.shape)) << "; ++i) "
             << B(id) << "[i] *= " << FloatLit(static_cast<float>(opt_.test_output_scale))
             << ";  // TEST ONLY\n";

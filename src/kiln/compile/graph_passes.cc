@@ -169,7 +169,8 @@ Status FoldStructuralConstants(Graph& graph) {
   // Fold, then inline an If whose condition folding made known, and fold again: the inlined
   // branch may hold structural chains (and Ifs) of its own. Each round removes one If.
   for (;;) {
-    KILN_ASSIGN_OR_RETURN(InferredGraph inferred, InferShapes(graph, {}));
+    // Tolerant: nodes whose shapes depend on input values are left for the dynamic region.
+    KILN_ASSIGN_OR_RETURN(InferredGraph inferred, InferShapes(graph, {}, true));
     KILN_ASSIGN_OR_RETURN(Graph folded, FoldStructural(graph, inferred));
     graph = std::move(folded);
     KILN_ASSIGN_OR_RETURN(bool inlined, InlineOneKnownIf(graph));

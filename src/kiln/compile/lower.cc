@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <climits>
 #include <map>
+#include <memory>
 #include <set>
 
 #include "src/kiln/compile/elementwise_table.h"
@@ -148,10 +149,58 @@ Result<std::vector<TensorType>> AllOutputTypes(const Node& n, int64_t opset,
   return def->infer(ctx);
 }
 
+// The data-dependent nodes (those whose outputs `inf` lists as dynamic) as one graph: its inputs
+// are every value the nodes read from outside (typed, so the host can bind them; weights among
+// them arrive at run time, never in the spec), its outputs the graph outputs they compute.
+Result<Graph> DynamicRegionBody(const Graph& graph, const InferredGraph& inf,
+                                const std::vector<const Node*>& region) {
+  Graph body;
+  body.name = "dynamic_region";
+  body.opsets = graph.opsets;
+  std::set<std::string> defined, seen;
+  for (const Node* n : region) {
+    for (const std::string& o : n->outputs) {
+      if (!o.empty()) defined.insert(o);
+    }
+  }
+  auto read = [&](const std::string& name) -> Status {
+    if (name.empty() || defined.count(name) || !seen.insert(name).second) return Status::OK();
+    auto t = inf.types.find(name);
+    if (t == inf.types.end()) {
+      return Status::Internal("dynamic region reads '" + name + "', which has no static type");
+    }
+    ValueInfo v;
+    v.name = name;
+    v.dtype = t->second.dtype;
+    v.has_shape = true;
+    for (int64_t d : t->second.shape) v.dims.push_back(Dim{d, ""});
+    body.inputs.push_back(std::move(v));
+    return Status::OK();
+  };
+  for (const Node* n : region) {
+    for (const std::string& in : n->inputs) KILN_RETURN_IF_ERROR(read(in));
+    for (const std::string& in : ImplicitInputs(*n)) KILN_RETURN_IF_ERROR(read(in));
+    body.nodes.push_back(*n);
+  }
+  for (const ValueInfo& out : graph.outputs) {
+    if (!inf.dynamic.count(out.name)) continue;
+    if (!out.has_type) {
+      return Status::Unimplemented("graph output '" + out.name +
+                                   "' has a data-dependent shape and no declared element type; "
+                                   "a compiled cell must declare each output's dtype");
+    }
+    ValueInfo v;
+    v.name = out.name;
+    v.dtype = out.dtype;
+    body.outputs.push_back(std::move(v));
+  }
+  return body;
+}
+
 }  // namespace
 
 Result<Program> LowerToProgram(const Graph& graph) {
-  KILN_ASSIGN_OR_RETURN(InferredGraph inf, InferShapes(graph, {}));
+  KILN_ASSIGN_OR_RETURN(InferredGraph inf, InferShapes(graph, {}, /*tolerate_dynamic=*/true));
   Program p;
   std::map<std::string, int> value;  // graph value name -> buffer id
   for (size_t i = 0; i < graph.inputs.size(); ++i) {
@@ -187,7 +236,16 @@ Result<Program> LowerToProgram(const Graph& graph) {
     value[name] = p.AddBuffer(b);
   }
 
+  // Nodes whose shapes depend on input values run last, as one region: nothing compiled reads
+  // what they compute (tolerant inference made every reader dynamic too).
+  std::vector<const Node*> region;
   for (const Node& n : graph.nodes) {
+    bool dynamic = false;
+    for (const std::string& o : n.outputs) dynamic = dynamic || inf.dynamic.count(o);
+    if (dynamic) {
+      region.push_back(&n);
+      continue;
+    }
     const int64_t opset = graph.opset(n.domain);
     std::vector<TensorType> in_types, out_types;
     std::vector<int> ins;
@@ -303,10 +361,52 @@ Result<Program> LowerToProgram(const Graph& graph) {
     p.kernels.push_back(std::move(k));
   }
 
+  // The dynamic region: one reference kernel whose body the host runs eagerly, writing each
+  // data-dependent graph output through its slot's kiln_dynamic_output.
+  std::map<size_t, int> dynamic_out;  // graph output index -> buffer
+  if (!region.empty()) {
+    KILN_ASSIGN_OR_RETURN(Graph body, DynamicRegionBody(graph, inf, region));
+    Kernel k;
+    k.kind = Kernel::Kind::kReference;
+    k.label = "DynamicRegion[";
+    for (size_t i = 0; i < region.size(); ++i) k.label += (i ? "," : "") + region[i]->op_type;
+    k.label += "]";
+    k.node.op_type = kDynamicRegionOp;
+    k.node.domain = kDynamicRegionDomain;
+    k.node.name = "dynamic_region";
+    Attribute a;
+    a.kind = Attribute::Kind::kGraph;
+    a.g = std::make_shared<Graph>(body);
+    k.node.attrs["body"] = a;
+    k.opset = 1;
+    for (const ValueInfo& in : body.inputs) {
+      k.node.inputs.push_back(in.name);
+      k.inputs.push_back(value.at(in.name));
+    }
+    for (size_t i = 0; i < graph.outputs.size(); ++i) {
+      if (!inf.dynamic.count(graph.outputs[i].name)) continue;
+      Buffer b;
+      b.name = graph.outputs[i].name;
+      b.type = TensorType{graph.outputs[i].dtype, {}};
+      b.dynamic = true;
+      b.output_slot = static_cast<int>(i);
+      const int id = p.AddBuffer(b);
+      k.node.outputs.push_back(graph.outputs[i].name);
+      k.outputs.push_back(id);
+      dynamic_out[i] = id;
+    }
+    p.kernels.push_back(std::move(k));
+  }
+
   // Graph outputs: a temp is written straight into the caller's buffer; anything else (an input,
   // a constant, a view, a value listed twice) is copied there by an Identity kernel.
   std::set<int> claimed;
   for (size_t i = 0; i < graph.outputs.size(); ++i) {
+    if (dynamic_out.count(i)) {
+      p.outputs.push_back(dynamic_out.at(i));
+      p.output_names.push_back(graph.outputs[i].name);
+      continue;
+    }
     int id = value.at(graph.outputs[i].name);
     Buffer& b = p.buffers[static_cast<size_t>(id)];
     if (b.kind == Buffer::Kind::kTemp && b.alias_of < 0 && !claimed.count(id)) {

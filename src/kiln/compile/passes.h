@@ -21,6 +21,8 @@ Status SpecializeToClass(Graph& graph, const ShapeClass& shape_class);
 
 // Replaces every node whose outputs are structural values known for this class by constants
 // (Shape/Gather/Concat/Unsqueeze chains ...). Reads no weight value. Requires SpecializeToClass.
+// Nodes whose output shapes depend on input values (and their readers) are kept as they are:
+// lowering runs them as the entry's dynamic region.
 Status FoldStructuralConstants(Graph& graph);
 
 // Removes nodes none of whose outputs reach a graph output, and structural constants nothing
@@ -31,7 +33,9 @@ Status EliminateDeadNodes(Graph& graph);
 
 // One kernel per node: Reshape-likes become aliases, MatMul/Gemm/Conv/Softmax/norms/Transpose
 // their own kernels, elementwise ops single-op fused kernels, everything else a reference call.
-// Requires a specialized graph (every value has a concrete type).
+// Nodes whose types are known only at run time (tolerant shape inference lists their outputs as
+// dynamic) become one last reference kernel, the dynamic region (runtime/host.h), whose graph
+// outputs the caller receives through kiln_dynamic_output. Requires a specialized graph.
 Result<Program> LowerToProgram(const Graph& graph);
 
 // Merges chains of elementwise kernels of one output shape into one loop nest; a value consumed

@@ -92,6 +92,7 @@ std::string Program::Dump() const {
       const Buffer& b = buffers[static_cast<size_t>(k.outputs[i])];
       os << (i ? ", " : "") << name(b.id) << ":" << b.type.ToString();
       if (b.output_slot >= 0) os << "@out" << b.output_slot;
+      if (b.dynamic) os << "(dynamic)";
       if (b.offset >= 0) os << "@" << b.offset;
     }
     os << " = " << k.label << "(";

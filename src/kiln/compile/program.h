@@ -17,6 +17,7 @@
 #include "src/kiln/base/status.h"
 #include "src/kiln/graph/ir.h"
 #include "src/kiln/ops/registry.h"
+#include "src/kiln/runtime/host.h"
 
 namespace kiln {
 
@@ -29,6 +30,10 @@ struct Buffer {
   int index = -1;      // kInput: input slot; kWeight: constant-table slot; kConst: embed slot
   int alias_of = -1;   // >= 0: views that buffer's bytes (Reshape-likes); no kernel writes it
   int output_slot = -1;  // >= 0: a temp written straight into the caller's output buffer
+  // A graph output whose shape is known only at run time: `type` holds its dtype and no shape,
+  // and its slot carries a kiln_dynamic_output (runtime/cell_abi.h). Only a dynamic region's
+  // kernel writes one.
+  bool dynamic = false;
   int64_t offset = -1;   // kTemp without output_slot/alias: byte offset in the workspace
   Tensor value;          // kConst only: the structural value (embedded in the cell source)
 
@@ -57,7 +62,9 @@ struct Kernel {
     kConcat,     // generated block copies
     kGather,     // Gather with a structural (compile-time) index: generated block copies
     kResize,     // nearest Resize by integer factors (floor(out / factor) per axis)
-    kReference,  // the op registry's reference kernel through the runtime
+    kReference,  // the op registry's reference kernel through the runtime; also the dynamic
+                 // region (runtime/host.h kDynamicRegionOp: the graph's data-dependent nodes,
+                 // run by the host's eager interpreter)
   };
   Kind kind = Kind::kReference;
   std::string label;        // op types it covers, for dumps ("Conv+Add+Relu")

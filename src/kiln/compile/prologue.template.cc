@@ -46,7 +46,9 @@ static inline int kiln_par(const kiln_host_api* H, int threads, int64_t n, F& bo
 }
 
 // exp(x) to ~1 ulp: Cody-Waite range reduction and a degree-6 polynomial (Cephes), no libm call.
+// Past ln(FLT_MAX) the result is +inf, as expf gives; NaN stays NaN.
 static inline float kiln_exp(float x) {
+  const float xin = x;
   x = x > 88.3762626647949f ? 88.3762626647949f : x;
   x = x < -87.3365447504f ? -87.3365447504f : x;
   const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
@@ -63,7 +65,7 @@ static inline float kiln_exp(float x) {
   uint32_t bits = (uint32_t)e << 23;
   float scale;
   memcpy(&scale, &bits, 4);
-  return p * scale;
+  return xin > 88.72283935546875f ? INFINITY : p * scale;
 }
 static inline float kiln_sigmoid(float x) { return 1.0f / (1.0f + kiln_exp(-x)); }
 static inline float kiln_tanh(float x) { return tanhf(x); }
@@ -87,7 +89,9 @@ static inline float kiln_erf(float x) {
   const float big = 1.0f - p * t * kiln_exp(-x2);
   return ax < 0.5f ? x * s : copysignf(big, x);
 }
-static inline float kiln_relu(float x) { return x > 0.0f ? x : 0.0f; }
+// Every helper below keeps NaN, as the eager interpreter (and numpy) does: a comparison with NaN
+// is false, so each is written to fall through to the NaN operand.
+static inline float kiln_relu(float x) { return x < 0.0f ? 0.0f : x; }
 static inline float kiln_leaky(float x, float a) { return x >= 0.0f ? x : a * x; }
 // max then min, as ONNX/numpy clip: when lo > hi every value becomes hi.
 static inline float kiln_clip(float x, float lo, float hi) {
@@ -99,15 +103,15 @@ static inline float kiln_hardsigmoid(float x, float a, float b) {
 }
 static inline float kiln_softplus(float x) { return x > 20.0f ? x : log1pf(kiln_exp(x)); }
 static inline float kiln_elu(float x, float a) { return x >= 0.0f ? x : a * (kiln_exp(x) - 1.0f); }
-static inline float kiln_sign(float x) { return (float)((x > 0.0f) - (x < 0.0f)); }
-static inline float kiln_min(float a, float b) { return a < b ? a : b; }
-static inline float kiln_max(float a, float b) { return a > b ? a : b; }
+static inline float kiln_sign(float x) { return x != x ? x : (float)((x > 0.0f) - (x < 0.0f)); }
+static inline float kiln_min(float a, float b) { return a != a ? a : (a < b ? a : b); }
+static inline float kiln_max(float a, float b) { return a != a ? a : (a > b ? a : b); }
 // Pow: the exponent may be a weight, so the square/sqrt fast paths are chosen per value at run
 // time, never at compile time (law 1).
 static inline float kiln_pow(float a, float b) {
   if (b == 2.0f) return a * a;
   if (b == 1.0f) return a;
-  if (b == 0.5f) return sqrtf(a);
+  if (b == 0.5f) return a == -INFINITY ? INFINITY : sqrtf(a);  // powf(-inf, 0.5) is +inf
   return powf(a, b);
 }
 static inline int64_t kiln_cast_int64_t(double v) {
@@ -138,6 +142,7 @@ static inline void kiln_store8(float* p, kiln_f8 v) { memcpy(p, &v, sizeof(v)); 
 static inline kiln_f8 kiln_splat8(float x) { return (kiln_f8){x, x, x, x, x, x, x, x}; }
 // The vector twin of kiln_exp (same reduction and polynomial; round-to-nearest via 1.5*2^23).
 static inline kiln_f8 kiln_exp8(kiln_f8 x) {
+  const kiln_f8 xin = x;
   x = x > kiln_splat8(88.3762626647949f) ? kiln_splat8(88.3762626647949f) : x;
   x = x < kiln_splat8(-87.3365447504f) ? kiln_splat8(-87.3365447504f) : x;
   const kiln_f8 magic = kiln_splat8(12582912.0f);
@@ -154,18 +159,20 @@ static inline kiln_f8 kiln_exp8(kiln_f8 x) {
   const kiln_i8 e = (__builtin_convertvector(n, kiln_i8) + 127) << 23;
   kiln_f8 scale;
   memcpy(&scale, &e, sizeof(scale));
-  return p * scale;
+  return xin > kiln_splat8(88.72283935546875f) ? kiln_splat8(INFINITY) : p * scale;
 }
+// The row's maximum; NaN when the row holds one (a lane that saw NaN keeps it: `v > m` is
+// false for a NaN v, so NaN is taken through `v != v`).
 static inline float kiln_row_max(const float* x, int64_t n) {
   kiln_f8 m = kiln_splat8(-INFINITY);
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) {
     const kiln_f8 v = kiln_load8(x + i);
-    m = v > m ? v : m;
+    m = (v > m) | (v != v) ? v : m;
   }
   float r = -INFINITY;
-  for (int j = 0; j < 8; ++j) r = m[j] > r ? m[j] : r;
-  for (; i < n; ++i) r = x[i] > r ? x[i] : r;
+  for (int j = 0; j < 8; ++j) r = m[j] > r || m[j] != m[j] ? m[j] : r;
+  for (; i < n; ++i) r = x[i] > r || x[i] != x[i] ? x[i] : r;
   return r;
 }
 // y[i] = exp(x[i] - m); returns the sum of y. x and y may be the same row.

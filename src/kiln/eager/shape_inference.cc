@@ -37,7 +37,8 @@ class InferredScope : public OuterScope {
   const OuterScope* parent_;
 };
 
-Result<InferredGraph> InferScoped(const Graph& g, InferredGraph seeded, const OuterScope* outer);
+Result<InferredGraph> InferScoped(const Graph& g, InferredGraph seeded, const OuterScope* outer,
+                                  bool tolerate_dynamic = false);
 
 // Infers the bodies of If/Loop nodes during static inference. Bodies are never run here: a node
 // that owns subgraphs is never folded (fold-structural inlines an If whose condition is known).
@@ -58,7 +59,8 @@ class StaticRunner : public SubgraphRunner {
   const OuterScope* scope_;
 };
 
-Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const OuterScope* outer) {
+Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const OuterScope* outer,
+                                  bool tolerate_dynamic) {
   for (const auto& [name, t] : g.initializers) {
     out.types[name] = TensorType{t.dtype(), t.shape()};
     if (!g.IsWeight(name)) out.known[name] = t;
@@ -66,9 +68,25 @@ Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const Outer
 
   const OpRegistry& registry = OpRegistry::Global();
   static const uint8_t kNoData = 0;
+  auto mark_dynamic = [&](const Node& n) {
+    for (const std::string& o : n.outputs) {
+      if (!o.empty()) out.dynamic.insert(o);
+    }
+  };
   for (const Node& n : g.nodes) {
     const int64_t opset = g.opset(n.domain);
     KILN_ASSIGN_OR_RETURN(const OpDef* def, registry.Find(n.domain, n.op_type, opset));
+    if (tolerate_dynamic) {
+      bool reads_dynamic = false;
+      for (const std::string& in : n.inputs) reads_dynamic = reads_dynamic || out.dynamic.count(in);
+      for (const std::string& in : ImplicitInputs(n)) {
+        reads_dynamic = reads_dynamic || out.dynamic.count(in);
+      }
+      if (reads_dynamic) {
+        mark_dynamic(n);
+        continue;
+      }
+    }
     std::vector<TensorType> types;
     std::vector<const Tensor*> values;
     std::vector<bool> present;
@@ -113,11 +131,25 @@ Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const Outer
     const bool owns_subgraphs = HasSubgraphs(n);
     if (owns_subgraphs) ctx.set_subgraphs(&runner);
     auto inferred = def->infer(ctx);
-    if (!inferred.ok()) return inferred.status();
+    if (!inferred.ok()) {
+      if (tolerate_dynamic && IsValueDependent(inferred.status())) {
+        mark_dynamic(n);
+        continue;
+      }
+      return inferred.status();
+    }
     if (inferred->size() < n.outputs.size()) {
       return Status::Internal(n.Describe() + ": shape function returned " +
                               std::to_string(inferred->size()) + " outputs for " +
                               std::to_string(n.outputs.size()));
+    }
+    bool unknown_dim = false;
+    for (size_t k = 0; k < n.outputs.size(); ++k) {
+      for (int64_t d : (*inferred)[k].shape) unknown_dim = unknown_dim || d < 0;
+    }
+    if (tolerate_dynamic && unknown_dim) {
+      mark_dynamic(n);
+      continue;
     }
     for (size_t k = 0; k < n.outputs.size(); ++k) {
       if (n.outputs[k].empty()) continue;
@@ -144,7 +176,7 @@ Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const Outer
     }
   }
   for (const ValueInfo& v : g.outputs) {
-    if (out.types.count(v.name)) continue;
+    if (out.types.count(v.name) || out.dynamic.count(v.name)) continue;
     TensorType type;
     const Tensor* known = nullptr;
     if (outer != nullptr && outer->Lookup(v.name, &type, &known)) {
@@ -188,8 +220,8 @@ Result<std::vector<TensorType>> InferBodyTypes(const Graph& body,
   return result;
 }
 
-Result<InferredGraph> InferShapes(const Graph& g,
-                                  const std::map<std::string, Shape>& input_shapes) {
+Result<InferredGraph> InferShapes(const Graph& g, const std::map<std::string, Shape>& input_shapes,
+                                  bool tolerate_dynamic) {
   InferredGraph out;
   for (const auto& [name, shape] : input_shapes) {
     if (!g.FindInput(name)) {
@@ -230,7 +262,7 @@ Result<InferredGraph> InferShapes(const Graph& g,
     }
     out.types[v.name] = TensorType{v.dtype, shape};
   }
-  return InferScoped(g, std::move(out), nullptr);
+  return InferScoped(g, std::move(out), nullptr, tolerate_dynamic);
 }
 
 Result<Graph> FoldStructural(const Graph& g, const InferredGraph& inf) {

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 
 #include "src/kiln/base/status.h"
@@ -18,8 +19,11 @@
 namespace kiln {
 
 struct InferredGraph {
-  std::map<std::string, TensorType> types;  // every value of the graph
+  std::map<std::string, TensorType> types;  // every value of the graph (but `dynamic` ones)
   std::map<std::string, Tensor> known;      // statically known structural values
+  // Tolerant inference only: values whose type is known only at run time (the outputs of a node
+  // whose shape depends on an input's value, and of every node that reads one), in no order.
+  std::set<std::string> dynamic;
 };
 
 // Folding never materializes a structural value larger than this (elements).
@@ -30,8 +34,13 @@ inline constexpr int64_t kMaxFoldElements = 1 << 16;
 // are inferred with outer names visible; a node whose output shape is data-dependent (an If
 // whose branches disagree on an unknown condition, a Loop whose trip count is unknown) is
 // refused with Unimplemented naming it. Nodes that own subgraphs are never folded.
+//
+// With `tolerate_dynamic`, such a node is not refused: its outputs, and those of every node that
+// reads them (directly or from a subgraph), are listed in InferredGraph::dynamic instead, with no
+// type. A compiled cell runs those nodes as one dynamic region (compile/lower.cc).
 Result<InferredGraph> InferShapes(const Graph& graph,
-                                  const std::map<std::string, Shape>& input_shapes);
+                                  const std::map<std::string, Shape>& input_shapes,
+                                  bool tolerate_dynamic = false);
 
 // The names a subgraph reads from the graphs around it, as static inference sees them.
 class OuterScope {

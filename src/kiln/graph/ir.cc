@@ -124,6 +124,9 @@ bool IsShapeInput(const std::string& domain, const std::string& op_type, size_t 
   if (op_type == "Upsample") return index == 1;
   if (op_type == "Range") return index <= 2;
   if (op_type == "OneHot") return index == 1;  // depth
+  // Dropout's ratio decides what the op computes (with training_mode true, only a ratio of 0 is
+  // deterministic): a hyperparameter of the graph, never checkpoint data.
+  if (op_type == "Dropout") return index == 1;
   return false;
 }
 

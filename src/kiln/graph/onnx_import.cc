@@ -565,6 +565,51 @@ struct Importer {
       }
     };
     mark(top);
+    MarkShapeDecidingFloats(top);
+  }
+
+  // A float initializer whose value reaches a shape input through computation (Resize scales
+  // written as Concat(Constant [1, 1], Constant [2, 2]), a Range bound through a Cast) decides a
+  // shape as surely as one that feeds it directly: it is structural. The walk goes backwards from
+  // every shape input, through every node (at any depth) that produces what it reaches, and stops
+  // at Shape and Size, which read only types.
+  static void MarkShapeDecidingFloats(Graph& top) {
+    std::map<std::string, const Node*> producer;
+    std::vector<std::string> work;
+    std::function<void(const Graph&)> scan = [&](const Graph& g) {
+      for (const Node& n : g.nodes) {
+        for (const std::string& o : n.outputs) {
+          if (!o.empty()) producer.emplace(o, &n);
+        }
+        for (size_t i = 0; i < n.inputs.size(); ++i) {
+          if (!n.inputs[i].empty() && IsShapeInput(n.domain, n.op_type, i)) {
+            work.push_back(n.inputs[i]);
+          }
+        }
+        for (const Graph* sub : Subgraphs(n)) scan(*sub);
+      }
+    };
+    scan(top);
+    std::set<std::string> seen;
+    while (!work.empty()) {
+      const std::string name = work.back();
+      work.pop_back();
+      if (!seen.insert(name).second) continue;
+      auto init = top.initializers.find(name);
+      if (init != top.initializers.end()) {
+        if (IsWeightDType(init->second.dtype()) && !top.int32_weights.count(name)) {
+          top.structural_floats.insert(name);
+        }
+        continue;
+      }
+      auto p = producer.find(name);
+      if (p == producer.end()) continue;  // a graph input
+      const Node& n = *p->second;
+      if (n.domain.empty() && (n.op_type == "Shape" || n.op_type == "Size")) continue;
+      for (const std::string& in : n.inputs) {
+        if (!in.empty()) work.push_back(in);
+      }
+    }
   }
 
   Result<Graph> Import(std::string_view bytes) const {

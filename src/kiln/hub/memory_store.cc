@@ -16,20 +16,23 @@ class MemoryStore final : public HubStore {
  public:
   std::string Describe() const override { return "memory"; }
 
-  Result<CellRow> InsertCellIfAbsent(const CellRow& row) override {
+  Result<CellInsert> InsertCellIfAbsent(const CellRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
     const std::pair<std::string, std::string> id{row.key, row.family};
     auto it = cells_.find(id);
+    bool inserted = false;
     if (it == cells_.end()) {
       it = cells_.emplace(id, row).first;
       order_.push_back(id);
+      inserted = true;
     } else if (revocations_.count({it->second.key, it->second.digest}) != 0 &&
                it->second.digest != row.digest) {
       it->second = row;  // a revoked owner frees the key for its scope
       order_.erase(std::find(order_.begin(), order_.end(), id));
       order_.push_back(id);
+      inserted = true;
     }
-    return it->second;
+    return CellInsert{it->second, inserted};
   }
   Result<std::optional<CellRow>> GetCell(const std::string& key,
                                          const std::string& family) override {

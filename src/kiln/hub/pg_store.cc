@@ -152,24 +152,27 @@ class PostgresStore final : public HubStore {
     });
   }
 
-  Result<CellRow> InsertCellIfAbsent(const CellRow& c) override {
-    CellRow out;
+  Result<CellInsert> InsertCellIfAbsent(const CellRow& c) override {
+    CellInsert out;
     KILN_RETURN_IF_ERROR(Do("insert cell", [&](pqxx::transaction_base& w) {
       // A live owner is never overwritten; one whose (key, digest) is revoked is replaced.
-      w.exec_params(
+      // RETURNING yields a row only when this statement wrote: the winner of a race.
+      auto ins = w.exec_params(
           "INSERT INTO cells (key, digest, size, family, publisher, tier, release, receipt, "
           "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (key, family) DO UPDATE "
           "SET digest = EXCLUDED.digest, size = EXCLUDED.size, publisher = EXCLUDED.publisher, "
           "tier = EXCLUDED.tier, release = EXCLUDED.release, receipt = EXCLUDED.receipt, "
           "created_at = EXCLUDED.created_at WHERE cells.digest <> EXCLUDED.digest AND EXISTS "
-          "(SELECT 1 FROM revocations r WHERE r.key = cells.key AND r.digest = cells.digest)",
+          "(SELECT 1 FROM revocations r WHERE r.key = cells.key AND r.digest = cells.digest) "
+          "RETURNING key",
           c.key, c.digest, static_cast<int64_t>(c.size), c.family, c.publisher, c.tier, c.release,
           c.receipt, c.created_at);
+      out.inserted = !ins.empty();
       auto r = w.exec_params(
           std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1 AND family = $2", c.key,
           c.family);
       if (r.empty()) throw std::runtime_error("cell row vanished after insert");
-      out = ReadCell(r[0]);
+      out.owner = ReadCell(r[0]);
     }));
     return out;
   }

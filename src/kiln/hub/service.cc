@@ -582,15 +582,16 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
   if (!receipt.ok()) return Reply::FromStatus(receipt.status());
   CellRow row{key,         digest,         intent.size, meta.family, p.name,
               claims.tier, intent.release, *receipt,    claims.iat};
-  auto owner = store_->InsertCellIfAbsent(row);
-  if (!owner.ok()) return Reply::FromStatus(owner.status());
+  auto insert = store_->InsertCellIfAbsent(row);
+  if (!insert.ok()) return Reply::FromStatus(insert.status());
+  const CellRow* owner = &insert->owner;
   if (owner->digest != digest) {
     return Reply::Error(
         409, "key_taken",
         "key " + key + " was taken in family " + meta.family + " by " + owner->digest,
         {{"key", owner->key}, {"digest", owner->digest}, {"receipt", owner->receipt}});
   }
-  if (owner->receipt != row.receipt) {
+  if (!insert->inserted) {
     // A concurrent publisher of the same bytes won: its receipt is the one.
     return Reply::Json(
         200, {{"already", true}, {"key", key}, {"digest", digest}, {"receipt", owner->receipt}});

@@ -275,8 +275,9 @@ class SqliteStore final : public HubStore {
     return WriteFileAtomic(side, id + "\n");
   }
 
-  Result<CellRow> InsertCellIfAbsent(const CellRow& row) override {
+  Result<CellInsert> InsertCellIfAbsent(const CellRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
+    bool inserted = false;
     {
       // A live owner is never overwritten; an owner whose (key, digest) is revoked is replaced.
       Stmt s(db_,
@@ -289,10 +290,12 @@ class SqliteStore final : public HubStore {
       s.Bind(row.key).Bind(row.digest).Bind(static_cast<int64_t>(row.size)).Bind(row.family);
       s.Bind(row.publisher).Bind(row.tier).Bind(row.release).Bind(row.receipt).Bind(row.created_at);
       KILN_RETURN_IF_ERROR(s.Run("insert cell"));
+      // mu_ serialises every statement on this connection, so the count is this insert's.
+      inserted = sqlite3_changes(db_) == 1;
     }
     KILN_ASSIGN_OR_RETURN(auto existing, GetCellLocked(row.key, row.family));
     if (!existing) return Status::Internal("sqlite: cell '" + row.key + "' vanished after insert");
-    return *existing;
+    return CellInsert{*existing, inserted};
   }
   Result<std::optional<CellRow>> GetCell(const std::string& key,
                                          const std::string& family) override {

@@ -37,6 +37,12 @@ struct CellRow {
   int64_t created_at = 0;  // unix seconds
 };
 
+// The outcome of a first-writer-wins insert: the row that owns the key, and whether it is ours.
+struct CellInsert {
+  CellRow owner;
+  bool inserted = false;
+};
+
 // A publisher's declared upload: PUT /v1/blobs/<digest> is accepted only against that
 // publisher's intent. One row per (key, digest, publisher): a publisher's intent is its own, and
 // no other publisher's intent for the same digest changes it.
@@ -151,9 +157,11 @@ class HubStore {
   // --- cells --------------------------------------------------------------------------------
   // Inserts `row` unless a live row owns its (key, family): a row with no revocation is never
   // overwritten, one whose (key, digest) is revoked is replaced (revoking frees the key for its
-  // scope). Returns the row that owns (key, family) afterwards: `row` itself if this call wrote
-  // it, else the existing first writer's row. Atomic across hub processes sharing a database.
-  virtual Result<CellRow> InsertCellIfAbsent(const CellRow& row) = 0;
+  // scope). Returns the row that owns (key, family) afterwards (`row` itself if this call wrote
+  // it, else the existing first writer's row) and whether this call wrote it. Two publishers of
+  // identical bytes in the same second sign byte-identical receipts, so only `inserted` tells the
+  // winner from the others. Atomic across hub processes sharing a database.
+  virtual Result<CellInsert> InsertCellIfAbsent(const CellRow& row) = 0;
   virtual Result<std::optional<CellRow>> GetCell(const std::string& key,
                                                  const std::string& family) = 0;
   // Every family's row for `key`, oldest first.

@@ -354,7 +354,8 @@ struct SoftplusOp : NoAttrs {
 };
 struct HardSwishOp : NoAttrs {
   static float Apply(float x, float, float) {
-    return x * std::max(0.0f, std::min(1.0f, x / 6.0f + 0.5f));
+    const float v = x / 6.0f + 0.5f;
+    return x * (v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v));
   }
 };
 struct LeakyReluOp : AttrNames {
@@ -363,8 +364,10 @@ struct LeakyReluOp : AttrNames {
 };
 struct HardSigmoidOp : AttrNames {
   static constexpr float kAlpha = 0.2f, kBeta = 0.5f;
+  // Clamped by comparisons that are false for NaN, so NaN stays NaN (std::min/max would not).
   static float Apply(float x, float alpha, float beta) {
-    return std::max(0.0f, std::min(1.0f, alpha * x + beta));
+    const float v = alpha * x + beta;
+    return v < 0.0f ? 0.0f : (v > 1.0f ? 1.0f : v);
   }
 };
 struct EluOp : AttrNames {
@@ -395,8 +398,9 @@ struct SeluOp : AttrNames {
 };
 struct CeluOp : AttrNames {
   static constexpr float kAlpha = 1.0f, kBeta = 0.0f;
+  // max(0, x) + min(0, alpha * expm1(x / alpha)), written per sign so NaN stays NaN.
   static float Apply(float x, float alpha, float) {
-    return std::max(0.0f, x) + std::min(0.0f, alpha * std::expm1(x / alpha));
+    return x >= 0 ? x : alpha * std::expm1(x / alpha);
   }
 };
 struct ThresholdedReluOp : AttrNames {
@@ -686,8 +690,11 @@ Status RunPow(const OpContext& ctx, std::vector<Tensor>& outputs) {
           UnaryKernel<T, T>(base, out, [](T x) { return x * x; });
           return Status::OK();
         }
-        if (e == T(0.5)) {
-          UnaryKernel<T, T>(base, out, [](T x) { return std::sqrt(x); });
+        if (e == T(0.5)) {  // as pow (and numpy): (-inf)^0.5 is +inf, where sqrt gives NaN
+          UnaryKernel<T, T>(base, out, [](T x) {
+            return x == -std::numeric_limits<T>::infinity() ? std::numeric_limits<T>::infinity()
+                                                            : std::sqrt(x);
+          });
           return Status::OK();
         }
       }
@@ -1035,8 +1042,15 @@ Status RunClip(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 1, "min"));
   KILN_RETURN_IF_ERROR(CheckClipBound(ctx, 2, "max"));
   return Dispatch(ctx, x.dtype(), ArithTypes8{}, [&]<typename T>() {
-    const T lo = ctx.present(1) ? ctx.in(1).data<T>()[0] : std::numeric_limits<T>::lowest();
-    const T hi = ctx.present(2) ? ctx.in(2).data<T>()[0] : std::numeric_limits<T>::max();
+    // An absent bound is no bound: infinite for floats, so +-inf pass through (as numpy.clip
+    // with None); the type's range for integers.
+    constexpr bool kFloat = std::numeric_limits<T>::has_infinity;
+    const T lo = ctx.present(1) ? ctx.in(1).data<T>()[0]
+                                : (kFloat ? -std::numeric_limits<T>::infinity()
+                                          : std::numeric_limits<T>::lowest());
+    const T hi = ctx.present(2) ? ctx.in(2).data<T>()[0]
+                                : (kFloat ? std::numeric_limits<T>::infinity()
+                                          : std::numeric_limits<T>::max());
     UnaryKernel<T, T>(x, outputs[0], [=](T v) {
       v = v < lo ? lo : v;
       return v > hi ? hi : v;

@@ -31,6 +31,13 @@ Result<const Tensor*> OpContext::RequireValue(size_t i, const std::string& role)
   return value(i);
 }
 
+bool IsValueDependent(const Status& s) {
+  const std::string& m = s.message();
+  return (s.code() == StatusCode::kInvalidArgument &&
+          m.find("must be a constant known before run") != std::string::npos) ||
+         (s.code() == StatusCode::kUnimplemented && m.find("data-dependent") != std::string::npos);
+}
+
 const OpRegistry& OpRegistry::Global() {
   static const OpRegistry* registry = [] {
     auto* r = new OpRegistry();

@@ -140,6 +140,11 @@ void RegisterResizeOps(OpRegistry& r);       // ops/resize.cc: Resize, Upsample
 void RegisterIndexOps(OpRegistry& r);        // ops/index_ops.cc: gather/scatter, Einsum...
 void RegisterControlFlowOps(OpRegistry& r);  // ops/control_flow.cc: If, Loop, Scan
 
+// True for the errors by which infer says an output's type depends on an input's value that is
+// not known (RequireValue's "must be a constant known before run", and the "data-dependent"
+// refusals of NonZero, If and Loop): tolerant shape inference runs such a node at run time.
+bool IsValueDependent(const Status& s);
+
 // Helpers shared by family files.
 // Unary/binary ops that keep the (broadcast) shape and dtype of input 0 / inputs.
 Result<std::vector<TensorType>> InferSameAsInput0(const OpContext& ctx);

@@ -954,14 +954,22 @@ Status CheckDropout(const Node& node, int64_t opset) {
 }
 
 // A training_mode input must be known (a constant, or any value at run time): a compiled cell
-// that could not see a runtime `true` would silently run the inference form.
+// that could not see a runtime `true` would silently run the inference form. Training with a
+// ratio of 0 drops nothing (exporters write it for attention dropout 0.0): it is the inference
+// form too. The ratio is structural (graph/ir.h IsShapeInput), so a compiled cell knows it.
 Status RejectTraining(const OpContext& ctx) {
   if (ctx.opset() < 12 || !ctx.present(2)) return Status::OK();
   KILN_ASSIGN_OR_RETURN(const Tensor* mode, ctx.RequireValue(2, "training_mode"));
   if (mode->numel() > 0 && mode->GetAsInt64(0) != 0) {
-    return Status::Unimplemented(ctx.where() +
-                                 ": training_mode=true is not implemented (kiln runs Dropout "
-                                 "for inference only)");
+    double ratio = 0.5;  // the default
+    if (ctx.present(1)) {
+      KILN_ASSIGN_OR_RETURN(const Tensor* r, ctx.RequireValue(1, "ratio"));
+      if (r->numel() > 0) ratio = r->GetAsDouble(0);
+    }
+    if (ratio == 0.0) return Status::OK();
+    return Status::Unimplemented(ctx.where() + ": training_mode=true with ratio " +
+                                 std::to_string(ratio) +
+                                 " is not implemented (kiln runs Dropout for inference only)");
   }
   return Status::OK();
 }

@@ -26,11 +26,12 @@
 extern "C" {
 #endif
 
-#define KILN_CELL_ABI_VERSION 1
+#define KILN_CELL_ABI_VERSION 2
 
 enum kiln_cell_status {
   KILN_CELL_OK = 0,
-  KILN_CELL_BAD_ARGUMENT = 1,      /* the caller passed something the cell did not declare */
+  KILN_CELL_BAD_ARGUMENT = 1,      /* the caller passed something the cell did not declare, or
+                                      input values its dynamic region refuses (as eager does) */
   KILN_CELL_FAULT = 2,             /* the cell (or a kernel it called) failed: revoke it */
   KILN_CELL_RESOURCE_EXHAUSTED = 3 /* allocation failed: serve eager, keep the cell */
 };
@@ -94,6 +95,18 @@ typedef struct kiln_host_api {
   int (*parallel_for)(int64_t n, void (*fn)(void* ctx, int64_t begin, int64_t end), void* ctx,
                       int num_threads);
 } kiln_host_api;
+
+/* A graph output whose shape is known only at run time (describe() marks it "dynamic": true,
+ * with shape []): it depends on input values, as NonZero's or a Reshape's by a shape given as an
+ * input do. The caller passes, in that output's slot, a pointer to this struct instead of a
+ * buffer; during the run the cell calls alloc once with the shape it computed and writes the
+ * returned buffer (of that shape and the declared dtype). alloc returns NULL when it cannot
+ * allocate (the run then fails with KILN_CELL_RESOURCE_EXHAUSTED); a NULL for an empty shape is
+ * no failure. */
+typedef struct kiln_dynamic_output {
+  void* (*alloc)(struct kiln_dynamic_output* self, const int64_t* dims, int32_t rank);
+  void* ctx; /* the caller's */
+} kiln_dynamic_output;
 
 typedef struct kiln_cell_entry kiln_cell_entry;
 

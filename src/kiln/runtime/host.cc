@@ -1,11 +1,12 @@
 // The host services a cell calls back into (see host.h).
 #include "src/kiln/runtime/host.h"
 
+#include <omp.h>
+
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <new>
-
-#include <omp.h>
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/log.h"
@@ -237,6 +238,10 @@ struct PreparedOp {
   // the subgraphs read, bound under these names; the node runs through the eager interpreter.
   std::vector<std::string> outer;
   std::unique_ptr<SubgraphNode> subgraph_node;
+  // A dynamic region (kDynamicRegionOp): its body, run by the interpreter, and which outputs
+  // arrive as kiln_dynamic_output.
+  std::unique_ptr<Interpreter> region;
+  std::vector<bool> dynamic_out;
 };
 
 Result<std::unique_ptr<PreparedOp>> Prepare(const char* text) {
@@ -267,6 +272,7 @@ Result<std::unique_ptr<PreparedOp>> Prepare(const char* text) {
     for (const auto& out : j.at("outputs")) {
       KILN_ASSIGN_OR_RETURN(TensorType t, TypeFromJson(out));
       op->output_types.push_back(t);
+      op->dynamic_out.push_back(out.value("dynamic", false));
       op->node.outputs.push_back("out" + std::to_string(i++));
     }
     if (j.contains("outer")) op->outer = j.at("outer").get<std::vector<std::string>>();
@@ -279,6 +285,27 @@ Result<std::unique_ptr<PreparedOp>> Prepare(const char* text) {
                                    std::to_string(op->node.inputs.size()) + " inputs");
   }
   op->node.inputs.resize(op->node.inputs.size() - op->outer.size());
+  if (op->node.op_type == kDynamicRegionOp && op->node.domain == kDynamicRegionDomain) {
+    auto body = op->node.attrs.find("body");
+    if (body == op->node.attrs.end() || body->second.kind != Attribute::Kind::kGraph ||
+        !body->second.g) {
+      return Status::InvalidArgument("node spec: a dynamic region needs a `body` graph");
+    }
+    const Graph& g = *body->second.g;
+    if (g.inputs.size() != op->input_types.size() || g.outputs.size() != op->output_types.size()) {
+      return Status::InvalidArgument("node spec: the dynamic region's body takes " +
+                                     std::to_string(g.inputs.size()) + " inputs and gives " +
+                                     std::to_string(g.outputs.size()) + " outputs, the spec " +
+                                     std::to_string(op->input_types.size()) + " and " +
+                                     std::to_string(op->output_types.size()));
+    }
+    KILN_ASSIGN_OR_RETURN(Interpreter interp, Interpreter::Create(body->second.g));
+    op->region = std::make_unique<Interpreter>(std::move(interp));
+    return op;
+  }
+  for (bool d : op->dynamic_out) {
+    if (d) return Status::InvalidArgument("node spec: only a dynamic region has dynamic outputs");
+  }
   if (HasSubgraphs(op->node)) {
     KILN_ASSIGN_OR_RETURN(op->subgraph_node, SubgraphNode::Create(op->node, op->opset));
   }
@@ -397,6 +424,44 @@ int HostOpPrepare(const char* node_json, void** out) {
   }
 }
 
+// Runs a dynamic region: binds its inputs by the body's names, runs the body eagerly, and hands
+// each output over: a static one copied into its buffer after its type is checked, a dynamic one
+// into the buffer its kiln_dynamic_output allocates for the shape the run produced.
+Status RunRegion(const PreparedOp& op, const std::vector<Tensor>& in_views, void* const* outputs) {
+  const Graph& body = op.region->graph();
+  TensorMap inputs;
+  for (size_t i = 0; i < body.inputs.size(); ++i) inputs[body.inputs[i].name] = in_views[i];
+  KILN_ASSIGN_OR_RETURN(TensorMap got, op.region->Run(inputs));
+  for (size_t k = 0; k < body.outputs.size(); ++k) {
+    const Tensor& t = got.at(body.outputs[k].name);
+    if (t.dtype() != op.output_types[k].dtype) {
+      return Status::Internal("dynamic region output " + std::to_string(k) + " is " +
+                              t.TypeString() + ", the cell declares " +
+                              DTypeName(op.output_types[k].dtype));
+    }
+    void* dst = outputs[k];
+    if (op.dynamic_out[k]) {
+      auto* slot = static_cast<kiln_dynamic_output*>(outputs[k]);
+      if (slot == nullptr || slot->alloc == nullptr) {
+        return Status::InvalidArgument("dynamic output " + std::to_string(k) +
+                                       " has no kiln_dynamic_output");
+      }
+      const Shape& shape = t.shape();
+      dst = slot->alloc(slot, shape.data(), static_cast<int32_t>(shape.size()));
+      if (dst == nullptr && t.nbytes() > 0) {
+        return Status::ResourceExhausted("cannot allocate dynamic output " + std::to_string(k) +
+                                         " " + t.TypeString());
+      }
+    } else if (t.shape() != op.output_types[k].shape) {
+      return Status::Internal("dynamic region output " + std::to_string(k) + " is " +
+                              t.TypeString() + ", the cell declares " +
+                              op.output_types[k].ToString());
+    }
+    if (t.nbytes() > 0) std::memcpy(dst, t.raw_data(), t.nbytes());
+  }
+  return Status::OK();
+}
+
 int HostOpRun(void* handle, const void* const* inputs, void* const* outputs, int num_threads) {
   try {
     const PreparedOp& op = *static_cast<const PreparedOp*>(handle);
@@ -409,12 +474,14 @@ int HostOpRun(void* handle, const void* const* inputs, void* const* outputs, int
       values[i] = &in_views[i];
     }
     std::vector<Tensor> outs;
-    for (size_t i = 0; i < op.output_types.size(); ++i) {
+    for (size_t i = 0; i < op.output_types.size() && !op.region; ++i) {
       outs.push_back(
           Tensor::View(op.output_types[i].dtype, op.output_types[i].shape, nullptr, outputs[i]));
     }
     Status s;
-    if (op.subgraph_node) {
+    if (op.region) {
+      s = RunRegion(op, in_views, outputs);
+    } else if (op.subgraph_node) {
       const size_t explicit_inputs = op.input_types.size() - op.outer.size();
       TensorMap outer;
       for (size_t i = 0; i < op.outer.size(); ++i)
@@ -432,6 +499,10 @@ int HostOpRun(void* handle, const void* const* inputs, void* const* outputs, int
     if (!s.ok()) {
       KILN_LOG(ERROR) << "cell reference op " << op.node.Describe() << ": " << s.ToString();
     }
+    // A dynamic region runs eager's own kernels on the request's values: when they refuse them
+    // (a shape that does not fit, an index out of range), eager would refuse the request too.
+    // That is the input's fault, never the cell's.
+    if (op.region && s.code() == StatusCode::kInvalidArgument) return KILN_CELL_BAD_ARGUMENT;
     return StatusToCellCode(s);
   } catch (const std::bad_alloc&) {
     return KILN_CELL_RESOURCE_EXHAUSTED;

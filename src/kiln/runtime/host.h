@@ -17,6 +17,15 @@
 
 namespace kiln {
 
+// A dynamic region: the node of a reference kernel that runs a cell's data-dependent nodes (those
+// whose output shapes depend on input values). Its `body` graph attribute takes every value the
+// region reads as an input (weights among them arrive at run time, never in the spec) and gives
+// the graph outputs it computes; the host runs the body with the eager interpreter, and an output
+// the spec marks "dynamic": true arrives as a kiln_dynamic_output. The domain is one no ONNX model
+// can use.
+inline constexpr const char* kDynamicRegionOp = "DynamicRegion";
+inline constexpr const char* kDynamicRegionDomain = "ai.kiln.internal";
+
 // The process-wide host table (immutable, thread-safe).
 const kiln_host_api* HostApi();
 

@@ -264,6 +264,8 @@ class Parser {
   Result<TargetSpec> ParseTarget(const std::string& name, const toml::table& t,
                                  const std::string& path) const;
   Result<Envelope> ParseEnvelope(const toml::table& t, const std::string& path) const;
+  Result<std::vector<std::map<std::string, std::string>>> ParseSamples(
+      const toml::table& t, const std::string& path, const Envelope& envelope) const;
   Result<NumericsSpec> ParseNumerics(const toml::table& t, const std::string& path) const;
   Status ParseFunctions(const toml::table& root, Manifest* m) const;
   Result<MintSpec> ParseMint(const toml::table& root) const;
@@ -459,10 +461,56 @@ Result<Envelope> Parser::ParseEnvelope(const toml::table& target, const std::str
   return env;
 }
 
+Result<std::vector<std::map<std::string, std::string>>> Parser::ParseSamples(
+    const toml::table& target, const std::string& tpath, const Envelope& envelope) const {
+  constexpr std::string_view kExpect =
+      "an array of samples, each mapping every graph input name to a .npy file "
+      "(samples = [{ x = \"samples/x.npy\" }])";
+  std::vector<std::map<std::string, std::string>> out;
+  const toml::node* n = target.get("samples");
+  if (n == nullptr) return out;
+  const std::string p = Join(tpath, "samples");
+  if (!n->is_array()) return WrongType(*n, p, kExpect);
+  const toml::array& arr = *n->as_array();
+  for (size_t i = 0; i < arr.size(); ++i) {
+    const std::string sp = Index(p, i);
+    const toml::node& sn = arr[i];
+    if (!sn.is_table())
+      return WrongType(sn, sp, "a table mapping each graph input name to a .npy file");
+    std::map<std::string, std::string> sample;
+    for (auto&& [key, fn] : *sn.as_table()) {
+      const std::string input(key.str());
+      const std::string ip = Join(sp, input);
+      if (!fn.is_string() || fn.as_string()->get().empty()) {
+        return WrongType(fn, ip, "a string (a path to a .npy file)");
+      }
+      sample.emplace(input, Resolve(fn.as_string()->get()));
+    }
+    // The names are checked against the graph at boot; here against the envelope's classes,
+    // which name every graph input.
+    const ShapeClass& first = envelope.classes.at(0);
+    for (const auto& [input, path] : sample) {
+      if (!first.count(input)) {
+        return Error(&sn, sp + " names input " + Quote(input) +
+                              ", which the envelope does not; expected every graph input of " +
+                              Index(Join(tpath, "envelope"), 0));
+      }
+    }
+    for (const auto& [input, shape] : first) {
+      if (!sample.count(input)) {
+        return Error(&sn, sp + " lacks input " + Quote(input) +
+                              ", expected a .npy file for every graph input the envelope names");
+      }
+    }
+    out.push_back(std::move(sample));
+  }
+  return out;
+}
+
 Result<TargetSpec> Parser::ParseTarget(const std::string& name, const toml::table& t,
                                        const std::string& p) const {
-  KILN_RETURN_IF_ERROR(
-      CheckKeys(t, p, {"graph", "checkpoint", "lane", "export", "envelope", "numerics", "sm"}));
+  KILN_RETURN_IF_ERROR(CheckKeys(
+      t, p, {"graph", "checkpoint", "lane", "export", "envelope", "numerics", "sm", "samples"}));
   TargetSpec spec;
   spec.name = name;
   KILN_ASSIGN_OR_RETURN(spec.graph, ReqString(t, p, "graph", "a path to the target's .onnx file"));
@@ -502,6 +550,7 @@ Result<TargetSpec> Parser::ParseTarget(const std::string& name, const toml::tabl
   }
 
   KILN_ASSIGN_OR_RETURN(spec.envelope, ParseEnvelope(t, p));
+  KILN_ASSIGN_OR_RETURN(spec.samples, ParseSamples(t, p, spec.envelope));
   KILN_ASSIGN_OR_RETURN(spec.numerics, ParseNumerics(t, p));
 
   const auto& levels = KnownSmLevels();

@@ -90,6 +90,11 @@ struct TargetSpec {
   Envelope envelope;  // required, non-empty; classes in declaration order, no duplicates,
                       // every class names the same inputs, every dim >= 0
   NumericsSpec numerics;
+  // Sample inputs (optional): each maps every graph input to a .npy file (resolved like every
+  // path). The mint's numerics gate and fence probe each sample on the entry whose class it
+  // fits, beside their synthetic probes: the inputs a model is really given (valid shapes,
+  // indices, masks) measure it where random ones cannot.
+  std::vector<std::map<std::string, std::string>> samples;
   std::string sm;  // optional machine-target override, one of KnownSmLevels();
                    // "" = detect on this machine
 

@@ -552,8 +552,10 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
     if (!cell.ok()) return abort(kMintArmRefused, cell.status().ToString(), false);
     const NumericsThresholds t{b.spec.numerics.floor, b.spec.numerics.warn,
                                b.spec.numerics.retention};
+    auto samples = ReadSamples(b.spec.samples);
+    if (!samples.ok()) return abort(kMintArmRefused, samples.status().ToString(), false);
     const Clock::time_point gate_start = Clock::now();
-    auto gate = RunGate(**cell, b.target->interpreter(), *weights, t);
+    auto gate = RunGate(**cell, b.target->interpreter(), *weights, t, *samples);
     const std::string summary = gate.ok() ? gate->Summary() : gate.status().ToString();
     const std::string verdict = gate.ok() ? VerdictName(gate->verdict) : "UNMEASURABLE";
     Emit(event_kind::kCellNumerics, verdict, MsSince(gate_start), job->key, ref, b.spec.name,
@@ -563,9 +565,14 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
                                                                         : kMintNumericsRefused,
                    "by=parent " + summary + "; only HEALTHY is adopted", true);
     }
-    auto fence = RunFenceProof(**cell, b.target->interpreter(), *weights, t);
+    auto fence = RunFenceProof(**cell, b.target->interpreter(), *weights, t,
+                               CellArtifacts{admitted->files.source, admitted->files.shared_object},
+                               *samples);
     if (!fence.ok()) {
-      return abort(kMintFenceRefused, "by=parent " + fence.status().ToString(), true);
+      // A weight the fence cannot measure is its own refusal, never reported as a baked one.
+      const bool unmeasurable = fence.status().Is(kRefusalUnmeasurable);
+      return abort(unmeasurable ? kRefusalUnmeasurable : kMintFenceRefused,
+                   "by=parent " + fence.status().ToString(), true);
     }
     armed.emplace_back(&b, std::shared_ptr<ArmedCell>(std::move(cell).value()));
   }
@@ -635,7 +642,9 @@ void Minter::RunIntake(std::shared_ptr<Job> job) {
   if (!cell.ok()) return refuse(kMintArmRefused, cell.status().ToString());
   const NumericsThresholds t{b.spec.numerics.floor, b.spec.numerics.warn,
                              b.spec.numerics.retention};
-  auto gate = RunGate(**cell, b.target->interpreter(), *weights, t);
+  auto samples = ReadSamples(b.spec.samples);
+  if (!samples.ok()) return refuse(kMintArmRefused, samples.status().ToString());
+  auto gate = RunGate(**cell, b.target->interpreter(), *weights, t, *samples);
   if (!gate.ok() || gate->verdict != Verdict::kHealthy) {
     return refuse(kMintNumericsRefused, gate.ok() ? gate->Summary() : gate.status().ToString());
   }
