@@ -38,17 +38,19 @@ run_backend() {
   local name="$1" db="$2"
   local port
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-  local args=(hub --data "$WORK/data-$name" --port "$port" --tokens "$WORK/tokens.json" --threads "$HUB_THREADS")
+  # --rebuild off: the seeded cell carries a fake shared object (tests/make_test_cell), which a
+  # rebuild would refuse; resolve throughput does not depend on it.
+  local args=(hub --data "$WORK/data-$name" --port "$port" --tokens "$WORK/tokens.json" --threads "$HUB_THREADS" --rebuild off)
   [[ -n "$db" ]] && args+=(--db "$db")
   KILN_LOG_LEVEL=warning "$KILN" "${args[@]}" >"$WORK/hub-$name.log" 2>&1 &
   HUB_PID=$!
   for _ in $(seq 100); do curl -sf "http://127.0.0.1:$port/v1/health" >/dev/null && break; sleep 0.1; done
   "$KILN" publish "$WORK/cell.tar" --hub "http://127.0.0.1:$port" --token "$PUB" >/dev/null
-  curl -sf -H "Authorization: Bearer $WORKER" "http://127.0.0.1:$port/v1/cells/$KEY" | grep -q '"found":true'
+  curl -sf -H "Authorization: Bearer $WORKER" "http://127.0.0.1:$port/v1/cells/$KEY?family=root/micro-mlp" | grep -q '"found":true'
   echo "== machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg)"
   echo "== $name: wrk -t$THREADS -c$CONNECTIONS -d$DURATION --latency GET /v1/cells/<key> (hit)"
   wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" --latency \
-    -H "Authorization: Bearer $WORKER" "http://127.0.0.1:$port/v1/cells/$KEY" |
+    -H "Authorization: Bearer $WORKER" "http://127.0.0.1:$port/v1/cells/$KEY?family=root/micro-mlp" |
     grep -E "Requests/sec|Latency|50%|90%|99%|requests in|Non-2xx"
   kill "$HUB_PID"; wait "$HUB_PID" 2>/dev/null || true; HUB_PID=""
 }

@@ -165,6 +165,41 @@ TEST(AdmissionTest, ChecksRunInOrder) {
                 "truncated archive");
 }
 
+// The bytes' own checks hold on any machine: a cell built for another machine passes
+// AdmitBytes (what the hub runs at publish) and is refused only by CheckMachine.
+TEST(AdmissionTest, AdmitBytesIsMachineIndependentAndCheckMachineIsNot) {
+  const CellMetadata v4 = SampleMetadata("x86-64-v4");
+  Result<AdmittedCell> bytes = AdmitBytes(SampleCellBytes(v4), "", 0, BytesPolicy{v4.key});
+  ASSERT_TRUE(bytes.ok()) << bytes.status().ToString();
+  Status machine = CheckMachine(bytes->metadata, "x86-64-v3", SampleToolchain());
+  EXPECT_TRUE(machine.Is("sm_mismatch")) << machine.ToString();
+  nlohmann::json other = SampleToolchain();
+  other["compiler"] = "clang 17";
+  EXPECT_TRUE(CheckMachine(bytes->metadata, "x86-64-v4", other).Is("toolchain_mismatch"));
+  EXPECT_TRUE(CheckMachine(bytes->metadata, "x86-64-v4", SampleToolchain()).ok());
+}
+
+// A cell whose members are files in name only: an empty or oversized or non-ELF shared object,
+// or no source to check it against.
+TEST(AdmissionTest, ImplausibleSharedObjectOrMissingSourceIsRefused) {
+  auto with = [](auto edit) {
+    CellFiles f = SampleFiles();
+    edit(f);
+    return PackCell(f).value();
+  };
+  ExpectRefusal(AdmitCell(with([](CellFiles& f) { f.shared_object.clear(); }), "", 0, Policy()),
+                "shared_object_invalid", StatusCode::kInvalidArgument, "is 0 bytes");
+  ExpectRefusal(AdmitCell(with([](CellFiles& f) { f.shared_object = "#!/bin/sh\nrm -rf /\n"; }), "",
+                          0, Policy()),
+                "shared_object_invalid", StatusCode::kInvalidArgument, "ELF magic");
+  AdmissionPolicy small = Policy();
+  small.max_shared_object_bytes = 1000;
+  ExpectRefusal(AdmitCell(SampleCellBytes(), "", 0, small), "shared_object_invalid",
+                StatusCode::kInvalidArgument, "1507 bytes, over the bound of 1000");
+  ExpectRefusal(AdmitCell(with([](CellFiles& f) { f.source.clear(); }), "", 0, Policy()),
+                "source_missing", StatusCode::kInvalidArgument, "source/cell.cc");
+}
+
 TEST(AdmissionTest, RefusalTokenIsAFieldThatSurvivesContext) {
   auto bytes = std::string("not a tar");
   Result<AdmittedCell> r = AdmitCell(bytes, "sha256:" + std::string(64, '1'), 0, Policy("sm_90"));

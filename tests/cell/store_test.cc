@@ -19,6 +19,8 @@ namespace {
 using cell_testing::SampleCellBytes;
 using cell_testing::SampleMetadata;
 
+const CellOrigin kMinted{CellOrigin::Kind::kMinted, ""};
+
 class StoreTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -40,7 +42,7 @@ class StoreTest : public ::testing::Test {
 
 TEST_F(StoreTest, PutThenGetReturnsVerifiedBytes) {
   LocalStore store(dir_ + "/cells");  // the root need not exist yet
-  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
   EXPECT_EQ(ReadFile(dir_ + "/cells/" + key_ + "/ref").value(), CellDigest(bytes_));
   Result<std::optional<StoredCell>> got = store.Get(key_);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
@@ -61,7 +63,7 @@ TEST_F(StoreTest, AbsentKeyIsAMiss) {
 
 TEST_F(StoreTest, CorruptCellOnDiskIsDeletedAndMissed) {
   LocalStore store(dir_);
-  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
   std::string flipped = bytes_;
   flipped[600] ^= 1;  // one bit inside metadata.json
   ASSERT_TRUE(WriteFileAtomic(dir_ + "/" + key_ + "/cell.tar", flipped).ok());
@@ -71,18 +73,18 @@ TEST_F(StoreTest, CorruptCellOnDiskIsDeletedAndMissed) {
   EXPECT_FALSE(Exists(dir_ + "/" + key_));
   EXPECT_TRUE(store.Keys().empty());
   // A fresh Put heals it.
-  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
   EXPECT_TRUE(store.Get(key_).value().has_value());
 }
 
 TEST_F(StoreTest, MalformedRefOrHalfEntryIsDeletedAndMissed) {
   LocalStore store(dir_);
-  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
   ASSERT_TRUE(WriteFileAtomic(dir_ + "/" + key_ + "/ref", "sha256:nothex").ok());
   EXPECT_FALSE(store.Get(key_).value().has_value());
   EXPECT_FALSE(Exists(dir_ + "/" + key_));
 
-  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
   ASSERT_EQ(::unlink((dir_ + "/" + key_ + "/ref").c_str()), 0);
   EXPECT_FALSE(store.Get(key_).value().has_value());
   EXPECT_FALSE(Exists(dir_ + "/" + key_));
@@ -105,7 +107,7 @@ TEST_F(StoreTest, MalformedKeysAreRefused) {
                              key_ + "/..",
                              "ck1-../../../../../tmp" + std::string(38, '0')};
   for (const std::string& key : bad) {
-    Status put = store.Put(key, bytes_);
+    Status put = store.Put(key, bytes_, kMinted);
     EXPECT_EQ(put.code(), StatusCode::kInvalidArgument) << key;
     EXPECT_NE(put.message().find("is not a cell key"), std::string::npos) << put.message();
     EXPECT_EQ(store.Get(key).status().code(), StatusCode::kInvalidArgument) << key;
@@ -117,8 +119,8 @@ TEST_F(StoreTest, MalformedKeysAreRefused) {
 TEST_F(StoreTest, KeysListsEntriesSortedAndIgnoresOtherNames) {
   LocalStore store(dir_);
   const std::string other = SampleMetadata("x86-64-v4").key;
-  ASSERT_TRUE(store.Put(other, "b").ok());
-  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(store.Put(other, "b", kMinted).ok());
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
   ASSERT_TRUE(MakeDirs(dir_ + "/not-a-key").ok());
   std::vector<std::string> expected = {key_, other};
   std::sort(expected.begin(), expected.end());
@@ -128,7 +130,7 @@ TEST_F(StoreTest, KeysListsEntriesSortedAndIgnoresOtherNames) {
 
 TEST_F(StoreTest, RemoveDeletesAndIsIdempotent) {
   LocalStore store(dir_);
-  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
   ASSERT_TRUE(store.Remove(key_).ok());
   EXPECT_FALSE(store.Get(key_).value().has_value());
   EXPECT_TRUE(store.Remove(key_).ok());
@@ -136,8 +138,8 @@ TEST_F(StoreTest, RemoveDeletesAndIsIdempotent) {
 
 TEST_F(StoreTest, PutReplacesAnEntry) {
   LocalStore store(dir_);
-  ASSERT_TRUE(store.Put(key_, "old bytes").ok());
-  ASSERT_TRUE(store.Put(key_, bytes_).ok());
+  ASSERT_TRUE(store.Put(key_, "old bytes", kMinted).ok());
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
   EXPECT_EQ(store.Get(key_).value()->bytes, bytes_);
 }
 
@@ -148,7 +150,7 @@ TEST_F(StoreTest, ConcurrentPutsOfOneKeyLeaveAVerifiedEntry) {
   for (size_t i = 0; i < results.size(); ++i) {
     threads.emplace_back([&, i] {
       LocalStore own(dir_);  // one object per thread and one shared: both are allowed
-      results[i] = (i % 2 ? own : store).Put(key_, bytes_);
+      results[i] = (i % 2 ? own : store).Put(key_, bytes_, kMinted);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -157,7 +159,7 @@ TEST_F(StoreTest, ConcurrentPutsOfOneKeyLeaveAVerifiedEntry) {
   ASSERT_TRUE(got.ok() && got->has_value());
   EXPECT_EQ((*got)->bytes, bytes_);
   // No temp files are left behind.
-  EXPECT_EQ(std::system(("test $(ls -A '" + dir_ + "/" + key_ + "' | wc -l) -eq 2").c_str()), 0);
+  EXPECT_EQ(std::system(("test $(ls -A '" + dir_ + "/" + key_ + "' | wc -l) -eq 3").c_str()), 0);
 }
 
 TEST(DefaultStoreRootTest, HonorsKilnCacheDirThenHome) {
@@ -176,6 +178,29 @@ TEST(DefaultStoreRootTest, HonorsKilnCacheDirThenHome) {
 
   if (saved_cache) ::setenv("KILN_CACHE_DIR", cache.c_str(), 1);
   if (saved_home) ::setenv("HOME", home.c_str(), 1);
+}
+
+// The origin beside the bytes is what a later adoption checks: this machine's own mint, or a hub
+// with its receipt; an origin left for other bytes, or none, reads as unknown.
+TEST_F(StoreTest, OriginIsKeptPerDigestAndUnknownOtherwise) {
+  LocalStore store(dir_);
+  ASSERT_TRUE(store.Put(key_, bytes_, CellOrigin{CellOrigin::Kind::kHub, "a.b.c"}).ok());
+  auto hit = store.Get(key_).value();
+  ASSERT_TRUE(hit.has_value());
+  EXPECT_EQ(hit->origin.kind, CellOrigin::Kind::kHub);
+  EXPECT_EQ(hit->origin.receipt, "a.b.c");
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
+  EXPECT_EQ(store.Get(key_).value()->origin.kind, CellOrigin::Kind::kMinted);
+  // An origin file that names other bytes, or none at all: unknown.
+  ASSERT_TRUE(
+      WriteFileAtomic(dir_ + "/" + key_ + "/origin",
+                      "{\"digest\":\"sha256:" + std::string(64, '0') + "\",\"origin\":\"minted\"}")
+          .ok());
+  EXPECT_EQ(store.Get(key_).value()->origin.kind, CellOrigin::Kind::kUnknown);
+  ASSERT_EQ(::unlink((dir_ + "/" + key_ + "/origin").c_str()), 0);
+  auto bare = store.Get(key_).value();
+  ASSERT_TRUE(bare.has_value()) << "a missing origin is not a corrupt entry";
+  EXPECT_EQ(bare->origin.kind, CellOrigin::Kind::kUnknown);
 }
 
 }  // namespace

@@ -45,7 +45,7 @@ std::unique_ptr<HubClient> ClientFor(int port, double io_timeout) {
 
 TEST(HubClient, HubDownIsARefusalNotAMiss) {
   Socket closed(/*listen=*/false);
-  ResolveAnswer r = ClientFor(closed.port, 1)->Resolve("ck1-" + std::string(56, 'a'));
+  ResolveAnswer r = ClientFor(closed.port, 1)->Resolve("ck1-" + std::string(56, 'a'), "root/x");
   EXPECT_EQ(r.kind, ResolveAnswer::Kind::kRefused);
   EXPECT_EQ(r.token, "hub_unreachable") << r.message;
 }
@@ -53,7 +53,7 @@ TEST(HubClient, HubDownIsARefusalNotAMiss) {
 TEST(HubClient, SilentHubTimesOutAsARefusal) {
   Socket silent(/*listen=*/true);
   const auto start = std::chrono::steady_clock::now();
-  ResolveAnswer r = ClientFor(silent.port, 0.5)->Resolve("ck1-" + std::string(56, 'a'));
+  ResolveAnswer r = ClientFor(silent.port, 0.5)->Resolve("ck1-" + std::string(56, 'a'), "root/x");
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(r.kind, ResolveAnswer::Kind::kRefused);
   EXPECT_EQ(r.token, "hub_timeout") << r.message;

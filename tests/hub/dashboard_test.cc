@@ -108,12 +108,14 @@ class HubDashboardTest : public ::testing::TestWithParam<std::string> {
     std::filesystem::create_directories(root_ + "/data");
     std::filesystem::create_directories(root_ + "/browser");
     ASSERT_TRUE(
-        WriteFileAtomic(root_ + "/tokens.json",
-                        TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", ""},
-                                        {Sha256Hex(kDashWorker), "worker-dash", "worker", "", ""},
-                                        {Sha256Hex(kAdmin), "admin", "admin", "", ""}}))
+        WriteFileAtomic(
+            root_ + "/tokens.json",
+            TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", "", {"*"}},
+                            {Sha256Hex(kDashWorker), "worker-dash", "worker", "", "", {"*"}},
+                            {Sha256Hex(kAdmin), "admin", "admin", "", "", {}}}))
             .ok());
-    hub_ = std::make_unique<HubProcess>(root_ + "/data", db_);
+    hub_ = std::make_unique<HubProcess>(root_ + "/data", db_,
+                                        std::vector<std::string>{"--rebuild", "off"});
     ASSERT_TRUE(hub_->Start());
   }
   void TearDown() override {

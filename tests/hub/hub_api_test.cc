@@ -58,19 +58,40 @@ class HubApiTest : public ::testing::TestWithParam<std::string> {
     root_ = ::testing::TempDir() + "/kiln_hub_api_" + GetParam() + "_" + Nonce();
     std::filesystem::remove_all(root_);
     std::filesystem::create_directories(root_ + "/data");
-    std::vector<TokenRow> tokens = {
-        {Sha256Hex(kPlatform), "ci", "publisher", "platform", ""},
-        {Sha256Hex(kAcme), "acme-ci", "publisher", "org", "acme"},
-        {Sha256Hex(kWorker), "worker-1", "worker", "", ""},
-        {Sha256Hex(kAdmin), "admin", "admin", "", ""},
-    };
-    ASSERT_TRUE(WriteFileAtomic(root_ + "/tokens.json", TokensFileText(tokens)).ok());
-    hub_ = std::make_unique<HubProcess>(root_ + "/data", db_);
+    ASSERT_TRUE(WriteFileAtomic(root_ + "/tokens.json", TokensFileText(Tokens())).ok());
+    hub_ = std::make_unique<HubProcess>(root_ + "/data", db_,
+                                        std::vector<std::string>{"--rebuild", "off"});
     ASSERT_TRUE(hub_->Start());
   }
   void TearDown() override {
     hub_.reset();
     if (!HasFailure()) std::filesystem::remove_all(root_);
+  }
+  static std::vector<TokenRow> Tokens() {
+    return {
+        {Sha256Hex(kPlatform), "ci", "publisher", "platform", "", {"*"}},
+        {Sha256Hex(kAcme), "acme-ci", "publisher", "org", "acme", {}},
+        {Sha256Hex(kWorker), "worker-1", "worker", "", "", {"*"}},
+        {Sha256Hex(kAdmin), "admin", "admin", "", "", {}},
+    };
+  }
+  // Intent, upload and complete, each answer kept: the answer of the step that refused.
+  HubAnswer PublishSteps(const std::string& token, const std::string& cell,
+                         const std::string& family, uint64_t declared_size) {
+    auto files = UnpackCell(cell, "t").value();
+    auto m = ParseMetadata(files.metadata_json, "t").value();
+    const std::string digest = CellDigest(cell);
+    auto c = hub_->Client(token);
+    HubAnswer a =
+        c->Call("POST", "/v1/publish/intent",
+                nlohmann::json{
+                    {"key", m.key}, {"digest", digest}, {"size", declared_size}, {"family", family}}
+                    .dump());
+    if (!a.ok() || a.body.value("already", false)) return a;
+    a = c->Call("PUT", "/v1/blobs/" + digest, cell, "application/octet-stream");
+    if (!a.ok()) return a;
+    return c->Call("POST", "/v1/publish/complete",
+                   nlohmann::json{{"key", m.key}, {"digest", digest}}.dump());
   }
   int TempFiles() {
     int n = 0;
@@ -94,14 +115,14 @@ TEST_P(HubApiTest, PublishResolveVerifyAndFetchWithResume) {
   const CellMetadata m = MakeMetadata(Graph("e2e"));
   const std::string cell = MakeCell(m);
   auto worker = hub_->Client(kWorker);
-  ResolveAnswer miss = worker->Resolve(m.key);
+  ResolveAnswer miss = worker->Resolve(m.key, m.family);
   EXPECT_EQ(miss.kind, ResolveAnswer::Kind::kMiss) << miss.token << " " << miss.message;
 
   PublishAnswer p = hub_->Client(kPlatform)->Publish(cell, {});
   ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
   EXPECT_FALSE(p.already);
 
-  ResolveAnswer hit = worker->Resolve(m.key);
+  ResolveAnswer hit = worker->Resolve(m.key, m.family);
   ASSERT_EQ(hit.kind, ResolveAnswer::Kind::kFound) << hit.token << " " << hit.message;
   EXPECT_EQ(hit.digest, CellDigest(cell));
   EXPECT_EQ(hit.size, cell.size());
@@ -149,7 +170,7 @@ TEST_P(HubApiTest, TamperedBlobBytesRefusedAsDigestMismatch) {
   EXPECT_EQ(up.http_status, 422);
   EXPECT_EQ(up.token, "digest_mismatch");
   EXPECT_EQ(TempFiles(), 0);
-  EXPECT_EQ(hub_->Client(kWorker)->Resolve(m.key).kind, ResolveAnswer::Kind::kMiss);
+  EXPECT_EQ(hub_->Client(kWorker)->Resolve(m.key, m.family).kind, ResolveAnswer::Kind::kMiss);
 }
 
 TEST_P(HubApiTest, SizeLieRefusedAsSizeMismatch) {
@@ -174,7 +195,7 @@ TEST_P(HubApiTest, MetadataThatDoesNotRestateRefused) {
   CellMetadata m;
   const std::string cell = hub_testing::MakeNonRestatingCell(&m);
   PublishAnswer p = hub_->Client(kPlatform)->Publish(cell, {});
-  EXPECT_EQ(p.token, "key_restatement_failed") << p.message;
+  EXPECT_EQ(p.token, "key_mismatch") << p.message;
   EXPECT_EQ(p.http_status, 422);
 }
 
@@ -187,7 +208,7 @@ TEST_P(HubApiTest, UnauthorizedTokensRefused) {
   EXPECT_EQ(worker.token, "forbidden");
   EXPECT_EQ(worker.http_status, 403);
   // A refused resolve is typed and is not a miss.
-  ResolveAnswer r = hub_->Client("")->Resolve(m.key);
+  ResolveAnswer r = hub_->Client("")->Resolve(m.key, m.family);
   EXPECT_EQ(r.kind, ResolveAnswer::Kind::kRefused);
   EXPECT_EQ(r.token, "unauthenticated");
 }
@@ -208,7 +229,7 @@ TEST_P(HubApiTest, RevokedCellRefusedNotMissed) {
   ASSERT_TRUE(hub_->Client(kPlatform)->Publish(cell, {}).ok());
   HubAnswer rv = hub_->Client(kAdmin)->Revoke(m.key, CellDigest(cell), "cell_fault on worker-3");
   ASSERT_TRUE(rv.ok()) << rv.message;
-  ResolveAnswer r = hub_->Client(kWorker)->Resolve(m.key);
+  ResolveAnswer r = hub_->Client(kWorker)->Resolve(m.key, m.family);
   EXPECT_EQ(r.kind, ResolveAnswer::Kind::kRefused);
   EXPECT_EQ(r.token, "revoked");
   EXPECT_EQ(r.http_status, 410);
@@ -225,7 +246,7 @@ TEST_P(HubApiTest, AlteredClaimOrForeignSignatureRefusedByTheClient) {
   const CellMetadata m = MakeMetadata(Graph("forge"));
   const std::string cell = MakeCell(m);
   ASSERT_TRUE(hub_->Client(kPlatform)->Publish(cell, {}).ok());
-  ResolveAnswer hit = hub_->Client(kWorker)->Resolve(m.key);
+  ResolveAnswer hit = hub_->Client(kWorker)->Resolve(m.key, m.family);
   ASSERT_EQ(hit.kind, ResolveAnswer::Kind::kFound);
   const PublicKeySet trusted = Trusted();
   ASSERT_TRUE(VerifyResolvedReceipt(hit, trusted).ok());
@@ -268,7 +289,7 @@ TEST_P(HubApiTest, RotatedKeyRefetchesTheKeySetOnceForeignKidStillRefused) {
   const CellMetadata after = MakeMetadata(Graph("rotate-after"));
   ASSERT_TRUE(hub_->Client(kPlatform)->Publish(MakeCell(after), {}).ok());
   auto worker = hub_->Client(kWorker);
-  ResolveAnswer hit = worker->Resolve(after.key);
+  ResolveAnswer hit = worker->Resolve(after.key, after.family);
   ASSERT_EQ(hit.kind, ResolveAnswer::Kind::kFound) << hit.token << " " << hit.message;
 
   // Offline against the old set: the new kid is unknown.
@@ -279,7 +300,7 @@ TEST_P(HubApiTest, RotatedKeyRefetchesTheKeySetOnceForeignKidStillRefused) {
   EXPECT_EQ(held.size(), 2u);
   EXPECT_TRUE(held.Has(v.kid));
   // The receipt from before the rotation still verifies (rotation never drops a key).
-  ResolveAnswer old_hit = worker->Resolve(before.key);
+  ResolveAnswer old_hit = worker->Resolve(before.key, before.family);
   ASSERT_EQ(old_hit.kind, ResolveAnswer::Kind::kFound);
   EXPECT_TRUE(worker->VerifyReceipt(old_hit, &held).ok());
 
@@ -307,7 +328,8 @@ TEST_P(HubApiTest, ThirtyTwoConcurrentPublishersOfOneKeyLeaveOneRow) {
   // processes; on SQLite both go to the one hub.
   std::unique_ptr<HubProcess> second;
   if (!db_.empty()) {
-    second = std::make_unique<HubProcess>(root_ + "/data", db_);
+    second = std::make_unique<HubProcess>(root_ + "/data", db_,
+                                          std::vector<std::string>{"--rebuild", "off"});
     ASSERT_TRUE(second->Start());
   }
   constexpr int kPublishers = 32;
@@ -328,7 +350,7 @@ TEST_P(HubApiTest, ThirtyTwoConcurrentPublishersOfOneKeyLeaveOneRow) {
   }
   for (auto& t : threads) t.join();
 
-  ResolveAnswer owner = hub_->Client(kWorker)->Resolve(m.key);
+  ResolveAnswer owner = hub_->Client(kWorker)->Resolve(m.key, m.family);
   ASSERT_EQ(owner.kind, ResolveAnswer::Kind::kFound);
   int winners = 0;
   for (int i = 0; i < kPublishers; ++i) {
@@ -399,11 +421,11 @@ TEST_P(HubApiTest, KillDashNineMidUploadLeavesNoPartialRowOrBlob) {
   EXPECT_EQ(TempFiles(), 0) << "restart removes partial uploads";
   EXPECT_FALSE(std::filesystem::exists(root_ + "/data/blobs/sha256/" + digest.substr(7)));
   auto worker = hub_->Client(kWorker);
-  EXPECT_EQ(worker->Resolve(m.key).kind, ResolveAnswer::Kind::kMiss);
+  EXPECT_EQ(worker->Resolve(m.key, m.family).kind, ResolveAnswer::Kind::kMiss);
   // The upload can be redone from the start.
   PublishAnswer p = hub_->Client(kPlatform)->Publish(cell, {});
   ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
-  EXPECT_EQ(worker->Resolve(m.key).kind, ResolveAnswer::Kind::kFound);
+  EXPECT_EQ(worker->Resolve(m.key, m.family).kind, ResolveAnswer::Kind::kFound);
 }
 
 TEST_P(HubApiTest, ReleasesEventsAndDashboardOverHttp) {
@@ -441,6 +463,97 @@ TEST_P(HubApiTest, ReleasesEventsAndDashboardOverHttp) {
   EXPECT_EQ(page.http_status, 200);
 }
 
+// The publish path no tenant can disturb, over HTTP: a tenant that declares an intent for the
+// platform cell's digest (deterministic, so computable) with a bogus size, and re-declares the
+// same (key, digest) with its own family and release, changes nothing for the platform.
+TEST_P(HubApiTest, TenantIntentsWithBogusSizeOrOverwritesLeaveThePlatformPublishAlone) {
+  const CellMetadata m = MakeMetadata(Graph("intent-attack"));
+  const std::string cell = MakeCell(m);
+  const std::string digest = CellDigest(cell);
+  auto tenant = hub_->Client(kAcme);
+  for (uint64_t size : {uint64_t{13}, uint64_t{cell.size()}}) {
+    HubAnswer a = tenant->Call("POST", "/v1/publish/intent",
+                               nlohmann::json{{"key", m.key},
+                                              {"digest", digest},
+                                              {"size", size},
+                                              {"family", "acme/squat"},
+                                              {"release", "theirs"},
+                                              {"target", "theirs"}}
+                                   .dump());
+    ASSERT_TRUE(a.ok()) << a.token << ": " << a.message;
+  }
+  PublishOptions opts;
+  opts.release = "ours";
+  PublishAnswer p = hub_->Client(kPlatform)->Publish(cell, opts);
+  ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
+  ReceiptVerdict v = VerifyReceipt(p.receipt, Trusted(), {m.key, digest, cell.size(), m.family});
+  ASSERT_TRUE(v.ok()) << v.token << ": " << v.message;
+  EXPECT_EQ(v.claims.family, m.family);
+  EXPECT_EQ(v.claims.release, "ours");
+  ResolveAnswer r = hub_->Client(kWorker)->Resolve(m.key, m.family);
+  ASSERT_EQ(r.kind, ResolveAnswer::Kind::kFound);
+  EXPECT_EQ(r.digest, digest);
+}
+
+// Cells every worker would refuse are refused at publish, with the worker's own tokens: a 0-byte
+// shared object, and a cell whose metadata records a failed fence proof.
+TEST_P(HubApiTest, ZeroByteSharedObjectAndFenceFalseCellRefusedAtPublish) {
+  const CellMetadata m = MakeMetadata(Graph("zero-so"));
+  CellFiles f = UnpackCell(MakeCell(m), "t").value();
+  f.shared_object.clear();
+  const std::string empty = PackCell(f).value();
+  HubAnswer a = PublishSteps(kPlatform, empty, m.family, empty.size());
+  EXPECT_EQ(a.http_status, 422);
+  EXPECT_EQ(a.token, "shared_object_invalid") << a.message;
+  CellMetadata fence = MakeMetadata(Graph("fence-false"));
+  fence.fence.perturbed_checkpoint_matched = false;
+  const std::string unproven = MakeCell(fence);
+  HubAnswer b = PublishSteps(kPlatform, unproven, fence.family, unproven.size());
+  EXPECT_EQ(b.http_status, 422);
+  EXPECT_EQ(b.token, "fence_unproven") << b.message;
+  auto worker = hub_->Client(kWorker);
+  EXPECT_EQ(worker->Resolve(m.key, m.family).kind, ResolveAnswer::Kind::kMiss);
+  EXPECT_EQ(worker->Resolve(fence.key, fence.family).kind, ResolveAnswer::Kind::kMiss);
+}
+
+// The tokens file is the truth at every start: a token removed from it no longer publishes after
+// a restart; an admin revokes a token at once, and it stays dead after a restart with the old
+// file.
+TEST_P(HubApiTest, RemovedAndRevokedTokensAreDead) {
+  // A token of this run only (a PostgreSQL database remembers revocations across runs).
+  const std::string secret = "tok-temp-" + Nonce();
+  std::vector<TokenRow> with_temp = Tokens();
+  with_temp.push_back({Sha256Hex(secret), "temp-" + Nonce(), "publisher", "org", "acme", {}});
+  auto restart_with = [&](const std::vector<TokenRow>& tokens) {
+    if (!WriteFileAtomic(root_ + "/tokens.json", TokensFileText(tokens)).ok()) {
+      return ::testing::AssertionFailure() << "cannot write the tokens file";
+    }
+    hub_->Kill(SIGTERM);
+    return hub_->Start(hub_->port());
+  };
+  ASSERT_TRUE(restart_with(with_temp));
+  ASSERT_TRUE(
+      hub_->Client(secret)->Publish(MakeCell(MakeMetadata(Graph("token-1"), "acme/m")), {}).ok());
+  // Removed from the file: dead after the restart, although the store held it.
+  ASSERT_TRUE(restart_with(Tokens()));
+  PublishAnswer removed =
+      hub_->Client(secret)->Publish(MakeCell(MakeMetadata(Graph("token-2"), "acme/m")), {});
+  EXPECT_EQ(removed.token, "unauthenticated") << removed.message;
+  EXPECT_EQ(removed.http_status, 401);
+
+  // Revoked by the admin route: refused on its next request, and after a restart with a file
+  // that still lists it.
+  ASSERT_TRUE(restart_with(with_temp));
+  ASSERT_TRUE(hub_->Client(secret)->Call("GET", "/v1/events?limit=1").ok());
+  HubAnswer rv = hub_->Client(kAdmin)->Call("POST", "/v1/admin/tokens/revoke",
+                                            nlohmann::json{{"sha256", Sha256Hex(secret)}}.dump());
+  ASSERT_TRUE(rv.ok()) << rv.token << ": " << rv.message;
+  EXPECT_EQ(hub_->Client(secret)->Call("GET", "/v1/events?limit=1").token, "unauthenticated");
+  ASSERT_TRUE(restart_with(with_temp));
+  EXPECT_EQ(hub_->Client(secret)->Call("GET", "/v1/events?limit=1").token, "unauthenticated");
+  EXPECT_TRUE(hub_->Client(kAcme)->Call("GET", "/v1/events?limit=1").ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, HubApiTest, ::testing::Values("sqlite", "postgresql"));
 
 // The CLI as a user types it: kiln publish, kiln resolve --trust.
@@ -449,10 +562,10 @@ TEST(HubCli, PublishAndResolveWithTrustedJwks) {
   std::filesystem::create_directories(root + "/data");
   ASSERT_TRUE(
       WriteFileAtomic(root + "/tokens.json",
-                      TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", ""},
-                                      {Sha256Hex(kWorker), "w", "worker", "", ""}}))
+                      TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", "", {}},
+                                      {Sha256Hex(kWorker), "w", "worker", "", "", {}}}))
           .ok());
-  HubProcess hub(root + "/data", "");
+  HubProcess hub(root + "/data", "", {"--rebuild", "off"});
   ASSERT_TRUE(hub.Start());
   const CellMetadata m = MakeMetadata(Graph("cli"));
   ASSERT_TRUE(WriteFileAtomic(root + "/cell.tar", MakeCell(m)).ok());
@@ -466,18 +579,19 @@ TEST(HubCli, PublishAndResolveWithTrustedJwks) {
     const int st = ::pclose(p);
     return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
   };
-  auto miss = run("resolve " + m.key + " --hub " + hub.url() + " --token " + kWorker);
+  const std::string family = " --family " + m.family;
+  auto miss = run("resolve " + m.key + family + " --hub " + hub.url() + " --token " + kWorker);
   EXPECT_EQ(miss.first, 3) << miss.second;
   auto pub = run("publish " + root + "/cell.tar --hub " + hub.url() + " --token " + kPlatform);
   EXPECT_EQ(pub.first, 0) << pub.second;
-  auto res = run("resolve " + m.key + " --hub " + hub.url() + " --token " + kWorker + " --trust " +
-                 root + "/jwks.json");
+  auto res = run("resolve " + m.key + family + " --hub " + hub.url() + " --token " + kWorker +
+                 " --trust " + root + "/jwks.json");
   EXPECT_EQ(res.first, 0) << res.second;
   EXPECT_NE(res.second.find("\"receipt_verified\": true"), std::string::npos) << res.second;
   // A foreign trust anchor refuses the same receipt.
   auto foreign = SigningKey::Generate().value();
-  auto bad = run("resolve " + m.key + " --hub " + hub.url() + " --token " + kWorker + " --trust " +
-                 Base64UrlEncode(foreign.raw_public()));
+  auto bad = run("resolve " + m.key + family + " --hub " + hub.url() + " --token " + kWorker +
+                 " --trust " + Base64UrlEncode(foreign.raw_public()));
   EXPECT_EQ(bad.first, 1) << bad.second;
   EXPECT_NE(bad.second.find("receipt_unknown_kid"), std::string::npos) << bad.second;
   std::filesystem::remove_all(root);

@@ -54,10 +54,11 @@ inline int FreePort() {
 }
 
 // Holds a loopback port bound but not listening: connections to it are refused, and no other
-// process (a parallel test's hub or worker) can take it before this test's hub starts there.
+// process (a parallel test's hub or worker) can take it before this test's hub starts there. The
+// socket is close-on-exec, so a process the test starts meanwhile does not keep it bound.
 class ReservedPort {
  public:
-  ReservedPort() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+  ReservedPort() : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -92,6 +93,8 @@ T ValueOr(const Result<T>& r, T fallback) {
 // One `kiln hub` child process.
 class HubProcess {
  public:
+  // `extra_args` is appended to the command line (e.g. {"--rebuild", "off"} for tests that publish
+  // the fixtures' cells, whose shared objects are not built from their sources).
   HubProcess(std::string data_dir, std::string db_url, std::vector<std::string> extra_args = {})
       : data_(std::move(data_dir)), db_(std::move(db_url)), extra_(std::move(extra_args)) {}
   ~HubProcess() { Kill(SIGKILL); }

@@ -1,6 +1,8 @@
 // Tests of the hub's routes (src/kiln/hub/server.h HubService) against the in-memory stores:
-// the publish flow, each refusal with its own token, revocation, releases and obligations,
-// events and the dashboard. The same routes over real HTTP are in hub_api_test.cc.
+// the publish flow, each refusal with its own token, scopes (families), the builder's verdict,
+// revocation and its signed list, tokens, releases and obligations, events, blob reads, garbage
+// collection and the dashboard. The same routes over real HTTP are in hub_api_test.cc; the real
+// sandboxed builder runs in tests/worker/trust_e2e_test.cc.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -17,21 +19,50 @@ using hub_testing::Graph;
 using hub_testing::MakeCell;
 using hub_testing::MakeMetadata;
 
+// A stand-in for the sandboxed builder (hub/builder.h), whose real runs are end-to-end: it
+// answers what the test tells it and counts its calls, so the hub's use of the verdict is tested
+// here without a compiler.
+class ScriptedBuilder final : public CellBuilder {
+ public:
+  const std::string& name() const override { return name_; }
+  Result<RebuildAttestation> Rebuild(const CellMetadata& metadata,
+                                     const CellFiles& files) override {
+    ++calls;
+    if (!refusal.ok()) return refusal;
+    return RebuildAttestation{name_, MemberDigest(files.source), MemberDigest(files.shared_object),
+                              "scripted", 1};
+  }
+  Status refusal;
+  int calls = 0;
+
+ private:
+  std::string name_ = "builder-test";
+};
+
 class ServiceTest : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { Make(nullptr); }
+  void Make(std::shared_ptr<CellBuilder> builder, std::function<int64_t()> now = nullptr) {
     dir_ = ::testing::TempDir() + "/kiln_service_test";
     std::filesystem::remove_all(dir_);
-    auto store = NewMemoryStore();
-    ASSERT_TRUE(
-        store->PutToken({Sha256Hex("platform-token"), "ci", "publisher", "platform", ""}).ok());
-    ASSERT_TRUE(
-        store->PutToken({Sha256Hex("acme-token"), "acme-ci", "publisher", "org", "acme"}).ok());
-    ASSERT_TRUE(store->PutToken({Sha256Hex("worker-token"), "w1", "worker", "", ""}).ok());
-    ASSERT_TRUE(store->PutToken({Sha256Hex("admin-token"), "admin", "admin", "", ""}).ok());
-    svc_ = std::make_unique<HubService>(std::move(store), NewMemoryBlobStore(),
-                                        SigningKeyRing::OpenOrCreate(dir_).value(),
-                                        [] { return int64_t{1700000000}; });
+    HubServiceOptions o;
+    o.builder = std::move(builder);
+    o.blob_grace_s = 60;
+    if (!now) now = [] { return int64_t{1700000000}; };
+    svc_ =
+        std::make_unique<HubService>(NewMemoryStore(), NewMemoryBlobStore(),
+                                     SigningKeyRing::OpenOrCreate(dir_).value(), now, std::move(o));
+    ASSERT_TRUE(svc_->InstallTokens(Tokens()).ok());
+  }
+  static std::vector<TokenRow> Tokens() {
+    return {
+        {Sha256Hex("platform-token"), "ci", "publisher", "platform", "", {"*"}},
+        {Sha256Hex("acme-token"), "acme-ci", "publisher", "org", "acme", {}},
+        {Sha256Hex("worker-token"), "w1", "worker", "", "", {"r1"}},
+        {Sha256Hex("other-worker-token"), "w2", "worker", "", "", {}},
+        {Sha256Hex("acme-worker-token"), "acme-w", "worker", "", "acme", {}},
+        {Sha256Hex("admin-token"), "admin", "admin", "", "", {}},
+    };
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
@@ -69,6 +100,17 @@ class ServiceTest : public ::testing::Test {
     return Complete(p, m.key, digest);
   }
 
+  Reply Resolve(const std::string& token, const std::string& key,
+                const std::string& family = "root/micro-mlp") {
+    return svc_->ResolveCell(As(token), key, family);
+  }
+  // A valid cell edited in one way, repacked.
+  static std::string Edited(const CellMetadata& m, const std::function<void(CellFiles&)>& edit) {
+    CellFiles f = UnpackCell(MakeCell(m), "t").value();
+    edit(f);
+    return PackCell(f).value();
+  }
+
   std::string dir_;
   std::unique_ptr<HubService> svc_;
 };
@@ -76,13 +118,13 @@ class ServiceTest : public ::testing::Test {
 TEST_F(ServiceTest, PublishThenResolveGivesAVerifiableReceipt) {
   const CellMetadata m = MakeMetadata(Graph(1));
   const std::string cell = MakeCell(m);
-  Reply miss = svc_->ResolveCell(As("worker-token"), m.key);
+  Reply miss = Resolve("worker-token", m.key);
   EXPECT_EQ(miss.status, 200);
   EXPECT_EQ(miss.body["found"], false);
 
   Reply done = Publish(As("platform-token"), cell);
   ASSERT_EQ(done.status, 200) << done.body.dump();
-  Reply hit = svc_->ResolveCell(As("worker-token"), m.key);
+  Reply hit = Resolve("worker-token", m.key);
   ASSERT_EQ(hit.status, 200);
   EXPECT_EQ(hit.body["found"], true);
   EXPECT_EQ(hit.body["digest"], CellDigest(cell));
@@ -95,6 +137,9 @@ TEST_F(ServiceTest, PublishThenResolveGivesAVerifiableReceipt) {
   EXPECT_EQ(v.claims.publisher, "ci");
   EXPECT_EQ(v.claims.tier, "platform");
   EXPECT_EQ(v.claims.iat, 1700000000);
+  EXPECT_EQ(v.claims.source_digest, MemberDigest(UnpackCell(cell, "t")->source));
+  EXPECT_EQ(v.claims.so_digest, MemberDigest(UnpackCell(cell, "t")->shared_object));
+  EXPECT_EQ(v.claims.builder, "") << "no builder configured: no rebuild attested";
 
   // Receipt route, and a second publish of the same bytes answers the same receipt.
   Reply rec = svc_->GetReceipt(As("worker-token"), m.key, CellDigest(cell));
@@ -116,10 +161,13 @@ TEST_F(ServiceTest, SecondDigestForAKeyIsATypedConflict) {
 }
 
 TEST_F(ServiceTest, MalformedKeyIsBadKey) {
-  Reply r = svc_->ResolveCell(As("worker-token"), "ck1-XYZ");
+  Reply r = Resolve("worker-token", "ck1-XYZ");
   EXPECT_EQ(r.status, 400);
   EXPECT_EQ(r.body["error"], "bad_key");
   EXPECT_TRUE(r.body["message"].is_string());
+  Reply f = Resolve("worker-token", MakeMetadata(Graph(99)).key, "");
+  EXPECT_EQ(f.status, 400);
+  EXPECT_EQ(f.body["error"], "bad_family") << "a resolve names its scope";
 }
 
 TEST_F(ServiceTest, TamperedBlobBytesAreDigestMismatch) {
@@ -152,8 +200,8 @@ TEST_F(ServiceTest, MetadataThatDoesNotRestateIsRefused) {
   const std::string cell = hub_testing::MakeNonRestatingCell(&m);
   Reply r = Publish(As("platform-token"), cell);
   EXPECT_EQ(r.status, 422);
-  EXPECT_EQ(r.body["error"], "key_restatement_failed") << r.body.dump();
-  EXPECT_FALSE(svc_->store().GetCell(m.key).value().has_value());
+  EXPECT_EQ(r.body["error"], "key_mismatch") << "the worker's own token: " << r.body.dump();
+  EXPECT_FALSE(svc_->store().GetCell(m.key, m.family).value().has_value());
 }
 
 TEST_F(ServiceTest, UnknownOrMissingTokenIsUnauthenticated) {
@@ -207,18 +255,38 @@ TEST_F(ServiceTest, RevokedCellIsGoneWithItsOwnToken) {
       nlohmann::json{{"key", m.key}, {"digest", CellDigest(cell)}, {"reason", "cell_fault"}}
           .dump());
   ASSERT_EQ(rv.status, 200) << rv.body.dump();
-  Reply r = svc_->ResolveCell(As("worker-token"), m.key);
+  Reply r = Resolve("worker-token", m.key);
   EXPECT_EQ(r.status, 410);
   EXPECT_EQ(r.body["error"], "revoked");
   EXPECT_EQ(svc_->GetReceipt(As("worker-token"), m.key, CellDigest(cell)).status, 410);
   Reply list = svc_->Revocations();
   ASSERT_EQ(list.body["revocations"].size(), 1u);
   EXPECT_EQ(list.body["revocations"][0]["reason"], "cell_fault");
-  // First-writer-wins survives revocation: the key is not reopened to other bytes.
-  EXPECT_EQ(Publish(As("platform-token"), MakeCell(m, "other")).body["error"], "key_taken");
+  // The list adopters believe is the signed one, issued now with the hub's max age.
+  auto signed_list = VerifyRevocationList(list.body["list"].get<std::string>(),
+                                          svc_->keys().PublicKeys(), 1700000000);
+  ASSERT_TRUE(signed_list.ok()) << signed_list.status().ToString();
+  ASSERT_EQ(signed_list->entries.size(), 1u);
+  EXPECT_EQ(signed_list->entries[0].digest, CellDigest(cell));
+  EXPECT_EQ(signed_list->iat, 1700000000);
+  EXPECT_EQ(signed_list->max_age_s, 300);
+  // The revoked bytes never come back; revoking freed the key for other bytes in its scope.
+  EXPECT_EQ(Publish(As("platform-token"), cell).body["error"], "revoked");
+  Reply fresh = Publish(As("platform-token"), MakeCell(m, "other"));
+  ASSERT_EQ(fresh.status, 200) << fresh.body.dump();
+  Reply now = Resolve("worker-token", m.key);
+  ASSERT_EQ(now.status, 200) << now.body.dump();
+  EXPECT_EQ(now.body["digest"], CellDigest(MakeCell(m, "other")));
 }
 
 TEST_F(ServiceTest, ReleaseObligationsAreDischargedByStoredCellsAndSettledByRefusals) {
+  // Obligations move only for tokens granted the release: w2 holds none.
+  Reply denied = svc_->SettleObligation(
+      As("other-worker-token"),
+      nlohmann::json{{"release", "r1"}, {"target", "decoder"}, {"sm", "x86-64-v4"}, {"token", "x"}}
+          .dump());
+  EXPECT_EQ(denied.status, 403);
+  EXPECT_EQ(denied.body["error"], "release_forbidden");
   const CellMetadata declared = MakeMetadata(Graph(11));
   Reply rel = svc_->CreateRelease(
       As("admin-token"),
@@ -283,6 +351,16 @@ TEST_F(ServiceTest, EventsAreStoredFilteredAndShownEscapedOnTheDashboard) {
   EXPECT_EQ(svc_->QueryEvents(As("worker-token"), {{"since", "1500"}}).body["events"].size(), 1u);
   EXPECT_EQ(svc_->QueryEvents(As("worker-token"), {{"limit", "x"}}).status, 400);
   EXPECT_EQ(svc_->PostEvents(As("worker-token"), "[{\"phase\":\"x\"}]").status, 400);
+  // A worker token speaks for its own name (and its processes) only.
+  nlohmann::json instance = {{{"kind", "boot_adopt"}, {"phase", "miss"}, {"instance", "p@h/1"}}};
+  ASSERT_EQ(svc_->PostEvents(As("worker-token"), instance.dump()).status, 200);
+  EXPECT_EQ(svc_->QueryEvents(As("worker-token"), {{"worker", "w1/p@h/1"}}).body["events"].size(),
+            1u);
+  nlohmann::json forged = {{{"kind", "boot_adopt"}, {"phase", "hit"}, {"worker", "w2"}}};
+  Reply refused = svc_->PostEvents(As("worker-token"), forged.dump());
+  EXPECT_EQ(refused.status, 403);
+  EXPECT_EQ(refused.body["error"], "worker_mismatch");
+  EXPECT_TRUE(svc_->QueryEvents(As("worker-token"), {{"worker", "w2"}}).body["events"].empty());
 
   Reply page = svc_->Dashboard();
   EXPECT_NE(page.html.find(m.key), std::string::npos);
@@ -303,6 +381,179 @@ TEST_F(ServiceTest, RotationKeepsOldReceiptsVerifiableThroughTheJwks) {
   EXPECT_TRUE(VerifyReceipt(done.body["receipt"].get<std::string>(), jwks,
                             ExpectedClaims{m.key, CellDigest(cell), cell.size(), m.family})
                   .ok());
+}
+
+// Scopes never touch (law 17): a tenant that publishes a platform model's key first, in its own
+// family, neither blocks the platform's publish nor answers the platform's resolve.
+TEST_F(ServiceTest, ATenantCellForAPlatformKeyNeitherBlocksNorShadowsIt) {
+  const CellMetadata platform = MakeMetadata(Graph(20), "root/micro-mlp");
+  CellMetadata squat = platform;
+  squat.family = "acme/micro-mlp";  // same key: the family is not a key axis
+  ASSERT_EQ(squat.key, platform.key);
+  const std::string tenant_cell = MakeCell(squat, "payload");
+  ASSERT_EQ(Publish(As("acme-token"), tenant_cell).status, 200);
+  EXPECT_EQ(Resolve("worker-token", platform.key).body["found"], false);
+  Reply mine = Publish(As("platform-token"), MakeCell(platform));
+  ASSERT_EQ(mine.status, 200) << mine.body.dump();
+  Reply hit = Resolve("worker-token", platform.key);
+  EXPECT_EQ(hit.body["digest"], CellDigest(MakeCell(platform)));
+  EXPECT_EQ(hit.body["family"], "root/micro-mlp");
+  EXPECT_EQ(Resolve("worker-token", platform.key, "acme/micro-mlp").body["digest"],
+            CellDigest(tenant_cell));
+  // An acme-scoped worker reads acme's and the platform's families, not another org's.
+  EXPECT_EQ(Resolve("acme-worker-token", platform.key).status, 200);
+  EXPECT_EQ(Resolve("acme-worker-token", platform.key, "globex/m").body["error"],
+            "scope_forbidden");
+}
+
+// Intents are per publisher: a tenant's intent with a bogus size for the platform cell's
+// (deterministic) digest, or re-declaring the platform's (key, digest) with its own family and
+// release, changes nothing about the platform's publish.
+TEST_F(ServiceTest, AnotherPublishersIntentNeverDisturbsAPublish) {
+  const CellMetadata m = MakeMetadata(Graph(21));
+  const std::string cell = MakeCell(m);
+  const std::string digest = CellDigest(cell);
+  ASSERT_EQ(Intent(As("acme-token"), m.key, digest, 17, "acme/micro-mlp").status, 200);
+  ASSERT_EQ(Intent(As("platform-token"), m.key, digest, cell.size(), m.family, "r1").status, 200);
+  ASSERT_EQ(Intent(As("acme-token"), m.key, digest, 5, "acme/other", "r9").status, 200);
+  // The tenant cannot upload against the platform's intent, nor its own lie.
+  EXPECT_EQ(Upload(As("acme-token"), digest, cell).body["error"], "size_mismatch");
+  Reply up = Upload(As("platform-token"), digest, cell);
+  ASSERT_EQ(up.status, 200) << up.body.dump();
+  Reply done = Complete(As("platform-token"), m.key, digest);
+  ASSERT_EQ(done.status, 200) << done.body.dump();
+  auto v = VerifyReceipt(done.body["receipt"].get<std::string>(), svc_->keys().PublicKeys(),
+                         ExpectedClaims{m.key, digest, cell.size(), m.family});
+  ASSERT_TRUE(v.ok()) << v.message;
+  EXPECT_EQ(v.claims.release, "r1") << "the platform's own intent, not the tenant's overwrite";
+  // The tenant's intent completes as the tenant's: its size lie is its own size_mismatch.
+  Reply t = Complete(As("acme-token"), m.key, digest);
+  EXPECT_EQ(t.status, 422);
+  EXPECT_EQ(t.body["error"], "size_mismatch");
+}
+
+// At complete the hub runs the admission a worker runs, with the worker's tokens: a cell that
+// records a failed fence, an empty shared object, an oversized one, one with no source.
+TEST_F(ServiceTest, PublishRefusesWhatEveryWorkerWouldRefuseWithTheWorkersTokens) {
+  CellMetadata fence = MakeMetadata(Graph(22));
+  fence.fence.perturbed_checkpoint_matched = false;
+  Reply r = Publish(As("platform-token"), MakeCell(fence));
+  EXPECT_EQ(r.status, 422);
+  EXPECT_EQ(r.body["error"], "fence_unproven") << r.body.dump();
+  const CellMetadata m = MakeMetadata(Graph(23));
+  Reply empty =
+      Publish(As("platform-token"), Edited(m, [](CellFiles& f) { f.shared_object = ""; }));
+  EXPECT_EQ(empty.body["error"], "shared_object_invalid") << empty.body.dump();
+  Reply script =
+      Publish(As("platform-token"), Edited(m, [](CellFiles& f) { f.shared_object = "#!/bin/sh"; }));
+  EXPECT_EQ(script.body["error"], "shared_object_invalid") << script.body.dump();
+  Reply nosrc = Publish(As("platform-token"), Edited(m, [](CellFiles& f) { f.source = ""; }));
+  EXPECT_EQ(nosrc.body["error"], "source_missing") << nosrc.body.dump();
+  EXPECT_FALSE(svc_->store().GetCell(m.key, m.family).value().has_value());
+  EXPECT_FALSE(svc_->store().GetCell(fence.key, fence.family).value().has_value());
+}
+
+// With a builder, nothing is signed that it did not rebuild byte for byte; what it rebuilt is
+// attested in the receipt.
+TEST_F(ServiceTest, TheBuildersVerdictDecidesAndIsAttested) {
+  auto builder = std::make_shared<ScriptedBuilder>();
+  Make(builder);
+  const CellMetadata m = MakeMetadata(Graph(24));
+  builder->refusal = Status::Refused(StatusCode::kInvalidArgument, "rebuild_mismatch",
+                                     "the published cell.so is not what its source builds to");
+  Reply r = Publish(As("platform-token"), MakeCell(m));
+  EXPECT_EQ(r.status, 422);
+  EXPECT_EQ(r.body["error"], "rebuild_mismatch");
+  EXPECT_FALSE(svc_->store().GetCell(m.key, m.family).value().has_value());
+  builder->refusal = Status::Refused(StatusCode::kIOError, "builder_unavailable", "no fork");
+  EXPECT_EQ(Publish(As("platform-token"), MakeCell(m)).status, 503);
+  builder->refusal = Status::OK();
+  Reply ok = Publish(As("platform-token"), MakeCell(m));
+  ASSERT_EQ(ok.status, 200) << ok.body.dump();
+  EXPECT_EQ(ok.body["builder"], "builder-test");
+  auto v = VerifyReceipt(ok.body["receipt"].get<std::string>(), svc_->keys().PublicKeys(), {});
+  ASSERT_TRUE(v.ok());
+  EXPECT_EQ(v.claims.builder, "builder-test");
+  const CellFiles files = UnpackCell(MakeCell(m), "t").value();
+  EXPECT_EQ(v.claims.source_digest, MemberDigest(files.source));
+  EXPECT_EQ(v.claims.so_digest, MemberDigest(files.shared_object));
+  EXPECT_EQ(builder->calls, 3);
+}
+
+// A blob is readable only by tokens whose scope may adopt a cell of it, or by the publisher
+// that declared it.
+TEST_F(ServiceTest, BlobsAreReadableOnlyInScope) {
+  const CellMetadata m = MakeMetadata(Graph(25), "acme/secret");
+  const std::string cell = MakeCell(m);
+  const std::string digest = CellDigest(cell);
+  ASSERT_EQ(Publish(As("acme-token"), cell).status, 200);
+  auto readable = [&](const std::string& token) {
+    return std::holds_alternative<std::unique_ptr<BlobReader>>(svc_->OpenBlob(As(token), digest));
+  };
+  EXPECT_TRUE(readable("acme-token"));
+  EXPECT_TRUE(readable("acme-worker-token"));
+  EXPECT_TRUE(readable("worker-token")) << "an unscoped (platform) worker serves every family";
+  EXPECT_TRUE(readable("admin-token"));
+  // Another org's publisher: as if the blob did not exist.
+  std::vector<TokenRow> tokens = Tokens();
+  tokens.push_back({Sha256Hex("globex-token"), "globex-ci", "publisher", "org", "globex", {}});
+  ASSERT_TRUE(svc_->InstallTokens(tokens).ok());
+  auto other = svc_->OpenBlob(As("globex-token"), digest);
+  ASSERT_TRUE(std::holds_alternative<Reply>(other));
+  EXPECT_EQ(std::get<Reply>(other).status, 404);
+}
+
+// The tokens file is the truth at every start; an admin revokes a token at once, and a revoked
+// token stays dead at the next start even if the file still lists it.
+TEST_F(ServiceTest, TokensAreTheFilesAndAdminRevocationIsImmediateAndSticky) {
+  ASSERT_TRUE(std::holds_alternative<Principal>(svc_->Authenticate("Bearer acme-token")));
+  Reply rv = svc_->RevokeToken(As("admin-token"), R"({"name":"acme-ci"})");
+  ASSERT_EQ(rv.status, 200) << rv.body.dump();
+  EXPECT_EQ(rv.body["revoked"], 1);
+  auto gone = svc_->Authenticate("Bearer acme-token");
+  ASSERT_TRUE(std::holds_alternative<Reply>(gone)) << "revoked at once, cache or not";
+  EXPECT_EQ(std::get<Reply>(gone).status, 401);
+  EXPECT_EQ(svc_->RevokeToken(As("worker-token"), R"({"name":"w2"})").status, 403);
+  EXPECT_EQ(svc_->RevokeToken(As("admin-token"), R"({"name":"nobody"})").status, 404);
+  EXPECT_EQ(svc_->RevokeToken(As("admin-token"), R"({})").status, 400);
+  // A restart with the same file: the revoked token stays dead; one removed from it dies too.
+  auto skipped = svc_->InstallTokens({
+      {Sha256Hex("acme-token"), "acme-ci", "publisher", "org", "acme", {}},
+      {Sha256Hex("admin-token"), "admin", "admin", "", "", {}},
+  });
+  ASSERT_TRUE(skipped.ok());
+  EXPECT_EQ(*skipped, std::vector<std::string>{"acme-ci"});
+  EXPECT_TRUE(std::holds_alternative<Reply>(svc_->Authenticate("Bearer acme-token")));
+  EXPECT_TRUE(std::holds_alternative<Reply>(svc_->Authenticate("Bearer worker-token")))
+      << "a token the file no longer lists is dead";
+  EXPECT_TRUE(std::holds_alternative<Principal>(svc_->Authenticate("Bearer admin-token")));
+}
+
+// Unreferenced blobs and abandoned intents go after the grace period; a stored cell's blob stays.
+TEST_F(ServiceTest, UnreferencedBlobsAreCollectedAfterTheGracePeriod) {
+  int64_t clock = std::time(nullptr);
+  Make(nullptr, [&clock] { return clock; });
+  const CellMetadata kept = MakeMetadata(Graph(26));
+  const std::string cell = MakeCell(kept);
+  ASSERT_EQ(Publish(As("platform-token"), cell).status, 200);
+  // An abandoned publish: intent and upload, never completed.
+  const CellMetadata dropped = MakeMetadata(Graph(27));
+  const std::string orphan = MakeCell(dropped);
+  ASSERT_EQ(
+      Intent(As("platform-token"), dropped.key, CellDigest(orphan), orphan.size(), dropped.family)
+          .status,
+      200);
+  ASSERT_EQ(Upload(As("platform-token"), CellDigest(orphan), orphan).status, 200);
+  auto early = svc_->CollectGarbage();
+  ASSERT_TRUE(early.ok());
+  EXPECT_EQ(early->blobs, 0) << "within the grace period nothing goes";
+  clock += 120;
+  auto late = svc_->CollectGarbage();
+  ASSERT_TRUE(late.ok()) << late.status().ToString();
+  EXPECT_EQ(late->intents, 2);
+  EXPECT_EQ(late->blobs, 1);
+  EXPECT_FALSE(svc_->blobs().Has(CellDigest(orphan)));
+  EXPECT_TRUE(svc_->blobs().Has(CellDigest(cell)));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "src/kiln/hub/store.h"
 
 #include <gtest/gtest.h>
+#include <sqlite3.h>
 
 #include <atomic>
 #include <cstdlib>
@@ -57,7 +58,7 @@ class StoreTest : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<HubStore> store_;
 };
 
-TEST_P(StoreTest, FirstWriterWinsPerKey) {
+TEST_P(StoreTest, FirstWriterWinsPerKeyAndFamily) {
   const std::string k = Key("fww");
   auto first = store_->InsertCellIfAbsent(Cell(k, Digest("a"), "receipt-a"));
   ASSERT_TRUE(first.ok()) << first.status().ToString();
@@ -68,10 +69,43 @@ TEST_P(StoreTest, FirstWriterWinsPerKey) {
   EXPECT_FALSE(second->inserted);
   EXPECT_EQ(second->owner.digest, Digest("a"));
   EXPECT_EQ(second->owner.receipt, "receipt-a");
-  auto got = store_->GetCell(k).value();
+  auto got = store_->GetCell(k, "root/m").value();
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->receipt, "receipt-a");
-  EXPECT_FALSE(store_->GetCell(Key("absent")).value().has_value());
+  EXPECT_FALSE(store_->GetCell(Key("absent"), "root/m").value().has_value());
+  // Another scope's owner of the same key is its own row: neither shadows nor blocks the other.
+  CellRow tenant = Cell(k, Digest("t"), "receipt-t");
+  tenant.family = "acme/m";
+  tenant.tier = "org";
+  EXPECT_EQ(store_->InsertCellIfAbsent(tenant).value().owner.digest, Digest("t"));
+  EXPECT_EQ(store_->GetCell(k, "root/m").value()->digest, Digest("a"));
+  EXPECT_EQ(store_->GetCell(k, "acme/m").value()->digest, Digest("t"));
+  auto all = store_->ListCellsForKey(k).value();
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all[0].family, "root/m");
+  EXPECT_EQ(all[1].family, "acme/m");
+  auto by_digest = store_->CellsWithDigest(Digest("t")).value();
+  ASSERT_EQ(by_digest.size(), 1u);
+  EXPECT_EQ(by_digest[0].family, "acme/m");
+  EXPECT_TRUE(store_->CellsWithDigest(Digest("none")).value().empty());
+}
+
+// Revoking frees the key in its scope: a revoked owner is replaced by the next digest, a live
+// one never is, and the replacing row is then the owner.
+TEST_P(StoreTest, RevokedOwnerIsReplacedLiveOwnerIsNot) {
+  const std::string k = Key("freed");
+  ASSERT_TRUE(store_->InsertCellIfAbsent(Cell(k, Digest("old"), "r-old")).ok());
+  EXPECT_EQ(store_->InsertCellIfAbsent(Cell(k, Digest("new"), "r-new")).value().owner.digest,
+            Digest("old"));
+  ASSERT_TRUE(store_->Revoke({k, Digest("old"), "bad", "admin", 5}).ok());
+  auto owner = store_->InsertCellIfAbsent(Cell(k, Digest("new"), "r-new"));
+  ASSERT_TRUE(owner.ok()) << owner.status().ToString();
+  EXPECT_TRUE(owner->inserted);
+  EXPECT_EQ(owner->owner.digest, Digest("new"));
+  EXPECT_EQ(owner->owner.receipt, "r-new");
+  EXPECT_EQ(store_->GetCell(k, "root/m").value()->digest, Digest("new"));
+  EXPECT_EQ(store_->InsertCellIfAbsent(Cell(k, Digest("third"), "r-3")).value().owner.digest,
+            Digest("new"));
 }
 
 TEST_P(StoreTest, ConcurrentInsertsLeaveExactlyOneOwner) {
@@ -86,7 +120,7 @@ TEST_P(StoreTest, ConcurrentInsertsLeaveExactlyOneOwner) {
   }
   for (auto& t : threads) t.join();
   for (const auto& o : owners) EXPECT_EQ(o, owners[0]);
-  EXPECT_EQ(store_->GetCell(k).value()->digest, owners[0]);
+  EXPECT_EQ(store_->GetCell(k, "root/m").value()->digest, owners[0]);
 }
 
 // Publishers of the same bytes in the same second sign identical receipts: the rows they insert
@@ -110,15 +144,32 @@ TEST_P(StoreTest, IdenticalConcurrentInsertsHaveExactlyOneWinner) {
   EXPECT_EQ(winners.load(), 1);
 }
 
-TEST_P(StoreTest, IntentsByKeyDigestAndByDigest) {
+TEST_P(StoreTest, IntentsArePerPublisher) {
   IntentRow i{Key("i"), Digest("i"), 42, "root/m", "r1", "denoiser", "ci", 5};
   ASSERT_TRUE(store_->PutIntent(i).ok());
-  auto got = store_->GetIntent(i.key, i.digest).value();
+  auto got = store_->GetIntent(i.key, i.digest, "ci").value();
   ASSERT_TRUE(got.has_value());
   EXPECT_EQ(got->size, 42u);
   EXPECT_EQ(got->target, "denoiser");
-  EXPECT_EQ(store_->FindIntentByDigest(i.digest).value()->key, i.key);
-  EXPECT_FALSE(store_->FindIntentByDigest(Digest("none")).value().has_value());
+  EXPECT_EQ(store_->FindIntentByDigest(i.digest, "ci").value()->key, i.key);
+  EXPECT_EQ(store_->FindIntentByDigest(i.digest, "").value()->key, i.key);
+  EXPECT_FALSE(store_->FindIntentByDigest(Digest("none"), "").value().has_value());
+  // Another publisher's intent for the same (key, digest), with a lie in it, is its own row.
+  IntentRow other = i;
+  other.publisher = "acme-ci";
+  other.size = 7;
+  other.family = "acme/m";
+  other.created_at = 9;
+  ASSERT_TRUE(store_->PutIntent(other).ok());
+  EXPECT_EQ(store_->GetIntent(i.key, i.digest, "ci").value()->size, 42u);
+  EXPECT_EQ(store_->GetIntent(i.key, i.digest, "ci").value()->family, "root/m");
+  EXPECT_EQ(store_->GetIntent(i.key, i.digest, "acme-ci").value()->size, 7u);
+  EXPECT_EQ(store_->FindIntentByDigest(i.digest, "ci").value()->size, 42u);
+  EXPECT_FALSE(store_->GetIntent(i.key, i.digest, "nobody").value().has_value());
+  // Abandoned intents go by age.
+  EXPECT_GE(store_->DeleteIntentsBefore(8).value(), 1);
+  EXPECT_FALSE(store_->GetIntent(i.key, i.digest, "ci").value().has_value());
+  EXPECT_TRUE(store_->GetIntent(i.key, i.digest, "acme-ci").value().has_value());
 }
 
 TEST_P(StoreTest, RevocationsAreStickyAndListed) {
@@ -136,13 +187,24 @@ TEST_P(StoreTest, RevocationsAreStickyAndListed) {
   EXPECT_TRUE(listed);
 }
 
-TEST_P(StoreTest, TokensByHash) {
-  TokenRow t{Sha256Hex(Nonce() + "tok"), "acme-ci", "publisher", "org", "acme"};
-  ASSERT_TRUE(store_->PutToken(t).ok());
-  auto got = store_->GetToken(t.token_sha256).value();
-  ASSERT_TRUE(got.has_value());
-  EXPECT_EQ(got->org, "acme");
-  EXPECT_FALSE(store_->GetToken(Sha256Hex("unknown" + Nonce())).value().has_value());
+// Revoked tokens are remembered (the tokens themselves are each hub's tokens file): sticky, the
+// first revocation kept, visible to every hub on the store.
+TEST_P(StoreTest, TokenRevocationsAreRememberedAndSticky) {
+  const std::string hash = Sha256Hex(Nonce() + "tok");
+  EXPECT_FALSE(store_->IsTokenRevoked(hash).value());
+  ASSERT_TRUE(store_->RevokeToken({hash, "acme-ci", "admin", 77}).ok());
+  ASSERT_TRUE(store_->RevokeToken({hash, "acme-ci", "other-admin", 78}).ok());
+  EXPECT_TRUE(store_->IsTokenRevoked(hash).value());
+  bool found = false;
+  const auto listed = store_->ListRevokedTokens().value();
+  for (const auto& r : listed) {
+    if (r.token_sha256 != hash) continue;
+    found = true;
+    EXPECT_EQ(r.revoked_by, "admin");
+    EXPECT_EQ(r.revoked_at, 77);
+  }
+  EXPECT_TRUE(found);
+  EXPECT_FALSE(store_->IsTokenRevoked(Sha256Hex("unknown" + Nonce())).value());
 }
 
 TEST_P(StoreTest, ObligationsDischargeBySlotOrKeyAndSettleTerminally) {
@@ -159,8 +221,9 @@ TEST_P(StoreTest, ObligationsDischargeBySlotOrKeyAndSettleTerminally) {
   const std::string k2 = Key("ob2");
   EXPECT_EQ(
       store_->DischargeObligations(k2, Digest("ob2"), rel, "denoiser", "x86-64-v3", 9).value(), 1);
-  // By declared key.
-  EXPECT_EQ(store_->DischargeObligations(k, Digest("ob"), "", "", "", 9).value(), 1);
+  // By declared key; never outside the scope (release) the caller holds.
+  EXPECT_EQ(store_->DischargeObligations(k, Digest("ob"), "", "", "", 9, "another").value(), 0);
+  EXPECT_EQ(store_->DischargeObligations(k, Digest("ob"), "", "", "", 9, rel).value(), 1);
   // A deterministic refusal settles; a settled obligation is never discharged afterwards.
   auto settled = store_->SettleObligation(rel, "decoder", "x86-64-v3", "no_export_declaration", 9);
   ASSERT_TRUE(settled.ok());
@@ -214,6 +277,51 @@ TEST_P(StoreTest, EventsFilterAndAdoptionCounts) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("memory", "sqlite", "postgresql"));
 
+// A database made by the first schema (one owner per key, one intent per (key, digest), a token
+// table) is brought forward on open, its cells and intents kept (tokens now live in the file).
+TEST(SqliteMigration, VersionOneDatabaseKeepsItsRowsAndGainsTheScopedKeys) {
+  const std::string dir = ::testing::TempDir() + "/kiln_sqlite_migration_" + Nonce();
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/hub.sqlite";
+  const std::string v1 = R"sql(
+CREATE TABLE cells (key TEXT PRIMARY KEY, digest TEXT NOT NULL, size INTEGER NOT NULL,
+  family TEXT NOT NULL, publisher TEXT NOT NULL, tier TEXT NOT NULL, release TEXT NOT NULL,
+  receipt TEXT NOT NULL, created_at INTEGER NOT NULL);
+CREATE TABLE intents (key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL,
+  family TEXT NOT NULL, release TEXT NOT NULL, target TEXT NOT NULL, publisher TEXT NOT NULL,
+  created_at INTEGER NOT NULL, PRIMARY KEY (key, digest));
+CREATE INDEX intents_digest ON intents(digest);
+CREATE TABLE tokens (token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL,
+  tier TEXT NOT NULL, org TEXT NOT NULL);
+INSERT INTO cells VALUES ('K', 'sha256:a', 1, 'root/m', 'ci', 'platform', '', 'R', 1);
+INSERT INTO intents VALUES ('K', 'sha256:a', 1, 'root/m', '', '', 'ci', 1);
+INSERT INTO tokens VALUES ('h', 'ci', 'publisher', 'platform', '');
+)sql";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, v1.c_str(), nullptr, nullptr, &err);
+    const std::string message = err != nullptr ? err : "";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    ASSERT_EQ(rc, SQLITE_OK) << message;
+  }
+  auto s = OpenSqliteStore(path);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto store = std::move(s).value();
+  ASSERT_TRUE(store->GetCell("K", "root/m").value().has_value());
+  EXPECT_EQ(store->GetCell("K", "root/m").value()->receipt, "R");
+  EXPECT_TRUE(store->GetIntent("K", "sha256:a", "ci").value().has_value());
+  CellRow other{"K", "sha256:b", 1, "acme/m", "acme-ci", "org", "", "R2", 2};
+  EXPECT_EQ(store->InsertCellIfAbsent(other).value().owner.digest, "sha256:b");
+  store.reset();
+  auto again = OpenSqliteStore(path);  // a second open finds version 2 and changes nothing
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->ListCellsForKey("K").value().size(), 2u);
+  std::filesystem::remove_all(dir);
+}
+
 // Damage is a refusal, never a miss: a SQLite file with garbled pages, truncated, or swapped for
 // another hub's refuses to open with store_corrupt instead of starting (empty) or answering
 // "found: false" for rows it holds.
@@ -250,7 +358,7 @@ TEST_F(SqliteDamageTest, AnUndamagedStoreReopensWithItsRows) {
   auto s = OpenSqliteStore(path_);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   EXPECT_TRUE((*s)->CheckIntegrity().ok());
-  auto got = (*s)->GetCell(Key("7"));
+  auto got = (*s)->GetCell(Key("7"), "root/m");
   ASSERT_TRUE(got.ok());
   EXPECT_TRUE(got->has_value());
 }

@@ -13,12 +13,14 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/cell/mint.h"
 #include "src/kiln/cell/pack.h"
+#include "src/kiln/cell/provenance.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "tests/hub/hub_process.h"
 
@@ -30,6 +32,7 @@ using hub_testing::kPlatform;
 using hub_testing::kWorker;
 
 const std::string kExamples = std::string(KILN_SOURCE_DIR) + "/examples/";
+const CellOrigin kMinted{CellOrigin::Kind::kMinted, ""};
 
 Envelope MlpEnvelope() { return Envelope{{{{"x", {1, 64}}}, {{"x", {4, 64}}}}}; }
 
@@ -39,6 +42,29 @@ struct MintedMlp {
   WeightMap weights;
   MintResult mint;
 };
+
+// Mints the mlp example for `family` (the family is in the metadata, not the key).
+const MintedMlp* MintFor(const std::string& family) {
+  auto m = std::make_unique<MintedMlp>();
+  auto g = ImportOnnxFile(kExamples + "mlp/model.onnx");
+  if (!g.ok()) return nullptr;
+  m->graph = std::make_shared<const Graph>(std::move(g).value());
+  auto w = LoadCheckpoint(*m->graph, kExamples + "mlp/checkpoint.safetensors", true);
+  if (!w.ok()) return nullptr;
+  m->weights = *w;
+  MintRequest r;
+  r.graph = m->graph;
+  r.envelope = MlpEnvelope();
+  r.family = family;
+  r.weights = m->weights;
+  auto mint = MintCell(r);
+  if (!mint.ok()) {
+    std::fprintf(stderr, "mint failed: %s\n", mint.status().ToString().c_str());
+    return nullptr;
+  }
+  m->mint = std::move(mint).value();
+  return m.release();
+}
 
 const MintedMlp* MintOnce() {
   static const MintedMlp* minted = []() -> const MintedMlp* {
@@ -87,8 +113,9 @@ class Boot : public ::testing::Test {
     if (!HasFailure()) std::filesystem::remove_all(root_, ec);
   }
 
-  // A real `kiln hub` on loopback holding the minted cell (published by a platform publisher).
-  void StartHubAndPublish() {
+  // A real `kiln hub` on loopback holding the minted cell (published by a platform publisher),
+  // started with `extra` arguments (e.g. --rebuild off).
+  void StartHubAndPublish(std::vector<std::string> extra = {}) {
     ASSERT_TRUE(MakeDirs(root_ + "/hub/data").ok());
     nlohmann::json tokens = {
         {"tokens",
@@ -96,9 +123,10 @@ class Boot : public ::testing::Test {
            {"role", "publisher"},
            {"tier", "platform"},
            {"sha256", Sha256Hex(kPlatform)}},
-          {{"name", "worker-1"}, {"role", "worker"}, {"sha256", Sha256Hex(kWorker)}}}}};
+          {{"name", "worker-1"}, {"role", "worker"}, {"sha256", Sha256Hex(kWorker)}},
+          {{"name", "ops"}, {"role", "admin"}, {"sha256", Sha256Hex(hub_testing::kAdmin)}}}}};
     ASSERT_TRUE(WriteFileAtomic(root_ + "/hub/tokens.json", tokens.dump(2)).ok());
-    hub_ = std::make_unique<HubProcess>(root_ + "/hub/data", "");
+    hub_ = std::make_unique<HubProcess>(root_ + "/hub/data", "", extra);
     ASSERT_TRUE(hub_->Start());
     PublishAnswer p = hub_->Client(kPlatform)->Publish(m_->mint.tar, {});
     ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
@@ -190,7 +218,7 @@ std::vector<std::string> StageNames(const BootOutcome& out) {
 }
 
 TEST_F(Boot, LocalStoreHitArmsWithoutAHub) {
-  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar).ok());
+  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar, kMinted).ok());
   auto t = Target();
   ASSERT_NE(t, nullptr);
   BootOutcome out = Adopt(*t, Spec(), Ctx());  // no hub in the context
@@ -204,7 +232,8 @@ TEST_F(Boot, LocalStoreHitArmsWithoutAHub) {
   ExpectServes(*t, kServingAotCell, m_->mint.ref);
   // Where the time went is on the row, stage by stage, with no hub stage on this route.
   EXPECT_EQ(StageNames(out), (std::vector<std::string>{"key", "toolchain", "local_store", "admit",
-                                                       "open", "bind", "install"}));
+                                                       "revocations", "open", "bind", "install"}));
+  EXPECT_NE(out.detail.find("origin=minted"), std::string::npos) << out.detail;
   EXPECT_NE(BootRows().back().detail.find("stages_ms=" + out.stages_ms), std::string::npos);
 }
 
@@ -222,19 +251,21 @@ TEST_F(Boot, HubHitArmsServesAotCellAndKeepsTheBytesLocally) {
   // The local-store write runs beside the load and is waited for before the row is written.
   EXPECT_EQ(StageNames(out),
             (std::vector<std::string>{"key", "toolchain", "local_store", "resolve", "receipt",
-                                      "revocations", "fetch", "admit", "open", "bind", "install",
-                                      "local_store_put_wait"}));
+                                      "revocations", "fetch", "admit", "provenance", "open", "bind",
+                                      "install", "local_store_put_wait"}));
   EXPECT_NE(out.detail.find("local_store=stored"), std::string::npos) << out.detail;
   // The admitted bytes are in the local store and the blob cache, by digest.
   auto stored = store_->Get(m_->mint.key);
   ASSERT_TRUE(stored.ok());
   ASSERT_TRUE(stored->has_value());
   EXPECT_EQ((*stored)->digest, m_->mint.digest);
+  EXPECT_EQ((*stored)->origin.kind, CellOrigin::Kind::kHub) << "kept with its receipt";
   EXPECT_EQ(ReadFile(BlobPath()).value(), m_->mint.tar);
   // The next boot finds it on this machine.
   auto t2 = Target();
   BootOutcome again = Adopt(*t2, Spec(), Ctx());
   EXPECT_EQ(again.phase, kBootLocalHit) << again.detail;
+  EXPECT_NE(again.detail.find("origin=hub"), std::string::npos) << again.detail;
   ExpectOneRow(again, 1);
   ExpectServes(*t2, kServingAotCell, m_->mint.ref);
 }
@@ -275,6 +306,7 @@ TEST_F(Boot, HubDownIsAResolveRefusalNotAMiss) {
   EXPECT_EQ(out.phase, kBootResolveRefused) << out.detail;
   EXPECT_NE(out.detail.find("token=hub_unreachable"), std::string::npos) << out.detail;
   EXPECT_TRUE(IsBootRefusal(out.phase));
+  EXPECT_TRUE(out.retryable) << "the hub could not be asked: the adoption is retried";
   ExpectOneRow(out);
   ExpectServes(*t, kServingEager, "");
 }
@@ -366,7 +398,7 @@ TEST_F(Boot, HubServingWrongBytesIsADigestMismatchAndNothingLoads) {
 }
 
 TEST_F(Boot, OperatorEagerOnlyArmsNothing) {
-  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar).ok());
+  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar, kMinted).ok());
   auto t = Target();
   t->SetEagerOnly(true, "maintenance");
   BootOutcome out = Adopt(*t, Spec(), Ctx());
@@ -381,7 +413,7 @@ TEST_F(Boot, OperatorEagerOnlyArmsNothing) {
 }
 
 TEST_F(Boot, NoExportDeclarationAdoptsNothing) {
-  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar).ok());
+  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar, kMinted).ok());
   auto t = Target();
   TargetSpec spec = Spec();
   spec.export_spec.reset();
@@ -401,7 +433,7 @@ namespace {
 // A cell revoked for cause is quarantined: adopting it again arms an object that owns no target,
 // which is said on a serve_degrade row (phase armed_target_unresolved) besides boot_adopt.
 TEST_F(Boot, ArmedCellThatInstallsNoTargetIsSaidOnItsOwnRow) {
-  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar).ok());
+  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar, kMinted).ok());
   auto t = Target();
   ASSERT_NE(t, nullptr);
   ASSERT_EQ(Adopt(*t, Spec(), Ctx()).phase, kBootLocalHit);
@@ -423,6 +455,126 @@ TEST_F(Boot, ArmedCellThatInstallsNoTargetIsSaidOnItsOwnRow) {
   EXPECT_EQ(rows[0].target, "mlp");
   EXPECT_NE(rows[0].detail.find("compiled_degraded"), std::string::npos) << rows[0].detail;
   ExpectServes(*t, kServingEager, "");
+}
+
+// Scope at adoption (law 4, law 17): a cell of another family (a tenant's, for the platform
+// model's key) is refused before anything of it is loaded, even from this machine's store.
+TEST_F(Boot, ACellOfAnotherFamilyIsRefusedByScope) {
+  const MintedMlp* tenant = MintFor("acme/mlp");
+  ASSERT_NE(tenant, nullptr);
+  ASSERT_EQ(tenant->mint.key, m_->mint.key) << "the family is not a key axis";
+  ASSERT_TRUE(store_->Put(tenant->mint.key, tenant->mint.tar, kMinted).ok());
+  auto t = Target();
+  BootOutcome out = Adopt(*t, Spec(), Ctx());
+  EXPECT_EQ(out.phase, kBootScopeRefused) << out.detail;
+  EXPECT_NE(out.detail.find("'acme/mlp'"), std::string::npos) << out.detail;
+  EXPECT_EQ(out.cell, nullptr);
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/private")) << "nothing written to load";
+  EXPECT_FALSE(store_->Get(m_->mint.key)->has_value()) << "the refused entry is dropped";
+  delete tenant;
+}
+
+// Code provenance (law 4): a source that is not what this worker's graph generates is refused,
+// whatever the shared object holds; a local entry with no recorded origin is unattested.
+TEST_F(Boot, ASourceOtherThanTheGraphImpliesIsSourceMismatch) {
+  CellFiles f = UnpackCell(m_->mint.tar, "t").value();
+  f.source += "\n__attribute__((constructor)) static void payload() {}\n";
+  const std::string edited = PackCell(f).value();
+  ASSERT_TRUE(store_->Put(m_->mint.key, edited, kMinted).ok());
+  auto t = Target();
+  BootOutcome out = Adopt(*t, Spec(), Ctx());
+  EXPECT_EQ(out.phase, kRefusalSourceMismatch) << out.detail;
+  EXPECT_NE(out.detail.find("payload"), std::string::npos) << "names the differing line";
+  EXPECT_FALSE(std::filesystem::exists(root_ + "/private"));
+
+  ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar, CellOrigin{}).ok());
+  auto t2 = Target();
+  BootOutcome unknown = Adopt(*t2, Spec(), Ctx());
+  EXPECT_EQ(unknown.phase, kBootProvenanceUnattested) << unknown.detail;
+}
+
+// A hub that signs without rebuilding attests no provenance: its cells are not adopted.
+TEST_F(Boot, AReceiptThatAttestsNoRebuildIsUnattested) {
+  StartHubAndPublish({"--rebuild", "off"});
+  ASSERT_FALSE(HasFatalFailure());
+  auto t = Target();
+  BootOutcome out = Adopt(*t, Spec(), Ctx());
+  EXPECT_EQ(out.phase, kBootProvenanceUnattested) << out.detail;
+  EXPECT_FALSE(std::filesystem::exists(BlobPath())) << "refused before the fetch";
+  EXPECT_FALSE(out.retryable);
+}
+
+// Revocation reaches local-store hits: the signed list is checked before a stored cell loads.
+TEST_F(Boot, ARevokedCellIsRefusedFromTheLocalStoreToo) {
+  StartHubAndPublish();
+  ASSERT_FALSE(HasFatalFailure());
+  auto t = Target();
+  ASSERT_EQ(Adopt(*t, Spec(), Ctx()).phase, kBootHit);
+  HubAnswer rv = hub_->Client(hub_testing::kAdmin)->Revoke(m_->mint.key, m_->mint.digest, "test");
+  ASSERT_TRUE(rv.ok()) << rv.token << ": " << rv.message;
+  auto t2 = Target();
+  BootOutcome out = Adopt(*t2, Spec(), Ctx());
+  EXPECT_EQ(out.phase, kRefusalRevoked) << out.detail;
+  EXPECT_NE(out.detail.find("origin=hub"), std::string::npos) << out.detail;
+  EXPECT_EQ(out.cell, nullptr);
+  EXPECT_FALSE(store_->Get(m_->mint.key)->has_value()) << "the revoked entry is deleted";
+}
+
+// The running side of revocation (worker/revocations.h): a poll de-arms a listed cell on a watched
+// target at once; a list gone stale with the hub down follows the `eager` policy (every watched
+// target serves eager, nothing revoked), and a fresh list lifts it.
+TEST_F(Boot, RevocationWatchDeArmsOnPollAndFollowsTheStalePolicy) {
+  StartHubAndPublish();
+  ASSERT_FALSE(HasFatalFailure());
+  auto t = Target();
+  ASSERT_EQ(Adopt(*t, Spec(), Ctx()).phase, kBootHit);
+  RevocationWatchOptions o;
+  o.hub.url = hub_->url();
+  o.hub.token = kWorker;
+  o.hub.connect_timeout_s = 1;
+  o.hub.io_timeout_s = 2;
+  o.max_age_cap_s = 1;
+  o.stale = StaleRevocationPolicy::kEager;
+  o.events = &events_;
+  auto watch = RevocationWatch::Create(o);
+  ASSERT_TRUE(watch.ok()) << watch.status().ToString();
+  (*watch)->Watch(t.get());
+  ASSERT_TRUE((*watch)->PollOnce().ok());
+  ExpectServes(*t, kServingAotCell, m_->mint.ref);
+  EXPECT_TRUE((*watch)->CheckAdoption(m_->mint.key, m_->mint.digest).ok());
+
+  // Stale: the hub is down and the last list is older than the 1 s cap.
+  const int port = hub_->port();
+  hub_->Kill(SIGTERM);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
+  EXPECT_FALSE((*watch)->PollOnce().ok());
+  auto held = t->Serve(Input(1), "mlp");
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->serving_mode, kServingEager);
+  EXPECT_EQ(held->fallback_reason, kPostureRevocationsStale);
+  Status stale = (*watch)->CheckAdoption(m_->mint.key, m_->mint.digest);
+  EXPECT_TRUE(stale.Is(kRefusalRevocationsUnreachable)) << stale.ToString();
+  EventQuery q;
+  q.kind = event_kind::kRevocationList;
+  ASSERT_FALSE(events_.Query(q).empty());
+  EXPECT_EQ(events_.Query(q).back().phase, "stale_eager");
+
+  // Back, and the cell revoked meanwhile: the fresh list lifts the hold and de-arms the cell.
+  ASSERT_TRUE(hub_->Start(port));
+  HubAnswer rv = hub_->Client(hub_testing::kAdmin)->Revoke(m_->mint.key, m_->mint.digest, "poll");
+  ASSERT_TRUE(rv.ok()) << rv.token << ": " << rv.message;
+  ASSERT_TRUE((*watch)->PollOnce().ok());
+  EXPECT_EQ(events_.Query(q).back().phase, "fresh");
+  EXPECT_TRUE((*watch)->IsRevoked(m_->mint.digest));
+  auto after = t->Serve(Input(1), "mlp");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->serving_mode, kServingEager);
+  EXPECT_EQ(after->fallback_reason, kPostureCompiledDegraded);
+  EventQuery revoked;
+  revoked.kind = event_kind::kCellRevoked;
+  ASSERT_EQ(events_.Query(revoked).size(), 1u);
+  EXPECT_EQ(events_.Query(revoked)[0].phase, "hub_revoked");
+  EXPECT_TRUE((*watch)->CheckAdoption(m_->mint.key, m_->mint.digest).Is(kRefusalRevoked));
 }
 
 TEST(BootCoverage, NamesDeclaredClassesNoEntryCarries) {

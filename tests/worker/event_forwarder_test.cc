@@ -86,7 +86,7 @@ TEST_F(Forwarder, RowsReachTheHubInSeqOrderWithTheirFields) {
   const uint64_t s3 = log.Append(Row("cell_oom", "stay_armed"));
   EXPECT_EQ(fwd.Stop(std::chrono::milliseconds(5000)), 0u);
   EXPECT_EQ(fwd.stats().posted, 3u);
-  nlohmann::json rows = HubRows("w-order");
+  nlohmann::json rows = HubRows("worker-1/w-order");
   ASSERT_EQ(rows.size(), 3u) << rows.dump();
   const uint64_t seqs[] = {s1, s2, s3};
   const char* kinds[] = {"boot_adopt", "serve_posture", "cell_oom"};
@@ -100,7 +100,7 @@ TEST_F(Forwarder, RowsReachTheHubInSeqOrderWithTheirFields) {
   }
   // Stopped: later rows are not forwarded (the sink is detached).
   log.Append(Row("boot_adopt", "miss"));
-  EXPECT_EQ(HubRows("w-order").size(), 3u);
+  EXPECT_EQ(HubRows("worker-1/w-order").size(), 3u);
 }
 
 TEST_F(Forwarder, AHubThatIsDownLosesNoRowAndGetsThemWhenItStarts) {
@@ -136,7 +136,7 @@ TEST_F(Forwarder, AHubThatIsDownLosesNoRowAndGetsThemWhenItStarts) {
   EXPECT_EQ(up.queued, 0u);
   EXPECT_EQ(up.dropped, 0u);
   EXPECT_TRUE(up.last_error.empty()) << up.last_error;
-  nlohmann::json rows = HubRows("w-late");
+  nlohmann::json rows = HubRows("worker-1/w-late");
   ASSERT_EQ(rows.size(), 41u);
   for (size_t i = 1; i < rows.size(); ++i) {
     EXPECT_GT(rows[i]["seq"].get<uint64_t>(), rows[i - 1]["seq"].get<uint64_t>());

@@ -33,7 +33,7 @@ std::vector<std::string> ReadLines(const std::string& path) {
 }
 
 TEST(Events, KindsAreDesignVocabulary) {
-  EXPECT_EQ(EventKinds().size(), 18u);
+  EXPECT_EQ(EventKinds().size(), 20u);
   EXPECT_TRUE(IsKnownEventKind(event_kind::kServeDegrade));
   EXPECT_TRUE(IsKnownEventKind("boot_adopt"));
   EXPECT_FALSE(IsKnownEventKind("serve_degraded"));

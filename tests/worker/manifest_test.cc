@@ -77,6 +77,10 @@ url = "https://hub.example:8443"
 token_env = "KILN_MANIFEST_TEST_TOKEN"
 trust = ["keys/jwks.json", "/etc/kiln/hub.pub"]
 timeout_ms = 2500
+revocation_poll_s = 10
+revocation_max_age_s = 120
+revocations_stale = "eager"
+adopt_retry_max_s = 5
 
 [targets.denoiser]
 graph = "unet/model.onnx"
@@ -109,6 +113,7 @@ target = "decoder"
 stall_window_s = 300
 memory_budget_mb = 8192
 parallel_compiles = 4
+remints = 0
 )");
   ASSERT_TRUE(m.ok()) << m.status().ToString();
   EXPECT_EQ(m->endpoint.release, "2024-06-r1");
@@ -122,6 +127,11 @@ parallel_compiles = 4
   EXPECT_EQ(m->hub->trust,
             (std::vector<std::string>{"/srv/models/keys/jwks.json", "/etc/kiln/hub.pub"}));
   EXPECT_EQ(m->hub->timeout_ms, 2500);
+  EXPECT_EQ(m->hub->revocation_poll_s, 10);
+  EXPECT_EQ(m->hub->revocation_max_age_s, 120);
+  EXPECT_EQ(m->hub->revocations_stale, "eager");
+  EXPECT_EQ(m->hub->adopt_retry_max_s, 5);
+  EXPECT_EQ(m->mint.remints, 0);
 
   // Sorted by name, not declaration order.
   ASSERT_EQ(m->targets.size(), 2u);
@@ -390,6 +400,18 @@ TEST(ManifestTest, BadManifestsAreRefusedByKeyPath) {
        "[functions.mlp]",
        "[hub]\nurl = \"http://h\"\ntimeout_ms = 0\n[functions.mlp]",
        {"hub.timeout_ms is 0, expected an integer in 1..3600000"}},
+      {"hub stale policy",
+       "[functions.mlp]",
+       "[hub]\nurl = \"http://h\"\nrevocations_stale = \"ignore\"\n[functions.mlp]",
+       {"hub.revocations_stale is \"ignore\", expected \"keep\" or \"eager\""}},
+      {"hub poll zero",
+       "[functions.mlp]",
+       "[hub]\nurl = \"http://h\"\nrevocation_poll_s = 0\n[functions.mlp]",
+       {"hub.revocation_poll_s is 0, expected an integer in 1..3600 (seconds)"}},
+      {"mint remints negative",
+       "[functions.mlp]",
+       "[mint]\nremints = -1\n[functions.mlp]",
+       {"mint.remints is -1, expected an integer in 0..100"}},
       {"mint typo",
        "[functions.mlp]",
        "[mint]\nstall_window = 60\n[functions.mlp]",

@@ -226,7 +226,8 @@ TEST_F(MintEndToEnd, GrayBandCellIsRefusedAndNothingIsPublished) {
   // Nothing kept, nothing published.
   EXPECT_TRUE(LocalStore(root_ + "/w/cells").Keys().empty());
   const std::string key = abort.detail.substr(4, abort.detail.find(' ') - 4);
-  EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key).kind, ResolveAnswer::Kind::kMiss);
+  EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
+            ResolveAnswer::Kind::kMiss);
   EXPECT_EQ(w.Stop(), 0);
 }
 
@@ -249,7 +250,7 @@ TEST_F(MintEndToEnd, HubDownDuringPublishPublishesAfterTheHubReturns) {
             MissThenMinted("miss", {{"self_mint_publish_failed", "hub_unreachable"},
                                     {"self_mint_publish", "published"}}));
   const auto r = w.Infer("mlp", MlpInput());
-  EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(KeyOf(r.ref())).kind,
+  EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(KeyOf(r.ref()), "root/mlp").kind,
             ResolveAnswer::Kind::kFound);
   EXPECT_EQ(w.Stop(), 0);
 }

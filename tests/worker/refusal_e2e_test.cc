@@ -68,6 +68,11 @@ class FleetEnvironment : public ::testing::Environment {
 
 const auto* const kEnv = ::testing::AddGlobalTestEnvironment(new FleetEnvironment);
 
+// Manifest lines that keep a worker from minting (its memory budget is too small for any mint),
+// so a test of a refused adoption sees that nothing at all was loaded: a refused adoption falls to
+// the ordinary miss policy, and this policy's mint is skipped.
+constexpr const char* kNoMint = "[mint]\nmemory_budget_mb = 1\n";
+
 // The mlp manifest with the options' changes; a [hub] section uses the worker token and a 3 s
 // timeout.
 std::string MlpManifest(ManifestOptions o = {}) {
@@ -75,9 +80,10 @@ std::string MlpManifest(ManifestOptions o = {}) {
   return Manifest(o);
 }
 
-ManifestOptions WithHub(const std::string& url) {
+ManifestOptions WithHub(const std::string& url, const std::string& extra = kNoMint) {
   ManifestOptions o;
   o.hub_url = url;
+  o.extra = extra;
   return o;
 }
 
@@ -100,18 +106,21 @@ class Refusals : public ::testing::Test {
     return Mint(dir_, "mlp", &ref);
   }
   std::string dir_;
+  std::string ref_;
 };
 
-// The boot's adoption was refused with boot_adopt `phase`: the first request is served eager, the
-// rows are exactly the refusal and the eager posture, the refusal's detail names `why` (when
-// given), no cell is on disk or mapped (with `nothing_loaded`), and SIGTERM drains to exit 0.
+// The boot's adoption was refused with boot_adopt `phase`: the miss policy ran and skipped its
+// mint (kNoMint), the first request is served eager, the rows are exactly these three, the
+// refusal's detail names `why` (when given), no cell is on disk or mapped (with
+// `nothing_loaded`), and SIGTERM drains to exit 0.
 void ExpectServedEagerAfterRefusal(Worker& w, const char* phase, const std::string& why,
                                    bool nothing_loaded) {
   auto a = Infer(w);
   ASSERT_EQ(a.status, 200) << a.body.dump();
   EXPECT_EQ(a.mode(), "eager");
-  EXPECT_EQ(w.RowsInSeqOrder(),
-            Expect({{"boot_adopt", phase}, {"serve_eager_posture", "uncompiled"}}));
+  EXPECT_EQ(w.RowsInSeqOrder(), Expect({{"boot_adopt", phase},
+                                        {"self_mint_skipped", "insufficient_memory"},
+                                        {"serve_eager_posture", "insufficient_memory"}}));
   if (!why.empty()) {
     EXPECT_TRUE(DetailNames(w.FirstRow("boot_adopt").value_or(Row{}), why));
   }
@@ -214,6 +223,7 @@ class ForgingProxy {
         return;
       }
       std::string body = up->body;
+      if (req.path.rfind("/v1/blobs/", 0) == 0) ++blobs_;
       if (req.method == "GET" && req.path.rfind("/v1/cells/", 0) == 0) {
         auto j = nlohmann::json::parse(body, nullptr, false);
         if (j.is_object() && j.contains("receipt")) {
@@ -241,6 +251,7 @@ class ForgingProxy {
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
   int forged() const { return forged_.load(); }
+  int blob_requests() const { return blobs_.load(); }
 
  private:
   httplib::Client hub_;
@@ -248,6 +259,7 @@ class ForgingProxy {
   int port_ = 0;
   std::thread thread_;
   std::atomic<int> forged_{0};
+  std::atomic<int> blobs_{0};
 };
 
 TEST_F(Refusals, ForgedReceiptIsRefusedBeforeAnythingIsFetchedOrLoaded) {
@@ -256,7 +268,30 @@ TEST_F(Refusals, ForgedReceiptIsRefusedBeforeAnythingIsFetchedOrLoaded) {
   Worker w(dir_, MlpManifest(WithHub(proxy.url())));
   ASSERT_TRUE(w.Start());
   EXPECT_EQ(proxy.forged(), 1);
+  EXPECT_EQ(proxy.blob_requests(), 0);
   ExpectServedEagerAfterRefusal(w, "receipt_refused", "receipt_bad_signature", true);
+}
+
+// A refused adoption is not the end: the lane's ordinary miss policy mints the key here, with
+// the refusal as the posture token meanwhile, and the worker then serves its own cell. Nothing
+// of the refused answer was fetched.
+TEST_F(Refusals, ARefusedAdoptionFallsToTheMissPolicyAndMints) {
+  ForgingProxy proxy(g_fleet->hub->port());
+  Worker w(dir_, MlpManifest(WithHub(proxy.url(), "")));
+  ASSERT_TRUE(w.Start());
+  auto first = Infer(w);
+  ASSERT_EQ(first.status, 200) << first.body.dump();
+  EXPECT_EQ(first.mode(), "eager");
+  EXPECT_EQ(first.reason(), "mint_in_progress");
+  Row boot;
+  ASSERT_TRUE(w.WaitForRow("boot_adopt", "receipt_refused", 10000, &boot));
+  ASSERT_TRUE(w.WaitForRow("local_cell_armed", "armed", 120000));
+  EXPECT_EQ(proxy.blob_requests(), 0) << "nothing of the refused answer was fetched";
+  auto a = Infer(w);
+  ASSERT_EQ(a.status, 200) << a.body.dump();
+  EXPECT_EQ(a.mode(), "aot_cell");
+  EXPECT_EQ(a.ref(), g_fleet->ref) << "minting is deterministic: the same cell, built here";
+  EXPECT_EQ(w.Stop(), 0);
 }
 
 TEST_F(Refusals, BlobWithTheWrongDigestIsRefusedAndNothingLoads) {
@@ -294,11 +329,43 @@ TEST_F(Refusals, CellBuiltForAHigherSmThanThisMachineRunsIsRefused) {
   ExpectServedEagerAfterRefusal(w, "sm_mismatch", "", true);
 }
 
-TEST_F(Refusals, HubDownAtBootIsATypedRefusalNotAMiss) {
-  ReservedPort nobody;  // refuses connections; no parallel test can take it meanwhile
-  Worker w(dir_, MlpManifest(WithHub("http://127.0.0.1:" + std::to_string(nobody.port()))));
+// A hub that is down at boot is a typed refusal, never a miss: the target serves eager with the
+// refusal as its posture while the adoption is retried in the background; when the hub comes
+// back the cell is adopted within the retry bound (hub.adopt_retry_max_s), with no restart.
+TEST_F(Refusals, HubDownAtBootThenBackAdoptsWithinTheRetryBound) {
+  ReservedPort port;  // refuses connections; no parallel test can take it meanwhile
+  ManifestOptions o = WithHub("http://127.0.0.1:" + std::to_string(port.port()));
+  o.hub_extra = "adopt_retry_max_s = 2\n";
+  Worker w(dir_, MlpManifest(o));
   ASSERT_TRUE(w.Start());
-  ExpectServedEagerAfterRefusal(w, "resolve_refused", "hub_unreachable", false);
+  auto a = Infer(w);
+  ASSERT_EQ(a.status, 200) << a.body.dump();
+  EXPECT_EQ(a.mode(), "eager");
+  EXPECT_EQ(a.reason(), "resolve_refused");
+  EXPECT_EQ(w.RowsInSeqOrder()[0], Expect({{"boot_adopt", "resolve_refused"}})[0]);
+  EXPECT_TRUE(DetailNames(w.FirstRow("boot_adopt").value_or(Row{}), "hub_unreachable"));
+  EXPECT_FALSE(w.FirstRow("self_mint_started")) << "a hub that could not be asked is no miss";
+
+  // The hub comes back on that port, already holding the cell (published while it listened
+  // elsewhere, so no retry in between sees a miss).
+  Hub back(dir_ + "-hub");
+  ASSERT_TRUE(back.Start());
+  ASSERT_TRUE(back.MintAndPublish(dir_ + "-publisher", "mlp", &ref_));
+  back.Stop();
+  port.Release();
+  ASSERT_TRUE(back.Start(port.port()));
+  const auto published = std::chrono::steady_clock::now();
+  ASSERT_TRUE(w.WaitForRow("boot_adopt", "hit", 30000));
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - published).count();
+  std::fprintf(stderr, "adopted %.2f s after the hub came back (retry bound 2 s)\n", waited);
+  EXPECT_LE(waited, 2.0 + 8.0) << "the retry bound is 2 s; the rest is slack for a loaded machine";
+  auto b = Infer(w);
+  ASSERT_EQ(b.status, 200) << b.body.dump();
+  EXPECT_EQ(b.mode(), "aot_cell");
+  EXPECT_EQ(b.ref(), ref_);
+  EXPECT_FALSE(w.FirstRow("self_mint_started"));
+  EXPECT_EQ(w.Stop(), 0);
 }
 
 TEST_F(Refusals, HubHitIsAotCellAndTheRowsReachTheHub) {
@@ -314,7 +381,8 @@ TEST_F(Refusals, HubHitIsAotCellAndTheRowsReachTheHub) {
   bool found = false;
   for (const auto& r : rows.body["events"]) {
     const std::string worker = r.value("worker", "");
-    if (r["phase"] == "hit" && r["key"] == g_fleet->key && worker.rfind("mlp@", 0) == 0) {
+    if (r["phase"] == "hit" && r["key"] == g_fleet->key &&
+        worker.find("/mlp@") != std::string::npos) {
       found = true;
     }
   }

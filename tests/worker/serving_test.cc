@@ -383,6 +383,65 @@ TEST_F(Serving, MandatoryLaneFailsClosed) {
   EXPECT_EQ(after.status().token(), kRefusalRequiredCompileMissing);
 }
 
+// A mandatory target whose cell faulted asks for a re-mint instead of refusing forever; the
+// re-minted cell (proven again on this target) lifts the fault's quarantine of its ref, a plain
+// re-load does not. Past its re-mints the target says so without asking for a retry.
+TEST_F(Serving, MandatoryTargetWhoseCellFaultedAsksForARemintBoundedTimes) {
+  ServedTargetOptions o;
+  o.name = "mlp";
+  o.lane_policy = LanePolicy::kMandatory;
+  o.events = &events_;
+  o.max_remints = 1;
+  auto created = ServedTarget::Create(o, m_->graph, m_->weights);
+  ASSERT_TRUE(created.ok());
+  auto t = std::move(created).value();
+  ASSERT_TRUE(t->InstallCell(LoadCell(*m_, Lane::kExported, m_->weights)).ok());
+  std::vector<std::string> asked;
+  t->SetOnCellLost([&asked](const std::string& ref) { asked.push_back(ref); });
+  t->SetRunFaultForTest([] { return CellRunError::kCellFault; });
+  auto fault = t->Serve(Input(1), "mlp");
+  ASSERT_FALSE(fault.ok());
+  EXPECT_TRUE(IsRetryableServeRefusal(fault.status())) << fault.status().ToString();
+  ASSERT_EQ(asked, std::vector<std::string>{m_->mint.ref});
+  // A plain re-load of the same ref stays quarantined (law 10); the re-minted one arms.
+  EXPECT_FALSE(t->InstallCell(LoadCell(*m_, Lane::kExported, m_->weights)).ok());
+  ASSERT_TRUE(t->InstallCell(LoadCell(*m_, Lane::kExported, m_->weights), true).ok());
+  // It faults again: no re-mint is left, and the refusal is not "retry later".
+  auto again = t->Serve(Input(1), "mlp");
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().token(), kRefusalCellLost);
+  EXPECT_FALSE(IsRetryableServeRefusal(again.status()));
+  EXPECT_EQ(asked.size(), 1u);
+  auto later = t->Serve(Input(1), "mlp");
+  EXPECT_EQ(later.status().token(), kRefusalCellLost);
+}
+
+// The hub revoked a digest: the installed cell with it is de-armed at once, said on its own row,
+// and never installs again; the stale-list hold serves eager without revoking anything.
+TEST_F(Serving, HubRevocationDeArmsByDigestAndTheStaleHoldIsReversible) {
+  auto t = ArmedTarget();
+  ASSERT_NE(t, nullptr);
+  t->SetRevocationHold(true);
+  auto held = t->Serve(Input(1), "mlp");
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->fallback_reason, kPostureRevocationsStale);
+  t->SetRevocationHold(false);
+  EXPECT_EQ(t->Serve(Input(1), "mlp")->serving_mode, kServingAotCell);
+  EXPECT_EQ(t->RevokeByDigest("sha256:" + std::string(64, '0'), "other"), "");
+  const std::string digest = m_->mint.ref.substr(m_->mint.ref.find('@') + 1);
+  EXPECT_EQ(t->RevokeByDigest(digest, "revoked by the hub: test"), m_->mint.ref);
+  auto r = t->Serve(Input(1), "mlp");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->serving_mode, kServingEager);
+  EXPECT_EQ(r->fallback_reason, kPostureCompiledDegraded);
+  auto rows = Rows(events_, event_kind::kCellRevoked);
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].phase, "hub_revoked");
+  EXPECT_EQ(rows[0].ref, m_->mint.ref);
+  EXPECT_FALSE(t->InstallCell(LoadCell(*m_, Lane::kExported, m_->weights), true).ok())
+      << "a hub revocation is never lifted, not even by a re-mint";
+}
+
 // Law 9: the lane is read off the armed object: the same admitted bytes armed on the intake lane
 // serve as jit_cell with no ref (intake produces nothing to name), on the exported lane as
 // aot_cell.

@@ -95,26 +95,37 @@ class Hub {
  public:
   explicit Hub(std::string root) : root_(std::move(root)), process_(root_ + "/data", "") {}
   // Tokens: kPlatform (a platform publisher, which `kiln publish` and the minting workers use),
-  // kWorker and kAdmin.
+  // kAcme (a tenant: publisher of tier org "acme"), kWorker and kAdmin. The platform publisher
+  // and the worker hold every release.
   static ::testing::AssertionResult WriteTokens(const std::string& path) {
     nlohmann::json tokens = {
         {"tokens",
          {{{"name", "ci"},
            {"role", "publisher"},
            {"tier", "platform"},
+           {"releases", {"*"}},
            {"sha256", Sha256Hex(hub_testing::kPlatform)}},
-          {{"name", "worker"}, {"role", "worker"}, {"sha256", Sha256Hex(hub_testing::kWorker)}},
+          {{"name", "acme-ci"},
+           {"role", "publisher"},
+           {"tier", "org"},
+           {"org", "acme"},
+           {"sha256", Sha256Hex(hub_testing::kAcme)}},
+          {{"name", "worker"},
+           {"role", "worker"},
+           {"releases", {"*"}},
+           {"sha256", Sha256Hex(hub_testing::kWorker)}},
           {{"name", "ops"}, {"role", "admin"}, {"sha256", Sha256Hex(hub_testing::kAdmin)}}}}};
     if (!WriteFileAtomic(path, tokens.dump(2)).ok()) {
       return ::testing::AssertionFailure() << "cannot write " << path;
     }
     return ::testing::AssertionSuccess();
   }
-  // Starts the hub: on a free port the first time, on the same port after a Stop.
-  ::testing::AssertionResult Start() {
+  // Starts the hub: on `port` when given, else on a free port the first time and on the same
+  // port after a Stop.
+  ::testing::AssertionResult Start(int port = 0) {
     if (!MakeDirs(root_ + "/data").ok()) return ::testing::AssertionFailure() << "mkdir";
     if (auto w = WriteTokens(root_ + "/tokens.json"); !w) return w;
-    return process_.Start(process_.port());
+    return process_.Start(port != 0 ? port : process_.port());
   }
   void Stop(int sig = SIGTERM) { process_.Kill(sig); }
   std::string url() const { return process_.url(); }
@@ -177,6 +188,8 @@ struct ManifestOptions {
   std::string hub_token = hub_testing::kWorker;
   int hub_timeout_ms = 0;  // 0 = the worker's default
   std::string trust_path;  // "" = trust the hub's own key set
+  std::string family;      // "" = the example's own export family
+  std::string hub_extra;   // TOML lines inside [hub] (revocation_poll_s = 1, ...)
   std::string extra;       // TOML appended last
 };
 
@@ -198,10 +211,18 @@ inline std::string Manifest(const ManifestOptions& o) {
       text.replace(at, lane.size(), o.sm.empty() ? to : to + "\nsm = \"" + o.sm + "\"");
     }
   }
+  if (!o.family.empty()) {
+    const size_t at = text.find("export = { family = \"");
+    if (at != std::string::npos) {
+      const size_t start = at + std::string("export = { family = \"").size();
+      text.replace(start, text.find('"', start) - start, o.family);
+    }
+  }
   if (!o.hub_url.empty()) {
     text += "\n[hub]\nurl = \"" + o.hub_url + "\"\ntoken = \"" + o.hub_token + "\"\n";
     if (o.hub_timeout_ms != 0) text += "timeout_ms = " + std::to_string(o.hub_timeout_ms) + "\n";
     if (!o.trust_path.empty()) text += "trust = [\"" + o.trust_path + "\"]\n";
+    text += o.hub_extra;
   }
   return text + "\n" + o.extra;
 }

@@ -62,8 +62,8 @@ std::optional<std::string> FirstDifference(const Json& cell, const Json& here,
 
 }  // namespace
 
-Result<AdmittedCell> AdmitCell(std::string_view tar_bytes, const std::string& expected_digest,
-                               uint64_t expected_size, const AdmissionPolicy& policy) {
+Result<AdmittedCell> AdmitBytes(std::string_view tar_bytes, const std::string& expected_digest,
+                                uint64_t expected_size, const BytesPolicy& policy) {
   // 1. Bytes: size, then digest, then the archive itself.
   if (expected_size != 0 && tar_bytes.size() != expected_size) {
     return Refuse(StatusCode::kCorruption, kRefusalSizeMismatch,
@@ -99,37 +99,8 @@ Result<AdmittedCell> AdmitCell(std::string_view tar_bytes, const std::string& ex
         "cell restates to key '" + *restated + "', expected '" + policy.expected_key + "'");
   }
 
-  // 3. Axes this machine must match: sm executable here, toolchain equal.
-  const std::optional<size_t> local_rank = SmRank(policy.local_sm);
-  if (!local_rank) {
-    return Refuse(StatusCode::kInvalidArgument, kRefusalSmMismatch,
-                  "this machine's level '" + policy.local_sm + "' is not a known level");
-  }
-  const std::optional<size_t> cell_rank = SmRank(out.metadata.sm);
-  if (!cell_rank || *cell_rank > *local_rank) {
-    return Refuse(StatusCode::kInvalidArgument, kRefusalSmMismatch,
-                  "cell is built for '" + out.metadata.sm + "', this machine runs up to '" +
-                      policy.local_sm + "'");
-  }
-  Result<std::string> here = CanonicalJson(policy.local_toolchain);
-  if (!here.ok()) {
-    return Refuse(StatusCode::kInvalidArgument, kRefusalToolchainMismatch,
-                  "this machine's toolchain block is not canonical: " + here.status().message());
-  }
-  Result<std::string> cell = CanonicalJson(out.metadata.toolchain);
-  if (!cell.ok()) {  // RestateKey digested it, so this cannot fail; refuse rather than assume
-    return Refuse(StatusCode::kInvalidArgument, kRefusalToolchainMismatch,
-                  "the cell's toolchain block is not canonical: " + cell.status().message());
-  }
-  if (*here != *cell) {
-    std::optional<std::string> diff =
-        FirstDifference(out.metadata.toolchain, policy.local_toolchain, "");
-    return Refuse(
-        StatusCode::kInvalidArgument, kRefusalToolchainMismatch,
-        diff ? *diff : "toolchain blocks differ: " + *cell + " in the cell, " + *here + " here");
-  }
-  // A mint seals only cells whose fence proof passed; metadata that says otherwise was not
-  // minted by kiln's strict path, whatever its key says.
+  // 3. The evidence a mint records: a mint seals only cells whose fence proof passed, so metadata
+  // that says otherwise was not minted by kiln's strict path, whatever its key says.
   const FenceFlags& f = out.metadata.fence;
   if (!f.checkpoint_free || !f.perturbed_checkpoint_matched || !f.constant_table_complete) {
     return Refuse(StatusCode::kInvalidArgument, kRefusalFenceUnproven,
@@ -139,6 +110,72 @@ Result<AdmittedCell> AdmitCell(std::string_view tar_bytes, const std::string& ex
                       " constant_table_complete=" + (f.constant_table_complete ? "true" : "false") +
                       "; every flag must be true");
   }
+
+  // 4. The members a loader and a provenance check need: a plausible shared object, a source.
+  const std::string& so = out.files.shared_object;
+  if (so.empty()) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSharedObjectInvalid,
+                  "cell.so of " + out.digest + " is 0 bytes, expected a shared object");
+  }
+  if (so.size() > policy.max_shared_object_bytes) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSharedObjectInvalid,
+                  "cell.so of " + out.digest + " is " + std::to_string(so.size()) +
+                      " bytes, over the bound of " +
+                      std::to_string(policy.max_shared_object_bytes));
+  }
+  if (so.size() < 4 || so.compare(0, 4,
+                                  "\x7f"
+                                  "ELF") != 0) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSharedObjectInvalid,
+                  "cell.so of " + out.digest + " does not start with the ELF magic \\x7fELF");
+  }
+  if (out.files.source.empty()) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSourceMissing,
+                  "source/cell.cc of " + out.digest +
+                      " is empty; the shared object cannot be checked against its source");
+  }
+  return out;
+}
+
+Status CheckMachine(const CellMetadata& metadata, const std::string& local_sm,
+                    const nlohmann::json& local_toolchain) {
+  // sm executable here, toolchain equal.
+  const std::optional<size_t> local_rank = SmRank(local_sm);
+  if (!local_rank) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSmMismatch,
+                  "this machine's level '" + local_sm + "' is not a known level");
+  }
+  const std::optional<size_t> cell_rank = SmRank(metadata.sm);
+  if (!cell_rank || *cell_rank > *local_rank) {
+    return Refuse(
+        StatusCode::kInvalidArgument, kRefusalSmMismatch,
+        "cell is built for '" + metadata.sm + "', this machine runs up to '" + local_sm + "'");
+  }
+  Result<std::string> here = CanonicalJson(local_toolchain);
+  if (!here.ok()) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalToolchainMismatch,
+                  "this machine's toolchain block is not canonical: " + here.status().message());
+  }
+  Result<std::string> cell = CanonicalJson(metadata.toolchain);
+  if (!cell.ok()) {  // RestateKey digested it, so this cannot fail; refuse rather than assume
+    return Refuse(StatusCode::kInvalidArgument, kRefusalToolchainMismatch,
+                  "the cell's toolchain block is not canonical: " + cell.status().message());
+  }
+  if (*here != *cell) {
+    std::optional<std::string> diff = FirstDifference(metadata.toolchain, local_toolchain, "");
+    return Refuse(
+        StatusCode::kInvalidArgument, kRefusalToolchainMismatch,
+        diff ? *diff : "toolchain blocks differ: " + *cell + " in the cell, " + *here + " here");
+  }
+  return Status::OK();
+}
+
+Result<AdmittedCell> AdmitCell(std::string_view tar_bytes, const std::string& expected_digest,
+                               uint64_t expected_size, const AdmissionPolicy& policy) {
+  BytesPolicy bytes{policy.expected_key, policy.max_shared_object_bytes};
+  KILN_ASSIGN_OR_RETURN(AdmittedCell out,
+                        AdmitBytes(tar_bytes, expected_digest, expected_size, bytes));
+  KILN_RETURN_IF_ERROR(CheckMachine(out.metadata, policy.local_sm, policy.local_toolchain));
   return out;
 }
 

@@ -210,7 +210,8 @@ Result<MintResult> MintCell(const MintRequest& req) {
 
 Result<MintResult> MintAndStore(const MintRequest& request, LocalStore& store) {
   KILN_ASSIGN_OR_RETURN(MintResult result, MintCell(request));
-  KILN_RETURN_IF_ERROR(store.Put(result.key, result.tar));
+  KILN_RETURN_IF_ERROR(
+      store.Put(result.key, result.tar, CellOrigin{CellOrigin::Kind::kMinted, ""}));
   return result;
 }
 

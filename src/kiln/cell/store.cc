@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <system_error>
 
 #include "src/kiln/base/file.h"
@@ -17,6 +18,24 @@ namespace {
 
 constexpr const char* kTarName = "cell.tar";
 constexpr const char* kRefName = "ref";
+constexpr const char* kOriginName = "origin";
+
+// The origin recorded for `digest`; kUnknown when absent, malformed or about other bytes.
+CellOrigin ReadOrigin(const std::string& path, const std::string& digest) {
+  CellOrigin out;
+  Result<std::string> text = ReadFile(path);
+  if (!text.ok()) return out;
+  auto j = nlohmann::json::parse(*text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object() || j.value("digest", std::string()) != digest) return out;
+  const std::string origin = j.value("origin", std::string());
+  if (origin == "minted") {
+    out.kind = CellOrigin::Kind::kMinted;
+  } else if (origin == "hub" && j.contains("receipt") && j["receipt"].is_string()) {
+    out.kind = CellOrigin::Kind::kHub;
+    out.receipt = j["receipt"].get<std::string>();
+  }
+  return out;
+}
 
 Status CheckKey(const std::string& key) {
   if (!IsWellFormedKey(key)) {
@@ -79,6 +98,17 @@ Lookup ReadEntry(const std::string& tar_path, const std::string& ref_path) {
 
 }  // namespace
 
+const char* CellOriginName(CellOrigin::Kind kind) {
+  switch (kind) {
+    case CellOrigin::Kind::kMinted:
+      return "minted";
+    case CellOrigin::Kind::kHub:
+      return "hub";
+    default:
+      return "unknown";
+  }
+}
+
 Result<std::string> DefaultStoreRoot() {
   auto root = KilnCacheRoot();
   if (!root.ok()) return Status::InvalidArgument("local store: " + root.status().message());
@@ -87,14 +117,20 @@ Result<std::string> DefaultStoreRoot() {
 
 LocalStore::LocalStore(std::string root) : root_(std::move(root)) {}
 
-Status LocalStore::Put(const std::string& key, std::string_view tar_bytes) {
+Status LocalStore::Put(const std::string& key, std::string_view tar_bytes,
+                       const CellOrigin& origin) {
   KILN_RETURN_IF_ERROR(CheckKey(key));
   const std::string dir = EntryDir(key);
   KILN_RETURN_IF_ERROR(MakeDirs(dir));
-  // Bytes first, ref second: until the ref names these bytes a reader finds a mismatch (a miss),
-  // never a hit on bytes it has not verified.
+  const std::string digest = CellDigest(tar_bytes);
+  nlohmann::json o{{"digest", digest}, {"origin", CellOriginName(origin.kind)}};
+  if (origin.kind == CellOrigin::Kind::kHub) o["receipt"] = origin.receipt;
+  // Bytes and origin first, ref last: until the ref names these bytes a reader finds a mismatch
+  // (a miss), never a hit on bytes it has not verified; an origin names its digest, so one left
+  // by another Put reads as unknown.
   KILN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kTarName, tar_bytes));
-  return WriteFileAtomic(dir + "/" + kRefName, CellDigest(tar_bytes));
+  KILN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kOriginName, o.dump()));
+  return WriteFileAtomic(dir + "/" + kRefName, digest);
 }
 
 Result<std::optional<StoredCell>> LocalStore::Get(const std::string& key) {
@@ -110,9 +146,11 @@ Result<std::optional<StoredCell>> LocalStore::Get(const std::string& key) {
   switch (found.kind) {
     case Lookup::Kind::kAbsent:
       return std::optional<StoredCell>();
-    case Lookup::Kind::kHit:
-      return std::optional<StoredCell>(
-          StoredCell{key, std::move(found.digest), tar_path, std::move(found.bytes)});
+    case Lookup::Kind::kHit: {
+      CellOrigin origin = ReadOrigin(dir + "/" + kOriginName, found.digest);
+      return std::optional<StoredCell>(StoredCell{key, std::move(found.digest), tar_path,
+                                                  std::move(found.bytes), std::move(origin)});
+    }
     case Lookup::Kind::kCorrupt:
       break;
   }

@@ -7,7 +7,11 @@
 //
 // Layout, one directory per key under the root:
 //   <root>/<key>/cell.tar   the packed cell bytes (pack.h)
-//   <root>/<key>/ref        its digest, "sha256:<64 hex>", no newline
+//   <root>/<key>/origin     where the bytes came from, for the provenance check at adoption:
+//                           {"digest":…,"origin":"minted"} (this machine minted them) or
+//                           {"digest":…,"origin":"hub","receipt":"<JWS>"} (adopted from a hub
+//                           with that receipt); an entry without it has an unknown origin
+//   <root>/<key>/ref        its digest, "sha256:<64 hex>", no newline (written last)
 // Files are replaced by write-to-temp + rename, so a reader sees a whole old or a whole new file.
 #pragma once
 
@@ -24,12 +28,22 @@ namespace kiln {
 // non-empty, else $HOME/.cache/kiln/cells. InvalidArgument if neither variable is set.
 Result<std::string> DefaultStoreRoot();
 
+// Where an entry's bytes came from. Only the receipt is evidence; `kMinted` is this machine's
+// own word (the local store is trusted like the kiln binary: docs/trust.md).
+struct CellOrigin {
+  enum class Kind { kUnknown, kMinted, kHub };
+  Kind kind = Kind::kUnknown;
+  std::string receipt;  // kHub: the receipt the cell was adopted with
+};
+const char* CellOriginName(CellOrigin::Kind kind);  // "unknown" | "minted" | "hub"
+
 // One verified lookup result. `bytes` hash to `digest`, checked on this lookup.
 struct StoredCell {
   std::string key;
   std::string digest;  // "sha256:<64 hex>"
   std::string path;    // <root>/<key>/cell.tar
   std::string bytes;   // the whole packed cell
+  CellOrigin origin;   // kUnknown when the origin file is absent, unreadable or for other bytes
 };
 
 // A directory of cells keyed by cell key. The object holds only its root; all state is on disk,
@@ -54,7 +68,7 @@ class LocalStore {
   // `key` is not a well-formed cell key (so a key can never name a path outside the root);
   // IOError naming the path if the disk refuses. A failed Put may leave an entry that the next
   // Get treats as a miss; it never leaves one that Get reports as a hit with the wrong bytes.
-  Status Put(const std::string& key, std::string_view tar_bytes);
+  Status Put(const std::string& key, std::string_view tar_bytes, const CellOrigin& origin);
 
   // Looks `key` up and re-verifies the digest of the bytes on disk against the recorded ref.
   // Returns the cell on a verified hit and nullopt on a miss. A corrupt entry (bytes that do not

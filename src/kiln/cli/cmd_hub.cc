@@ -2,16 +2,22 @@
 // layer). The routes they use are documented in docs/hub-api.md.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <thread>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/sha256.h"
+#include "src/kiln/cell/metadata.h"
+#include "src/kiln/cell/pack.h"
+#include "src/kiln/cell/provenance.h"
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/client/hub_client.h"
+#include "src/kiln/hub/builder.h"
 #include "src/kiln/hub/server.h"
 
 namespace kiln::cli {
@@ -109,14 +115,59 @@ int RunPublish(const PublishArgs& a) {
 struct ResolveArgs {
   ClientArgs client;
   std::string key;
+  std::string family;
   std::string trust;
 };
+
+struct RebuildArgs {
+  std::string child_dir;
+  std::string cell;
+  std::string out;
+  int parallel = 2;
+};
+
+// `kiln rebuild CELL.tar`: rebuilds the cell's shared object from its source with this machine's
+// toolchain and compares (exit 0 equal, 1 not, 2 cannot rebuild here). `--child DIR` is the
+// hub's sandboxed builder (hub/builder.h).
+int RunRebuild(const RebuildArgs& a) {
+  if (!a.child_dir.empty()) return RunRebuildChild(a.child_dir);
+  auto bytes = ReadFile(a.cell);
+  if (!bytes.ok()) return ReportError("rebuild", bytes.status());
+  auto files = UnpackCell(*bytes, a.cell);
+  if (!files.ok()) return ReportError("rebuild", files.status());
+  auto metadata = ParseMetadata(files->metadata_json, a.cell + ": metadata.json");
+  if (!metadata.ok()) return ReportError("rebuild", metadata.status());
+  char tmpl[] = "/tmp/kiln-rebuild-XXXXXX";
+  if (::mkdtemp(tmpl) == nullptr) return ReportError("rebuild", Status::IOError("mkdtemp"));
+  auto so = RebuildSharedObject(files->source, *metadata, tmpl, a.parallel);
+  std::error_code ec;
+  std::filesystem::remove_all(tmpl, ec);
+  if (!so.ok()) {
+    ReportError("rebuild", so.status());
+    return 2;
+  }
+  if (!a.out.empty()) {
+    if (Status s = WriteFileAtomic(a.out, *so); !s.ok()) return ReportError("rebuild", s);
+  }
+  Status same = CompareRebuild(files->shared_object, *so);
+  nlohmann::json out{{"key", metadata->key},
+                     {"source_digest", MemberDigest(files->source)},
+                     {"so_digest", MemberDigest(files->shared_object)},
+                     {"rebuilt_digest", MemberDigest(*so)},
+                     {"equal", same.ok()}};
+  std::printf("%s\n", out.dump(2).c_str());
+  if (!same.ok()) {
+    std::fprintf(stderr, "kiln rebuild: %s\n", same.message().c_str());
+    return 1;
+  }
+  return 0;
+}
 
 // Exit: 0 found (and verified when --trust is given), 3 miss, 1 refused or receipt refused.
 int RunResolve(const ResolveArgs& a) {
   auto client = MakeClient(a.client);
   if (!client.ok()) return ReportError("resolve", client.status());
-  ResolveAnswer r = (*client)->Resolve(a.key);
+  ResolveAnswer r = (*client)->Resolve(a.key, a.family);
   nlohmann::json out{{"answer", ResolveKindName(r.kind)}, {"key", a.key}};
   if (r.kind == ResolveAnswer::Kind::kMiss) {
     std::printf("%s\n", out.dump(2).c_str());
@@ -173,6 +224,26 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads", args->options.threads, "request threads");
   cmd->add_option("--db-pool", args->options.db_pool,
                   "PostgreSQL connections (default: one per core, at least 2)");
+  cmd->add_option("--rebuild", args->options.rebuild,
+                  "verify: rebuild every published cell in a sandbox before signing (default); "
+                  "off: sign without (workers then adopt none of those cells)");
+  cmd->add_option("--builder-name", args->options.sandbox.name,
+                  "the builder receipts name (default: hub@<hostname>)");
+  cmd->add_option("--builder-user", args->options.sandbox.user,
+                  "user the sandboxed rebuild runs as when the hub is root (default: nobody)");
+  cmd->add_option("--builder-timeout", args->options.sandbox.timeout_s,
+                  "seconds a rebuild may take (default 600)");
+  cmd->add_option("--builder-memory-mb", args->options.sandbox.memory_mb,
+                  "address-space limit of each rebuild process, MiB (default 4096)");
+  cmd->add_option("--builder-parallel", args->options.sandbox.parallel_compiles,
+                  "compiler processes per rebuild (default 2)");
+  cmd->add_option("--revocation-max-age", args->options.revocation_max_age_s,
+                  "seconds an adopter may rely on a signed revocation list (default 300)");
+  cmd->add_option("--blob-grace", args->options.blob_grace_s,
+                  "seconds before an unreferenced blob or abandoned intent is collected "
+                  "(default 86400)");
+  cmd->add_option("--gc-interval", args->options.gc_interval_s,
+                  "seconds between garbage collections (default 3600; 0 = never)");
   cmd->add_option("--blob-verify-interval", args->options.blob_verify_interval_s,
                   "seconds between re-hashes of every stored blob, the first at start; a damaged "
                   "blob is quarantined (0: never; default 3600)");
@@ -180,6 +251,23 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
                   "GET /v1/ready answers 503 when less disk than this is free under the blobs "
                   "(default 512 MiB)");
   cmd->callback([=] { *exit_code = RunHub(*args); });
+}
+
+void AddRebuildCommand(CLI::App& app, int* exit_code) {
+  auto* cmd = app.add_subcommand(
+      "rebuild", "Rebuild a cell's shared object from its source and compare the bytes");
+  auto args = std::make_shared<RebuildArgs>();
+  cmd->add_option("cell", args->cell, "cell tar");
+  cmd->add_option("--out", args->out, "also write the rebuilt shared object here");
+  cmd->add_option("--parallel", args->parallel, "compiler processes at once");
+  cmd->add_option("--child", args->child_dir, "(the hub's sandboxed builder) work directory");
+  cmd->callback([=] {
+    if (args->child_dir.empty() && args->cell.empty()) {
+      *exit_code = ReportError("rebuild", Status::InvalidArgument("name a cell tar"));
+      return;
+    }
+    *exit_code = RunRebuild(*args);
+  });
 }
 
 void AddPublishCommand(CLI::App& app, int* exit_code) {
@@ -197,6 +285,9 @@ void AddResolveCommand(CLI::App& app, int* exit_code) {
   auto* cmd = app.add_subcommand("resolve", "Ask a hub for the cell of a key; verify its receipt");
   auto args = std::make_shared<ResolveArgs>();
   cmd->add_option("key", args->key, "cell key (ck1-…)")->required();
+  cmd->add_option("--family", args->family,
+                  "the scope asked about, e.g. root/mlp (cells are owned per key and family)")
+      ->required();
   AddClientOptions(cmd, &args->client);
   cmd->add_option("--trust", args->trust,
                   "trusted signing keys: a JWKS/JWK file, or a raw Ed25519 key (base64url or hex)");

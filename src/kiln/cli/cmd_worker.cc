@@ -10,8 +10,10 @@
 // `local_miss_no_hub`) is minted by a `kiln mint --child` process while it serves eager, adopted
 // after the strict gate and published in the background (worker/publisher.h); an intake target
 // (no export declaration) is compiled here at boot warmup and serves `jit_cell`. A refused
-// adoption (a typed refusal, not a miss) keeps serving eager with its token and mints nothing:
-// the fleet has a cell for that key, and minting a rival would only race it.
+// adoption follows worker/adoption.h: retried in the background when the hub could not be asked,
+// otherwise the same miss policy with the refusal as the posture token. With a hub, the signed
+// revocation list is polled (worker/revocations.h) and a revoked cell de-armed within the poll
+// interval; a mandatory target whose cell faulted asks for a re-mint.
 #include <signal.h>
 #include <unistd.h>
 
@@ -26,11 +28,13 @@
 #include "src/kiln/cli/target_util.h"
 #include "src/kiln/compile/toolchain.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/worker/adoption.h"
 #include "src/kiln/worker/boot.h"
 #include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/front.h"
 #include "src/kiln/worker/minter.h"
 #include "src/kiln/worker/publisher.h"
+#include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/test_switches.h"
 
 namespace kiln::cli {
@@ -120,6 +124,26 @@ Status DoWorker(const WorkerArgs& a) {
   ctx.worker = m.endpoint.name;
 
   std::vector<Booted> booted;
+  // Declared after `booted` (it holds pointers to the targets) and before the minter (which
+  // asks it), so it is destroyed in between.
+  std::unique_ptr<RevocationWatch> revocations;
+  if (m.hub) {
+    RevocationWatchOptions ro;
+    ro.hub = HubOptionsFrom(*m.hub);
+    if (trust) {
+      ro.anchors = *trust;
+      ro.use_anchors = true;
+    }
+    ro.cache_path = root + "/.revocations.jws";
+    ro.poll_s = m.hub->revocation_poll_s;
+    ro.max_age_cap_s = m.hub->revocation_max_age_s;
+    ro.stale = m.hub->revocations_stale == "eager" ? StaleRevocationPolicy::kEager
+                                                   : StaleRevocationPolicy::kKeep;
+    ro.events = &events;
+    ro.worker = m.endpoint.name;
+    KILN_ASSIGN_OR_RETURN(revocations, RevocationWatch::Create(std::move(ro)));
+    ctx.revocations = revocations.get();
+  }
   std::map<std::string, FrontendTarget> front_targets;
   std::unique_ptr<Publisher> publisher;
   if (m.hub) {
@@ -143,10 +167,16 @@ Status DoWorker(const WorkerArgs& a) {
   mo.worker = m.endpoint.name;
   mo.store = &store;
   mo.publisher = publisher.get();
+  mo.revocations = revocations.get();
   mo.events = &events;
   // Declared after `booted`, so it is destroyed (its threads joined) before the targets they
   // point at, whichever way this function returns.
   Minter minter(mo);
+  AdopterOptions ao;
+  if (m.hub) ao.retry_max_ms = m.hub->adopt_retry_max_s * 1000;
+  ao.retry_initial_ms = std::min(ao.retry_initial_ms, ao.retry_max_ms);
+  // After the minter: its retries call into it, so it stops first.
+  Adopter adopter(ctx, &minter, ao);
   for (const TargetSpec& spec : m.targets) {
     if (spec.lane == LanePolicy::kMandatory && !spec.exported()) {
       return Status::Refused(StatusCode::kInvalidArgument, "mandatory_lane_needs_a_cell",
@@ -167,8 +197,11 @@ Status DoWorker(const WorkerArgs& a) {
     o.intake = !spec.exported();
     o.compile_declared = true;  // exported: minted on a miss; intake: compiled here
     o.events = &events;
+    o.max_remints = m.mint.remints;
     KILN_ASSIGN_OR_RETURN(b.target, ServedTarget::Create(o, b.graph, weights));
-    const BootOutcome out = AdoptAtBoot(*b.target, spec, b.graph, weights, ctx);
+    if (revocations) revocations->Watch(b.target.get());
+    const BootOutcome out = spec.exported() ? adopter.Boot(*b.target, spec, b.graph)
+                                            : AdoptAtBoot(*b.target, spec, b.graph, weights, ctx);
     std::printf("target %-16s boot_adopt %-22s %7.1f ms  %s\n", spec.name.c_str(),
                 out.phase.c_str(), out.duration_ms,
                 out.adopted() ? out.ref.c_str() : ("serving " + b.target->Posture()).c_str());
@@ -176,8 +209,12 @@ Status DoWorker(const WorkerArgs& a) {
       minter.CompileIntake(MintBinding{b.target.get(), spec});
       // Nothing is owed for an intake target: a release's obligation is settled terminally.
       if (publisher) publisher->EnqueueSettle(spec.name, DetectSm(spec), kBootNoExportDeclaration);
-    } else if (out.phase == kBootMiss || out.phase == kBootLocalMissNoHub) {
-      minter.MintExported(out.key, MintBinding{b.target.get(), spec});
+    } else if (spec.lane == LanePolicy::kMandatory && !out.key.empty()) {
+      // A mandatory target whose cell faults mints its key again instead of refusing forever.
+      b.target->SetOnCellLost(
+          [&minter, key = out.key, t = b.target.get(), spec](const std::string&) {
+            minter.MintExported(key, MintBinding{t, spec});
+          });
     }
     front_targets[spec.name] = FrontendTarget{b.target.get(), b.graph};
     booted.push_back(std::move(b));
@@ -220,6 +257,7 @@ Status DoWorker(const WorkerArgs& a) {
   sigaddset(&stop, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   KILN_RETURN_IF_ERROR(front->Start());
+  if (revocations) revocations->Start();
   std::printf("kiln worker: endpoint '%s' serving on http://%s:%d (KServe v2)\n",
               m.endpoint.name.c_str(), a.bind.c_str(), front->port());
   std::fflush(stdout);
@@ -229,6 +267,8 @@ Status DoWorker(const WorkerArgs& a) {
               front->in_flight());
   std::fflush(stdout);
   front->Stop();
+  adopter.Stop();
+  if (revocations) revocations->Stop();
   minter.Stop();
   if (publisher) publisher->WaitIdle(2000);
   if (forwarder) {

@@ -4,7 +4,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <string>
 
 #include "src/kiln/base/status.h"
@@ -17,9 +16,10 @@ void AddCheckpointCommand(CLI::App& app, int* exit_code);
 void AddDemoCommand(CLI::App& app, int* exit_code);
 void AddCellCommands(CLI::App& app, int* exit_code);  // key, mint, inspect
 void AddBenchCommand(CLI::App& app, int* exit_code);
-void AddHubCommand(CLI::App& app, int* exit_code);      // cmd_hub.cc
+void AddHubCommand(CLI::App& app, int* exit_code);  // cmd_hub.cc
 void AddPublishCommand(CLI::App& app, int* exit_code);
 void AddResolveCommand(CLI::App& app, int* exit_code);
+void AddRebuildCommand(CLI::App& app, int* exit_code);  // cmd_hub.cc
 void AddWorkerCommand(CLI::App& app, int* exit_code);   // cmd_worker.cc
 
 // Prints "kiln <cmd>: <code>: <message>" and returns 1.

@@ -39,6 +39,7 @@ int main(int argc, char** argv) {
   kiln::cli::AddHubCommand(app, &exit_code);
   kiln::cli::AddPublishCommand(app, &exit_code);
   kiln::cli::AddResolveCommand(app, &exit_code);
+  kiln::cli::AddRebuildCommand(app, &exit_code);
   kiln::cli::AddWorkerCommand(app, &exit_code);
   try {
     app.parse(argc, argv);

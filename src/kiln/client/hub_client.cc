@@ -141,9 +141,9 @@ HubAnswer HubClient::Call(const std::string& method, const std::string& path,
   return FromResponse(*res, impl_->options.url, path);
 }
 
-ResolveAnswer HubClient::Resolve(const std::string& key) {
+ResolveAnswer HubClient::Resolve(const std::string& key, const std::string& family) {
   ResolveAnswer r;
-  HubAnswer a = Call("GET", "/v1/cells/" + key);
+  HubAnswer a = Call("GET", "/v1/cells/" + key + "?family=" + family);
   r.http_status = a.http_status;
   if (!a.ok()) {
     r.token = a.token;
@@ -178,6 +178,12 @@ ResolveAnswer HubClient::Resolve(const std::string& key) {
   if (r.key != key) {
     r.token = "resolve_key_mismatch";
     r.message = "resolve " + key + ": the hub answered for key " + r.key;
+    return r;
+  }
+  if (r.family != family) {
+    r.token = "resolve_scope_mismatch";
+    r.message =
+        "resolve " + key + " in family " + family + ": the hub answered for family " + r.family;
     return r;
   }
   r.kind = ResolveAnswer::Kind::kFound;
@@ -363,6 +369,19 @@ std::string ReceiptKid(const std::string& jws) {
 }
 
 }  // namespace
+
+Status HubClient::AddHubKeys(PublicKeySet* trusted) {
+  HubAnswer jwks = GetJwks();
+  if (!jwks.ok()) {
+    return Status::Refused(StatusCode::kIOError, jwks.token,
+                           "fetching the hub's key set: " + jwks.message);
+  }
+  KILN_ASSIGN_OR_RETURN(PublicKeySet fetched, PublicKeySet::FromJwks(jwks.body));
+  for (const auto& [id, raw] : fetched.keys()) {
+    if (!trusted->Has(id)) KILN_RETURN_IF_ERROR(trusted->AddRaw(raw));
+  }
+  return Status::OK();
+}
 
 ReceiptVerdict HubClient::VerifyReceipt(const ResolveAnswer& answer, PublicKeySet* trusted) {
   ReceiptVerdict v = VerifyResolvedReceipt(answer, *trusted);

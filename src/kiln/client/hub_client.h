@@ -76,7 +76,10 @@ class HubClient {
   HubClient(const HubClient&) = delete;
   HubClient& operator=(const HubClient&) = delete;
 
-  ResolveAnswer Resolve(const std::string& key);
+  // The cell that owns `key` in `family` (cells are owned per key and family, so one scope's
+  // cell never answers for another's). An answer for another key is resolve_key_mismatch, for
+  // another family resolve_scope_mismatch.
+  ResolveAnswer Resolve(const std::string& key, const std::string& family);
   // intent -> upload (skipped when the hub has the bytes) -> complete.
   PublishAnswer Publish(std::string_view cell_tar, const PublishOptions& options);
   // Downloads a blob into `dest_path`, resuming from `dest_path + ".part"` with an HTTP Range,
@@ -86,7 +89,11 @@ class HubClient {
                       std::optional<uint64_t> expected_size = std::nullopt);
   HubAnswer GetReceipt(const std::string& key, const std::string& digest);
   HubAnswer GetJwks();
+  // {"list": the signed revocation list (receipt.h VerifyRevocationList), …}.
   HubAnswer GetRevocations();
+  // Fetches the hub's key set and adds the keys `*trusted` lacks. The fetch's transport or hub
+  // token on failure.
+  Status AddHubKeys(PublicKeySet* trusted);
   HubAnswer Revoke(const std::string& key, const std::string& digest, const std::string& reason);
   HubAnswer PostEvents(const nlohmann::json& rows);
   HubAnswer SettleObligation(const std::string& release, const std::string& target,

@@ -25,40 +25,30 @@ bool HasRole(const Principal& p, std::initializer_list<const char*> roles) {
   return std::any_of(roles.begin(), roles.end(), [&](const char* r) { return p.role == r; });
 }
 
-bool IsWellFormedFamily(const std::string& family) {
-  const size_t slash = family.find('/');
-  if (slash == std::string::npos || slash == 0 || slash + 1 >= family.size()) return false;
-  if (family.size() > 200) return false;
-  for (char c : family) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
-                    c == '-' || c == '/';
-    if (!ok) return false;
-  }
-  return family.find("//") == std::string::npos && family.find("..") == std::string::npos &&
-         family.back() != '/';
+bool MayRead(const Principal& p, const std::string& family) {
+  if (p.role == "admin") return true;
+  if (p.role == "publisher" && p.tier == "platform") return true;
+  if (p.org.empty()) return p.role == "worker";
+  const std::string ns = family.substr(0, family.find('/'));
+  return ns == p.org || ns == "root";
+}
+
+bool HoldsRelease(const Principal& p, const std::string& release) {
+  if (p.role == "admin") return true;
+  return std::any_of(p.releases.begin(), p.releases.end(),
+                     [&](const std::string& r) { return r == "*" || r == release; });
 }
 
 Status CheckFamilyWrite(const Principal& p, const std::string& family) {
-  if (!IsWellFormedFamily(family)) {
-    return Status::InvalidArgument("family '" + family +
-                                   "' is not '<namespace>/<name>' in lowercase [a-z0-9._-]");
-  }
-  const std::string ns = family.substr(0, family.find('/'));
-  if (p.role == "admin" || p.tier == "platform") return Status::OK();
-  if (p.tier == "org") {
-    if (ns == "root") {
-      return Status::InvalidArgument("publisher '" + p.name + "' (tier org '" + p.org +
-                                     "') may not write platform family '" + family + "'");
-    }
-    if (ns != p.org) {
-      return Status::InvalidArgument("publisher '" + p.name + "' (tier org '" + p.org +
-                                     "') may write only families '" + p.org + "/…', not '" +
-                                     family + "'");
-    }
+  if (p.role == "admin") {
+    if (!IsWellFormedFamily(family)) return CheckTierWrites(p.name, "platform", "", family);
     return Status::OK();
   }
-  return Status::InvalidArgument("principal '" + p.name + "' with role '" + p.role +
-                                 "' has no publisher tier and may not write '" + family + "'");
+  if (p.role != "publisher") {
+    return Status::InvalidArgument("principal '" + p.name + "' with role '" + p.role +
+                                   "' has no publisher tier and may not write '" + family + "'");
+  }
+  return CheckTierWrites(p.name, p.tier, p.org, family);
 }
 
 Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std::string& what) {
@@ -75,7 +65,28 @@ Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std
       auto it = t.find(name);
       return it != t.end() && it->is_string() ? it->get<std::string>() : std::string();
     };
-    TokenRow row{get("sha256"), get("name"), get("role"), get("tier"), get("org")};
+    TokenRow row{get("sha256"), get("name"), get("role"), get("tier"), get("org"), {}};
+    for (const auto& [field, _] : t.items()) {
+      static const char* kKnown[] = {"sha256", "name", "role", "tier", "org", "releases"};
+      if (std::none_of(std::begin(kKnown), std::end(kKnown),
+                       [&f = field](const char* k) { return f == k; })) {
+        return Status::InvalidArgument(where + ": unknown field '" + field + "'");
+      }
+    }
+    if (auto it = t.find("releases"); it != t.end()) {
+      if (!it->is_array()) {
+        return Status::InvalidArgument(where + ": releases must be an array of release names");
+      }
+      for (const auto& r : *it) {
+        if (!r.is_string() || r.get<std::string>().empty() ||
+            r.get<std::string>().find('\n') != std::string::npos) {
+          return Status::InvalidArgument(where +
+                                         ": releases holds a value that is not a non-empty "
+                                         "one-line string");
+        }
+        row.releases.push_back(r.get<std::string>());
+      }
+    }
     if (row.token_sha256.size() != 64 ||
         !std::all_of(row.token_sha256.begin(), row.token_sha256.end(),
                      [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); })) {
@@ -97,6 +108,15 @@ Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std
       return Status::InvalidArgument(
           where + ": tier org needs an org name other than 'root', got '" + row.org + "'");
     }
+    if (row.role == "publisher" && row.tier == "platform" && !row.org.empty()) {
+      return Status::InvalidArgument(where + ": a platform publisher has no org, got '" + row.org +
+                                     "'");
+    }
+    if (row.role == "worker" && !row.org.empty() &&
+        (row.org == "root" || !IsWellFormedFamily(row.org + "/x"))) {
+      return Status::InvalidArgument(where + ": a worker's org scopes its reads to '<org>/…'; '" +
+                                     row.org + "' is not an org name");
+    }
     rows.push_back(std::move(row));
   }
   return rows;
@@ -108,6 +128,7 @@ std::string TokensFileText(const std::vector<TokenRow>& rows) {
     nlohmann::json t{{"name", r.name}, {"role", r.role}, {"sha256", r.token_sha256}};
     if (!r.tier.empty()) t["tier"] = r.tier;
     if (!r.org.empty()) t["org"] = r.org;
+    if (!r.releases.empty()) t["releases"] = r.releases;
     tokens.push_back(t);
   }
   return nlohmann::json{{"tokens", tokens}}.dump(2) + "\n";

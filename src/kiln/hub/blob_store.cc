@@ -3,6 +3,7 @@
 #include "src/kiln/hub/blob_store.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <chrono>
 #include <climits>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -220,6 +222,30 @@ class DiskBlobStore final : public BlobStore {
     }
     return n;
   }
+  Result<std::vector<Stored>> ListStored() override {
+    std::vector<Stored> out;
+    std::error_code ec;
+    for (auto it = std::filesystem::directory_iterator(root_ + "/sha256", ec);
+         !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+      const std::string name = it->path().filename().string();
+      if (!IsWellFormedDigest("sha256:" + name)) continue;
+      struct stat st {};
+      if (::stat(it->path().c_str(), &st) != 0) continue;  // removed meanwhile
+      out.push_back({"sha256:" + name, static_cast<int64_t>(st.st_mtime)});
+    }
+    if (ec) return Status::IOError("listing '" + root_ + "/sha256': " + ec.message());
+    return out;
+  }
+  Status Remove(const std::string& digest) override {
+    if (!IsWellFormedDigest(digest)) {
+      return Status::InvalidArgument("blob digest '" + digest + "' is not sha256:<64 hex>");
+    }
+    const std::string path = root_ + "/sha256/" + digest.substr(7);
+    if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
+      return Status::IOError("unlink '" + path + "': " + Errno());
+    }
+    return Status::OK();
+  }
 
   Status Verify(const std::string& digest) override {
     KILN_ASSIGN_OR_RETURN(auto reader, Open(digest));
@@ -308,6 +334,7 @@ class StringReader final : public BlobReader {
 struct MemoryBlobs {
   std::mutex mu;
   std::map<std::string, std::shared_ptr<const std::string>> blobs;
+  std::map<std::string, int64_t> stored_at;
   int temps = 0;
 };
 
@@ -330,7 +357,10 @@ class MemoryWriter final : public BlobWriter {
   Status Commit() override {
     KILN_RETURN_IF_ERROR(sink_.Verify());
     std::lock_guard<std::mutex> lock(blobs_->mu);
-    blobs_->blobs.emplace(digest_, std::make_shared<const std::string>(std::move(bytes_)));
+    if (blobs_->blobs.emplace(digest_, std::make_shared<const std::string>(std::move(bytes_)))
+            .second) {
+      blobs_->stored_at[digest_] = static_cast<int64_t>(std::time(nullptr));
+    }
     return Status::OK();
   }
   const std::string& refusal() const override { return sink_.refusal_; }
@@ -366,12 +396,25 @@ class MemoryBlobStore final : public BlobStore {
     std::lock_guard<std::mutex> lock(blobs_->mu);
     return blobs_->temps;
   }
+  Result<std::vector<Stored>> ListStored() override {
+    std::lock_guard<std::mutex> lock(blobs_->mu);
+    std::vector<Stored> out;
+    for (const auto& [digest, at] : blobs_->stored_at) out.push_back({digest, at});
+    return out;
+  }
+  Status Remove(const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(blobs_->mu);
+    blobs_->blobs.erase(digest);
+    blobs_->stored_at.erase(digest);
+    return Status::OK();
+  }
   Status Verify(const std::string& digest) override {
     std::lock_guard<std::mutex> lock(blobs_->mu);
     auto it = blobs_->blobs.find(digest);
     if (it == blobs_->blobs.end()) return Status::NotFound("blob " + digest + " is not stored");
     if ("sha256:" + Sha256Hex(*it->second) == digest) return Status::OK();
     blobs_->blobs.erase(it);
+    blobs_->stored_at.erase(digest);
     return Status::Refused(StatusCode::kCorruption, kRefusalBlobCorrupt,
                            "blob " + digest + " no longer hashes to its digest; dropped");
   }

@@ -78,6 +78,14 @@ class BlobStore {
   virtual Status CheckWritable() = 0;
   // Free bytes where blobs are written (disk), or UINT64_MAX where the notion does not apply.
   virtual Result<uint64_t> FreeBytes() = 0;
+  // Every stored blob with the time it became visible (unix seconds), for garbage collection.
+  struct Stored {
+    std::string digest;
+    int64_t stored_at = 0;
+  };
+  virtual Result<std::vector<Stored>> ListStored() = 0;
+  // Deletes a stored blob; OK if it is not there. A reader already open keeps its bytes.
+  virtual Status Remove(const std::string& digest) = 0;
 };
 
 // The refusal token of a stored blob whose bytes no longer match its digest.

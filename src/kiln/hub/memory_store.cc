@@ -18,15 +18,44 @@ class MemoryStore final : public HubStore {
 
   Result<CellInsert> InsertCellIfAbsent(const CellRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto [it, inserted] = cells_.emplace(row.key, row);
-    if (inserted) order_.push_back(row.key);
+    const std::pair<std::string, std::string> id{row.key, row.family};
+    auto it = cells_.find(id);
+    bool inserted = false;
+    if (it == cells_.end()) {
+      it = cells_.emplace(id, row).first;
+      order_.push_back(id);
+      inserted = true;
+    } else if (revocations_.count({it->second.key, it->second.digest}) != 0 &&
+               it->second.digest != row.digest) {
+      it->second = row;  // a revoked owner frees the key for its scope
+      order_.erase(std::find(order_.begin(), order_.end(), id));
+      order_.push_back(id);
+      inserted = true;
+    }
     return CellInsert{it->second, inserted};
   }
-  Result<std::optional<CellRow>> GetCell(const std::string& key) override {
+  Result<std::optional<CellRow>> GetCell(const std::string& key,
+                                         const std::string& family) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = cells_.find(key);
+    auto it = cells_.find({key, family});
     if (it == cells_.end()) return std::optional<CellRow>();
     return std::optional<CellRow>(it->second);
+  }
+  Result<std::vector<CellRow>> ListCellsForKey(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<CellRow> out;
+    for (const auto& id : order_) {
+      if (id.first == key) out.push_back(cells_.at(id));
+    }
+    return out;
+  }
+  Result<std::vector<CellRow>> CellsWithDigest(const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<CellRow> out;
+    for (const auto& id : order_) {
+      if (cells_.at(id).digest == digest) out.push_back(cells_.at(id));
+    }
+    return out;
   }
   Result<std::vector<CellRow>> ListCells(int limit) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -39,22 +68,38 @@ class MemoryStore final : public HubStore {
 
   Status PutIntent(const IntentRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
-    intents_[{row.key, row.digest}] = row;
+    intents_[{row.key, row.digest, row.publisher}] = row;
     return Status::OK();
   }
-  Result<std::optional<IntentRow>> GetIntent(const std::string& key,
-                                             const std::string& digest) override {
+  Result<std::optional<IntentRow>> GetIntent(const std::string& key, const std::string& digest,
+                                             const std::string& publisher) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = intents_.find({key, digest});
+    auto it = intents_.find({key, digest, publisher});
     if (it == intents_.end()) return std::optional<IntentRow>();
     return std::optional<IntentRow>(it->second);
   }
-  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) override {
+  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest,
+                                                      const std::string& publisher) override {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [k, row] : intents_) {
-      if (row.digest == digest) return std::optional<IntentRow>(row);
+      if (row.digest == digest && (publisher.empty() || row.publisher == publisher)) {
+        return std::optional<IntentRow>(row);
+      }
     }
     return std::optional<IntentRow>();
+  }
+  Result<int> DeleteIntentsBefore(int64_t before) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    int n = 0;
+    for (auto it = intents_.begin(); it != intents_.end();) {
+      if (it->second.created_at < before) {
+        it = intents_.erase(it);
+        ++n;
+      } else {
+        ++it;
+      }
+    }
+    return n;
   }
 
   Status Revoke(const RevocationRow& row) override {
@@ -76,16 +121,20 @@ class MemoryStore final : public HubStore {
     return out;
   }
 
-  Status PutToken(const TokenRow& row) override {
+  Status RevokeToken(const RevokedTokenRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
-    tokens_[row.token_sha256] = row;
+    revoked_tokens_.emplace(row.token_sha256, row);
     return Status::OK();
   }
-  Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
+  Result<bool> IsTokenRevoked(const std::string& token_sha256) override {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = tokens_.find(token_sha256);
-    if (it == tokens_.end()) return std::optional<TokenRow>();
-    return std::optional<TokenRow>(it->second);
+    return revoked_tokens_.count(token_sha256) != 0;
+  }
+  Result<std::vector<RevokedTokenRow>> ListRevokedTokens() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<RevokedTokenRow> out;
+    for (const auto& [k, r] : revoked_tokens_) out.push_back(r);
+    return out;
   }
 
   Result<int> AddObligations(const std::vector<ObligationRow>& rows) override {
@@ -112,11 +161,13 @@ class MemoryStore final : public HubStore {
   }
   Result<int> DischargeObligations(const std::string& key, const std::string& digest,
                                    const std::string& release, const std::string& target,
-                                   const std::string& sm, int64_t now) override {
+                                   const std::string& sm, int64_t now,
+                                   const std::string& scope) override {
     std::lock_guard<std::mutex> lock(mu_);
     int n = 0;
     for (auto& [k, row] : obligations_) {
       if (row.state != "owed") continue;
+      if (scope != "*" && row.release != scope) continue;
       const bool by_key = row.key == key;
       const bool by_slot = row.key.empty() && !release.empty() && row.release == release &&
                            row.target == target && row.sm == sm;
@@ -191,11 +242,11 @@ class MemoryStore final : public HubStore {
 
  private:
   std::mutex mu_;
-  std::map<std::string, CellRow> cells_;
-  std::vector<std::string> order_;
-  std::map<std::pair<std::string, std::string>, IntentRow> intents_;
+  std::map<std::pair<std::string, std::string>, CellRow> cells_;  // by (key, family)
+  std::vector<std::pair<std::string, std::string>> order_;        // insertion order
+  std::map<std::tuple<std::string, std::string, std::string>, IntentRow> intents_;
   std::map<std::pair<std::string, std::string>, RevocationRow> revocations_;
-  std::map<std::string, TokenRow> tokens_;
+  std::map<std::string, RevokedTokenRow> revoked_tokens_;
   std::map<std::tuple<std::string, std::string, std::string>, ObligationRow> obligations_;
   std::vector<StoredEvent> events_;
   int64_t next_event_id_ = 0;

@@ -17,22 +17,39 @@ namespace kiln {
 
 namespace {
 
+// Schema version 2 (see sqlite_store.cc): cells owned per (key, family), intents per (key,
+// digest, publisher), remembered token revocations; tokens live in each hub's tokens file. The
+// statements are idempotent, so a database of version 1 is brought forward by running them (the
+// primary keys are replaced in place; the rows are kept).
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
-  key TEXT PRIMARY KEY, digest TEXT NOT NULL, size BIGINT NOT NULL, family TEXT NOT NULL,
+  key TEXT NOT NULL, digest TEXT NOT NULL, size BIGINT NOT NULL, family TEXT NOT NULL,
   publisher TEXT NOT NULL, tier TEXT NOT NULL, release TEXT NOT NULL, receipt TEXT NOT NULL,
-  created_at BIGINT NOT NULL, seq BIGSERIAL);
+  created_at BIGINT NOT NULL, seq BIGSERIAL, PRIMARY KEY (key, family));
 CREATE TABLE IF NOT EXISTS intents (
   key TEXT NOT NULL, digest TEXT NOT NULL, size BIGINT NOT NULL, family TEXT NOT NULL,
   release TEXT NOT NULL, target TEXT NOT NULL, publisher TEXT NOT NULL,
-  created_at BIGINT NOT NULL, PRIMARY KEY (key, digest));
+  created_at BIGINT NOT NULL, PRIMARY KEY (key, digest, publisher));
+CREATE TABLE IF NOT EXISTS kiln_schema (version INT NOT NULL);
+DO $$ BEGIN
+  IF NOT EXISTS (SELECT 1 FROM kiln_schema WHERE version >= 2) THEN
+    ALTER TABLE cells DROP CONSTRAINT IF EXISTS cells_pkey;
+    ALTER TABLE cells ADD PRIMARY KEY (key, family);
+    ALTER TABLE intents DROP CONSTRAINT IF EXISTS intents_pkey;
+    ALTER TABLE intents ADD PRIMARY KEY (key, digest, publisher);
+    DROP TABLE IF EXISTS tokens;
+    DELETE FROM kiln_schema;
+    INSERT INTO kiln_schema VALUES (2);
+  END IF;
+END $$;
+CREATE INDEX IF NOT EXISTS cells_digest ON cells(digest);
 CREATE INDEX IF NOT EXISTS intents_digest ON intents(digest);
 CREATE TABLE IF NOT EXISTS revocations (
   key TEXT NOT NULL, digest TEXT NOT NULL, reason TEXT NOT NULL, revoked_by TEXT NOT NULL,
   revoked_at BIGINT NOT NULL, PRIMARY KEY (key, digest));
-CREATE TABLE IF NOT EXISTS tokens (
-  token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, tier TEXT NOT NULL,
-  org TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS revoked_tokens (
+  token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, revoked_by TEXT NOT NULL,
+  revoked_at BIGINT NOT NULL);
 CREATE TABLE IF NOT EXISTS obligations (
   release TEXT NOT NULL, target TEXT NOT NULL, sm TEXT NOT NULL, key TEXT NOT NULL,
   state TEXT NOT NULL, cell_digest TEXT NOT NULL, updated_at BIGINT NOT NULL,
@@ -56,7 +73,7 @@ constexpr const char* kResolveStatement = "kiln_resolve";
 constexpr const char* kResolveSql =
     "SELECT c.key, c.digest, c.size, c.family, c.publisher, c.tier, c.release, c.receipt, "
     "c.created_at, r.reason, r.revoked_by, r.revoked_at FROM cells c LEFT JOIN revocations r "
-    "ON r.key = c.key AND r.digest = c.digest WHERE c.key = $1";
+    "ON r.key = c.key AND r.digest = c.digest WHERE c.key = $1 AND c.family = $2";
 constexpr const char* kEventCols = "id, worker, seq, kind, phase, key, duration_ms, detail, ts";
 
 std::string S(const pqxx::field& f) { return f.is_null() ? std::string() : f.as<std::string>(); }
@@ -138,39 +155,60 @@ class PostgresStore final : public HubStore {
   Result<CellInsert> InsertCellIfAbsent(const CellRow& c) override {
     CellInsert out;
     KILN_RETURN_IF_ERROR(Do("insert cell", [&](pqxx::transaction_base& w) {
-      // RETURNING yields a row only when this statement inserted: the winner of a race.
+      // A live owner is never overwritten; one whose (key, digest) is revoked is replaced.
+      // RETURNING yields a row only when this statement wrote: the winner of a race.
       auto ins = w.exec_params(
           "INSERT INTO cells (key, digest, size, family, publisher, tier, release, receipt, "
-          "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (key) DO NOTHING "
+          "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (key, family) DO UPDATE "
+          "SET digest = EXCLUDED.digest, size = EXCLUDED.size, publisher = EXCLUDED.publisher, "
+          "tier = EXCLUDED.tier, release = EXCLUDED.release, receipt = EXCLUDED.receipt, "
+          "created_at = EXCLUDED.created_at WHERE cells.digest <> EXCLUDED.digest AND EXISTS "
+          "(SELECT 1 FROM revocations r WHERE r.key = cells.key AND r.digest = cells.digest) "
           "RETURNING key",
           c.key, c.digest, static_cast<int64_t>(c.size), c.family, c.publisher, c.tier, c.release,
           c.receipt, c.created_at);
       out.inserted = !ins.empty();
-      auto r =
-          w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1", c.key);
+      auto r = w.exec_params(
+          std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1 AND family = $2", c.key,
+          c.family);
       if (r.empty()) throw std::runtime_error("cell row vanished after insert");
       out.owner = ReadCell(r[0]);
     }));
     return out;
   }
-  Result<std::optional<CellRow>> GetCell(const std::string& key) override {
+  Result<std::optional<CellRow>> GetCell(const std::string& key,
+                                         const std::string& family) override {
     std::optional<CellRow> out;
     KILN_RETURN_IF_ERROR(Do(
         "get cell",
         [&](pqxx::transaction_base& w) {
-          auto r =
-              w.exec_params(std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1", key);
+          auto r = w.exec_params(
+              std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1 AND family = $2",
+              key, family);
           if (!r.empty()) out = ReadCell(r[0]);
         },
         true));
     return out;
   }
-  Result<std::optional<ResolvedCell>> GetCellForResolve(const std::string& key) override {
+  Result<std::vector<CellRow>> ListCellsForKey(const std::string& key) override {
+    return Cells(
+        "list cells of a key",
+        std::string("SELECT ") + kCellCols + " FROM cells WHERE key = $1 ORDER BY created_at, seq",
+        key);
+  }
+  Result<std::vector<CellRow>> CellsWithDigest(const std::string& digest) override {
+    return Cells("cells of a digest",
+                 std::string("SELECT ") + kCellCols +
+                     " FROM cells WHERE digest = $1 ORDER BY created_at, seq",
+                 digest);
+  }
+  Result<std::optional<ResolvedCell>> GetCellForResolve(const std::string& key,
+                                                        const std::string& family) override {
     std::optional<ResolvedCell> out;
     KILN_RETURN_IF_ERROR(Do(
         "resolve cell",
         [&](pqxx::transaction_base& w) {
-          auto r = w.exec_prepared(kResolveStatement, key);
+          auto r = w.exec_prepared(kResolveStatement, key, family);
           if (r.empty()) return;
           out.emplace();
           out->cell = ReadCell(r[0]);
@@ -200,40 +238,50 @@ class PostgresStore final : public HubStore {
     return Do("put intent", [&](pqxx::transaction_base& w) {
       w.exec_params(
           "INSERT INTO intents (key, digest, size, family, release, target, publisher, "
-          "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (key, digest) DO UPDATE SET "
-          "size = EXCLUDED.size, family = EXCLUDED.family, release = EXCLUDED.release, "
-          "target = EXCLUDED.target, publisher = EXCLUDED.publisher, "
-          "created_at = EXCLUDED.created_at",
+          "created_at) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (key, digest, publisher) DO "
+          "UPDATE SET size = EXCLUDED.size, family = EXCLUDED.family, release = "
+          "EXCLUDED.release, target = EXCLUDED.target, created_at = EXCLUDED.created_at",
           i.key, i.digest, static_cast<int64_t>(i.size), i.family, i.release, i.target, i.publisher,
           i.created_at);
     });
   }
-  Result<std::optional<IntentRow>> GetIntent(const std::string& key,
-                                             const std::string& digest) override {
+  Result<std::optional<IntentRow>> GetIntent(const std::string& key, const std::string& digest,
+                                             const std::string& publisher) override {
     std::optional<IntentRow> out;
     KILN_RETURN_IF_ERROR(Do(
         "get intent",
         [&](pqxx::transaction_base& w) {
-          auto r = w.exec_params(
-              std::string("SELECT ") + kIntentCols + " FROM intents WHERE key = $1 AND digest = $2",
-              key, digest);
+          auto r = w.exec_params(std::string("SELECT ") + kIntentCols +
+                                     " FROM intents WHERE key = $1 AND digest = $2 AND "
+                                     "publisher = $3",
+                                 key, digest, publisher);
           if (!r.empty()) out = ReadIntent(r[0]);
         },
         true));
     return out;
   }
-  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) override {
+  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest,
+                                                      const std::string& publisher) override {
     std::optional<IntentRow> out;
     KILN_RETURN_IF_ERROR(Do(
         "find intent",
         [&](pqxx::transaction_base& w) {
-          auto r = w.exec_params(
-              std::string("SELECT ") + kIntentCols + " FROM intents WHERE digest = $1 LIMIT 1",
-              digest);
+          auto r = w.exec_params(std::string("SELECT ") + kIntentCols +
+                                     " FROM intents WHERE digest = $1 AND ($2 = '' OR "
+                                     "publisher = $2) ORDER BY created_at DESC LIMIT 1",
+                                 digest, publisher);
           if (!r.empty()) out = ReadIntent(r[0]);
         },
         true));
     return out;
+  }
+  Result<int> DeleteIntentsBefore(int64_t before) override {
+    int n = 0;
+    KILN_RETURN_IF_ERROR(Do("delete old intents", [&](pqxx::transaction_base& w) {
+      n = static_cast<int>(
+          w.exec_params("DELETE FROM intents WHERE created_at < $1", before).affected_rows());
+    }));
+    return n;
   }
 
   Status Revoke(const RevocationRow& v) override {
@@ -273,26 +321,35 @@ class PostgresStore final : public HubStore {
     return out;
   }
 
-  Status PutToken(const TokenRow& t) override {
-    return Do("put token", [&](pqxx::transaction_base& w) {
+  Status RevokeToken(const RevokedTokenRow& r) override {
+    return Do("record revoked token", [&](pqxx::transaction_base& w) {
       w.exec_params(
-          "INSERT INTO tokens (token_sha256, name, role, tier, org) VALUES ($1,$2,$3,$4,$5) "
-          "ON CONFLICT (token_sha256) DO UPDATE SET name = EXCLUDED.name, role = EXCLUDED.role, "
-          "tier = EXCLUDED.tier, org = EXCLUDED.org",
-          t.token_sha256, t.name, t.role, t.tier, t.org);
+          "INSERT INTO revoked_tokens (token_sha256, name, revoked_by, revoked_at) VALUES "
+          "($1,$2,$3,$4) ON CONFLICT (token_sha256) DO NOTHING",
+          r.token_sha256, r.name, r.revoked_by, r.revoked_at);
     });
   }
-  Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
-    std::optional<TokenRow> out;
+  Result<bool> IsTokenRevoked(const std::string& token_sha256) override {
+    bool revoked = false;
     KILN_RETURN_IF_ERROR(Do(
-        "get token",
+        "check revoked token",
         [&](pqxx::transaction_base& w) {
-          auto r = w.exec_params(
-              "SELECT token_sha256, name, role, tier, org FROM tokens WHERE token_sha256 = $1",
-              token_sha256);
-          if (!r.empty()) {
-            out = TokenRow{S(r[0][0]), S(r[0][1]), S(r[0][2]), S(r[0][3]), S(r[0][4])};
-          }
+          revoked =
+              !w.exec_params("SELECT 1 FROM revoked_tokens WHERE token_sha256 = $1", token_sha256)
+                   .empty();
+        },
+        true));
+    return revoked;
+  }
+  Result<std::vector<RevokedTokenRow>> ListRevokedTokens() override {
+    std::vector<RevokedTokenRow> out;
+    KILN_RETURN_IF_ERROR(Do(
+        "list revoked tokens",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec(
+              "SELECT token_sha256, name, revoked_by, revoked_at FROM revoked_tokens ORDER BY "
+              "revoked_at, name");
+          for (const auto& row : r) out.push_back({S(row[0]), S(row[1]), S(row[2]), I(row[3])});
         },
         true));
     return out;
@@ -339,14 +396,15 @@ class PostgresStore final : public HubStore {
   }
   Result<int> DischargeObligations(const std::string& key, const std::string& digest,
                                    const std::string& release, const std::string& target,
-                                   const std::string& sm, int64_t now) override {
+                                   const std::string& sm, int64_t now,
+                                   const std::string& scope) override {
     int n = 0;
     KILN_RETURN_IF_ERROR(Do("discharge obligations", [&](pqxx::transaction_base& w) {
       auto r = w.exec_params(
           "UPDATE obligations SET state = 'discharged', key = $1, cell_digest = $2, "
-          "updated_at = $3 WHERE state = 'owed' AND (key = $1 OR (key = '' AND $4 <> '' AND "
-          "release = $4 AND target = $5 AND sm = $6))",
-          key, digest, now, release, target, sm);
+          "updated_at = $3 WHERE state = 'owed' AND ($7 = '*' OR release = $7) AND (key = $1 OR "
+          "(key = '' AND $4 <> '' AND release = $4 AND target = $5 AND sm = $6))",
+          key, digest, now, release, target, sm, scope);
       n = static_cast<int>(r.affected_rows());
     }));
     return n;
@@ -423,6 +481,18 @@ class PostgresStore final : public HubStore {
   }
 
  private:
+  Result<std::vector<CellRow>> Cells(const char* what, const std::string& sql,
+                                     const std::string& arg) {
+    std::vector<CellRow> out;
+    KILN_RETURN_IF_ERROR(Do(
+        what,
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_params(sql, arg);
+          for (const auto& row : r) out.push_back(ReadCell(row));
+        },
+        true));
+    return out;
+  }
   // Runs `body` in one transaction on a pooled connection; translates every exception.
   Status Do(const char* what, const std::function<void(pqxx::transaction_base&)>& body,
             bool read_only = false) {

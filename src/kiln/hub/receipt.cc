@@ -10,6 +10,7 @@
 #include <ctime>
 #include <filesystem>
 #include <mutex>
+#include <variant>
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
@@ -152,13 +153,57 @@ nlohmann::json ClaimsToJson(const ReceiptClaims& c) {
                         {"publisher", c.publisher},
                         {"tier", c.tier},
                         {"release", c.release},
-                        {"iat", c.iat}};
+                        {"iat", c.iat},
+                        {"org", c.org},
+                        {"source_digest", c.source_digest},
+                        {"so_digest", c.so_digest},
+                        {"builder", c.builder}};
+}
+
+std::string MemberDigest(std::string_view bytes) { return "sha256:" + Sha256Hex(bytes); }
+
+bool IsWellFormedFamily(const std::string& family) {
+  const size_t slash = family.find('/');
+  if (slash == std::string::npos || slash == 0 || slash + 1 >= family.size()) return false;
+  if (family.size() > 200) return false;
+  for (char c : family) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+                    c == '-' || c == '/';
+    if (!ok) return false;
+  }
+  return family.find("//") == std::string::npos && family.find("..") == std::string::npos &&
+         family.back() != '/';
+}
+
+Status CheckTierWrites(const std::string& publisher, const std::string& tier,
+                       const std::string& org, const std::string& family) {
+  if (!IsWellFormedFamily(family)) {
+    return Status::InvalidArgument("family '" + family +
+                                   "' is not '<namespace>/<name>' in lowercase [a-z0-9._-]");
+  }
+  const std::string ns = family.substr(0, family.find('/'));
+  if (tier == "platform") return Status::OK();
+  if (tier == "org") {
+    if (ns == "root") {
+      return Status::InvalidArgument("publisher '" + publisher + "' (tier org '" + org +
+                                     "') may not write platform family '" + family + "'");
+    }
+    if (org.empty() || ns != org) {
+      return Status::InvalidArgument("publisher '" + publisher + "' (tier org '" + org +
+                                     "') may write only families '" + org + "/…', not '" + family +
+                                     "'");
+    }
+    return Status::OK();
+  }
+  return Status::InvalidArgument("publisher '" + publisher + "' has tier '" + tier +
+                                 "', neither platform nor org, and may not write '" + family + "'");
 }
 
 Result<ReceiptClaims> ClaimsFromJson(const nlohmann::json& j) {
   if (!j.is_object()) return Status::InvalidArgument("receipt claims: not a JSON object");
-  static const char* kKnown[] = {"key",       "digest", "size",    "family",
-                                 "publisher", "tier",   "release", "iat"};
+  static const char* kKnown[] = {"key",       "digest",        "size",      "family",
+                                 "publisher", "tier",          "release",   "iat",
+                                 "org",       "source_digest", "so_digest", "builder"};
   for (const auto& [name, _] : j.items()) {
     if (std::find_if(std::begin(kKnown), std::end(kKnown),
                      // Captured by name: clang before 16 cannot capture a structured binding.
@@ -182,6 +227,13 @@ Result<ReceiptClaims> ClaimsFromJson(const nlohmann::json& j) {
   KILN_RETURN_IF_ERROR(str("publisher", &c.publisher));
   KILN_RETURN_IF_ERROR(str("tier", &c.tier));
   KILN_RETURN_IF_ERROR(str("release", &c.release));
+  // Claims added later: absent in receipts signed before them, never of another type.
+  for (auto [name, out] : {std::pair<const char*, std::string*>{"org", &c.org},
+                           {"source_digest", &c.source_digest},
+                           {"so_digest", &c.so_digest},
+                           {"builder", &c.builder}}) {
+    if (j.contains(name)) KILN_RETURN_IF_ERROR(str(name, out));
+  }
   auto size = j.find("size");
   if (size == j.end() || !size->is_number_unsigned()) {
     return Status::InvalidArgument("receipt claims: 'size' is missing or not an unsigned integer");
@@ -345,60 +397,92 @@ nlohmann::json PublicKeySet::ToJwks() const {
 
 // --- JWS ------------------------------------------------------------------------------------
 
-Result<std::string> SignReceipt(const ReceiptClaims& claims, const SigningKey& key) {
-  KILN_ASSIGN_OR_RETURN(
-      std::string header,
-      CanonicalJson({{"alg", "EdDSA"}, {"kid", key.kid()}, {"typ", "kiln-receipt"}}));
-  KILN_ASSIGN_OR_RETURN(std::string body, CanonicalJson(ClaimsToJson(claims)));
+namespace {
+
+// A compact JWS whose signature verified under a trusted key, with its header typ checked.
+struct VerifiedJws {
+  std::string kid;
+  nlohmann::json payload;
+};
+
+Result<std::string> SignJws(const char* typ, const nlohmann::json& payload, const SigningKey& key) {
+  KILN_ASSIGN_OR_RETURN(std::string header,
+                        CanonicalJson({{"alg", "EdDSA"}, {"kid", key.kid()}, {"typ", typ}}));
+  KILN_ASSIGN_OR_RETURN(std::string body, CanonicalJson(payload));
   std::string signing_input = Base64UrlEncode(header) + "." + Base64UrlEncode(body);
   KILN_ASSIGN_OR_RETURN(std::string sig, key.Sign(signing_input));
   return signing_input + "." + Base64UrlEncode(sig);
 }
 
-ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
-                             const ExpectedClaims& expected) {
-  // 1. Shape: three base64url parts; header and claims are JSON objects.
+// Shape, typ, alg, kid, signature, payload JSON, in that order; refusals are `<prefix>_malformed`,
+// `<prefix>_alg_refused`, `<prefix>_unknown_kid`, `<prefix>_bad_signature`. `what` names the
+// object in messages ("receipt", "revocation list"). The typ check keeps one kind of signed
+// statement from being replayed as another.
+std::variant<VerifiedJws, ReceiptVerdict> VerifyJws(std::string_view jws,
+                                                    const PublicKeySet& trusted,
+                                                    const std::string& typ,
+                                                    const std::string& prefix,
+                                                    const std::string& what) {
   const size_t d1 = jws.find('.');
   const size_t d2 = d1 == std::string_view::npos ? d1 : jws.find('.', d1 + 1);
   if (d1 == std::string_view::npos || d2 == std::string_view::npos ||
       jws.find('.', d2 + 1) != std::string_view::npos) {
-    return Refuse("receipt_malformed", "receipt: expected three '.'-separated parts");
+    return Refuse(prefix + "_malformed", what + ": expected three '.'-separated parts");
   }
-  auto header_bytes = Base64UrlDecode(jws.substr(0, d1), "receipt header");
-  auto claims_bytes = Base64UrlDecode(jws.substr(d1 + 1, d2 - d1 - 1), "receipt claims");
-  auto sig = Base64UrlDecode(jws.substr(d2 + 1), "receipt signature");
-  if (!header_bytes.ok()) return Refuse("receipt_malformed", header_bytes.status().message());
-  if (!claims_bytes.ok()) return Refuse("receipt_malformed", claims_bytes.status().message());
-  if (!sig.ok()) return Refuse("receipt_malformed", sig.status().message());
-  auto header = ParseJson(*header_bytes, "receipt header");
-  if (!header.ok()) return Refuse("receipt_malformed", header.status().message());
-  if (!header->is_object()) return Refuse("receipt_malformed", "receipt header: not an object");
-  // 2. Algorithm: only EdDSA; "none" and every other value refused.
+  auto header_bytes = Base64UrlDecode(jws.substr(0, d1), what + " header");
+  auto claims_bytes = Base64UrlDecode(jws.substr(d1 + 1, d2 - d1 - 1), what + " claims");
+  auto sig = Base64UrlDecode(jws.substr(d2 + 1), what + " signature");
+  if (!header_bytes.ok()) return Refuse(prefix + "_malformed", header_bytes.status().message());
+  if (!claims_bytes.ok()) return Refuse(prefix + "_malformed", claims_bytes.status().message());
+  if (!sig.ok()) return Refuse(prefix + "_malformed", sig.status().message());
+  auto header = ParseJson(*header_bytes, what + " header");
+  if (!header.ok()) return Refuse(prefix + "_malformed", header.status().message());
+  if (!header->is_object()) return Refuse(prefix + "_malformed", what + " header: not an object");
+  const auto typ_it = header->find("typ");
+  const std::string typ_text =
+      typ_it != header->end() && typ_it->is_string() ? typ_it->get<std::string>() : "(missing)";
+  if (typ_text != typ) {
+    return Refuse(prefix + "_malformed",
+                  what + " header typ '" + typ_text + "', expected '" + typ + "'");
+  }
+  // Algorithm: only EdDSA; "none" and every other value refused.
   const auto alg = header->find("alg");
   const std::string alg_text =
       alg != header->end() && alg->is_string() ? alg->get<std::string>() : "(missing)";
   if (alg_text != "EdDSA") {
-    return Refuse("receipt_alg_refused",
-                  "receipt header alg '" + alg_text + "' refused, expected 'EdDSA'");
+    return Refuse(prefix + "_alg_refused",
+                  what + " header alg '" + alg_text + "' refused, expected 'EdDSA'");
   }
-  // 3. Key id known.
   const auto kid_it = header->find("kid");
   const std::string kid =
       kid_it != header->end() && kid_it->is_string() ? kid_it->get<std::string>() : "";
   const std::string* raw_public = trusted.Find(kid);
   if (raw_public == nullptr) {
-    return Refuse("receipt_unknown_kid", "receipt kid '" + kid + "' is not among " +
-                                             std::to_string(trusted.size()) + " trusted keys");
+    return Refuse(prefix + "_unknown_kid", what + " kid '" + kid + "' is not among " +
+                                               std::to_string(trusted.size()) + " trusted keys");
   }
-  // 4. Signature over the signing input exactly as received.
+  // The signature over the signing input exactly as received.
   if (!Ed25519Verify(*raw_public, jws.substr(0, d2), *sig)) {
-    return Refuse("receipt_bad_signature",
-                  "receipt signature does not verify under key '" + kid + "'");
+    return Refuse(prefix + "_bad_signature",
+                  what + " signature does not verify under key '" + kid + "'");
   }
-  // 5. Claims, then equality with what the caller fetched.
-  auto claims_json = ParseJson(*claims_bytes, "receipt claims");
-  if (!claims_json.ok()) return Refuse("receipt_malformed", claims_json.status().message());
-  auto claims = ClaimsFromJson(*claims_json);
+  auto payload = ParseJson(*claims_bytes, what + " claims");
+  if (!payload.ok()) return Refuse(prefix + "_malformed", payload.status().message());
+  return VerifiedJws{kid, std::move(payload).value()};
+}
+
+}  // namespace
+
+Result<std::string> SignReceipt(const ReceiptClaims& claims, const SigningKey& key) {
+  return SignJws("kiln-receipt", ClaimsToJson(claims), key);
+}
+
+ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
+                             const ExpectedClaims& expected) {
+  auto verified = VerifyJws(jws, trusted, "kiln-receipt", "receipt", "receipt");
+  if (auto* refused = std::get_if<ReceiptVerdict>(&verified)) return *refused;
+  VerifiedJws& v = std::get<VerifiedJws>(verified);
+  auto claims = ClaimsFromJson(v.payload);
   if (!claims.ok()) return Refuse("receipt_malformed", claims.status().message());
   auto mismatch = [&](const char* name, const std::string& got, const std::string& want) {
     return Refuse("receipt_claim_mismatch", std::string("receipt claim '") + name + "' is '" + got +
@@ -417,9 +501,86 @@ ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
     return mismatch("family", claims->family, expected.family);
   }
   ReceiptVerdict ok;
-  ok.kid = kid;
+  ok.kid = v.kid;
   ok.claims = std::move(claims).value();
   return ok;
+}
+
+// --- revocation list --------------------------------------------------------------------------
+
+Result<std::string> SignRevocationList(const RevocationList& list, const SigningKey& key) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (const RevocationEntry& e : list.entries) {
+    rows.push_back(
+        {{"key", e.key}, {"digest", e.digest}, {"reason", e.reason}, {"revoked_at", e.revoked_at}});
+  }
+  return SignJws("kiln-revocations",
+                 {{"iat", list.iat}, {"max_age_s", list.max_age_s}, {"revocations", rows}}, key);
+}
+
+Result<RevocationList> VerifyRevocationList(std::string_view jws, const PublicKeySet& trusted,
+                                            int64_t now, int64_t max_age_cap_s) {
+  if (jws.empty()) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRevocationsUnsigned,
+                           "the revocation list carries no signature (no 'list' JWS); an "
+                           "unsigned list is never trusted");
+  }
+  auto verified = VerifyJws(jws, trusted, "kiln-revocations", "revocations", "revocation list");
+  if (auto* refused = std::get_if<ReceiptVerdict>(&verified)) {
+    return Status::Refused(StatusCode::kInvalidArgument, refused->token, refused->message);
+  }
+  const VerifiedJws& v = std::get<VerifiedJws>(verified);
+  auto malformed = [](const std::string& why) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRevocationsMalformed,
+                           "revocation list claims: " + why);
+  };
+  const nlohmann::json& p = v.payload;
+  if (!p.is_object()) return malformed("not a JSON object");
+  for (const auto& [name, _] : p.items()) {
+    if (name != "iat" && name != "max_age_s" && name != "revocations") {
+      return malformed("unknown claim '" + name + "'");
+    }
+  }
+  RevocationList list;
+  list.kid = v.kid;
+  if (!p.contains("iat") || !p["iat"].is_number_integer()) {
+    return malformed("'iat' is missing or not an integer");
+  }
+  if (!p.contains("max_age_s") || !p["max_age_s"].is_number_integer() ||
+      p["max_age_s"].get<int64_t>() <= 0) {
+    return malformed("'max_age_s' is missing or not a positive integer");
+  }
+  if (!p.contains("revocations") || !p["revocations"].is_array()) {
+    return malformed("'revocations' is missing or not an array");
+  }
+  list.iat = p["iat"].get<int64_t>();
+  list.max_age_s = p["max_age_s"].get<int64_t>();
+  for (size_t i = 0; i < p["revocations"].size(); ++i) {
+    const nlohmann::json& r = p["revocations"][i];
+    const std::string where = "revocations[" + std::to_string(i) + "]";
+    if (!r.is_object() || !r.contains("key") || !r["key"].is_string() || !r.contains("digest") ||
+        !r["digest"].is_string() || !r.contains("reason") || !r["reason"].is_string() ||
+        !r.contains("revoked_at") || !r["revoked_at"].is_number_integer()) {
+      return malformed(where + " needs key, digest, reason (strings) and revoked_at (integer)");
+    }
+    list.entries.push_back({r["key"].get<std::string>(), r["digest"].get<std::string>(),
+                            r["reason"].get<std::string>(), r["revoked_at"].get<int64_t>()});
+  }
+  if (list.iat > now + kRevocationClockSkewS) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRevocationsStale,
+                           "revocation list issued at " + std::to_string(list.iat) + ", " +
+                               std::to_string(list.iat - now) +
+                               " s in the future of this machine's clock");
+  }
+  const int64_t max_age =
+      max_age_cap_s > 0 ? std::min(list.max_age_s, max_age_cap_s) : list.max_age_s;
+  if (now - list.iat > max_age) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRevocationsStale,
+                           "revocation list issued at " + std::to_string(list.iat) + " is " +
+                               std::to_string(now - list.iat) + " s old, over its maximum age of " +
+                               std::to_string(max_age) + " s");
+  }
+  return list;
 }
 
 // --- key ring -------------------------------------------------------------------------------

@@ -4,10 +4,19 @@
 //
 // Wire format: JWS compact serialization, three base64url (no padding) parts joined by '.':
 //   header  {"alg":"EdDSA","kid":"<16 hex>","typ":"kiln-receipt"}   (canonical JSON)
-//   claims  {"digest":"sha256:<hex>","family":"root/…","iat":<unix s>,"key":"ck1-…",
-//            "publisher":"<token name>","release":"<name or empty>","size":<bytes>,
-//            "tier":"platform"|"org"}                                (canonical JSON)
+//   claims  {"builder":"<who rebuilt cell.so>","digest":"sha256:<hex>","family":"root/…",
+//            "iat":<unix s>,"key":"ck1-…","org":"<org or empty>","publisher":"<token name>",
+//            "release":"<name or empty>","size":<bytes>,"so_digest":"sha256:<hex>",
+//            "source_digest":"sha256:<hex>","tier":"platform"|"org"}   (canonical JSON)
 //   signature  Ed25519 over ASCII(header_b64 + "." + claims_b64)
+// `builder` names the builder that rebuilt cell.so from source/cell.cc with the pinned toolchain
+// and found the bytes equal; empty means no rebuild was attested, and a worker adopts such a cell
+// only if it minted it itself (docs/trust.md). Receipts signed before these claims existed parse
+// with them empty.
+//
+// The revocation list travels the same way, header typ "kiln-revocations", claims
+//   {"iat":<unix s>,"max_age_s":<s>,"revocations":[{"digest","key","reason","revoked_at"}…]}
+// so an adopter can tell a list the hub signed a moment ago from a stripped or replayed one.
 // Key id: the first 16 hex of SHA-256 of the raw 32-byte public key. A JWKS lists every public
 // key the hub ever signed with (rotation never drops one), as {"kty":"OKP","crv":"Ed25519",
 // "x":<base64url raw key>,"kid":…,"alg":"EdDSA","use":"sig"}.
@@ -39,9 +48,26 @@ struct ReceiptClaims {
   std::string publisher;
   std::string tier;  // "platform" | "org"
   std::string release;
-  int64_t iat = 0;  // issued-at, unix seconds
+  int64_t iat = 0;            // issued-at, unix seconds
+  std::string org;            // tier org: the publisher's org; "" for platform
+  std::string source_digest;  // "sha256:<hex>" of source/cell.cc ("" when not attested)
+  std::string so_digest;      // "sha256:<hex>" of cell.so ("" when not attested)
+  std::string builder;        // who rebuilt cell.so from the source byte-equal; "" = nobody
   bool operator==(const ReceiptClaims&) const = default;
 };
+
+// "sha256:<64 hex>" of a member's bytes, as receipts state source_digest and so_digest.
+std::string MemberDigest(std::string_view bytes);
+
+// Families are "<namespace>/<name>" with lowercase [a-z0-9._-] segments.
+bool IsWellFormedFamily(const std::string& family);
+
+// The publisher rule (docs/design.md "Receipt checks"): a `platform` publisher may write any
+// family; an `org` publisher only families "<org>/…", never the platform's "root/…". OK or
+// InvalidArgument naming the publisher, its tier and org, and the family. The hub applies it to
+// a publish, a worker to a receipt, with the same function.
+Status CheckTierWrites(const std::string& publisher, const std::string& tier,
+                       const std::string& org, const std::string& family);
 
 nlohmann::json ClaimsToJson(const ReceiptClaims& c);
 // Refuses a missing or mistyped field by name; unknown fields are refused too (a verifier must
@@ -119,6 +145,42 @@ struct ReceiptVerdict {
 
 ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
                              const ExpectedClaims& expected);
+
+// One revoked cell as the signed list carries it.
+struct RevocationEntry {
+  std::string key;
+  std::string digest;
+  std::string reason;
+  int64_t revoked_at = 0;
+  bool operator==(const RevocationEntry&) const = default;
+};
+
+struct RevocationList {
+  int64_t iat = 0;        // when the hub signed it, unix seconds
+  int64_t max_age_s = 0;  // how long after iat an adopter may rely on it
+  std::vector<RevocationEntry> entries;
+  std::string kid;  // set by VerifyRevocationList
+};
+
+// Refusal tokens of VerifyRevocationList (Status::token()).
+inline constexpr const char* kRevocationsMalformed = "revocations_malformed";
+inline constexpr const char* kRevocationsUnsigned = "revocations_unsigned";
+inline constexpr const char* kRevocationsAlgRefused = "revocations_alg_refused";
+inline constexpr const char* kRevocationsUnknownKid = "revocations_unknown_kid";
+inline constexpr const char* kRevocationsBadSignature = "revocations_bad_signature";
+inline constexpr const char* kRevocationsStale = "revocations_stale";
+
+// Clock skew tolerated between a hub and an adopter when judging iat (seconds).
+inline constexpr int64_t kRevocationClockSkewS = 300;
+
+Result<std::string> SignRevocationList(const RevocationList& list, const SigningKey& key);
+
+// Verifies a signed list: JWS shape, typ "kiln-revocations", EdDSA, a trusted kid, the signature,
+// the claims; then freshness at `now`: iat no more than kRevocationClockSkewS in the future, and
+// now - iat within min(list max_age_s, max_age_cap_s) (cap 0 = the list's own). Refusals carry
+// the tokens above; an empty `jws` is revocations_unsigned.
+Result<RevocationList> VerifyRevocationList(std::string_view jws, const PublicKeySet& trusted,
+                                            int64_t now, int64_t max_age_cap_s = 0);
 
 // The hub's signing keys, persisted under `dir`:
 //   dir/signing/current          the kid of the active key

@@ -117,12 +117,30 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   }
   KILN_ASSIGN_OR_RETURN(std::string tokens_text, ReadFile(tokens_path));
   KILN_ASSIGN_OR_RETURN(auto tokens, ParseTokensFile(tokens_text, tokens_path));
-  for (const auto& t : tokens) KILN_RETURN_IF_ERROR(store->PutToken(t));
 
+  HubServiceOptions service_options;
+  if (options.rebuild == "verify") {
+    service_options.builder = NewSandboxedBuilder(options.sandbox);
+  } else if (options.rebuild != "off") {
+    return Status::InvalidArgument("hub: --rebuild '" + options.rebuild +
+                                   "' is not 'verify' or 'off'");
+  }
+  service_options.revocation_max_age_s = options.revocation_max_age_s;
+  service_options.blob_grace_s = options.blob_grace_s;
+  service_options.max_shared_object_bytes = options.max_shared_object_bytes;
   std::unique_ptr<HubServer> hub(new HubServer());
   hub->options_ = options;
-  hub->service_ = std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys));
+  hub->service_ = std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys),
+                                               nullptr, std::move(service_options));
+  // The file is the truth at every start: a token removed from it is dead, and a token an admin
+  // revoked stays dead even while the file still lists it.
+  KILN_ASSIGN_OR_RETURN(auto skipped, hub->service_->InstallTokens(tokens));
+  for (const auto& name : skipped) {
+    KILN_LOG(WARNING) << "hub: token '" << name << "' in " << tokens_path
+                      << " was revoked by an admin and stays dead; remove it from the file";
+  }
   hub->service_->set_ready_options(options.ready);
+  hub->service_->StartMaintenance(options.gc_interval_s);
   hub->http_ = std::make_unique<Http>();
   hub->InstallRoutes();
   auto& svr = hub->http_->server;
@@ -217,7 +235,7 @@ void HubServer::InstallRoutes() {
   svr.Get("/", [s](const httplib::Request&, httplib::Response& res) { Send(s->Dashboard(), res); });
 
   svr.Get(R"(/v1/cells/([^/]+))", authed([s](const Principal& p, const httplib::Request& req) {
-            return s->ResolveCell(p, req.matches[1]);
+            return s->ResolveCell(p, req.matches[1], req.get_param_value("family"));
           }));
   svr.Post("/v1/publish/intent", authed([s](const Principal& p, const httplib::Request& req) {
              return s->PublishIntent(p, req.body);
@@ -271,6 +289,9 @@ void HubServer::InstallRoutes() {
           }));
   svr.Post("/v1/admin/revoke", authed([s](const Principal& p, const httplib::Request& req) {
              return s->Revoke(p, req.body);
+           }));
+  svr.Post("/v1/admin/tokens/revoke", authed([s](const Principal& p, const httplib::Request& req) {
+             return s->RevokeToken(p, req.body);
            }));
   svr.Post("/v1/admin/rotate-key",
            authed([s](const Principal& p, const httplib::Request&) { return s->RotateKey(p); }));

@@ -25,8 +25,10 @@
 #include <variant>
 
 #include "src/kiln/base/status.h"
+#include "src/kiln/cell/admission.h"
 #include "src/kiln/hub/authz.h"
 #include "src/kiln/hub/blob_store.h"
+#include "src/kiln/hub/builder.h"
 #include "src/kiln/hub/receipt.h"
 #include "src/kiln/hub/store.h"
 
@@ -52,6 +54,26 @@ struct Reply {
 // transport failed.
 using BodyReader = std::function<bool(const std::function<bool(std::string_view)>& sink)>;
 
+// What a hub decides beyond its stores.
+struct HubServiceOptions {
+  // Rebuilds every published cell before it is signed (builder.h). null: no rebuild, and the
+  // receipts attest none, so no worker adopts those cells unless it minted them itself (for a hub
+  // that only stores, and for tests of the rest of the publish path).
+  std::shared_ptr<CellBuilder> builder;
+  // How long after signing an adopter may rely on a revocation list (its `max_age_s`).
+  int64_t revocation_max_age_s = 300;
+  // Unreferenced blobs and abandoned intents older than this are collected.
+  int64_t blob_grace_s = 24 * 3600;
+  // The largest cell.so a publish may carry (AdmitBytes' bound).
+  uint64_t max_shared_object_bytes = kDefaultMaxSharedObjectBytes;
+};
+
+// What one garbage collection pass removed.
+struct CollectedGarbage {
+  int intents = 0;
+  int blobs = 0;
+};
+
 // What /v1/ready demands beyond reachability.
 struct ReadyOptions {
   uint64_t min_free_bytes = 512ull << 20;  // free disk under the blob store
@@ -61,26 +83,36 @@ class HubService {
  public:
   // `now` returns unix seconds (tests pass a fixed clock); defaults to the system clock.
   HubService(std::unique_ptr<HubStore> store, std::unique_ptr<BlobStore> blobs,
-             std::unique_ptr<SigningKeyRing> keys, std::function<int64_t()> now = nullptr);
+             std::unique_ptr<SigningKeyRing> keys, std::function<int64_t()> now = nullptr,
+             HubServiceOptions options = {});
   ~HubService();
   HubService(const HubService&) = delete;
   HubService& operator=(const HubService&) = delete;
 
-  // The principal of an "Authorization: Bearer …" header, or 401 unauthenticated. Lookups are
-  // cached for a few seconds (resolve is the hot path).
+  // The principal of an "Authorization: Bearer …" header, or 401 unauthenticated: a token of the
+  // installed set that no admin revoked. Lookups are cached for a few seconds (resolve is the
+  // hot path); a revocation through this process clears the cache at once.
   std::variant<Principal, Reply> Authenticate(const std::string& authorization_header);
+
+  // Makes `tokens` this hub's whole token set (the tokens file is the truth at every start, and
+  // each hub process keeps its own, so hubs sharing a database never overwrite each other's),
+  // leaving out any token an admin revoked; returns the names left out. Authenticate knows no
+  // token before this is called.
+  Result<std::vector<std::string>> InstallTokens(const std::vector<TokenRow>& tokens);
 
   Reply Health();
   Reply Ready();
   Reply VerifyBlobs();
   Reply ReportBlobMismatch(const Principal& p, const std::string& digest);
-  Reply ResolveCell(const Principal& p, const std::string& key);
+  // `family` is the scope asked about: cells are owned per (key, family).
+  Reply ResolveCell(const Principal& p, const std::string& key, const std::string& family);
   Reply PublishIntent(const Principal& p, std::string_view body);
   Reply UploadBlob(const Principal& p, const std::string& digest, const BodyReader& read_body);
   Reply PublishComplete(const Principal& p, std::string_view body);
   Reply GetReceipt(const Principal& p, const std::string& key, const std::string& digest);
   Reply Revocations();
   Reply Revoke(const Principal& p, std::string_view body);
+  Reply RevokeToken(const Principal& p, std::string_view body);
   Reply Jwks();
   Reply RotateKey(const Principal& p);
   Reply CreateRelease(const Principal& p, std::string_view body);
@@ -93,6 +125,11 @@ class HubService {
   std::variant<std::unique_ptr<BlobReader>, Reply> OpenBlob(const Principal& p,
                                                             const std::string& digest);
 
+  // Deletes intents and unreferenced blobs older than the grace period (HubServiceOptions).
+  Result<CollectedGarbage> CollectGarbage();
+  // Runs CollectGarbage every `interval_s` on a thread of its own until this object goes.
+  void StartMaintenance(int interval_s);
+
   void set_ready_options(const ReadyOptions& o) { ready_options_ = o; }
   HubStore& store() { return *store_; }
   BlobStore& blobs() { return *blobs_; }
@@ -104,9 +141,12 @@ class HubService {
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<SigningKeyRing> keys_;
   std::function<int64_t()> now_;
+  HubServiceOptions options_;
   ReadyOptions ready_options_;
   struct TokenCache;
   std::unique_ptr<TokenCache> token_cache_;
+  struct Maintenance;
+  std::unique_ptr<Maintenance> maintenance_;
 };
 
 struct HubOptions {
@@ -122,6 +162,14 @@ struct HubOptions {
   // the cores (docs/benchmarks.md). A database on another host may want more.
   int db_pool = 0;
   uint64_t max_blob_bytes = 2ull << 30;
+  // The builder (builder.h): "verify" rebuilds every cell in a sandbox before signing; "off"
+  // signs without a rebuild (receipts then attest none).
+  std::string rebuild = "verify";
+  SandboxOptions sandbox;
+  int64_t revocation_max_age_s = 300;
+  int64_t blob_grace_s = 24 * 3600;
+  int gc_interval_s = 3600;
+  uint64_t max_shared_object_bytes = kDefaultMaxSharedObjectBytes;
   // Every stored blob is re-hashed this often (0: never); a damaged one is quarantined.
   int blob_verify_interval_s = 3600;
   ReadyOptions ready;

@@ -1,14 +1,18 @@
 // HubService: every hub route as a plain method over the stores (hub layer). The HTTP binding is
 // in server.cc; docs/hub-api.md documents each route, its bodies, status codes and error tokens.
 #include <chrono>
+#include <condition_variable>
 #include <sstream>
+#include <thread>
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/log.h"
 #include "src/kiln/base/sha256.h"
+#include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/key.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/cell/pack.h"
+#include "src/kiln/cell/provenance.h"
 #include "src/kiln/hub/server.h"
 
 namespace kiln {
@@ -41,6 +45,17 @@ constexpr int64_t kTokenCacheSeconds = 10;
 Reply Forbidden(const Principal& p, const std::string& what) {
   return Reply::Error(403, "forbidden",
                       "principal '" + p.name + "' with role '" + p.role + "' may not " + what);
+}
+
+Reply RevokedReply(const RevocationRow& r) {
+  return Reply::Error(410, "revoked", r.key + "@" + r.digest + " was revoked: " + r.reason,
+                      {{"key", r.key}, {"digest", r.digest}, {"reason", r.reason}});
+}
+
+Reply ScopeForbidden(const Principal& p, const std::string& family) {
+  return Reply::Error(
+      403, "scope_forbidden",
+      "principal '" + p.name + "' (org '" + p.org + "') may not read family '" + family + "'");
 }
 
 // Parses a JSON object body or answers 400 bad_request.
@@ -126,17 +141,56 @@ nlohmann::json EventJson(const StoredEvent& e) {
 struct HubService::TokenCache {
   std::mutex mu;
   std::map<std::string, std::pair<Principal, int64_t>> entries;  // sha256 -> (principal, expiry)
+  std::map<std::string, TokenRow> tokens;                        // the tokens file, by sha256
+};
+
+struct HubService::Maintenance {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  std::thread thread;
 };
 
 HubService::HubService(std::unique_ptr<HubStore> store, std::unique_ptr<BlobStore> blobs,
-                       std::unique_ptr<SigningKeyRing> keys, std::function<int64_t()> now)
+                       std::unique_ptr<SigningKeyRing> keys, std::function<int64_t()> now,
+                       HubServiceOptions options)
     : store_(std::move(store)),
       blobs_(std::move(blobs)),
       keys_(std::move(keys)),
       now_(std::move(now)),
+      options_(std::move(options)),
       token_cache_(std::make_unique<TokenCache>()) {}
 
-HubService::~HubService() = default;
+HubService::~HubService() {
+  if (maintenance_) {
+    {
+      std::lock_guard<std::mutex> lock(maintenance_->mu);
+      maintenance_->stop = true;
+    }
+    maintenance_->cv.notify_all();
+    if (maintenance_->thread.joinable()) maintenance_->thread.join();
+  }
+}
+
+Result<std::vector<std::string>> HubService::InstallTokens(const std::vector<TokenRow>& tokens) {
+  KILN_ASSIGN_OR_RETURN(auto revoked, store_->ListRevokedTokens());
+  std::map<std::string, TokenRow> live;
+  std::vector<std::string> skipped;
+  for (const TokenRow& t : tokens) {
+    const bool dead = std::any_of(revoked.begin(), revoked.end(), [&](const RevokedTokenRow& r) {
+      return r.token_sha256 == t.token_sha256;
+    });
+    if (dead) {
+      skipped.push_back(t.name);
+    } else {
+      live[t.token_sha256] = t;
+    }
+  }
+  std::lock_guard<std::mutex> lock(token_cache_->mu);
+  token_cache_->tokens = std::move(live);
+  token_cache_->entries.clear();
+  return skipped;
+}
 
 int64_t HubService::Now() const {
   if (now_) return now_();
@@ -157,13 +211,22 @@ std::variant<Principal, Reply> HubService::Authenticate(const std::string& heade
     auto it = token_cache_->entries.find(hash);
     if (it != token_cache_->entries.end() && it->second.second > now) return it->second.first;
   }
-  auto row = store_->GetToken(hash);
-  if (!row.ok()) return Reply::FromStatus(row.status());
-  if (!row->has_value()) {
-    return Reply::Error(401, "unauthenticated", "the bearer token is not known to this hub");
+  TokenRow t;
+  {
+    std::lock_guard<std::mutex> lock(token_cache_->mu);
+    auto it = token_cache_->tokens.find(hash);
+    if (it == token_cache_->tokens.end()) {
+      return Reply::Error(401, "unauthenticated", "the bearer token is not known to this hub");
+    }
+    t = it->second;
   }
-  const TokenRow& t = **row;
-  Principal p{t.name, t.role, t.role == "admin" ? "platform" : t.tier, t.org};
+  // Revoked by an admin, here or through another hub sharing the database.
+  auto revoked = store_->IsTokenRevoked(hash);
+  if (!revoked.ok()) return Reply::FromStatus(revoked.status());
+  if (*revoked) {
+    return Reply::Error(401, "unauthenticated", "the bearer token was revoked");
+  }
+  Principal p{t.name, t.role, t.role == "admin" ? "platform" : t.tier, t.org, t.releases};
   std::lock_guard<std::mutex> lock(token_cache_->mu);
   if (token_cache_->entries.size() > 10000) token_cache_->entries.clear();
   token_cache_->entries[hash] = {p, now + kTokenCacheSeconds};
@@ -171,8 +234,10 @@ std::variant<Principal, Reply> HubService::Authenticate(const std::string& heade
 }
 
 Reply HubService::Health() {
-  return Reply::Json(
-      200, {{"ok", true}, {"store", store_->Describe()}, {"kid", keys_->Current()->kid()}});
+  return Reply::Json(200, {{"ok", true},
+                           {"store", store_->Describe()},
+                           {"kid", keys_->Current()->kid()},
+                           {"builder", options_.builder ? options_.builder->name() : ""}});
 }
 
 // GET /v1/ready: what a load balancer asks before sending traffic. Unlike /v1/health (the process
@@ -251,14 +316,24 @@ Reply HubService::ReportBlobMismatch(const Principal& p, const std::string& dige
   return Reply::FromStatus(s);
 }
 
-// GET /v1/cells/{key}
-Reply HubService::ResolveCell(const Principal& p, const std::string& key) {
+// GET /v1/cells/{key}?family=
+Reply HubService::ResolveCell(const Principal& p, const std::string& key,
+                              const std::string& family) {
   if (!IsWellFormedKey(key)) {
     return Reply::Error(400, "bad_key", "key '" + key + "' is not ck1- + 56 lowercase hex");
   }
-  auto resolved = store_->GetCellForResolve(key);
+  if (!IsWellFormedFamily(family)) {
+    return Reply::Error(400, "bad_family",
+                        "resolve needs ?family=<namespace>/<name>: cells are owned per (key, "
+                        "family); got '" +
+                            family + "'");
+  }
+  if (!MayRead(p, family)) return ScopeForbidden(p, family);
+  auto resolved = store_->GetCellForResolve(key, family);
   if (!resolved.ok()) return Reply::FromStatus(resolved.status());
-  if (!resolved->has_value()) return Reply::Json(200, {{"found", false}, {"key", key}});
+  if (!resolved->has_value()) {
+    return Reply::Json(200, {{"found", false}, {"key", key}, {"family", family}});
+  }
   const CellRow& c = (*resolved)->cell;
   if (const auto& revoked = (*resolved)->revocation; revoked.has_value()) {
     return Reply::Error(410, "revoked",
@@ -301,21 +376,27 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
   if (!IsWellFormedDigest(intent.digest)) {
     return Reply::Error(400, "bad_digest", "digest '" + intent.digest + "' is not sha256:<64 hex>");
   }
-  if (intent.size > (2ull << 30)) {
-    return Reply::Error(
-        413, "too_large",
-        "size " + std::to_string(intent.size) + " exceeds the hub's limit of 2 GiB");
+  if (intent.size > (2ull << 30) ||
+      intent.size > options_.max_shared_object_bytes + kMaxMetadataBytes + kMaxSourceBytes) {
+    return Reply::Error(413, "too_large",
+                        "size " + std::to_string(intent.size) +
+                            " exceeds what a cell may hold here (its shared object at most " +
+                            std::to_string(options_.max_shared_object_bytes) + " bytes)");
   }
   if (Status s = CheckFamilyWrite(p, intent.family); !s.ok()) {
     return Reply::Error(IsWellFormedFamily(intent.family) ? 403 : 400,
                         IsWellFormedFamily(intent.family) ? "family_forbidden" : "bad_family",
                         s.message());
   }
-  auto existing = store_->GetCell(intent.key);
+  // A revoked (key, digest) never comes back, whoever publishes it.
+  auto revoked = store_->GetRevocation(intent.key, intent.digest);
+  if (!revoked.ok()) return Reply::FromStatus(revoked.status());
+  if (revoked->has_value()) return RevokedReply(**revoked);
+  auto existing = store_->GetCellForResolve(intent.key, intent.family);
   if (!existing.ok()) return Reply::FromStatus(existing.status());
   bool repair = false;
-  if (existing->has_value()) {
-    const CellRow& c = **existing;
+  if (existing->has_value() && !(*existing)->revocation.has_value()) {
+    const CellRow& c = (*existing)->cell;
     if (c.digest == intent.digest) {
       // The same cell again: already published, unless its stored bytes were damaged (or lost),
       // in which case this publisher's upload repairs them.
@@ -331,8 +412,9 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
     }
     if (!repair) {
       return Reply::Error(409, "key_taken",
-                          "key " + c.key + " is already owned by " + c.digest + " (first writer " +
-                              c.publisher + "); " + intent.digest + " is refused",
+                          "key " + c.key + " is already owned in family " + c.family + " by " +
+                              c.digest + " (first writer " + c.publisher + "); " + intent.digest +
+                              " is refused",
                           {{"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
     }
   }
@@ -352,11 +434,13 @@ Reply HubService::UploadBlob(const Principal& p, const std::string& digest,
   if (!IsWellFormedDigest(digest)) {
     return Reply::Error(400, "bad_digest", "digest '" + digest + "' is not sha256:<64 hex>");
   }
-  auto intent = store_->FindIntentByDigest(digest);
+  // This publisher's own intent: another publisher's (a wrong size, say) never applies here.
+  auto intent = store_->FindIntentByDigest(digest, p.name);
   if (!intent.ok()) return Reply::FromStatus(intent.status());
   if (!intent->has_value()) {
     return Reply::Error(404, "no_intent",
-                        "no publish intent declares " + digest + "; POST /v1/publish/intent first");
+                        "publisher '" + p.name + "' declared no intent for " + digest +
+                            "; POST /v1/publish/intent first");
   }
   if (blobs_->Has(digest)) {
     // Already here and intact: nothing to store. Damaged: Verify quarantined it; store these.
@@ -409,24 +493,32 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
   if (!IsWellFormedDigest(digest)) {
     return Reply::Error(400, "bad_digest", "digest '" + digest + "' is not sha256:<64 hex>");
   }
-  // 1. The intent this completes, made by this publisher.
-  auto intent_r = store_->GetIntent(key, digest);
+  // 1. The intent this completes, made by this publisher (another's never applies).
+  auto intent_r = store_->GetIntent(key, digest, p.name);
   if (!intent_r.ok()) return Reply::FromStatus(intent_r.status());
   if (!intent_r->has_value()) {
-    return Reply::Error(404, "no_intent", "no publish intent for " + key + "@" + digest);
+    return Reply::Error(
+        404, "no_intent",
+        "publisher '" + p.name + "' has no publish intent for " + key + "@" + digest);
   }
   const IntentRow intent = **intent_r;
-  // 2. First writer already there? Same bytes: the same receipt. Other bytes: a typed conflict.
-  auto existing = store_->GetCell(key);
+  auto revoked = store_->GetRevocation(key, digest);
+  if (!revoked.ok()) return Reply::FromStatus(revoked.status());
+  if (revoked->has_value()) return RevokedReply(**revoked);
+  // 2. First writer of this scope already there? Same bytes: the same receipt. Other live bytes:
+  // a typed conflict. A revoked owner does not hold the key.
+  auto existing = store_->GetCellForResolve(key, intent.family);
   if (!existing.ok()) return Reply::FromStatus(existing.status());
-  if (existing->has_value()) {
-    const CellRow& c = **existing;
+  if (existing->has_value() && !(*existing)->revocation.has_value()) {
+    const CellRow& c = (*existing)->cell;
     if (c.digest == digest) {
       return Reply::Json(
           200, {{"already", true}, {"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
     }
-    return Reply::Error(409, "key_taken", "key " + key + " is already owned by " + c.digest,
-                        {{"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
+    return Reply::Error(
+        409, "key_taken",
+        "key " + key + " is already owned in family " + c.family + " by " + c.digest,
+        {{"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
   }
   // 3. The bytes, verified at upload.
   if (!blobs_->Has(digest)) {
@@ -436,57 +528,67 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
   }
   auto bytes = blobs_->ReadAll(digest);
   if (!bytes.ok()) return Reply::FromStatus(bytes.status());
-  if (bytes->size() != intent.size) {
-    return Reply::Error(422, "size_mismatch",
-                        "blob " + digest + " holds " + std::to_string(bytes->size()) +
-                            " bytes, the intent declared " + std::to_string(intent.size));
+  // 4. The admission a worker runs on the bytes, with the worker's tokens: size, digest, the
+  // archive, the metadata, the key restated by kiln's one function (law 3), the fence proof the
+  // mint recorded (law 2), a plausible shared object, a source (law 13: evidence to publish).
+  auto admitted =
+      AdmitBytes(*bytes, digest, intent.size, BytesPolicy{key, options_.max_shared_object_bytes});
+  if (!admitted.ok()) {
+    const Status& s = admitted.status();
+    return Reply::Error(422, s.token().empty() ? "cell_corrupt" : s.token(), s.message());
   }
-  // 4. The cell restates its own key with kiln's one function (law 3).
-  auto files = UnpackCell(*bytes, "cell " + digest);
-  if (!files.ok()) return Reply::Error(422, "bad_cell", files.status().message());
-  auto meta = ParseMetadata(files->metadata_json, "metadata.json of " + digest);
-  if (!meta.ok()) return Reply::Error(422, "bad_metadata", meta.status().message());
-  auto restated = RestateKey(*meta);
-  if (!restated.ok()) {
-    return Reply::Error(
-        422, "key_restatement_failed",
-        "metadata.json of " + digest + " does not restate: " + restated.status().message());
-  }
-  if (*restated != key || meta->key != key) {
-    return Reply::Error(422, "key_restatement_failed",
-                        "metadata.json of " + digest + " restates to " + *restated + " (recorded " +
-                            meta->key + "), expected " + key);
-  }
+  const CellMetadata& meta = admitted->metadata;
   // 5. Family: the metadata's, the intent's, and one this publisher may write.
-  if (meta->family != intent.family) {
+  if (meta.family != intent.family) {
     return Reply::Error(422, "family_mismatch",
-                        "metadata.json family '" + meta->family + "' differs from the intent's '" +
+                        "metadata.json family '" + meta.family + "' differs from the intent's '" +
                             intent.family + "'");
   }
-  if (Status s = CheckFamilyWrite(p, meta->family); !s.ok()) {
+  if (Status s = CheckFamilyWrite(p, meta.family); !s.ok()) {
     return Reply::Error(403, "family_forbidden", s.message());
   }
-  // 6. Sign, then store first-writer-wins.
+  // 6. The rebuild: the shared object must be what its source builds to with the pinned
+  // toolchain (provenance.h), rebuilt in the builder's sandbox.
+  RebuildAttestation attestation;
+  if (options_.builder) {
+    auto rebuilt = options_.builder->Rebuild(meta, admitted->files);
+    if (!rebuilt.ok()) {
+      const Status& s = rebuilt.status();
+      KILN_LOG(WARNING) << "hub: rebuild of " << key << "@" << digest << " by " << p.name
+                        << " refused: " << s.ToString();
+      if (s.Is(kRefusalBuilderUnavailable)) {
+        return Reply::Error(503, kRefusalBuilderUnavailable, s.message());
+      }
+      return Reply::Error(422, s.token().empty() ? kRefusalRebuildFailed : s.token(), s.message());
+    }
+    attestation = *rebuilt;
+  }
+  // 7. Sign, then store first-writer-wins within the family.
   ReceiptClaims claims;
   claims.key = key;
   claims.digest = digest;
   claims.size = intent.size;
-  claims.family = meta->family;
+  claims.family = meta.family;
   claims.publisher = p.name;
   claims.tier = p.tier.empty() ? "platform" : p.tier;
+  claims.org = claims.tier == "org" ? p.org : "";
   claims.release = intent.release;
   claims.iat = Now();
+  claims.source_digest = MemberDigest(admitted->files.source);
+  claims.so_digest = MemberDigest(admitted->files.shared_object);
+  claims.builder = attestation.builder;
   auto signing_key = keys_->Current();
   auto receipt = SignReceipt(claims, *signing_key);
   if (!receipt.ok()) return Reply::FromStatus(receipt.status());
-  CellRow row{key,         digest,         intent.size, meta->family, p.name,
+  CellRow row{key,         digest,         intent.size, meta.family, p.name,
               claims.tier, intent.release, *receipt,    claims.iat};
   auto insert = store_->InsertCellIfAbsent(row);
   if (!insert.ok()) return Reply::FromStatus(insert.status());
   const CellRow* owner = &insert->owner;
   if (owner->digest != digest) {
     return Reply::Error(
-        409, "key_taken", "key " + key + " was taken by " + owner->digest,
+        409, "key_taken",
+        "key " + key + " was taken in family " + meta.family + " by " + owner->digest,
         {{"key", owner->key}, {"digest", owner->digest}, {"receipt", owner->receipt}});
   }
   if (!insert->inserted) {
@@ -494,19 +596,36 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
     return Reply::Json(
         200, {{"already", true}, {"key", key}, {"digest", digest}, {"receipt", owner->receipt}});
   }
-  // 7. Obligations owed this key (or this release's target slot) are discharged.
-  auto discharged =
-      store_->DischargeObligations(key, digest, intent.release, intent.target, meta->sm, Now());
-  if (!discharged.ok()) {
-    KILN_LOG(WARNING) << "hub: cell " << key << " stored but discharging obligations failed: "
-                      << discharged.status().ToString();
+  // 8. Obligations owed this key (or this release's target slot) are discharged, in the
+  // releases this publisher holds.
+  int discharged = 0;
+  std::vector<std::string> scopes;
+  if (HoldsRelease(p, "*")) {
+    scopes = {"*"};
+  } else {
+    scopes = p.releases;
   }
-  KILN_LOG(INFO) << "hub: stored cell " << key << "@" << digest << " family " << meta->family
-                 << " by " << p.name;
+  for (const std::string& scope : scopes) {
+    auto n = store_->DischargeObligations(key, digest, intent.release, intent.target, meta.sm,
+                                          Now(), scope);
+    if (n.ok()) {
+      discharged += *n;
+    } else {
+      KILN_LOG(WARNING) << "hub: cell " << key
+                        << " stored but discharging obligations failed: " << n.status().ToString();
+    }
+  }
+  KILN_LOG(INFO) << "hub: stored cell " << key << "@" << digest << " family " << meta.family
+                 << " by " << p.name
+                 << (attestation.builder.empty()
+                         ? std::string(" (no rebuild)")
+                         : " rebuilt by " + attestation.builder + " in " +
+                               std::to_string(static_cast<int64_t>(attestation.ms)) + " ms");
   return Reply::Json(200, {{"key", key},
                            {"digest", digest},
                            {"receipt", *receipt},
-                           {"discharged", discharged.ok() ? *discharged : 0}});
+                           {"builder", attestation.builder},
+                           {"discharged", discharged}});
 }
 
 // GET /v1/receipts/{key}/{digest}
@@ -518,33 +637,50 @@ Reply HubService::GetReceipt(const Principal& p, const std::string& key,
   if (!IsWellFormedDigest(digest)) {
     return Reply::Error(400, "bad_digest", "digest '" + digest + "' is not sha256:<64 hex>");
   }
-  auto cell = store_->GetCell(key);
-  if (!cell.ok()) return Reply::FromStatus(cell.status());
-  if (!cell->has_value() || (*cell)->digest != digest) {
+  auto cells = store_->ListCellsForKey(key);
+  if (!cells.ok()) return Reply::FromStatus(cells.status());
+  const CellRow* found = nullptr;
+  for (const CellRow& c : *cells) {
+    if (c.digest == digest && MayRead(p, c.family)) {
+      found = &c;
+      break;
+    }
+  }
+  if (found == nullptr) {
     return Reply::Error(404, "not_found", "no receipt for " + key + "@" + digest);
   }
   auto revoked = store_->GetRevocation(key, digest);
   if (!revoked.ok()) return Reply::FromStatus(revoked.status());
-  if (revoked->has_value()) {
-    return Reply::Error(410, "revoked", key + "@" + digest + " was revoked: " + (*revoked)->reason,
-                        {{"key", key}, {"digest", digest}, {"reason", (*revoked)->reason}});
-  }
-  return Reply::Json(200, {{"key", key}, {"digest", digest}, {"receipt", (*cell)->receipt}});
+  if (revoked->has_value()) return RevokedReply(**revoked);
+  return Reply::Json(
+      200,
+      {{"key", key}, {"digest", digest}, {"family", found->family}, {"receipt", found->receipt}});
 }
 
 // GET /v1/revocations
+// Signed afresh on every call (an Ed25519 signature costs microseconds), so its iat is now and an
+// adopter can bound how old a list it relies on may be.
 Reply HubService::Revocations() {
   auto rows = store_->ListRevocations();
   if (!rows.ok()) return Reply::FromStatus(rows.status());
   nlohmann::json list = nlohmann::json::array();
+  RevocationList signed_list;
+  signed_list.iat = Now();
+  signed_list.max_age_s = options_.revocation_max_age_s;
   for (const auto& r : *rows) {
     list.push_back({{"key", r.key},
                     {"digest", r.digest},
                     {"reason", r.reason},
                     {"revoked_by", r.revoked_by},
                     {"revoked_at", r.revoked_at}});
+    signed_list.entries.push_back({r.key, r.digest, r.reason, r.revoked_at});
   }
-  return Reply::Json(200, {{"revocations", list}});
+  auto jws = SignRevocationList(signed_list, *keys_->Current());
+  if (!jws.ok()) return Reply::FromStatus(jws.status());
+  return Reply::Json(200, {{"list", *jws},
+                           {"iat", signed_list.iat},
+                           {"max_age_s", signed_list.max_age_s},
+                           {"revocations", list}});
 }
 
 // POST /v1/admin/revoke
@@ -567,7 +703,54 @@ Reply HubService::Revoke(const Principal& p, std::string_view body) {
   if (Status s = store_->Revoke(row); !s.ok()) return Reply::FromStatus(s);
   KILN_LOG(INFO) << "hub: revoked " << row.key << "@" << row.digest << " by " << p.name << ": "
                  << row.reason;
+  // The key is free again in every family these bytes owned: a new digest may be published.
   return Reply::Json(200, {{"revoked", true}, {"key", row.key}, {"digest", row.digest}});
+}
+
+// POST /v1/admin/tokens/revoke
+Reply HubService::RevokeToken(const Principal& p, std::string_view body) {
+  if (p.role != "admin") return Forbidden(p, "revoke tokens");
+  auto parsed = ParseBody(body, "token revoke");
+  if (auto* r = std::get_if<Reply>(&parsed)) return *r;
+  const auto& j = std::get<nlohmann::json>(parsed);
+  std::string bad;
+  const std::string name = Str(j, "name", &bad);
+  const std::string sha256 = Str(j, "sha256", &bad);
+  if (!bad.empty()) return Reply::Error(400, "bad_request", "token revoke: " + bad);
+  if (name.empty() == sha256.empty()) {
+    return Reply::Error(400, "bad_request",
+                        "token revoke: give exactly one of 'name' or 'sha256' (the token's "
+                        "SHA-256, as in the tokens file)");
+  }
+  std::vector<RevokedTokenRow> revoked;
+  {
+    std::lock_guard<std::mutex> lock(token_cache_->mu);
+    for (const auto& [hash, t] : token_cache_->tokens) {
+      if (sha256.empty() ? t.name == name : hash == sha256) {
+        revoked.push_back({hash, t.name, p.name, Now()});
+      }
+    }
+  }
+  if (revoked.empty()) {
+    return Reply::Error(
+        404, "not_found",
+        "no live token " + (name.empty() ? "with sha256 " + sha256 : "named '" + name + "'"));
+  }
+  for (const RevokedTokenRow& r : revoked) {
+    if (Status s = store_->RevokeToken(r); !s.ok()) return Reply::FromStatus(s);
+  }
+  nlohmann::json names = nlohmann::json::array();
+  {
+    std::lock_guard<std::mutex> lock(token_cache_->mu);
+    for (const RevokedTokenRow& r : revoked) {
+      token_cache_->tokens.erase(r.token_sha256);
+      names.push_back(r.name);
+    }
+    token_cache_->entries.clear();  // dead now, not after the cache's few seconds
+  }
+  KILN_LOG(INFO) << "hub: revoked " << revoked.size() << " token(s) " << names.dump() << " by "
+                 << p.name;
+  return Reply::Json(200, {{"revoked", revoked.size()}, {"names", names}});
 }
 
 Reply HubService::Jwks() { return Reply::Json(200, keys_->Jwks()); }
@@ -636,14 +819,17 @@ Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
   }
   auto created = store_->AddObligations(rows);
   if (!created.ok()) return Reply::FromStatus(created.status());
-  // A declared key already stored discharges at once: the obligation is owed a cell that exists.
+  // A declared key already stored by a platform publisher, live, discharges at once: the
+  // obligation is owed a cell that exists. A tenant's cell under the same key never does.
   for (const auto& o : rows) {
     if (o.key.empty()) continue;
-    auto cell = store_->GetCell(o.key);
-    if (cell.ok() && cell->has_value()) {
-      store_->DischargeObligations(o.key, (*cell)->digest, "", "", "", Now())
-          .status()
-          .IgnoreError();
+    auto cells = store_->ListCellsForKey(o.key);
+    if (!cells.ok()) continue;
+    for (const CellRow& c : *cells) {
+      auto revoked = store_->GetRevocation(c.key, c.digest);
+      if (c.tier != "platform" || !revoked.ok() || revoked->has_value()) continue;
+      store_->DischargeObligations(o.key, c.digest, "", "", "", Now(), name).status().IgnoreError();
+      break;
     }
   }
   auto all = store_->ListObligations(name);
@@ -680,6 +866,11 @@ Reply HubService::SettleObligation(const Principal& p, std::string_view body) {
   if (!IsToken(token)) {
     return Reply::Error(400, "bad_request",
                         "settle: token '" + token + "' is not a lower_snake refusal token");
+  }
+  if (!HoldsRelease(p, release)) {
+    return Reply::Error(403, "release_forbidden",
+                        "principal '" + p.name + "' holds no grant for release '" + release +
+                            "' and may not settle its obligations");
   }
   auto row = store_->SettleObligation(release, target, sm, token, Now());
   if (!row.ok()) return Reply::FromStatus(row.status());
@@ -726,9 +917,17 @@ Reply HubService::PostEvents(const Principal& p, std::string_view body) {
     e.key = Str(r, "key", &bad);
     if (e.key.empty()) e.key = Str(r, "ref", &bad);
     e.detail = Str(r, "detail", &bad);
+    const std::string instance = Str(r, "instance", &bad);
     if (!bad.empty()) return Reply::Error(400, "bad_request", where + ": " + bad);
     if (e.kind.empty()) return Reply::Error(400, "bad_request", where + ": 'kind' is required");
-    if (e.worker.empty()) e.worker = p.name;
+    // A worker token speaks for its own name only (and its processes: "<name>/<instance>").
+    if (p.role != "admin" && !e.worker.empty() && e.worker != p.name &&
+        e.worker.rfind(p.name + "/", 0) != 0) {
+      return Reply::Error(403, "worker_mismatch",
+                          where + ": worker '" + e.worker + "' is not '" + p.name +
+                              "', the worker this token is bound to");
+    }
+    if (e.worker.empty()) e.worker = instance.empty() ? p.name : p.name + "/" + instance;
     auto num = [&](const char* name, auto* out) -> bool {
       auto it = r.find(name);
       if (it == r.end() || it->is_null()) return true;
@@ -779,9 +978,64 @@ std::variant<std::unique_ptr<BlobReader>, Reply> HubService::OpenBlob(const Prin
   if (!IsWellFormedDigest(digest)) {
     return Reply::Error(400, "bad_digest", "digest '" + digest + "' is not sha256:<64 hex>");
   }
+  // Readable by a token whose scope may adopt a cell of these bytes, or by the publisher that
+  // declared them; to anyone else it does not exist.
+  bool readable = p.role == "admin";
+  if (!readable) {
+    auto cells = store_->CellsWithDigest(digest);
+    if (!cells.ok()) return Reply::FromStatus(cells.status());
+    for (const CellRow& c : *cells) readable = readable || MayRead(p, c.family);
+  }
+  if (!readable && HasRole(p, {"publisher"})) {
+    auto own = store_->FindIntentByDigest(digest, p.name);
+    if (!own.ok()) return Reply::FromStatus(own.status());
+    readable = own->has_value();
+  }
+  if (!readable) {
+    return Reply::Error(404, "not_found", "blob " + digest + " is not stored for this token");
+  }
   auto reader = blobs_->Open(digest);
   if (!reader.ok()) return Reply::FromStatus(reader.status());
   return std::move(reader).value();
+}
+
+Result<CollectedGarbage> HubService::CollectGarbage() {
+  CollectedGarbage out;
+  const int64_t horizon = Now() - options_.blob_grace_s;
+  KILN_ASSIGN_OR_RETURN(out.intents, store_->DeleteIntentsBefore(horizon));
+  KILN_ASSIGN_OR_RETURN(auto blobs, blobs_->ListStored());
+  for (const auto& b : blobs) {
+    if (b.stored_at >= horizon) continue;  // young: its publish may still complete
+    KILN_ASSIGN_OR_RETURN(auto cells, store_->CellsWithDigest(b.digest));
+    if (!cells.empty()) continue;
+    KILN_ASSIGN_OR_RETURN(auto intent, store_->FindIntentByDigest(b.digest, ""));
+    if (intent.has_value()) continue;
+    KILN_RETURN_IF_ERROR(blobs_->Remove(b.digest));
+    ++out.blobs;
+  }
+  if (out.intents > 0 || out.blobs > 0) {
+    KILN_LOG(INFO) << "hub: collected " << out.blobs << " unreferenced blob(s) and " << out.intents
+                   << " abandoned intent(s) older than " << options_.blob_grace_s << " s";
+  }
+  return out;
+}
+
+void HubService::StartMaintenance(int interval_s) {
+  if (maintenance_ || interval_s <= 0) return;
+  maintenance_ = std::make_unique<Maintenance>();
+  Maintenance* m = maintenance_.get();
+  m->thread = std::thread([this, m, interval_s] {
+    std::unique_lock<std::mutex> lock(m->mu);
+    while (!m->stop) {
+      lock.unlock();
+      auto collected = CollectGarbage();
+      if (!collected.ok()) {
+        KILN_LOG(WARNING) << "hub: garbage collection failed: " << collected.status().ToString();
+      }
+      lock.lock();
+      m->cv.wait_for(lock, std::chrono::seconds(interval_s), [m] { return m->stop; });
+    }
+  });
 }
 
 // GET /

@@ -21,22 +21,26 @@ namespace kiln {
 
 namespace {
 
+// Schema version 2: cells are owned per (key, family), intents per (key, digest, publisher), and
+// admin-revoked tokens are remembered (the tokens themselves are each hub's tokens file).
+constexpr int kSchemaVersion = 2;
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
-  key TEXT PRIMARY KEY, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
+  key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
   publisher TEXT NOT NULL, tier TEXT NOT NULL, release TEXT NOT NULL, receipt TEXT NOT NULL,
-  created_at INTEGER NOT NULL);
+  created_at INTEGER NOT NULL, PRIMARY KEY (key, family));
+CREATE INDEX IF NOT EXISTS cells_digest ON cells(digest);
 CREATE TABLE IF NOT EXISTS intents (
   key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
   release TEXT NOT NULL, target TEXT NOT NULL, publisher TEXT NOT NULL,
-  created_at INTEGER NOT NULL, PRIMARY KEY (key, digest));
+  created_at INTEGER NOT NULL, PRIMARY KEY (key, digest, publisher));
 CREATE INDEX IF NOT EXISTS intents_digest ON intents(digest);
 CREATE TABLE IF NOT EXISTS revocations (
   key TEXT NOT NULL, digest TEXT NOT NULL, reason TEXT NOT NULL, revoked_by TEXT NOT NULL,
   revoked_at INTEGER NOT NULL, PRIMARY KEY (key, digest));
-CREATE TABLE IF NOT EXISTS tokens (
-  token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, role TEXT NOT NULL, tier TEXT NOT NULL,
-  org TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS revoked_tokens (
+  token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, revoked_by TEXT NOT NULL,
+  revoked_at INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS obligations (
   release TEXT NOT NULL, target TEXT NOT NULL, sm TEXT NOT NULL, key TEXT NOT NULL,
   state TEXT NOT NULL, cell_digest TEXT NOT NULL, updated_at INTEGER NOT NULL,
@@ -48,6 +52,28 @@ CREATE TABLE IF NOT EXISTS events (
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+)sql";
+
+// From version 1 (one owner per key, one intent per (key, digest)): the primary keys change, so
+// the two tables are rebuilt; the rows are kept.
+constexpr const char* kMigrateFrom1 = R"sql(
+ALTER TABLE cells RENAME TO cells_v1;
+CREATE TABLE cells (
+  key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
+  publisher TEXT NOT NULL, tier TEXT NOT NULL, release TEXT NOT NULL, receipt TEXT NOT NULL,
+  created_at INTEGER NOT NULL, PRIMARY KEY (key, family));
+INSERT INTO cells SELECT key, digest, size, family, publisher, tier, release, receipt, created_at
+  FROM cells_v1 ORDER BY rowid;
+DROP TABLE cells_v1;
+ALTER TABLE intents RENAME TO intents_v1;
+DROP INDEX IF EXISTS intents_digest;
+CREATE TABLE intents (
+  key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
+  release TEXT NOT NULL, target TEXT NOT NULL, publisher TEXT NOT NULL,
+  created_at INTEGER NOT NULL, PRIMARY KEY (key, digest, publisher));
+INSERT INTO intents SELECT * FROM intents_v1;
+DROP TABLE intents_v1;
+DROP TABLE IF EXISTS tokens;
 )sql";
 
 // SQLite's primary result codes that mean the file itself is damaged (not busy, not full).
@@ -253,22 +279,44 @@ class SqliteStore final : public HubStore {
     std::lock_guard<std::mutex> lock(mu_);
     bool inserted = false;
     {
+      // A live owner is never overwritten; an owner whose (key, digest) is revoked is replaced.
       Stmt s(db_,
              "INSERT INTO cells (key, digest, size, family, publisher, tier, release, receipt, "
-             "created_at) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(key) DO NOTHING");
+             "created_at) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(key, family) DO UPDATE SET "
+             "digest = excluded.digest, size = excluded.size, publisher = excluded.publisher, "
+             "tier = excluded.tier, release = excluded.release, receipt = excluded.receipt, "
+             "created_at = excluded.created_at WHERE cells.digest <> excluded.digest AND EXISTS "
+             "(SELECT 1 FROM revocations r WHERE r.key = cells.key AND r.digest = cells.digest)");
       s.Bind(row.key).Bind(row.digest).Bind(static_cast<int64_t>(row.size)).Bind(row.family);
       s.Bind(row.publisher).Bind(row.tier).Bind(row.release).Bind(row.receipt).Bind(row.created_at);
       KILN_RETURN_IF_ERROR(s.Run("insert cell"));
       // mu_ serialises every statement on this connection, so the count is this insert's.
       inserted = sqlite3_changes(db_) == 1;
     }
-    KILN_ASSIGN_OR_RETURN(auto existing, GetCellLocked(row.key));
+    KILN_ASSIGN_OR_RETURN(auto existing, GetCellLocked(row.key, row.family));
     if (!existing) return Status::Internal("sqlite: cell '" + row.key + "' vanished after insert");
     return CellInsert{*existing, inserted};
   }
-  Result<std::optional<CellRow>> GetCell(const std::string& key) override {
+  Result<std::optional<CellRow>> GetCell(const std::string& key,
+                                         const std::string& family) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return GetCellLocked(key);
+    return GetCellLocked(key, family);
+  }
+  Result<std::vector<CellRow>> ListCellsForKey(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, (std::string("SELECT ") + kCellCols +
+                 " FROM cells WHERE key = ? ORDER BY created_at, rowid")
+                    .c_str());
+    s.Bind(key);
+    return All<CellRow>(s, ReadCell, "list cells of a key");
+  }
+  Result<std::vector<CellRow>> CellsWithDigest(const std::string& digest) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, (std::string("SELECT ") + kCellCols +
+                 " FROM cells WHERE digest = ? ORDER BY created_at, rowid")
+                    .c_str());
+    s.Bind(digest);
+    return All<CellRow>(s, ReadCell, "cells of a digest");
   }
   Result<std::vector<CellRow>> ListCells(int limit) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -292,22 +340,30 @@ class SqliteStore final : public HubStore {
     s.Bind(r.target).Bind(r.publisher).Bind(r.created_at);
     return s.Run("put intent");
   }
-  Result<std::optional<IntentRow>> GetIntent(const std::string& key,
-                                             const std::string& digest) override {
+  Result<std::optional<IntentRow>> GetIntent(const std::string& key, const std::string& digest,
+                                             const std::string& publisher) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
            "SELECT key, digest, size, family, release, target, publisher, created_at FROM intents "
-           "WHERE key = ? AND digest = ?");
-    s.Bind(key).Bind(digest);
+           "WHERE key = ? AND digest = ? AND publisher = ?");
+    s.Bind(key).Bind(digest).Bind(publisher);
     return One<IntentRow>(s, ReadIntent, "get intent");
   }
-  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) override {
+  Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest,
+                                                      const std::string& publisher) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
            "SELECT key, digest, size, family, release, target, publisher, created_at FROM intents "
-           "WHERE digest = ? LIMIT 1");
-    s.Bind(digest);
+           "WHERE digest = ? AND (? = '' OR publisher = ?) ORDER BY created_at DESC LIMIT 1");
+    s.Bind(digest).Bind(publisher).Bind(publisher);
     return One<IntentRow>(s, ReadIntent, "find intent");
+  }
+  Result<int> DeleteIntentsBefore(int64_t before) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, "DELETE FROM intents WHERE created_at < ?");
+    s.Bind(before);
+    KILN_RETURN_IF_ERROR(s.Run("delete old intents"));
+    return sqlite3_changes(db_);
   }
 
   Status Revoke(const RevocationRow& r) override {
@@ -335,24 +391,34 @@ class SqliteStore final : public HubStore {
     return All<RevocationRow>(s, ReadRevocation, "list revocations");
   }
 
-  Status PutToken(const TokenRow& r) override {
+  Status RevokeToken(const RevokedTokenRow& r) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Stmt s(
-        db_,
-        "INSERT OR REPLACE INTO tokens (token_sha256, name, role, tier, org) VALUES (?,?,?,?,?)");
-    s.Bind(r.token_sha256).Bind(r.name).Bind(r.role).Bind(r.tier).Bind(r.org);
-    return s.Run("put token");
+    Stmt s(db_,
+           "INSERT INTO revoked_tokens (token_sha256, name, revoked_by, revoked_at) VALUES "
+           "(?,?,?,?) ON CONFLICT(token_sha256) DO NOTHING");
+    s.Bind(r.token_sha256).Bind(r.name).Bind(r.revoked_by).Bind(r.revoked_at);
+    return s.Run("record revoked token");
   }
-  Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) override {
+  Result<bool> IsTokenRevoked(const std::string& token_sha256) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Stmt s(db_, "SELECT token_sha256, name, role, tier, org FROM tokens WHERE token_sha256 = ?");
+    Stmt s(db_, "SELECT 1 FROM revoked_tokens WHERE token_sha256 = ?");
     s.Bind(token_sha256);
-    return One<TokenRow>(
+    const int rc = s.Step();
+    if (rc == SQLITE_ROW) return true;
+    if (rc == SQLITE_DONE) return false;
+    return s.Error("check revoked token", rc);
+  }
+  Result<std::vector<RevokedTokenRow>> ListRevokedTokens() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT token_sha256, name, revoked_by, revoked_at FROM revoked_tokens ORDER BY "
+           "revoked_at, name");
+    return All<RevokedTokenRow>(
         s,
         [](const Stmt& s) {
-          return TokenRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Text(4)};
+          return RevokedTokenRow{s.Text(0), s.Text(1), s.Text(2), s.Int(3)};
         },
-        "get token");
+        "list revoked tokens");
   }
 
   Result<int> AddObligations(const std::vector<ObligationRow>& rows) override {
@@ -392,13 +458,15 @@ class SqliteStore final : public HubStore {
   }
   Result<int> DischargeObligations(const std::string& key, const std::string& digest,
                                    const std::string& release, const std::string& target,
-                                   const std::string& sm, int64_t now) override {
+                                   const std::string& sm, int64_t now,
+                                   const std::string& scope) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
            "UPDATE obligations SET state = 'discharged', key = ?, cell_digest = ?, updated_at = ? "
-           "WHERE state = 'owed' AND (key = ? OR (key = '' AND ? <> '' AND release = ? AND "
-           "target = ? AND sm = ?))");
-    s.Bind(key).Bind(digest).Bind(now).Bind(key).Bind(release).Bind(release).Bind(target).Bind(sm);
+           "WHERE state = 'owed' AND (? = '*' OR release = ?) AND (key = ? OR (key = '' AND "
+           "? <> '' AND release = ? AND target = ? AND sm = ?))");
+    s.Bind(key).Bind(digest).Bind(now).Bind(scope).Bind(scope).Bind(key).Bind(release);
+    s.Bind(release).Bind(target).Bind(sm);
     KILN_RETURN_IF_ERROR(s.Run("discharge obligations"));
     return sqlite3_changes(db_);
   }
@@ -471,11 +539,44 @@ class SqliteStore final : public HubStore {
   }
 
  private:
-  Result<std::optional<CellRow>> GetCellLocked(const std::string& key) {
-    Stmt s(db_, (std::string("SELECT ") + kCellCols + " FROM cells WHERE key = ?").c_str());
-    s.Bind(key);
+  Result<std::optional<CellRow>> GetCellLocked(const std::string& key, const std::string& family) {
+    Stmt s(
+        db_,
+        (std::string("SELECT ") + kCellCols + " FROM cells WHERE key = ? AND family = ?").c_str());
+    s.Bind(key).Bind(family);
     return One<CellRow>(s, ReadCell, "get cell");
   }
+
+ public:
+  // Creates the schema, or brings an older one to kSchemaVersion.
+  Status Migrate() {
+    std::lock_guard<std::mutex> lock(mu_);
+    int version = 0;
+    {
+      Stmt v(db_, "PRAGMA user_version");
+      if (v.Step() == SQLITE_ROW) version = static_cast<int>(v.Int(0));
+    }
+    if (version >= kSchemaVersion) return Exec(kSchema, "create schema");
+    bool had_cells = false;
+    {
+      Stmt t(db_, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cells'");
+      had_cells = t.Step() == SQLITE_ROW;
+    }
+    KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin migration"));
+    Status st = had_cells ? Exec(kMigrateFrom1, "migrate schema 1 to 2") : Status::OK();
+    if (st.ok()) st = Exec(kSchema, "create schema");
+    if (st.ok()) {
+      st = Exec(("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str(),
+                "set schema version");
+    }
+    if (!st.ok()) {
+      Exec("ROLLBACK", "rollback").IgnoreError();
+      return st;
+    }
+    return Exec("COMMIT", "commit migration");
+  }
+
+ private:
   template <typename T, typename F>
   Result<std::optional<T>> One(Stmt& s, F read, const char* what) {
     const int rc = s.Step();
@@ -515,7 +616,7 @@ Result<std::unique_ptr<HubStore>> OpenSqliteStore(const std::string& path) {
   KILN_RETURN_IF_ERROR(store->CheckIntegrity());
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL", "enable WAL"));
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL", "set synchronous"));
-  KILN_RETURN_IF_ERROR(store->Exec(kSchema, "create schema"));
+  KILN_RETURN_IF_ERROR(store->Migrate());
   KILN_RETURN_IF_ERROR(store->CheckStoreId());
   return std::unique_ptr<HubStore>(std::move(store));
 }

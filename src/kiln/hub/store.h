@@ -23,7 +23,8 @@
 
 namespace kiln {
 
-// One stored cell: the first publisher's bytes for a key. At most one row per key, forever.
+// One stored cell: the first publisher's bytes for a key within one scope (family). At most one
+// row per (key, family); a row whose (key, digest) was revoked may be replaced by another digest.
 struct CellRow {
   std::string key;
   std::string digest;  // "sha256:<hex>"
@@ -42,7 +43,9 @@ struct CellInsert {
   bool inserted = false;
 };
 
-// A publisher's declared upload: PUT /v1/blobs/<digest> is accepted only against an intent.
+// A publisher's declared upload: PUT /v1/blobs/<digest> is accepted only against that
+// publisher's intent. One row per (key, digest, publisher): a publisher's intent is its own, and
+// no other publisher's intent for the same digest changes it.
 struct IntentRow {
   std::string key;
   std::string digest;
@@ -62,13 +65,27 @@ struct RevocationRow {
   int64_t revoked_at = 0;
 };
 
-// A bearer token, stored by SHA-256 of its text; the text itself is never stored.
+// A bearer token, known by the SHA-256 of its text (the text itself is never stored), as the
+// tokens file lists it.
 struct TokenRow {
   std::string token_sha256;  // 64 hex
   std::string name;
   std::string role;  // "publisher" | "worker" | "admin"
   std::string tier;  // publishers: "platform" | "org"; empty otherwise
-  std::string org;   // tier org: the org name; families "<org>/…" only
+  std::string org;   // tier org: the org name; families "<org>/…" only; workers: the org whose
+                     // cells (and the platform's) they may read; "" = every family
+  // Releases whose obligations this token may settle or discharge; "*" = every release. Admins
+  // hold every release whatever this says.
+  std::vector<std::string> releases;
+};
+
+// A token revoked by an admin: dead at once and at every later start, even if the tokens file
+// still lists it.
+struct RevokedTokenRow {
+  std::string token_sha256;
+  std::string name;
+  std::string revoked_by;
+  int64_t revoked_at = 0;
 };
 
 // A cell owed per (release, target, sm). state: "owed", "discharged", or "settled:<token>".
@@ -138,16 +155,24 @@ class HubStore {
   virtual Status CheckIntegrity() { return Status::OK(); }
 
   // --- cells --------------------------------------------------------------------------------
-  // Inserts `row` if no row has its key. Returns the row that owns the key afterwards (`row`
-  // itself if this call inserted it, else the first writer's row, never overwritten) and whether
-  // this call was the one that inserted. Two publishers of identical bytes in the same second
-  // sign byte-identical receipts, so only `inserted` tells the winner from the others.
+  // Inserts `row` unless a live row owns its (key, family): a row with no revocation is never
+  // overwritten, one whose (key, digest) is revoked is replaced (revoking frees the key for its
+  // scope). Returns the row that owns (key, family) afterwards (`row` itself if this call wrote
+  // it, else the existing first writer's row) and whether this call wrote it. Two publishers of
+  // identical bytes in the same second sign byte-identical receipts, so only `inserted` tells the
+  // winner from the others. Atomic across hub processes sharing a database.
   virtual Result<CellInsert> InsertCellIfAbsent(const CellRow& row) = 0;
-  virtual Result<std::optional<CellRow>> GetCell(const std::string& key) = 0;
-  // The row of `key` with its revocation (resolve's hot path). The default reads GetCell then
-  // GetRevocation; a store over the network answers it in one round trip.
-  virtual Result<std::optional<ResolvedCell>> GetCellForResolve(const std::string& key) {
-    KILN_ASSIGN_OR_RETURN(auto cell, GetCell(key));
+  virtual Result<std::optional<CellRow>> GetCell(const std::string& key,
+                                                 const std::string& family) = 0;
+  // Every family's row for `key`, oldest first.
+  virtual Result<std::vector<CellRow>> ListCellsForKey(const std::string& key) = 0;
+  // Every row whose bytes are `digest` (a blob may back one key in several families).
+  virtual Result<std::vector<CellRow>> CellsWithDigest(const std::string& digest) = 0;
+  // The row of (key, family) with its revocation (resolve's hot path). The default reads GetCell
+  // then GetRevocation; a store over the network answers it in one round trip.
+  virtual Result<std::optional<ResolvedCell>> GetCellForResolve(const std::string& key,
+                                                                const std::string& family) {
+    KILN_ASSIGN_OR_RETURN(auto cell, GetCell(key, family));
     if (!cell.has_value()) return std::optional<ResolvedCell>();
     KILN_ASSIGN_OR_RETURN(auto revoked, GetRevocation(cell->key, cell->digest));
     return std::optional<ResolvedCell>(ResolvedCell{std::move(*cell), std::move(revoked)});
@@ -156,12 +181,18 @@ class HubStore {
   virtual Result<std::vector<CellRow>> ListCells(int limit) = 0;
 
   // --- intents ------------------------------------------------------------------------------
-  // Records or replaces the intent for (key, digest).
+  // Records or replaces row.publisher's intent for (key, digest); other publishers' intents for
+  // the same pair are untouched.
   virtual Status PutIntent(const IntentRow& row) = 0;
   virtual Result<std::optional<IntentRow>> GetIntent(const std::string& key,
-                                                     const std::string& digest) = 0;
-  // Any intent for `digest` (uploads are addressed by digest only).
-  virtual Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest) = 0;
+                                                     const std::string& digest,
+                                                     const std::string& publisher) = 0;
+  // `publisher`'s intent for `digest` (uploads are addressed by digest only); "" = anyone's.
+  virtual Result<std::optional<IntentRow>> FindIntentByDigest(const std::string& digest,
+                                                              const std::string& publisher) = 0;
+  // Deletes intents created before `before` (unix seconds): abandoned publishes. Returns how
+  // many.
+  virtual Result<int> DeleteIntentsBefore(int64_t before) = 0;
 
   // --- revocations --------------------------------------------------------------------------
   // Idempotent: a second revocation of (key, digest) keeps the first row.
@@ -170,10 +201,13 @@ class HubStore {
                                                              const std::string& digest) = 0;
   virtual Result<std::vector<RevocationRow>> ListRevocations() = 0;
 
-  // --- tokens -------------------------------------------------------------------------------
-  // Inserts or replaces the token with this hash.
-  virtual Status PutToken(const TokenRow& row) = 0;
-  virtual Result<std::optional<TokenRow>> GetToken(const std::string& token_sha256) = 0;
+  // --- token revocations --------------------------------------------------------------------
+  // Tokens themselves live in each hub process's tokens file (the truth at every start, so hubs
+  // sharing a database never overwrite each other's); what the store shares is which tokens an
+  // admin revoked. Records `row`; a second revocation of one hash keeps the first row.
+  virtual Status RevokeToken(const RevokedTokenRow& row) = 0;
+  virtual Result<bool> IsTokenRevoked(const std::string& token_sha256) = 0;
+  virtual Result<std::vector<RevokedTokenRow>> ListRevokedTokens() = 0;
 
   // --- releases and obligations -------------------------------------------------------------
   // Creates one obligation per row that does not exist yet (same release, target, sm); existing
@@ -183,10 +217,13 @@ class HubStore {
   // Every obligation of every release, release then target then sm.
   virtual Result<std::vector<ObligationRow>> ListAllObligations() = 0;
   // Discharges owed obligations by a stored cell: those whose key equals `key`, and those of
-  // (release, target, sm) with no key declared (then their key becomes `key`). Returns how many.
+  // (release, target, sm) with no key declared (then their key becomes `key`); only obligations
+  // of release `scope` when `scope` is not "*" (the releases the publishing token holds). Returns
+  // how many.
   virtual Result<int> DischargeObligations(const std::string& key, const std::string& digest,
                                            const std::string& release, const std::string& target,
-                                           const std::string& sm, int64_t now) = 0;
+                                           const std::string& sm, int64_t now,
+                                           const std::string& scope = "*") = 0;
   // Sets state "settled:<token>" on an owed obligation. Returns the row afterwards (its state
   // says whether this call settled it), or nullopt if there is no such obligation.
   virtual Result<std::optional<ObligationRow>> SettleObligation(const std::string& release,

@@ -23,6 +23,7 @@
 #include "src/kiln/cell/key.h"
 #include "src/kiln/cell/mint.h"
 #include "src/kiln/cell/pack.h"
+#include "src/kiln/cell/provenance.h"
 #include "src/kiln/compile/toolchain.h"  // sm level + toolchain block only (see the note above)
 
 namespace kiln {
@@ -100,23 +101,53 @@ class StageClock {
   std::vector<std::pair<const char*, double>> stages_;
 };
 
-// True when the hub's revocation list names (key, digest). Unreadable: an error (fail closed).
-Result<bool> IsRevoked(HubClient& hub, const std::string& key, const std::string& digest) {
-  HubAnswer a = hub.GetRevocations();
-  if (!a.ok()) {
-    return Status::IOError("revocation list unreadable: " + a.token + ": " + a.message);
+// Transport tokens of the hub client: the hub could not be asked.
+bool IsTransport(const std::string& token) {
+  return token == "hub_unreachable" || token == "hub_timeout" || token == "hub_transport_error" ||
+         token == "store_unavailable" || token == "builder_unavailable";
+}
+
+// Scope (law 17): the cell's family is the target's export family; with a receipt, its publisher's
+// tier may write that family (the publisher rule, CheckTierWrites: the hub's own function).
+Status CheckScope(const TargetSpec& spec, const std::string& family, const ReceiptClaims* claims) {
+  const std::string& want = spec.export_spec->family;
+  if (family != want) {
+    return Status::Refused(
+        StatusCode::kInvalidArgument, kBootScopeRefused,
+        "the cell's family is '" + family + "', target '" + spec.name + "' exports '" + want + "'");
   }
-  const auto it = a.body.find("revocations");
-  if (it == a.body.end() || !it->is_array()) {
-    return Status::IOError("revocation list unreadable: no `revocations` array");
-  }
-  for (const auto& row : *it) {
-    if (!row.is_object()) continue;
-    if (row.value("key", std::string()) == key && row.value("digest", std::string()) == digest) {
-      return true;
+  if (claims != nullptr) {
+    Status tier = CheckTierWrites(claims->publisher, claims->tier, claims->org, want);
+    if (!tier.ok()) {
+      return Status::Refused(
+          StatusCode::kInvalidArgument, kBootScopeRefused,
+          "the receipt's publisher may not write '" + want + "': " + tier.message());
     }
   }
-  return false;
+  return Status::OK();
+}
+
+// A receipt that attests a verified rebuild, whose member digests are the admitted bytes'.
+Status CheckAttestation(const ReceiptClaims& claims) {
+  if (claims.builder.empty() || claims.so_digest.empty() || claims.source_digest.empty()) {
+    return Status::Refused(StatusCode::kInvalidArgument, kBootProvenanceUnattested,
+                           "the receipt of " + claims.key + "@" + claims.digest +
+                               " attests no rebuild of cell.so from its source (no builder); "
+                               "only cells rebuilt by the hub's builder, or minted here, are "
+                               "adopted");
+  }
+  return Status::OK();
+}
+
+Status CheckMembers(const ReceiptClaims& claims, const CellFiles& files) {
+  if (MemberDigest(files.source) != claims.source_digest ||
+      MemberDigest(files.shared_object) != claims.so_digest) {
+    return Status::Refused(StatusCode::kInvalidArgument, "receipt_claim_mismatch",
+                           "the receipt states source " + claims.source_digest + " and cell.so " +
+                               claims.so_digest + "; the cell holds " + MemberDigest(files.source) +
+                               " and " + MemberDigest(files.shared_object));
+  }
+  return Status::OK();
 }
 
 }  // namespace
@@ -256,7 +287,34 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
     return finish(phase, "ref=" + out.ref + note);
   };
 
-  // 4. The local store: its recorded digest is the provenance admission checks the bytes against.
+  // The signed revocation list: the watch's when there is one, else fetched for this call.
+  auto check_revocation = [&](const std::string& digest) -> Status {
+    if (ctx.hub == nullptr) return Status::OK();  // no hub: nothing can revoke (docs/trust.md)
+    if (ctx.revocations != nullptr) return ctx.revocations->CheckAdoption(out.key, digest);
+    PublicKeySet keys = ctx.trust != nullptr      ? *ctx.trust
+                        : ctx.hub_keys != nullptr ? *ctx.hub_keys
+                                                  : PublicKeySet();
+    bool transient = false;
+    std::string jws;
+    auto list = FetchRevocationList(*ctx.hub, &keys, ctx.trust == nullptr, 0, &transient, &jws);
+    if (!list.ok()) return list.status();
+    for (const auto& e : list->entries) {
+      if (e.digest == digest) {
+        return Status::Refused(StatusCode::kInvalidArgument, kRefusalRevoked,
+                               out.key + "@" + digest + " is revoked: " + e.reason);
+      }
+    }
+    return Status::OK();
+  };
+  // The adoption's own refusal: its token is the phase, transport failures are retryable.
+  auto refuse_with = [&](const Status& s, const char* fallback, const std::string& note) {
+    const std::string token = TokenOf(s, fallback);
+    out.retryable = token == kRefusalRevocationsUnreachable;
+    return finish(token, s.ToString() + note);
+  };
+
+  // 4. The local store: its recorded digest is the provenance admission checks the bytes against;
+  // its origin says whether this machine minted them or which receipt they came with.
   std::string note;  // prose carried into the row
   std::string local_refusal;
   if (ctx.store != nullptr) {
@@ -267,27 +325,92 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
     } else if (hit->has_value()) {
       const StoredCell& stored = **hit;
       auto admitted = AdmitCell(stored.bytes, stored.digest, stored.bytes.size(), policy);
+      Status local = admitted.status();
+      if (local.ok()) local = CheckScope(spec, admitted->metadata.family, nullptr);
+      if (local.ok()) {
+        switch (stored.origin.kind) {
+          case CellOrigin::Kind::kMinted:
+            break;
+          case CellOrigin::Kind::kHub: {
+            // The receipt it came with, checked as at its first adoption.
+            ResolveAnswer again;
+            again.kind = ResolveAnswer::Kind::kFound;
+            again.key = out.key;
+            again.digest = stored.digest;
+            again.size = stored.bytes.size();
+            again.family = admitted->metadata.family;
+            again.receipt = stored.origin.receipt;
+            ReceiptVerdict v;
+            if (ctx.trust != nullptr) {
+              v = VerifyResolvedReceipt(again, *ctx.trust);
+            } else {
+              PublicKeySet keys = ctx.hub_keys != nullptr ? *ctx.hub_keys : PublicKeySet();
+              if (ctx.revocations != nullptr) {
+                const PublicKeySet watched = ctx.revocations->Keys();
+                for (const auto& [kid, raw] : watched.keys()) {
+                  if (!keys.Has(kid)) keys.AddRaw(raw).IgnoreError();
+                }
+              }
+              v = ctx.hub != nullptr ? ctx.hub->VerifyReceipt(again, &keys)
+                                     : VerifyResolvedReceipt(again, keys);
+            }
+            if (!v.ok()) {
+              local = Status::Refused(StatusCode::kInvalidArgument, kBootReceiptRefused,
+                                      "stored receipt: " + v.token + ": " + v.message);
+            } else {
+              local = CheckScope(spec, v.claims.family, &v.claims);
+              if (local.ok()) local = CheckAttestation(v.claims);
+              if (local.ok()) local = CheckMembers(v.claims, admitted->files);
+            }
+            break;
+          }
+          case CellOrigin::Kind::kUnknown:
+            local = Status::Refused(StatusCode::kInvalidArgument, kBootProvenanceUnattested,
+                                    "the local entry records no origin (neither minted here nor "
+                                    "a receipt)");
+            break;
+        }
+      }
+      if (local.ok()) {
+        local = CheckSourceProvenance(*graph, admitted->metadata, admitted->files.source);
+      }
       clock.Mark("admit");
-      if (admitted.ok()) return arm_and_install(*admitted, kBootLocalHit, note);
+      if (local.ok()) {
+        // Revocation, local hits included: a listed cell ends the boot here.
+        Status revocation = check_revocation(stored.digest);
+        clock.Mark("revocations");
+        if (!revocation.ok()) {
+          if (revocation.Is(kRefusalRevoked)) ctx.store->Remove(out.key).IgnoreError();
+          return refuse_with(revocation, kBootReceiptRefused,
+                             std::string(" origin=") + CellOriginName(stored.origin.kind) + note);
+        }
+        return arm_and_install(*admitted, kBootLocalHit,
+                               std::string(" origin=") + CellOriginName(stored.origin.kind) + note);
+      }
       // A local entry that does not admit is not served; it is dropped and the hub asked.
-      local_refusal = TokenOf(admitted.status(), kBootArmRefused);
-      note += " local_entry_refused=\"" + admitted.status().ToString() + "\"";
+      local_refusal = TokenOf(local, kBootArmRefused);
+      note += " local_entry_refused=\"" + local.ToString() + "\"";
       ctx.store->Remove(out.key).IgnoreError();
     }
   }
 
-  // 5. Hub resolve. A refusal is never a miss.
+  // 5. Hub resolve of this scope. A refusal is never a miss.
   if (ctx.hub == nullptr) {
     if (!local_refusal.empty()) return finish(local_refusal, note.substr(1));
     return finish(kBootLocalMissNoHub, note.empty() ? "" : note.substr(1));
   }
   HubClient& hub = *ctx.hub;
-  ResolveAnswer answer = hub.Resolve(out.key);
+  ResolveAnswer answer = hub.Resolve(out.key, spec.export_spec->family);
   clock.Mark("resolve");
   switch (answer.kind) {
     case ResolveAnswer::Kind::kMiss:
       return finish(kBootMiss, "hub=miss" + note);
     case ResolveAnswer::Kind::kRefused:
+      if (answer.token == "resolve_key_mismatch" || answer.token == "resolve_scope_mismatch") {
+        return finish(kBootResolveKeyMismatch,
+                      "token=" + answer.token + " message=\"" + answer.message + "\"" + note);
+      }
+      out.retryable = IsTransport(answer.token) || answer.http_status >= 500;
       return finish(kBootResolveRefused,
                     "token=" + answer.token + " message=\"" + answer.message + "\"" + note);
     case ResolveAnswer::Kind::kFound:
@@ -297,7 +420,7 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
     return finish(kBootResolveKeyMismatch, "asked=" + out.key + " answered=" + answer.key + note);
   }
 
-  // 6. Receipt gate: signature, kid (one refetch), claims; then the revocation list.
+  // 6. Receipt gate: signature, kid (one refetch), claims.
   // Operator trust anchors are checked offline: the hub is not asked for keys it would vouch
   // for itself. Without anchors the hub's own key set is used, refetched once on an unknown kid.
   ReceiptVerdict verdict;
@@ -312,17 +435,19 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
     return finish(kBootReceiptRefused,
                   "token=" + verdict.token + " message=\"" + verdict.message + "\"" + note);
   }
-  auto revoked = IsRevoked(hub, answer.key, answer.digest);
+  // 7. The publisher rule and the rebuild attestation, before a byte is fetched.
+  if (Status scope = CheckScope(spec, verdict.claims.family, &verdict.claims); !scope.ok()) {
+    return finish(kBootScopeRefused, scope.ToString() + note);
+  }
+  if (Status attested = CheckAttestation(verdict.claims); !attested.ok()) {
+    return finish(kBootProvenanceUnattested, attested.ToString() + note);
+  }
+  // 8. The signed revocation list, fresh.
+  Status revocation = check_revocation(answer.digest);
   clock.Mark("revocations");
-  if (!revoked.ok()) {
-    return finish(kBootReceiptRefused, "token=revocations_unreadable message=\"" +
-                                           revoked.status().message() + "\"" + note);
-  }
-  if (*revoked) {
-    return finish(kBootReceiptRefused, "token=revoked digest=" + answer.digest + note);
-  }
+  if (!revocation.ok()) return refuse_with(revocation, kBootReceiptRefused, note);
 
-  // 7. Fetch by digest into the cache; a cached file is re-verified on use.
+  // 9. Fetch by digest into the cache; a cached file is re-verified on use.
   auto root = PrivateRoot(ctx);
   const std::string cache_dir = !ctx.blob_cache_dir.empty() ? ctx.blob_cache_dir
                                 : root.ok()                 ? *root + "/blobs"
@@ -348,6 +473,7 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
           fetched.token == kRefusalDigestMismatch || fetched.token == kRefusalSizeMismatch
               ? fetched.token
               : std::string(kBootFetchRefused);
+      out.retryable = IsTransport(fetched.token) || fetched.http_status >= 500;
       return finish(token,
                     "token=" + fetched.token + " message=\"" + fetched.message + "\"" + note);
     }
@@ -360,7 +486,7 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
   }
   clock.Mark("fetch");
 
-  // 8. Admission: every check before anything is loaded (law 4); refusals keep their tokens.
+  // 10. Admission: every check before anything is loaded (law 4); refusals keep their tokens.
   auto admitted = AdmitCell(*bytes, answer.digest, answer.size, policy);
   clock.Mark("admit");
   if (!admitted.ok()) {
@@ -372,16 +498,29 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
                                            admitted->metadata.family + "' in the metadata\"" +
                                            note);
   }
+  if (Status members = CheckMembers(verdict.claims, admitted->files); !members.ok()) {
+    return finish(kBootReceiptRefused,
+                  "token=receipt_claim_mismatch message=\"" + members.message() + "\"" + note);
+  }
+  // 11. Provenance of the code: the source is what this worker's graph generates.
+  if (Status source = CheckSourceProvenance(*graph, admitted->metadata, admitted->files.source);
+      !source.ok()) {
+    clock.Mark("provenance");
+    return finish(TokenOf(source, kRefusalSourceMismatch), source.ToString() + note);
+  }
+  clock.Mark("provenance");
 
-  // 9. Keep the admitted bytes on this machine for the next boot. The store's fsyncs overlap
-  // the load below instead of preceding it; `finish` waits for both before the row is written.
+  // 12. Keep the admitted bytes on this machine for the next boot, with the receipt they came
+  // with. The store's fsyncs overlap the load below instead of preceding it; `finish` waits for
+  // both before the row is written.
   if (ctx.store != nullptr) {
-    pending_put = std::async(std::launch::async, [store = ctx.store, &key = out.key, &bytes] {
-      return store->Put(key, *bytes);
-    });
+    pending_put =
+        std::async(std::launch::async, [store = ctx.store, &key = out.key, &bytes, &answer] {
+          return store->Put(key, *bytes, CellOrigin{CellOrigin::Kind::kHub, answer.receipt});
+        });
   }
 
-  // 10. Load, bind, arm, install.
+  // 13. Load, bind, arm, install.
   return arm_and_install(*admitted, kBootHit, note);
 }
 

@@ -6,26 +6,36 @@
 //   1. operator eager-only order on the target      -> nothing armed   `operator_eager_only`
 //   2. no export declaration (intake lane)          -> nothing adopted `no_export_declaration`
 //   3. derive the key (graph digest x envelope x sm x toolchain; nothing is compiled)
-//   4. local store hit -> admission with the local-store provenance (the digest recorded beside
-//      the bytes) -> load -> install                                   `local_hit`
-//   5. hub resolve: no hub `local_miss_no_hub`; {found:false} `miss`; a typed refusal (hub says
-//      no, hub down, timeout) `resolve_refused` (never a miss); an answer for another key
-//      `resolve_key_mismatch`
+//   4. local store hit: admission (bytes, sm, toolchain); its origin: minted here, or adopted
+//      from a hub with a receipt that still verifies (steps 6-7 on the stored receipt), else
+//      `provenance_unattested`; scope (the cell's family is the target's export family); the
+//      source regenerated from this worker's graph (`source_mismatch`); the revocation list
+//      (`revoked` ends the boot, and the entry is deleted). A local entry refused for any other
+//      reason is deleted and the hub is asked. Then load -> install     `local_hit`
+//   5. hub resolve of (key, export family): no hub `local_miss_no_hub`; {found:false} `miss`; a
+//      typed refusal (hub says no, hub down, timeout) `resolve_refused` (never a miss); an
+//      answer for another key `resolve_key_mismatch`
 //   6. receipt gate: EdDSA, known kid (the hub's key set refetched once on an unknown kid; never
-//      for operator trust anchors), signature, claims equal to the answer; then the hub's
-//      revocation list (unreadable: fail closed). The publisher rule is not checked here.
-//                                                                       `receipt_refused`
-//   7. fetch by digest into <blob_cache_dir>/<digest>; a cached file is re-hashed on use and,
+//      for operator trust anchors), signature, claims equal to the answer; `receipt_refused`
+//   7. publisher rule: the receipt's tier may write the export family (a platform publisher any
+//      family, an org only "<org>/…") `scope_refused`; the receipt attests a rebuild by a
+//      builder `provenance_unattested`
+//   8. the signed revocation list, fresh (worker/revocations.h): `revoked`, or the list's own
+//      refusal (`revocations_unsigned`, `revocations_stale`, …; `revocations_unreadable` when
+//      the hub could not be asked)
+//   9. fetch by digest into <blob_cache_dir>/<digest>; a cached file is re-hashed on use and,
 //      when it no longer matches its name, deleted and fetched again   `digest_mismatch`,
 //                                                                       `fetch_refused`
-//   8. admission (size, digest, key restatement, sm, toolchain): the refusal keeps its own token
-//      (`digest_mismatch`, `key_mismatch`, `sm_mismatch`, `toolchain_mismatch`, ...); the
-//      receipt's family must equal the cell's metadata (`receipt_refused`)
-//   9. the admitted bytes are also kept in the local store (a failed Put is only noted)
-//  10. load (dlopen into a private dir) + bind + arm on the exported lane, install the target
+//  10. admission (size, digest, key restatement, fence, members, sm, toolchain): the refusal
+//      keeps its own token (`digest_mismatch`, `key_mismatch`, `sm_mismatch`, ...); the
+//      receipt's family, source_digest and so_digest must equal the cell's (`receipt_refused`)
+//  11. the source regenerated from this worker's graph and compared (`source_mismatch`)
+//  12. the admitted bytes are also kept in the local store with the receipt (a failed Put is
+//      only noted)
+//  13. load (dlopen into a private dir) + bind + arm on the exported lane, install the target
 //                                                                       `arm_refused` / `hit`
 // Law 4: nothing is written where it could be dlopen'ed, and nothing is dlopen'ed, before steps
-// 6-8 (or the local-store provenance and step 8) passed.
+// 6-11 (or step 4's checks) passed.
 //
 // Exactly one `boot_adopt` event row per call: its phase is the outcome's phase, its duration the
 // measured span of the whole call, its detail prose starting `key=<key> target=<name>`. A refused
@@ -44,6 +54,7 @@
 #include "src/kiln/hub/receipt.h"
 #include "src/kiln/worker/events.h"
 #include "src/kiln/worker/manifest.h"
+#include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/serving.h"
 
 namespace kiln {
@@ -61,6 +72,8 @@ inline constexpr const char* kBootResolveKeyMismatch = "resolve_key_mismatch";
 inline constexpr const char* kBootReceiptRefused = "receipt_refused";
 inline constexpr const char* kBootFetchRefused = "fetch_refused";
 inline constexpr const char* kBootArmRefused = "arm_refused";
+inline constexpr const char* kBootScopeRefused = "scope_refused";
+inline constexpr const char* kBootProvenanceUnattested = "provenance_unattested";
 // serve_degrade phase for a cell that armed but could not be installed on its target.
 inline constexpr const char* kArmedTargetUnresolved = "armed_target_unresolved";
 
@@ -76,6 +89,9 @@ struct BootContext {
   // one boot so /.well-known/jwks.json is fetched once (HubClient::VerifyReceipt: one refetch on
   // an unknown kid). null = a fresh set per call.
   PublicKeySet* hub_keys = nullptr;
+  // The signed revocation list (worker/revocations.h), checked before every adoption when a hub
+  // is configured. null with a hub: the list is fetched and verified once per call.
+  RevocationWatch* revocations = nullptr;
   EventLog* events = nullptr;  // null = no row
   std::string private_dir;     // verified .so files are written under here (0700) and opened
   std::string blob_cache_dir;  // fetched blobs by digest; "" = <private_dir>/blobs
@@ -95,6 +111,9 @@ struct BootOutcome {
   // operator can see which step of a slow boot was slow. The row's detail carries it as
   // `stages_ms=`.
   std::string stages_ms;
+  // The refusal came from not reaching the hub (down, timeout, 5xx): the same call may succeed
+  // later, so the caller retries it instead of applying the miss policy.
+  bool retryable = false;
 
   bool adopted() const { return cell != nullptr; }
 };

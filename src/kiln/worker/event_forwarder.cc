@@ -29,7 +29,7 @@ nlohmann::json HubRow(const EventRow& row, const std::string& worker) {
                       {"duration_ms", row.duration_ms},
                       {"detail", detail},
                       {"ts", row.ts_ms}};
-  if (!worker.empty()) j["worker"] = worker;
+  if (!worker.empty()) j["instance"] = worker;
   return j;
 }
 

@@ -28,7 +28,9 @@
 namespace kiln {
 
 struct EventForwarderOptions {
-  std::string worker;               // posted as each row's `worker`; "" = the hub uses the token's
+  std::string worker;               // posted as each row's `instance`: the hub files the row under
+                                    // "<token name>/<instance>" (a worker token speaks only for
+                                    // its own name); "" = the token's name alone
   size_t max_queued = 100000;       // rows kept while the hub is unreachable
   size_t max_batch = 500;           // rows per POST (the hub takes at most 10000)
   double flush_interval_s = 0.5;    // a partial batch waits at most this long

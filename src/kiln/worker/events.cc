@@ -51,6 +51,8 @@ const std::vector<std::string>& EventKinds() {
       event_kind::kJitCompile,
       event_kind::kGuardMiss,
       event_kind::kMintPhases,
+      event_kind::kCellRevoked,
+      event_kind::kRevocationList,
   };
   return kinds;
 }

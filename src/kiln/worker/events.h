@@ -46,6 +46,8 @@ inline constexpr const char* kCompiledShapeCoverage = "compiled_shape_coverage";
 inline constexpr const char* kJitCompile = "jit_compile";
 inline constexpr const char* kGuardMiss = "guard_miss";
 inline constexpr const char* kMintPhases = "mint_phases";
+inline constexpr const char* kCellRevoked = "cell_revoked";
+inline constexpr const char* kRevocationList = "revocation_list";
 }  // namespace event_kind
 
 // Every kind above, in docs/design.md §10 order.

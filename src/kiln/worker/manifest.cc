@@ -260,6 +260,7 @@ class Parser {
 
   Result<EndpointSpec> ParseEndpoint(const toml::table& root) const;
   Result<std::optional<HubSpec>> ParseHub(const toml::table& root) const;
+  Status ParseTrustKnobs(const toml::table& t, const std::string& p, HubSpec* h) const;
   Result<TargetSpec> ParseTarget(const std::string& name, const toml::table& t,
                                  const std::string& path) const;
   Result<Envelope> ParseEnvelope(const toml::table& t, const std::string& path) const;
@@ -301,7 +302,10 @@ Result<std::optional<HubSpec>> Parser::ParseHub(const toml::table& root) const {
   KILN_ASSIGN_OR_RETURN(const toml::table* t, OptTable(root, "", "hub", "a table ([hub])"));
   if (t == nullptr) return std::optional<HubSpec>();
   const std::string p = "hub";
-  KILN_RETURN_IF_ERROR(CheckKeys(*t, p, {"url", "token", "token_env", "trust", "timeout_ms"}));
+  KILN_RETURN_IF_ERROR(
+      CheckKeys(*t, p,
+                {"url", "token", "token_env", "trust", "timeout_ms", "revocation_poll_s",
+                 "revocation_max_age_s", "revocations_stale", "adopt_retry_max_s"}));
   HubSpec h;
   constexpr std::string_view kUrl = "an http:// or https:// URL";
   KILN_ASSIGN_OR_RETURN(h.url, ReqString(*t, p, "url", kUrl));
@@ -333,7 +337,31 @@ Result<std::optional<HubSpec>> Parser::ParseHub(const toml::table& root) const {
   for (auto& [path, node] : trust) h.trust.push_back(Resolve(path));
   KILN_ASSIGN_OR_RETURN(h.timeout_ms, IntField(*t, p, "timeout_ms", h.timeout_ms, 1, 3600000,
                                                "an integer in 1..3600000 (milliseconds)"));
+  KILN_RETURN_IF_ERROR(ParseTrustKnobs(*t, p, &h));
   return std::optional<HubSpec>(std::move(h));
+}
+
+// The revocation list and adoption retry knobs of [hub] (docs/manifest.md).
+Status Parser::ParseTrustKnobs(const toml::table& t, const std::string& p, HubSpec* h) const {
+  KILN_ASSIGN_OR_RETURN(h->revocation_poll_s,
+                        IntField(t, p, "revocation_poll_s", h->revocation_poll_s, 1, 3600,
+                                 "an integer in 1..3600 (seconds)"));
+  KILN_ASSIGN_OR_RETURN(h->revocation_max_age_s,
+                        IntField(t, p, "revocation_max_age_s", h->revocation_max_age_s, 0, 86400,
+                                 "an integer in 0..86400 (seconds; 0 = the list's own)"));
+  KILN_ASSIGN_OR_RETURN(std::optional<std::string> stale,
+                        OptString(t, p, "revocations_stale", "\"keep\" or \"eager\""));
+  if (stale) {
+    if (*stale != "keep" && *stale != "eager") {
+      return Error(t.get("revocations_stale"), "hub.revocations_stale is " + Quote(*stale) +
+                                                   ", expected \"keep\" or \"eager\"");
+    }
+    h->revocations_stale = *stale;
+  }
+  KILN_ASSIGN_OR_RETURN(h->adopt_retry_max_s,
+                        IntField(t, p, "adopt_retry_max_s", h->adopt_retry_max_s, 1, 3600,
+                                 "an integer in 1..3600 (seconds)"));
+  return Status::OK();
 }
 
 Result<NumericsSpec> Parser::ParseNumerics(const toml::table& target,
@@ -605,7 +633,7 @@ Result<MintSpec> Parser::ParseMint(const toml::table& root) const {
   if (t == nullptr) return s;
   const std::string p = "mint";
   KILN_RETURN_IF_ERROR(
-      CheckKeys(*t, p, {"stall_window_s", "memory_budget_mb", "parallel_compiles"}));
+      CheckKeys(*t, p, {"stall_window_s", "memory_budget_mb", "parallel_compiles", "remints"}));
   KILN_ASSIGN_OR_RETURN(s.stall_window_s, IntField(*t, p, "stall_window_s", s.stall_window_s, 1,
                                                    86400, "an integer in 1..86400 (seconds)"));
   KILN_ASSIGN_OR_RETURN(s.memory_budget_mb,
@@ -614,6 +642,8 @@ Result<MintSpec> Parser::ParseMint(const toml::table& root) const {
   KILN_ASSIGN_OR_RETURN(
       s.parallel_compiles,
       IntField(*t, p, "parallel_compiles", s.parallel_compiles, 1, 1024, "an integer in 1..1024"));
+  KILN_ASSIGN_OR_RETURN(s.remints,
+                        IntField(*t, p, "remints", s.remints, 0, 100, "an integer in 0..100"));
   return s;
 }
 

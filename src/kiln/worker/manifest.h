@@ -55,6 +55,12 @@ struct HubSpec {
                                    // against the manifest's directory; empty = fetch the hub's
                                    // own /.well-known/jwks.json
   int timeout_ms = 5000;           // per hub request (> 0)
+  int revocation_poll_s = 30;      // how often the signed revocation list is polled: the bound
+                                   // on de-arming a revoked cell (worker/revocations.h)
+  int revocation_max_age_s = 0;    // cap on a list's age; 0 = the list's own max_age_s
+  std::string revocations_stale = "keep";  // "keep" | "eager" when the list goes stale
+  int adopt_retry_max_s = 30;  // the longest wait between boot-adoption retries after the
+                               // hub could not be reached
 };
 
 // `targets.<name>.numerics`: the mint-time numerics gate (docs/design.md §8). 0 < floor <= warn
@@ -107,6 +113,7 @@ struct MintSpec {
   int stall_window_s = 120;   // kill a child with no CPU or disk progress for this long (> 0)
   int memory_budget_mb = 0;   // skip a mint that would exceed this; 0 = auto (from free memory)
   int parallel_compiles = 2;  // entry compiles run at once, each a process (>= 1)
+  int remints = 2;            // re-mints a mandatory target may ask for after its cell faulted
 };
 
 struct Manifest {

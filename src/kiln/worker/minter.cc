@@ -534,6 +534,10 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
     return abort(token.empty() ? kMintArmRefused : token, admitted.status().ToString(), false);
   }
   const std::string ref = CellRef(job->key, admitted->digest);
+  if (options_.revocations != nullptr && options_.revocations->IsRevoked(admitted->digest)) {
+    // Minting is deterministic: the same key gives the revoked bytes again. They never arm.
+    return abort("revoked", "the hub revoked " + ref + "; minted bytes are the same", false);
+  }
   take_bindings();
   // 3. Per waiting target: load with its live checkpoint, the strict gate and the fence proof
   // against its own eager interpreter, then arm. One refusal refuses the cell for all.
@@ -574,13 +578,15 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
   }
   // 4. Store first (a restart finds it), then install: serving switches with no barrier.
   const Clock::time_point store_start = Clock::now();
-  Status put = options_.store->Put(job->key, *bytes);
+  Status put = options_.store->Put(job->key, *bytes, CellOrigin{CellOrigin::Kind::kMinted, ""});
   Emit(event_kind::kLocalCellStored, put.ok() ? "stored" : "store_failed", MsSince(store_start),
        job->key, ref, first.spec.name,
        put.ok() ? "root=" + options_.store->root() : put.ToString());
   for (auto& [b, cell] : armed) {
-    Status installed = b->target->InstallCell(cell);
+    // Reproven: the strict gate and the fence proof just ran on this target's live checkpoint.
+    Status installed = b->target->InstallCell(cell, /*reproven=*/true);
     b->target->SetMintInProgress(false);
+    if (installed.ok()) b->target->SetStoredPosture("");
     Emit(event_kind::kLocalCellArmed, installed.ok() ? "armed" : kMintArmRefused,
          MsSince(adopt_start), job->key, ref, b->spec.name,
          installed.ok() ? "lane=exported" : installed.ToString());

@@ -16,6 +16,7 @@
 //      token; exit 4 -> `bad_request`; a signal, or exit 0 without an artifact -> `child_crashed`
 //   6. adopting the child's bytes: its recorded axes (sm, toolchain, envelope, graph), family and
 //      lane equal ours, else `key_axis_divergence` naming the first; admission as for any cell;
+//      a digest the hub revoked is refused (`revoked`);
 //      then, per target waiting on the key, load + bind the target's live checkpoint, the strict
 //      gate (`cell_numerics`) and the fence proof against the target's own eager interpreter,
 //      install (`local_cell_armed`); store locally (`local_cell_stored`); `mint_phases` with the
@@ -50,6 +51,7 @@
 #include "src/kiln/worker/events.h"
 #include "src/kiln/worker/manifest.h"
 #include "src/kiln/worker/publisher.h"
+#include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/serving.h"
 
 namespace kiln {
@@ -70,6 +72,8 @@ struct MinterOptions {
   std::string worker;              // names the worker in rows
   LocalStore* store = nullptr;     // required for exported mints
   Publisher* publisher = nullptr;  // null = no hub: cells stay local
+  // A digest the hub revoked is never armed, minted here or not (revocations.h).
+  RevocationWatch* revocations = nullptr;
   EventLog* events = nullptr;
 };
 

@@ -32,6 +32,7 @@ ServedTarget::ServedTarget(ServedTargetOptions options, std::shared_ptr<const Gr
     : options_(std::move(options)),
       graph_(std::move(graph)),
       interpreter_(std::move(interpreter)),
+      remints_left_(options_.max_remints),
       weights_(std::make_shared<const WeightMap>(std::move(weights))) {}
 
 Result<std::unique_ptr<ServedTarget>> ServedTarget::Create(ServedTargetOptions options,
@@ -59,6 +60,7 @@ std::string ServedTarget::EagerPostureLocked() const {
 
 std::string ServedTarget::Posture() const {
   if (eager_only_.load()) return kPostureOperatorEagerOnly;
+  if (revocation_hold_.load()) return kPostureRevocationsStale;
   std::lock_guard<std::mutex> lock(mu_);
   if (cell_ && !cell_->revoked()) return ModeOf(*cell_);
   return EagerPostureLocked();
@@ -138,6 +140,17 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
     return done(ServeEager(inputs, snap, kPostureOperatorEagerOnly, why, fn, false));
   }
 
+  // The revocation list is stale and the policy says eager: the cell stays armed, unused.
+  if (revocation_hold_.load()) {
+    if (mandatory) {
+      return Status::Refused(StatusCode::kResourceExhausted, kRefusalRequiredCompileMissing,
+                             "target '" + options_.name +
+                                 "' has a mandatory lane and the hub's revocation list is stale; "
+                                 "retry later");
+    }
+    return done(ServeEager(inputs, snap, kPostureRevocationsStale, "", fn, true));
+  }
+
   // A cell revoked behind the target's back (by its own Run racing us, or by a caller) is
   // removed here so the posture says compiled_degraded from now on.
   if (snap.cell && snap.cell->revoked()) {
@@ -156,7 +169,22 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
   };
 
   // 2. Mandatory lanes fail closed (law 11).
-  if (mandatory && !snap.cell) return refuse_missing(posture_token());
+  if (mandatory && !snap.cell) {
+    bool lost = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      lost = cell_lost_;
+    }
+    if (lost) {
+      return Status::Refused(StatusCode::kInternal, kRefusalCellLost,
+                             "target '" + options_.name +
+                                 "' has a mandatory lane and its cell faulted after every re-mint "
+                                 "allowed (" +
+                                 std::to_string(options_.max_remints) +
+                                 "); no cell will arm in this process");
+    }
+    return refuse_missing(posture_token());
+  }
   // 3. No cell (never installed, or revoked): eager with the posture token.
   if (!snap.cell) return done(ServeEager(inputs, snap, posture_token(), "", fn, true));
 
@@ -238,14 +266,42 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
       RevokeForCause(snap.cell, why);
       Emit(event_kind::kServeDegrade, kFallbackCellFault, run_ms, ref, fn,
            "entry=" + std::to_string(entry) + " revoked: " + why);
-      if (mandatory) return refuse_missing(std::string(kFallbackCellFault) + ": " + why);
+      if (mandatory) {
+        // Without a cell a mandatory target can only refuse: mint the key again (the bytes are
+        // proven afresh before they arm) rather than refuse forever.
+        // Without a hook (nothing here can mint) another route may still install a cell, so
+        // the refusal stays retryable.
+        std::function<void(const std::string&)> remint;
+        bool lost = false;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          if (on_cell_lost_ && remints_left_ > 0) {
+            --remints_left_;
+            remint = on_cell_lost_;
+          } else if (on_cell_lost_) {
+            cell_lost_ = lost = true;
+          }
+        }
+        if (remint) {
+          remint(ref);
+          return refuse_missing(std::string(kFallbackCellFault) + ": " + why + "; re-minting");
+        }
+        if (lost) {
+          return Status::Refused(StatusCode::kInternal, kRefusalCellLost,
+                                 "target '" + options_.name + "': its cell faulted (" + why +
+                                     ") and no re-mint is left; no cell will arm in this process");
+        }
+        return refuse_missing(std::string(kFallbackCellFault) + ": " + why);
+      }
       return done(ServeEager(inputs, snap, kFallbackCellFault, why, fn, false));
   }
 }
 
-Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell) {
+Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven) {
   if (!cell) return Status::InvalidArgument("target '" + options_.name + "': no cell to install");
   const std::string ref = cell->ref();
+  const std::string digest =
+      ref.find('@') == std::string::npos ? "" : ref.substr(ref.find('@') + 1);
   std::string refusal;
   // Revoke writes its reason under the cell's lock after flipping the flag; a no-op Revoke on a
   // revoked cell waits for that write, so the reason below is safe to read.
@@ -255,8 +311,14 @@ Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell) {
     if (cell->revoked()) {
       refusal = "cell " + (ref.empty() ? std::string("(intake)") : ref) + " is revoked (" +
                 cell->revoke_reason() + ")";
+    } else if (!digest.empty() && hub_revoked_digests_.count(digest) != 0) {
+      refusal = "cell " + ref + " was revoked by the hub";
     } else if (!ref.empty() && quarantined_refs_.count(ref) != 0) {
-      refusal = "cell " + ref + " was revoked in this process and stays quarantined";
+      if (reproven) {
+        quarantined_refs_.erase(ref);  // minted and proven again here: new evidence
+      } else {
+        refusal = "cell " + ref + " was revoked in this process and stays quarantined";
+      }
     }
     if (!refusal.empty()) {
       // Law 10: a revoked cell installs no target; the target reports compiled_degraded.
@@ -276,6 +338,35 @@ Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell) {
   Emit(event_kind::kServePosture, ModeOf(*cell), 0, ref, "",
        std::string("installed lane=") + LaneName(cell->lane()));
   return Status::OK();
+}
+
+std::string ServedTarget::RevokeByDigest(const std::string& digest, const std::string& reason) {
+  std::shared_ptr<ArmedCell> cell;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hub_revoked_digests_.insert(digest);
+    const std::string ref = cell_ ? cell_->ref() : "";
+    if (cell_ && ref.size() > digest.size() + 1 &&
+        ref.compare(ref.size() - digest.size(), digest.size(), digest) == 0 &&
+        ref[ref.size() - digest.size() - 1] == '@') {
+      cell = cell_;
+    }
+  }
+  if (!cell) return "";
+  RevokeForCause(cell, reason);
+  Emit(event_kind::kCellRevoked, "hub_revoked", 0, cell->ref(), "", reason);
+  return cell->ref();
+}
+
+void ServedTarget::SetRevocationHold(bool on) {
+  if (revocation_hold_.exchange(on) == on) return;
+  Emit(event_kind::kServePosture, on ? kPostureRevocationsStale : "revocations_fresh", 0, "", "",
+       on ? "the hub's revocation list is stale; serving eager until a fresh one arrives" : "");
+}
+
+void ServedTarget::SetOnCellLost(std::function<void(const std::string&)> on_lost) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_cell_lost_ = std::move(on_lost);
 }
 
 void ServedTarget::SetEagerOnly(bool on, const std::string& reason) {

@@ -64,6 +64,12 @@ inline constexpr const char* kFallbackGuardMiss = "guard_miss";
 
 // The retryable refusal of a mandatory target without an armed cell (law 11).
 inline constexpr const char* kRefusalRequiredCompileMissing = "required_compile_missing";
+// A mandatory target whose cell faulted again after every re-mint it was allowed: no cell will arm
+// in this process, so the refusal is not retryable.
+inline constexpr const char* kRefusalCellLost = "cell_lost";
+// The eager posture while the revocation list is stale under the `eager` policy
+// (worker/revocations.h).
+inline constexpr const char* kPostureRevocationsStale = "revocations_stale";
 
 // True when `status` is a refusal the client should retry (HTTP 503 + Retry-After): it is
 // ResourceExhausted and its token is `required_compile_missing` or `cell_oom`.
@@ -87,6 +93,9 @@ struct ServedTargetOptions {
   bool compile_declared = true;  // false: a target that never gets a cell (posture
                                  // no_compile_declared)
   EventLog* events = nullptr;    // not owned; must outlive the target; null = no rows
+  // A mandatory target whose cell faults asks for a re-mint (SetOnCellLost) at most this many
+  // times in the process; after that it refuses with `cell_lost`.
+  int max_remints = 2;
 };
 
 class ServedTarget {
@@ -105,9 +114,24 @@ class ServedTarget {
 
   // Installs an armed cell (the last step of every adopt route). REQUIRES: it was armed with this
   // target's graph and its current checkpoint. Refused, with message `compiled_degraded: ...`
-  // and posture compiled_degraded: a revoked cell, or one whose ref this process quarantined
-  // after revoking it (law 10: a revoked cell installs no target). Replaces an installed cell.
-  Status InstallCell(std::shared_ptr<ArmedCell> cell);
+  // and posture compiled_degraded: a revoked cell, one whose ref this process quarantined after
+  // revoking it (law 10: a revoked cell installs no target), or one whose digest the hub revoked.
+  // Replaces an installed cell. `reproven`: the bytes were just minted here and passed the strict
+  // gate and the fence proof again on this target (a mandatory target's re-mint after a fault);
+  // such a cell lifts its ref's fault quarantine, never a hub revocation.
+  Status InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven = false);
+
+  // The hub revoked `digest`: an installed cell with it is revoked for the process life and
+  // removed (posture compiled_degraded, a `cell_revoked` row with phase `hub_revoked`), and no
+  // cell with it installs again. Returns the ref de-armed, or "" when none was installed.
+  std::string RevokeByDigest(const std::string& digest, const std::string& reason);
+  // The revocation list is stale under the `eager` policy: while on, every request is served
+  // eager with posture `revocations_stale` (a mandatory target refuses retryably); the cell stays
+  // armed and serves again when it is lifted.
+  void SetRevocationHold(bool on);
+  // Called (on the serving thread, outside every lock) when a mandatory target's cell faulted and
+  // a re-mint is allowed (ServedTargetOptions::max_remints).
+  void SetOnCellLost(std::function<void(const std::string& ref)> on_lost);
 
   // The operator's eager-only order: on serves eager with `operator_eager_only` on every later
   // call; off returns to the cell, if one is still armed. Never resurrects a revoked cell.
@@ -173,12 +197,17 @@ class ServedTarget {
   const Interpreter interpreter_;
 
   std::atomic<bool> eager_only_{false};
+  std::atomic<bool> revocation_hold_{false};
   std::atomic<bool> has_fault_hook_{false};
 
   mutable std::mutex mu_;
   std::shared_ptr<ArmedCell> cell_;
   std::shared_ptr<ArmedCell> revoked_cell_;
-  std::set<std::string> quarantined_refs_;
+  std::set<std::string> quarantined_refs_;     // revoked after a fault
+  std::set<std::string> hub_revoked_digests_;  // never installed again
+  int remints_left_ = 0;
+  bool cell_lost_ = false;
+  std::function<void(const std::string&)> on_cell_lost_;
   std::shared_ptr<const WeightMap> weights_;
   std::string eager_only_reason_;
   bool mint_in_progress_ = false;

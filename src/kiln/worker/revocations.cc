@@ -1,0 +1,283 @@
+// RevocationWatch: the signed revocation list at adoption and while running (see revocations.h).
+#include "src/kiln/worker/revocations.h"
+
+#include <chrono>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/base/log.h"
+
+namespace kiln {
+
+namespace {
+
+int64_t UnixNow() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+// Transport tokens: the hub could not be asked (HubClient).
+bool IsTransport(const std::string& token) {
+  return token == "hub_unreachable" || token == "hub_timeout" || token == "hub_transport_error" ||
+         token == "store_unavailable";
+}
+
+}  // namespace
+
+RevocationWatch::RevocationWatch(RevocationWatchOptions options) : options_(std::move(options)) {}
+
+Result<std::unique_ptr<RevocationWatch>> RevocationWatch::Create(RevocationWatchOptions options) {
+  std::unique_ptr<RevocationWatch> w(new RevocationWatch(std::move(options)));
+  KILN_ASSIGN_OR_RETURN(w->client_, HubClient::Create(w->options_.hub));
+  if (w->options_.use_anchors) {
+    w->keys_ = w->options_.anchors;
+  } else if (!w->options_.cache_path.empty()) {
+    // The hub's keys as an earlier run fetched them (trusted as they were then: docs/trust.md).
+    auto jwks = ReadFile(w->options_.cache_path + ".jwks");
+    if (jwks.ok()) {
+      auto keys = PublicKeySet::FromText(*jwks, w->options_.cache_path + ".jwks");
+      if (keys.ok()) w->keys_ = *keys;
+    }
+  }
+  // A list kept by an earlier run is used only if it still verifies and is still fresh.
+  if (!w->options_.cache_path.empty()) {
+    auto text = ReadFile(w->options_.cache_path);
+    if (text.ok()) {
+      auto list = VerifyRevocationList(*text, w->keys_, UnixNow(), w->options_.max_age_cap_s);
+      if (list.ok()) {
+        w->current_ = *list;
+        w->Apply(*list);
+      }
+    }
+  }
+  return w;
+}
+
+RevocationWatch::~RevocationWatch() { Stop(); }
+
+void RevocationWatch::Emit(const char* kind, const std::string& phase, const std::string& ref,
+                           const std::string& target, const std::string& detail) {
+  if (options_.events == nullptr) return;
+  EventRow row;
+  row.kind = kind;
+  row.phase = phase;
+  row.ref = ref;
+  row.key = ref.substr(0, ref.find('@'));
+  row.target = target;
+  row.detail = (target.empty() ? std::string() : "target=" + target + " ") +
+               (options_.worker.empty() ? std::string() : "worker=" + options_.worker + " ") +
+               detail;
+  options_.events->Append(std::move(row));
+}
+
+Result<RevocationList> FetchRevocationList(HubClient& hub, PublicKeySet* keys, bool refetch_keys,
+                                           int64_t max_age_cap_s, bool* transient,
+                                           std::string* jws) {
+  *transient = false;
+  HubAnswer a = hub.GetRevocations();
+  if (!a.ok()) {
+    *transient = IsTransport(a.token) || a.http_status >= 500;
+    return Status::Refused(
+        StatusCode::kIOError,
+        *transient ? kRefusalRevocationsUnreachable : kRefusalRevocationsUnreadable,
+        "the hub's revocation list: " + a.token + ": " + a.message);
+  }
+  jws->clear();
+  if (a.body.is_object() && a.body.contains("list") && a.body["list"].is_string()) {
+    *jws = a.body["list"].get<std::string>();
+  }
+  const int64_t now = UnixNow();
+  auto list = VerifyRevocationList(*jws, *keys, now, max_age_cap_s);
+  if (!list.ok() && list.status().Is(kRevocationsUnknownKid) && refetch_keys) {
+    // The hub's key set, fetched (again) once: a rotation since the last fetch is not a refusal.
+    if (Status added = hub.AddHubKeys(keys); !added.ok()) {
+      *transient = IsTransport(added.token());
+      return Status::Refused(
+          StatusCode::kIOError,
+          *transient ? kRefusalRevocationsUnreachable : kRefusalRevocationsUnreadable,
+          "the hub's key set, to verify its revocation list: " + added.message());
+    }
+    list = VerifyRevocationList(*jws, *keys, now, max_age_cap_s);
+  }
+  return list;
+}
+
+Result<RevocationList> RevocationWatch::Fetch(bool* transient) {
+  PublicKeySet keys;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    keys = keys_;
+  }
+  std::string jws;
+  auto list = FetchRevocationList(*client_, &keys, !options_.use_anchors, options_.max_age_cap_s,
+                                  transient, &jws);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [kid, raw] : keys.keys()) {
+      if (!keys_.Has(kid)) keys_.AddRaw(raw).IgnoreError();
+    }
+  }
+  if (!list.ok()) return list.status();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!current_ || list->iat >= current_->iat) current_ = *list;
+    fetched_at_ = UnixNow();
+  }
+  if (!options_.cache_path.empty()) {
+    WriteFileAtomic(options_.cache_path, jws, Durability::kScratch).IgnoreError();
+    if (!options_.use_anchors) {
+      WriteFileAtomic(options_.cache_path + ".jwks", keys.ToJwks().dump(), Durability::kScratch)
+          .IgnoreError();
+    }
+  }
+  return list;
+}
+
+PublicKeySet RevocationWatch::Keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return keys_;
+}
+
+std::optional<RevocationList> RevocationWatch::FreshCurrent(int64_t now) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!current_) return std::nullopt;
+  const int64_t max_age = options_.max_age_cap_s > 0
+                              ? std::min(current_->max_age_s, options_.max_age_cap_s)
+                              : current_->max_age_s;
+  if (now - current_->iat > max_age || current_->iat > now + kRevocationClockSkewS) {
+    return std::nullopt;
+  }
+  return current_;
+}
+
+bool RevocationWatch::IsRevoked(const std::string& digest) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return revoked_digests_.count(digest) != 0;
+}
+
+Status RevocationWatch::CheckAdoption(const std::string& key, const std::string& digest) {
+  std::optional<RevocationList> list;
+  Status fetch_refusal;
+  {
+    std::lock_guard<std::mutex> one(fetch_mu_);
+    const int64_t now = UnixNow();
+    bool recent = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      recent = current_.has_value() && fetched_at_ > 0 && now - fetched_at_ < options_.poll_s;
+    }
+    if (recent) {
+      list = FreshCurrent(now);
+    }
+    if (!list) {
+      bool transient = false;
+      auto fetched = Fetch(&transient);
+      if (fetched.ok()) {
+        list = *fetched;
+      } else {
+        fetch_refusal = fetched.status();
+        // The hub could not be asked: a verified list still within its age will do.
+        if (transient) list = FreshCurrent(now);
+      }
+    }
+  }
+  if (!list) return fetch_refusal;
+  Apply(*list);
+  if (IsRevoked(digest)) {
+    std::string reason = "listed by the hub";
+    for (const auto& e : list->entries) {
+      if (e.digest == digest) reason = e.reason;
+    }
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalRevoked,
+                           key + "@" + digest + " is revoked: " + reason);
+  }
+  return Status::OK();
+}
+
+void RevocationWatch::Watch(ServedTarget* target) {
+  std::lock_guard<std::mutex> lock(mu_);
+  targets_.push_back(target);
+}
+
+void RevocationWatch::Apply(const RevocationList& list) {
+  std::vector<std::pair<std::string, std::string>> fresh;  // digest, reason
+  std::vector<ServedTarget*> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& e : list.entries) {
+      if (revoked_digests_.insert(e.digest).second) fresh.emplace_back(e.digest, e.reason);
+    }
+    targets = targets_;
+  }
+  if (fresh.empty()) return;
+  for (ServedTarget* t : targets) {
+    for (const auto& [digest, reason] : fresh) {
+      const std::string ref = t->RevokeByDigest(digest, "revoked by the hub: " + reason);
+      if (!ref.empty()) {
+        KILN_LOG(WARNING) << "worker: cell " << ref << " of target '" << t->name()
+                          << "' revoked by the hub (" << reason << "); serving eager";
+      }
+    }
+  }
+}
+
+void RevocationWatch::SetStale(bool stale, const std::string& why) {
+  std::vector<ServedTarget*> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stale_ == stale) return;
+    stale_ = stale;
+    targets = targets_;
+  }
+  const bool eager = options_.stale == StaleRevocationPolicy::kEager;
+  if (eager) {
+    for (ServedTarget* t : targets) t->SetRevocationHold(stale);
+  }
+  Emit(event_kind::kRevocationList, stale ? (eager ? "stale_eager" : "stale_keep") : "fresh", "",
+       "", why);
+}
+
+Status RevocationWatch::PollOnce() {
+  bool transient = false;
+  Result<RevocationList> list = Status::OK();
+  {
+    std::lock_guard<std::mutex> one(fetch_mu_);
+    list = Fetch(&transient);
+  }
+  if (list.ok()) {
+    Apply(*list);
+    SetStale(false, "entries=" + std::to_string(list->entries.size()));
+    return Status::OK();
+  }
+  // No fresh list this time: stale once the last verified one is past its age.
+  if (!FreshCurrent(UnixNow())) SetStale(true, list.status().ToString());
+  return list.status();
+}
+
+void RevocationWatch::Start() {
+  std::lock_guard<std::mutex> lock(thread_mu_);
+  if (thread_.joinable() || stopping_) return;
+  thread_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(thread_mu_);
+    while (!stopping_) {
+      cv_.wait_for(lock, std::chrono::seconds(std::max(1, options_.poll_s)),
+                   [this] { return stopping_; });
+      if (stopping_) break;
+      lock.unlock();
+      Status s = PollOnce();
+      if (!s.ok()) KILN_LOG(WARNING) << "worker: revocation list poll: " << s.ToString();
+      lock.lock();
+    }
+  });
+}
+
+void RevocationWatch::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(thread_mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+}  // namespace kiln
