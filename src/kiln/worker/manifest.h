@@ -55,6 +55,9 @@ struct HubSpec {
                                    // against the manifest's directory; empty = fetch the hub's
                                    // own /.well-known/jwks.json
   int timeout_ms = 5000;           // per hub request (> 0)
+  std::string ca;                  // PEM CA file for an https:// hub with a private CA, resolved
+                                   // against the manifest's directory; "" = the system's CAs
+  bool insecure_http = false;      // allow http:// to a host that is not loopback
 };
 
 // `targets.<name>.numerics`: the mint-time numerics gate (docs/design.md §8). 0 < floor <= warn
