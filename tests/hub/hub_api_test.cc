@@ -148,9 +148,9 @@ TEST_P(HubApiTest, ByteRangesAndUnsatisfiableRangeIs416) {
     a.sin_port = htons(static_cast<uint16_t>(hub_->port()));
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    const std::string req = "GET /v1/blobs/" + digest + " HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " +
-                            std::string(kWorker) + "\r\nRange: " + range +
-                            "\r\nConnection: close\r\n\r\n";
+    const std::string req =
+        "GET /v1/blobs/" + digest + " HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " +
+        std::string(kWorker) + "\r\nRange: " + range + "\r\nConnection: close\r\n\r\n";
     EXPECT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
     std::string out;
     char buf[65536];
@@ -166,7 +166,7 @@ TEST_P(HubApiTest, ByteRangesAndUnsatisfiableRangeIs416) {
   EXPECT_EQ(mid.substr(mid.find("\r\n\r\n") + 4), cell.substr(10, 10));
   const std::string tail = get("bytes=-5");
   EXPECT_EQ(tail.substr(tail.find("\r\n\r\n") + 4), cell.substr(cell.size() - 5));
-  for (const std::string r : {"bytes=999999999-", "bytes=" + size + "-"}) {
+  for (const std::string& r : std::vector<std::string>{"bytes=999999999-", "bytes=" + size + "-"}) {
     const std::string past = get(r);
     EXPECT_EQ(past.rfind("HTTP/1.1 416", 0), 0u) << r << ": " << past.substr(0, 200);
     EXPECT_NE(past.find("Content-Range: bytes */" + size), std::string::npos) << past;

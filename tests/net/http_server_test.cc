@@ -85,8 +85,8 @@ class ServerTest : public ::testing::Test {
       return Response::Text(200, "released", "text/plain");
     }));
     routes.push_back(MakeRoute(
-        "GET", "/live", 0, [](const Request&, Body&) { return Response::Text(200, "ok", "text/plain"); },
-        true));
+        "GET", "/live", 0,
+        [](const Request&, Body&) { return Response::Text(200, "ok", "text/plain"); }, true));
     auto s = HttpServer::Create(std::move(o), std::move(routes));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) return nullptr;
@@ -150,8 +150,9 @@ TEST_F(ServerTest, ARefusalReadsNoBodyAndNeverSays100Continue) {
   auto s = Start(ServerOptions());
   // A handler that refuses: no 100 Continue, the answer, then the connection ends.
   RawConn c(s->port());
-  ASSERT_TRUE(c.Send(
-      "POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 60000000\r\nExpect: 100-continue\r\n\r\n"));
+  ASSERT_TRUE(
+      c.Send("POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 60000000\r\nExpect: "
+             "100-continue\r\n\r\n"));
   int interim = 0;
   auto a = c.Read(5000, &interim);
   EXPECT_EQ(a.status, 401);
@@ -193,7 +194,8 @@ TEST_F(ServerTest, SlowHeadersAndSilentConnectionsAreCutWithoutHoldingAThread) {
   std::vector<RawConn> slow(10);
   for (auto& c : slow) ASSERT_EQ(c.Connect(s->port()), 0);
   RawConn silent(s->port()), silent2(s->port());
-  const std::string request = "GET /echo/a/x HTTP/1.1\r\nHost: x\r\nX-Pad: aaaaaaaaaaaaaaaa\r\n\r\n";
+  const std::string request =
+      "GET /echo/a/x HTTP/1.1\r\nHost: x\r\nX-Pad: aaaaaaaaaaaaaaaa\r\n\r\n";
   const auto start = Clock::now();
   bool all_closed = false;
   for (size_t i = 0; i < request.size() && !all_closed; ++i) {
@@ -371,7 +373,11 @@ TEST_F(TlsTest, ServesHttpsAndReloadsARotatedCertificateWithoutRestart) {
   EXPECT_EQ(GetOverTls(port, first.ca_path()), 0);
   EXPECT_GE((*s)->stats().tls_reloads, 1u);
   // A broken pair keeps the certificate in use.
-  { FILE* f = std::fopen(files.key.c_str(), "w"); std::fputs("not a key", f); std::fclose(f); }
+  {
+    FILE* f = std::fopen(files.key.c_str(), "w");
+    std::fputs("not a key", f);
+    std::fclose(f);
+  }
   EXPECT_FALSE((*s)->ReloadTls().ok());
   EXPECT_EQ(GetOverTls(port, second.ca_path()), 200);
 }

@@ -78,8 +78,8 @@ class RawConn {
     while (std::chrono::steady_clock::now() < until) {
       pollfd p{fd_, POLLIN, 0};
       const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                             until - std::chrono::steady_clock::now())
-                                             .count());
+                                            until - std::chrono::steady_clock::now())
+                                            .count());
       if (::poll(&p, 1, std::max(1, left)) <= 0) continue;
       const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
       if (n <= 0) return true;
@@ -88,7 +88,7 @@ class RawConn {
   }
 
   struct Answer {
-    int status = 0;  // 0: no complete answer
+    int status = 0;                              // 0: no complete answer
     std::map<std::string, std::string> headers;  // names lowercased
     std::string body;
     int error = 0;  // errno when the connection failed (ECONNRESET, ...)
@@ -114,9 +114,8 @@ class RawConn {
         size_t at = head.find("\r\n");
         while (at != std::string::npos && at < head.size()) {
           const size_t next = head.find("\r\n", at + 2);
-          const std::string line = head.substr(at + 2, next == std::string::npos
-                                                           ? std::string::npos
-                                                           : next - at - 2);
+          const std::string line =
+              head.substr(at + 2, next == std::string::npos ? std::string::npos : next - at - 2);
           const size_t colon = line.find(':');
           if (colon != std::string::npos) {
             std::string k = line.substr(0, colon);

@@ -595,10 +595,10 @@ TEST_F(FrontTest, AdminCheckpointPathsStayInsideTheCheckpointDirectory) {
   std::filesystem::create_symlink("../" + std::filesystem::path(secret).filename().string(),
                                   checkpoint_dir_ + "/relative-link.safetensors");
   std::map<std::string, std::string> bodies;
-  for (const std::string path :
-       {"../" + std::filesystem::path(secret).filename().string(), secret, "/etc/shadow",
-        "a/../../x.safetensors", "secret-link.safetensors", "absent-link.safetensors",
-        "relative-link.safetensors", std::string("x\0y", 3)}) {
+  for (const std::string& path : std::vector<std::string>{
+           "../" + std::filesystem::path(secret).filename().string(), secret, "/etc/shadow",
+           "a/../../x.safetensors", "secret-link.safetensors", "absent-link.safetensors",
+           "relative-link.safetensors", std::string("x\0y", 3)}) {
     auto r = Admin("/v1/admin/checkpoint", json{{"target", "mlp"}, {"path", path}}.dump());
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status, 403) << path << ": " << r->body;
@@ -608,7 +608,8 @@ TEST_F(FrontTest, AdminCheckpointPathsStayInsideTheCheckpointDirectory) {
     bodies[path] = r->body;
   }
   // A link to an existing file and a link to nothing answer alike, but for their own names.
-  std::string existing = bodies["secret-link.safetensors"], absent = bodies["absent-link.safetensors"];
+  std::string existing = bodies["secret-link.safetensors"],
+              absent = bodies["absent-link.safetensors"];
   existing.replace(existing.find("secret-link"), 11, "X");
   absent.replace(absent.find("absent-link"), 11, "X");
   EXPECT_EQ(existing, absent);
@@ -626,8 +627,8 @@ TEST_F(FrontTest, AdminCheckpointPathsStayInsideTheCheckpointDirectory) {
 TEST_F(FrontTest, JsonBodyIsReadWhateverTheContentTypeAtAnySize) {
   // curl -d sends form-urlencoded; the body is still JSON, and bigger than 8 KB.
   const std::string body = EncodeInferRequest({{InputName(), x_}}, false).body;
-  const std::string padded = body.substr(0, body.size() - 1) + ","pad":"" +
-                             std::string(20000, 'p') + ""}";
+  const std::string padded =
+      body.substr(0, body.size() - 1) + ",\"pad\":\"" + std::string(20000, 'p') + "\"}";
   ASSERT_GT(padded.size(), 8192u);
   auto r = client_->Post("/v2/models/mlp/infer", padded, "application/x-www-form-urlencoded");
   ASSERT_TRUE(r);
@@ -647,7 +648,8 @@ TEST_F(FrontTest, BodyOverTheLimitIs413BeforeItIsReadAndTheWorkerServesOn) {
     EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2);
   }
   net_testing::RawConn neg(front_->port());
-  ASSERT_TRUE(neg.Send("POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n"));
+  ASSERT_TRUE(
+      neg.Send("POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n"));
   EXPECT_EQ(neg.Read(5000).status, 400);
   auto ok = Infer("mlp", {{InputName(), x_}}, false);
   ASSERT_TRUE(ok);
@@ -659,7 +661,7 @@ TEST_F(FrontTest, ModelOfStaticShapesBoundsItsBodyByItsInputs) {
   EXPECT_EQ(front_->service().BodyLimit("mlp"), uint64_t{8} << 20);
   // The same graph with its batch fixed to 1 takes at most its JSON size plus 1 MiB.
   auto fixed = std::make_shared<Graph>(*graph_);
-  fixed->inputs.at(0).dims.at(0) = Dim{1};
+  fixed->inputs.at(0).dims.at(0) = Dim{1, ""};
   WorkerServiceOptions so;
   so.max_body_bytes = uint64_t{1} << 30;
   auto svc = WorkerService::Create(so, {{"m", {optional_.get(), fixed}}}, {{"m", "m"}});

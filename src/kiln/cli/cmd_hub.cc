@@ -190,8 +190,9 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
                   "tokens file (default: DATA/tokens.json, created with an admin token)");
   cmd->add_option("--threads", args->options.threads,
                   "handler threads (requests handled at once; idle connections hold none)");
-  cmd->add_option("--tls-cert", args->options.tls_cert,
-                  "PEM certificate chain: serve HTTPS (re-read when the file changes, or on SIGHUP)");
+  cmd->add_option(
+      "--tls-cert", args->options.tls_cert,
+      "PEM certificate chain: serve HTTPS (re-read when the file changes, or on SIGHUP)");
   cmd->add_option("--tls-key", args->options.tls_key, "PEM private key of --tls-cert");
   cmd->add_flag("--insecure-http", args->options.insecure_http,
                 "allow plain HTTP on an address that is not loopback");

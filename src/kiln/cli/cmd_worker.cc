@@ -61,7 +61,8 @@ Result<std::string> AdminToken(const WorkerArgs& a) {
   std::string token;
   if (!a.admin_token_file.empty()) {
     KILN_ASSIGN_OR_RETURN(token, ReadFile(a.admin_token_file));
-    while (!token.empty() && (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
+    while (!token.empty() &&
+           (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
       token.pop_back();
     }
     if (token.empty()) {
@@ -317,8 +318,9 @@ void AddWorkerCommand(CLI::App& app, int* exit_code) {
                   "niceness of mint children (0-19; default 10, below serving)");
   cmd->add_option("--mint-threads", a->mint_threads,
                   "compute threads of a mint child's proof runs (default 1)");
-  cmd->add_option("--tls-cert", a->tls_cert,
-                  "PEM certificate chain: serve HTTPS (re-read when the file changes, or on SIGHUP)");
+  cmd->add_option(
+      "--tls-cert", a->tls_cert,
+      "PEM certificate chain: serve HTTPS (re-read when the file changes, or on SIGHUP)");
   cmd->add_option("--tls-key", a->tls_key, "PEM private key of --tls-cert");
   cmd->add_flag("--insecure-http", a->insecure_http,
                 "allow plain HTTP on an address that is not loopback");

@@ -26,9 +26,9 @@ constexpr uint64_t kEventsBodyLimit = 16 << 20;
 
 net::Response Send(const Reply& r) {
   if (!r.html.empty()) return net::Response::Text(r.status, r.html, "text/html; charset=utf-8");
-  return net::Response::Text(
-      r.status, r.body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-      "application/json");
+  return net::Response::Text(r.status,
+                             r.body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                             "application/json");
 }
 
 // The Reply for a body that could not be read whole.
@@ -129,22 +129,18 @@ static std::vector<net::Route> HubRoutes(HubService* s, uint64_t max_blob_bytes)
   };
 
   std::vector<net::Route> routes;
-  routes.push_back(route("GET", "/v1/health", 0, [s](const Request&, Body&) {
-    return Send(s->Health());
-  }));
-  routes.push_back(route("GET", "/.well-known/jwks.json", 0, [s](const Request&, Body&) {
-    return Send(s->Jwks());
-  }));
-  routes.push_back(route("GET", "/v1/revocations", 0, [s](const Request&, Body&) {
-    return Send(s->Revocations());
-  }));
-  routes.push_back(route("GET", "/", 0, [s](const Request&, Body&) {
-    return Send(s->Dashboard());
-  }));
-  routes.push_back(route("GET", "/v1/cells/{}", 0,
-                         authed([s](const Principal& p, const Request& req) {
-                           return s->ResolveCell(p, req.captures[0]);
-                         })));
+  routes.push_back(
+      route("GET", "/v1/health", 0, [s](const Request&, Body&) { return Send(s->Health()); }));
+  routes.push_back(route("GET", "/.well-known/jwks.json", 0,
+                         [s](const Request&, Body&) { return Send(s->Jwks()); }));
+  routes.push_back(route("GET", "/v1/revocations", 0,
+                         [s](const Request&, Body&) { return Send(s->Revocations()); }));
+  routes.push_back(
+      route("GET", "/", 0, [s](const Request&, Body&) { return Send(s->Dashboard()); }));
+  routes.push_back(
+      route("GET", "/v1/cells/{}", 0, authed([s](const Principal& p, const Request& req) {
+              return s->ResolveCell(p, req.captures[0]);
+            })));
   routes.push_back(route("POST", "/v1/publish/intent", kJsonBodyLimit,
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->PublishIntent(p, b);
@@ -153,82 +149,77 @@ static std::vector<net::Route> HubRoutes(HubService* s, uint64_t max_blob_bytes)
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->PublishComplete(p, b);
                          })));
-  routes.push_back(route("PUT", "/v1/blobs/{}", max_blob_bytes,
-                         [s](const Request& req, Body& body) -> Response {
-                           auto who = s->Authenticate(req.Header("Authorization"));
-                           if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
-                           Status failure;
-                           BodyReader reader =
-                               [&](const std::function<bool(std::string_view)>& sink) {
-                                 char buf[64 * 1024];
-                                 while (true) {
-                                   auto n = body.Read(buf, sizeof(buf));
-                                   if (!n.ok()) {
-                                     failure = n.status();
-                                     return false;
-                                   }
-                                   if (*n == 0) return true;
-                                   if (!sink({buf, *n})) return true;
-                                 }
-                               };
-                           Reply reply = s->UploadBlob(std::get<Principal>(who), req.captures[0],
-                                                       reader);
-                           // The transport's reason beats the service's generic "incomplete".
-                           if (!failure.ok() && reply.status == 400) reply = BodyFailure(failure);
-                           return Send(reply);
-                         }));
-  routes.push_back(route(
-      "GET", "/v1/blobs/{}", 0, [s](const Request& req, Body&) -> Response {
+  routes.push_back(
+      route("PUT", "/v1/blobs/{}", max_blob_bytes, [s](const Request& req, Body& body) -> Response {
         auto who = s->Authenticate(req.Header("Authorization"));
         if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
-        auto opened = s->OpenBlob(std::get<Principal>(who), req.captures[0]);
-        if (auto* r = std::get_if<Reply>(&opened)) return Send(*r);
-        std::shared_ptr<BlobReader> reader =
-            std::move(std::get<std::unique_ptr<BlobReader>>(opened));
-        const uint64_t size = reader->size();
-        Response res;
-        res.status = 200;
-        res.content_type = "application/octet-stream";
-        res.headers.emplace_back("Accept-Ranges", "bytes");
-        uint64_t first = 0, count = size;
-        if (req.HasHeader("Range")) {
-          bool unsatisfiable = false;
-          auto range = ParseRange(req.Header("Range"), size, &unsatisfiable);
-          if (unsatisfiable) {
-            Response r = Send(Reply::Error(
-                416, "range_not_satisfiable",
-                "range '" + req.Header("Range") + "' starts past the end of " + req.captures[0] +
-                    " (" + std::to_string(size) + " bytes)"));
-            r.headers.emplace_back("Content-Range", "bytes */" + std::to_string(size));
-            return r;
+        Status failure;
+        BodyReader reader = [&](const std::function<bool(std::string_view)>& sink) {
+          char buf[64 * 1024];
+          while (true) {
+            auto n = body.Read(buf, sizeof(buf));
+            if (!n.ok()) {
+              failure = n.status();
+              return false;
+            }
+            if (*n == 0) return true;
+            if (!sink({buf, *n})) return true;
           }
-          if (range) {
-            first = range->first;
-            count = range->last - range->first + 1;
-            res.status = 206;
-            res.headers.emplace_back("Content-Range", "bytes " + std::to_string(range->first) +
-                                                          "-" + std::to_string(range->last) +
-                                                          "/" + std::to_string(size));
-          }
-        }
-        res.stream_length = count;
-        res.stream = [reader, first](uint64_t offset, char* buf, size_t cap) -> Result<size_t> {
-          return reader->ReadAt(first + offset, buf, cap);
         };
-        return res;
+        Reply reply = s->UploadBlob(std::get<Principal>(who), req.captures[0], reader);
+        // The transport's reason beats the service's generic "incomplete".
+        if (!failure.ok() && reply.status == 400) reply = BodyFailure(failure);
+        return Send(reply);
       }));
-  routes.push_back(route("GET", "/v1/receipts/{}/{}", 0,
-                         authed([s](const Principal& p, const Request& req) {
-                           return s->GetReceipt(p, req.captures[0], req.captures[1]);
-                         })));
+  routes.push_back(route("GET", "/v1/blobs/{}", 0, [s](const Request& req, Body&) -> Response {
+    auto who = s->Authenticate(req.Header("Authorization"));
+    if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
+    auto opened = s->OpenBlob(std::get<Principal>(who), req.captures[0]);
+    if (auto* r = std::get_if<Reply>(&opened)) return Send(*r);
+    std::shared_ptr<BlobReader> reader = std::move(std::get<std::unique_ptr<BlobReader>>(opened));
+    const uint64_t size = reader->size();
+    Response res;
+    res.status = 200;
+    res.content_type = "application/octet-stream";
+    res.headers.emplace_back("Accept-Ranges", "bytes");
+    uint64_t first = 0, count = size;
+    if (req.HasHeader("Range")) {
+      bool unsatisfiable = false;
+      auto range = ParseRange(req.Header("Range"), size, &unsatisfiable);
+      if (unsatisfiable) {
+        Response r =
+            Send(Reply::Error(416, "range_not_satisfiable",
+                              "range '" + req.Header("Range") + "' starts past the end of " +
+                                  req.captures[0] + " (" + std::to_string(size) + " bytes)"));
+        r.headers.emplace_back("Content-Range", "bytes */" + std::to_string(size));
+        return r;
+      }
+      if (range) {
+        first = range->first;
+        count = range->last - range->first + 1;
+        res.status = 206;
+        res.headers.emplace_back("Content-Range", "bytes " + std::to_string(range->first) + "-" +
+                                                      std::to_string(range->last) + "/" +
+                                                      std::to_string(size));
+      }
+    }
+    res.stream_length = count;
+    res.stream = [reader, first](uint64_t offset, char* buf, size_t cap) -> Result<size_t> {
+      return reader->ReadAt(first + offset, buf, cap);
+    };
+    return res;
+  }));
+  routes.push_back(
+      route("GET", "/v1/receipts/{}/{}", 0, authed([s](const Principal& p, const Request& req) {
+              return s->GetReceipt(p, req.captures[0], req.captures[1]);
+            })));
   routes.push_back(route("POST", "/v1/admin/revoke", kJsonBodyLimit,
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->Revoke(p, b);
                          })));
-  routes.push_back(route("POST", "/v1/admin/rotate-key", kJsonBodyLimit,
-                         authed([s](const Principal& p, const Request&) {
-                           return s->RotateKey(p);
-                         })));
+  routes.push_back(
+      route("POST", "/v1/admin/rotate-key", kJsonBodyLimit,
+            authed([s](const Principal& p, const Request&) { return s->RotateKey(p); })));
   routes.push_back(route("POST", "/v1/releases", kJsonBodyLimit,
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->CreateRelease(p, b);
@@ -241,13 +232,14 @@ static std::vector<net::Route> HubRoutes(HubService* s, uint64_t max_blob_bytes)
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->SettleObligation(p, b);
                          })));
-  routes.push_back(route("POST", "/v1/events", kEventsBodyLimit,
-                         authed_body(kEventsBodyLimit, [s](const Principal& p, const std::string& b) {
-                           return s->PostEvents(p, b);
-                         })));
-  routes.push_back(route("GET", "/v1/events", 0, authed([s](const Principal& p, const Request& req) {
-                           return s->QueryEvents(p, req.query);
-                         })));
+  routes.push_back(route(
+      "POST", "/v1/events", kEventsBodyLimit,
+      authed_body(kEventsBodyLimit,
+                  [s](const Principal& p, const std::string& b) { return s->PostEvents(p, b); })));
+  routes.push_back(
+      route("GET", "/v1/events", 0, authed([s](const Principal& p, const Request& req) {
+              return s->QueryEvents(p, req.query);
+            })));
   return routes;
 }
 
@@ -314,9 +306,9 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   so.header_timeout_ms = options.header_timeout_ms;
   so.keepalive_idle_ms = options.keepalive_idle_ms;
   so.body_idle_timeout_ms = options.body_idle_timeout_ms;
-  KILN_ASSIGN_OR_RETURN(hub->http_->server,
-                        net::HttpServer::Create(
-                            so, HubRoutes(hub->service_.get(), options.max_blob_bytes + 1)));
+  KILN_ASSIGN_OR_RETURN(
+      hub->http_->server,
+      net::HttpServer::Create(so, HubRoutes(hub->service_.get(), options.max_blob_bytes + 1)));
   hub->port_ = hub->http_->server->port();
   KILN_LOG(INFO) << "hub: " << hub->service_->store().Describe() << ", blobs " << options.data_dir
                  << "/blobs, signing key " << hub->service_->keys().Current()->kid() << ", "
@@ -343,7 +335,7 @@ void HubServer::Stop() {
     if (http_->stopped) return;
     http_->stopped = true;
   }
-  http_->server->Stop();
+  if (http_->server) http_->server->Stop();
   http_->cv.notify_all();
 }
 

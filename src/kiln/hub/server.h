@@ -113,8 +113,8 @@ struct HubOptions {
   bool insecure_http = false;
   int max_connections = 8192;
   int max_connections_per_client = 1024;
-  int header_timeout_ms = 10000;   // TLS handshake and request headers, from the first byte
-  int keepalive_idle_ms = 30000;   // an idle keep-alive connection is closed after this
+  int header_timeout_ms = 10000;  // TLS handshake and request headers, from the first byte
+  int keepalive_idle_ms = 30000;  // an idle keep-alive connection is closed after this
   int body_idle_timeout_ms = 10000;
   // PostgreSQL connections shared by the request threads; 0: one per core (at least 2), at most
   // `threads`. On 2 cores with the database on the same host, 2 connections gave p99 6 ms where

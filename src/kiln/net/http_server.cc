@@ -129,9 +129,9 @@ Result<std::string> Body::ReadAll(size_t limit) {
     KILN_ASSIGN_OR_RETURN(size_t n, Read(buf, sizeof(buf)));
     if (n == 0) return out;
     if (out.size() + n > limit) {
-      return Status::Refused(StatusCode::kInvalidArgument, "body_too_large",
-                             "the request body is over the limit of " + std::to_string(limit) +
-                                 " bytes");
+      return Status::Refused(
+          StatusCode::kInvalidArgument, "body_too_large",
+          "the request body is over the limit of " + std::to_string(limit) + " bytes");
     }
     out.append(buf, n);
   }
@@ -228,9 +228,9 @@ struct Shared {
   std::shared_ptr<asio::ssl::context> tls_context;  // guarded by tls_mu
 
   std::mutex conn_mu;
-  std::unordered_map<std::string, int> per_client;  // guarded by conn_mu
+  std::unordered_map<std::string, int> per_client;          // guarded by conn_mu
   std::map<uint64_t, std::weak_ptr<SessionBase>> sessions;  // guarded by conn_mu
-  uint64_t next_session = 0;                                 // guarded by conn_mu
+  uint64_t next_session = 0;                                // guarded by conn_mu
   std::condition_variable sessions_cv;
 
   std::atomic<uint64_t> connections_open{0}, connections_total{0}, requests_total{0},
@@ -338,14 +338,13 @@ class Session final : public SessionBase, public Body {
     asio::dispatch(stream_.get_executor(), [self] {
       if constexpr (kTls) {
         self->Deadline(self->shared_->options.header_timeout_ms);
-        self->stream_.async_handshake(asio::ssl::stream_base::server,
-                                      [self](beast::error_code ec) {
-                                        if (ec) {
-                                          self->shared_->tls_handshake_failures.fetch_add(1);
-                                          return self->CloseNow();
-                                        }
-                                        self->WaitForRequest(true);
-                                      });
+        self->stream_.async_handshake(asio::ssl::stream_base::server, [self](beast::error_code ec) {
+          if (ec) {
+            self->shared_->tls_handshake_failures.fetch_add(1);
+            return self->CloseNow();
+          }
+          self->WaitForRequest(true);
+        });
       } else {
         self->WaitForRequest(true);
       }
@@ -485,8 +484,7 @@ class Session final : public SessionBase, public Body {
         at = end + 1;
       }
     }
-    expect_continue_ =
-        h.version() >= 11 && IEquals(request_.Header("Expect"), "100-continue");
+    expect_continue_ = h.version() >= 11 && IEquals(request_.Header("Expect"), "100-continue");
     continue_sent_ = false;
     body_ended_ = !request_.HasBody();
     body_started_ = Clock::now();
@@ -535,8 +533,7 @@ class Session final : public SessionBase, public Body {
     const bool queued = shared_->pool->TrySubmit([self, handler] {
       Response r = self->RunHandler(*handler);
       auto answer = std::make_shared<Response>(std::move(r));
-      asio::post(self->stream_.get_executor(),
-                 [self, answer] { self->Write(std::move(*answer)); });
+      asio::post(self->stream_.get_executor(), [self, answer] { self->Write(std::move(*answer)); });
     });
     if (!queued) {
       shared_->refused_saturated.fetch_add(1);
@@ -556,9 +553,8 @@ class Session final : public SessionBase, public Body {
       KILN_LOG(ERROR) << shared_->options.name << ": " << request_.method << " " << request_.path
                       << " threw";
     }
-    Response r = shared_->ErrorResponse(500, "internal",
-                                        shared_->options.name + " failed while handling " +
-                                            request_.path);
+    Response r = shared_->ErrorResponse(
+        500, "internal", shared_->options.name + " failed while handling " + request_.path);
     r.close = true;
     return r;
   }
@@ -586,16 +582,15 @@ class Session final : public SessionBase, public Body {
       static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
       Deadline(shared_->options.write_timeout_ms);
       auto self = SharedSelf();
-      return asio::async_write(stream_, asio::buffer(kContinue),
-                               [self, read](beast::error_code ec, size_t) {
-                                 if (ec) {
-                                   self->broken_ = true;
-                                   return read->done.set_value(
-                                       Status::Refused(StatusCode::kIOError, "body_incomplete",
-                                                       "the client went away before its body"));
-                                 }
-                                 self->StartBodyRead(read);
-                               });
+      return asio::async_write(
+          stream_, asio::buffer(kContinue), [self, read](beast::error_code ec, size_t) {
+            if (ec) {
+              self->broken_ = true;
+              return read->done.set_value(Status::Refused(StatusCode::kIOError, "body_incomplete",
+                                                          "the client went away before its body"));
+            }
+            self->StartBodyRead(read);
+          });
     }
     ContinueBodyRead(std::move(read));
   }
@@ -607,8 +602,8 @@ class Session final : public SessionBase, public Body {
     const double rate = o.min_body_rate > 0 ? static_cast<double>(o.min_body_rate) : 1e18;
     const auto allowed = std::chrono::milliseconds(
         std::max<int64_t>(o.body_timeout_ms, static_cast<int64_t>(length / rate * 1000.0)));
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        body_started_ + allowed - Clock::now());
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(body_started_ +
+                                                                            allowed - Clock::now());
     if (left.count() <= 0) {
       shared_->body_timeouts.fetch_add(1);
       broken_ = true;
@@ -648,20 +643,19 @@ class Session final : public SessionBase, public Body {
         self->broken_ = true;
         if (ec == beast::error::timeout) {
           self->shared_->body_timeouts.fetch_add(1);
-          return read->done.set_value(
-              Status::Refused(StatusCode::kIOError, "body_timeout",
-                              "the client sent no body bytes for " +
-                                  std::to_string(self->shared_->options.body_idle_timeout_ms) +
-                                  " ms"));
+          return read->done.set_value(Status::Refused(
+              StatusCode::kIOError, "body_timeout",
+              "the client sent no body bytes for " +
+                  std::to_string(self->shared_->options.body_idle_timeout_ms) + " ms"));
         }
         if (ec == http::error::body_limit) {
-          return read->done.set_value(Status::Refused(
-              StatusCode::kInvalidArgument, "body_too_large",
-              "the chunked request body passed the route's limit"));
+          return read->done.set_value(
+              Status::Refused(StatusCode::kInvalidArgument, "body_too_large",
+                              "the chunked request body passed the route's limit"));
         }
-        return read->done.set_value(Status::Refused(
-            StatusCode::kIOError, "body_incomplete",
-            "the connection ended before the body did (" + ec.message() + ")"));
+        return read->done.set_value(
+            Status::Refused(StatusCode::kIOError, "body_incomplete",
+                            "the connection ended before the body did (" + ec.message() + ")"));
       }
       if (read->got == 0 && !self->parser_->is_done()) return self->ContinueBodyRead(read);
       read->done.set_value(read->got);
@@ -678,9 +672,8 @@ class Session final : public SessionBase, public Body {
                   !shared_->stopping.load() && !over_capacity_;
     unread_body_ = parser_ && !body_done && !broken_;
     const unsigned version = parser_ ? parser_->get().version() : 11;
-    std::string head = "HTTP/" + std::to_string(version / 10) + "." +
-                       std::to_string(version % 10) + " " + std::to_string(r.status) + " " +
-                       ReasonPhrase(r.status) + "\r\n";
+    std::string head = "HTTP/" + std::to_string(version / 10) + "." + std::to_string(version % 10) +
+                       " " + std::to_string(r.status) + " " + ReasonPhrase(r.status) + "\r\n";
     const uint64_t length = r.stream ? r.stream_length : r.body.size();
     head += "Content-Type: " + r.content_type + "\r\n";
     head += "Content-Length: " + std::to_string(length) + "\r\n";
@@ -703,8 +696,7 @@ class Session final : public SessionBase, public Body {
     stream_offset_ = 0;
     Deadline(shared_->options.write_timeout_ms);
     auto self = SharedSelf();
-    std::array<asio::const_buffer, 2> bufs{asio::buffer(answer_head_),
-                                           asio::buffer(answer_.body)};
+    std::array<asio::const_buffer, 2> bufs{asio::buffer(answer_head_), asio::buffer(answer_.body)};
     if (answer_.stream) bufs[1] = asio::const_buffer();
     asio::async_write(stream_, bufs, [self](beast::error_code ec, size_t) {
       if (ec) return self->CloseNow();
@@ -770,12 +762,12 @@ class Session final : public SessionBase, public Body {
     if (chunk_.empty()) chunk_.resize(64 * 1024);
     auto self = SharedSelf();
     const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk_.size(), linger_left_));
-    Tcp().socket().async_read_some(asio::buffer(chunk_.data(), want),
-                                   [self](beast::error_code ec, size_t n) {
-                                     if (ec) return self->CloseNow();
-                                     self->linger_left_ -= std::min<uint64_t>(n, self->linger_left_);
-                                     self->Linger();
-                                   });
+    Tcp().socket().async_read_some(
+        asio::buffer(chunk_.data(), want), [self](beast::error_code ec, size_t n) {
+          if (ec) return self->CloseNow();
+          self->linger_left_ -= std::min<uint64_t>(n, self->linger_left_);
+          self->Linger();
+        });
   }
 
   void CloseNow() {
@@ -796,7 +788,7 @@ class Session final : public SessionBase, public Body {
   Request request_;
   bool expect_continue_ = false;
   bool continue_sent_ = false;
-  bool broken_ = false;   // a body read failed: the connection cannot carry another request
+  bool broken_ = false;  // a body read failed: the connection cannot carry another request
   bool body_timed_out_ = false;
   bool body_read_pending_ = false;
   uint64_t body_read_gen_ = 0;
@@ -883,22 +875,22 @@ struct HttpServer::Impl {
   int port = 0;
 
   void Accept() {
-    acceptor->async_accept(asio::make_strand(shared->ioc), [this](beast::error_code ec,
-                                                                 tcp::socket socket) {
-      if (ec) {
-        if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
-        // Out of descriptors (or another transient failure): back off instead of spinning.
-        KILN_LOG(WARNING) << shared->options.name << ": accept failed: " << ec.message();
-        auto timer = std::make_shared<asio::steady_timer>(*strand);
-        timer->expires_after(std::chrono::milliseconds(50));
-        timer->async_wait([this, timer](beast::error_code) {
-          if (!shared->stopping.load()) Accept();
+    acceptor->async_accept(
+        asio::make_strand(shared->ioc), [this](beast::error_code ec, tcp::socket socket) {
+          if (ec) {
+            if (ec == asio::error::operation_aborted || !acceptor->is_open()) return;
+            // Out of descriptors (or another transient failure): back off instead of spinning.
+            KILN_LOG(WARNING) << shared->options.name << ": accept failed: " << ec.message();
+            auto timer = std::make_shared<asio::steady_timer>(*strand);
+            timer->expires_after(std::chrono::milliseconds(50));
+            timer->async_wait([this, timer](beast::error_code) {
+              if (!shared->stopping.load()) Accept();
+            });
+            return;
+          }
+          OnAccepted(std::move(socket));
+          Accept();
         });
-        return;
-      }
-      OnAccepted(std::move(socket));
-      Accept();
-    });
   }
 
   void OnAccepted(tcp::socket socket) {
@@ -919,8 +911,8 @@ struct HttpServer::Impl {
     shared->connections_total.fetch_add(1);
     std::shared_ptr<SessionBase> session;
     if (shared->options.tls) {
-      auto s = std::make_shared<TlsSession>(shared, std::move(socket), peer, over,
-                                            shared->TlsContext());
+      auto s =
+          std::make_shared<TlsSession>(shared, std::move(socket), peer, over, shared->TlsContext());
       s->set_id(id);
       session = s;
       Register(id, session);
@@ -968,8 +960,8 @@ struct HttpServer::Impl {
     if (!ctx.ok()) {
       // A half-written pair (the key renamed in before the certificate) is retried at the next
       // check; the certificate in use stays.
-      KILN_LOG(WARNING) << shared->options.name << ": TLS reload kept the certificate in use: "
-                        << ctx.status().message();
+      KILN_LOG(WARNING) << shared->options.name
+                        << ": TLS reload kept the certificate in use: " << ctx.status().message();
       cert_stamp = stamp;
       return ctx.status();
     }
@@ -1007,7 +999,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(ServerOptions options,
 
   auto shared = std::make_shared<Shared>(options.io_threads);
   for (Route& r : routes) {
-    if (!r.handler) return Status::InvalidArgument(name + ": route " + r.pattern + " has no handler");
+    if (!r.handler)
+      return Status::InvalidArgument(name + ": route " + r.pattern + " has no handler");
     if (r.on_event_loop && r.max_body_bytes > 0) {
       return Status::InvalidArgument(name + ": route " + r.pattern +
                                      " runs on the event loop and so cannot take a body");
@@ -1032,7 +1025,8 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(ServerOptions options,
 
   beast::error_code ec;
   const auto address = asio::ip::make_address(o.bind == "localhost" ? "127.0.0.1" : o.bind, ec);
-  if (ec) return Status::InvalidArgument(name + ": bind address '" + o.bind + "' is not an IP address");
+  if (ec)
+    return Status::InvalidArgument(name + ": bind address '" + o.bind + "' is not an IP address");
   const tcp::endpoint endpoint(address, static_cast<unsigned short>(o.port));
   impl.strand.emplace(asio::make_strand(shared->ioc));
   impl.acceptor = std::make_unique<tcp::acceptor>(*impl.strand);
@@ -1157,8 +1151,8 @@ std::string StatsMetricsText(const std::vector<std::pair<std::string, ServerStat
       {"kiln_http_header_timeouts_total", "counter",
        "Connections closed because request headers did not arrive in time.",
        &ServerStats::header_timeouts},
-      {"kiln_http_body_timeouts_total", "counter",
-       "Requests whose body did not arrive in time.", &ServerStats::body_timeouts},
+      {"kiln_http_body_timeouts_total", "counter", "Requests whose body did not arrive in time.",
+       &ServerStats::body_timeouts},
       {"kiln_http_tls_handshake_failures_total", "counter", "TLS handshakes that failed.",
        &ServerStats::tls_handshake_failures},
       {"kiln_http_tls_reloads_total", "counter", "TLS certificate reloads.",

@@ -44,13 +44,13 @@ namespace kiln::net {
 
 // The request line and headers: everything a handler sees before it chooses to read the body.
 struct Request {
-  std::string method;  // "GET", "POST", ...
-  std::string target;  // as sent: path and query
-  std::string path;    // the path, percent-decoded per segment
-  std::map<std::string, std::string> query;           // decoded; a repeated name keeps the last
-  std::vector<std::string> captures;                  // the route's {} segments, decoded
+  std::string method;                        // "GET", "POST", ...
+  std::string target;                        // as sent: path and query
+  std::string path;                          // the path, percent-decoded per segment
+  std::map<std::string, std::string> query;  // decoded; a repeated name keeps the last
+  std::vector<std::string> captures;         // the route's {} segments, decoded
   std::vector<std::pair<std::string, std::string>> headers;  // as sent
-  std::optional<uint64_t> content_length;             // nullopt: none sent, or chunked
+  std::optional<uint64_t> content_length;                    // nullopt: none sent, or chunked
   bool chunked = false;
   std::string peer;  // the client's address
   bool tls = false;
@@ -105,8 +105,8 @@ struct Route {
 };
 
 struct TlsOptions {
-  std::string cert_file;  // PEM: the certificate, then its chain
-  std::string key_file;   // PEM private key
+  std::string cert_file;       // PEM: the certificate, then its chain
+  std::string key_file;        // PEM private key
   int reload_check_ms = 2000;  // how often the two files are checked for a change; 0: never
 };
 
@@ -157,7 +157,8 @@ class HttpServer {
   // not serve yet. Refused `insecure_http_refused` for plain HTTP on a non-loopback address
   // without `insecure_http`; IOError naming the address when the bind fails; InvalidArgument
   // naming the file for a certificate or key that does not load or match.
-  static Result<std::unique_ptr<HttpServer>> Create(ServerOptions options, std::vector<Route> routes);
+  static Result<std::unique_ptr<HttpServer>> Create(ServerOptions options,
+                                                    std::vector<Route> routes);
   ~HttpServer();  // Stop()
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;

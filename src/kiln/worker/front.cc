@@ -107,47 +107,48 @@ std::vector<net::Route> ServingRoutes(WorkerService* svc, const FrontendOptions&
     }));
     routes.push_back(
         MakeRoute("GET", model + "/ready", 0, false, [svc, retry](const Request& req, Body&) {
-          auto r =
-              svc->ModelReady(req.captures[0], req.captures.size() > 1 ? req.captures[1] : "");
+          auto r = svc->ModelReady(req.captures[0], req.captures.size() > 1 ? req.captures[1] : "");
           if (!r.ok()) return Refusal(r.status(), retry);
           return JsonAnswer(r->ready ? 200 : 503, r->body);
         }));
-    routes.push_back(MakeRoute(
-        "POST", model + "/infer", o.max_body_bytes, false,
-        [svc, retry](const Request& req, Body& body) -> Response {
-          WorkerService::InferCall call;
-          call.model = req.captures[0];
-          call.version = req.captures.size() > 1 ? req.captures[1] : "";
-          if (req.content_length) {
-            call.body_size = *req.content_length;
-          } else if (!req.chunked) {
-            call.body_size = 0;
-          }
-          if (req.HasHeader(kInferenceHeaderContentLength)) {
-            call.json_part = req.Header(kInferenceHeaderContentLength);
-          }
-          call.body = [&body](char* buf, size_t cap) { return body.Read(buf, cap); };
-          auto answer = svc->Infer(call);
-          if (!answer.ok()) return Refusal(answer.status(), retry);
-          Response r;
-          r.status = 200;
-          r.body = std::move(answer->body);
-          if (answer->json_length) {
-            r.headers.emplace_back(kInferenceHeaderContentLength,
-                                   std::to_string(*answer->json_length));
-            r.content_type = "application/octet-stream";
-          }
-          return r;
-        }));
+    routes.push_back(MakeRoute("POST", model + "/infer", o.max_body_bytes, false,
+                               [svc, retry](const Request& req, Body& body) -> Response {
+                                 WorkerService::InferCall call;
+                                 call.model = req.captures[0];
+                                 call.version = req.captures.size() > 1 ? req.captures[1] : "";
+                                 if (req.content_length) {
+                                   call.body_size = *req.content_length;
+                                 } else if (!req.chunked) {
+                                   call.body_size = 0;
+                                 }
+                                 if (req.HasHeader(kInferenceHeaderContentLength)) {
+                                   call.json_part = req.Header(kInferenceHeaderContentLength);
+                                 }
+                                 call.body = [&body](char* buf, size_t cap) {
+                                   return body.Read(buf, cap);
+                                 };
+                                 auto answer = svc->Infer(call);
+                                 if (!answer.ok()) return Refusal(answer.status(), retry);
+                                 Response r;
+                                 r.status = 200;
+                                 r.body = std::move(answer->body);
+                                 if (answer->json_length) {
+                                   r.headers.emplace_back(kInferenceHeaderContentLength,
+                                                          std::to_string(*answer->json_length));
+                                   r.content_type = "application/octet-stream";
+                                 }
+                                 return r;
+                               }));
   }
   routes.push_back(MakeRoute("GET", "/metrics", 0, true, [metrics](const Request&, Body&) {
     return Response::Text(200, metrics(), "text/plain; version=0.0.4");
   }));
-  routes.push_back(MakeRoute("GET", "/v1/events", 0, false, [svc, retry](const Request& req, Body&) {
-    auto rows = svc->Events(req.query);
-    if (!rows.ok()) return Refusal(rows.status(), retry);
-    return Response::Text(200, std::move(rows).value(), "application/json");
-  }));
+  routes.push_back(
+      MakeRoute("GET", "/v1/events", 0, false, [svc, retry](const Request& req, Body&) {
+        auto rows = svc->Events(req.query);
+        if (!rows.ok()) return Refusal(rows.status(), retry);
+        return Response::Text(200, std::move(rows).value(), "application/json");
+      }));
   return routes;
 }
 
@@ -181,10 +182,12 @@ std::vector<net::Route> AdminRoutes(WorkerService* svc, const std::string& token
     };
   };
   std::vector<net::Route> routes;
-  routes.push_back(MakeRoute("POST", "/v1/admin/eager-only", kAdminBodyLimit, false,
-                             guarded([svc](const std::string& b) { return svc->SetEagerOnly(b); })));
-  routes.push_back(MakeRoute("POST", "/v1/admin/checkpoint", kAdminBodyLimit, false,
-                             guarded([svc](const std::string& b) { return svc->SwapCheckpoint(b); })));
+  routes.push_back(
+      MakeRoute("POST", "/v1/admin/eager-only", kAdminBodyLimit, false,
+                guarded([svc](const std::string& b) { return svc->SetEagerOnly(b); })));
+  routes.push_back(
+      MakeRoute("POST", "/v1/admin/checkpoint", kAdminBodyLimit, false,
+                guarded([svc](const std::string& b) { return svc->SwapCheckpoint(b); })));
   return routes;
 }
 
@@ -204,8 +207,8 @@ Result<std::unique_ptr<Frontend>> Frontend::Create(
   so.ready = options.ready;
   so.checkpoint_dir = options.checkpoint_dir;
   std::unique_ptr<Frontend> f(new Frontend());
-  KILN_ASSIGN_OR_RETURN(
-      f->service_, WorkerService::Create(so, std::move(targets), std::move(model_to_target)));
+  KILN_ASSIGN_OR_RETURN(f->service_,
+                        WorkerService::Create(so, std::move(targets), std::move(model_to_target)));
   f->options_ = std::move(options);
   const FrontendOptions& o = f->options_;
   if (o.admin.port >= 0 && o.admin.token.empty()) {
@@ -219,19 +222,19 @@ Result<std::unique_ptr<Frontend>> Frontend::Create(
   serving.port = o.port;
   serving.handler_threads =
       o.http_threads > 0 ? o.http_threads : std::max(8, 4 * o.max_concurrency);
-  KILN_ASSIGN_OR_RETURN(f->serving_,
-                        net::HttpServer::Create(serving, ServingRoutes(f->service_.get(), o, [self] {
-                                                  return self->MetricsText();
-                                                })));
+  KILN_ASSIGN_OR_RETURN(
+      f->serving_, net::HttpServer::Create(serving, ServingRoutes(f->service_.get(), o, [self] {
+                                             return self->MetricsText();
+                                           })));
   if (o.admin.port >= 0) {
     net::ServerOptions admin = ListenerOptions(o, "worker admin");
     admin.bind = o.admin.bind;
     admin.port = o.admin.port;
     admin.handler_threads = 2;
     admin.max_queued = 16;
-    KILN_ASSIGN_OR_RETURN(f->admin_, net::HttpServer::Create(admin, AdminRoutes(f->service_.get(),
-                                                                                o.admin.token,
-                                                                                o.retry_after_s)));
+    KILN_ASSIGN_OR_RETURN(
+        f->admin_, net::HttpServer::Create(
+                       admin, AdminRoutes(f->service_.get(), o.admin.token, o.retry_after_s)));
   }
   return f;
 }

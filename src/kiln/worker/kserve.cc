@@ -96,11 +96,13 @@ bool AsInt(const json& v, int64_t lo, int64_t hi, int64_t* out) {
   return false;
 }
 
-// Writes JSON scalar `v` as element `i` of `t`; `where` names it for messages.
-Status StoreElement(const json& v, Tensor& t, int64_t i, const std::string& where) {
+// Writes JSON scalar `v` as element `i` of `t`; `where()` names it for messages and is called
+// only on a refusal (a streamed request stores millions of elements).
+template <typename WhereFn>
+Status StoreElementAt(const json& v, Tensor& t, int64_t i, const WhereFn& where) {
   const DType dt = t.dtype();
   auto bad = [&](const std::string& expect) {
-    return Status::InvalidArgument(where + " is " + Show(v) + "; " + KServeDatatype(dt) +
+    return Status::InvalidArgument(where() + " is " + Show(v) + "; " + KServeDatatype(dt) +
                                    " expects " + expect);
   };
   switch (dt) {
@@ -165,7 +167,11 @@ Status StoreElement(const json& v, Tensor& t, int64_t i, const std::string& wher
       t.data<uint8_t>()[i] = v.get<bool>() ? 1 : 0;
       return Status::OK();
   }
-  return Status::InvalidArgument(where + ": unsupported dtype");
+  return Status::InvalidArgument(where() + ": unsupported dtype");
+}
+
+Status StoreElement(const json& v, Tensor& t, int64_t i, const std::string& where) {
+  return StoreElementAt(v, t, i, [&] { return where; });
 }
 
 // Fills `t` from nested `data` whose structure must match shape[level...].
@@ -718,10 +724,14 @@ class RequestReader {
         ok = dom_->null();
         break;
       case Ev::kScalar:
-        if (v.is_boolean()) ok = dom_->boolean(v.get<bool>());
-        else if (v.is_number_unsigned()) ok = dom_->number_unsigned(v.get<uint64_t>());
-        else if (v.is_number_integer()) ok = dom_->number_integer(v.get<int64_t>());
-        else if (v.is_number_float()) ok = dom_->number_float(v.get<double>(), "");
+        if (v.is_boolean())
+          ok = dom_->boolean(v.get<bool>());
+        else if (v.is_number_unsigned())
+          ok = dom_->number_unsigned(v.get<uint64_t>());
+        else if (v.is_number_integer())
+          ok = dom_->number_integer(v.get<int64_t>());
+        else if (v.is_number_float())
+          ok = dom_->number_float(v.get<double>(), "");
         else {
           std::string s = v.get<std::string>();
           ok = dom_->string(s);
@@ -942,9 +952,10 @@ class RequestReader {
   bool OnData(Ev ev, json v, bool replay) {
     if (!cur_.allocated) {
       if (cur_.buffered.size() >= kMaxBufferedData) {
-        return Bad(What() + ": \"data\" comes before its \"shape\" and \"datatype\" and holds "
-                   "more than " + std::to_string(kMaxBufferedData) +
-                   " values; send shape and datatype first");
+        return Bad(What() +
+                   ": \"data\" comes before its \"shape\" and \"datatype\" and holds "
+                   "more than " +
+                   std::to_string(kMaxBufferedData) + " values; send shape and datatype first");
       }
       cur_.buffered.emplace_back(ev, std::move(v));
       if (ev == Ev::kStartArray || ev == Ev::kStartObject) ++data_depth_;
@@ -977,8 +988,7 @@ class RequestReader {
       }
       if (depth > rank - 1) {
         path_.push_back(counts_.back());
-        return Bad(Where() + " is an array, nested deeper than the shape " +
-                   ShapeToString(shape));
+        return Bad(Where() + " is an array, nested deeper than the shape " + ShapeToString(shape));
       }
       if (counts_.back() >= shape[depth - 1]) {
         return Bad(Where() + " has more than " + std::to_string(shape[depth - 1]) +
@@ -995,9 +1005,8 @@ class RequestReader {
       if (depth == 1) {  // the end of "data"
         if (nested_) {
           if (rank > 0 && counts_[0] != shape[0]) {
-            return Bad(Where() + " has " + std::to_string(counts_[0]) +
-                       " elements; the shape " + ShapeToString(shape) + " expects " +
-                       std::to_string(shape[0]) + " at dim 0");
+            return Bad(Where() + " has " + std::to_string(counts_[0]) + " elements; the shape " +
+                       ShapeToString(shape) + " expects " + std::to_string(shape[0]) + " at dim 0");
           }
         } else if (flat_count_ != cur_.numel) {
           return Bad(What() + " has " + std::to_string(flat_count_) + " data elements; shape " +
@@ -1026,7 +1035,8 @@ class RequestReader {
     if (!nested_) {
       const int64_t i = flat_count_++;
       if (i < cur_.numel) {
-        Status s = StoreElement(v, cur_.tensor, i, What() + " data[" + std::to_string(i) + "]");
+        Status s = StoreElementAt(v, cur_.tensor, i,
+                                  [&] { return What() + " data[" + std::to_string(i) + "]"; });
         if (!s.ok()) return Fail(std::move(s));
       }
       return true;
@@ -1041,10 +1051,11 @@ class RequestReader {
                  " elements; the shape " + ShapeToString(shape) + " expects " +
                  std::to_string(shape[depth - 1]) + " at dim " + std::to_string(depth - 1));
     }
-    path_.push_back(counts_.back());
-    ++counts_.back();
-    Status s = StoreElement(v, cur_.tensor, next_, Where());
-    path_.pop_back();
+    const int64_t index = counts_.back()++;
+    Status s = StoreElementAt(v, cur_.tensor, next_, [&] {
+      std::string w = Where();
+      return w + "[" + std::to_string(index) + "]";
+    });
     if (!s.ok()) return Fail(std::move(s));
     ++next_;
     return true;
@@ -1143,7 +1154,7 @@ class RequestReader {
   size_t input_count_ = 0, output_count_ = 0;
   PendingInput cur_;
   // "data" of the current input.
-  int data_depth_ = 0;  // while buffering
+  int data_depth_ = 0;           // while buffering
   std::vector<int64_t> counts_;  // children seen per open array, the data array first
   std::vector<int64_t> path_;    // index of each open nested array, for messages
   int64_t next_ = 0, flat_count_ = 0;
@@ -1173,16 +1184,15 @@ Result<bool> ReadExactly(const ByteSource& source, char* out, uint64_t n) {
 
 Result<InferRequest> ReadInferRequest(const ByteSource& body, const InferReadOptions& options) {
   if (options.json_length && options.body_size && *options.json_length > *options.body_size) {
-    return Status::InvalidArgument(std::string(kInferenceHeaderContentLength) + " is " +
-                                   std::to_string(*options.json_length) +
-                                   " but the body has only " + std::to_string(*options.body_size) +
-                                   " bytes");
+    return Status::InvalidArgument(
+        std::string(kInferenceHeaderContentLength) + " is " + std::to_string(*options.json_length) +
+        " but the body has only " + std::to_string(*options.body_size) + " bytes");
   }
-  const uint64_t json_bound =
-      options.json_length ? *options.json_length
-                          : options.body_size.value_or(options.max_body_bytes);
-  JsonPartBuf buf(body, options.json_length ? std::optional<uint64_t>(*options.json_length)
-                                            : std::nullopt);
+  const uint64_t json_bound = options.json_length
+                                  ? *options.json_length
+                                  : options.body_size.value_or(options.max_body_bytes);
+  JsonPartBuf buf(
+      body, options.json_length ? std::optional<uint64_t>(*options.json_length) : std::nullopt);
   std::istream in(&buf);
   RequestReader reader(options, json_bound);
   bool parsed = false;
@@ -1202,9 +1212,9 @@ Result<InferRequest> ReadInferRequest(const ByteSource& body, const InferReadOpt
   InferRequest& req = reader.request();
   if (!options.json_length) return std::move(req);
   if (buf.consumed() != *options.json_length) {
-    return Status::InvalidArgument(std::string(kInferenceHeaderContentLength) + " is " +
-                                   std::to_string(*options.json_length) + " but the body ended after " +
-                                   std::to_string(buf.consumed()) + " bytes");
+    return Status::InvalidArgument(
+        std::string(kInferenceHeaderContentLength) + " is " + std::to_string(*options.json_length) +
+        " but the body ended after " + std::to_string(buf.consumed()) + " bytes");
   }
 
   // The binary part: each binary input's bytes in input order, nothing left over.
@@ -1215,10 +1225,10 @@ Result<InferRequest> ReadInferRequest(const ByteSource& body, const InferReadOpt
   uint64_t offset = 0;
   for (const BinaryInput& b : reader.binary_inputs()) {
     const std::string what = "input " + Quote(b.name);
-    const uint64_t left = binary_total ? *binary_total - offset
-                                       : options.max_body_bytes - std::min<uint64_t>(
-                                                                      options.max_body_bytes,
-                                                                      *options.json_length + offset);
+    const uint64_t left =
+        binary_total ? *binary_total - offset
+                     : options.max_body_bytes - std::min<uint64_t>(options.max_body_bytes,
+                                                                   *options.json_length + offset);
     if (b.size > left) {
       return Status::InvalidArgument(what + ": binary_data_size is " + std::to_string(b.size) +
                                      " but only " + std::to_string(left) +
@@ -1293,8 +1303,8 @@ Status CheckInputAgainstGraph(const Graph& graph, const std::string& name, DType
       std::string(KServeDatatype(vi->dtype)) + (vi->has_shape ? vi->ShapeString() : "[?]");
   const std::string got = std::string(KServeDatatype(dtype)) + ShapeToString(shape);
   if (dtype != vi->dtype) {
-    return Status::InvalidArgument("input " + Quote(name) + " is " + got +
-                                   "; the model declares " + decl);
+    return Status::InvalidArgument("input " + Quote(name) + " is " + got + "; the model declares " +
+                                   decl);
   }
   if (!vi->has_shape) return Status::OK();
   if (shape.size() != vi->dims.size()) {

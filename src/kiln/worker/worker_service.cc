@@ -124,8 +124,8 @@ Status CheckCheckpointPath(const std::string& path) {
 Result<int> OpenBeneath(const std::string& dir, const std::string& rel) {
   const int dirfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dirfd < 0) {
-    return Status::IOError("the checkpoint directory '" + dir + "' cannot be opened: " +
-                           std::strerror(errno));
+    return Status::IOError("the checkpoint directory '" + dir +
+                           "' cannot be opened: " + std::strerror(errno));
   }
   open_how how{};
   how.flags = O_RDONLY | O_CLOEXEC | O_NOCTTY | O_NONBLOCK;
@@ -140,8 +140,9 @@ Result<int> OpenBeneath(const std::string& dir, const std::string& rel) {
       const std::string link = "/proc/self/fd/" + std::to_string(fd);
       const ssize_t n = ::readlink(link.c_str(), real, sizeof(real) - 1);
       char* base = ::realpath(dir.c_str(), nullptr);
-      const bool inside = n > 0 && base != nullptr &&
-                          std::string(real, static_cast<size_t>(n)).rfind(std::string(base) + "/", 0) == 0;
+      const bool inside =
+          n > 0 && base != nullptr &&
+          std::string(real, static_cast<size_t>(n)).rfind(std::string(base) + "/", 0) == 0;
       std::free(base);
       if (!inside) {
         ::close(fd);
@@ -157,12 +158,14 @@ Result<int> OpenBeneath(const std::string& dir, const std::string& rel) {
     return Status::NotFound("checkpoint \"" + rel + "\" is not in the checkpoint directory");
   }
   if (why == EXDEV || why == ELOOP) {
-    return Status::Refused(StatusCode::kInvalidArgument, "checkpoint_path_refused",
-                           "checkpoint \"" + rel +
-                               "\" leads out of the checkpoint directory; links must stay inside it");
+    return Status::Refused(
+        StatusCode::kInvalidArgument, "checkpoint_path_refused",
+        "checkpoint \"" + rel +
+            "\" leads out of the checkpoint directory; links must stay inside it");
   }
   return Status::Refused(StatusCode::kInvalidArgument, "checkpoint_path_refused",
-                         "checkpoint \"" + rel + "\" cannot be opened in the checkpoint directory (" +
+                         "checkpoint \"" + rel +
+                             "\" cannot be opened in the checkpoint directory (" +
                              std::strerror(why) + ")");
 }
 
@@ -256,7 +259,8 @@ Result<std::unique_ptr<WorkerService>> WorkerService::Create(
 }
 
 json WorkerService::ServerMetadata() const {
-  return json{{"name", "kiln"}, {"version", "1"}, {"extensions", json::array({"binary_tensor_data"})}};
+  return json{
+      {"name", "kiln"}, {"version", "1"}, {"extensions", json::array({"binary_tensor_data"})}};
 }
 
 bool WorkerService::DefaultReady(std::string* why) const {
@@ -315,7 +319,8 @@ Result<WorkerService::Readiness> WorkerService::ModelReady(const std::string& mo
   KILN_ASSIGN_OR_RETURN(const FrontendTarget* t, Resolve(model, version, &target_name));
   const bool ready =
       t->target->lane_policy() != LanePolicy::kMandatory || t->target->cell() != nullptr;
-  return Readiness{ready, json{{"name", model}, {"ready", ready}, {"posture", t->target->Posture()}}};
+  return Readiness{ready,
+                   json{{"name", model}, {"ready", ready}, {"posture", t->target->Posture()}}};
 }
 
 uint64_t WorkerService::BodyLimit(const std::string& model) const {
@@ -388,9 +393,8 @@ Result<WorkerService::InferAnswer> WorkerService::InferInSlot(const InferCall& c
   read.body_size = call.body_size;
   read.max_body_bytes = limit;
   if (call.json_part) {
-    KILN_ASSIGN_OR_RETURN(read.json_length,
-                          ParseInferenceHeaderLength(*call.json_part,
-                                                     call.body_size.value_or(limit)));
+    KILN_ASSIGN_OR_RETURN(read.json_length, ParseInferenceHeaderLength(
+                                                *call.json_part, call.body_size.value_or(limit)));
   }
   const Graph& graph = *t.graph;
   read.admit_input = [&graph](const std::string& name, DType dtype, const Shape& shape) {
