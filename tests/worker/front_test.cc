@@ -8,7 +8,9 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -104,6 +106,92 @@ TEST(KServeCodec, TypedRefusals) {
                                "parameters":{"binary_data_size":4}}]})",
                 "no Inference-Header-Content-Length header");
   ExpectRefused(std::string(100, '[') + std::string(100, ']'), "nested deeper than");
+}
+
+// ReadInferRequest over a body handed out in small pieces; *consumed counts the bytes taken.
+Result<InferRequest> ReadInPieces(const std::string& body, const InferReadOptions& o,
+                                  size_t* consumed = nullptr, size_t piece = 7) {
+  size_t at = 0;
+  ByteSource source = [&](char* buf, size_t cap) -> Result<size_t> {
+    const size_t n = std::min({cap, piece, body.size() - at});
+    std::memcpy(buf, body.data() + at, n);
+    at += n;
+    return n;
+  };
+  auto r = ReadInferRequest(source, o);
+  if (consumed) *consumed = at;
+  return r;
+}
+
+TEST(KServeStream, KeysInAnyOrderAndDataBeforeItsShape) {
+  InferReadOptions o;
+  auto r = ReadInPieces(
+      R"({"outputs":[{"name":"y"}],"inputs":[{"data":[[1,2],[3,4]],"extra":{"x":[1]},"datatype":"INT32",)"
+      R"("shape":[2,2],"name":"a"},{"name":"b","shape":[3],"datatype":"FP32","data":[0.5,1,2]}],)"
+      R"("id":"z","parameters":{"k":[1,{"m":2}]}})",
+      o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id, "z");
+  EXPECT_EQ(r->inputs.at("a").data<int32_t>()[3], 4);
+  EXPECT_FLOAT_EQ(r->inputs.at("b").data<float>()[0], 0.5f);
+  EXPECT_EQ(r->input_order, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(r->requested_outputs, (std::vector<std::string>{"y"}));
+  EXPECT_EQ(r->parameters.at("k"), R"([1,{"m":2}])");
+}
+
+TEST(KServeStream, AdmissionRefusesBeforeTheTensorExistsAndTheRestIsNotRead) {
+  std::string body = R"({"inputs":[{"name":"x","shape":[1000000,64],"datatype":"FP32","data":[)";
+  for (int i = 0; i < 200000; ++i) body += "0.25,";
+  body += "0]}]}";
+  InferReadOptions o;
+  int admitted = 0;
+  o.admit_input = [&](const std::string& name, DType, const Shape& shape) {
+    ++admitted;
+    return Status::InvalidArgument("input '" + name + "' is too big: " + ShapeToString(shape));
+  };
+  size_t consumed = 0;
+  auto r = ReadInPieces(body, o, &consumed, 4096);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("too big"), std::string::npos) << r.status().message();
+  EXPECT_EQ(admitted, 1);
+  EXPECT_LT(consumed, size_t{128} << 10) << "read " << consumed << " of " << body.size();
+}
+
+TEST(KServeStream, TokensThatCostMoreThanTheirBytesAreRefusedAsTheyArrive) {
+  InferReadOptions o;
+  auto longstr = ReadInPieces(R"({"id":")" + std::string(70000, 'a') + R"(","inputs":[]})", o);
+  ASSERT_FALSE(longstr.ok());
+  EXPECT_NE(longstr.status().message().find("string is longer than"), std::string::npos);
+  auto longnum = ReadInPieces(R"({"inputs":[],"x":)" + std::string(600, '1') + "}", o);
+  ASSERT_FALSE(longnum.ok());
+  EXPECT_NE(longnum.status().message().find("number or literal is longer than"), std::string::npos);
+  std::string many = R"({"outputs":[)";
+  for (int i = 0; i < 5000; ++i) many += R"({"name":"o)" + std::to_string(i) + R"("},)";
+  many.back() = ']';
+  auto outs = ReadInPieces(many + R"(,"inputs":[]})", o);
+  ASSERT_FALSE(outs.ok());
+  EXPECT_NE(outs.status().message().find("more than 4096 outputs"), std::string::npos);
+  // Keys the protocol does not define are passed over without being kept.
+  std::string keys = R"({"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1])";
+  for (int i = 0; i < 20000; ++i) keys += ",\"k" + std::to_string(i) + "\":0";
+  auto ok = ReadInPieces(keys + "}]}", o);
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+}
+
+TEST(KServeStream, ATransportFailureIsReturnedWithItsToken) {
+  const std::string body =
+      EncodeInferRequest({{"x", Tensor::FromVector<float>({4}, {1, 2, 3, 4})}}, false).body;
+  size_t at = 0;
+  ByteSource source = [&](char* buf, size_t cap) -> Result<size_t> {
+    if (at >= 10) return Status::Refused(StatusCode::kIOError, "body_timeout", "no bytes");
+    const size_t n = std::min<size_t>(cap, 10);
+    std::memcpy(buf, body.data(), n);
+    at += n;
+    return n;
+  };
+  auto r = ReadInferRequest(source, InferReadOptions());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().token(), "body_timeout");
 }
 
 TEST(KServeCodec, BinaryRoundTripAndRefusals) {

@@ -463,8 +463,12 @@ constexpr size_t kMaxJsonString = 64 * 1024;
 constexpr size_t kMaxJsonScalar = 512;
 // Values buffered for a tensor whose "data" comes before its "shape" and "datatype".
 constexpr size_t kMaxBufferedData = size_t{1} << 20;
-// Events of a small sub-value kept whole (request and tensor parameters, a shape, an output).
+// A small sub-value kept whole (request and tensor parameters, a shape, an output): at most this
+// many JSON values and this many bytes of strings and keys.
 constexpr size_t kMaxCapturedEvents = 64 * 1024;
+constexpr size_t kMaxCapturedBytes = 1 << 20;
+// Inputs and requested outputs per request.
+constexpr size_t kMaxTensors = 4096;
 
 // Pulls the JSON part of a body for the parser and refuses, as the bytes go by, nesting deeper than
 // kKServeMaxJsonDepth and strings or scalars longer than the limits above.
@@ -666,6 +670,9 @@ class RequestReader {
           return Bad("inputs[" + std::to_string(input_count_) + "] is " + Describe(ev, v) +
                      "; expected an object");
         }
+        if (input_count_ >= kMaxTensors) {
+          return Bad("infer request has more than " + std::to_string(kMaxTensors) + " inputs");
+        }
         cur_ = PendingInput();
         cur_.index = input_count_++;
         modes_.push_back(Mode::kTensor);
@@ -709,6 +716,7 @@ class RequestReader {
     capture_done_ = std::move(done);
     capture_depth_ = 0;
     capture_events_ = 0;
+    capture_bytes_ = 0;
     modes_.push_back(Mode::kCapture);
     return OnCapture(ev, std::move(v));
   }
@@ -717,6 +725,13 @@ class RequestReader {
     if (++capture_events_ > kMaxCapturedEvents) {
       return Bad("infer request: a parameters, shape or outputs value holds more than " +
                  std::to_string(kMaxCapturedEvents) + " JSON values");
+    }
+    if (ev == Ev::kKey) capture_bytes_ += key_.size();
+    if (ev == Ev::kScalar && v.is_string())
+      capture_bytes_ += v.get_ref<const std::string&>().size();
+    if (capture_bytes_ > kMaxCapturedBytes) {
+      return Bad("infer request: a parameters, shape or outputs value holds more than " +
+                 std::to_string(kMaxCapturedBytes) + " bytes of text");
     }
     bool ok = true;
     switch (ev) {
@@ -826,7 +841,11 @@ class RequestReader {
   bool OnTensor(Ev ev, json v) {
     if (ev == Ev::kKey) {
       tensor_key_ = key_;
-      if (!cur_.keys.insert(tensor_key_).second) {
+      // Only the protocol's keys are remembered: an object of a million other keys costs nothing.
+      const bool known = tensor_key_ == "name" || tensor_key_ == "datatype" ||
+                         tensor_key_ == "shape" || tensor_key_ == "parameters" ||
+                         tensor_key_ == "data";
+      if (known && !cur_.keys.insert(tensor_key_).second) {
         return Bad(What() + " has \"" + tensor_key_ + "\" more than once");
       }
       return true;
@@ -1114,6 +1133,9 @@ class RequestReader {
 
   bool OnOutput(json o) {
     const size_t i = output_count_++;
+    if (i >= kMaxTensors) {
+      return Bad("infer request asks for more than " + std::to_string(kMaxTensors) + " outputs");
+    }
     auto n = o.is_object() ? o.find("name") : o.end();
     if (!o.is_object() || n == o.end() || !n->is_string()) {
       return Bad("outputs[" + std::to_string(i) + "] is " + Show(o) +
@@ -1165,6 +1187,7 @@ class RequestReader {
   std::function<bool(json)> capture_done_;
   int capture_depth_ = 0;
   size_t capture_events_ = 0;
+  size_t capture_bytes_ = 0;
   int skip_depth_ = 0;
 };
 

@@ -18,8 +18,9 @@
 // declared inputs). So a request costs the bytes of the tensors it declares, not a document tree
 // of its body (a 95 MB JSON body once took 2 GB as a tree). Tokens that would cost more than their
 // bytes are refused as they arrive: nesting deeper than kKServeMaxJsonDepth, a string over 64 KiB,
-// a number over 512 characters. JSON object keys may come in any order; "data" that comes before
-// its input's "shape" and "datatype" is held as parsed values, at most 2^20 of them.
+// a number over 512 characters, more than 4096 inputs or requested outputs, a parameters object
+// over 1 MiB of text. JSON object keys may come in any order; "data" that comes before its
+// input's "shape" and "datatype" is held as parsed values, at most 2^20 of them.
 #pragma once
 
 #include <cstddef>
