@@ -78,7 +78,10 @@ net::ServerOptions ListenerOptions(const FrontendOptions& o, const std::string& 
   const int retry_after_s = o.retry_after_s;
   so.error_response = [retry_after_s](int status, const std::string& token,
                                       const std::string& message) {
-    return ErrorAnswer(status, status == 503, token, message, retry_after_s);
+    // The server adds its own Retry-After to the 503s it gives; only the body's shape is ours.
+    net::Response r = ErrorAnswer(status, status == 503, token, message, retry_after_s);
+    r.headers.clear();
+    return r;
   };
   return so;
 }
