@@ -244,6 +244,18 @@ void KServeSeeds() {
         R"({"inputs":[{"name":"x","shape":[3],"datatype":"INT32","data":[1,2]}]})");
   Write("kserve_request", "bad-binary-short.bin",
         "H:" + std::to_string(*bin.json_length) + "\n" + bin.body.substr(0, bin.body.size() - 1));
+  // The streaming reader's own paths: keys in any order, data before its shape (kept, then
+  // replayed), unknown keys passed over, a nested array cut short, a scalar where an array is due.
+  Write("kserve_request", "ok-data-before-shape.json",
+        R"({"outputs":[{"name":"y"}],"inputs":[{"data":[[1,2],[3,4]],"extra":{"k":[1,{"m":2}]},)"
+        R"("datatype":"INT64","shape":[2,2],"name":"a"},{"name":"b","shape":[],"datatype":"BOOL",)"
+        R"("data":[true]}],"id":"o"})");
+  Write("kserve_request", "bad-nested-short.json",
+        R"({"inputs":[{"name":"x","shape":[2,3],"datatype":"FP32","data":[[1,2,3],[4,5]]}]})");
+  Write("kserve_request", "bad-scalar-for-array.json",
+        R"({"inputs":[{"name":"x","shape":[2,2],"datatype":"FP32","data":[[1,2],3]}]})");
+  Write("kserve_request", "bad-duplicate-key.json",
+        R"({"inputs":[{"name":"x","name":"y","shape":[1],"datatype":"FP32","data":[1]}]})");
 }
 
 }  // namespace

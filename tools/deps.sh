@@ -13,7 +13,7 @@ PACKAGES=(
   libonnx-dev libprotobuf-dev protobuf-compiler
   libdnnl-dev
   libssl-dev nlohmann-json3-dev libcli11-dev libtomlplusplus-dev
-  libcpp-httplib-dev libsqlite3-dev libpqxx-dev postgresql
+  libcpp-httplib-dev libboost-dev libsqlite3-dev libpqxx-dev postgresql
   chromium
   libgtest-dev libgmock-dev
   python3 python3-numpy python3-onnx

@@ -154,6 +154,47 @@ TEST_P(HubApiTest, PublishResolveVerifyAndFetchWithResume) {
   EXPECT_EQ(rec.body["receipt"], p.receipt);
 }
 
+// Ranges follow RFC 9110: a satisfiable one is 206 with its Content-Range, a suffix is the tail,
+// one that starts past the end is 416 with "bytes */size" (never a wrapped-around length).
+TEST_P(HubApiTest, ByteRangesAndUnsatisfiableRangeIs416) {
+  const CellMetadata m = MakeMetadata(Graph("range"));
+  const std::string cell = MakeCell(m);
+  ASSERT_TRUE(hub_->Client(kPlatform)->Publish(cell, {}).ok());
+  const std::string digest = CellDigest(cell);
+  const std::string size = std::to_string(cell.size());
+  auto get = [&](const std::string& range) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(hub_->port()));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    const std::string req =
+        "GET /v1/blobs/" + digest + " HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " +
+        std::string(kWorker) + "\r\nRange: " + range + "\r\nConnection: close\r\n\r\n";
+    EXPECT_EQ(::send(fd, req.data(), req.size(), 0), static_cast<ssize_t>(req.size()));
+    std::string out;
+    char buf[65536];
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+    ::close(fd);
+    return out;
+  };
+  const std::string mid = get("bytes=10-19");
+  EXPECT_EQ(mid.rfind("HTTP/1.1 206", 0), 0u) << mid.substr(0, 200);
+  EXPECT_NE(mid.find("Content-Range: bytes 10-19/" + size), std::string::npos);
+  EXPECT_NE(mid.find("Content-Length: 10\r\n"), std::string::npos);
+  EXPECT_EQ(mid.substr(mid.find("\r\n\r\n") + 4), cell.substr(10, 10));
+  const std::string tail = get("bytes=-5");
+  EXPECT_EQ(tail.substr(tail.find("\r\n\r\n") + 4), cell.substr(cell.size() - 5));
+  for (const std::string& r : std::vector<std::string>{"bytes=999999999-", "bytes=" + size + "-"}) {
+    const std::string past = get(r);
+    EXPECT_EQ(past.rfind("HTTP/1.1 416", 0), 0u) << r << ": " << past.substr(0, 200);
+    EXPECT_NE(past.find("Content-Range: bytes */" + size), std::string::npos) << past;
+    EXPECT_NE(past.find("range_not_satisfiable"), std::string::npos) << past;
+  }
+}
+
 TEST_P(HubApiTest, TamperedBlobBytesRefusedAsDigestMismatch) {
   const CellMetadata m = MakeMetadata(Graph("tamper"));
   std::string cell = MakeCell(m);

@@ -98,6 +98,17 @@ class HubProcess {
   HubProcess(std::string data_dir, std::string db_url, std::vector<std::string> extra_args = {})
       : data_(std::move(data_dir)), db_(std::move(db_url)), extra_(std::move(extra_args)) {}
   ~HubProcess() { Kill(SIGKILL); }
+  // Serve HTTPS with this certificate and key; clients verify against `ca` and dial localhost.
+  void UseTls(const std::string& cert, const std::string& key, const std::string& ca) {
+    extra_.insert(extra_.end(), {"--tls-cert", cert, "--tls-key", key});
+    ca_ = ca;
+  }
+  // More `kiln hub` arguments.
+  void AddArgs(const std::vector<std::string>& args) {
+    extra_.insert(extra_.end(), args.begin(), args.end());
+  }
+  pid_t pid() const { return pid_; }
+  const std::string& ca() const { return ca_; }
 
   // Starts the process on `port` (0: a free one) and waits until /v1/health answers.
   ::testing::AssertionResult Start(int port = 0) {
@@ -146,12 +157,15 @@ class HubProcess {
   std::string Log() const {
     return ValueOr(ReadFile(data_ + "/hub-" + std::to_string(port_) + ".log"), std::string());
   }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  std::string url() const {
+    return (ca_.empty() ? "http://127.0.0.1:" : "https://localhost:") + std::to_string(port_);
+  }
   int port() const { return port_; }
   std::unique_ptr<HubClient> Client(const std::string& token) const {
     HubClientOptions o;
     o.url = url();
     o.token = token;
+    o.ca_file = ca_;
     o.connect_timeout_s = 2;
     o.io_timeout_s = 20;
     return HubClient::Create(o).value();
@@ -160,6 +174,7 @@ class HubProcess {
  private:
   std::string data_, db_;
   std::vector<std::string> extra_;
+  std::string ca_;
   pid_t pid_ = -1;
   int port_ = 0;
 };

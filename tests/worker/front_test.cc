@@ -8,17 +8,22 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 
+#include "src/kiln/base/file.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/tensor/npy.h"
 #include "src/kiln/tensor/safetensors.h"
 #include "src/kiln/worker/kserve.h"
+#include "tests/net/raw_client.h"
 
 namespace kiln {
 namespace {
@@ -101,6 +106,92 @@ TEST(KServeCodec, TypedRefusals) {
                                "parameters":{"binary_data_size":4}}]})",
                 "no Inference-Header-Content-Length header");
   ExpectRefused(std::string(100, '[') + std::string(100, ']'), "nested deeper than");
+}
+
+// ReadInferRequest over a body handed out in small pieces; *consumed counts the bytes taken.
+Result<InferRequest> ReadInPieces(const std::string& body, const InferReadOptions& o,
+                                  size_t* consumed = nullptr, size_t piece = 7) {
+  size_t at = 0;
+  ByteSource source = [&](char* buf, size_t cap) -> Result<size_t> {
+    const size_t n = std::min({cap, piece, body.size() - at});
+    std::memcpy(buf, body.data() + at, n);
+    at += n;
+    return n;
+  };
+  auto r = ReadInferRequest(source, o);
+  if (consumed) *consumed = at;
+  return r;
+}
+
+TEST(KServeStream, KeysInAnyOrderAndDataBeforeItsShape) {
+  InferReadOptions o;
+  auto r = ReadInPieces(
+      R"({"outputs":[{"name":"y"}],"inputs":[{"data":[[1,2],[3,4]],"extra":{"x":[1]},"datatype":"INT32",)"
+      R"("shape":[2,2],"name":"a"},{"name":"b","shape":[3],"datatype":"FP32","data":[0.5,1,2]}],)"
+      R"("id":"z","parameters":{"k":[1,{"m":2}]}})",
+      o);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->id, "z");
+  EXPECT_EQ(r->inputs.at("a").data<int32_t>()[3], 4);
+  EXPECT_FLOAT_EQ(r->inputs.at("b").data<float>()[0], 0.5f);
+  EXPECT_EQ(r->input_order, (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(r->requested_outputs, (std::vector<std::string>{"y"}));
+  EXPECT_EQ(r->parameters.at("k"), R"([1,{"m":2}])");
+}
+
+TEST(KServeStream, AdmissionRefusesBeforeTheTensorExistsAndTheRestIsNotRead) {
+  std::string body = R"({"inputs":[{"name":"x","shape":[1000000,64],"datatype":"FP32","data":[)";
+  for (int i = 0; i < 200000; ++i) body += "0.25,";
+  body += "0]}]}";
+  InferReadOptions o;
+  int admitted = 0;
+  o.admit_input = [&](const std::string& name, DType, const Shape& shape) {
+    ++admitted;
+    return Status::InvalidArgument("input '" + name + "' is too big: " + ShapeToString(shape));
+  };
+  size_t consumed = 0;
+  auto r = ReadInPieces(body, o, &consumed, 4096);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("too big"), std::string::npos) << r.status().message();
+  EXPECT_EQ(admitted, 1);
+  EXPECT_LT(consumed, size_t{128} << 10) << "read " << consumed << " of " << body.size();
+}
+
+TEST(KServeStream, TokensThatCostMoreThanTheirBytesAreRefusedAsTheyArrive) {
+  InferReadOptions o;
+  auto longstr = ReadInPieces(R"({"id":")" + std::string(70000, 'a') + R"(","inputs":[]})", o);
+  ASSERT_FALSE(longstr.ok());
+  EXPECT_NE(longstr.status().message().find("string is longer than"), std::string::npos);
+  auto longnum = ReadInPieces(R"({"inputs":[],"x":)" + std::string(600, '1') + "}", o);
+  ASSERT_FALSE(longnum.ok());
+  EXPECT_NE(longnum.status().message().find("number or literal is longer than"), std::string::npos);
+  std::string many = R"({"outputs":[)";
+  for (int i = 0; i < 5000; ++i) many += R"({"name":"o)" + std::to_string(i) + R"("},)";
+  many.back() = ']';
+  auto outs = ReadInPieces(many + R"(,"inputs":[]})", o);
+  ASSERT_FALSE(outs.ok());
+  EXPECT_NE(outs.status().message().find("more than 4096 outputs"), std::string::npos);
+  // Keys the protocol does not define are passed over without being kept.
+  std::string keys = R"({"inputs":[{"name":"x","shape":[1],"datatype":"FP32","data":[1])";
+  for (int i = 0; i < 20000; ++i) keys += ",\"k" + std::to_string(i) + "\":0";
+  auto ok = ReadInPieces(keys + "}]}", o);
+  EXPECT_TRUE(ok.ok()) << ok.status().ToString();
+}
+
+TEST(KServeStream, ATransportFailureIsReturnedWithItsToken) {
+  const std::string body =
+      EncodeInferRequest({{"x", Tensor::FromVector<float>({4}, {1, 2, 3, 4})}}, false).body;
+  size_t at = 0;
+  ByteSource source = [&](char* buf, size_t cap) -> Result<size_t> {
+    if (at >= 10) return Status::Refused(StatusCode::kIOError, "body_timeout", "no bytes");
+    const size_t n = std::min<size_t>(cap, 10);
+    std::memcpy(buf, body.data(), n);
+    at += n;
+    return n;
+  };
+  auto r = ReadInferRequest(source, InferReadOptions());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().token(), "body_timeout");
 }
 
 TEST(KServeCodec, BinaryRoundTripAndRefusals) {
@@ -248,10 +339,16 @@ class FrontTest : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.status().ToString();
     mandatory_ = std::move(s).value();
 
+    checkpoint_dir_ = ::testing::TempDir() + "front_test_" + std::to_string(getpid());
+    std::filesystem::create_directories(checkpoint_dir_);
     FrontendOptions fo;
     fo.port = 0;
     fo.max_concurrency = 2;
     fo.events = &events_;
+    fo.max_body_bytes = size_t{8} << 20;
+    fo.admin.port = 0;
+    fo.admin.token = kAdminToken;
+    fo.checkpoint_dir = checkpoint_dir_;
     auto f = Frontend::Create(
         fo, {{"mlp", {optional_.get(), graph_}}, {"strict", {mandatory_.get(), graph_}}},
         {{"mlp", "mlp"}, {"mlp-classifier", "mlp"}, {"mlp-strict", "strict"}});
@@ -261,6 +358,8 @@ class FrontTest : public ::testing::Test {
     ASSERT_GT(front_->port(), 0);
     client_ = std::make_unique<httplib::Client>("127.0.0.1", front_->port());
     client_->set_read_timeout(30, 0);
+    admin_ = std::make_unique<httplib::Client>("127.0.0.1", front_->admin_port());
+    admin_->set_read_timeout(30, 0);
 
     auto x = ReadNpy(kMlp + "inputs/x.npy");
     ASSERT_TRUE(x.ok()) << x.status().ToString();
@@ -271,7 +370,18 @@ class FrontTest : public ::testing::Test {
   }
   void TearDown() override {
     client_.reset();
+    admin_.reset();
     if (front_) front_->Stop();
+    std::filesystem::remove_all(checkpoint_dir_);
+  }
+  static constexpr const char* kAdminToken = "front-test-operator";
+
+  // POST an order to the admin listener with the operator token.
+  httplib::Result Admin(const std::string& path, const std::string& body,
+                        const std::string& token = kAdminToken) {
+    httplib::Headers h;
+    if (!token.empty()) h.emplace("Authorization", "Bearer " + token);
+    return admin_->Post(path.c_str(), h, body, "application/json");
   }
 
   std::string InputName() const { return graph_->inputs.at(0).name; }
@@ -309,6 +419,8 @@ class FrontTest : public ::testing::Test {
   std::unique_ptr<ServedTarget> mandatory_;
   std::unique_ptr<Frontend> front_;
   std::unique_ptr<httplib::Client> client_;
+  std::unique_ptr<httplib::Client> admin_;
+  std::string checkpoint_dir_;
   Tensor x_;
   Tensor logits_;
 };
@@ -439,7 +551,7 @@ TEST_F(FrontTest, MandatoryWithoutCellRefusesRetryably) {
   EXPECT_EQ(ErrorOf(res), "required_compile_missing");
   // The operator's order overrides the lane: eager with operator_eager_only.
   auto on =
-      PostJson("/v1/admin/eager-only", R"({"target":"mlp-strict","on":true,"reason":"incident"})");
+      Admin("/v1/admin/eager-only", R"({"target":"mlp-strict","on":true,"reason":"incident"})");
   ASSERT_TRUE(on);
   ASSERT_EQ(on->status, 200) << on->body;
   auto eager = Infer("mlp-strict", {{InputName(), x_}}, false);
@@ -495,7 +607,18 @@ TEST_F(FrontTest, MetricsAndEvents) {
 
 TEST_F(FrontTest, AdminEagerOnlyTogglesPosture) {
   const std::string before = optional_->Posture();
-  auto on = PostJson("/v1/admin/eager-only", R"({"target":"mlp","on":true,"reason":"drill"})");
+  // The serving listener has no admin route; the admin listener needs the operator's token.
+  auto serving = PostJson("/v1/admin/eager-only", R"({"target":"mlp","on":true})");
+  ASSERT_TRUE(serving);
+  EXPECT_EQ(serving->status, 404);
+  for (const std::string token : {"", "wrong-token"}) {
+    auto anon = Admin("/v1/admin/eager-only", R"({"target":"mlp","on":true})", token);
+    ASSERT_TRUE(anon);
+    EXPECT_EQ(anon->status, 401) << anon->body;
+    EXPECT_EQ(json::parse(anon->body)["token"], "unauthenticated");
+  }
+  EXPECT_FALSE(optional_->eager_only());
+  auto on = Admin("/v1/admin/eager-only", R"({"target":"mlp","on":true,"reason":"drill"})");
   ASSERT_TRUE(on);
   ASSERT_EQ(on->status, 200) << on->body;
   EXPECT_EQ(json::parse(on->body)["posture"], kPostureOperatorEagerOnly);
@@ -505,16 +628,16 @@ TEST_F(FrontTest, AdminEagerOnlyTogglesPosture) {
   ASSERT_TRUE(dec.ok());
   EXPECT_EQ(dec->parameters.at("serving_mode"), "eager");
   EXPECT_EQ(dec->parameters.at("fallback_reason"), kPostureOperatorEagerOnly);
-  auto off = PostJson("/v1/admin/eager-only", R"({"target":"mlp-classifier","on":false})");
+  auto off = Admin("/v1/admin/eager-only", R"({"target":"mlp-classifier","on":false})");
   ASSERT_TRUE(off);
   ASSERT_EQ(off->status, 200) << off->body;
   EXPECT_EQ(json::parse(off->body)["posture"], before);
   EXPECT_FALSE(optional_->eager_only());
   // Typed refusals.
-  auto bad = PostJson("/v1/admin/eager-only", R"({"target":"mlp","on":"yes"})");
+  auto bad = Admin("/v1/admin/eager-only", R"({"target":"mlp","on":"yes"})");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
-  auto unknown = PostJson("/v1/admin/eager-only", R"({"target":"zzz","on":true})");
+  auto unknown = Admin("/v1/admin/eager-only", R"({"target":"zzz","on":true})");
   ASSERT_TRUE(unknown);
   EXPECT_EQ(unknown->status, 404);
 }
@@ -522,12 +645,11 @@ TEST_F(FrontTest, AdminEagerOnlyTogglesPosture) {
 TEST_F(FrontTest, AdminCheckpointSwapChangesOutputs) {
   auto derived = DeriveCheckpoint(*graph_, 7, 0.2);
   ASSERT_TRUE(derived.ok()) << derived.status().ToString();
-  const std::string dir = ::testing::TempDir() + "front_test_" + std::to_string(getpid());
-  std::filesystem::create_directories(dir);
-  const std::string path = dir + "/derived.safetensors";
-  ASSERT_TRUE(WriteSafetensors(path, *derived).ok());
+  std::filesystem::create_directories(checkpoint_dir_ + "/ft");
+  ASSERT_TRUE(WriteSafetensors(checkpoint_dir_ + "/ft/derived.safetensors", *derived).ok());
 
-  auto swap = PostJson("/v1/admin/checkpoint", json{{"target", "mlp"}, {"path", path}}.dump());
+  auto swap = Admin("/v1/admin/checkpoint",
+                    json{{"target", "mlp"}, {"path", "ft/derived.safetensors"}}.dump());
   ASSERT_TRUE(swap);
   ASSERT_EQ(swap->status, 200) << swap->body;
   auto res = Infer("mlp", {{InputName(), x_}}, true);
@@ -544,12 +666,95 @@ TEST_F(FrontTest, AdminCheckpointSwapChangesOutputs) {
   ASSERT_TRUE(want.ok()) << want.status().ToString();
   EXPECT_LE(MaxAbsDiff(y, want->at(OutputName())), 1e-4f);
 
-  auto missing = PostJson("/v1/admin/checkpoint",
-                          json{{"target", "mlp"}, {"path", dir + "/nope.safetensors"}}.dump());
+  auto missing =
+      Admin("/v1/admin/checkpoint", json{{"target", "mlp"}, {"path", "nope.safetensors"}}.dump());
   ASSERT_TRUE(missing);
-  EXPECT_GE(missing->status, 400);
-  EXPECT_LT(missing->status, 500);
-  std::filesystem::remove_all(dir);
+  EXPECT_EQ(missing->status, 404) << missing->body;
+}
+
+TEST_F(FrontTest, AdminCheckpointPathsStayInsideTheCheckpointDirectory) {
+  // A file outside the directory whose bytes must never come back, and links to it and to a
+  // name that does not exist.
+  const std::string secret = checkpoint_dir_ + "-secret";
+  ASSERT_TRUE(WriteFileAtomic(secret, "SECRET-BYTES-1234").ok());
+  std::filesystem::create_symlink(secret, checkpoint_dir_ + "/secret-link.safetensors");
+  std::filesystem::create_symlink(checkpoint_dir_ + "-absent",
+                                  checkpoint_dir_ + "/absent-link.safetensors");
+  std::filesystem::create_symlink("../" + std::filesystem::path(secret).filename().string(),
+                                  checkpoint_dir_ + "/relative-link.safetensors");
+  std::map<std::string, std::string> bodies;
+  for (const std::string& path : std::vector<std::string>{
+           "../" + std::filesystem::path(secret).filename().string(), secret, "/etc/shadow",
+           "a/../../x.safetensors", "secret-link.safetensors", "absent-link.safetensors",
+           "relative-link.safetensors", std::string("x\0y", 3)}) {
+    auto r = Admin("/v1/admin/checkpoint", json{{"target", "mlp"}, {"path", path}}.dump());
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status, 403) << path << ": " << r->body;
+    EXPECT_EQ(json::parse(r->body)["token"], "checkpoint_path_refused") << r->body;
+    EXPECT_EQ(r->body.find("SECRET"), std::string::npos) << r->body;
+    EXPECT_EQ(r->body.find("17 bytes"), std::string::npos) << "the size leaked: " << r->body;
+    bodies[path] = r->body;
+  }
+  // A link to an existing file and a link to nothing answer alike, but for their own names.
+  std::string existing = bodies["secret-link.safetensors"],
+              absent = bodies["absent-link.safetensors"];
+  existing.replace(existing.find("secret-link"), 11, "X");
+  absent.replace(absent.find("absent-link"), 11, "X");
+  EXPECT_EQ(existing, absent);
+  // A file inside that is not a checkpoint: refused by name, its bytes stay in the log.
+  ASSERT_TRUE(WriteFileAtomic(checkpoint_dir_ + "/junk.safetensors", "JUNKJUNKJUNKJUNK").ok());
+  auto junk =
+      Admin("/v1/admin/checkpoint", json{{"target", "mlp"}, {"path", "junk.safetensors"}}.dump());
+  ASSERT_TRUE(junk);
+  EXPECT_EQ(junk->status, 400) << junk->body;
+  EXPECT_EQ(json::parse(junk->body)["token"], "checkpoint_invalid");
+  EXPECT_EQ(junk->body.find("JUNK"), std::string::npos) << junk->body;
+  std::filesystem::remove(secret);
+}
+
+TEST_F(FrontTest, JsonBodyIsReadWhateverTheContentTypeAtAnySize) {
+  // curl -d sends form-urlencoded; the body is still JSON, and bigger than 8 KB.
+  const std::string body = EncodeInferRequest({{InputName(), x_}}, false).body;
+  const std::string padded =
+      body.substr(0, body.size() - 1) + ",\"pad\":\"" + std::string(20000, 'p') + "\"}";
+  ASSERT_GT(padded.size(), 8192u);
+  auto r = client_->Post("/v2/models/mlp/infer", padded, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 200) << r->body;
+}
+
+TEST_F(FrontTest, BodyOverTheLimitIs413BeforeItIsReadAndTheWorkerServesOn) {
+  // The fixture's worker takes bodies of at most 8 MiB: a declared 95 MB is refused from its
+  // Content-Length, before a byte of it is read, and so is a length that does not parse.
+  for (const std::string length : {"99614720", "2147483648"}) {
+    net_testing::RawConn c(front_->port());
+    const auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE(c.Send("POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                       length + "\r\n\r\n{\"inputs\":["));
+    auto a = c.Read(5000);
+    EXPECT_EQ(a.status, 413) << length << ": " << a.body;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 2);
+  }
+  net_testing::RawConn neg(front_->port());
+  ASSERT_TRUE(
+      neg.Send("POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: -1\r\n\r\n"));
+  EXPECT_EQ(neg.Read(5000).status, 400);
+  auto ok = Infer("mlp", {{InputName(), x_}}, false);
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(FrontTest, ModelOfStaticShapesBoundsItsBodyByItsInputs) {
+  // mlp's input is FP32[batch, 64]: a dynamic batch, so the worker's limit applies.
+  EXPECT_EQ(front_->service().BodyLimit("mlp"), uint64_t{8} << 20);
+  // The same graph with its batch fixed to 1 takes at most its JSON size plus 1 MiB.
+  auto fixed = std::make_shared<Graph>(*graph_);
+  fixed->inputs.at(0).dims.at(0) = Dim{1, ""};
+  WorkerServiceOptions so;
+  so.max_body_bytes = uint64_t{1} << 30;
+  auto svc = WorkerService::Create(so, {{"m", {optional_.get(), fixed}}}, {{"m", "m"}});
+  ASSERT_TRUE(svc.ok()) << svc.status().ToString();
+  EXPECT_EQ((*svc)->BodyLimit("m"), 64 * 64 + (uint64_t{1} << 20));
 }
 
 TEST_F(FrontTest, FuzzedBodiesNeverCrash) {

@@ -169,6 +169,7 @@ remints = 0
   ::unsetenv("KILN_MANIFEST_TEST_TOKEN");
 }
 
+<<<<<<< HEAD
 // Samples map every input to a .npy file, resolved against the manifest's directory like every
 // path; several samples keep their order.
 TEST(ManifestTest, SamplesResolveAndKeepTheirOrder) {
@@ -185,6 +186,28 @@ TEST(ManifestTest, SamplesResolveAndKeepTheirOrder) {
   Result<Manifest> none = Parse(kMinimal);
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->targets[0].samples.empty());
+=======
+TEST(ManifestTest, HubCaAndInsecureHttp) {
+  Result<Manifest> m = Parse(std::string(kMinimal) +
+                             "[hub]\nurl = \"https://hub.internal:8443\"\nca = \"certs/ca.pem\"\n");
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  EXPECT_EQ(m->hub->ca, "/srv/models/certs/ca.pem");
+  EXPECT_FALSE(m->hub->insecure_http);
+  Result<Manifest> plain = Parse(std::string(kMinimal) +
+                                 "[hub]\nurl = \"http://10.0.0.5:8470\"\ninsecure_http = true\n");
+  ASSERT_TRUE(plain.ok()) << plain.status().ToString();
+  EXPECT_TRUE(plain->hub->insecure_http);
+  Result<Manifest> ca_on_http =
+      Parse(std::string(kMinimal) + "[hub]\nurl = \"http://127.0.0.1:1\"\nca = \"ca.pem\"\n");
+  ASSERT_FALSE(ca_on_http.ok());
+  EXPECT_NE(ca_on_http.status().message().find("hub.ca is set but hub.url"), std::string::npos)
+      << ca_on_http.status().message();
+  Result<Manifest> not_bool =
+      Parse(std::string(kMinimal) + "[hub]\nurl = \"http://127.0.0.1:1\"\ninsecure_http = 1\n");
+  ASSERT_FALSE(not_bool.ok());
+  EXPECT_NE(not_bool.status().message().find("hub.insecure_http"), std::string::npos)
+      << not_bool.status().message();
+>>>>>>> net
 }
 
 TEST(ManifestTest, MandatoryTargetWithoutExportStillParses) {

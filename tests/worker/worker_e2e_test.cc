@@ -82,7 +82,7 @@ TEST_F(WorkerEndToEnd, BootAdoptsFromTheHubAndServesTheFirstRequestFromTheCell) 
   // The operator's eager-only order, then its release: the cell serves again.
   auto order = [&](bool on) {
     nlohmann::json b = {{"target", "mlp"}, {"on", on}, {"reason", "e2e"}};
-    return w.Post("/v1/admin/eager-only", b).status == 200;
+    return w.Admin("/v1/admin/eager-only", b).status == 200;
   };
   ASSERT_TRUE(order(true));
   auto ordered = infer(*x);
@@ -93,17 +93,18 @@ TEST_F(WorkerEndToEnd, BootAdoptsFromTheHubAndServesTheFirstRequestFromTheCell) 
 
   // A checkpoint swap keeps the cell serving; its outputs follow the new weights (which moved
   // them away from the reference).
+  // The checkpoint comes from the worker's checkpoint directory, named by its relative path.
   auto derive =
       Kiln(root_ + "/b", "checkpoint derive " + kExamples + "mlp/model.onnx --seed 7 --out " +
-                             root_ + "/b/ft.safetensors");
+                             w.CheckpointDir() + "/ft.safetensors");
   ASSERT_EQ(derive.first, 0) << derive.second;
-  nlohmann::json swap = {{"target", "mlp"}, {"path", root_ + "/b/ft.safetensors"}};
-  auto swapped = w.Post("/v1/admin/checkpoint", swap);
+  nlohmann::json swap = {{"target", "mlp"}, {"path", "ft.safetensors"}};
+  auto swapped = w.Admin("/v1/admin/checkpoint", swap);
   ASSERT_EQ(swapped.status, 200) << (swapped.status == 0 ? "no answer" : swapped.body.dump());
   auto after = infer(*x);
   EXPECT_EQ(after["parameters"]["serving_mode"], "aot_cell") << after.dump();
   auto eager_new = Kiln(root_ + "/b", "run " + kExamples + "mlp/model.onnx --checkpoint " + root_ +
-                                          "/b/ft.safetensors --input x=" + kExamples +
+                                          "/b/checkpoints/ft.safetensors --input x=" + kExamples +
                                           "mlp/inputs/x.npy --out " + root_ + "/b/eager_new");
   ASSERT_EQ(eager_new.first, 0) << eager_new.second;
   auto expect = ReadNpy(root_ + "/b/eager_new/logits.npy");

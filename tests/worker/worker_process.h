@@ -128,6 +128,8 @@ class Hub {
     return process_.Start(port != 0 ? port : process_.port());
   }
   void Stop(int sig = SIGTERM) { process_.Kill(sig); }
+  hub_testing::HubProcess& process() { return process_; }
+  pid_t pid() const { return process_.pid(); }
   std::string url() const { return process_.url(); }
   int port() const { return process_.port(); }
   std::unique_ptr<HubClient> Client(const std::string& token) const {
@@ -148,7 +150,8 @@ class Hub {
                                             std::string* ref) const {
     if (auto m = Mint(cache, example, ref); !m) return m;
     auto pub = Kiln(cache, "publish " + cache + "/cells/" + KeyOf(*ref) + "/cell.tar --hub " +
-                               url() + " --token " + hub_testing::kPlatform);
+                               url() + " --token " + hub_testing::kPlatform +
+                               (process_.ca().empty() ? "" : " --ca " + process_.ca()));
     if (pub.first != 0) {
       return ::testing::AssertionFailure()
              << "kiln publish exited " << pub.first << ": " << pub.second;
@@ -157,7 +160,8 @@ class Hub {
   }
   // How many rows the hub's dashboard lists for `key` in its cells table.
   int CellRows(const std::string& key) const {
-    httplib::Client http("127.0.0.1", port());
+    httplib::Client http(url());
+    if (!process_.ca().empty()) http.set_ca_cert_path(process_.ca().c_str());
     http.set_read_timeout(30, 0);
     auto r = http.Get("/");
     for (int i = 0; i < 5 && (!r || r->status != 200); ++i) {
@@ -190,6 +194,7 @@ struct ManifestOptions {
   std::string trust_path;  // "" = trust the hub's own key set
   std::string family;      // "" = the example's own export family
   std::string hub_extra;   // TOML lines inside [hub] (revocation_poll_s = 1, ...)
+  std::string hub_ca;      // "" = no [hub] ca
   std::string extra;       // TOML appended last
 };
 
@@ -223,6 +228,7 @@ inline std::string Manifest(const ManifestOptions& o) {
     if (o.hub_timeout_ms != 0) text += "timeout_ms = " + std::to_string(o.hub_timeout_ms) + "\n";
     if (!o.trust_path.empty()) text += "trust = [\"" + o.trust_path + "\"]\n";
     text += o.hub_extra;
+    if (!o.hub_ca.empty()) text += "ca = \"" + o.hub_ca + "\"\n";
   }
   return text + "\n" + o.extra;
 }
@@ -270,12 +276,41 @@ inline ::testing::AssertionResult DetailNames(const Row& row, const std::string&
          << row << " detail does not name \"" << what << "\": " << row.detail;
 }
 
+// The operator token every test worker's admin listener takes.
+inline constexpr const char* kAdminToken = "tok-worker-admin";
+
 // One `kiln worker` process with its own cache directory ("machine"): its manifest, event rows
-// (events.jsonl) and output (worker.log) live there.
+// (events.jsonl) and output (worker.log) live there. It runs with an admin listener on a port of
+// its own (token kAdminToken) whose checkpoint directory is `dir`/checkpoints.
 class Worker {
  public:
-  Worker(std::string dir, std::string manifest_text, std::map<std::string, std::string> env = {})
-      : dir_(std::move(dir)), manifest_(std::move(manifest_text)), env_(std::move(env)) {}
+  Worker(std::string dir, std::string manifest_text, std::map<std::string, std::string> env = {},
+         std::vector<std::string> args = {})
+      : dir_(std::move(dir)),
+        manifest_(std::move(manifest_text)),
+        env_(std::move(env)),
+        args_(std::move(args)) {}
+  // Serve HTTPS with this certificate and key; clients verify against `ca`.
+  void UseTls(const std::string& cert, const std::string& key, const std::string& ca) {
+    args_.insert(args_.end(), {"--tls-cert", cert, "--tls-key", key});
+    ca_ = ca;
+  }
+  // An HTTP(S) client of the serving listener (of the admin listener with `admin`).
+  std::unique_ptr<httplib::Client> Http(bool admin = false) const {
+    const int port = admin ? admin_port_ : port_;
+    auto c = std::make_unique<httplib::Client>(ca_.empty()
+                                                   ? "http://127.0.0.1:" + std::to_string(port)
+                                                   : "https://localhost:" + std::to_string(port));
+    if (!ca_.empty()) {
+      c->set_ca_cert_path(ca_.c_str());
+      c->enable_server_certificate_verification(true);
+    }
+    c->set_read_timeout(60, 0);
+    return c;
+  }
+  int port() const { return port_; }
+  int admin_port() const { return admin_port_; }
+  std::string CheckpointDir() const { return dir_ + "/checkpoints"; }
   ~Worker() {
     if (pid_ > 0) {
       ::kill(pid_, SIGKILL);
@@ -289,15 +324,24 @@ class Worker {
     if (!WriteFileAtomic(dir_ + "/kiln.toml", manifest_).ok()) {
       return ::testing::AssertionFailure() << "cannot write the manifest";
     }
+    if (!MakeDirs(CheckpointDir()).ok()) return ::testing::AssertionFailure() << "mkdir";
     port_ = FreePort();
+    admin_port_ = FreePort();
     std::map<std::string, std::string> env = env_;
     env["KILN_CACHE_DIR"] = dir_;
-    pid_ = Spawn({Binary(), "worker", "--manifest", dir_ + "/kiln.toml", "--port",
-                  std::to_string(port_), "--events", EventsPath()},
-                 env, dir_ + "/worker.log");
-    httplib::Client http("127.0.0.1", port_);
+    env["KILN_ADMIN_TOKEN"] = kAdminToken;
+    std::vector<std::string> argv = {Binary(),           "worker",
+                                     "--manifest",       dir_ + "/kiln.toml",
+                                     "--port",           std::to_string(port_),
+                                     "--events",         EventsPath(),
+                                     "--admin-port",     std::to_string(admin_port_),
+                                     "--checkpoint-dir", CheckpointDir()};
+    argv.insert(argv.end(), args_.begin(), args_.end());
+    pid_ = Spawn(argv, env, dir_ + "/worker.log");
+    auto http = Http();
+    http->set_connection_timeout(1, 0);
     for (int i = 0; i < 600; ++i) {
-      auto r = http.Get("/v2/health/live");
+      auto r = http->Get("/v2/health/live");
       if (r && r->status == 200) return ::testing::AssertionSuccess();
       int status = 0;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
@@ -324,8 +368,7 @@ class Worker {
 
   // The HTTP status of GET /v2/health/ready (0: no answer).
   int ReadyStatus() const {
-    httplib::Client http("127.0.0.1", port_);
-    auto r = http.Get("/v2/health/ready");
+    auto r = Http()->Get("/v2/health/ready");
     return r ? r->status : 0;
   }
   // Waits until /v2/health/ready answers 200; false after `timeout_ms`.
@@ -364,12 +407,23 @@ class Worker {
     }
     return Post("/v2/models/" + model + "/infer", req);
   }
-  // POST `body` as JSON to `path` (an infer call, an admin order).
+  // POST `body` as JSON to `path` on the serving listener (an infer call).
   Answer Post(const std::string& path, const nlohmann::json& body) const {
-    httplib::Client http("127.0.0.1", port_);
-    http.set_read_timeout(60, 0);
+    return PostTo(*Http(), path, body, {});
+  }
+  // POST an order to the admin listener with the operator token (`token` overrides it; "" sends
+  // none).
+  Answer Admin(const std::string& path, const nlohmann::json& body,
+               std::optional<std::string> token = std::nullopt) const {
+    const std::string t = token.value_or(kAdminToken);
+    httplib::Headers h;
+    if (!t.empty()) h.emplace("Authorization", "Bearer " + t);
+    return PostTo(*Http(/*admin=*/true), path, body, h);
+  }
+  Answer PostTo(httplib::Client& http, const std::string& path, const nlohmann::json& body,
+                const httplib::Headers& headers) const {
     const auto start = std::chrono::steady_clock::now();
-    auto r = http.Post(path, body.dump(), "application/json");
+    auto r = http.Post(path, headers, body.dump(), "application/json");
     Answer a;
     a.ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
@@ -490,8 +544,11 @@ class Worker {
 
   std::string dir_, manifest_;
   std::map<std::string, std::string> env_;
+  std::vector<std::string> args_;
+  std::string ca_;
   pid_t pid_ = -1;
   int port_ = 0;
+  int admin_port_ = 0;
 };
 
 // A test with its own temporary root (/tmp/kiln-<test>-XXXXXX), removed after a test that

@@ -223,29 +223,23 @@ Result<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
     if (errno == ENOENT) return Status::NotFound("file '" + path + "' does not exist");
     return Errno("cannot open", path);
   }
+  auto f = FromDescriptor(fd, path);
+  ::close(fd);
+  return f;
+}
+
+Result<std::shared_ptr<MappedFile>> MappedFile::FromDescriptor(int fd, const std::string& path) {
   struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    Status s = Errno("cannot stat", path);
-    ::close(fd);
-    return s;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return Status::IOError("'" + path + "' is not a regular file");
-  }
+  if (::fstat(fd, &st) != 0) return Errno("cannot stat", path);
+  if (!S_ISREG(st.st_mode)) return Status::IOError("'" + path + "' is not a regular file");
   std::shared_ptr<MappedFile> f(new MappedFile());
   f->path_ = path;
   f->size_ = static_cast<size_t>(st.st_size);
   if (f->size_ > 0) {
     void* p = ::mmap(nullptr, f->size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (p == MAP_FAILED) {
-      Status s = Errno("cannot mmap", path);
-      ::close(fd);
-      return s;
-    }
+    if (p == MAP_FAILED) return Errno("cannot mmap", path);
     f->data_ = static_cast<const uint8_t*>(p);
   }
-  ::close(fd);
   return f;
 }
 

@@ -54,6 +54,9 @@ Status CheckPrivateDir(const std::string& dir);
 class MappedFile {
  public:
   static Result<std::shared_ptr<MappedFile>> Open(const std::string& path);
+  // Maps the regular file open on `fd` (which the caller keeps and closes); `path` names it in
+  // errors. For files opened under rules of the caller's own (beneath a directory, no links).
+  static Result<std::shared_ptr<MappedFile>> FromDescriptor(int fd, const std::string& path);
   ~MappedFile();
   MappedFile(const MappedFile&) = delete;
   MappedFile& operator=(const MappedFile&) = delete;

@@ -253,14 +253,22 @@ Status RunFleetDemo(std::string examples, bool keep) {
   }
   manifest += "\n[hub]\nurl = \"http://127.0.0.1:" + std::to_string(hub_port) + "\"\ntoken = \"" +
               token + "\"\n";
-  auto start_worker = [&](const std::string& name, Child& child, int* port) -> Status {
+  // Each worker has an admin listener (the operator's orders) behind one operator token, and a
+  // checkpoint directory its swaps read from.
+  KILN_ASSIGN_OR_RETURN(std::string admin_token, GenerateToken());
+  KILN_RETURN_IF_ERROR(WriteFileAtomic(root + "/admin.token", admin_token));
+  auto start_worker = [&](const std::string& name, Child& child, int* port,
+                          int* admin_port) -> Status {
     const std::string dir = root + "/" + name;
-    KILN_RETURN_IF_ERROR(MakeDirs(dir));
+    KILN_RETURN_IF_ERROR(MakeDirs(dir + "/checkpoints"));
     KILN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/kiln.toml", manifest));
     *port = FreePort();
-    return child.Start({kiln, "worker", "--manifest", dir + "/kiln.toml", "--port",
-                        std::to_string(*port), "--events", dir + "/events.jsonl"},
-                       dir, dir + "/worker.log");
+    *admin_port = FreePort();
+    return child.Start(
+        {kiln, "worker", "--manifest", dir + "/kiln.toml", "--port", std::to_string(*port),
+         "--events", dir + "/events.jsonl", "--admin-port", std::to_string(*admin_port),
+         "--admin-token-file", root + "/admin.token", "--checkpoint-dir", dir + "/checkpoints"},
+        dir, dir + "/worker.log");
   };
 
   // The example's request and PyTorch's answer to it.
@@ -272,9 +280,9 @@ Status RunFleetDemo(std::string examples, bool keep) {
 
   // 3. Worker A: a miss; eager at once; mint in a child; prove; arm; publish.
   Child a;
-  int a_port = 0;
+  int a_port = 0, a_admin = 0;
   const auto a_boot = Clock::now();
-  KILN_RETURN_IF_ERROR(start_worker("a", a, &a_port));
+  KILN_RETURN_IF_ERROR(start_worker("a", a, &a_port, &a_admin));
   auto a_http = HttpTo(a_port, "");
   KILN_RETURN_IF_ERROR(WaitUp(*a_http, "/v2/health/ready", a, "worker A", root + "/a/worker.log"));
   const double a_ready_ms = MsSince(a_boot);
@@ -320,9 +328,9 @@ Status RunFleetDemo(std::string examples, bool keep) {
 
   // 4. Worker B, a second machine: adopts at boot, serves its first request from the cell.
   Child b;
-  int b_port = 0;
+  int b_port = 0, b_admin = 0;
   const auto b_boot = Clock::now();
-  KILN_RETURN_IF_ERROR(start_worker("b", b, &b_port));
+  KILN_RETURN_IF_ERROR(start_worker("b", b, &b_port, &b_admin));
   auto b_http = HttpTo(b_port, "");
   KILN_RETURN_IF_ERROR(WaitUp(*b_http, "/v2/health/ready", b, "worker B", root + "/b/worker.log"));
   const double b_ready_ms = MsSince(b_boot);
@@ -343,10 +351,11 @@ Status RunFleetDemo(std::string examples, bool keep) {
   KILN_ASSIGN_OR_RETURN(Graph g, ImportOnnxFile(ex + "/model.onnx"));
   auto graph = std::make_shared<const Graph>(std::move(g));
   KILN_ASSIGN_OR_RETURN(WeightMap second, DeriveCheckpoint(*graph, /*seed=*/7));
-  KILN_RETURN_IF_ERROR(WriteSafetensors(root + "/b/second.safetensors", second, {}));
-  HubAnswer swap = b_http->Call(
-      "POST", "/v1/admin/checkpoint",
-      nlohmann::json{{"target", "denoiser"}, {"path", root + "/b/second.safetensors"}}.dump());
+  KILN_RETURN_IF_ERROR(WriteSafetensors(root + "/b/checkpoints/second.safetensors", second, {}));
+  HubAnswer swap =
+      HttpTo(b_admin, admin_token)
+          ->Call("POST", "/v1/admin/checkpoint",
+                 nlohmann::json{{"target", "denoiser"}, {"path", "second.safetensors"}}.dump());
   if (!swap.ok()) return Status::Internal("checkpoint swap: " + swap.token + ": " + swap.message);
   KILN_ASSIGN_OR_RETURN(Answer after, Infer(*b_http, model, inputs));
   KILN_ASSIGN_OR_RETURN(Interpreter eager, Interpreter::Create(graph));

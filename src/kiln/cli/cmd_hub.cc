@@ -29,12 +29,14 @@ struct HubArgs {
 };
 
 int RunHub(HubArgs& args) {
-  // SIGINT/SIGTERM are taken by one thread that stops the server; every other thread (the
-  // request pool starts after this) has them blocked.
+  // SIGINT/SIGTERM are taken by one thread that stops the server, SIGHUP by the same thread to
+  // re-read the TLS certificate; every other thread (the server's start after this) has them
+  // blocked.
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
   sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
@@ -47,15 +49,24 @@ int RunHub(HubArgs& args) {
         "as its SHA-256:\n  admin token: %s\n",
         args.options.data_dir.c_str(), first.admin_token.c_str());
   }
-  std::printf("kiln hub: listening on http://%s:%d (%s)\n", args.options.bind.c_str(),
-              (*hub)->port(), (*hub)->service().store().Describe().c_str());
+  std::printf("kiln hub: listening on %s://%s:%d (%s)\n", (*hub)->scheme().c_str(),
+              args.options.bind.c_str(), (*hub)->port(),
+              (*hub)->service().store().Describe().c_str());
   std::fflush(stdout);
   HubServer* server = hub->get();
   std::thread([set, server] {
-    int sig = 0;
-    sigwait(&set, &sig);
-    std::fprintf(stderr, "kiln hub: signal %d, stopping\n", sig);
-    server->Stop();
+    while (true) {
+      int sig = 0;
+      sigwait(&set, &sig);
+      if (sig == SIGHUP) {
+        Status s = server->ReloadTls();
+        std::fprintf(stderr, "kiln hub: SIGHUP: TLS reload: %s\n", s.ToString().c_str());
+        continue;
+      }
+      std::fprintf(stderr, "kiln hub: signal %d, stopping\n", sig);
+      server->Stop();
+      return;
+    }
   }).detach();
   Status served = (*hub)->Serve();
   if (!served.ok()) return ReportError("hub", served);
@@ -65,6 +76,8 @@ int RunHub(HubArgs& args) {
 struct ClientArgs {
   std::string hub;
   std::string token;
+  std::string ca;
+  bool insecure_http = false;
   double timeout_s = 30;
 };
 
@@ -76,12 +89,17 @@ Result<std::unique_ptr<HubClient>> MakeClient(const ClientArgs& a) {
     if (const char* env = std::getenv("KILN_HUB_TOKEN")) o.token = env;
   }
   o.io_timeout_s = a.timeout_s;
+  o.ca_file = a.ca;
+  o.insecure_http = a.insecure_http;
   return HubClient::Create(o);
 }
 
 void AddClientOptions(CLI::App* cmd, ClientArgs* a) {
-  cmd->add_option("--hub", a->hub, "hub URL, e.g. http://127.0.0.1:8470")->required();
+  cmd->add_option("--hub", a->hub, "hub URL, e.g. https://hub.internal:8470")->required();
   cmd->add_option("--token", a->token, "bearer token (default: $KILN_HUB_TOKEN)");
+  cmd->add_option("--ca", a->ca, "PEM file of the CA that signs the hub's certificate");
+  cmd->add_flag("--insecure-http", a->insecure_http,
+                "allow plain http:// to a hub that is not on loopback");
   cmd->add_option("--timeout", a->timeout_s, "seconds per socket operation");
 }
 
@@ -221,7 +239,20 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
                   "postgresql://… to share one database between hubs (default: SQLite in --data)");
   cmd->add_option("--tokens", args->options.tokens_file,
                   "tokens file (default: DATA/tokens.json, created with an admin token)");
-  cmd->add_option("--threads", args->options.threads, "request threads");
+  cmd->add_option("--threads", args->options.threads,
+                  "handler threads (requests handled at once; idle connections hold none)");
+  cmd->add_option(
+      "--tls-cert", args->options.tls_cert,
+      "PEM certificate chain: serve HTTPS (re-read when the file changes, or on SIGHUP)");
+  cmd->add_option("--tls-key", args->options.tls_key, "PEM private key of --tls-cert");
+  cmd->add_flag("--insecure-http", args->options.insecure_http,
+                "allow plain HTTP on an address that is not loopback");
+  cmd->add_option("--max-conns-per-client", args->options.max_connections_per_client,
+                  "connections one client address may hold (more are answered 503)");
+  cmd->add_option("--header-timeout-ms", args->options.header_timeout_ms,
+                  "deadline for a request's headers (and the TLS handshake)");
+  cmd->add_option("--keepalive-idle-ms", args->options.keepalive_idle_ms,
+                  "an idle keep-alive connection is closed after this");
   cmd->add_option("--db-pool", args->options.db_pool,
                   "PostgreSQL connections (default: one per core, at least 2)");
   cmd->add_option("--rebuild", args->options.rebuild,

@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <memory>
 #include <thread>
@@ -49,7 +50,33 @@ struct WorkerArgs {
   int threads = 0;
   int mint_nice = 10;
   int mint_threads = 1;
+  std::string tls_cert, tls_key;
+  bool insecure_http = false;
+  int max_conns_per_client = 1024;
+  int max_body_mb = 1024;
+  int admin_port = -1;
+  std::string admin_bind = "127.0.0.1";
+  std::string admin_token_file;
+  std::string checkpoint_dir;
 };
+
+// The operator token of the admin listener: --admin-token-file, else $KILN_ADMIN_TOKEN.
+Result<std::string> AdminToken(const WorkerArgs& a) {
+  std::string token;
+  if (!a.admin_token_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(token, ReadFile(a.admin_token_file));
+    while (!token.empty() &&
+           (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
+      token.pop_back();
+    }
+    if (token.empty()) {
+      return Status::InvalidArgument("admin token file '" + a.admin_token_file + "' is empty");
+    }
+  } else if (const char* env = std::getenv("KILN_ADMIN_TOKEN")) {
+    token = env;
+  }
+  return token;
+}
 
 // The sm a target's cells are owed for: the manifest's override, else this machine's level.
 std::string DetectSm(const TargetSpec& spec) {
@@ -61,6 +88,8 @@ HubClientOptions HubOptionsFrom(const HubSpec& h) {
   HubClientOptions o;
   o.url = h.url;
   o.token = h.token;
+  o.ca_file = h.ca;
+  o.insecure_http = h.insecure_http;
   o.io_timeout_s = h.timeout_ms / 1000.0;
   o.connect_timeout_s = std::min(o.io_timeout_s, 3.0);
   return o;
@@ -81,6 +110,16 @@ Status DoWorker(const WorkerArgs& a) {
     DetectSmLevel();
   });
   KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
+  // The admin listener's token is checked before the boot, which may take minutes.
+  std::string admin_token;
+  if (a.admin_port >= 0) {
+    KILN_ASSIGN_OR_RETURN(admin_token, AdminToken(a));
+    if (admin_token.empty()) {
+      return Status::InvalidArgument(
+          "worker admin: --admin-port needs an operator token (--admin-token-file or "
+          "$KILN_ADMIN_TOKEN); without one the admin listener stays off");
+    }
+  }
   EventLog events;
   if (!a.events.empty()) KILN_RETURN_IF_ERROR(events.SetPath(a.events));
   // Event rows go to the hub too, posted in the background by a client of their own.
@@ -229,6 +268,15 @@ Status DoWorker(const WorkerArgs& a) {
   fo.port = a.port >= 0 ? a.port : m.endpoint.port;
   fo.max_concurrency = m.endpoint.max_concurrency;
   fo.events = &events;
+  fo.tls_cert = a.tls_cert;
+  fo.tls_key = a.tls_key;
+  fo.insecure_http = a.insecure_http;
+  fo.max_connections_per_client = a.max_conns_per_client;
+  fo.max_body_bytes = static_cast<size_t>(std::max(1, a.max_body_mb)) << 20;
+  fo.admin.port = a.admin_port;
+  fo.admin.bind = a.admin_bind;
+  fo.checkpoint_dir = a.checkpoint_dir;
+  fo.admin.token = admin_token;
   if (forwarder) {
     fo.extra_metrics = [f = forwarder.get()] {
       const EventForwarderStats st = f->stats();
@@ -250,19 +298,32 @@ Status DoWorker(const WorkerArgs& a) {
   }
   KILN_ASSIGN_OR_RETURN(auto front,
                         Frontend::Create(fo, std::move(front_targets), m.function_to_target));
-  // Block the stop signals before any thread starts, so only sigwait below receives them.
+  // Block the stop signals (and SIGHUP, the TLS reload) before any thread starts, so only sigwait
+  // below receives them.
   sigset_t stop;
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
   sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   KILN_RETURN_IF_ERROR(front->Start());
   if (revocations) revocations->Start();
-  std::printf("kiln worker: endpoint '%s' serving on http://%s:%d (KServe v2)\n",
-              m.endpoint.name.c_str(), a.bind.c_str(), front->port());
+  std::printf("kiln worker: endpoint '%s' serving on %s://%s:%d (KServe v2)\n",
+              m.endpoint.name.c_str(), front->tls() ? "https" : "http", a.bind.c_str(),
+              front->port());
+  if (front->admin_port() >= 0) {
+    std::printf("kiln worker: admin on %s://%s:%d\n", front->tls() ? "https" : "http",
+                a.admin_bind.c_str(), front->admin_port());
+  }
   std::fflush(stdout);
   int sig = 0;
-  sigwait(&stop, &sig);
+  while (true) {
+    sigwait(&stop, &sig);
+    if (sig != SIGHUP) break;
+    Status reloaded = front->ReloadTls();
+    std::printf("kiln worker: SIGHUP: TLS reload: %s\n", reloaded.ToString().c_str());
+    std::fflush(stdout);
+  }
   std::printf("kiln worker: signal %d, draining %d in-flight request(s)\n", sig,
               front->in_flight());
   std::fflush(stdout);
@@ -297,6 +358,24 @@ void AddWorkerCommand(CLI::App& app, int* exit_code) {
                   "niceness of mint children (0-19; default 10, below serving)");
   cmd->add_option("--mint-threads", a->mint_threads,
                   "compute threads of a mint child's proof runs (default 1)");
+  cmd->add_option(
+      "--tls-cert", a->tls_cert,
+      "PEM certificate chain: serve HTTPS (re-read when the file changes, or on SIGHUP)");
+  cmd->add_option("--tls-key", a->tls_key, "PEM private key of --tls-cert");
+  cmd->add_flag("--insecure-http", a->insecure_http,
+                "allow plain HTTP on an address that is not loopback");
+  cmd->add_option("--max-conns-per-client", a->max_conns_per_client,
+                  "connections one client address may hold (more are answered 503)");
+  cmd->add_option("--max-body-mb", a->max_body_mb,
+                  "largest infer body in MiB (a model whose inputs all have fixed shapes takes "
+                  "at most its own size)");
+  cmd->add_option("--admin-port", a->admin_port,
+                  "port of the operator's admin listener (default: off; 0 = any free port)");
+  cmd->add_option("--admin-bind", a->admin_bind, "address of the admin listener");
+  cmd->add_option("--admin-token-file", a->admin_token_file,
+                  "file holding the admin token (default: $KILN_ADMIN_TOKEN)");
+  cmd->add_option("--checkpoint-dir", a->checkpoint_dir,
+                  "directory the admin checkpoint swap may read from (default: swaps refused)");
   cmd->callback([=] {
     Status s = DoWorker(*a);
     *exit_code = s.ok() ? 0 : ReportError("worker", s);

@@ -19,6 +19,7 @@
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/cell/pack.h"
+#include "src/kiln/net/address.h"
 
 namespace kiln {
 
@@ -48,7 +49,12 @@ HubAnswer Transport(const httplib::Error err, const std::string& url, const std:
   const bool timeout = err == httplib::Error::ConnectionTimeout || err == httplib::Error::Read ||
                        err == httplib::Error::Write;
   const bool unreachable = err == httplib::Error::Connection;
-  a.token = timeout ? "hub_timeout" : unreachable ? "hub_unreachable" : "hub_transport_error";
+  const bool tls = err == httplib::Error::SSLConnection || err == httplib::Error::SSLLoadingCerts ||
+                   err == httplib::Error::SSLServerVerification;
+  a.token = timeout       ? "hub_timeout"
+            : unreachable ? "hub_unreachable"
+            : tls         ? "hub_tls_error"
+                          : "hub_transport_error";
   a.message = "hub " + url + path + ": " + httplib::to_string(err);
   return a;
 }
@@ -96,20 +102,31 @@ const char* ResolveKindName(ResolveAnswer::Kind kind) {
 HubClient::~HubClient() = default;
 
 Result<std::unique_ptr<HubClient>> HubClient::Create(const HubClientOptions& options) {
-  if (options.url.rfind("http://", 0) != 0) {
-    return Status::InvalidArgument("hub URL '" + options.url + "' must start with http://");
+  KILN_ASSIGN_OR_RETURN(net::HttpUrl url, net::ParseHttpUrl(options.url));
+  KILN_RETURN_IF_ERROR(net::CheckClientTransport(url, options.insecure_http, "hub"));
+  if (!options.ca_file.empty()) {
+    if (!url.https()) {
+      return Status::InvalidArgument("hub " + url.base + ": a CA file ('" + options.ca_file +
+                                     "') was given for a plain http:// URL");
+    }
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(options.ca_file, ec)) {
+      return Status::NotFound("hub CA file '" + options.ca_file + "' does not exist");
+    }
   }
   std::unique_ptr<HubClient> c(new HubClient());
   c->impl_ = std::make_unique<Impl>();
   c->impl_->options = options;
-  while (!c->impl_->options.url.empty() && c->impl_->options.url.back() == '/') {
-    c->impl_->options.url.pop_back();
-  }
-  c->impl_->http = std::make_unique<httplib::Client>(c->impl_->options.url);
+  c->impl_->options.url = url.base;
+  c->impl_->http = std::make_unique<httplib::Client>(url.base);
   if (!c->impl_->http->is_valid()) {
     return Status::InvalidArgument("hub URL '" + options.url + "' is not valid");
   }
   auto& http = *c->impl_->http;
+  if (url.https()) {
+    http.enable_server_certificate_verification(true);
+    if (!options.ca_file.empty()) http.set_ca_cert_path(options.ca_file.c_str());
+  }
   SetTimeout(options.connect_timeout_s,
              [&](time_t s, time_t us) { http.set_connection_timeout(s, us); });
   SetTimeout(options.io_timeout_s, [&](time_t s, time_t us) { http.set_read_timeout(s, us); });

@@ -11,6 +11,10 @@
 // the hub's JWKS uses HubClient::VerifyReceipt instead: on a key id it does not know (the hub
 // rotated its key since the set was fetched) it refetches the hub's key set once and checks again.
 //
+// Transport: https:// with the server's certificate verified (chain and host name) against
+// `ca_file` or the system's CAs; plain http:// only to a loopback host unless `insecure_http`
+// (Create refuses it otherwise, `insecure_http_refused`; net/address.h has the rule).
+//
 // A HubClient serializes its own requests; use one per thread for parallel calls.
 #pragma once
 
@@ -27,8 +31,12 @@
 namespace kiln {
 
 struct HubClientOptions {
-  std::string url;    // "http://127.0.0.1:8470"
+  std::string url;    // "https://hub.internal:8470", or "http://127.0.0.1:8470" on loopback
   std::string token;  // bearer token; may be empty for public routes
+  // PEM file of the CA(s) that sign the hub's certificate (a private CA); empty: the system's.
+  std::string ca_file;
+  // Allow plain http:// to a host that is not loopback (tokens cross the network in the clear).
+  bool insecure_http = false;
   double connect_timeout_s = 3;
   double io_timeout_s = 30;  // read and write, per socket operation
 };

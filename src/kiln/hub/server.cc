@@ -1,11 +1,12 @@
-// HubServer: binds HubService to HTTP with cpp-httplib, and opens a hub's data dir (hub layer).
-// This file is the one place a Reply becomes an HTTP response; no exception leaves a handler.
+// HubServer: binds HubService to HTTP through the net layer's HttpServer, and opens a hub's data
+// dir (hub layer). This file is the one place a Reply becomes an HTTP response. Every route that
+// takes a body authenticates first and reads the body only then, bounded by the route's limit;
+// the HttpServer has already refused a Content-Length over that limit with 413, body unread.
 #include "src/kiln/hub/server.h"
-
-#include <httplib.h>
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -13,45 +14,247 @@
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/log.h"
 #include "src/kiln/base/sha256.h"
+#include "src/kiln/net/http_server.h"
 
 namespace kiln {
 
-struct HubServer::Http {
-  httplib::Server server;
-};
-
 namespace {
 
-// Whether any range of a parsed Range header (first, last; -1 where absent, so (-1, n) is the
-// suffix "-n") selects at least one byte of a `size`-byte representation.
-bool AnyRangeSatisfiable(const httplib::Ranges& ranges, uint64_t size) {
-  for (const auto& [first, last] : ranges) {
-    if (first < 0) {
-      if (last > 0 && size > 0) return true;  // a non-empty suffix of a non-empty blob
-    } else if (static_cast<uint64_t>(first) < size) {
-      return true;
+// Body limits per route. JSON routes carry a few hundred bytes; an event batch at most 10000
+// rows of a few hundred bytes each; a blob up to HubOptions::max_blob_bytes.
+constexpr uint64_t kJsonBodyLimit = 1 << 20;
+constexpr uint64_t kEventsBodyLimit = 16 << 20;
+
+net::Response Send(const Reply& r) {
+  if (!r.html.empty()) return net::Response::Text(r.status, r.html, "text/html; charset=utf-8");
+  return net::Response::Text(r.status,
+                             r.body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+                             "application/json");
+}
+
+// The Reply for a body that could not be read whole.
+Reply BodyFailure(const Status& s) {
+  if (s.Is("body_too_large")) return Reply::Error(413, "too_large", s.message());
+  if (s.Is("body_timeout")) return Reply::Error(408, "body_timeout", s.message());
+  return Reply::Error(400, "upload_incomplete", s.message());
+}
+
+// A single byte range of a blob of `size` bytes (RFC 9110 §14.1.2): the first and last byte, or
+// nullopt to answer the whole blob (no Range, another unit, several ranges, or a header that does
+// not parse, which a server may ignore). *unsatisfiable for a range that starts at or past the
+// end, or an empty suffix.
+struct ByteRange {
+  uint64_t first = 0, last = 0;
+};
+std::optional<ByteRange> ParseRange(const std::string& header, uint64_t size, bool* unsatisfiable) {
+  *unsatisfiable = false;
+  const std::string prefix = "bytes=";
+  if (header.rfind(prefix, 0) != 0) return std::nullopt;
+  const std::string spec = header.substr(prefix.size());
+  if (spec.find(',') != std::string::npos) return std::nullopt;
+  const size_t dash = spec.find('-');
+  if (dash == std::string::npos) return std::nullopt;
+  auto number = [](const std::string& t, uint64_t* out) {
+    if (t.empty() || t.size() > 19 || t.find_first_not_of("0123456789") != std::string::npos) {
+      return false;
     }
+    *out = std::stoull(t);
+    return true;
+  };
+  const std::string a = spec.substr(0, dash), b = spec.substr(dash + 1);
+  ByteRange r;
+  if (a.empty()) {  // suffix: the last b bytes
+    uint64_t n = 0;
+    if (!number(b, &n)) return std::nullopt;
+    if (n == 0 || size == 0) {
+      *unsatisfiable = true;
+      return std::nullopt;
+    }
+    r.first = size - std::min(n, size);
+    r.last = size - 1;
+    return r;
   }
-  return false;
-}
-
-void Send(const Reply& r, httplib::Response& res) {
-  res.status = r.status;
-  if (!r.html.empty()) {
-    res.set_content(r.html, "text/html; charset=utf-8");
+  if (!number(a, &r.first)) return std::nullopt;
+  if (b.empty()) {
+    r.last = size == 0 ? 0 : size - 1;
   } else {
-    res.set_content(r.body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                    "application/json");
+    if (!number(b, &r.last) || r.last < r.first) return std::nullopt;
+    r.last = std::min(r.last, size == 0 ? 0 : size - 1);
   }
-}
-
-std::map<std::string, std::string> Query(const httplib::Request& req) {
-  std::map<std::string, std::string> q;
-  for (const auto& [k, v] : req.params) q[k] = v;
-  return q;
+  if (r.first >= size) {
+    *unsatisfiable = true;
+    return std::nullopt;
+  }
+  return r;
 }
 
 }  // namespace
+
+struct HubServer::Http {
+  std::unique_ptr<net::HttpServer> server;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stopped = false;  // guarded by mu
+};
+
+// The routes: each authenticates (where it is not public) before it reads its body.
+static std::vector<net::Route> HubRoutes(HubService* s, uint64_t max_blob_bytes) {
+  using net::Body;
+  using net::Request;
+  using net::Response;
+  // `fn(principal, request)` after authentication; 401 before the body is read otherwise.
+  auto authed = [s](auto fn) {
+    return [s, fn](const Request& req, Body&) -> Response {
+      auto who = s->Authenticate(req.Header("Authorization"));
+      if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
+      return Send(fn(std::get<Principal>(who), req));
+    };
+  };
+  // The same for a route with a JSON body of at most `limit` bytes.
+  auto authed_body = [s](uint64_t limit, auto fn) {
+    return [s, fn, limit](const Request& req, Body& body) -> Response {
+      auto who = s->Authenticate(req.Header("Authorization"));
+      if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
+      auto text = body.ReadAll(limit);
+      if (!text.ok()) return Send(BodyFailure(text.status()));
+      return Send(fn(std::get<Principal>(who), *text));
+    };
+  };
+  auto route = [](std::string method, std::string pattern, uint64_t max_body, net::Handler h) {
+    net::Route r;
+    r.method = std::move(method);
+    r.pattern = std::move(pattern);
+    r.max_body_bytes = max_body;
+    r.handler = std::move(h);
+    return r;
+  };
+
+  std::vector<net::Route> routes;
+  routes.push_back(
+      route("GET", "/v1/health", 0, [s](const Request&, Body&) { return Send(s->Health()); }));
+  routes.push_back(
+      route("GET", "/v1/ready", 0, [s](const Request&, Body&) { return Send(s->Ready()); }));
+  routes.push_back(route("GET", "/.well-known/jwks.json", 0,
+                         [s](const Request&, Body&) { return Send(s->Jwks()); }));
+  routes.push_back(route("GET", "/v1/revocations", 0,
+                         [s](const Request&, Body&) { return Send(s->Revocations()); }));
+  routes.push_back(
+      route("GET", "/", 0, [s](const Request&, Body&) { return Send(s->Dashboard()); }));
+  routes.push_back(
+      route("GET", "/v1/cells/{}", 0, authed([s](const Principal& p, const Request& req) {
+              auto family = req.query.find("family");
+              return s->ResolveCell(p, req.captures[0],
+                                    family == req.query.end() ? std::string() : family->second);
+            })));
+  routes.push_back(route("POST", "/v1/publish/intent", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->PublishIntent(p, b);
+                         })));
+  routes.push_back(route("POST", "/v1/publish/complete", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->PublishComplete(p, b);
+                         })));
+  routes.push_back(
+      route("PUT", "/v1/blobs/{}", max_blob_bytes, [s](const Request& req, Body& body) -> Response {
+        auto who = s->Authenticate(req.Header("Authorization"));
+        if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
+        Status failure;
+        BodyReader reader = [&](const std::function<bool(std::string_view)>& sink) {
+          char buf[64 * 1024];
+          while (true) {
+            auto n = body.Read(buf, sizeof(buf));
+            if (!n.ok()) {
+              failure = n.status();
+              return false;
+            }
+            if (*n == 0) return true;
+            if (!sink({buf, *n})) return true;
+          }
+        };
+        Reply reply = s->UploadBlob(std::get<Principal>(who), req.captures[0], reader);
+        // The transport's reason beats the service's generic "incomplete".
+        if (!failure.ok() && reply.status == 400) reply = BodyFailure(failure);
+        return Send(reply);
+      }));
+  routes.push_back(route("GET", "/v1/blobs/{}", 0, [s](const Request& req, Body&) -> Response {
+    auto who = s->Authenticate(req.Header("Authorization"));
+    if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
+    auto opened = s->OpenBlob(std::get<Principal>(who), req.captures[0]);
+    if (auto* r = std::get_if<Reply>(&opened)) return Send(*r);
+    std::shared_ptr<BlobReader> reader = std::move(std::get<std::unique_ptr<BlobReader>>(opened));
+    const uint64_t size = reader->size();
+    Response res;
+    res.status = 200;
+    res.content_type = "application/octet-stream";
+    res.headers.emplace_back("Accept-Ranges", "bytes");
+    uint64_t first = 0, count = size;
+    if (req.HasHeader("Range")) {
+      bool unsatisfiable = false;
+      auto range = ParseRange(req.Header("Range"), size, &unsatisfiable);
+      if (unsatisfiable) {
+        Response r =
+            Send(Reply::Error(416, "range_not_satisfiable",
+                              "range '" + req.Header("Range") + "' starts past the end of " +
+                                  req.captures[0] + " (" + std::to_string(size) + " bytes)"));
+        r.headers.emplace_back("Content-Range", "bytes */" + std::to_string(size));
+        return r;
+      }
+      if (range) {
+        first = range->first;
+        count = range->last - range->first + 1;
+        res.status = 206;
+        res.headers.emplace_back("Content-Range", "bytes " + std::to_string(range->first) + "-" +
+                                                      std::to_string(range->last) + "/" +
+                                                      std::to_string(size));
+      }
+    }
+    res.stream_length = count;
+    res.stream = [reader, first](uint64_t offset, char* buf, size_t cap) -> Result<size_t> {
+      return reader->ReadAt(first + offset, buf, cap);
+    };
+    return res;
+  }));
+  routes.push_back(route("POST", "/v1/blobs/{}/verify", kJsonBodyLimit,
+                         authed([s](const Principal& p, const Request& req) {
+                           return s->ReportBlobMismatch(p, req.captures[0]);
+                         })));
+  routes.push_back(
+      route("GET", "/v1/receipts/{}/{}", 0, authed([s](const Principal& p, const Request& req) {
+              return s->GetReceipt(p, req.captures[0], req.captures[1]);
+            })));
+  routes.push_back(route("POST", "/v1/admin/revoke", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->Revoke(p, b);
+                         })));
+  routes.push_back(route("POST", "/v1/admin/tokens/revoke", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->RevokeToken(p, b);
+                         })));
+  routes.push_back(
+      route("POST", "/v1/admin/rotate-key", kJsonBodyLimit,
+            authed([s](const Principal& p, const Request&) { return s->RotateKey(p); })));
+  routes.push_back(route("POST", "/v1/releases", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->CreateRelease(p, b);
+                         })));
+  routes.push_back(route("GET", "/v1/releases/{}/obligations", 0,
+                         authed([s](const Principal& p, const Request& req) {
+                           return s->ReleaseObligations(p, req.captures[0]);
+                         })));
+  routes.push_back(route("POST", "/v1/obligations/settle", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->SettleObligation(p, b);
+                         })));
+  routes.push_back(route(
+      "POST", "/v1/events", kEventsBodyLimit,
+      authed_body(kEventsBodyLimit,
+                  [s](const Principal& p, const std::string& b) { return s->PostEvents(p, b); })));
+  routes.push_back(
+      route("GET", "/v1/events", 0, authed([s](const Principal& p, const Request& req) {
+              return s->QueryEvents(p, req.query);
+            })));
+  return routes;
+}
 
 int DbPoolSize(const HubOptions& options) {
   const int threads = options.threads > 0 ? options.threads : 32;
@@ -142,34 +345,42 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   hub->service_->set_ready_options(options.ready);
   hub->service_->StartMaintenance(options.gc_interval_s);
   hub->http_ = std::make_unique<Http>();
-  hub->InstallRoutes();
-  auto& svr = hub->http_->server;
-  if (options.port == 0) {
-    hub->port_ = svr.bind_to_any_port(options.bind);
-    if (hub->port_ <= 0) {
-      return Status::IOError("hub: cannot bind any port on " + options.bind);
-    }
-  } else {
-    if (!svr.bind_to_port(options.bind, options.port)) {
-      return Status::IOError("hub: cannot bind " + options.bind + ":" +
-                             std::to_string(options.port) + " (in use?)");
-    }
-    hub->port_ = options.port;
+  net::ServerOptions so;
+  so.name = "hub";
+  so.bind = options.bind;
+  so.port = options.port;
+  so.handler_threads = options.threads > 0 ? options.threads : 32;
+  so.insecure_http = options.insecure_http;
+  if (!options.tls_cert.empty() || !options.tls_key.empty()) {
+    so.tls = net::TlsOptions{options.tls_cert, options.tls_key, options.tls_reload_ms};
   }
+  so.max_connections = options.max_connections;
+  so.max_connections_per_client = options.max_connections_per_client;
+  so.header_timeout_ms = options.header_timeout_ms;
+  so.keepalive_idle_ms = options.keepalive_idle_ms;
+  so.body_idle_timeout_ms = options.body_idle_timeout_ms;
+  KILN_ASSIGN_OR_RETURN(
+      hub->http_->server,
+      net::HttpServer::Create(so, HubRoutes(hub->service_.get(), options.max_blob_bytes + 1)));
+  hub->port_ = hub->http_->server->port();
   if (options.blob_verify_interval_s > 0) {
     hub->verifier_ = std::thread([h = hub.get()] { h->VerifyBlobsOnSchedule(); });
   }
   KILN_LOG(INFO) << "hub: " << hub->service_->store().Describe() << ", blobs " << options.data_dir
                  << "/blobs, signing key " << hub->service_->keys().Current()->kid() << ", "
-                 << tokens.size() << " token(s), listening on " << options.bind << ":"
-                 << hub->port_;
+                 << tokens.size() << " token(s), listening on " << hub->scheme() << "://"
+                 << options.bind << ":" << hub->port_;
   return hub;
 }
 
+std::string HubServer::scheme() const {
+  return http_ && http_->server && http_->server->tls() ? "https" : "http";
+}
+
 Status HubServer::Serve() {
-  if (!http_->server.listen_after_bind()) {
-    return Status::IOError("hub: the listener on port " + std::to_string(port_) + " failed");
-  }
+  KILN_RETURN_IF_ERROR(http_->server->Start());
+  std::unique_lock<std::mutex> lock(http_->mu);
+  http_->cv.wait(lock, [this] { return http_->stopped; });
   return Status::OK();
 }
 
@@ -179,138 +390,16 @@ void HubServer::Stop() {
     stopping_ = true;
   }
   verify_cv_.notify_all();
-  if (http_) http_->server.stop();
+  if (!http_) return;
+  {
+    std::lock_guard<std::mutex> lock(http_->mu);
+    if (http_->stopped) return;
+    http_->stopped = true;
+  }
+  if (http_->server) http_->server->Stop();
+  http_->cv.notify_all();
 }
 
-void HubServer::InstallRoutes() {
-  auto& svr = http_->server;
-  HubService* s = service_.get();
-  const int threads = options_.threads > 0 ? options_.threads : 32;
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  // Without TCP_NODELAY small JSON answers wait on delayed ACKs (~40 ms each).
-  svr.set_tcp_nodelay(true);
-  svr.set_keep_alive_max_count(100000);
-  svr.set_keep_alive_timeout(30);
-  svr.set_read_timeout(60);
-  svr.set_write_timeout(60);
-  svr.set_payload_max_length(options_.max_blob_bytes + 1);
-  svr.set_exception_handler(
-      [](const httplib::Request& req, httplib::Response& res, std::exception_ptr ep) {
-        std::string what = "unknown exception";
-        try {
-          if (ep) std::rethrow_exception(ep);
-        } catch (const std::exception& e) {
-          what = e.what();
-        } catch (...) {
-        }
-        KILN_LOG(ERROR) << "hub: " << req.method << " " << req.path << " threw: " << what;
-        Send(Reply::Error(500, "internal", "the hub failed while handling " + req.path), res);
-      });
-  svr.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    if (res.status == 404) {
-      Send(Reply::Error(404, "not_found", "no route " + req.method + " " + req.path), res);
-    } else if (res.status == 413) {
-      Send(Reply::Error(413, "too_large", "request body exceeds the hub's limit"), res);
-    }
-  });
-
-  // Runs `fn(principal)` after authentication; answers 401 otherwise.
-  auto authed = [s](auto fn) {
-    return [s, fn](const httplib::Request& req, httplib::Response& res) {
-      auto who = s->Authenticate(req.get_header_value("Authorization"));
-      if (auto* r = std::get_if<Reply>(&who)) return Send(*r, res);
-      Send(fn(std::get<Principal>(who), req), res);
-    };
-  };
-
-  svr.Get("/v1/health",
-          [s](const httplib::Request&, httplib::Response& res) { Send(s->Health(), res); });
-  svr.Get("/v1/ready",
-          [s](const httplib::Request&, httplib::Response& res) { Send(s->Ready(), res); });
-  svr.Get("/.well-known/jwks.json",
-          [s](const httplib::Request&, httplib::Response& res) { Send(s->Jwks(), res); });
-  svr.Get("/v1/revocations",
-          [s](const httplib::Request&, httplib::Response& res) { Send(s->Revocations(), res); });
-  svr.Get("/", [s](const httplib::Request&, httplib::Response& res) { Send(s->Dashboard(), res); });
-
-  svr.Get(R"(/v1/cells/([^/]+))", authed([s](const Principal& p, const httplib::Request& req) {
-            return s->ResolveCell(p, req.matches[1], req.get_param_value("family"));
-          }));
-  svr.Post("/v1/publish/intent", authed([s](const Principal& p, const httplib::Request& req) {
-             return s->PublishIntent(p, req.body);
-           }));
-  svr.Post("/v1/publish/complete", authed([s](const Principal& p, const httplib::Request& req) {
-             return s->PublishComplete(p, req.body);
-           }));
-  svr.Put(R"(/v1/blobs/([^/]+))", [s](const httplib::Request& req, httplib::Response& res,
-                                      const httplib::ContentReader& content) {
-    auto who = s->Authenticate(req.get_header_value("Authorization"));
-    if (auto* r = std::get_if<Reply>(&who)) return Send(*r, res);
-    BodyReader reader = [&](const std::function<bool(std::string_view)>& sink) {
-      return content([&](const char* data, size_t len) { return sink({data, len}); });
-    };
-    Send(s->UploadBlob(std::get<Principal>(who), req.matches[1], reader), res);
-  });
-  svr.Get(R"(/v1/blobs/([^/]+))", [s](const httplib::Request& req, httplib::Response& res) {
-    auto who = s->Authenticate(req.get_header_value("Authorization"));
-    if (auto* r = std::get_if<Reply>(&who)) return Send(*r, res);
-    auto opened = s->OpenBlob(std::get<Principal>(who), req.matches[1]);
-    if (auto* r = std::get_if<Reply>(&opened)) return Send(*r, res);
-    std::shared_ptr<BlobReader> reader = std::move(std::get<std::unique_ptr<BlobReader>>(opened));
-    const uint64_t size = reader->size();
-    // RFC 9110 §14.1.2: a range set none of whose ranges overlaps the blob is answered 416 with
-    // the blob's length, never a 206 of a length computed past its end.
-    if (!req.ranges.empty() && !AnyRangeSatisfiable(req.ranges, size)) {
-      res.set_header("Content-Range", "bytes */" + std::to_string(size));
-      return Send(Reply::Error(416, "range_not_satisfiable",
-                               "no requested range starts inside the " + std::to_string(size) +
-                                   "-byte blob " + std::string(req.matches[1])),
-                  res);
-    }
-    res.set_header("Accept-Ranges", "bytes");
-    // httplib answers a Range request (206 + Content-Range) from a sized content provider.
-    res.set_content_provider(size, "application/octet-stream",
-                             [reader](size_t offset, size_t length, httplib::DataSink& sink) {
-                               char buf[64 * 1024];
-                               const size_t want = std::min(length, sizeof(buf));
-                               auto n = reader->ReadAt(offset, buf, want);
-                               if (!n.ok() || *n == 0) return false;
-                               return sink.write(buf, *n);
-                             });
-  });
-  svr.Post(R"(/v1/blobs/([^/]+)/verify)",
-           authed([s](const Principal& p, const httplib::Request& req) {
-             return s->ReportBlobMismatch(p, req.matches[1]);
-           }));
-  svr.Get(R"(/v1/receipts/([^/]+)/([^/]+))",
-          authed([s](const Principal& p, const httplib::Request& req) {
-            return s->GetReceipt(p, req.matches[1], req.matches[2]);
-          }));
-  svr.Post("/v1/admin/revoke", authed([s](const Principal& p, const httplib::Request& req) {
-             return s->Revoke(p, req.body);
-           }));
-  svr.Post("/v1/admin/tokens/revoke", authed([s](const Principal& p, const httplib::Request& req) {
-             return s->RevokeToken(p, req.body);
-           }));
-  svr.Post("/v1/admin/rotate-key",
-           authed([s](const Principal& p, const httplib::Request&) { return s->RotateKey(p); }));
-  svr.Post("/v1/releases", authed([s](const Principal& p, const httplib::Request& req) {
-             return s->CreateRelease(p, req.body);
-           }));
-  svr.Get(R"(/v1/releases/([^/]+)/obligations)",
-          authed([s](const Principal& p, const httplib::Request& req) {
-            return s->ReleaseObligations(p, req.matches[1]);
-          }));
-  svr.Post("/v1/obligations/settle", authed([s](const Principal& p, const httplib::Request& req) {
-             return s->SettleObligation(p, req.body);
-           }));
-  svr.Post("/v1/events", authed([s](const Principal& p, const httplib::Request& req) {
-             return s->PostEvents(p, req.body);
-           }));
-  svr.Get("/v1/events", authed([s](const Principal& p, const httplib::Request& req) {
-            return s->QueryEvents(p, Query(req));
-          }));
-}
+Status HubServer::ReloadTls() { return http_->server->ReloadTls(); }
 
 }  // namespace kiln

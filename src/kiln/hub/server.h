@@ -3,9 +3,10 @@
 //
 // Two parts. HubService holds every route as a plain method (principal + parsed inputs in, Reply
 // out) so handlers are unit-tested against the in-memory stores without sockets. HubServer binds
-// HubService to cpp-httplib: it parses the transport (path captures, bearer header, streamed
-// bodies, ranges) and is the one place that turns a Reply into HTTP. No exception escapes a
-// handler: the server's exception handler answers 500 {error:"internal"}.
+// HubService to the net layer's HttpServer (net/http_server.h): it parses the transport (path
+// captures, bearer header, streamed bodies, ranges), authenticates a request before it reads a
+// byte of its body, bounds every body per route, and is the one place that turns a Reply into
+// HTTP. No exception escapes a handler: the server answers 500 {error:"internal"}.
 //
 // Error bodies are always {"error":"<token>","message":"<prose>"} (plus route-specific fields);
 // the token is the contract, the message is for people.
@@ -21,7 +22,6 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <variant>
 
 #include "src/kiln/base/status.h"
@@ -155,7 +155,18 @@ struct HubOptions {
   std::string tokens_file;  // default data_dir/tokens.json
   std::string bind = "127.0.0.1";
   int port = 8470;   // 0: any free port (see HubServer::port())
-  int threads = 32;  // request threads (each keep-alive connection holds one)
+  int threads = 32;  // handler threads: requests being handled at once (idle connections hold none)
+  // TLS: a PEM certificate chain and key, both or neither; re-read when the files change. Without
+  // them the hub speaks plain HTTP, which needs a loopback `bind` unless `insecure_http`.
+  std::string tls_cert;
+  std::string tls_key;
+  int tls_reload_ms = 2000;
+  bool insecure_http = false;
+  int max_connections = 8192;
+  int max_connections_per_client = 1024;
+  int header_timeout_ms = 10000;  // TLS handshake and request headers, from the first byte
+  int keepalive_idle_ms = 30000;  // an idle keep-alive connection is closed after this
+  int body_idle_timeout_ms = 10000;
   // PostgreSQL connections shared by the request threads; 0: one per core (at least 2), at most
   // `threads`. On 2 cores with the database on the same host, 2 connections gave p99 6 ms where
   // one per thread (32) gave p99 60-90 ms: every extra backend is one more process competing for
@@ -195,15 +206,18 @@ class HubServer {
   HubServer& operator=(const HubServer&) = delete;
 
   int port() const { return port_; }
+  // "https" with TLS, else "http".
+  std::string scheme() const;
   HubService& service() { return *service_; }
   // Serves until Stop(); returns when the listener closes.
   Status Serve();
   // Any thread; idempotent.
   void Stop();
+  // Re-reads the TLS certificate and key now (they are also re-read when the files change).
+  Status ReloadTls();
 
  private:
   HubServer() = default;
-  void InstallRoutes();
   // Runs VerifyBlobs every options_.blob_verify_interval_s until Stop().
   void VerifyBlobsOnSchedule();
   HubOptions options_;

@@ -2,10 +2,15 @@
 // parse errors are caught here and become InvalidArgument; nothing else in this file throws.
 #include "src/kiln/worker/kserve.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <cstring>
+#include <functional>
+#include <istream>
 #include <limits>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <streambuf>
 #include <utility>
 
 namespace kiln {
@@ -91,11 +96,13 @@ bool AsInt(const json& v, int64_t lo, int64_t hi, int64_t* out) {
   return false;
 }
 
-// Writes JSON scalar `v` as element `i` of `t`; `where` names it for messages.
-Status StoreElement(const json& v, Tensor& t, int64_t i, const std::string& where) {
+// Writes JSON scalar `v` as element `i` of `t`; `where()` names it for messages and is called
+// only on a refusal (a streamed request stores millions of elements).
+template <typename WhereFn>
+Status StoreElementAt(const json& v, Tensor& t, int64_t i, const WhereFn& where) {
   const DType dt = t.dtype();
   auto bad = [&](const std::string& expect) {
-    return Status::InvalidArgument(where + " is " + Show(v) + "; " + KServeDatatype(dt) +
+    return Status::InvalidArgument(where() + " is " + Show(v) + "; " + KServeDatatype(dt) +
                                    " expects " + expect);
   };
   switch (dt) {
@@ -160,7 +167,11 @@ Status StoreElement(const json& v, Tensor& t, int64_t i, const std::string& wher
       t.data<uint8_t>()[i] = v.get<bool>() ? 1 : 0;
       return Status::OK();
   }
-  return Status::InvalidArgument(where + ": unsupported dtype");
+  return Status::InvalidArgument(where() + ": unsupported dtype");
+}
+
+Status StoreElement(const json& v, Tensor& t, int64_t i, const std::string& where) {
+  return StoreElementAt(v, t, i, [&] { return where; });
 }
 
 // Fills `t` from nested `data` whose structure must match shape[level...].
@@ -441,132 +452,913 @@ Result<size_t> ParseInferenceHeaderLength(const std::string& value, size_t body_
   return static_cast<size_t>(n);
 }
 
-Result<InferRequest> ParseInferRequest(std::string_view body, std::optional<size_t> json_length) {
-  KILN_ASSIGN_OR_RETURN(auto parts, SplitBody(body, json_length));
-  KILN_ASSIGN_OR_RETURN(json j, ParseJson(parts.first, "infer request"));
-  if (!j.is_object()) {
-    return Status::InvalidArgument("infer request is " + Show(j) + "; expected a JSON object");
-  }
-  InferRequest req;
-  if (auto it = j.find("id"); it != j.end()) {
-    if (!it->is_string()) {
-      return Status::InvalidArgument("infer request \"id\" is " + Show(*it) +
-                                     "; expected a string");
-    }
-    req.id = it->get<std::string>();
-  }
-  if (auto it = j.find("parameters"); it != j.end()) {
-    if (!it->is_object()) {
-      return Status::InvalidArgument("infer request \"parameters\" is " + Show(*it) +
-                                     "; expected an object");
-    }
-    for (const auto& [k, v] : it->items()) req.parameters[k] = JsonText(v);
-    if (auto b = it->find("binary_data_output"); b != it->end()) {
-      if (!b->is_boolean()) {
-        return Status::InvalidArgument("infer request parameters.binary_data_output is " +
-                                       Show(*b) + "; expected true or false");
+// ---------------------------------------------------------------------------------------------
+// The streaming request reader.
+
+namespace {
+
+// Sizes past which a JSON token costs more than any real request needs: the lexer holds a token
+// whole, so these keep a hostile body from buying memory beyond its length.
+constexpr size_t kMaxJsonString = 64 * 1024;
+constexpr size_t kMaxJsonScalar = 512;
+// Values buffered for a tensor whose "data" comes before its "shape" and "datatype".
+constexpr size_t kMaxBufferedData = size_t{1} << 20;
+// A small sub-value kept whole (request and tensor parameters, a shape, an output): at most this
+// many JSON values and this many bytes of strings and keys.
+constexpr size_t kMaxCapturedEvents = 64 * 1024;
+constexpr size_t kMaxCapturedBytes = 1 << 20;
+// Inputs and requested outputs per request.
+constexpr size_t kMaxTensors = 4096;
+
+// Pulls the JSON part of a body for the parser and refuses, as the bytes go by, nesting deeper than
+// kKServeMaxJsonDepth and strings or scalars longer than the limits above.
+class JsonPartBuf : public std::streambuf {
+ public:
+  JsonPartBuf(const ByteSource& source, std::optional<uint64_t> limit)
+      : source_(source), limit_(limit), buf_(64 * 1024) {}
+
+  // A transport failure or a refusal of the scanner; OK otherwise.
+  const Status& failure() const { return failure_; }
+  uint64_t consumed() const { return consumed_; }
+
+ protected:
+  int_type underflow() override {
+    if (gptr() < egptr()) return traits_type::to_int_type(*gptr());
+    if (!failure_.ok() || ended_) return traits_type::eof();
+    size_t want = buf_.size();
+    if (limit_) {
+      if (consumed_ >= *limit_) {
+        ended_ = true;
+        return traits_type::eof();
       }
-      req.binary_data_output = b->get<bool>();
+      want = static_cast<size_t>(std::min<uint64_t>(want, *limit_ - consumed_));
+    }
+    Result<size_t> n = source_(buf_.data(), want);
+    if (!n.ok()) {
+      failure_ = n.status();
+      return traits_type::eof();
+    }
+    if (*n == 0) {
+      ended_ = true;
+      return traits_type::eof();
+    }
+    if (Status s = Scan(buf_.data(), *n); !s.ok()) {
+      failure_ = s;
+      return traits_type::eof();
+    }
+    consumed_ += *n;
+    setg(buf_.data(), buf_.data(), buf_.data() + *n);
+    return traits_type::to_int_type(*gptr());
+  }
+
+ private:
+  Status Scan(const char* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      const char c = p[i];
+      if (in_string_) {
+        if (escape_) {
+          escape_ = false;
+        } else if (c == '\\') {
+          escape_ = true;
+        } else if (c == '"') {
+          in_string_ = false;
+          continue;
+        }
+        if (++run_ > kMaxJsonString) {
+          return Status::InvalidArgument("infer request: a JSON string is longer than " +
+                                         std::to_string(kMaxJsonString) + " bytes");
+        }
+        continue;
+      }
+      if (c == '"') {
+        in_string_ = true;
+        run_ = 0;
+      } else if (c == '[' || c == '{') {
+        run_ = 0;
+        if (++depth_ > kKServeMaxJsonDepth) {
+          return Status::InvalidArgument("infer request: JSON nested deeper than " +
+                                         std::to_string(kKServeMaxJsonDepth) + " levels");
+        }
+      } else if (c == ']' || c == '}') {
+        run_ = 0;
+        --depth_;
+      } else if (c == ',' || c == ':' || c == ' ' || c == '\t' || c == '\r' || c == '\n') {
+        run_ = 0;
+      } else if (++run_ > kMaxJsonScalar) {
+        return Status::InvalidArgument("infer request: a JSON number or literal is longer than " +
+                                       std::to_string(kMaxJsonScalar) + " bytes");
+      }
+    }
+    return Status::OK();
+  }
+
+  const ByteSource& source_;
+  const std::optional<uint64_t> limit_;
+  std::vector<char> buf_;
+  uint64_t consumed_ = 0;
+  bool ended_ = false;
+  Status failure_;
+  bool in_string_ = false, escape_ = false;
+  int depth_ = 0;
+  size_t run_ = 0;
+};
+
+enum class Ev { kNull, kScalar, kStartObject, kEndObject, kStartArray, kEndArray, kKey };
+
+// What a value is, for messages: the value itself for a scalar.
+std::string Describe(Ev ev, const json& scalar) {
+  if (ev == Ev::kStartObject) return "an object";
+  if (ev == Ev::kStartArray) return "an array";
+  return Show(scalar);
+}
+
+// A tensor object of "inputs" as it is being read.
+struct PendingInput {
+  size_t index = 0;
+  std::string name;
+  std::optional<DType> dtype;
+  std::optional<Shape> shape;
+  int64_t numel = 0;
+  std::set<std::string> keys;
+  const json* binary_size = nullptr;  // points into `params`
+  json params;
+  bool has_params = false;
+  bool has_data = false;
+  bool data_done = false;
+  Tensor tensor;  // allocated once name, dtype and shape are admitted
+  bool allocated = false;
+  // "data" that came before its shape or datatype, replayed once they are known.
+  std::vector<std::pair<Ev, json>> buffered;
+};
+
+// A binary input, read after the JSON part.
+struct BinaryInput {
+  std::string name;
+  DType dtype;
+  Shape shape;
+  uint64_t size = 0;
+};
+
+// The SAX handler: builds an InferRequest as the JSON goes by, writing each input's elements
+// straight into its tensor, which is allocated only after the name, datatype and shape have been
+// admitted (see InferReadOptions::admit_input).
+class RequestReader {
+ public:
+  using number_integer_t = json::number_integer_t;
+  using number_unsigned_t = json::number_unsigned_t;
+  using number_float_t = json::number_float_t;
+  using string_t = json::string_t;
+  using binary_t = json::binary_t;
+
+  RequestReader(const InferReadOptions& options, uint64_t json_bytes_bound)
+      : options_(options), json_bytes_bound_(json_bytes_bound) {
+    modes_.push_back(Mode::kTop);
+  }
+
+  bool null() { return On(Ev::kNull, json()); }
+  bool boolean(bool v) { return On(Ev::kScalar, json(v)); }
+  bool number_integer(number_integer_t v) { return On(Ev::kScalar, json(v)); }
+  bool number_unsigned(number_unsigned_t v) { return On(Ev::kScalar, json(v)); }
+  bool number_float(number_float_t v, const string_t&) { return On(Ev::kScalar, json(v)); }
+  bool string(string_t& v) { return On(Ev::kScalar, json(v)); }
+  bool binary(binary_t&) { return Fail(Status::InvalidArgument("infer request: binary JSON")); }
+  bool start_object(std::size_t) { return On(Ev::kStartObject, json()); }
+  bool end_object() { return On(Ev::kEndObject, json()); }
+  bool start_array(std::size_t) { return On(Ev::kStartArray, json()); }
+  bool end_array() { return On(Ev::kEndArray, json()); }
+  bool key(string_t& k) {
+    key_ = k;
+    return On(Ev::kKey, json());
+  }
+  bool parse_error(std::size_t, const std::string&, const nlohmann::detail::exception& e) {
+    parse_error_ = std::string("infer request is not valid JSON: ") + e.what();
+    return false;
+  }
+
+  const Status& error() const { return error_; }
+  const std::string& parse_error_text() const { return parse_error_; }
+  bool saw_inputs() const { return saw_inputs_; }
+  InferRequest& request() { return req_; }
+  std::vector<BinaryInput>& binary_inputs() { return binary_; }
+
+ private:
+  enum class Mode { kTop, kRoot, kInputs, kTensor, kData, kOutputs, kCapture, kSkip, kDone };
+
+  bool Fail(Status s) {
+    if (error_.ok()) error_ = std::move(s);
+    return false;
+  }
+  bool Bad(const std::string& message) { return Fail(Status::InvalidArgument(message)); }
+
+  bool On(Ev ev, json v) {
+    switch (modes_.back()) {
+      case Mode::kTop:
+        if (ev != Ev::kStartObject) {
+          return Bad("infer request is " + Describe(ev, v) + "; expected a JSON object");
+        }
+        modes_.back() = Mode::kDone;
+        modes_.push_back(Mode::kRoot);
+        return true;
+      case Mode::kRoot:
+        return OnRoot(ev, std::move(v));
+      case Mode::kInputs:
+        if (ev == Ev::kEndArray) {
+          modes_.pop_back();
+          return true;
+        }
+        if (ev != Ev::kStartObject) {
+          return Bad("inputs[" + std::to_string(input_count_) + "] is " + Describe(ev, v) +
+                     "; expected an object");
+        }
+        if (input_count_ >= kMaxTensors) {
+          return Bad("infer request has more than " + std::to_string(kMaxTensors) + " inputs");
+        }
+        cur_ = PendingInput();
+        cur_.index = input_count_++;
+        modes_.push_back(Mode::kTensor);
+        return true;
+      case Mode::kTensor:
+        return OnTensor(ev, std::move(v));
+      case Mode::kData:
+        return OnData(ev, std::move(v), /*replay=*/false);
+      case Mode::kOutputs:
+        if (ev == Ev::kEndArray) {
+          modes_.pop_back();
+          return true;
+        }
+        return Capture(ev, std::move(v), [this](json o) { return OnOutput(std::move(o)); });
+      case Mode::kCapture:
+        return OnCapture(ev, std::move(v));
+      case Mode::kSkip:
+        if (ev == Ev::kStartObject || ev == Ev::kStartArray) ++skip_depth_;
+        if (ev == Ev::kEndObject || ev == Ev::kEndArray) --skip_depth_;
+        if (skip_depth_ == 0) modes_.pop_back();
+        return true;
+      case Mode::kDone:
+        return Bad("infer request: text after the JSON object");
+    }
+    return false;
+  }
+
+  // Skips a value the protocol does not define (ignored, as the spec allows extensions).
+  bool Skip(Ev ev) {
+    if (ev == Ev::kStartObject || ev == Ev::kStartArray) {
+      skip_depth_ = 1;
+      modes_.push_back(Mode::kSkip);
+    }
+    return true;
+  }
+
+  // Keeps a small value whole, then hands it to `done`.
+  bool Capture(Ev ev, json v, std::function<bool(json)> done) {
+    captured_ = json();
+    dom_ = std::make_unique<nlohmann::detail::json_sax_dom_parser<json>>(captured_, false);
+    capture_done_ = std::move(done);
+    capture_depth_ = 0;
+    capture_events_ = 0;
+    capture_bytes_ = 0;
+    modes_.push_back(Mode::kCapture);
+    return OnCapture(ev, std::move(v));
+  }
+
+  bool OnCapture(Ev ev, json v) {
+    if (++capture_events_ > kMaxCapturedEvents) {
+      return Bad("infer request: a parameters, shape or outputs value holds more than " +
+                 std::to_string(kMaxCapturedEvents) + " JSON values");
+    }
+    if (ev == Ev::kKey) capture_bytes_ += key_.size();
+    if (ev == Ev::kScalar && v.is_string())
+      capture_bytes_ += v.get_ref<const std::string&>().size();
+    if (capture_bytes_ > kMaxCapturedBytes) {
+      return Bad("infer request: a parameters, shape or outputs value holds more than " +
+                 std::to_string(kMaxCapturedBytes) + " bytes of text");
+    }
+    bool ok = true;
+    switch (ev) {
+      case Ev::kNull:
+        ok = dom_->null();
+        break;
+      case Ev::kScalar:
+        if (v.is_boolean())
+          ok = dom_->boolean(v.get<bool>());
+        else if (v.is_number_unsigned())
+          ok = dom_->number_unsigned(v.get<uint64_t>());
+        else if (v.is_number_integer())
+          ok = dom_->number_integer(v.get<int64_t>());
+        else if (v.is_number_float())
+          ok = dom_->number_float(v.get<double>(), "");
+        else {
+          std::string s = v.get<std::string>();
+          ok = dom_->string(s);
+        }
+        break;
+      case Ev::kStartObject:
+        ++capture_depth_;
+        ok = dom_->start_object(static_cast<size_t>(-1));
+        break;
+      case Ev::kEndObject:
+        --capture_depth_;
+        ok = dom_->end_object();
+        break;
+      case Ev::kStartArray:
+        ++capture_depth_;
+        ok = dom_->start_array(static_cast<size_t>(-1));
+        break;
+      case Ev::kEndArray:
+        --capture_depth_;
+        ok = dom_->end_array();
+        break;
+      case Ev::kKey: {
+        std::string k = key_;
+        ok = dom_->key(k);
+        break;
+      }
+    }
+    if (!ok) return Bad("infer request: a value could not be kept");
+    if (capture_depth_ > 0) return true;
+    modes_.pop_back();
+    dom_.reset();
+    auto done = std::move(capture_done_);
+    return done(std::move(captured_));
+  }
+
+  bool OnRoot(Ev ev, json v) {
+    if (ev == Ev::kKey) {
+      root_key_ = key_;
+      if ((root_key_ == "id" || root_key_ == "parameters" || root_key_ == "inputs" ||
+           root_key_ == "outputs") &&
+          !root_keys_.insert(root_key_).second) {
+        return Bad("infer request has \"" + root_key_ + "\" more than once");
+      }
+      return true;
+    }
+    if (ev == Ev::kEndObject) {
+      modes_.pop_back();
+      return true;
+    }
+    if (root_key_ == "id") {
+      if (ev != Ev::kScalar || !v.is_string()) {
+        return Bad("infer request \"id\" is " + Describe(ev, v) + "; expected a string");
+      }
+      req_.id = v.get<std::string>();
+      return true;
+    }
+    if (root_key_ == "parameters") {
+      if (ev != Ev::kStartObject) {
+        return Bad("infer request \"parameters\" is " + Describe(ev, v) + "; expected an object");
+      }
+      return Capture(ev, std::move(v), [this](json p) {
+        for (const auto& [k, val] : p.items()) req_.parameters[k] = JsonText(val);
+        if (auto b = p.find("binary_data_output"); b != p.end()) {
+          if (!b->is_boolean()) {
+            return Bad("infer request parameters.binary_data_output is " + Show(*b) +
+                       "; expected true or false");
+          }
+          req_.binary_data_output = b->get<bool>();
+        }
+        return true;
+      });
+    }
+    if (root_key_ == "inputs") {
+      if (ev != Ev::kStartArray) return Bad("infer request has no \"inputs\" array");
+      saw_inputs_ = true;
+      modes_.push_back(Mode::kInputs);
+      return true;
+    }
+    if (root_key_ == "outputs") {
+      if (ev != Ev::kStartArray) {
+        return Bad("infer request \"outputs\" is " + Describe(ev, v) + "; expected an array");
+      }
+      modes_.push_back(Mode::kOutputs);
+      return true;
+    }
+    return Skip(ev);
+  }
+
+  std::string At() const { return "inputs[" + std::to_string(cur_.index) + "]"; }
+  std::string What() const { return cur_.name.empty() ? At() : "input " + Quote(cur_.name); }
+
+  bool OnTensor(Ev ev, json v) {
+    if (ev == Ev::kKey) {
+      tensor_key_ = key_;
+      // Only the protocol's keys are remembered: an object of a million other keys costs nothing.
+      const bool known = tensor_key_ == "name" || tensor_key_ == "datatype" ||
+                         tensor_key_ == "shape" || tensor_key_ == "parameters" ||
+                         tensor_key_ == "data";
+      if (known && !cur_.keys.insert(tensor_key_).second) {
+        return Bad(What() + " has \"" + tensor_key_ + "\" more than once");
+      }
+      return true;
+    }
+    if (ev == Ev::kEndObject) {
+      modes_.pop_back();
+      return FinishInput();
+    }
+    const std::string& k = tensor_key_;
+    if (k == "name") {
+      if (ev != Ev::kScalar || !v.is_string() || v.get<std::string>().empty()) {
+        return Bad(At() + " has no \"name\" (a non-empty string)");
+      }
+      cur_.name = v.get<std::string>();
+      return true;
+    }
+    if (k == "datatype") {
+      if (ev != Ev::kScalar || !v.is_string()) {
+        return Bad(What() + " has no \"datatype\" (a string such as \"FP32\")");
+      }
+      auto dt = DTypeFromKServe(v.get<std::string>());
+      if (!dt.ok()) return Fail(dt.status().WithContext(What()));
+      cur_.dtype = *dt;
+      return true;
+    }
+    if (k == "shape") {
+      if (ev != Ev::kStartArray) return Bad(What() + " has no \"shape\" (an array of dims)");
+      return Capture(ev, std::move(v), [this](json s) { return OnShape(s); });
+    }
+    if (k == "parameters") {
+      if (ev != Ev::kStartObject) {
+        return Bad(What() + ": \"parameters\" is " + Describe(ev, v) + "; expected an object");
+      }
+      return Capture(ev, std::move(v), [this](json p) {
+        cur_.params = std::move(p);
+        cur_.has_params = true;
+        auto b = cur_.params.find("binary_data_size");
+        cur_.binary_size = b == cur_.params.end() ? nullptr : &*b;
+        return true;
+      });
+    }
+    if (k == "data") {
+      if (ev != Ev::kStartArray) {
+        return Bad(What() + ": \"data\" is " + Describe(ev, v) + "; expected an array");
+      }
+      cur_.has_data = true;
+      if (cur_.binary_size != nullptr) {
+        return Bad(What() + " has both \"data\" and binary_data_size");
+      }
+      if (!cur_.name.empty() && cur_.dtype && cur_.shape) {
+        if (!Allocate()) return false;
+      }
+      data_depth_ = 0;
+      modes_.push_back(Mode::kData);
+      return OnData(ev, std::move(v), false);
+    }
+    return Skip(ev);
+  }
+
+  bool OnShape(const json& s) {
+    if (s.size() > static_cast<size_t>(kKServeMaxRank)) {
+      return Bad(What() + " has rank " + std::to_string(s.size()) + "; at most " +
+                 std::to_string(kKServeMaxRank) + " dims are accepted");
+    }
+    Shape shape;
+    int64_t numel = 1;
+    for (size_t d = 0; d < s.size(); ++d) {
+      uint64_t dim = 0;
+      if (!AsCount(s[d], &dim) || dim > static_cast<uint64_t>(kKServeMaxElements)) {
+        return Bad(What() + ": shape[" + std::to_string(d) + "] is " + Show(s[d]) +
+                   "; expected an integer dim >= 0");
+      }
+      shape.push_back(static_cast<int64_t>(dim));
+      if (dim != 0 && numel > kKServeMaxElements / static_cast<int64_t>(dim)) {
+        return Bad(What() + ": shape " + Show(s) + " has more than " +
+                   std::to_string(kKServeMaxElements) + " elements");
+      }
+      numel *= static_cast<int64_t>(dim);
+    }
+    cur_.shape = std::move(shape);
+    cur_.numel = numel;
+    return true;
+  }
+
+  // Admits and allocates the current input's tensor (name, dtype and shape known).
+  bool Allocate() {
+    if (req_.inputs.count(cur_.name)) {
+      return Bad("input " + Quote(cur_.name) + " appears more than once in the request");
+    }
+    if (!cur_.binary_size) {
+      // Every JSON element takes at least one byte, so a shape needing more elements than the
+      // JSON has bytes cannot be satisfied: refuse before allocating for it.
+      if (static_cast<uint64_t>(cur_.numel) > json_bytes_bound_) {
+        return Bad(What() + ": shape " + ShapeToString(*cur_.shape) + " needs " +
+                   std::to_string(cur_.numel) + " data elements; the request holds fewer");
+      }
+    }
+    if (options_.admit_input) {
+      if (Status s = options_.admit_input(cur_.name, *cur_.dtype, *cur_.shape); !s.ok()) {
+        return Fail(std::move(s));
+      }
+    }
+    auto t = Tensor::Empty(*cur_.dtype, *cur_.shape);
+    if (!t.ok()) return Fail(t.status().WithContext(What()));
+    cur_.tensor = std::move(t).value();
+    cur_.allocated = true;
+    next_ = 0;
+    flat_count_ = 0;
+    decided_ = false;
+    nested_ = false;
+    counts_.clear();
+    path_.clear();
+    return true;
+  }
+
+  std::string Where() const {
+    std::string w = What() + " data";
+    for (size_t i : path_) w += "[" + std::to_string(i) + "]";
+    return w;
+  }
+
+  // The events of "data": straight into the tensor when it is allocated, else kept for replay.
+  bool OnData(Ev ev, json v, bool replay) {
+    if (!cur_.allocated) {
+      if (cur_.buffered.size() >= kMaxBufferedData) {
+        return Bad(What() +
+                   ": \"data\" comes before its \"shape\" and \"datatype\" and holds "
+                   "more than " +
+                   std::to_string(kMaxBufferedData) + " values; send shape and datatype first");
+      }
+      cur_.buffered.emplace_back(ev, std::move(v));
+      if (ev == Ev::kStartArray || ev == Ev::kStartObject) ++data_depth_;
+      if (ev == Ev::kEndArray || ev == Ev::kEndObject) --data_depth_;
+      if (data_depth_ == 0) {
+        cur_.data_done = true;
+        if (!replay) modes_.pop_back();
+      }
+      return true;
+    }
+    const Shape& shape = *cur_.shape;
+    const size_t rank = shape.size();
+    if (ev == Ev::kStartObject || ev == Ev::kKey || ev == Ev::kEndObject) {
+      return Bad(Where() + (path_.empty() && counts_.empty() ? "" : "") + " holds an object; " +
+                 KServeDatatype(*cur_.dtype) + " data are numbers or arrays");
+    }
+    if (ev == Ev::kStartArray) {
+      if (counts_.empty()) {  // the data array itself
+        counts_.push_back(0);
+        return true;
+      }
+      const size_t depth = counts_.size();  // the array this child belongs to
+      if (!decided_) {
+        decided_ = true;
+        nested_ = rank > 0;
+      }
+      if (!nested_) {
+        return Bad(What() + " data[" + std::to_string(flat_count_) + "] is an array; " +
+                   KServeDatatype(*cur_.dtype) + " expects a value here (flat data)");
+      }
+      if (depth > rank - 1) {
+        path_.push_back(counts_.back());
+        return Bad(Where() + " is an array, nested deeper than the shape " + ShapeToString(shape));
+      }
+      if (counts_.back() >= shape[depth - 1]) {
+        return Bad(Where() + " has more than " + std::to_string(shape[depth - 1]) +
+                   " elements; the shape " + ShapeToString(shape) + " expects " +
+                   std::to_string(shape[depth - 1]) + " at dim " + std::to_string(depth - 1));
+      }
+      path_.push_back(counts_.back());
+      ++counts_.back();
+      counts_.push_back(0);
+      return true;
+    }
+    if (ev == Ev::kEndArray) {
+      const size_t depth = counts_.size();
+      if (depth == 1) {  // the end of "data"
+        if (nested_) {
+          if (rank > 0 && counts_[0] != shape[0]) {
+            return Bad(Where() + " has " + std::to_string(counts_[0]) + " elements; the shape " +
+                       ShapeToString(shape) + " expects " + std::to_string(shape[0]) + " at dim 0");
+          }
+        } else if (flat_count_ != cur_.numel) {
+          return Bad(What() + " has " + std::to_string(flat_count_) + " data elements; shape " +
+                     ShapeToString(shape) + " needs " + std::to_string(cur_.numel));
+        }
+        counts_.clear();
+        cur_.data_done = true;
+        if (!replay) modes_.pop_back();
+        return true;
+      }
+      if (counts_.back() != shape[depth - 1]) {
+        return Bad(Where() + " has " + std::to_string(counts_.back()) + " elements; the shape " +
+                   ShapeToString(shape) + " expects " + std::to_string(shape[depth - 1]) +
+                   " at dim " + std::to_string(depth - 1));
+      }
+      counts_.pop_back();
+      path_.pop_back();
+      return true;
+    }
+    // A scalar (or null).
+    const size_t depth = counts_.size();
+    if (!decided_) {
+      decided_ = true;
+      nested_ = false;
+    }
+    if (!nested_) {
+      const int64_t i = flat_count_++;
+      if (i < cur_.numel) {
+        Status s = StoreElementAt(v, cur_.tensor, i,
+                                  [&] { return What() + " data[" + std::to_string(i) + "]"; });
+        if (!s.ok()) return Fail(std::move(s));
+      }
+      return true;
+    }
+    if (depth < rank) {
+      path_.push_back(counts_.back());
+      return Bad(Where() + " is " + Show(v) + "; the shape " + ShapeToString(shape) +
+                 " expects an array of " + std::to_string(shape[depth]) + " here");
+    }
+    if (counts_.back() >= shape[depth - 1]) {
+      return Bad(Where() + " has more than " + std::to_string(shape[depth - 1]) +
+                 " elements; the shape " + ShapeToString(shape) + " expects " +
+                 std::to_string(shape[depth - 1]) + " at dim " + std::to_string(depth - 1));
+    }
+    const int64_t index = counts_.back()++;
+    Status s = StoreElementAt(v, cur_.tensor, next_, [&] {
+      std::string w = Where();
+      return w + "[" + std::to_string(index) + "]";
+    });
+    if (!s.ok()) return Fail(std::move(s));
+    ++next_;
+    return true;
+  }
+
+  bool FinishInput() {
+    if (cur_.name.empty()) return Bad(At() + " has no \"name\" (a non-empty string)");
+    if (!cur_.dtype) return Bad(What() + " has no \"datatype\" (a string such as \"FP32\")");
+    if (!cur_.shape) return Bad(What() + " has no \"shape\" (an array of dims)");
+    if (cur_.binary_size != nullptr) {
+      if (cur_.has_data) return Bad(What() + " has both \"data\" and binary_data_size");
+      if (!options_.json_length) {
+        return Bad(What() + " has parameters.binary_data_size but the request has no " +
+                   std::string(kInferenceHeaderContentLength) + " header");
+      }
+      uint64_t size = 0;
+      if (!AsCount(*cur_.binary_size, &size)) {
+        return Bad(What() + ": binary_data_size is " + Show(*cur_.binary_size) +
+                   "; expected a byte count >= 0");
+      }
+      const uint64_t want = static_cast<uint64_t>(cur_.numel) * DTypeSize(*cur_.dtype);
+      if (size != want) {
+        return Bad(What() + ": binary_data_size is " + std::to_string(size) + "; " +
+                   KServeDatatype(*cur_.dtype) + ShapeToString(*cur_.shape) + " takes " +
+                   std::to_string(want) + " bytes");
+      }
+      for (const BinaryInput& b : binary_) {
+        if (b.name == cur_.name || req_.inputs.count(cur_.name)) {
+          return Bad("input " + Quote(cur_.name) + " appears more than once in the request");
+        }
+      }
+      if (req_.inputs.count(cur_.name)) {
+        return Bad("input " + Quote(cur_.name) + " appears more than once in the request");
+      }
+      binary_.push_back(BinaryInput{cur_.name, *cur_.dtype, *cur_.shape, size});
+      req_.input_order.push_back(cur_.name);
+      return true;
+    }
+    if (!cur_.has_data) return Bad(What() + " has neither \"data\" nor binary_data_size");
+    for (const BinaryInput& b : binary_) {
+      if (b.name == cur_.name) {
+        return Bad("input " + Quote(cur_.name) + " appears more than once in the request");
+      }
+    }
+    if (!cur_.allocated) {
+      if (!Allocate()) return false;
+      auto events = std::move(cur_.buffered);
+      for (auto& [ev, v] : events) {
+        if (!OnData(ev, std::move(v), /*replay=*/true)) return false;
+      }
+    }
+    req_.input_order.push_back(cur_.name);
+    req_.inputs.emplace(cur_.name, std::move(cur_.tensor));
+    return true;
+  }
+
+  bool OnOutput(json o) {
+    const size_t i = output_count_++;
+    if (i >= kMaxTensors) {
+      return Bad("infer request asks for more than " + std::to_string(kMaxTensors) + " outputs");
+    }
+    auto n = o.is_object() ? o.find("name") : o.end();
+    if (!o.is_object() || n == o.end() || !n->is_string()) {
+      return Bad("outputs[" + std::to_string(i) + "] is " + Show(o) +
+                 "; expected {\"name\": string}");
+    }
+    const std::string name = n->get<std::string>();
+    if (std::find(req_.requested_outputs.begin(), req_.requested_outputs.end(), name) !=
+        req_.requested_outputs.end()) {
+      return Bad("output " + Quote(name) + " is requested more than once");
+    }
+    req_.requested_outputs.push_back(name);
+    if (auto p = o.find("parameters"); p != o.end()) {
+      if (!p->is_object()) {
+        return Bad("output " + Quote(name) + ": \"parameters\" is " + Show(*p) +
+                   "; expected an object");
+      }
+      if (auto b = p->find("binary_data"); b != p->end()) {
+        if (!b->is_boolean()) {
+          return Bad("output " + Quote(name) + ": binary_data is " + Show(*b) +
+                     "; expected true or false");
+        }
+        if (b->get<bool>()) req_.binary_outputs.insert(name);
+      }
+    }
+    return true;
+  }
+
+  const InferReadOptions& options_;
+  const uint64_t json_bytes_bound_;
+  std::vector<Mode> modes_;
+  std::string key_, root_key_, tensor_key_;
+  std::set<std::string> root_keys_;
+  Status error_;
+  std::string parse_error_;
+  bool saw_inputs_ = false;
+  InferRequest req_;
+  std::vector<BinaryInput> binary_;
+  size_t input_count_ = 0, output_count_ = 0;
+  PendingInput cur_;
+  // "data" of the current input.
+  int data_depth_ = 0;           // while buffering
+  std::vector<int64_t> counts_;  // children seen per open array, the data array first
+  std::vector<int64_t> path_;    // index of each open nested array, for messages
+  int64_t next_ = 0, flat_count_ = 0;
+  bool decided_ = false, nested_ = false;
+  // Capture of a small value.
+  json captured_;
+  std::unique_ptr<nlohmann::detail::json_sax_dom_parser<json>> dom_;
+  std::function<bool(json)> capture_done_;
+  int capture_depth_ = 0;
+  size_t capture_events_ = 0;
+  size_t capture_bytes_ = 0;
+  int skip_depth_ = 0;
+};
+
+// Reads exactly `n` bytes into `out`; false at an early end.
+Result<bool> ReadExactly(const ByteSource& source, char* out, uint64_t n) {
+  uint64_t got = 0;
+  while (got < n) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(n - got, 1 << 20));
+    KILN_ASSIGN_OR_RETURN(size_t k, source(out + got, want));
+    if (k == 0) return false;
+    got += k;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<InferRequest> ReadInferRequest(const ByteSource& body, const InferReadOptions& options) {
+  if (options.json_length && options.body_size && *options.json_length > *options.body_size) {
+    return Status::InvalidArgument(
+        std::string(kInferenceHeaderContentLength) + " is " + std::to_string(*options.json_length) +
+        " but the body has only " + std::to_string(*options.body_size) + " bytes");
+  }
+  const uint64_t json_bound = options.json_length
+                                  ? *options.json_length
+                                  : options.body_size.value_or(options.max_body_bytes);
+  JsonPartBuf buf(
+      body, options.json_length ? std::optional<uint64_t>(*options.json_length) : std::nullopt);
+  std::istream in(&buf);
+  RequestReader reader(options, json_bound);
+  bool parsed = false;
+  try {
+    parsed = json::sax_parse(in, &reader);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(std::string("infer request is not valid JSON: ") + e.what());
+  }
+  if (!buf.failure().ok()) return buf.failure();
+  if (!reader.error().ok()) return reader.error();
+  if (!parsed) {
+    return Status::InvalidArgument(reader.parse_error_text().empty()
+                                       ? std::string("infer request is not valid JSON")
+                                       : reader.parse_error_text());
+  }
+  if (!reader.saw_inputs()) return Status::InvalidArgument("infer request has no \"inputs\" array");
+  InferRequest& req = reader.request();
+  if (!options.json_length) return std::move(req);
+  if (buf.consumed() != *options.json_length) {
+    return Status::InvalidArgument(
+        std::string(kInferenceHeaderContentLength) + " is " + std::to_string(*options.json_length) +
+        " but the body ended after " + std::to_string(buf.consumed()) + " bytes");
+  }
+
+  // The binary part: each binary input's bytes in input order, nothing left over.
+  uint64_t declared = 0;
+  for (const BinaryInput& b : reader.binary_inputs()) declared += b.size;
+  std::optional<uint64_t> binary_total;
+  if (options.body_size) binary_total = *options.body_size - *options.json_length;
+  uint64_t offset = 0;
+  for (const BinaryInput& b : reader.binary_inputs()) {
+    const std::string what = "input " + Quote(b.name);
+    const uint64_t left =
+        binary_total ? *binary_total - offset
+                     : options.max_body_bytes - std::min<uint64_t>(options.max_body_bytes,
+                                                                   *options.json_length + offset);
+    if (b.size > left) {
+      return Status::InvalidArgument(what + ": binary_data_size is " + std::to_string(b.size) +
+                                     " but only " + std::to_string(left) +
+                                     " bytes of binary data remain (truncated body?)");
+    }
+    if (options.admit_input) KILN_RETURN_IF_ERROR(options.admit_input(b.name, b.dtype, b.shape));
+    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(b.dtype, b.shape));
+    KILN_ASSIGN_OR_RETURN(bool whole, ReadExactly(body, static_cast<char*>(t.raw_data()), b.size));
+    if (!whole) {
+      return Status::InvalidArgument(what + ": binary_data_size is " + std::to_string(b.size) +
+                                     " but the body ended first (truncated body?)");
+    }
+    offset += b.size;
+    if (b.dtype == DType::kBool) {
+      const uint8_t* p = t.data<uint8_t>();
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        if (p[i] > 1) {
+          return Status::InvalidArgument(what + ": binary BOOL element " + std::to_string(i) +
+                                         " is byte " + std::to_string(p[i]) + "; expected 0 or 1");
+        }
+      }
+    }
+    req.inputs.emplace(b.name, std::move(t));
+  }
+  uint64_t extra = 0;
+  if (binary_total) {
+    extra = *binary_total - offset;
+  } else {
+    char sink[4096];
+    while (true) {
+      KILN_ASSIGN_OR_RETURN(size_t k, body(sink, sizeof(sink)));
+      if (k == 0) break;
+      extra += k;
     }
   }
-  auto inputs = j.find("inputs");
-  if (inputs == j.end() || !inputs->is_array()) {
-    return Status::InvalidArgument("infer request has no \"inputs\" array");
-  }
-  size_t offset = 0;
-  const std::string_view* binary = parts.second ? &*parts.second : nullptr;
-  for (size_t i = 0; i < inputs->size(); ++i) {
-    KILN_ASSIGN_OR_RETURN(
-        auto named, ParseTensor((*inputs)[i], i, "input", binary, &offset, parts.first.size()));
-    if (req.inputs.count(named.first)) {
-      return Status::InvalidArgument("input " + Quote(named.first) +
-                                     " appears more than once in the request");
-    }
-    req.input_order.push_back(named.first);
-    req.inputs.emplace(std::move(named.first), std::move(named.second));
-  }
-  if (binary != nullptr && offset != binary->size()) {
-    return Status::InvalidArgument(std::to_string(binary->size() - offset) +
+  if (extra != 0) {
+    return Status::InvalidArgument(std::to_string(extra) +
                                    " bytes of binary data follow the last binary input (the "
                                    "inputs' binary_data_size account for " +
-                                   std::to_string(offset) + ")");
+                                   std::to_string(declared) + ")");
   }
-  if (auto outs = j.find("outputs"); outs != j.end()) {
-    if (!outs->is_array()) {
-      return Status::InvalidArgument("infer request \"outputs\" is " + Show(*outs) +
-                                     "; expected an array");
-    }
-    std::set<std::string> seen;
-    for (size_t i = 0; i < outs->size(); ++i) {
-      const json& o = (*outs)[i];
-      auto n = o.is_object() ? o.find("name") : o.end();
-      if (!o.is_object() || n == o.end() || !n->is_string()) {
-        return Status::InvalidArgument("outputs[" + std::to_string(i) + "] is " + Show(o) +
-                                       "; expected {\"name\": string}");
-      }
-      const std::string name = n->get<std::string>();
-      if (!seen.insert(name).second) {
-        return Status::InvalidArgument("output " + Quote(name) + " is requested more than once");
-      }
-      req.requested_outputs.push_back(name);
-      if (auto p = o.find("parameters"); p != o.end()) {
-        if (!p->is_object()) {
-          return Status::InvalidArgument("output " + Quote(name) + ": \"parameters\" is " +
-                                         Show(*p) + "; expected an object");
-        }
-        if (auto b = p->find("binary_data"); b != p->end()) {
-          if (!b->is_boolean()) {
-            return Status::InvalidArgument("output " + Quote(name) + ": binary_data is " +
-                                           Show(*b) + "; expected true or false");
-          }
-          if (b->get<bool>()) req.binary_outputs.insert(name);
-        }
-      }
+  return std::move(req);
+}
+
+Result<InferRequest> ParseInferRequest(std::string_view body, std::optional<size_t> json_length) {
+  size_t at = 0;
+  ByteSource source = [&](char* buf, size_t cap) -> Result<size_t> {
+    const size_t n = std::min(cap, body.size() - at);
+    std::memcpy(buf, body.data() + at, n);
+    at += n;
+    return n;
+  };
+  InferReadOptions options;
+  options.json_length = json_length;
+  options.body_size = body.size();
+  return ReadInferRequest(source, options);
+}
+
+Status CheckInputAgainstGraph(const Graph& graph, const std::string& name, DType dtype,
+                              const Shape& shape) {
+  const ValueInfo* vi = nullptr;
+  std::string declared;
+  for (const ValueInfo& v : graph.inputs) {
+    declared += (declared.empty() ? "" : ", ") + v.name;
+    if (v.name == name) vi = &v;
+  }
+  if (vi == nullptr) {
+    return Status::InvalidArgument("input " + Quote(name) +
+                                   " is not an input of the model (inputs: " + declared + ")");
+  }
+  const std::string decl =
+      std::string(KServeDatatype(vi->dtype)) + (vi->has_shape ? vi->ShapeString() : "[?]");
+  const std::string got = std::string(KServeDatatype(dtype)) + ShapeToString(shape);
+  if (dtype != vi->dtype) {
+    return Status::InvalidArgument("input " + Quote(name) + " is " + got + "; the model declares " +
+                                   decl);
+  }
+  if (!vi->has_shape) return Status::OK();
+  if (shape.size() != vi->dims.size()) {
+    return Status::InvalidArgument("input " + Quote(name) + " is " + got + " (rank " +
+                                   std::to_string(shape.size()) + "); the model declares " + decl +
+                                   " (rank " + std::to_string(vi->dims.size()) + ")");
+  }
+  for (size_t d = 0; d < vi->dims.size(); ++d) {
+    if (vi->dims[d].known() && vi->dims[d].value != shape[d]) {
+      return Status::InvalidArgument("input " + Quote(name) + " is " + got + ": dim " +
+                                     std::to_string(d) + " is " + std::to_string(shape[d]) +
+                                     "; the model declares " + decl);
     }
   }
-  return req;
+  return Status::OK();
 }
 
 Status CheckInputsAgainstGraph(const Graph& graph, const TensorMap& inputs) {
-  std::string declared;
-  for (const ValueInfo& vi : graph.inputs) {
-    declared += (declared.empty() ? "" : ", ") + vi.name;
-  }
   for (const ValueInfo& vi : graph.inputs) {
     auto it = inputs.find(vi.name);
-    const std::string decl =
-        std::string(KServeDatatype(vi.dtype)) + (vi.has_shape ? vi.ShapeString() : "[?]");
     if (it == inputs.end()) {
+      const std::string decl =
+          std::string(KServeDatatype(vi.dtype)) + (vi.has_shape ? vi.ShapeString() : "[?]");
       return Status::InvalidArgument("input " + Quote(vi.name) +
                                      " is missing; the model declares " + vi.name + ": " + decl);
     }
-    const Tensor& t = it->second;
-    const std::string got = std::string(KServeDatatype(t.dtype())) + ShapeToString(t.shape());
-    if (t.dtype() != vi.dtype) {
-      return Status::InvalidArgument("input " + Quote(vi.name) + " is " + got +
-                                     "; the model declares " + decl);
-    }
-    if (!vi.has_shape) continue;
-    if (t.rank() != static_cast<int64_t>(vi.dims.size())) {
-      return Status::InvalidArgument("input " + Quote(vi.name) + " is " + got + " (rank " +
-                                     std::to_string(t.rank()) + "); the model declares " + decl +
-                                     " (rank " + std::to_string(vi.dims.size()) + ")");
-    }
-    for (size_t d = 0; d < vi.dims.size(); ++d) {
-      if (vi.dims[d].known() && vi.dims[d].value != t.shape()[d]) {
-        return Status::InvalidArgument("input " + Quote(vi.name) + " is " + got + ": dim " +
-                                       std::to_string(d) + " is " + std::to_string(t.shape()[d]) +
-                                       "; the model declares " + decl);
-      }
-    }
+    KILN_RETURN_IF_ERROR(
+        CheckInputAgainstGraph(graph, vi.name, it->second.dtype(), it->second.shape()));
   }
   for (const auto& [name, t] : inputs) {
-    bool known = false;
-    for (const ValueInfo& vi : graph.inputs) known = known || vi.name == name;
-    if (!known) {
-      return Status::InvalidArgument("input " + Quote(name) +
-                                     " is not an input of the model (inputs: " + declared + ")");
-    }
+    KILN_RETURN_IF_ERROR(CheckInputAgainstGraph(graph, name, t.dtype(), t.shape()));
   }
   return Status::OK();
 }

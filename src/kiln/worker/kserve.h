@@ -11,10 +11,21 @@
 // numel * element size) and its bytes follow the JSON in input order, little-endian, with nothing
 // left over. Every refusal is InvalidArgument whose message names the input, the value and what
 // was expected; the parser never throws and never reads outside the body.
+//
+// Requests are read as a stream (ReadInferRequest): the JSON goes through a SAX parser that
+// writes each element straight into its input's tensor, and a tensor is allocated only after its
+// name, datatype and shape are known and admitted (the front end checks them against the model's
+// declared inputs). So a request costs the bytes of the tensors it declares, not a document tree
+// of its body (a 95 MB JSON body once took 2 GB as a tree). Tokens that would cost more than their
+// bytes are refused as they arrive: nesting deeper than kKServeMaxJsonDepth, a string over 64 KiB,
+// a number over 512 characters, more than 4096 inputs or requested outputs, a parameters object
+// over 1 MiB of text. JSON object keys may come in any order; "data" that comes before its
+// input's "shape" and "datatype" is held as parsed values, at most 2^20 of them.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -55,9 +66,27 @@ struct InferRequest {
   std::map<std::string, std::string> parameters;
 };
 
-// Parses an infer request. `json_length` is the Inference-Header-Content-Length header's value
-// when the request carried one (binary extension): the first json_length bytes are JSON, the rest
-// are binary tensor data. Without it the whole body is JSON and no input may be binary.
+// A pull source of body bytes: fills up to `cap` bytes of `buf` and returns how many, 0 at the
+// end. Its failures (a client that stopped sending) are returned by ReadInferRequest as they are.
+using ByteSource = std::function<Result<size_t>(char* buf, size_t cap)>;
+
+struct InferReadOptions {
+  // The Inference-Header-Content-Length value (binary extension): the first json_length bytes are
+  // JSON, the rest binary tensor data. nullopt: the whole body is JSON and no input is binary.
+  std::optional<size_t> json_length;
+  // The body's length when the transport said (Content-Length); bounds what a shape may ask for
+  // before anything is allocated. Without it, `max_body_bytes` does.
+  std::optional<uint64_t> body_size;
+  uint64_t max_body_bytes = uint64_t{1} << 30;
+  // Called once per input when its name, datatype and shape are known, before its tensor is
+  // allocated; a refusal ends the read with that Status.
+  std::function<Status(const std::string& name, DType dtype, const Shape& shape)> admit_input;
+};
+
+// Reads an infer request from `body` (see the header comment).
+Result<InferRequest> ReadInferRequest(const ByteSource& body, const InferReadOptions& options);
+
+// Parses an infer request held in memory: ReadInferRequest over `body`.
 Result<InferRequest> ParseInferRequest(std::string_view body, std::optional<size_t> json_length);
 
 // Parses the Inference-Header-Content-Length header value (decimal, no sign, <= body_size).
@@ -67,6 +96,11 @@ Result<size_t> ParseInferenceHeaderLength(const std::string& value, size_t body_
 // other name, dtype exact, rank exact, every known dim equal. InvalidArgument names the input,
 // what came and what the model declares.
 Status CheckInputsAgainstGraph(const Graph& graph, const TensorMap& inputs);
+
+// The same check for one input, before its tensor exists: a declared name, its dtype, rank and
+// known dims.
+Status CheckInputAgainstGraph(const Graph& graph, const std::string& name, DType dtype,
+                              const Shape& shape);
 
 // What the serving wrapper said about one request, for the response's `parameters`.
 struct InferOutcome {

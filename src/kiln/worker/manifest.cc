@@ -201,6 +201,15 @@ class Parser {
     return std::optional<std::string>(std::move(s));
   }
 
+  // A boolean; `fallback` when absent.
+  Result<bool> BoolField(const toml::table& t, const std::string& path, std::string_view key,
+                         bool fallback) const {
+    const toml::node* n = t.get(key);
+    if (n == nullptr) return fallback;
+    if (!n->is_boolean()) return WrongType(*n, Join(path, key), "true or false");
+    return n->as_boolean()->get();
+  }
+
   Result<std::string> ReqString(const toml::table& t, const std::string& path, std::string_view key,
                                 std::string_view expect) const {
     KILN_ASSIGN_OR_RETURN(std::optional<std::string> s, OptString(t, path, key, expect));
@@ -302,10 +311,10 @@ Result<std::optional<HubSpec>> Parser::ParseHub(const toml::table& root) const {
   KILN_ASSIGN_OR_RETURN(const toml::table* t, OptTable(root, "", "hub", "a table ([hub])"));
   if (t == nullptr) return std::optional<HubSpec>();
   const std::string p = "hub";
-  KILN_RETURN_IF_ERROR(
-      CheckKeys(*t, p,
-                {"url", "token", "token_env", "trust", "timeout_ms", "revocation_poll_s",
-                 "revocation_max_age_s", "revocations_stale", "adopt_retry_max_s"}));
+  KILN_RETURN_IF_ERROR(CheckKeys(
+      *t, p,
+      {"url", "token", "token_env", "trust", "timeout_ms", "ca", "insecure_http",
+       "revocation_poll_s", "revocation_max_age_s", "revocations_stale", "adopt_retry_max_s"}));
   HubSpec h;
   constexpr std::string_view kUrl = "an http:// or https:// URL";
   KILN_ASSIGN_OR_RETURN(h.url, ReqString(*t, p, "url", kUrl));
@@ -338,6 +347,16 @@ Result<std::optional<HubSpec>> Parser::ParseHub(const toml::table& root) const {
   KILN_ASSIGN_OR_RETURN(h.timeout_ms, IntField(*t, p, "timeout_ms", h.timeout_ms, 1, 3600000,
                                                "an integer in 1..3600000 (milliseconds)"));
   KILN_RETURN_IF_ERROR(ParseTrustKnobs(*t, p, &h));
+  KILN_ASSIGN_OR_RETURN(std::optional<std::string> ca,
+                        OptString(*t, p, "ca", "a path to a PEM file of CA certificates"));
+  if (ca) {
+    if (h.url.rfind("https://", 0) != 0) {
+      return Error(t->get("ca"), "hub.ca is set but hub.url " + Quote(h.url) +
+                                     " is not https://, expected an https:// URL with a CA file");
+    }
+    h.ca = Resolve(*ca);
+  }
+  KILN_ASSIGN_OR_RETURN(h.insecure_http, BoolField(*t, p, "insecure_http", false));
   return std::optional<HubSpec>(std::move(h));
 }
 

@@ -61,6 +61,9 @@ struct HubSpec {
   std::string revocations_stale = "keep";  // "keep" | "eager" when the list goes stale
   int adopt_retry_max_s = 30;  // the longest wait between boot-adoption retries after the
                                // hub could not be reached
+  std::string ca;              // PEM CA file for an https:// hub with a private CA, resolved
+                               // against the manifest's directory; "" = the system's CAs
+  bool insecure_http = false;  // allow http:// to a host that is not loopback
 };
 
 // `targets.<name>.numerics`: the mint-time numerics gate (docs/design.md §8). 0 < floor <= warn
