@@ -169,7 +169,6 @@ remints = 0
   ::unsetenv("KILN_MANIFEST_TEST_TOKEN");
 }
 
-<<<<<<< HEAD
 // Samples map every input to a .npy file, resolved against the manifest's directory like every
 // path; several samples keep their order.
 TEST(ManifestTest, SamplesResolveAndKeepTheirOrder) {
@@ -186,7 +185,8 @@ TEST(ManifestTest, SamplesResolveAndKeepTheirOrder) {
   Result<Manifest> none = Parse(kMinimal);
   ASSERT_TRUE(none.ok());
   EXPECT_TRUE(none->targets[0].samples.empty());
-=======
+}
+
 TEST(ManifestTest, HubCaAndInsecureHttp) {
   Result<Manifest> m = Parse(std::string(kMinimal) +
                              "[hub]\nurl = \"https://hub.internal:8443\"\nca = \"certs/ca.pem\"\n");
@@ -207,7 +207,6 @@ TEST(ManifestTest, HubCaAndInsecureHttp) {
   ASSERT_FALSE(not_bool.ok());
   EXPECT_NE(not_bool.status().message().find("hub.insecure_http"), std::string::npos)
       << not_bool.status().message();
->>>>>>> net
 }
 
 TEST(ManifestTest, MandatoryTargetWithoutExportStillParses) {
