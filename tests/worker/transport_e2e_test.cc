@@ -276,7 +276,7 @@ TEST_F(TransportTest, SlowlorisAndIdleClientsLeaveTheHubFast) {
   ASSERT_TRUE(hub.Start());
   const std::string key = "ck1-" + std::string(56, 'b');
   const std::string resolve = "GET /v1/cells/" + key +
-                              " HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " +
+                              "?family=root/mlp HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " +
                               std::string(hub_testing::kWorker) + "\r\n\r\n";
   RawConn good(hub.port());
   auto probe = [&] {
@@ -356,7 +356,8 @@ TEST_F(TransportTest, FiveHundredConcurrentClientsAreAllAnsweredAndNoneReset) {
   ASSERT_TRUE(StartOnCache(*w));
   const std::string key = "ck1-" + std::string(56, 'c');
   Burst h = FireAtOnce(hub.port(), 500,
-                       "GET /v1/cells/" + key + " HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " +
+                       "GET /v1/cells/" + key +
+                           "?family=root/mlp HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer " +
                            std::string(hub_testing::kWorker) + "\r\n\r\n",
                        60000);
   Burst k = FireAtOnce(w->port(), 500, Post("/v2/models/mlp/infer", MlpBody()), 60000);
@@ -409,13 +410,13 @@ TEST_F(TransportTest, TlsEndToEndWithATestCaAndACertificateReloadedWithoutRestar
   // Publish and resolve over HTTPS with the private CA.
   std::string ref;
   ASSERT_TRUE(hub.MintAndPublish(cache_, "mlp", &ref));
-  auto resolved = Kiln(cache_, "resolve " + KeyOf(ref) + " --hub " + hub.url() + " --ca " +
-                                   ca.ca_path() + " --token " + hub_testing::kWorker);
+  auto resolved = Kiln(cache_, "resolve " + KeyOf(ref) + " --family root/mlp --hub " + hub.url() +
+                                   " --ca " + ca.ca_path() + " --token " + hub_testing::kWorker);
   EXPECT_EQ(resolved.first, 0) << resolved.second;
   EXPECT_NE(resolved.second.find("\"answer\": \"found\""), std::string::npos) << resolved.second;
   // Without the CA the certificate does not verify: a typed transport refusal, not a miss.
-  auto unverified = Kiln(
-      cache_, "resolve " + KeyOf(ref) + " --hub " + hub.url() + " --token " + hub_testing::kWorker);
+  auto unverified = Kiln(cache_, "resolve " + KeyOf(ref) + " --family root/mlp --hub " + hub.url() +
+                                     " --token " + hub_testing::kWorker);
   EXPECT_EQ(unverified.first, 1) << unverified.second;
   EXPECT_NE(unverified.second.find("hub_tls_error"), std::string::npos) << unverified.second;
 
@@ -456,8 +457,9 @@ TEST_F(TransportTest, TlsEndToEndWithATestCaAndACertificateReloadedWithoutRestar
 TEST_F(TransportTest, PlainHttpToOrOnANonLoopbackAddressIsRefused) {
   // A client dialling a remote host in the clear is refused before it connects.
   const auto start = Clock::now();
-  auto resolve = Kiln(cache_, "resolve ck1-" + std::string(56, 'd') +
-                                  " --hub http://192.0.2.10:8470 --token t --timeout 30");
+  auto resolve =
+      Kiln(cache_, "resolve ck1-" + std::string(56, 'd') +
+                       " --family root/mlp --hub http://192.0.2.10:8470 --token t --timeout 30");
   EXPECT_NE(resolve.first, 0);
   EXPECT_NE(resolve.second.find("insecure_http_refused"), std::string::npos) << resolve.second;
   EXPECT_LT(MsSince(start), 10000) << "no connection may be attempted";
