@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The README's test command (and CI's, through .ci/run): install what kiln needs, build, run the
-# whole suite, then build and run it again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# The README's test command (and CI's, through .ci/run): install what kiln needs, check the format
+# of the C++ files this change touches (tools/check_format.sh), build, run the whole suite, then
+# build and run it again under AddressSanitizer + UndefinedBehaviorSanitizer.
 # KILN_SKIP_SANITIZE=1 skips the second pass (for a quick local loop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,10 @@ echo "== deps =="
 # --tests: also python3-torch and python3-torchvision, for the real-model corpus subset.
 bash tools/deps.sh --tests
 phase_done deps
+
+echo "== format of changed C++ files =="
+bash tools/check_format.sh
+phase_done format
 
 echo "== build (RelWithDebInfo) =="
 bash tools/build.sh build
