@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's test command (and CI's, through .ci/run): install what kiln needs, check the format
-# of the C++ files this change touches (tools/check_format.sh), build, run the whole suite, then
-# build and run it again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# of the C++ files this change touches (tools/check_format.sh), build with warnings as errors, run
+# the whole suite, then build and run it again under AddressSanitizer + UndefinedBehaviorSanitizer.
 # KILN_SKIP_SANITIZE=1 skips the second pass (for a quick local loop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,8 +35,9 @@ echo "== format of changed C++ files =="
 bash tools/check_format.sh
 phase_done format
 
+# Both builds treat warnings as errors: CI is where a new warning must stop, not scroll past.
 echo "== build (RelWithDebInfo) =="
-bash tools/build.sh build
+bash tools/build.sh build -DKILN_WERROR=ON
 phase_done build
 echo "== PostgreSQL for the hub's store tests =="
 KILN_TEST_PG_URL=$(bash tools/pg.sh)
@@ -51,7 +52,7 @@ phase_done tests
 
 if [ "${KILN_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== build (ASan + UBSan) =="
-  bash tools/build.sh build-asan -DKILN_SANITIZE=ON
+  bash tools/build.sh build-asan -DKILN_SANITIZE=ON -DKILN_WERROR=ON
   phase_done "sanitizer build"
   echo "== tests under ASan + UBSan =="
   # oneDNN's JIT and OpenMP runtime keep allocations alive until exit by design.
