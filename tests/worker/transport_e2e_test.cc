@@ -232,7 +232,13 @@ TEST_F(TransportTest, NinetyFiveMegabyteInferBodiesCostTheirTensorsNotATree) {
       "95 MB infer body: wrong shape %d in %.0f ms, peak RSS %+ld kB; read whole in %.0f ms, "
       "peak RSS %+ld kB (its tensor: %ld kB)\n",
       refused.status, ms, hwm1 - hwm0, ms_read, hwm2 - hwm0, tensor_kb);
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer freed chunks wait in its quarantine and every byte has shadow: a wider
+  // bound, which the tree this guards against (2 GB) still breaks.
+  EXPECT_LT(hwm2 - hwm0, 2 * tensor_kb + 64 * 1024);
+#else
   EXPECT_LT(hwm2 - hwm0, tensor_kb + 32 * 1024);
+#endif
 }
 
 // Holds `slow` slowloris connections (a header byte each every 500 ms) and `idle` keep-alive
