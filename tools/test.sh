@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's test command (and CI's, through .ci/run): install what kiln needs, check the format
 # of the C++ files this change touches (tools/check_format.sh), build with warnings as errors, run
-# the whole suite, then build and run it again under AddressSanitizer + UndefinedBehaviorSanitizer.
+# the whole suite, then build and run it again under AddressSanitizer + UndefinedBehaviorSanitizer
+# (warnings not yet errors there).
 # KILN_SKIP_SANITIZE=1 skips the second pass (for a quick local loop).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,7 +36,7 @@ echo "== format of changed C++ files =="
 bash tools/check_format.sh
 phase_done format
 
-# Both builds treat warnings as errors: CI is where a new warning must stop, not scroll past.
+# Warnings are errors in this build: CI is where a new warning must stop, not scroll past.
 echo "== build (RelWithDebInfo) =="
 bash tools/build.sh build -DKILN_WERROR=ON
 phase_done build
@@ -52,7 +53,9 @@ phase_done tests
 
 if [ "${KILN_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== build (ASan + UBSan) =="
-  bash tools/build.sh build-asan -DKILN_SANITIZE=ON -DKILN_WERROR=ON
+  # Not yet with KILN_WERROR: at -O1 under the sanitizers g++ may warn where -O2 does not, and this
+  # build has not been seen warning-free at -O1. Its warnings still print here.
+  bash tools/build.sh build-asan -DKILN_SANITIZE=ON
   phase_done "sanitizer build"
   echo "== tests under ASan + UBSan =="
   # oneDNN's JIT and OpenMP runtime keep allocations alive until exit by design.
