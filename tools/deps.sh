@@ -2,10 +2,11 @@
 # Installs the Debian 12 packages kiln builds and tests with (see docs/dependencies.md for why
 # each is here). Idempotent: apt runs only when something is missing. Needs root (or sudo).
 # `deps.sh --tests` adds what the test suite needs beyond the build: python3-torch and
-# python3-torchvision, which make the real-model corpus at test time (tools/corpus.py); the demo
-# (tools/demo.sh) does not pay for them. KILN_WITH_PYTHON=1 does the same (regenerating
-# examples/). `deps.sh --list` prints every package, test ones included, and installs nothing
-# (tools/check_install_steps.py checks every path a build found against it).
+# python3-torchvision, which make the real-model corpus at test time (tools/corpus.py), and
+# clang-format, for CI's format gate (tools/check_format.sh); the demo (tools/demo.sh) does not
+# pay for them. KILN_WITH_PYTHON=1 does the same (regenerating examples/). `deps.sh --list` prints
+# every package, test ones included, and installs nothing (tools/check_install_steps.py checks
+# every path a build found against it).
 set -euo pipefail
 
 PACKAGES=(
@@ -18,7 +19,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   python3 python3-numpy python3-onnx
 )
-TEST_PACKAGES=(python3-torch python3-torchvision)
+TEST_PACKAGES=(python3-torch python3-torchvision clang-format)
 case "${1:-}" in
   --list)
     printf '%s\n' "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <iterator>
 #include <string>
 
 namespace kiln {
@@ -19,7 +20,10 @@ class FileTest : public testing::Test {
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { std::system(("rm -rf '" + dir_ + "'").c_str()); }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
   std::string dir_;
 };
 
@@ -38,13 +42,9 @@ TEST_F(FileTest, AtomicWriteReplacesAndLeavesNoTempFiles) {
   ASSERT_TRUE(WriteFileAtomic(path, "new").ok());
   EXPECT_EQ(*ReadFile(path), "new");
   // Only b.txt remains: the temp file was renamed, not left behind.
-  const std::string listing_cmd = "ls -A '" + dir_ + "' | wc -l";
-  FILE* p = ::popen(listing_cmd.c_str(), "r");
-  ASSERT_NE(p, nullptr);
-  char buf[32] = {};
-  ASSERT_NE(std::fgets(buf, sizeof(buf), p), nullptr);
-  ::pclose(p);
-  EXPECT_EQ(std::atoi(buf), 1);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_),
+                          std::filesystem::directory_iterator()),
+            1);
 }
 
 TEST_F(FileTest, LargeWriteRoundTrips) {

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <random>
 
 #include "src/kiln/base/file.h"
@@ -118,7 +119,8 @@ TEST(PackTest, SystemTarReadsTheCell) {
   EXPECT_EQ(ReadFile(dir + "/out/metadata.json").value(), f.metadata_json);
   EXPECT_EQ(ReadFile(dir + "/out/cell.so").value(), f.shared_object);
   EXPECT_EQ(ReadFile(dir + "/out/source/cell.cc").value(), f.source);
-  std::system(("rm -rf '" + dir + "'").c_str());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 TEST(PackTest, TrailingZeroPaddingIsAccepted) {

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
+#include <iterator>
 #include <thread>
 
 #include "src/kiln/base/file.h"
@@ -28,7 +30,10 @@ class StoreTest : public ::testing::Test {
     ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
     dir_ = tmpl;
   }
-  void TearDown() override { std::system(("rm -rf '" + dir_ + "'").c_str()); }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
 
   static bool Exists(const std::string& path) {
     struct stat st;
@@ -159,7 +164,9 @@ TEST_F(StoreTest, ConcurrentPutsOfOneKeyLeaveAVerifiedEntry) {
   ASSERT_TRUE(got.ok() && got->has_value());
   EXPECT_EQ((*got)->bytes, bytes_);
   // No temp files are left behind.
-  EXPECT_EQ(std::system(("test $(ls -A '" + dir_ + "/" + key_ + "' | wc -l) -eq 3").c_str()), 0);
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir_ + "/" + key_),
+                          std::filesystem::directory_iterator()),
+            3);
 }
 
 TEST(DefaultStoreRootTest, HonorsKilnCacheDirThenHome) {

@@ -84,7 +84,7 @@ TEST(TrustedKeys, LoadFromJwksFileAndLiteralAndVerifyOffline) {
   a.digest = "sha256:" + std::string(64, 'b');
   a.size = 10;
   a.family = "root/m";
-  ReceiptClaims c{a.key, a.digest, a.size, a.family, "ci", "platform", "", 1};
+  ReceiptClaims c{a.key, a.digest, a.size, a.family, "ci", "platform", "", 1, "", "", "", ""};
   a.receipt = SignReceipt(c, key).value();
   EXPECT_TRUE(VerifyResolvedReceipt(a, *from_file).ok());
   a.family = "acme/m";  // the answer and the receipt disagree

@@ -46,7 +46,7 @@ TEST_F(CompilerVersionTest, LearnedOnceThenReadFromTheCache) {
 
 TEST_F(CompilerVersionTest, MalformedEntryIsLearnedAgain) {
   ASSERT_TRUE(MakeDirs(root_ + "/toolchain").ok());
-  for (const std::string bad : {std::string(), std::string("two\nlines"), std::string(600, 'x')}) {
+  for (const std::string& bad : {std::string(), std::string("two\nlines"), std::string(600, 'x')}) {
     ASSERT_TRUE(WriteFileAtomic(Entry(), bad).ok());
     auto v = CompilerVersion(tc_.compiler_path, tc_.compiler_sha256, root_);
     ASSERT_TRUE(v.ok()) << v.status().ToString();

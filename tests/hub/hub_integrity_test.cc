@@ -38,9 +38,9 @@ class HubIntegrityTest : public ::testing::Test {
     std::filesystem::remove_all(root_);
     std::filesystem::create_directories(root_ + "/data");
     std::vector<TokenRow> tokens = {
-        {Sha256Hex(kPlatform), "ci", "publisher", "platform", ""},
-        {Sha256Hex(kWorker), "worker-1", "worker", "", ""},
-        {Sha256Hex(kAdmin), "admin", "admin", "", ""},
+        {Sha256Hex(kPlatform), "ci", "publisher", "platform", "", {}},
+        {Sha256Hex(kWorker), "worker-1", "worker", "", "", {}},
+        {Sha256Hex(kAdmin), "admin", "admin", "", "", {}},
     };
     ASSERT_TRUE(WriteFileAtomic(root_ + "/tokens.json", TokensFileText(tokens)).ok());
   }

@@ -38,7 +38,6 @@ Tensor Iota(Shape shape) {
   for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(i);
   return F32(std::move(shape), v);
 }
-Tensor None() { return Tensor(); }  // an omitted optional input
 
 struct OpCase {
   std::string name;

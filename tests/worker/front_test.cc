@@ -591,7 +591,9 @@ TEST_F(FrontTest, MetricsAndEvents) {
   ASSERT_TRUE(since);
   json later = json::parse(since->body);
   ASSERT_LE(later.size(), 1u);
-  if (!later.empty()) EXPECT_GT(later[0]["seq"].get<uint64_t>(), first);
+  if (!later.empty()) {
+    EXPECT_GT(later[0]["seq"].get<uint64_t>(), first);
+  }
   auto kind = client_->Get("/v1/events?kind=serve_eager_posture");
   ASSERT_TRUE(kind);
   for (const auto& r : json::parse(kind->body)) {

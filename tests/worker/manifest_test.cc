@@ -565,7 +565,8 @@ envelope = [{ x = [1, 64] }]
   Result<Manifest> bare = ParseManifest(kMinimal, "inline", "");
   ASSERT_TRUE(bare.ok()) << bare.status().ToString();
   EXPECT_EQ(bare->targets[0].graph, "model.onnx");
-  std::system(("rm -rf '" + dir + "'").c_str());
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
 }
 
 TEST(ManifestTest, MissingFileIsRefusedNamingThePath) {

@@ -34,6 +34,10 @@ struct Minted {
   std::string private_root;
 };
 
+// What MintMlpOnce made, for the clean-up; null until a test mints (a run filtered to other
+// cases mints nothing, and runs no compiler).
+const Minted* g_minted = nullptr;
+
 const Minted* MintMlpOnce() {
   static const Minted* minted = []() -> const Minted* {
     auto m = std::make_unique<Minted>();
@@ -68,13 +72,14 @@ const Minted* MintMlpOnce() {
     m->private_root = tmpl;
     return m.release();
   }();
+  g_minted = minted;
   return minted;
 }
 
 class CleanupPrivateDirs : public ::testing::Environment {
  public:
   void TearDown() override {
-    if (const Minted* m = MintMlpOnce(); m && !m->private_root.empty()) {
+    if (const Minted* m = g_minted; m && !m->private_root.empty()) {
       std::error_code ec;
       std::filesystem::remove_all(m->private_root, ec);
     }

@@ -311,7 +311,7 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
       return Status::NotFound("hub: tokens file '" + tokens_path + "' does not exist");
     }
     KILN_ASSIGN_OR_RETURN(std::string admin, GenerateToken());
-    TokenRow row{Sha256Hex(admin), "admin", "admin", "", ""};
+    TokenRow row{Sha256Hex(admin), "admin", "admin", "", "", {}};
     KILN_RETURN_IF_ERROR(WriteFileAtomic(tokens_path, TokensFileText({row})));
     if (first_start) {
       first_start->created_tokens_file = true;
