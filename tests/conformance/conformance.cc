@@ -18,10 +18,11 @@
 #include <thread>
 
 #include "src/kiln/base/file.h"
+#include "src/kiln/base/subprocess.h"
 #include "src/kiln/cell/loader.h"
 #include "src/kiln/cell/mint.h"
+#include "src/kiln/compile/driver.h"
 #include "src/kiln/compile/pipeline.h"
-#include "src/kiln/compile/toolchain.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/eager/shape_inference.h"
 #include "src/kiln/eager/verifier.h"
@@ -796,6 +797,20 @@ std::string RenderReport(const std::vector<CaseResult>& results, const std::stri
       o << " Passing eager but not compiled:";
       for (const std::string& n : s.cli_eager_only) o << " `" << n << "`";
       o << ".";
+    }
+    // A case that fails in one mode and passes in the other, with kiln's last line, so a
+    // failure that does not reproduce alone still leaves its cause in the record. (Cases that
+    // fail in both modes are the in-process failures listed per op below.)
+    bool any_split = false;
+    for (const CaseResult& r : results) {
+      for (const auto* m : {&r.cli_eager, &r.cli_compiled}) {
+        const ModeResult& other = m == &r.cli_eager ? r.cli_compiled : r.cli_eager;
+        if (m->outcome != Outcome::kFail || other.outcome != Outcome::kPass) continue;
+        if (!any_split) o << "\n\nFailing in one mode only:\n";
+        any_split = true;
+        o << "\n- " << (m == &r.cli_eager ? "eager" : "compiled") << " `" << r.info.name
+          << "`: " << m->detail;
+      }
     }
     o << "\n\nIn process (the runner's own eager interpreter and cells, cases batched into one "
          "cell per opset):\n\n";

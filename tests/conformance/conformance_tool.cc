@@ -106,6 +106,17 @@ int main(int argc, char** argv) {
   std::filesystem::remove_all(options.work_dir);
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  // Every command-line failure with kiln's last line (the report keeps those of one mode only).
+  for (const CaseResult& r : results) {
+    if (r.cli_eager.outcome == Outcome::kFail) {
+      std::cerr << "conformance: cli eager FAIL " << r.info.name << ": " << r.cli_eager.detail
+                << "\n";
+    }
+    if (r.cli_compiled.outcome == Outcome::kFail) {
+      std::cerr << "conformance: cli compiled FAIL " << r.info.name << ": " << r.cli_compiled.detail
+                << "\n";
+    }
+  }
   std::cout << "conformance: " << SummaryLine(Summarize(results)) << " in "
             << static_cast<int>(seconds) << " s\n";
 
