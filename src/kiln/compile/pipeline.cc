@@ -33,29 +33,45 @@ namespace kiln {
 
 namespace {
 
-struct GraphPass {
+// The pipeline of one entry, written once: every pass in order, what it works on, and whether an
+// operator may disable it by name. PassNames(), the name check of --disable-pass and the runner
+// all read this table.
+struct PassDef {
+  enum class On { kGraph, kLower, kProgram };
   const char* name;
-  std::function<Status(Graph&)> run;
-};
-struct ProgramPass {
-  const char* name;
-  Status (*run)(Program&);
+  On on;
+  Status (*graph)(Graph&, const ShapeClass&) = nullptr;  // On::kGraph
+  Status (*program)(Program&) = nullptr;                 // On::kProgram
+  bool optional = true;  // false: runs even when named in --disable-pass
 };
 
-const std::vector<ProgramPass>& ProgramPasses() {
-  static const std::vector<ProgramPass> kPasses = {
-      {"fuse-conv-epilogue", FuseConvEpilogues},
-      {"fuse-elementwise", FuseElementwise},
-      {"fuse-group-norm", FuseGroupNorm},
-      {"fuse-library-epilogue", FuseLibraryEpilogues},
-      {"fold-gemm-bias", FoldGemmBias},
-      {"fold-gemm-gelu", FoldGemmGelu},
-      {"fuse-attention", FuseAttention},
-      {"choose-conv-layout", ChooseConvLayout},
-      {"plan-layout", PlanLayout},
+Status Specialize(Graph& g, const ShapeClass& c) { return SpecializeToClass(g, c); }
+Status FoldStructural(Graph& g, const ShapeClass&) { return FoldStructuralConstants(g); }
+Status DeadCode(Graph& g, const ShapeClass&) { return EliminateDeadNodes(g); }
+
+using On = PassDef::On;
+const std::vector<PassDef>& EntryPasses() {
+  static const std::vector<PassDef> kPasses = {
+      {"specialize", On::kGraph, Specialize, nullptr, false},
+      {"fold-structural", On::kGraph, FoldStructural},
+      {"dead-code", On::kGraph, DeadCode},
+      {"lower", On::kLower, nullptr, nullptr, false},
+      {"fuse-conv-epilogue", On::kProgram, nullptr, FuseConvEpilogues},
+      {"fuse-elementwise", On::kProgram, nullptr, FuseElementwise},
+      {"fuse-group-norm", On::kProgram, nullptr, FuseGroupNorm},
+      {"fuse-library-epilogue", On::kProgram, nullptr, FuseLibraryEpilogues},
+      {"fold-gemm-bias", On::kProgram, nullptr, FoldGemmBias},
+      {"fold-gemm-gelu", On::kProgram, nullptr, FoldGemmGelu},
+      {"fuse-attention", On::kProgram, nullptr, FuseAttention},
+      {"choose-conv-layout", On::kProgram, nullptr, ChooseConvLayout},
+      {"plan-layout", On::kProgram, nullptr, PlanLayout},
+      {"plan-memory", On::kProgram, nullptr, PlanMemory, false},
   };
   return kPasses;
 }
+
+// The cell-level pass after every entry's pipeline.
+constexpr const char* kEmitPass = "emit-cpp";
 
 std::vector<std::string> Disabled(const CompileOptions& options) {
   std::vector<std::string> out = options.disabled_passes;
@@ -89,11 +105,12 @@ double Ms(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 const std::vector<std::string>& PassNames() {
-  static const std::vector<std::string> kNames = {
-      "specialize",         "fold-structural",  "dead-code",       "lower",
-      "fuse-conv-epilogue", "fuse-elementwise", "fuse-group-norm", "fuse-library-epilogue",
-      "fold-gemm-bias",     "fold-gemm-gelu",   "fuse-attention",  "choose-conv-layout",
-      "plan-layout",        "plan-memory",      "emit-cpp"};
+  static const std::vector<std::string> kNames = [] {
+    std::vector<std::string> names;
+    for (const PassDef& p : EntryPasses()) names.push_back(p.name);
+    names.push_back(kEmitPass);
+    return names;
+  }();
   return kNames;
 }
 
@@ -110,72 +127,63 @@ Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, 
   };
   const std::string entry = "entry" + std::to_string(index);
   Graph graph = input;
-  const std::vector<GraphPass> graph_passes = {
-      {"specialize", [&](Graph& g) { return SpecializeToClass(g, shape_class); }},
-      {"fold-structural", FoldStructuralConstants},
-      {"dead-code", EliminateDeadNodes},
-  };
-  std::string before = options.dump ? GraphText(graph) : "";
-  for (const GraphPass& pass : graph_passes) {
-    if (is_disabled(pass.name) && std::string(pass.name) != "specialize") continue;
+  Program program;
+  bool lowered = false;
+  // The IR the passes work on at this point, as text for --dump-ir.
+  auto text = [&] { return lowered ? program.Dump() : GraphText(graph); };
+  std::string before = options.dump ? text() : "";
+  for (const PassDef& pass : EntryPasses()) {
+    if (pass.optional && is_disabled(pass.name)) continue;
     const auto start = std::chrono::steady_clock::now();
-    Status s = pass.run(graph);
+    Status s;
+    switch (pass.on) {
+      case On::kGraph:
+        s = pass.graph(graph, shape_class);
+        break;
+      case On::kLower: {
+        auto p = LowerToProgram(graph);
+        if (p.ok()) {
+          program = std::move(p).value();
+          program.entry_name = entry;
+          lowered = true;
+        }
+        s = p.status();
+        break;
+      }
+      case On::kProgram:
+        s = pass.program(program);
+        break;
+    }
     if (!s.ok()) return s.WithContext(entry + " pass " + pass.name);
-    Status v = VerifyGraph(graph);
+    // Every pass leaves IR that verifies: a pass that breaks an invariant is named here, not by
+    // whatever later pass trips over it.
+    Status v = lowered ? program.Verify() : VerifyGraph(graph);
     if (!v.ok()) return v.WithContext(entry + " after pass " + pass.name);
     if (timings) timings->push_back({entry, pass.name, Ms(start)});
     if (options.dump) {
-      const std::string after = GraphText(graph);
+      const std::string after = text();
       *options.dump << "== " << entry << " after " << pass.name << "\n"
                     << (after == before ? "(unchanged)\n" : after);
       before = after;
     }
   }
-  auto start = std::chrono::steady_clock::now();
-  auto lowered = LowerToProgram(graph);
-  if (!lowered.ok()) return lowered.status().WithContext(entry + " pass lower");
-  Program program = std::move(lowered).value();
-  program.entry_name = entry;
-  if (timings) timings->push_back({entry, "lower", Ms(start)});
-  std::string pbefore = options.dump ? program.Dump() : "";
-  if (options.dump) *options.dump << "== " << entry << " after lower\n" << pbefore;
-  for (const ProgramPass& pass : ProgramPasses()) {
-    if (is_disabled(pass.name)) continue;
-    start = std::chrono::steady_clock::now();
-    Status s = pass.run(program);
-    if (!s.ok()) return s.WithContext(entry + " pass " + pass.name);
-    Status v = program.Verify();
-    if (!v.ok()) return v.WithContext(entry + " after pass " + pass.name);
-    if (timings) timings->push_back({entry, pass.name, Ms(start)});
-    if (options.dump) {
-      const std::string after = program.Dump();
-      *options.dump << "== " << entry << " after " << pass.name << "\n"
-                    << (after == pbefore ? "(unchanged)\n" : after);
-      pbefore = after;
-    }
-  }
-  start = std::chrono::steady_clock::now();
-  KILN_RETURN_IF_ERROR(PlanMemory(program).WithContext(entry + " pass plan-memory"));
-  if (timings) timings->push_back({entry, "plan-memory", Ms(start)});
-  if (options.dump) *options.dump << "== " << entry << " after plan-memory\n" << program.Dump();
   return program;
 }
 
 Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
                                  const std::string& graph_digest, const CompileOptions& options,
-                                 std::vector<PassTiming>* timings,
-                                 std::vector<Program>* programs) {
+                                 std::vector<PassTiming>* timings, std::vector<Program>* programs) {
   std::vector<Program> entries;
   for (size_t i = 0; i < envelope.classes.size(); ++i) {
-    KILN_ASSIGN_OR_RETURN(Program p, CompileEntry(graph, envelope.classes[i], static_cast<int>(i),
-                                                  options, timings));
+    KILN_ASSIGN_OR_RETURN(
+        Program p, CompileEntry(graph, envelope.classes[i], static_cast<int>(i), options, timings));
     entries.push_back(std::move(p));
   }
   const auto start = std::chrono::steady_clock::now();
   EmitOptions emit = options.emit;
   emit.graph_digest = graph_digest;
   KILN_ASSIGN_OR_RETURN(EmittedCell cell, EmitCell(entries, emit));
-  if (timings) timings->push_back({"cell", "emit-cpp", Ms(start)});
+  if (timings) timings->push_back({"cell", kEmitPass, Ms(start)});
   if (programs) *programs = std::move(entries);
   return cell;
 }
