@@ -12,8 +12,8 @@
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/store.h"
+#include "src/kiln/compile/driver.h"
 #include "src/kiln/compile/pipeline.h"
-#include "src/kiln/compile/toolchain.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/tensor/npy.h"
 #include "tests/graph/onnx_builder.h"
@@ -120,8 +120,8 @@ ArmedFixture Build(std::shared_ptr<const Graph> graph, const WeightMap& weights,
   auto driver = MakeSystemCompilerDriver(*LocalToolchain());
   const std::string dir = "/tmp/kiln-test-fixture-" + std::to_string(::getpid());
   EXPECT_TRUE(MakeDirs(dir).ok());
-  auto so = BuildSharedObject(cell->source, programs.size(), DefaultSmTarget(), "fixture",
-                              *driver, dir, 2, nullptr);
+  auto so = BuildSharedObject(cell->source, programs.size(), DefaultSmTarget(), "fixture", *driver,
+                              dir, 2, nullptr);
   EXPECT_TRUE(so.ok()) << so.status().ToString();
   if (!so.ok()) return f;
   auto lib = OpenCellBytes(*so, dir + "/load");
@@ -193,12 +193,11 @@ TEST(MintLaws, FenceRefusesABakedWeightByName) {
   ASSERT_TRUE(f.cell != nullptr);
   FenceOptions no_scan;
   no_scan.structural_scan = false;
-  auto measured = RunFenceProof(*f.cell, *f.eager, t.weights, NumericsThresholds{},
-                                CellArtifacts{}, {}, no_scan);
+  auto measured = RunFenceProof(*f.cell, *f.eager, t.weights, NumericsThresholds{}, CellArtifacts{},
+                                {}, no_scan);
   ASSERT_FALSE(measured.ok()) << "the perturbed checkpoints did not catch a baked weight";
-  EXPECT_EQ(measured.status().message().rfind("fence_refused: the cell does not follow weight '" +
-                                                  victim + "'",
-                                              0),
+  EXPECT_EQ(measured.status().message().rfind(
+                "fence_refused: the cell does not follow weight '" + victim + "'", 0),
             0u)
       << measured.status().ToString();
   auto scanned = RunFenceProof(*f.cell, *f.eager, t.weights, NumericsThresholds{},
@@ -294,8 +293,8 @@ TEST(MintLaws, FenceProvesStructurallyOrRefusesAsUnmeasurableNeverAsBaked) {
       b.Node("Sqrt", {"c"}, {"rc"}, "rc");
       b.Node("Add", {"ra", "rc"}, {"r"}, "r");
     } else {
-      b.FloatInit("w", {8}, {1.0013f, 1.0021f, 1.0034f, 1.0042f, 1.0057f, 1.0065f, 1.0078f,
-                             1.0089f});
+      b.FloatInit("w", {8},
+                  {1.0013f, 1.0021f, 1.0034f, 1.0042f, 1.0057f, 1.0065f, 1.0078f, 1.0089f});
       b.Node("Sub", {"w", "one"}, {"a"}, "a");
       b.Node("Sqrt", {"a"}, {"r"}, "r");
     }
@@ -372,21 +371,21 @@ TEST(MintLaws, ProbesStayInsideWhatEveryIndexOpIndexes) {
   b.Node("GatherND", {"data", "nd_idx"}, {"nd"});
   auto& cast = b.Node("Cast", {"sc_idx"}, {"sc_idx64"});
   testing::OnnxBuilder::IntAttr(cast, "to", onnx::TensorProto::INT64);
-  testing::OnnxBuilder::IntAttr(
-      b.Node("ScatterElements", {"data", "sc_idx64", "sc_upd"}, {"sc"}), "axis", 1);
+  testing::OnnxBuilder::IntAttr(b.Node("ScatterElements", {"data", "sc_idx64", "sc_upd"}, {"sc"}),
+                                "axis", 1);
   b.Int64Init("depth", {}, {4});
   b.FloatInit("onoff", {2}, {0.0f, 1.0f});
   b.Node("OneHot", {"hot", "depth", "onoff"}, {"oh"});
   for (const char* o : {"ge", "nd", "sc", "oh"}) b.Output(o, testing::kFloat, {});
   auto g = ImportOnnxBytes(b.Bytes(), "index_ops");
   ASSERT_TRUE(g.ok()) << g.status().ToString();
-  const ShapeClass cls{{"data", {3, 6}}, {"ge_idx", {2, 6}}, {"nd_idx", {5, 2}},
+  const ShapeClass cls{{"data", {3, 6}},   {"ge_idx", {2, 6}}, {"nd_idx", {5, 2}},
                        {"sc_idx", {2, 6}}, {"sc_upd", {2, 6}}, {"hot", {7}},
-                       {"mask", {3, 6}}, {"steps", {}}};
+                       {"mask", {3, 6}},   {"steps", {}}};
   const ProbeBounds bounds = ProbeIntBounds(*g, cls);
-  EXPECT_EQ(bounds.at("ge_idx"), std::vector<int64_t>{3});     // data's rows (axis 0)
+  EXPECT_EQ(bounds.at("ge_idx"), std::vector<int64_t>{3});       // data's rows (axis 0)
   EXPECT_EQ(bounds.at("nd_idx"), (std::vector<int64_t>{3, 6}));  // one bound per column
-  EXPECT_EQ(bounds.at("sc_idx"), std::vector<int64_t>{6});     // through the Cast, axis 1
+  EXPECT_EQ(bounds.at("sc_idx"), std::vector<int64_t>{6});       // through the Cast, axis 1
   EXPECT_EQ(bounds.at("hot"), std::vector<int64_t>{4});
   EXPECT_FALSE(bounds.count("steps"));
   EntryMetadata e;

@@ -1,6 +1,6 @@
 // The compiler's `--version` line is learned once per machine and kept by the compiler binary's
-// SHA-256 (compile/toolchain.h CompilerVersion), so a worker's boot spawns no compiler.
-#include "src/kiln/compile/toolchain.h"
+// SHA-256 (identity/toolchain.h CompilerVersion), so a worker's boot spawns no compiler.
+#include "src/kiln/identity/toolchain.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -9,6 +9,7 @@
 #include <string>
 
 #include "src/kiln/base/file.h"
+#include "src/kiln/ops/dnnl_kernels.h"
 
 namespace kiln {
 namespace {
@@ -62,6 +63,14 @@ TEST_F(CompilerVersionTest, WithoutACacheTheCompilerIsAsked) {
   EXPECT_FALSE(std::filesystem::exists(root_ + "/toolchain"));
   auto missing = CompilerVersion("/nonexistent/c++", "00", "");
   EXPECT_FALSE(missing.ok());
+}
+
+// The toolchain block names oneDNN by its header (so identity links no kernel library); the
+// library this process loaded must say the same, or cells would be keyed for one version and run
+// on another.
+TEST(KernelLibrary, HeaderVersionIsTheLoadedLibrarysVersion) {
+  EXPECT_EQ(KernelLibraryVersion(), LoadedKernelLibraryVersion());
+  EXPECT_EQ(LocalToolchain().value().onednn_version, LoadedKernelLibraryVersion());
 }
 
 }  // namespace

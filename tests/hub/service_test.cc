@@ -369,6 +369,42 @@ TEST_F(ServiceTest, EventsAreStoredFilteredAndShownEscapedOnTheDashboard) {
   EXPECT_NE(page.html.find("<td>1</td><td>live</td>"), std::string::npos) << "adopted count 1";
 }
 
+// A row's target, ref, fn and stages are posted, stored and served as fields; a malformed
+// `stages` is refused by name and stores nothing.
+TEST_F(ServiceTest, EventFieldsArePostedAndServedAsFields) {
+  nlohmann::json rows = {
+      {{"seq", 1},
+       {"kind", "boot_adopt"},
+       {"phase", "hit"},
+       {"key", "K"},
+       {"ref", "K@sha256:d"},
+       {"target", "mlp"},
+       {"fn", "mlp-fn"},
+       {"duration_ms", 4},
+       {"stages", {{{"stage", "key"}, {"ms", 1.5}}, {{"stage", "open"}, {"ms", 2.5}}}},
+       {"detail", "prose"}}};
+  ASSERT_EQ(svc_->PostEvents(As("worker-token"), rows.dump()).status, 200);
+  Reply q = svc_->QueryEvents(As("worker-token"), {{"kind", "boot_adopt"}});
+  ASSERT_EQ(q.body["events"].size(), 1u);
+  const auto& e = q.body["events"][0];
+  EXPECT_EQ(e["target"], "mlp");
+  EXPECT_EQ(e["ref"], "K@sha256:d");
+  EXPECT_EQ(e["fn"], "mlp-fn");
+  ASSERT_EQ(e["stages"].size(), 2u);
+  EXPECT_EQ(e["stages"][1]["stage"], "open");
+  EXPECT_EQ(e["stages"][1]["ms"], 2.5);
+  for (const nlohmann::json& bad :
+       {nlohmann::json("key:1"), nlohmann::json::array({{{"stage", "key"}}}),
+        nlohmann::json::array({{{"stage", ""}, {"ms", 1}}}),
+        nlohmann::json::array({{{"stage", "key"}, {"ms", "1"}}})}) {
+    nlohmann::json row = {{{"kind", "boot_adopt"}, {"phase", "miss"}, {"stages", bad}}};
+    Reply r = svc_->PostEvents(As("worker-token"), row.dump());
+    EXPECT_EQ(r.status, 400) << bad.dump();
+    EXPECT_NE(r.body.dump().find("stages"), std::string::npos) << r.body.dump();
+  }
+  EXPECT_EQ(svc_->QueryEvents(As("worker-token"), {{"phase", "miss"}}).body["events"].size(), 0u);
+}
+
 TEST_F(ServiceTest, RotationKeepsOldReceiptsVerifiableThroughTheJwks) {
   const CellMetadata m = MakeMetadata(Graph(14));
   const std::string cell = MakeCell(m);

@@ -250,10 +250,11 @@ TEST_P(StoreTest, EventsFilterAndAdoptionCounts) {
   const std::string w1 = "w1-" + Nonce(), w2 = "w2-" + Nonce();
   const std::string k = Key("ev");
   std::vector<StoredEvent> rows;
-  rows.push_back({0, w1, 1, "boot_adopt", "hit", k, 3.5, "key=" + k, 1000});
-  rows.push_back({0, w1, 2, "serve_degrade", "cell_fault", k, 0, "fn=f", 2000});
-  rows.push_back({0, w2, 1, "boot_adopt", "local_hit", k + "@" + Digest("ev"), 1, "", 3000});
-  rows.push_back({0, w2, 2, "boot_adopt", "miss", Key("other"), 1, "", 4000});
+  rows.push_back({0, w1, 1, "boot_adopt", "hit", k, 3.5, "key=" + k, 1000, {}, {}, {}, {}});
+  rows.push_back({0, w1, 2, "serve_degrade", "cell_fault", k, 0, "fn=f", 2000, {}, {}, {}, {}});
+  rows.push_back(
+      {0, w2, 1, "boot_adopt", "local_hit", k + "@" + Digest("ev"), 1, "", 3000, {}, {}, {}, {}});
+  rows.push_back({0, w2, 2, "boot_adopt", "miss", Key("other"), 1, "", 4000, {}, {}, {}, {}});
   ASSERT_TRUE(store_->InsertEvents(rows).ok());
   EventFilter f;
   f.worker = w1;
@@ -275,7 +276,79 @@ TEST_P(StoreTest, EventsFilterAndAdoptionCounts) {
   EXPECT_TRUE(saw);
 }
 
+// An event row's structured fields (target, ref, fn, stages) are stored and read back as fields.
+TEST_P(StoreTest, EventFieldsRoundTrip) {
+  const std::string w = "wf-" + Nonce();
+  const std::string k = Key("fields");
+  const StoredEvent e{0,
+                      w,
+                      7,
+                      "boot_adopt",
+                      "hit",
+                      k,
+                      12.5,
+                      "key=" + k + " target=mlp",
+                      5000,
+                      "mlp",
+                      k + "@" + Digest("fields"),
+                      "mlp-fn",
+                      R"([{"stage":"key","ms":0.5},{"stage":"resolve","ms":3.25}])"};
+  ASSERT_TRUE(store_->InsertEvents({e}).ok());
+  EventFilter f;
+  f.worker = w;
+  const auto got = store_->QueryEvents(f).value();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].target, "mlp");
+  EXPECT_EQ(got[0].ref, e.ref);
+  EXPECT_EQ(got[0].fn, "mlp-fn");
+  EXPECT_EQ(got[0].stages, e.stages);
+  EXPECT_EQ(got[0].detail, e.detail);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("memory", "sqlite", "postgresql"));
+
+// A version-2 database (events without structured fields) gains the columns on open; its rows
+// are kept, with the new fields empty, and new rows keep theirs.
+TEST(SqliteMigration, VersionTwoEventsGainTheirFields) {
+  const std::string dir = ::testing::TempDir() + "/kiln_sqlite_migration2_" + Nonce();
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/hub.sqlite";
+  const std::string v2 = R"sql(
+CREATE TABLE events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, worker TEXT NOT NULL, seq INTEGER NOT NULL,
+  kind TEXT NOT NULL, phase TEXT NOT NULL, key TEXT NOT NULL, duration_ms REAL NOT NULL,
+  detail TEXT NOT NULL, ts INTEGER NOT NULL);
+INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts)
+  VALUES ('w', 1, 'boot_adopt', 'hit', 'K', 1.5, 'key=K target=t', 10);
+PRAGMA user_version = 2;
+)sql";
+  {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+    char* err = nullptr;
+    const int rc = sqlite3_exec(db, v2.c_str(), nullptr, nullptr, &err);
+    const std::string message = err != nullptr ? err : "";
+    sqlite3_free(err);
+    sqlite3_close(db);
+    ASSERT_EQ(rc, SQLITE_OK) << message;
+  }
+  auto s = OpenSqliteStore(path);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  const StoredEvent fresh{
+      0, "w", 2, "boot_adopt", "miss", "K", 2, "", 20, "t", "", "", R"([{"stage":"key","ms":1}])"};
+  ASSERT_TRUE((*s)->InsertEvents({fresh}).ok());
+  const auto rows = (*s)->QueryEvents(EventFilter{}).value();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].detail, "key=K target=t");
+  EXPECT_EQ(rows[1].target, "");
+  EXPECT_EQ(rows[0].target, "t");
+  EXPECT_EQ(rows[0].stages, fresh.stages);
+  s->reset();
+  auto again = OpenSqliteStore(path);  // a second open finds version 3 and changes nothing
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->QueryEvents(EventFilter{}).value().size(), 2u);
+  std::filesystem::remove_all(dir);
+}
 
 // A database made by the first schema (one owner per key, one intent per (key, digest), a token
 // table) is brought forward on open, its cells and intents kept (tokens now live in the file).

@@ -235,6 +235,11 @@ TEST_F(Boot, LocalStoreHitArmsWithoutAHub) {
                                                        "revocations", "open", "bind", "install"}));
   EXPECT_NE(out.detail.find("origin=minted"), std::string::npos) << out.detail;
   EXPECT_NE(BootRows().back().detail.find("stages_ms=" + out.stages_ms), std::string::npos);
+  // The same stages as data on the row, in the same order.
+  const auto stages = BootRows().back().stages;
+  ASSERT_EQ(stages.size(), StageNames(out).size());
+  for (size_t i = 0; i < stages.size(); ++i) EXPECT_EQ(stages[i].first, StageNames(out)[i]);
+  EXPECT_EQ(stages, out.stages);
 }
 
 TEST_F(Boot, HubHitArmsServesAotCellAndKeepsTheBytesLocally) {

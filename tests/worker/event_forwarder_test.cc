@@ -67,6 +67,8 @@ class Forwarder : public ::testing::Test {
     r.key = "ck1-test";
     r.duration_ms = 1.5;
     r.detail = "why=test";
+    r.ref = "ck1-test@sha256:d";
+    r.stages = {{"key", 0.5}, {"resolve", 1.0}};
     return r;
   }
 
@@ -97,6 +99,12 @@ TEST_F(Forwarder, RowsReachTheHubInSeqOrderWithTheirFields) {
     EXPECT_EQ(rows[i]["duration_ms"].get<double>(), 1.5);
     EXPECT_NE(rows[i]["detail"].get<std::string>().find("target=mlp"), std::string::npos)
         << rows[i].dump();
+    // The structured fields reach the hub as fields, not only as words in the detail.
+    EXPECT_EQ(rows[i]["target"], "mlp") << rows[i].dump();
+    EXPECT_EQ(rows[i]["ref"], "ck1-test@sha256:d");
+    ASSERT_EQ(rows[i]["stages"].size(), 2u) << rows[i].dump();
+    EXPECT_EQ(rows[i]["stages"][1]["stage"], "resolve");
+    EXPECT_EQ(rows[i]["stages"][1]["ms"].get<double>(), 1.0);
   }
   // Stopped: later rows are not forwarded (the sink is detached).
   log.Append(Row("boot_adopt", "miss"));

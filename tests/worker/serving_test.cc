@@ -17,8 +17,8 @@
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/mint.h"
-#include "src/kiln/compile/toolchain.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/identity/toolchain.h"
 
 namespace kiln {
 namespace {

@@ -6,6 +6,7 @@
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/cell/key.h"
+#include "src/kiln/identity/toolchain.h"
 
 namespace kiln {
 
@@ -15,14 +16,6 @@ using Json = nlohmann::json;
 
 Status Refuse(StatusCode code, const char* token, const std::string& msg) {
   return Status::Refused(code, token, msg);
-}
-
-// Position of `sm` in KnownSmLevels(), or nullopt.
-std::optional<size_t> SmRank(const std::string& sm) {
-  const auto& levels = KnownSmLevels();
-  auto it = std::find(levels.begin(), levels.end(), sm);
-  if (it == levels.end()) return std::nullopt;
-  return static_cast<size_t>(it - levels.begin());
 }
 
 // A value as a message shows it: strings bare, anything else as compact JSON.
@@ -140,13 +133,13 @@ Result<AdmittedCell> AdmitBytes(std::string_view tar_bytes, const std::string& e
 Status CheckMachine(const CellMetadata& metadata, const std::string& local_sm,
                     const nlohmann::json& local_toolchain) {
   // sm executable here, toolchain equal.
-  const std::optional<size_t> local_rank = SmRank(local_sm);
-  if (!local_rank) {
+  const int local_rank = SmRank(local_sm);
+  if (local_rank < 0) {
     return Refuse(StatusCode::kInvalidArgument, kRefusalSmMismatch,
                   "this machine's level '" + local_sm + "' is not a known level");
   }
-  const std::optional<size_t> cell_rank = SmRank(metadata.sm);
-  if (!cell_rank || *cell_rank > *local_rank) {
+  const int cell_rank = SmRank(metadata.sm);
+  if (cell_rank < 0 || cell_rank > local_rank) {
     return Refuse(
         StatusCode::kInvalidArgument, kRefusalSmMismatch,
         "cell is built for '" + metadata.sm + "', this machine runs up to '" + local_sm + "'");
@@ -177,6 +170,15 @@ Result<AdmittedCell> AdmitCell(std::string_view tar_bytes, const std::string& ex
                         AdmitBytes(tar_bytes, expected_digest, expected_size, bytes));
   KILN_RETURN_IF_ERROR(CheckMachine(out.metadata, policy.local_sm, policy.local_toolchain));
   return out;
+}
+
+Result<AdmissionPolicy> LocalAdmissionPolicy(const std::string& expected_key) {
+  KILN_ASSIGN_OR_RETURN(Toolchain toolchain, LocalToolchain());
+  AdmissionPolicy policy;
+  policy.expected_key = expected_key;
+  policy.local_sm = DetectSmLevel();
+  policy.local_toolchain = toolchain.Block();
+  return policy;
 }
 
 }  // namespace kiln

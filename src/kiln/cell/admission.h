@@ -75,7 +75,7 @@ struct AdmissionPolicy {
   std::string expected_key;  // the key derived here (or named in a publish); required
   // The highest level this machine executes, e.g. "x86-64-v4"; one of KnownSmLevels().
   std::string local_sm;
-  nlohmann::json local_toolchain;  // this machine's toolchain block (compile/toolchain.h)
+  nlohmann::json local_toolchain;  // this machine's toolchain block (identity/toolchain.h)
   uint64_t max_shared_object_bytes = kDefaultMaxSharedObjectBytes;
 };
 
@@ -86,6 +86,11 @@ struct AdmittedCell {
   CellFiles files;
   std::string digest;  // CellDigest of the admitted bytes, always computed
 };
+
+// The policy of this machine for `expected_key`: the sm level it executes (DetectSmLevel) and
+// its toolchain block (LocalToolchain). Fails only when no toolchain can be named here (no
+// compiler found); a worker then cannot judge a cell's toolchain and adopts nothing.
+Result<AdmissionPolicy> LocalAdmissionPolicy(const std::string& expected_key);
 
 // The machine-independent checks above on `tar_bytes`. `expected_digest` ("sha256:<hex>") is
 // skipped when empty; `expected_size` is skipped when 0. Pure function of its arguments; any

@@ -6,6 +6,8 @@
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/sha256.h"
+#include "src/kiln/graph/digest.h"
+#include "src/kiln/identity/toolchain.h"
 
 namespace kiln {
 
@@ -107,6 +109,17 @@ Result<std::string> KeyFromAxes(const KeyAxes& axes) {
                             {"toolchain", axes.toolchain}};
   KILN_ASSIGN_OR_RETURN(std::string canon, CanonicalJson(j));
   return "ck1-" + Sha256Hex(canon).substr(0, 56);
+}
+
+Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, const std::string& sm) {
+  KeyAxes axes;
+  KILN_ASSIGN_OR_RETURN(axes.graph, GraphDigest(graph));
+  KILN_ASSIGN_OR_RETURN(nlohmann::json env, EnvelopeFacts(envelope));
+  KILN_ASSIGN_OR_RETURN(axes.envelope, FactsDigest(env));
+  axes.sm = sm.empty() ? DefaultSmTarget() : sm;
+  KILN_ASSIGN_OR_RETURN(Toolchain tc, LocalToolchain());
+  KILN_ASSIGN_OR_RETURN(axes.toolchain, tc.Digest());
+  return axes;
 }
 
 bool IsWellFormedKey(const std::string& key) {

@@ -16,10 +16,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "src/kiln/base/status.h"
 #include "src/kiln/cell/key.h"
@@ -63,7 +62,7 @@ struct CellMetadata {
   std::string codegen_version;
   KeyAxes axes;
   nlohmann::json envelope;   // EnvelopeFacts
-  nlohmann::json toolchain;  // the toolchain block (compile/toolchain.h)
+  nlohmann::json toolchain;  // the toolchain block (identity/toolchain.h)
   std::string sm;
   std::vector<EntryMetadata> entries;
   FenceFlags fence;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
@@ -37,8 +38,8 @@ struct TempDir {
   bool owned = false;
   ~TempDir() {
     if (owned && !path.empty() && std::getenv("KILN_KEEP_MINT_DIR") == nullptr) {
-      std::string out;
-      (void)RunProcess({"/bin/rm", "-rf", path}, &out);
+      std::error_code ec;  // a scratch directory left behind costs disk, never correctness
+      std::filesystem::remove_all(path, ec);
     }
   }
 };
@@ -95,17 +96,6 @@ Result<Samples> ReadSamples(const std::vector<std::map<std::string, std::string>
     out.push_back(std::move(sample));
   }
   return out;
-}
-
-Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, const std::string& sm) {
-  KeyAxes axes;
-  KILN_ASSIGN_OR_RETURN(axes.graph, GraphDigest(graph));
-  KILN_ASSIGN_OR_RETURN(nlohmann::json env, EnvelopeFacts(envelope));
-  KILN_ASSIGN_OR_RETURN(axes.envelope, FactsDigest(env));
-  axes.sm = sm.empty() ? DefaultSmTarget() : sm;
-  KILN_ASSIGN_OR_RETURN(Toolchain tc, LocalToolchain());
-  KILN_ASSIGN_OR_RETURN(axes.toolchain, tc.Digest());
-  return axes;
 }
 
 Result<MintResult> MintCell(const MintRequest& req) {
@@ -230,8 +220,7 @@ Result<LocalCell> CompileThroughStore(const MintRequest& request, LocalStore& st
     KILN_ASSIGN_OR_RETURN(MintResult minted, MintAndStore(request, store));
     bytes = std::move(minted.tar);
   }
-  KILN_ASSIGN_OR_RETURN(Toolchain toolchain, LocalToolchain());
-  AdmissionPolicy policy{key, DetectSmLevel(), toolchain.Block()};
+  KILN_ASSIGN_OR_RETURN(AdmissionPolicy policy, LocalAdmissionPolicy(key));
   KILN_ASSIGN_OR_RETURN(AdmittedCell admitted, AdmitCell(bytes, "", 0, policy));
   KILN_ASSIGN_OR_RETURN(out.cell, LoadAdmittedCell(admitted, request.weights, Lane::kExported,
                                                    private_dir, request.num_threads));

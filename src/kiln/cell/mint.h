@@ -66,9 +66,6 @@ struct MintResult {
 Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& describe,
                                                        const Envelope& envelope);
 
-// The key and its axes for a target, without compiling (`kiln key`).
-Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, const std::string& sm);
-
 // Reads sample inputs: one map per sample, input name -> .npy path. Errors name the file.
 Result<Samples> ReadSamples(const std::vector<std::map<std::string, std::string>>& paths);
 

@@ -1,5 +1,7 @@
-// Code provenance: a cell is the code its graph implies (cell layer, in `kiln_mint` because it
-// drives the code generator and the compiler; docs/trust.md).
+// Code provenance: a cell is the code its graph implies (cell layer; docs/trust.md). This header
+// is the part that needs no compiler (the refusal tokens and the byte comparison, used by the hub
+// and the worker); regenerating a source and rebuilding a shared object drive the code generator
+// and the compiler, and live in cell/regenerate.h (library `kiln_mint`).
 //
 // kiln's code generator is deterministic and its builds are byte-reproducible (law 15), so a
 // cell's two members can each be checked without trusting whoever published them:
@@ -26,9 +28,6 @@
 #include <string>
 
 #include "src/kiln/base/status.h"
-#include "src/kiln/cell/metadata.h"
-#include "src/kiln/cell/pack.h"
-#include "src/kiln/graph/ir.h"
 
 namespace kiln {
 
@@ -36,23 +35,6 @@ inline constexpr const char* kRefusalSourceMismatch = "source_mismatch";
 inline constexpr const char* kRefusalRebuildUnavailable = "rebuild_unavailable";
 inline constexpr const char* kRefusalRebuildFailed = "rebuild_failed";
 inline constexpr const char* kRefusalRebuildMismatch = "rebuild_mismatch";
-
-// The source this machine's code generator makes for `graph` with the cell's shape classes in its
-// entry order (the order the minting machine compiled them in). No compiler runs. Fails when the
-// graph does not compile for those classes, or when its digest is not the cell's graph axis.
-Result<std::string> RegenerateCellSource(const Graph& graph, const CellMetadata& metadata);
-
-// OK when `source` is byte-equal to RegenerateCellSource(graph, metadata); else
-// source_mismatch naming the first line that differs (its number and both texts, shortened).
-Status CheckSourceProvenance(const Graph& graph, const CellMetadata& metadata,
-                             const std::string& source);
-
-// Builds `source` as a mint built the cell described by `metadata`: this machine's toolchain,
-// which must equal the metadata's toolchain block (rebuild_unavailable otherwise), -march of its
-// sm, its key as the random seed, one compiler process per entry. `work_dir` must exist; it keeps
-// the intermediate files. Returns the shared object's bytes, or rebuild_failed.
-Result<std::string> RebuildSharedObject(const std::string& source, const CellMetadata& metadata,
-                                        const std::string& work_dir, int parallel_compiles = 2);
 
 // OK when `rebuilt` equals `published` byte for byte; else rebuild_mismatch naming both sizes,
 // both digests and the first differing offset.

@@ -14,9 +14,9 @@
 
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/cli/target_util.h"
-#include "src/kiln/compile/toolchain.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/identity/toolchain.h"
 #include "src/kiln/ops/dnnl_kernels.h"
 
 namespace kiln::cli {

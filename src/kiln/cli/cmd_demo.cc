@@ -181,6 +181,21 @@ std::string After(const std::string& text, const std::string& marker) {
   return at == std::string::npos ? text : text.substr(at + marker.size());
 }
 
+// An event row's `stages` field as "name:ms,name:ms" ("" when it has none).
+std::string StagesText(const nlohmann::json& row) {
+  std::string out;
+  const auto it = row.find("stages");
+  if (it == row.end() || !it->is_array()) return out;
+  for (const auto& s : *it) {
+    if (!s.is_object()) continue;
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "%s:%.1f", s.value("stage", std::string("?")).c_str(),
+                  s.value("ms", 0.0));
+    out += (out.empty() ? "" : ",") + std::string(buf);
+  }
+  return out;
+}
+
 double Median(std::vector<double> v) {
   if (v.empty()) return 0;
   std::sort(v.begin(), v.end());
@@ -318,8 +333,7 @@ Status RunFleetDemo(std::string examples, bool keep) {
       "compile\n",
       first_a.mode.c_str(), first_a.reason.c_str(), first_a.ms);
   std::printf("          minted in a child process in %.0f ms; stages (ms): %s\n",
-              phases.value("duration_ms", 0.0),
-              After(phases.value("detail", ""), "worker=micro-diffusion ").c_str());
+              phases.value("duration_ms", 0.0), StagesText(phases).c_str());
   std::printf("          strict gate on the live target: %s\n",
               After(numerics.value("detail", ""), "by=parent ").c_str());
   std::printf("          request %d switched to %s, none failed (%d eager before it)\n", a_requests,
@@ -340,9 +354,8 @@ Status RunFleetDemo(std::string examples, bool keep) {
   std::printf("\nworker B  boot_adopt %s in %.1f ms; ready in %.0f ms\n",
               b_boot_row.value("phase", "?").c_str(), adopt_ms, b_ready_ms);
   // The row's own breakdown: key, resolve, receipt, revocations, fetch, admit, open, bind, ...
-  const std::string stages = After(b_boot_row.value("detail", ""), "stages_ms=");
-  if (stages != b_boot_row.value("detail", "")) {
-    std::printf("          stages (ms): %s\n", stages.substr(0, stages.find(' ')).c_str());
+  if (const std::string stages = StagesText(b_boot_row); !stages.empty()) {
+    std::printf("          stages (ms): %s\n", stages.c_str());
   }
   std::printf("          first request: %s in %.0f ms\n          cell %s\n", first_b.mode.c_str(),
               first_b.ms, first_b.ref.c_str());

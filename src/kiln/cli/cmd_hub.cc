@@ -14,10 +14,11 @@
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/cell/pack.h"
-#include "src/kiln/cell/provenance.h"
+#include "src/kiln/cell/regenerate.h"
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/hub/builder.h"
+#include "src/kiln/hub/rebuild_child.h"
 #include "src/kiln/hub/server.h"
 
 namespace kiln::cli {

@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "src/kiln/compile/elementwise_table.h"
-#include "src/kiln/compile/toolchain.h"
+#include "src/kiln/identity/toolchain.h"
 #include "src/kiln/runtime/host.h"
 
 namespace kiln {
@@ -57,13 +57,19 @@ std::string CString(const std::string& s) {
 
 std::string ValueLiteral(const Tensor& t, int64_t i) {
   switch (t.dtype()) {
-    case DType::kFloat32: return FloatLit(t.data<float>()[i]);
-    case DType::kInt64: return Lit(t.data<int64_t>()[i]);
-    case DType::kFloat64: return DoubleLit(t.data<double>()[i]);
+    case DType::kFloat32:
+      return FloatLit(t.data<float>()[i]);
+    case DType::kInt64:
+      return Lit(t.data<int64_t>()[i]);
+    case DType::kFloat64:
+      return DoubleLit(t.data<double>()[i]);
     // Unsigned literals: a value past the signed range must not read as a negative number.
-    case DType::kUInt32: return std::to_string(t.data<uint32_t>()[i]) + "u";
-    case DType::kUInt64: return std::to_string(t.data<uint64_t>()[i]) + "ull";
-    default: return std::to_string(t.GetAsInt64(i));
+    case DType::kUInt32:
+      return std::to_string(t.data<uint32_t>()[i]) + "u";
+    case DType::kUInt64:
+      return std::to_string(t.data<uint64_t>()[i]) + "ull";
+    default:
+      return std::to_string(t.GetAsInt64(i));
   }
 }
 
@@ -147,7 +153,9 @@ class EntryEmitter {
       const Kernel& kern = p_.kernels[k];
       os_ << "  // kernel " << k << ": " << kern.label << "\n  {\n";
       switch (kern.kind) {
-        case Kernel::Kind::kFused: KILN_RETURN_IF_ERROR(EmitFused(kern)); break;
+        case Kernel::Kind::kFused:
+          KILN_RETURN_IF_ERROR(EmitFused(kern));
+          break;
         case Kernel::Kind::kMatMul:
         case Kernel::Kind::kGemm:
           if (mm_plans_[k].prepared && !mm_plans_[k].gelu.empty()) {
@@ -173,19 +181,33 @@ class EntryEmitter {
           KILN_RETURN_IF_ERROR(EmitConv(kern, &conv_index));
           KILN_RETURN_IF_ERROR(EmitEpilogue(kern));
           break;
-        case Kernel::Kind::kSoftmax: KILN_RETURN_IF_ERROR(EmitSoftmax(kern)); break;
-        case Kernel::Kind::kNorm: KILN_RETURN_IF_ERROR(EmitNorm(kern)); break;
-        case Kernel::Kind::kTranspose: KILN_RETURN_IF_ERROR(EmitTranspose(kern)); break;
-        case Kernel::Kind::kConcat: EmitConcat(kern); break;
-        case Kernel::Kind::kGather: EmitGather(kern); break;
-        case Kernel::Kind::kResize: EmitResize(kern); break;
+        case Kernel::Kind::kSoftmax:
+          KILN_RETURN_IF_ERROR(EmitSoftmax(kern));
+          break;
+        case Kernel::Kind::kNorm:
+          KILN_RETURN_IF_ERROR(EmitNorm(kern));
+          break;
+        case Kernel::Kind::kTranspose:
+          KILN_RETURN_IF_ERROR(EmitTranspose(kern));
+          break;
+        case Kernel::Kind::kConcat:
+          EmitConcat(kern);
+          break;
+        case Kernel::Kind::kGather:
+          EmitGather(kern);
+          break;
+        case Kernel::Kind::kResize:
+          EmitResize(kern);
+          break;
         case Kernel::Kind::kAttention:
           KILN_RETURN_IF_ERROR(EmitAttention(kern));
           break;
         case Kernel::Kind::kPool:
           EmitPool(kern);
           break;
-        case Kernel::Kind::kReference: EmitReference(kern, op_index++); break;
+        case Kernel::Kind::kReference:
+          EmitReference(kern, op_index++);
+          break;
       }
       os_ << "  }\n";
     }
@@ -617,9 +639,9 @@ class EntryEmitter {
       beta = 0.0f;
     }
     os_ << "    KILN_TRY(H->sgemm(" << ta << ", " << tb << ", " << Lit(M) << ", " << Lit(N) << ", "
-        << Lit(K) << ", " << FloatLit(alpha) << ", " << B(k.inputs[0]) << ", " << Lit(a[1])
-        << ", " << B(k.inputs[1]) << ", " << Lit(b[1]) << ", " << FloatLit(beta) << ", " << Y
-        << ", " << Lit(N) << ", " << GemmThreads(M, N, K) << "));\n";
+        << Lit(K) << ", " << FloatLit(alpha) << ", " << B(k.inputs[0]) << ", " << Lit(a[1]) << ", "
+        << B(k.inputs[1]) << ", " << Lit(b[1]) << ", " << FloatLit(beta) << ", " << Y << ", "
+        << Lit(N) << ", " << GemmThreads(M, N, K) << "));\n";
     return Status::OK();
   }
 
@@ -673,8 +695,7 @@ class EntryEmitter {
     if (k.conv_sum) {
       // The residual may already live in the output's memory (planned in place).
       os_ << "    if ((const void*)" << Y << " != (const void*)" << B(k.inputs.back())
-          << ") memcpy(" << Y << ", " << B(k.inputs.back()) << ", " << NumElements(y) * 4
-          << ");\n";
+          << ") memcpy(" << Y << ", " << B(k.inputs.back()) << ", " << NumElements(y) * 4 << ");\n";
     }
     const std::string bias = has_bias ? B(k.inputs[2]) : std::string("NULL");
     if (!BoundWeight(k, "").empty()) {

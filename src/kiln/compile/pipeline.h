@@ -7,11 +7,11 @@
 #include <vector>
 
 #include "src/kiln/base/status.h"
-#include "src/kiln/graph/shape_class.h"
+#include "src/kiln/compile/driver.h"
 #include "src/kiln/compile/emit_cpp.h"
 #include "src/kiln/compile/program.h"
-#include "src/kiln/compile/toolchain.h"
 #include "src/kiln/graph/ir.h"
+#include "src/kiln/graph/shape_class.h"
 
 namespace kiln {
 

@@ -47,10 +47,6 @@ constexpr bool kAddressSanitizer = false;
 constexpr bool kAddressSanitizer = false;
 #endif
 
-constexpr int kChildBuilt = 0;
-constexpr int kChildRefused = 2;
-constexpr int kChildBadRequest = 4;
-
 std::string SelfExe() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -247,13 +243,13 @@ class SandboxedBuilder final : public CellBuilder {
       auto parsed = ParseJson(*report_text, "rebuild report");
       if (parsed.ok() && parsed->is_object()) report = *parsed;
     }
-    if (code == kChildRefused) {
+    if (code == kRebuildChildRefused) {
       const std::string token = report.value("token", std::string(kRefusalRebuildFailed));
       const bool known = token == kRefusalRebuildUnavailable || token == kRefusalRebuildFailed;
       return Refused(known ? token.c_str() : kRefusalRebuildFailed,
                      report.value("message", std::string("refused; log: ") + log));
     }
-    if (code != kChildBuilt) {
+    if (code != kRebuildChildBuilt) {
       return Refused(kRefusalRebuildFailed,
                      "the rebuild child exited " + std::to_string(code) + "; log: " + log);
     }
@@ -383,44 +379,10 @@ class SandboxedBuilder final : public CellBuilder {
   int running_ = 0;
 };
 
-void WriteReport(const std::string& dir, const std::string& status, const std::string& token,
-                 const std::string& message) {
-  nlohmann::json r{{"status", status}, {"token", token}, {"message", message}};
-  WriteFileAtomic(dir + "/report.json", r.dump(), Durability::kScratch).IgnoreError();
-}
-
 }  // namespace
 
 std::unique_ptr<CellBuilder> NewSandboxedBuilder(SandboxOptions options) {
   return std::make_unique<SandboxedBuilder>(std::move(options));
-}
-
-int RunRebuildChild(const std::string& dir) {
-  auto metadata_text = ReadFile(dir + "/metadata.json");
-  auto source = ReadFile(dir + "/cell.cc");
-  if (!metadata_text.ok() || !source.ok()) {
-    WriteReport(dir, "bad_request", "", "metadata.json or cell.cc missing in " + dir);
-    return kChildBadRequest;
-  }
-  auto metadata = ParseMetadata(*metadata_text, dir + "/metadata.json");
-  if (!metadata.ok()) {
-    WriteReport(dir, "bad_request", "", metadata.status().ToString());
-    return kChildBadRequest;
-  }
-  int parallel = 2;
-  if (const char* p = std::getenv("KILN_REBUILD_PARALLEL")) parallel = std::max(1, std::atoi(p));
-  auto so = RebuildSharedObject(*source, *metadata, dir + "/build", parallel);
-  if (!so.ok()) {
-    WriteReport(dir, "refused", so.status().token(), so.status().message());
-    return kChildRefused;
-  }
-  Status wrote = WriteFileAtomic(dir + "/out/cell.so", *so, Durability::kScratch);
-  if (!wrote.ok()) {
-    WriteReport(dir, "refused", kRefusalRebuildFailed, wrote.ToString());
-    return kChildRefused;
-  }
-  WriteReport(dir, "built", "", "");
-  return kChildBuilt;
 }
 
 }  // namespace kiln

@@ -75,8 +75,10 @@ struct SandboxOptions {
 
 std::unique_ptr<CellBuilder> NewSandboxedBuilder(SandboxOptions options);
 
-// The child's side: reads DIR/metadata.json and DIR/cell.cc, writes DIR/out/cell.so and
-// DIR/report.json. Exit codes: 0 built, 2 refused (the token is in the report), 4 bad request.
-int RunRebuildChild(const std::string& dir);
+// The child's exit codes (its side is hub/rebuild_child.h): built, refused (the token is in
+// DIR/report.json), bad request.
+inline constexpr int kRebuildChildBuilt = 0;
+inline constexpr int kRebuildChildRefused = 2;
+inline constexpr int kRebuildChildBadRequest = 4;
 
 }  // namespace kiln

@@ -20,7 +20,8 @@ namespace {
 // Schema version 2 (see sqlite_store.cc): cells owned per (key, family), intents per (key,
 // digest, publisher), remembered token revocations; tokens live in each hub's tokens file. The
 // statements are idempotent, so a database of version 1 is brought forward by running them (the
-// primary keys are replaced in place; the rows are kept).
+// primary keys are replaced in place; the rows are kept). Event rows' structured fields (target,
+// ref, fn, stages) are added to an older events table the same way, with "" for old rows.
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
   key TEXT NOT NULL, digest TEXT NOT NULL, size BIGINT NOT NULL, family TEXT NOT NULL,
@@ -58,6 +59,10 @@ CREATE TABLE IF NOT EXISTS events (
   id BIGSERIAL PRIMARY KEY, worker TEXT NOT NULL, seq BIGINT NOT NULL,
   kind TEXT NOT NULL, phase TEXT NOT NULL, key TEXT NOT NULL, duration_ms DOUBLE PRECISION NOT NULL,
   detail TEXT NOT NULL, ts BIGINT NOT NULL);
+ALTER TABLE events ADD COLUMN IF NOT EXISTS target TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN IF NOT EXISTS ref TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN IF NOT EXISTS fn TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN IF NOT EXISTS stages TEXT NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
 )sql";
@@ -74,7 +79,8 @@ constexpr const char* kResolveSql =
     "SELECT c.key, c.digest, c.size, c.family, c.publisher, c.tier, c.release, c.receipt, "
     "c.created_at, r.reason, r.revoked_by, r.revoked_at FROM cells c LEFT JOIN revocations r "
     "ON r.key = c.key AND r.digest = c.digest WHERE c.key = $1 AND c.family = $2";
-constexpr const char* kEventCols = "id, worker, seq, kind, phase, key, duration_ms, detail, ts";
+constexpr const char* kEventCols =
+    "id, worker, seq, kind, phase, key, duration_ms, detail, ts, target, ref, fn, stages";
 
 std::string S(const pqxx::field& f) { return f.is_null() ? std::string() : f.as<std::string>(); }
 int64_t I(const pqxx::field& f) { return f.is_null() ? 0 : f.as<int64_t>(); }
@@ -129,6 +135,10 @@ StoredEvent ReadEvent(const pqxx::row& r) {
   e.duration_ms = r[6].is_null() ? 0 : r[6].as<double>();
   e.detail = S(r[7]);
   e.ts = I(r[8]);
+  e.target = S(r[9]);
+  e.ref = S(r[10]);
+  e.fn = S(r[11]);
+  e.stages = S(r[12]);
   return e;
 }
 
@@ -432,9 +442,10 @@ class PostgresStore final : public HubStore {
     return Do("insert events", [&](pqxx::transaction_base& w) {
       for (const auto& e : rows) {
         w.exec_params(
-            "INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts) VALUES "
-            "($1,$2,$3,$4,$5,$6,$7,$8)",
-            e.worker, e.seq, e.kind, e.phase, e.key, e.duration_ms, e.detail, e.ts);
+            "INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts, target, "
+            "ref, fn, stages) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)",
+            e.worker, e.seq, e.kind, e.phase, e.key, e.duration_ms, e.detail, e.ts, e.target, e.ref,
+            e.fn, e.stages);
       }
     });
   }

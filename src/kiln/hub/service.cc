@@ -125,6 +125,11 @@ nlohmann::json ObligationJson(const ObligationRow& o) {
 }
 
 nlohmann::json EventJson(const StoredEvent& e) {
+  nlohmann::json stages = nlohmann::json::array();
+  if (!e.stages.empty()) {
+    auto parsed = nlohmann::json::parse(e.stages, nullptr, false);
+    if (parsed.is_array()) stages = std::move(parsed);  // the service stored it checked
+  }
   return {{"id", e.id},
           {"worker", e.worker},
           {"seq", e.seq},
@@ -133,7 +138,38 @@ nlohmann::json EventJson(const StoredEvent& e) {
           {"key", e.key},
           {"duration_ms", e.duration_ms},
           {"detail", e.detail},
-          {"ts", e.ts}};
+          {"ts", e.ts},
+          {"target", e.target},
+          {"ref", e.ref},
+          {"fn", e.fn},
+          {"stages", stages}};
+}
+
+// A posted row's `stages`: absent or null = none; else an array of at most 64
+// {"stage": non-empty string of at most 64 bytes, "ms": number}. Stored as compact JSON.
+Result<std::string> CheckStages(const nlohmann::json& row) {
+  const auto it = row.find("stages");
+  if (it == row.end() || it->is_null()) return std::string();
+  if (!it->is_array()) return Status::InvalidArgument("'stages' must be an array");
+  if (it->size() > 64) {
+    return Status::InvalidArgument("'stages' has " + std::to_string(it->size()) +
+                                   " entries, at most 64");
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (size_t i = 0; i < it->size(); ++i) {
+    const auto& s = (*it)[i];
+    const std::string at = "stages[" + std::to_string(i) + "]";
+    if (!s.is_object() || s.size() != 2 || !s.contains("stage") || !s.contains("ms")) {
+      return Status::InvalidArgument(at + " must be {\"stage\": NAME, \"ms\": NUMBER}");
+    }
+    if (!s["stage"].is_string() || s["stage"].get<std::string>().empty() ||
+        s["stage"].get<std::string>().size() > 64) {
+      return Status::InvalidArgument(at + ".stage must be a string of 1 to 64 bytes");
+    }
+    if (!s["ms"].is_number()) return Status::InvalidArgument(at + ".ms must be a number");
+    out.push_back({{"stage", s["stage"]}, {"ms", s["ms"].get<double>()}});
+  }
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 }  // namespace
@@ -917,8 +953,16 @@ Reply HubService::PostEvents(const Principal& p, std::string_view body) {
     e.key = Str(r, "key", &bad);
     if (e.key.empty()) e.key = Str(r, "ref", &bad);
     e.detail = Str(r, "detail", &bad);
+    e.target = Str(r, "target", &bad);
+    e.ref = Str(r, "ref", &bad);
+    e.fn = Str(r, "fn", &bad);
     const std::string instance = Str(r, "instance", &bad);
     if (!bad.empty()) return Reply::Error(400, "bad_request", where + ": " + bad);
+    auto stages = CheckStages(r);
+    if (!stages.ok()) {
+      return Reply::Error(400, "bad_request", where + ": " + stages.status().message());
+    }
+    e.stages = *std::move(stages);
     if (e.kind.empty()) return Reply::Error(400, "bad_request", where + ": 'kind' is required");
     // A worker token speaks for its own name only (and its processes: "<name>/<instance>").
     if (p.role != "admin" && !e.worker.empty() && e.worker != p.name &&

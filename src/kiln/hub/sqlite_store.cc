@@ -21,9 +21,10 @@ namespace kiln {
 
 namespace {
 
-// Schema version 2: cells are owned per (key, family), intents per (key, digest, publisher), and
-// admin-revoked tokens are remembered (the tokens themselves are each hub's tokens file).
-constexpr int kSchemaVersion = 2;
+// Schema version 3: cells are owned per (key, family), intents per (key, digest, publisher),
+// admin-revoked tokens are remembered (the tokens themselves are each hub's tokens file), and an
+// event row keeps its target, ref, fn and stages as columns.
+constexpr int kSchemaVersion = 3;
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
   key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
@@ -48,7 +49,8 @@ CREATE TABLE IF NOT EXISTS obligations (
 CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, worker TEXT NOT NULL, seq INTEGER NOT NULL,
   kind TEXT NOT NULL, phase TEXT NOT NULL, key TEXT NOT NULL, duration_ms REAL NOT NULL,
-  detail TEXT NOT NULL, ts INTEGER NOT NULL);
+  detail TEXT NOT NULL, ts INTEGER NOT NULL, target TEXT NOT NULL DEFAULT '',
+  ref TEXT NOT NULL DEFAULT '', fn TEXT NOT NULL DEFAULT '', stages TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -74,6 +76,14 @@ CREATE TABLE intents (
 INSERT INTO intents SELECT * FROM intents_v1;
 DROP TABLE intents_v1;
 DROP TABLE IF EXISTS tokens;
+)sql";
+
+// From version 2 (or 1): event rows gain their structured fields; old rows have none.
+constexpr const char* kMigrateEventsTo3 = R"sql(
+ALTER TABLE events ADD COLUMN target TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN ref TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN fn TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN stages TEXT NOT NULL DEFAULT '';
 )sql";
 
 // SQLite's primary result codes that mean the file itself is damaged (not busy, not full).
@@ -192,6 +202,10 @@ StoredEvent ReadEvent(const Stmt& s) {
   r.duration_ms = s.Real(6);
   r.detail = s.Text(7);
   r.ts = s.Int(8);
+  r.target = s.Text(9);
+  r.ref = s.Text(10);
+  r.fn = s.Text(11);
+  r.stages = s.Text(12);
   return r;
 }
 
@@ -495,10 +509,10 @@ class SqliteStore final : public HubStore {
     KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin"));
     for (const auto& r : rows) {
       Stmt s(db_,
-             "INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts) VALUES "
-             "(?,?,?,?,?,?,?,?)");
+             "INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts, target, "
+             "ref, fn, stages) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
       s.Bind(r.worker).Bind(r.seq).Bind(r.kind).Bind(r.phase).Bind(r.key).Bind(r.duration_ms);
-      s.Bind(r.detail).Bind(r.ts);
+      s.Bind(r.detail).Bind(r.ts).Bind(r.target).Bind(r.ref).Bind(r.fn).Bind(r.stages);
       Status st = s.Run("insert event");
       if (!st.ok()) {
         Exec("ROLLBACK", "rollback").IgnoreError();
@@ -510,7 +524,8 @@ class SqliteStore final : public HubStore {
   Result<std::vector<StoredEvent>> QueryEvents(const EventFilter& f) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
-           "SELECT id, worker, seq, kind, phase, key, duration_ms, detail, ts FROM events WHERE "
+           "SELECT id, worker, seq, kind, phase, key, duration_ms, detail, ts, target, ref, fn, "
+           "stages FROM events WHERE "
            "(? = '' OR worker = ?) AND (? = '' OR kind = ?) AND (? = '' OR phase = ?) AND ts >= ? "
            "ORDER BY id DESC LIMIT ?");
     s.Bind(f.worker).Bind(f.worker).Bind(f.kind).Bind(f.kind).Bind(f.phase).Bind(f.phase);
@@ -551,19 +566,27 @@ class SqliteStore final : public HubStore {
   // Creates the schema, or brings an older one to kSchemaVersion.
   Status Migrate() {
     std::lock_guard<std::mutex> lock(mu_);
-    int version = 0;
-    {
+    auto version_now = [&] {
       Stmt v(db_, "PRAGMA user_version");
-      if (v.Step() == SQLITE_ROW) version = static_cast<int>(v.Int(0));
-    }
-    if (version >= kSchemaVersion) return Exec(kSchema, "create schema");
-    bool had_cells = false;
-    {
-      Stmt t(db_, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'cells'");
-      had_cells = t.Step() == SQLITE_ROW;
-    }
+      return v.Step() == SQLITE_ROW ? static_cast<int>(v.Int(0)) : 0;
+    };
+    if (version_now() >= kSchemaVersion) return Exec(kSchema, "create schema");
+    // Decided inside the write transaction: another hub opening the same file migrates first or
+    // after, never on the same reading of the version.
     KILN_RETURN_IF_ERROR(Exec("BEGIN IMMEDIATE", "begin migration"));
-    Status st = had_cells ? Exec(kMigrateFrom1, "migrate schema 1 to 2") : Status::OK();
+    const int version = version_now();
+    auto has_table = [&](const char* name) {
+      Stmt t(db_, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
+      t.Bind(std::string(name));
+      return t.Step() == SQLITE_ROW;
+    };
+    Status st;
+    if (version < kSchemaVersion) {
+      if (has_table("cells") && version < 2) st = Exec(kMigrateFrom1, "migrate schema 1 to 2");
+      if (st.ok() && has_table("events")) {
+        st = Exec(kMigrateEventsTo3, "migrate events to schema 3");
+      }
+    }
     if (st.ok()) st = Exec(kSchema, "create schema");
     if (st.ok()) {
       st = Exec(("PRAGMA user_version = " + std::to_string(kSchemaVersion)).c_str(),

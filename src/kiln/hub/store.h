@@ -112,7 +112,13 @@ struct StoredEvent {
   std::string key;
   double duration_ms = 0;
   std::string detail;
-  int64_t ts = 0;  // unix milliseconds, as the worker reported it
+  int64_t ts = 0;      // unix milliseconds, as the worker reported it
+  std::string target;  // the worker's target the row is about ("" when none)
+  std::string ref;     // key@digest of the cell it is about ("" when none)
+  std::string fn;      // the model name a request asked for ("" when none)
+  // Named stages of duration_ms in order, as canonical JSON [{"stage":..,"ms":..},..] ("[]" or
+  // "" when none); the service checked its shape before it stored it.
+  std::string stages;
 };
 
 struct EventFilter {

@@ -743,6 +743,12 @@ Status Conv2d(const Conv2dParams& p, const float* x, const float* w, const float
   }
 }
 
+std::string LoadedKernelLibraryVersion() {
+  const dnnl_version_t* v = dnnl_version();
+  return std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) + "+" + v->hash;
+}
+
 Status ApplyPostOp(int post_op, float* y, int64_t n) {
   switch (post_op) {
     case 0:

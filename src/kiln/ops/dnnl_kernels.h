@@ -118,6 +118,10 @@ Status RunMatmul(const PreparedMatmul& m, const float* a, const float* w, const 
 // The oneDNN implementation the primitive runs ("brg:avx512_core", ...), for dumps and tests.
 std::string MatmulImplementation(const PreparedMatmul& m);
 
+// The loaded oneDNN's version as "major.minor.patch+hash" (identity/toolchain.h records the
+// header's; the two must agree).
+std::string LoadedKernelLibraryVersion();
+
 // Applies a kiln_post_op code in place to n floats; InvalidArgument for an unknown code.
 Status ApplyPostOp(int post_op, float* y, int64_t n);
 

@@ -1,11 +1,9 @@
 // Boot-adopt (worker layer): local store -> hub resolve -> receipt gate -> fetch by digest ->
 // admission -> load -> install, one boot_adopt row per target. See boot.h for the order.
 //
-// Layering note (docs/design.md §3): worker/ reaches compiler headers only through cell/ and the
-// mint driver. This file includes compile/toolchain.h for exactly two read-only facts, the
-// machine's sm level (DetectSmLevel) and its toolchain block (LocalToolchain().Block()), which
-// admission compares a cell against; the key itself comes from cell/mint.h (DeriveKeyAxes,
-// KeyFromAxes), the same functions that minted it (law 3). Nothing here compiles.
+// Nothing here compiles or reaches a compiler header: the key comes from cell/key.h
+// (DeriveKeyAxes, KeyFromAxes), the same functions that minted it (law 3), and what this machine
+// accepts from cell/admission.h (LocalAdmissionPolicy: its sm level and toolchain block).
 #include "src/kiln/worker/boot.h"
 
 #include <atomic>
@@ -24,7 +22,7 @@
 #include "src/kiln/cell/mint.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/provenance.h"
-#include "src/kiln/compile/toolchain.h"  // sm level + toolchain block only (see the note above)
+#include "src/kiln/cell/regenerate.h"
 
 namespace kiln {
 namespace {
@@ -86,19 +84,20 @@ class StageClock {
     stages_.emplace_back(second, total - first_ms);
     last_ = now;
   }
+  const std::vector<std::pair<std::string, double>>& stages() const { return stages_; }
   std::string Render() const {
     std::string out;
     char buf[32];
     for (const auto& [name, ms] : stages_) {
       std::snprintf(buf, sizeof buf, "%.2f", ms);
-      out += (out.empty() ? "" : ",") + std::string(name) + ":" + buf;
+      out += (out.empty() ? "" : ",") + name + ":" + buf;
     }
     return out;
   }
 
  private:
   std::chrono::steady_clock::time_point last_;
-  std::vector<std::pair<const char*, double>> stages_;
+  std::vector<std::pair<std::string, double>> stages_;
 };
 
 // Transport tokens of the hub client: the hub could not be asked.
@@ -205,6 +204,7 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
     }
     out.duration_ms = MsSince(start);
     out.stages_ms = clock.Render();
+    out.stages = clock.stages();
     if (ctx.events != nullptr) {
       EventRow row;
       row.kind = event_kind::kBootAdopt;
@@ -217,6 +217,7 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
       if (!ctx.worker.empty()) row.detail += " worker=" + ctx.worker;
       if (!out.detail.empty()) row.detail += " " + out.detail;
       if (!out.stages_ms.empty()) row.detail += " stages_ms=" + out.stages_ms;
+      row.stages = out.stages;
       ctx.events->Append(std::move(row));
     }
     return out;
@@ -236,9 +237,9 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
   out.key = *key;
   clock.Mark("key");
 
-  auto toolchain = LocalToolchain();
-  if (!toolchain.ok()) return finish(kBootKeyUnderivable, toolchain.status().ToString());
-  const AdmissionPolicy policy{out.key, DetectSmLevel(), toolchain->Block()};
+  auto local_policy = LocalAdmissionPolicy(out.key);
+  if (!local_policy.ok()) return finish(kBootKeyUnderivable, local_policy.status().ToString());
+  const AdmissionPolicy policy = *std::move(local_policy);
   clock.Mark("toolchain");
 
   // Load + bind + arm on the exported lane, then install. Only ever called on an AdmittedCell.

@@ -107,9 +107,10 @@ struct BootOutcome {
   std::string ref;                  // key@digest of the installed cell; "" otherwise
   std::string detail;               // prose: the refusal's message, the resolve token
   double duration_ms = 0;           // the whole call, measured
-  // Where that time went, stage by stage in call order ("toolchain:3.10,key:0.41,..."), so an
-  // operator can see which step of a slow boot was slow. The row's detail carries it as
-  // `stages_ms=`.
+  // Where that time went, stage by stage in call order, so an operator can see which step of a
+  // slow boot was slow: `stages` as data (the event row's `stages` field), `stages_ms` as the
+  // same list in words ("toolchain:3.10,key:0.41,...") for the row's prose detail.
+  std::vector<std::pair<std::string, double>> stages;
   std::string stages_ms;
   // The refusal came from not reaching the hub (down, timeout, 5xx): the same call may succeed
   // later, so the caller retries it instead of applying the miss policy.

@@ -11,8 +11,8 @@ namespace kiln {
 
 namespace {
 
-// The hub's row carries no target or fn column; they travel in the detail, as `target=`/`fn=`
-// words (docs/design.md §10: detail is prose with key=, fn=, target=).
+// The hub stores target, ref, fn and stages as fields; the detail stays prose for a human and
+// also names fn= and target=, so a row read alone still says whom it was about.
 nlohmann::json HubRow(const EventRow& row, const std::string& worker) {
   std::string detail = row.detail;
   auto add_word = [&](const char* name, const std::string& value) {
@@ -28,7 +28,11 @@ nlohmann::json HubRow(const EventRow& row, const std::string& worker) {
                       {"key", row.key.empty() ? row.ref : row.key},
                       {"duration_ms", row.duration_ms},
                       {"detail", detail},
-                      {"ts", row.ts_ms}};
+                      {"ts", row.ts_ms},
+                      {"target", row.target},
+                      {"ref", row.ref},
+                      {"fn", row.fn},
+                      {"stages", StagesJson(row.stages)}};
   if (!worker.empty()) j["instance"] = worker;
   return j;
 }

@@ -64,6 +64,12 @@ bool IsKnownEventKind(const std::string& kind) {
   return false;
 }
 
+nlohmann::json StagesJson(const std::vector<std::pair<std::string, double>>& stages) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& [name, ms] : stages) out.push_back({{"stage", name}, {"ms", ms}});
+  return out;
+}
+
 std::string ToJsonLine(const EventRow& row) {
   nlohmann::ordered_json j;
   j["seq"] = row.seq;
@@ -76,6 +82,7 @@ std::string ToJsonLine(const EventRow& row) {
   j["target"] = row.target;
   j["detail"] = row.detail;
   j["ts_ms"] = row.ts_ms;
+  j["stages"] = StagesJson(row.stages);
   // Invalid UTF-8 (a name from a request) is replaced, never thrown.
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }

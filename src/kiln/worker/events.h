@@ -19,7 +19,9 @@
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "src/kiln/base/status.h"
@@ -66,10 +68,16 @@ struct EventRow {
   std::string target;
   std::string detail;
   int64_t ts_ms = 0;  // wall clock (Unix ms), assigned by Append when 0
+  // Where duration_ms went, stage by stage in call order (boot_adopt: key, toolchain, resolve,
+  // ...); empty for rows that time one thing. A field, so nobody parses it out of `detail`.
+  std::vector<std::pair<std::string, double>> stages;
 };
 
 // One JSON object on one line (no trailing newline), fields in the order of EventRow.
 std::string ToJsonLine(const EventRow& row);
+// `stages` as JSON: [{"stage": name, "ms": ms}, ...] in order ([] when none). The worker's
+// /v1/events, its event file and the rows it forwards to the hub all use this form.
+nlohmann::json StagesJson(const std::vector<std::pair<std::string, double>>& stages);
 
 // A /v1/events query. Empty strings match anything.
 struct EventQuery {

@@ -1,9 +1,7 @@
 // Minter: mint children, their watchdog, and adopting what they made (see minter.h).
 //
-// Layering note (docs/design.md §3): this is the mint driver, the one worker file besides boot.cc
-// that reaches compile/toolchain.h, for the same two read-only facts (this machine's sm level and
-// its toolchain block), which admission compares the child's cell against. Nothing here compiles:
-// the compiler runs in the child process.
+// Nothing here compiles or reaches a compiler header: the compiler runs in the child process, and
+// the child's cell is judged by admission against this machine's policy (LocalAdmissionPolicy).
 #include "src/kiln/worker/minter.h"
 
 #include <dirent.h>
@@ -31,7 +29,6 @@
 #include "src/kiln/cell/gate.h"
 #include "src/kiln/cell/mint.h"
 #include "src/kiln/cell/pack.h"
-#include "src/kiln/compile/toolchain.h"  // sm level + toolchain block only (see the note above)
 #include "src/kiln/worker/mint_child.h"
 
 namespace kiln {
@@ -112,6 +109,12 @@ std::string PhasesDetail(const MintChildReport& report) {
   return s;
 }
 
+std::vector<std::pair<std::string, double>> PhaseStages(const MintChildReport& report) {
+  std::vector<std::pair<std::string, double>> out;
+  for (const auto& p : report.phases) out.emplace_back(p.phase, p.ms);
+  return out;
+}
+
 std::string SelfExe() {
   char buf[4096];
   const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -159,7 +162,8 @@ bool Minter::WaitIdle(int timeout_ms) {
 }
 
 void Minter::Emit(const char* kind, const std::string& phase, double ms, const std::string& key,
-                  const std::string& ref, const std::string& target, const std::string& detail) {
+                  const std::string& ref, const std::string& target, const std::string& detail,
+                  std::vector<std::pair<std::string, double>> stages) {
   if (options_.events == nullptr) return;
   EventRow row;
   row.kind = kind;
@@ -171,6 +175,7 @@ void Minter::Emit(const char* kind, const std::string& phase, double ms, const s
   row.detail = (key.empty() ? "" : "key=" + key + " ") + "target=" + target;
   if (!options_.worker.empty()) row.detail += " worker=" + options_.worker;
   if (!detail.empty()) row.detail += " " + detail;
+  row.stages = std::move(stages);
   options_.events->Append(std::move(row));
 }
 
@@ -525,10 +530,9 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
   // 2. Admission, as for any cell (law 4), against the digest the child reported.
   auto bytes = ReadFile(report.artifact);
   if (!bytes.ok()) return abort(kMintChildCrashed, bytes.status().ToString(), false);
-  auto toolchain = LocalToolchain();
-  if (!toolchain.ok()) return abort(kMintArmRefused, toolchain.status().ToString(), false);
-  const AdmissionPolicy policy{job->key, DetectSmLevel(), toolchain->Block()};
-  auto admitted = AdmitCell(*bytes, report.digest, bytes->size(), policy);
+  auto policy = LocalAdmissionPolicy(job->key);
+  if (!policy.ok()) return abort(kMintArmRefused, policy.status().ToString(), false);
+  auto admitted = AdmitCell(*bytes, report.digest, bytes->size(), *policy);
   if (!admitted.ok()) {
     const std::string& token = admitted.status().token();
     return abort(token.empty() ? kMintArmRefused : token, admitted.status().ToString(), false);
@@ -595,7 +599,8 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
        PhasesDetail(report) + " child_wall=" + std::to_string(static_cast<int64_t>(child.ms)) +
            " adopt=" + std::to_string(static_cast<int64_t>(MsSince(adopt_start))) +
            " frames=" + std::to_string(child.frames) + " attempts=" + std::to_string(attempts) +
-           " peak_rss_kb=" + std::to_string(report.peak_rss_kb));
+           " peak_rss_kb=" + std::to_string(report.peak_rss_kb),
+       PhaseStages(report));
   std::error_code ec;
   std::filesystem::remove_all(job->dir, ec);
   // 5. Publish in the background (readiness never waits for it).

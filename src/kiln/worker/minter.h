@@ -113,7 +113,8 @@ class Minter {
   // The memory check; "" when the mint fits, else the row's detail.
   std::string MemoryShortfall(const ServedTarget& target) const;
   void Emit(const char* kind, const std::string& phase, double ms, const std::string& key,
-            const std::string& ref, const std::string& target, const std::string& detail);
+            const std::string& ref, const std::string& target, const std::string& detail,
+            std::vector<std::pair<std::string, double>> stages = {});
   void Launch(std::shared_ptr<Job> job, bool intake);
 
   const MinterOptions options_;

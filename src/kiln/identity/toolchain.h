@@ -1,24 +1,25 @@
-// Toolchain and machine-target identity, and the compiler driver (compile layer).
+// What a cell's identity says about the machine and the tools that built it (identity layer:
+// above runtime, whose ABI version it records, and below compile, cell, worker and hub, which all
+// read it; it links no compiler, no interpreter and no kernel library).
 //
 // The toolchain block is everything that forces a recompile: the system compiler's identity
 // (version string and a SHA-256 of its driver binary), the fixed flags, the kernel library's and
 // runtime ABI's versions, and the codegen version. Its facts digest is the key's `toolchain` axis.
 // `sm` is the CPU ISA level a cell is built for: detected from CPUID and clamped to a published
 // level so a cell runs on every machine of that level (kiln's default ceiling is x86-64-v3).
+// Running the compiler is compile/driver.h's job; this file only names it.
 #pragma once
 
-#include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "src/kiln/base/status.h"
 
 namespace kiln {
 
 // "kiln-codegen-1+<hash>": the hash covers the compiler, runtime and op-kernel sources this
-// binary was built from (see compile/CMakeLists.txt), so any change to what a cell computes
+// binary was built from (see identity/CMakeLists.txt), so any change to what a cell computes
 // changes the toolchain axis.
 extern const char* const kCodegenVersion;
 
@@ -30,16 +31,23 @@ std::string DefaultSmTarget();
 // Position of a level in KnownSmLevels(), or -1.
 int SmRank(const std::string& level);
 
+// The kernel library's version as this binary was built against it: oneDNN's
+// "major.minor.patch+hash" from its version header. Taken from the header, not from a call into
+// the library, so that reading identity links no kernel library. A binary whose loaded library
+// differs from its headers is a packaging fault; tests/compile/toolchain_test.cc compares this
+// with what the loaded library reports (ops/dnnl_kernels.h LoadedKernelLibraryVersion).
+std::string KernelLibraryVersion();
+
 struct Toolchain {
-  std::string compiler_path;     // resolved path of the C++ compiler driver
-  std::string compiler_version;  // first line of `<compiler> --version`
-  std::string compiler_sha256;   // of the driver binary
+  std::string compiler_path;       // resolved path of the C++ compiler driver
+  std::string compiler_version;    // first line of `<compiler> --version`
+  std::string compiler_sha256;     // of the driver binary
   std::vector<std::string> flags;  // fixed flags, without -march (that is the sm axis)
   std::string onednn_version;
   int runtime_abi = 0;
   std::string codegen_version;
 
-  nlohmann::json Block() const;  // the toolchain block recorded in metadata.json
+  nlohmann::json Block() const;        // the toolchain block recorded in metadata.json
   Result<std::string> Digest() const;  // FactsDigest(Block())
 };
 
@@ -55,27 +63,5 @@ Result<Toolchain> LocalToolchain();
 Result<std::string> CompilerVersion(const std::string& compiler_path,
                                     const std::string& compiler_sha256,
                                     const std::string& cache_root);
-
-// Runs the system compiler. Real implementation plus one that records commands (tests).
-class CompilerDriver {
- public:
-  virtual ~CompilerDriver() = default;
-  // Compiles `source_path` into an object file with the fixed flags, -march=<sm>, and extra
-  // defines. Reproducible: -frandom-seed=<seed>, -ffile-prefix-map=<work_dir>=/kiln, no debug
-  // info, no timestamps. Errors carry the compiler's stderr.
-  virtual Status CompileObject(const std::string& source_path, const std::string& object_path,
-                               const std::string& sm, const std::vector<std::string>& defines,
-                               const std::string& seed, const std::string& work_dir) = 0;
-  // Links objects into a shared object (no undefined symbols besides libc/libm).
-  virtual Status LinkShared(const std::vector<std::string>& objects, const std::string& so_path,
-                            const std::string& work_dir) = 0;
-};
-
-std::unique_ptr<CompilerDriver> MakeSystemCompilerDriver(const Toolchain& toolchain);
-
-// Runs argv (no shell), capturing stdout+stderr; returns the exit code. Shared by the driver and
-// `--version` probing.
-Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output,
-                       const std::string& cwd = "");
 
 }  // namespace kiln

@@ -1,17 +1,15 @@
-// Toolchain identity, sm detection and the system compiler driver (see toolchain.h).
-#include "src/kiln/compile/toolchain.h"
+// Toolchain identity and sm detection (see toolchain.h).
+#include "src/kiln/identity/toolchain.h"
 
 #include <cpuid.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_version.h>
 #include <stdlib.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <mutex>
 
 #include "src/kiln/base/canonical_json.h"
@@ -19,6 +17,7 @@
 #include "src/kiln/base/log.h"
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/base/sm_levels.h"
+#include "src/kiln/base/subprocess.h"
 #include "src/kiln/runtime/cell_abi.h"
 
 #ifndef KILN_CODEGEN_SOURCES_HASH
@@ -145,48 +144,9 @@ nlohmann::json Toolchain::Block() const {
 
 Result<std::string> Toolchain::Digest() const { return FactsDigest(Block()); }
 
-Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output,
-                       const std::string& cwd) {
-  if (argv.empty()) return Status::InvalidArgument("RunProcess: empty argv");
-  // Everything the child needs is built before fork: the caller may be one thread of many (a
-  // worker learning its toolchain while it loads), so the child makes only async-signal-safe
-  // calls (dup2, chdir, execv, _exit) and never allocates.
-  std::vector<char*> args;
-  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  int pipefd[2];
-  if (::pipe2(pipefd, O_CLOEXEC) != 0) return Status::IOError("pipe failed");
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(pipefd[0]);
-    ::close(pipefd[1]);
-    return Status::ResourceExhausted("fork failed for '" + argv[0] + "'");
-  }
-  if (pid == 0) {
-    // A compiler outlives nothing it works for: it dies with the thread that waits for it.
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    ::dup2(pipefd[1], 1);
-    ::dup2(pipefd[1], 2);
-    if (!cwd.empty() && ::chdir(cwd.c_str()) != 0) _exit(126);
-    ::execv(args[0], args.data());
-    _exit(127);
-  }
-  ::close(pipefd[1]);
-  char buf[4096];
-  ssize_t n;
-  while ((n = ::read(pipefd[0], buf, sizeof(buf))) != 0) {
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    if (output) output->append(buf, static_cast<size_t>(n));
-  }
-  ::close(pipefd[0]);
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
-  }
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+std::string KernelLibraryVersion() {
+  return std::to_string(DNNL_VERSION_MAJOR) + "." + std::to_string(DNNL_VERSION_MINOR) + "." +
+         std::to_string(DNNL_VERSION_PATCH) + "+" + DNNL_VERSION_HASH;
 }
 
 Result<std::string> CompilerVersion(const std::string& compiler_path,
@@ -242,69 +202,11 @@ Result<Toolchain> LocalToolchain() {
              "-fno-ident",
              "-Wl,--build-id=sha1",
              "-shared-libgcc"};
-  const dnnl_version_t* v = dnnl_version();
-  t.onednn_version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
-                     std::to_string(v->patch) + "+" + v->hash;
+  t.onednn_version = KernelLibraryVersion();
   t.runtime_abi = KILN_CELL_ABI_VERSION;
   t.codegen_version = kCodegenVersion;
   cached = std::make_unique<Toolchain>(t);
   return t;
-}
-
-namespace {
-
-class SystemCompilerDriver : public CompilerDriver {
- public:
-  explicit SystemCompilerDriver(Toolchain t) : t_(std::move(t)) {}
-
-  Status CompileObject(const std::string& source_path, const std::string& object_path,
-                       const std::string& sm, const std::vector<std::string>& defines,
-                       const std::string& seed, const std::string& work_dir) override {
-    std::vector<std::string> argv = {t_.compiler_path,
-                                     "-c",
-                                     source_path,
-                                     "-o",
-                                     object_path,
-                                     "-march=" + sm,
-                                     "-frandom-seed=" + seed,
-                                     "-ffile-prefix-map=" + work_dir + "=/kiln"};
-    for (const auto& f : t_.flags) {
-      if (f.rfind("-Wl,", 0) != 0 && f != "-shared-libgcc") argv.push_back(f);
-    }
-    for (const auto& d : defines) argv.push_back("-D" + d);
-    return Run(argv, work_dir, "compile " + source_path);
-  }
-
-  Status LinkShared(const std::vector<std::string>& objects, const std::string& so_path,
-                    const std::string& work_dir) override {
-    std::vector<std::string> argv = {
-        t_.compiler_path,       "-shared", "-o", so_path, "-Wl,--build-id=sha1", "-Wl,-z,defs",
-        "-Wl,--hash-style=gnu", "-fPIC"};
-    for (const auto& o : objects) argv.push_back(o);
-    argv.push_back("-lm");
-    return Run(argv, work_dir, "link " + so_path);
-  }
-
- private:
-  Status Run(const std::vector<std::string>& argv, const std::string& cwd,
-             const std::string& what) {
-    std::string out;
-    auto rc = RunProcess(argv, &out, cwd);
-    if (!rc.ok()) return rc.status();
-    if (*rc != 0) {
-      if (out.size() > 4000) out = out.substr(0, 4000) + "\n[...]";
-      return Status::Internal("system compiler failed to " + what + " (exit " +
-                              std::to_string(*rc) + "):\n" + out);
-    }
-    return Status::OK();
-  }
-  Toolchain t_;
-};
-
-}  // namespace
-
-std::unique_ptr<CompilerDriver> MakeSystemCompilerDriver(const Toolchain& toolchain) {
-  return std::make_unique<SystemCompilerDriver>(toolchain);
 }
 
 }  // namespace kiln

@@ -1,0 +1,24 @@
+// Running another program and collecting what it prints (base layer). Used by the compiler
+// driver, by toolchain identity (`<compiler> --version`) and by the CLI; the mint parent and the
+// hub's rebuild sandbox need resource limits and descriptor plumbing posix_spawn cannot express,
+// and keep their own fork paths for that (each builds everything before fork).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+
+namespace kiln {
+
+// Runs argv[0] (a path; no PATH search, no shell) with argv, stdout and stderr both captured into
+// *output (may be null), in `cwd` when it is not "". The child is started with posix_spawn, so
+// nothing runs in a forked copy of this process: safe from any thread of a multi-threaded
+// caller. It inherits the caller's environment and process group, so whoever kills the group
+// (the mint parent does) takes it too. Returns the exit code, or 128 + the signal that killed it.
+// Errors: InvalidArgument for an empty argv; ResourceExhausted when the spawn itself fails
+// (naming the program and errno); IOError when no pipe can be made.
+Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output,
+                       const std::string& cwd = "");
+
+}  // namespace kiln

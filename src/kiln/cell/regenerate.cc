@@ -1,0 +1,101 @@
+// Code provenance with the compiler: regenerate a cell's source, rebuild its shared object (see
+// regenerate.h).
+#include "src/kiln/cell/regenerate.h"
+
+#include <algorithm>
+
+#include "src/kiln/base/sm_levels.h"
+#include "src/kiln/cell/admission.h"
+#include "src/kiln/compile/driver.h"
+#include "src/kiln/compile/pipeline.h"
+#include "src/kiln/graph/digest.h"
+
+namespace kiln {
+
+namespace {
+
+// Up to 120 characters of `text` from the start of the line that holds byte `offset`, newlines
+// shown as "\n" and other control characters as '?', for a message.
+std::string TextAt(std::string_view text, size_t offset) {
+  const size_t begin = offset == 0 ? std::string_view::npos : text.rfind('\n', offset - 1);
+  const size_t start = begin == std::string_view::npos ? 0 : begin + 1;
+  const std::string_view shown = text.substr(std::min(start, text.size()), 120);
+  std::string out;
+  for (char c : shown) {
+    if (c == '\n') {
+      out += "\\n";
+    } else {
+      out += (static_cast<unsigned char>(c) < 0x20 && c != '\t') ? '?' : c;
+    }
+  }
+  if (text.size() - std::min(start, text.size()) > 120) out += "…";
+  return out;
+}
+
+}  // namespace
+
+Result<std::string> RegenerateCellSource(const Graph& graph, const CellMetadata& metadata) {
+  KILN_ASSIGN_OR_RETURN(std::string digest, GraphDigest(graph));
+  if (digest != metadata.axes.graph) {
+    return Status::InvalidArgument("regenerating the source of " + metadata.key +
+                                   ": this graph's digest is " + digest +
+                                   ", the cell's graph axis " + metadata.axes.graph);
+  }
+  // The classes in entry order: a mint compiles entry i from the i-th class it was given, and key
+  // restatement already proved these are exactly the key's envelope.
+  Envelope envelope;
+  for (const EntryMetadata& e : metadata.entries) envelope.classes.push_back(e.shape_class);
+  CompileOptions options;
+  KILN_ASSIGN_OR_RETURN(EmittedCell emitted,
+                        GenerateCell(graph, envelope, digest, options, nullptr));
+  return std::move(emitted.source);
+}
+
+Status CheckSourceProvenance(const Graph& graph, const CellMetadata& metadata,
+                             const std::string& source) {
+  Result<std::string> expected = RegenerateCellSource(graph, metadata);
+  if (!expected.ok()) {
+    return Status::Refused(
+        StatusCode::kInvalidArgument, kRefusalSourceMismatch,
+        "cannot regenerate the source this graph implies: " + expected.status().message());
+  }
+  if (*expected == source) return Status::OK();
+  const size_t at = static_cast<size_t>(
+      std::mismatch(expected->begin(), expected->end(), source.begin(), source.end()).first -
+      expected->begin());
+  const size_t line =
+      1 + static_cast<size_t>(std::count(expected->begin(), expected->begin() + at, '\n'));
+  return Status::Refused(
+      StatusCode::kInvalidArgument, kRefusalSourceMismatch,
+      "source/cell.cc of " + metadata.key + " differs from what this graph generates at line " +
+          std::to_string(line) + ": the cell has \"" + TextAt(source, at) +
+          "\", the graph implies \"" + TextAt(*expected, at) + "\" (" +
+          std::to_string(source.size()) + " bytes vs " + std::to_string(expected->size()) + ")");
+}
+
+Result<std::string> RebuildSharedObject(const std::string& source, const CellMetadata& metadata,
+                                        const std::string& work_dir, int parallel_compiles) {
+  Result<Toolchain> toolchain = LocalToolchain();
+  if (!toolchain.ok()) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalRebuildUnavailable,
+                           "no toolchain here: " + toolchain.status().message());
+  }
+  // Compiling does not run the code, so any level this toolchain can target will do; only the
+  // toolchain itself must be the one the cell names.
+  Status same = CheckMachine(metadata, KnownSmLevels().back(), toolchain->Block());
+  if (!same.ok()) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalRebuildUnavailable,
+                           "this machine cannot rebuild " + metadata.key + ": " + same.message());
+  }
+  auto driver = MakeSystemCompilerDriver(*toolchain);
+  Result<std::string> so =
+      BuildSharedObject(source, metadata.entries.size(), metadata.sm, metadata.key, *driver,
+                        work_dir, std::max(1, parallel_compiles), nullptr);
+  if (!so.ok()) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalRebuildFailed,
+                           "rebuilding " + metadata.key + ": " + so.status().message());
+  }
+  return so;
+}
+
+}  // namespace kiln
