@@ -122,7 +122,9 @@ std::string MatmulImplementation(const PreparedMatmul& m);
 // header's; the two must agree).
 std::string LoadedKernelLibraryVersion();
 
-// Applies a kiln_post_op code in place to n floats; InvalidArgument for an unknown code.
-Status ApplyPostOp(int post_op, float* y, int64_t n);
+// Applies a kiln_post_op code in place to n floats, on `num_threads` threads of the kernel
+// library's OpenMP team (0 = the calling thread's team size); InvalidArgument for an unknown
+// code. IEEE semantics: NaN and infinities come out as the interpreter's activations give them.
+Status ApplyPostOp(int post_op, float* y, int64_t n, int num_threads = 0);
 
 }  // namespace kiln
