@@ -19,8 +19,8 @@
 #include "src/kiln/cell/mint.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
-#include "src/kiln/eager/shape_inference.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/ops/shape_inference.h"
 #include "src/kiln/runtime/cell_abi.h"
 #include "tests/graph/onnx_builder.h"
 
@@ -240,15 +240,25 @@ const std::vector<Case>& Opset17Cases() {
              a->set_s("SAME_UPPER");
            })},
       {"Conv", {F({1, 3, 10}), W({2, 3, 3})}},
-      {"MaxPool", {F({1, 2, 7, 7})}, All(Ints("kernel_shape", {3, 3}), Ints("strides", {2, 2}), Int("ceil_mode", 1))},
+      {"MaxPool",
+       {F({1, 2, 7, 7})},
+       All(Ints("kernel_shape", {3, 3}), Ints("strides", {2, 2}), Int("ceil_mode", 1))},
       // With Indices (output 1), row and column major, and the 8-bit inputs.
-      {"MaxPool", {F({2, 2, 6, 5})}, All(Ints("kernel_shape", {3, 2}), Ints("pads", {1, 1, 1, 0})), 2},
-      {"MaxPool", {F({1, 2, 5, 5})},
-       All(Ints("kernel_shape", {2, 2}), Ints("strides", {2, 2}), Int("storage_order", 1)), 2},
+      {"MaxPool",
+       {F({2, 2, 6, 5})},
+       All(Ints("kernel_shape", {3, 2}), Ints("pads", {1, 1, 1, 0})),
+       2},
+      {"MaxPool",
+       {F({1, 2, 5, 5})},
+       All(Ints("kernel_shape", {2, 2}), Ints("strides", {2, 2}), Int("storage_order", 1)),
+       2},
       {"MaxPool", {U8In({1, 3, 6, 6})}, All(Ints("kernel_shape", {2, 2}), Ints("strides", {2, 2}))},
       {"MaxPool", {I8In({1, 2, 7})}, All(Ints("kernel_shape", {3}), Ints("pads", {1, 1})), 2},
-      {"AveragePool", {F({1, 2, 6, 6})}, All(Ints("kernel_shape", {2, 2}), Ints("pads", {1, 1, 1, 1}))},
-      {"GlobalAveragePool", {F({1, 3, 5, 5})}}, {"GlobalMaxPool", {F({1, 3, 5, 5})}},
+      {"AveragePool",
+       {F({1, 2, 6, 6})},
+       All(Ints("kernel_shape", {2, 2}), Ints("pads", {1, 1, 1, 1}))},
+      {"GlobalAveragePool", {F({1, 3, 5, 5})}},
+      {"GlobalMaxPool", {F({1, 3, 5, 5})}},
       {"BatchNormalization", {F({2, 3, 4, 4}), W({3}), W({3}), W({3}), F({3}, Domain::kPositive)}},
       {"InstanceNormalization", {F({2, 3, 4, 4}), W({3}), W({3})}},
       {"LayerNormalization", {F({2, 5, 8}), W({8}), W({8})}},
@@ -397,12 +407,18 @@ const std::vector<Case>& FamilyACases() {
       {"Mod", {Idx({2, 3}), C({3, -2, 5})}},
       {"Mod", {F({2, 3}), F({3}, Domain::kPositive)}, Int("fmod", 1)},
       {"Mod", {H({2, 3}), H({3}, Domain::kPositive)}, Int("fmod", 1)},
-      {"Mod", {WideIn({2, 3}, onnx::TensorProto::INT16), WideIn({3}, onnx::TensorProto::INT16, Domain::kPositive)}},
-      {"Mod", {WideIn({2, 3}, onnx::TensorProto::UINT64), WideIn({3}, onnx::TensorProto::UINT64, Domain::kPositive)}},
+      {"Mod",
+       {WideIn({2, 3}, onnx::TensorProto::INT16),
+        WideIn({3}, onnx::TensorProto::INT16, Domain::kPositive)}},
+      {"Mod",
+       {WideIn({2, 3}, onnx::TensorProto::UINT64),
+        WideIn({3}, onnx::TensorProto::UINT64, Domain::kPositive)}},
       {"Min", {WideIn({2, 3}, onnx::TensorProto::UINT64), WideIn({3}, onnx::TensorProto::UINT64)}},
-      {"Max", {WideIn({2, 3}, onnx::TensorProto::UINT32), WideIn({2, 1}, onnx::TensorProto::UINT32)}},
+      {"Max",
+       {WideIn({2, 3}, onnx::TensorProto::UINT32), WideIn({2, 1}, onnx::TensorProto::UINT32)}},
       {"Max", {WideIn({4}, onnx::TensorProto::UINT16), WideIn({4}, onnx::TensorProto::UINT16)}},
-      {"Pow", {F({2, 3}, Domain::kPositive), WideIn({3}, onnx::TensorProto::UINT32, Domain::kIndex)}},
+      {"Pow",
+       {F({2, 3}, Domain::kPositive), WideIn({3}, onnx::TensorProto::UINT32, Domain::kIndex)}},
       {"Sum", {F({2, 3, 4}), F({3, 1}), F({4})}},
       {"Sum", {F({2, 3})}},
       {"Mean", {F({2, 3, 4}), F({4}), F({})}},

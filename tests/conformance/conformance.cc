@@ -24,11 +24,11 @@
 #include "src/kiln/compile/driver.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
-#include "src/kiln/eager/shape_inference.h"
-#include "src/kiln/eager/verifier.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/ops/registry.h"
+#include "src/kiln/ops/shape_inference.h"
+#include "src/kiln/ops/verifier.h"
 #include "src/kiln/tensor/npy.h"
 
 namespace kiln::conformance {

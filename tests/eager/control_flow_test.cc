@@ -19,10 +19,10 @@
 #include "src/kiln/compile/passes.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
-#include "src/kiln/eager/verifier.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/digest.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/ops/verifier.h"
 #include "tests/graph/onnx_builder.h"
 
 namespace kiln {

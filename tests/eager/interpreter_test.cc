@@ -4,8 +4,8 @@
 
 #include <gtest/gtest.h>
 
-#include "src/kiln/eager/shape_inference.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/ops/shape_inference.h"
 #include "tests/graph/onnx_builder.h"
 
 namespace kiln {
@@ -119,7 +119,8 @@ TEST(Interpreter, BadInputsAreNamedErrors) {
       {"missing", {}, "input 'x' (float32[N,4]) is missing"},
       {"wrong rank", {{"x", Iota({4})}}, "input 'x' has rank 1"},
       {"wrong dim", {{"x", Iota({2, 5})}}, "expected [N,4] (dim 1)"},
-      {"wrong dtype", {{"x", Tensor::FromVector<int64_t>({1, 4}, {1, 2, 3, 4})}},
+      {"wrong dtype",
+       {{"x", Tensor::FromVector<int64_t>({1, 4}, {1, 2, 3, 4})}},
        "input 'x' has dtype int64, expected float32"},
       {"unknown name", {{"x", Iota({1, 4})}, {"q", Iota({1})}}, "'q' is not an input"},
   };
@@ -214,8 +215,7 @@ TEST(ShapeInference, NamesTheInputWhenShapesAreMissingOrWrong) {
   EXPECT_NE(symbolic.status().message().find("'x'"), std::string::npos);
   auto wrong = InferShapes(*graph, {{"x", {2, 5}}});
   ASSERT_FALSE(wrong.ok());
-  EXPECT_NE(wrong.status().message().find("dim 1"), std::string::npos)
-      << wrong.status().ToString();
+  EXPECT_NE(wrong.status().message().find("dim 1"), std::string::npos) << wrong.status().ToString();
 }
 
 }  // namespace

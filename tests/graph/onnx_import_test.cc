@@ -8,7 +8,7 @@
 #include <fstream>
 
 #include "src/kiln/base/file.h"
-#include "src/kiln/eager/verifier.h"
+#include "src/kiln/ops/verifier.h"
 #include "tests/graph/onnx_builder.h"
 
 namespace kiln {

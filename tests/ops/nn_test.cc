@@ -1,4 +1,5 @@
-// Tests for the nn op family (ops/nn.cc) and its oneDNN wrappers (ops/dnnl_kernels.h).
+// Tests for the nn op family (ops/matmul.cc, conv.cc, pool.cc, norm.cc) and its oneDNN wrappers
+// (ops/dnnl_kernels.h).
 //
 // Each op has a table of named cases run by RunCases, which pushes the node through the registry
 // exactly as the interpreter does. Conv and MatMul are compared against naive loops written

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "src/kiln/eager/shape_inference.h"
+#include "src/kiln/ops/shape_inference.h"
 #include "tests/ops/op_test_util.h"
 
 namespace kiln {

@@ -12,7 +12,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "src/kiln/eager/shape_inference.h"
+#include "src/kiln/ops/shape_inference.h"
 
 namespace kiln {
 

@@ -3,9 +3,9 @@
 #include <map>
 
 #include "src/kiln/cli/commands.h"
-#include "src/kiln/eager/verifier.h"
 #include "src/kiln/graph/digest.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/ops/verifier.h"
 
 namespace kiln::cli {
 

@@ -6,10 +6,10 @@
 #include <string>
 
 #include "src/kiln/base/status.h"
-#include "src/kiln/graph/shape_class.h"
 #include "src/kiln/compile/program.h"
-#include "src/kiln/eager/shape_inference.h"
 #include "src/kiln/graph/ir.h"
+#include "src/kiln/graph/shape_class.h"
+#include "src/kiln/ops/shape_inference.h"
 
 namespace kiln {
 

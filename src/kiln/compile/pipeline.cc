@@ -27,7 +27,7 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/compile/passes.h"
-#include "src/kiln/eager/verifier.h"
+#include "src/kiln/ops/verifier.h"
 
 namespace kiln {
 

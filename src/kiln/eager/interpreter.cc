@@ -3,8 +3,8 @@
 
 #include <set>
 
-#include "src/kiln/eager/shape_inference.h"
-#include "src/kiln/eager/verifier.h"
+#include "src/kiln/ops/shape_inference.h"
+#include "src/kiln/ops/verifier.h"
 
 namespace kiln {
 
@@ -126,8 +126,8 @@ Status Interpreter::CheckInputs(const TensorMap& inputs) const {
     if (!g.FindInput(name)) {
       std::string expected;
       for (const ValueInfo& v : g.inputs) expected += (expected.empty() ? "" : ", ") + v.name;
-      return Status::InvalidArgument("input '" + name + "' is not an input of the graph (inputs: " +
-                                     expected + ")");
+      return Status::InvalidArgument("input '" + name +
+                                     "' is not an input of the graph (inputs: " + expected + ")");
     }
   }
   for (const ValueInfo& v : g.inputs) {
@@ -144,16 +144,15 @@ Status Interpreter::CheckInputs(const TensorMap& inputs) const {
     }
     if (!v.has_shape) continue;
     if (t.rank() != static_cast<int64_t>(v.dims.size())) {
-      return Status::InvalidArgument("input '" + v.name + "' has rank " +
-                                     std::to_string(t.rank()) + " (shape " +
-                                     ShapeToString(t.shape()) + "), expected rank " +
+      return Status::InvalidArgument("input '" + v.name + "' has rank " + std::to_string(t.rank()) +
+                                     " (shape " + ShapeToString(t.shape()) + "), expected rank " +
                                      std::to_string(v.dims.size()) + " " + v.ShapeString());
     }
     for (size_t i = 0; i < v.dims.size(); ++i) {
       if (v.dims[i].known() && v.dims[i].value != t.dim(static_cast<int64_t>(i))) {
         return Status::InvalidArgument("input '" + v.name + "' has shape " +
-                                       ShapeToString(t.shape()) + ", expected " +
-                                       v.ShapeString() + " (dim " + std::to_string(i) + ")");
+                                       ShapeToString(t.shape()) + ", expected " + v.ShapeString() +
+                                       " (dim " + std::to_string(i) + ")");
       }
     }
   }

@@ -105,10 +105,12 @@ Result<std::vector<TensorType>> InferIf(const OpContext& ctx) {
   if (!else_t.ok()) return else_t.status().WithContext(ctx.where() + " else_branch");
   for (size_t k = 0; k < then_t->size() && k < else_t->size(); ++k) {
     if (!((*then_t)[k] == (*else_t)[k])) {
-      return Status::Unimplemented(
-          ctx.where() + ": the branches give output " + std::to_string(k) + " different types (" +
-          (*then_t)[k].ToString() + " vs " + (*else_t)[k].ToString() + ") and condition '" +
-          ctx.node().inputs[0] + "' is not known before run, so the output type is data-dependent");
+      return Status::Refused(StatusCode::kUnimplemented, kRefusalValueDependent,
+                             ctx.where() + ": the branches give output " + std::to_string(k) +
+                                 " different types (" + (*then_t)[k].ToString() + " vs " +
+                                 (*else_t)[k].ToString() + ") and condition '" +
+                                 ctx.node().inputs[0] +
+                                 "' is not known before run, so the output type is data-dependent");
     }
   }
   return then_t;
@@ -764,14 +766,16 @@ Status RunScan8(const OpContext& ctx, std::vector<Tensor>& outputs) {
 
 }  // namespace
 
-void RegisterControlFlowOps(OpRegistry& r) {
+std::vector<OpDef> ControlFlowOpDefs() {
+  std::vector<OpDef> defs;
   // One definition from opset 1: If-11 only relaxed branch output shapes, Loop-11/13/16 and
   // If-13/16 only widened the type constraints (sequences, optionals), which kiln does not take.
-  r.Register({"If", "", 1, INT64_MAX, CheckIf, InferIf, RunIf});
-  r.Register({"Loop", "", 1, INT64_MAX, CheckLoop, InferLoop, RunLoop});
+  defs.push_back({"If", "", 1, INT64_MAX, CheckIf, InferIf, RunIf});
+  defs.push_back({"Loop", "", 1, INT64_MAX, CheckLoop, InferLoop, RunLoop});
   // Scan-8 (batch axis, sequence_lens) is a different op; Scan-9/11/16 share one form.
-  r.Register({"Scan", "", 8, 8, CheckScan8, InferScan8, RunScan8});
-  r.Register({"Scan", "", 9, INT64_MAX, CheckScan, InferScan, RunScan});
+  defs.push_back({"Scan", "", 8, 8, CheckScan8, InferScan8, RunScan8});
+  defs.push_back({"Scan", "", 9, INT64_MAX, CheckScan, InferScan, RunScan});
+  return defs;
 }
 
 }  // namespace kiln

@@ -1,10 +1,10 @@
 // oneDNN-backed float32 kernels: row-major SGEMM and 2-D convolution (ops layer).
 //
-// The eager interpreter's MatMul/Gemm/Conv kernels (ops/nn.cc) call these, and so do compiled
-// cells, through the runtime's host services (runtime/host.cc), which is why they sit behind this
-// small header with no oneDNN types in it. Every function returns a Status and never throws:
-// oneDNN's dnnl::error is caught inside and becomes ResourceExhausted (allocation failure) or
-// Internal (anything else).
+// The eager interpreter's MatMul/Gemm/Conv kernels (ops/matmul.cc, ops/conv.cc) call these, and so
+// do compiled cells, through the runtime's host services (runtime/host.cc), which is why they sit
+// behind this small header with no oneDNN types in it. Every function returns a Status and never
+// throws: oneDNN's dnnl::error is caught inside and becomes ResourceExhausted (allocation failure)
+// or Internal (anything else).
 //
 // Threading: oneDNN here runs on OpenMP. `num_threads` > 0 caps the OpenMP team for that call
 // (set on the calling thread and restored afterwards); 0 keeps the runtime's default. All

@@ -1,7 +1,7 @@
 // Elementwise op family (ops layer): unary math and activations, broadcasting binary arithmetic,
 // comparisons and logic, Where, Clip and Cast, each with its reference kernel.
 //
-// RegisterElementwiseOps is called by OpRegistry::Global() (registry.cc). The kernels are the
+// ElementwiseOpDefs is registered by OpRegistry::Global() (registry.cc). The kernels are the
 // oracle that compiled cells are checked against, so they are plain loops over dense row-major
 // tensors. The only tricks are fast paths for the common cases (same shape, one scalar operand)
 // and numpy broadcasting through strides (ForEachBroadcast) for the rest.
@@ -1171,11 +1171,13 @@ static_assert(std::size(kOps) == 51,
 
 }  // namespace
 
-void RegisterElementwiseOps(OpRegistry& r) {
+std::vector<OpDef> ElementwiseOpDefs() {
+  std::vector<OpDef> defs;
   for (const ElementwiseOp& op : kOps) {
-    r.Register(
+    defs.push_back(
         OpDef{op.op_type, "", op.since_version, op.until_version, op.check, op.infer, op.run});
   }
+  return defs;
 }
 
 }  // namespace kiln

@@ -1,6 +1,6 @@
 // Indexing, scatter/gather and layout op family (ops layer): GatherElements, GatherND,
 // ScatterElements, ScatterND, NonZero, OneHot, Trilu, EyeLike, DepthToSpace, SpaceToDepth and
-// Einsum. Registered by RegisterIndexOps (called from registry.cc).
+// Einsum. Listed by IndexOpDefs (registered by registry.cc).
 //
 // Gathers, scatters and layout ops move bytes, so they work on every dtype through DTypeSize;
 // only the scatter reductions, OneHot/EyeLike fill values and Einsum's arithmetic look at element
@@ -426,13 +426,14 @@ int64_t CountNonZero(const Tensor& t) {
 Result<std::vector<TensorType>> InferNonZero(const OpContext& ctx) {
   const Tensor* x = ctx.value(0);
   if (x == nullptr) {
-    return Status::Unimplemented(
+    return Status::Refused(
+        StatusCode::kUnimplemented, kRefusalValueDependent,
         ctx.where() +
-        ": data-dependent output shape: the output's shape depends on the values of "
-        "input 0 ('" +
-        ctx.node().inputs[0] +
-        "'), which are known only at run time; a compiled cell needs that input structural (a "
-        "constant, or folded from shapes)");
+            ": data-dependent output shape: the output's shape depends on the values of "
+            "input 0 ('" +
+            ctx.node().inputs[0] +
+            "'), which are known only at run time; a compiled cell needs that input structural (a "
+            "constant, or folded from shapes)");
   }
   const int64_t rank = std::max<int64_t>(x->rank(), 1);
   return Single(DType::kInt64, {rank, CountNonZero(*x)});
@@ -1070,8 +1071,8 @@ inline constexpr size_t kIndexOpCount = 11;
 
 }  // namespace
 
-void RegisterIndexOps(OpRegistry& r) {
-  const std::array<OpDef, kIndexOpCount> defs = {{
+std::vector<OpDef> IndexOpDefs() {
+  const std::array<OpDef, kIndexOpCount> table = {{
       {"GatherElements", "", 11, INT64_MAX, CheckAxisElements, InferGatherElements,
        RunGatherElements},
       {"ScatterElements", "", 11, INT64_MAX, CheckScatter, InferScatterElements,
@@ -1086,7 +1087,7 @@ void RegisterIndexOps(OpRegistry& r) {
       {"SpaceToDepth", "", 1, INT64_MAX, CheckBlockOp, InferSpaceToDepth, RunBlockOp},
       {"Einsum", "", 12, INT64_MAX, CheckEinsum, InferEinsum, RunEinsum},
   }};
-  for (const OpDef& def : defs) r.Register(def);
+  return {table.begin(), table.end()};
 }
 
 }  // namespace kiln

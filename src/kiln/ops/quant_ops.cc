@@ -1,7 +1,7 @@
 // The quantized op family (ops layer): QuantizeLinear, DequantizeLinear, MatMulInteger,
 // QLinearMatMul, ConvInteger and QLinearConv.
 //
-// Registered into the op registry by RegisterQuantOps (called from registry.cc). Compiled cells
+// Listed by QuantOpDefs (registered by registry.cc). Compiled cells
 // run these same kernels through the host table, so there is one implementation of the integer
 // semantics. Scales and zero points are read as inputs on every run: in a real model they are
 // initializers of weight dtypes (float32, int8, uint8), i.e. checkpoint data bound by name, and
@@ -809,9 +809,9 @@ inline constexpr size_t kQuantOpCount = 6;
 
 }  // namespace
 
-void RegisterQuantOps(OpRegistry& r) {
+std::vector<OpDef> QuantOpDefs() {
   // One row per op; the opset 13 per-axis forms of the QDQ pair are read by opset in the kernels.
-  const std::array<OpDef, kQuantOpCount> defs = {{
+  const std::array<OpDef, kQuantOpCount> table = {{
       {"QuantizeLinear", "", 10, INT64_MAX, CheckQuantize, InferQuantize, RunQuantize},
       {"DequantizeLinear", "", 10, INT64_MAX, CheckDequantize, InferDequantize, RunDequantize},
       {"MatMulInteger", "", 10, INT64_MAX, CheckMatMulInteger, InferMatMulInteger,
@@ -821,7 +821,7 @@ void RegisterQuantOps(OpRegistry& r) {
       {"ConvInteger", "", 10, INT64_MAX, CheckConvInteger, InferConvInteger, RunConvInteger},
       {"QLinearConv", "", 10, INT64_MAX, CheckQLinearConv, InferQLinearConv, RunQLinearConv},
   }};
-  for (const OpDef& def : defs) r.Register(def);
+  return {table.begin(), table.end()};
 }
 
 }  // namespace kiln

@@ -1,6 +1,6 @@
 // The recurrent op family (ops layer): RNN, GRU and LSTM (ONNX opsets 7 and 14), float32.
 //
-// Registered into the op registry by RegisterRecurrentOps (called from registry.cc). One kernel
+// Listed by RecurrentOpDefs (registered by registry.cc). One kernel
 // serves the three cells: the input projection of every time step is one SGEMM up front
 // (X[S*B, I] x W^T), then each step does the recurrent SGEMM (H[B, hidden] x R^T) and the
 // cell's gate equations. W, R, B and P are read as inputs on every run: in a real model they are
@@ -521,9 +521,9 @@ inline constexpr size_t kRecurrentOpCount = 3;
 
 }  // namespace
 
-void RegisterRecurrentOps(OpRegistry& r) {
+std::vector<OpDef> RecurrentOpDefs() {
   // Opset 7 dropped the opset-1 output_sequence attribute; opset 14 added layout (read by opset).
-  const std::array<OpDef, kRecurrentOpCount> defs = {{
+  const std::array<OpDef, kRecurrentOpCount> table = {{
       {"RNN", "", 7, INT64_MAX, CheckRecurrent<CellKind::kRnn>, InferRecurrent<CellKind::kRnn>,
        RunRecurrent<CellKind::kRnn>},
       {"GRU", "", 7, INT64_MAX, CheckRecurrent<CellKind::kGru>, InferRecurrent<CellKind::kGru>,
@@ -531,7 +531,7 @@ void RegisterRecurrentOps(OpRegistry& r) {
       {"LSTM", "", 7, INT64_MAX, CheckRecurrent<CellKind::kLstm>, InferRecurrent<CellKind::kLstm>,
        RunRecurrent<CellKind::kLstm>},
   }};
-  for (const OpDef& def : defs) r.Register(def);
+  return {table.begin(), table.end()};
 }
 
 }  // namespace kiln

@@ -2,7 +2,7 @@
 // ReduceSum / Mean / Max / Min / Prod / L1 / L2 / SumSquare / LogSum / LogSumExp; ArgMax, ArgMin,
 // CumSum, LpNormalization, MeanVarianceNormalization and TopK; each with its reference kernel.
 //
-// RegisterReduceOps is called by OpRegistry::Global() (registry.cc). Both families changed form
+// ReduceOpDefs is registered by OpRegistry::Global() (registry.cc). Both families changed form
 // across opsets, and the registry lists each form as its own opset range; the shared kernels read
 // the form by ctx.opset():
 // - Softmax/LogSoftmax before 13 flatten the input to 2-D at `axis` (default 1) and normalize
@@ -863,11 +863,13 @@ static_assert(std::size(kOps) == 32,
 
 }  // namespace
 
-void RegisterReduceOps(OpRegistry& r) {
+std::vector<OpDef> ReduceOpDefs() {
+  std::vector<OpDef> defs;
   for (const ReduceOp& op : kOps) {
-    r.Register(
+    defs.push_back(
         OpDef{op.op_type, "", op.since_version, op.until_version, op.check, op.infer, op.run});
   }
+  return defs;
 }
 
 }  // namespace kiln

@@ -24,32 +24,24 @@ Result<const Tensor*> OpContext::RequireValue(size_t i, const std::string& role)
                                    "') is required but absent");
   }
   if (value(i) == nullptr) {
-    return Status::InvalidArgument(where() + ": input " + std::to_string(i) + " ('" + role +
-                                   "', value '" + node_.inputs[i] +
-                                   "') must be a constant known before run");
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalValueDependent,
+                           where() + ": input " + std::to_string(i) + " ('" + role + "', value '" +
+                               node_.inputs[i] + "') must be a constant known before run");
   }
   return value(i);
 }
 
-bool IsValueDependent(const Status& s) {
-  const std::string& m = s.message();
-  return (s.code() == StatusCode::kInvalidArgument &&
-          m.find("must be a constant known before run") != std::string::npos) ||
-         (s.code() == StatusCode::kUnimplemented && m.find("data-dependent") != std::string::npos);
-}
+bool IsValueDependent(const Status& s) { return s.Is(kRefusalValueDependent); }
 
 const OpRegistry& OpRegistry::Global() {
   static const OpRegistry* registry = [] {
     auto* r = new OpRegistry();
-    RegisterElementwiseOps(*r);
-    RegisterReduceOps(*r);
-    RegisterNnOps(*r);
-    RegisterShapeOps(*r);
-    RegisterQuantOps(*r);
-    RegisterRecurrentOps(*r);
-    RegisterResizeOps(*r);
-    RegisterIndexOps(*r);
-    RegisterControlFlowOps(*r);
+    // The catalogue, family by family in this order; each family file only lists its OpDefs.
+    for (auto family : {ElementwiseOpDefs, ReduceOpDefs, MatMulOpDefs, ConvOpDefs, PoolOpDefs,
+                        NormOpDefs, ShapeOpDefs, QuantOpDefs, RecurrentOpDefs, ResizeOpDefs,
+                        IndexOpDefs, ControlFlowOpDefs}) {
+      for (OpDef& def : family()) r->Register(std::move(def));
+    }
     return r;
   }();
   return *registry;

@@ -1,9 +1,9 @@
 // The op registry: one OpDef per (ONNX op type, domain, opset range), one field per concern.
 //
 // Every op kiln knows is registered once here and read by the verifier (check), shape inference
-// and folding (infer), and the eager interpreter (run). Family files (elementwise.cc, nn.cc,
-// shape_ops.cc, ...) each define a Register*Ops function that registry.cc calls in order; there
-// is no static-initializer magic, so the catalogue reads top to bottom in registry.cc.
+// and folding (infer), and the eager interpreter (run). Family files (elementwise.cc, matmul.cc,
+// conv.cc, shape_ops.cc, ...) each define a Register*Ops function that registry.cc calls in order;
+// there is no static-initializer magic, so the catalogue reads top to bottom in registry.cc.
 //
 // Contract for an op author:
 // - check(node, opset): validates attributes and input/output counts without looking at any
@@ -106,9 +106,9 @@ struct OpDef {
   std::string domain;  // "" = ai.onnx
   int64_t since_version = 1;
   int64_t until_version = INT64_MAX;  // inclusive
-  CheckFn check = nullptr;  // optional: absent means no attribute constraints
-  InferFn infer = nullptr;  // required
-  RunFn run = nullptr;      // required
+  CheckFn check = nullptr;            // optional: absent means no attribute constraints
+  InferFn infer = nullptr;            // required
+  RunFn run = nullptr;                // required
 };
 
 class OpRegistry {
@@ -129,20 +129,27 @@ class OpRegistry {
   std::map<std::pair<std::string, std::string>, std::vector<OpDef>> defs_;
 };
 
-// Family registration functions, one per family file. Called in order by OpRegistry::Global().
-void RegisterElementwiseOps(OpRegistry& r);  // ops/elementwise.cc: unary, binary, activations
-void RegisterReduceOps(OpRegistry& r);       // ops/reduce.cc: Softmax, ReduceMean, ReduceSum
-void RegisterNnOps(OpRegistry& r);           // ops/nn.cc: MatMul, Gemm, Conv, pools, norms
-void RegisterShapeOps(OpRegistry& r);        // ops/shape_ops.cc: Reshape ... Resize, Constant...
-void RegisterQuantOps(OpRegistry& r);        // ops/quant_ops.cc: QDQ, QLinear*, *Integer
-void RegisterRecurrentOps(OpRegistry& r);    // ops/recurrent.cc: LSTM, GRU, RNN
-void RegisterResizeOps(OpRegistry& r);       // ops/resize.cc: Resize, Upsample
-void RegisterIndexOps(OpRegistry& r);        // ops/index_ops.cc: gather/scatter, Einsum...
-void RegisterControlFlowOps(OpRegistry& r);  // ops/control_flow.cc: If, Loop, Scan
+// The families' catalogues, one per family file: each lists its OpDefs and registers nothing
+// itself; OpRegistry::Global() registers them in this order (the one registration idiom).
+std::vector<OpDef> ElementwiseOpDefs();  // ops/elementwise.cc: unary, binary, activations
+std::vector<OpDef> ReduceOpDefs();       // ops/reduce.cc: Softmax, ReduceMean, ReduceSum
+std::vector<OpDef> MatMulOpDefs();       // ops/matmul.cc: MatMul, Gemm
+std::vector<OpDef> ConvOpDefs();         // ops/conv.cc: Conv, ConvTranspose
+std::vector<OpDef> PoolOpDefs();         // ops/pool.cc: Max/Average pools, global pools
+std::vector<OpDef> NormOpDefs();         // ops/norm.cc: Batch/Instance/Layer/Group norm
+std::vector<OpDef> ShapeOpDefs();        // ops/shape_ops.cc: Reshape ... Range, Constant...
+std::vector<OpDef> QuantOpDefs();        // ops/quant_ops.cc: QDQ, QLinear*, *Integer
+std::vector<OpDef> RecurrentOpDefs();    // ops/recurrent.cc: LSTM, GRU, RNN
+std::vector<OpDef> ResizeOpDefs();       // ops/resize.cc: Resize, Upsample
+std::vector<OpDef> IndexOpDefs();        // ops/index_ops.cc: gather/scatter, Einsum...
+std::vector<OpDef> ControlFlowOpDefs();  // ops/control_flow.cc: If, Loop, Scan
 
-// True for the errors by which infer says an output's type depends on an input's value that is
-// not known (RequireValue's "must be a constant known before run", and the "data-dependent"
-// refusals of NonZero, If and Loop): tolerant shape inference runs such a node at run time.
+// The refusal token by which infer says an output's type depends on an input's value that is not
+// known (RequireValue's "must be a constant known before run", and the data-dependent refusals of
+// NonZero and If). A field of the Status (never read out of its message); tolerant shape
+// inference runs such a node at run time.
+inline constexpr const char* kRefusalValueDependent = "value_dependent";
+// True when `s` carries kRefusalValueDependent.
 bool IsValueDependent(const Status& s);
 
 // Helpers shared by family files.

@@ -1,7 +1,7 @@
 // Resize op family (ops layer): Resize (opset 10+) and Upsample (opset 7-9), with modes nearest,
 // linear (n-linear over every resized axis) and cubic, and every coordinate_transformation_mode.
 //
-// RegisterResizeOps is called by OpRegistry::Global() (registry.cc). Semantics follow the ONNX
+// ResizeOpDefs is registered by OpRegistry::Global() (registry.cc). Semantics follow the ONNX
 // operator spec and its reference implementation, so coordinates are computed in double with the
 // "output width" of an axis taken as scale * input length (not the rounded output length), and
 // the neighbours of a source coordinate x are picked as ONNX picks them: for linear floor(x) and
@@ -520,9 +520,11 @@ Status RunResize(const OpContext& ctx, std::vector<Tensor>& outputs) {
 
 }  // namespace
 
-void RegisterResizeOps(OpRegistry& r) {
-  r.Register({"Resize", "", 10, INT64_MAX, CheckResize, InferResize, RunResize});
-  r.Register({"Upsample", "", 7, 9, CheckUpsample, InferResize, RunResize});
+std::vector<OpDef> ResizeOpDefs() {
+  std::vector<OpDef> defs;
+  defs.push_back({"Resize", "", 10, INT64_MAX, CheckResize, InferResize, RunResize});
+  defs.push_back({"Upsample", "", 7, 9, CheckUpsample, InferResize, RunResize});
+  return defs;
 }
 
 }  // namespace kiln

@@ -1066,27 +1066,31 @@ Status CheckInputs(const Node& node, int64_t opset) {
 
 }  // namespace
 
-void RegisterShapeOps(OpRegistry& r) {
-  r.Register({"Reshape", "", 1, INT64_MAX, CheckReshape, InferReshape, RunCopyInput0});
-  r.Register({"Transpose", "", 1, INT64_MAX, CheckInputs<1, 1>, InferTranspose, RunTranspose});
-  r.Register({"Concat", "", 1, INT64_MAX, CheckInputs<1, SIZE_MAX>, InferConcat, RunConcat});
-  r.Register({"Split", "", 1, INT64_MAX, CheckSplit, InferSplit, RunSplit});
-  r.Register({"Slice", "", 1, INT64_MAX, CheckSlice, InferSlice, RunSlice});
-  r.Register({"Gather", "", 1, INT64_MAX, CheckInputs<2, 2>, InferGather, RunGather});
-  r.Register({"Squeeze", "", 1, INT64_MAX, CheckAxesAttrOrInput, InferSqueeze, RunCopyInput0});
-  r.Register({"Unsqueeze", "", 1, INT64_MAX, CheckAxesAttrOrInput, InferUnsqueeze, RunCopyInput0});
-  r.Register({"Flatten", "", 1, INT64_MAX, CheckInputs<1, 1>, InferFlatten, RunCopyInput0});
-  r.Register({"Expand", "", 8, INT64_MAX, CheckInputs<2, 2>, InferExpand, RunExpand});
-  r.Register({"Tile", "", 6, INT64_MAX, CheckInputs<2, 2>, InferTile, RunTile});
-  r.Register({"Pad", "", 1, INT64_MAX, CheckPad, InferPad, RunPad});
-  r.Register({"Shape", "", 1, INT64_MAX, CheckInputs<1, 1>, InferShape, RunShape});
-  r.Register({"Size", "", 1, INT64_MAX, CheckInputs<1, 1>, InferSize, RunSize});
-  r.Register({"Constant", "", 1, INT64_MAX, CheckConstant, InferConstant, RunConstant});
-  r.Register({"ConstantOfShape", "", 9, INT64_MAX, CheckInputs<1, 1>, InferConstantOfShape,
-              RunConstantOfShape});
-  r.Register({"Identity", "", 1, INT64_MAX, CheckInputs<1, 1>, InferSameAsInput0, RunCopyInput0});
-  r.Register({"Dropout", "", 1, INT64_MAX, CheckDropout, InferDropout, RunDropout});
-  r.Register({"Range", "", 11, INT64_MAX, CheckInputs<3, 3>, InferRange, RunRange});
+std::vector<OpDef> ShapeOpDefs() {
+  std::vector<OpDef> defs;
+  defs.push_back({"Reshape", "", 1, INT64_MAX, CheckReshape, InferReshape, RunCopyInput0});
+  defs.push_back({"Transpose", "", 1, INT64_MAX, CheckInputs<1, 1>, InferTranspose, RunTranspose});
+  defs.push_back({"Concat", "", 1, INT64_MAX, CheckInputs<1, SIZE_MAX>, InferConcat, RunConcat});
+  defs.push_back({"Split", "", 1, INT64_MAX, CheckSplit, InferSplit, RunSplit});
+  defs.push_back({"Slice", "", 1, INT64_MAX, CheckSlice, InferSlice, RunSlice});
+  defs.push_back({"Gather", "", 1, INT64_MAX, CheckInputs<2, 2>, InferGather, RunGather});
+  defs.push_back({"Squeeze", "", 1, INT64_MAX, CheckAxesAttrOrInput, InferSqueeze, RunCopyInput0});
+  defs.push_back(
+      {"Unsqueeze", "", 1, INT64_MAX, CheckAxesAttrOrInput, InferUnsqueeze, RunCopyInput0});
+  defs.push_back({"Flatten", "", 1, INT64_MAX, CheckInputs<1, 1>, InferFlatten, RunCopyInput0});
+  defs.push_back({"Expand", "", 8, INT64_MAX, CheckInputs<2, 2>, InferExpand, RunExpand});
+  defs.push_back({"Tile", "", 6, INT64_MAX, CheckInputs<2, 2>, InferTile, RunTile});
+  defs.push_back({"Pad", "", 1, INT64_MAX, CheckPad, InferPad, RunPad});
+  defs.push_back({"Shape", "", 1, INT64_MAX, CheckInputs<1, 1>, InferShape, RunShape});
+  defs.push_back({"Size", "", 1, INT64_MAX, CheckInputs<1, 1>, InferSize, RunSize});
+  defs.push_back({"Constant", "", 1, INT64_MAX, CheckConstant, InferConstant, RunConstant});
+  defs.push_back({"ConstantOfShape", "", 9, INT64_MAX, CheckInputs<1, 1>, InferConstantOfShape,
+                  RunConstantOfShape});
+  defs.push_back(
+      {"Identity", "", 1, INT64_MAX, CheckInputs<1, 1>, InferSameAsInput0, RunCopyInput0});
+  defs.push_back({"Dropout", "", 1, INT64_MAX, CheckDropout, InferDropout, RunDropout});
+  defs.push_back({"Range", "", 11, INT64_MAX, CheckInputs<3, 3>, InferRange, RunRange});
+  return defs;
 }
 
 }  // namespace kiln

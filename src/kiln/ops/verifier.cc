@@ -1,5 +1,5 @@
 // The graph verifier (see verifier.h).
-#include "src/kiln/eager/verifier.h"
+#include "src/kiln/ops/verifier.h"
 
 #include "src/kiln/ops/registry.h"
 
@@ -32,20 +32,19 @@ Status VerifyGraph(const Graph& g, const std::set<std::string>& outer_scope) {
     for (const auto& [name, a] : n.attrs) {
       // Subgraphs see everything defined so far in the enclosing scopes.
       if (a.kind == Attribute::Kind::kGraph) {
-        KILN_RETURN_IF_ERROR(VerifyGraph(*a.g, defined).WithContext(n.Describe() + " attribute '" +
-                                                                   name + "'"));
+        KILN_RETURN_IF_ERROR(
+            VerifyGraph(*a.g, defined).WithContext(n.Describe() + " attribute '" + name + "'"));
       } else if (a.kind == Attribute::Kind::kGraphs) {
         for (const auto& sub : a.graphs) {
-          KILN_RETURN_IF_ERROR(VerifyGraph(*sub, defined).WithContext(
-              n.Describe() + " attribute '" + name + "'"));
+          KILN_RETURN_IF_ERROR(
+              VerifyGraph(*sub, defined).WithContext(n.Describe() + " attribute '" + name + "'"));
         }
       }
     }
     for (const std::string& out : n.outputs) {
       if (out.empty()) continue;
       if (!defined.insert(out).second) {
-        return Status::InvalidArgument(n.Describe() + ": output '" + out +
-                                       "' is already defined");
+        return Status::InvalidArgument(n.Describe() + ": output '" + out + "' is already defined");
       }
     }
   }

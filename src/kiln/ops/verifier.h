@@ -1,6 +1,6 @@
-// The graph verifier: structural checks every consumer of a Graph may rely on afterwards.
-// Sits right above the op registry (it asks each op's check()), below the interpreter and
-// compiler; run after import and after every compiler pass.
+// The graph verifier (ops layer): structural checks every consumer of a Graph may rely on
+// afterwards. Sits right above the op registry (it asks each op's check()), below the interpreter
+// and compiler; run after import and after every compiler pass.
 //
 // Checks, each failure naming the node and the problem: every op is known at the graph's opset
 // for its domain; each op's attribute/arity check passes; every node input is defined before use

@@ -1,4 +1,4 @@
-// Static shape inference and structural folding for concrete input shapes.
+// Static shape inference and structural folding for concrete input shapes (ops layer).
 //
 // Sits above the op registry (it runs each op's infer(), and its run() to fold) and below the
 // compiler, which specializes a graph per shape class with these. Given the shape of every graph

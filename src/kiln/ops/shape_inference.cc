@@ -1,5 +1,5 @@
 // Static shape inference and structural folding (see shape_inference.h).
-#include "src/kiln/eager/shape_inference.h"
+#include "src/kiln/ops/shape_inference.h"
 
 #include <set>
 
