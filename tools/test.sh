@@ -53,9 +53,9 @@ phase_done tests
 
 if [ "${KILN_SKIP_SANITIZE:-0}" != 1 ]; then
   echo "== build (ASan + UBSan) =="
-  # Not yet with KILN_WERROR: at -O1 under the sanitizers g++ may warn where -O2 does not, and this
-  # build has not been seen warning-free at -O1. Its warnings still print here.
-  bash tools/build.sh build-asan -DKILN_SANITIZE=ON
+  # With KILN_WERROR too: at -O1 under the sanitizers g++ analyses differently than at -O2, and a
+  # warning only this build sees still fails the run.
+  bash tools/build.sh build-asan -DKILN_SANITIZE=ON -DKILN_WERROR=ON
   phase_done "sanitizer build"
   echo "== tests under ASan + UBSan =="
   # oneDNN's JIT and OpenMP runtime keep allocations alive until exit by design.
