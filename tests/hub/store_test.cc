@@ -307,6 +307,22 @@ TEST_P(StoreTest, EventFieldsRoundTrip) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("memory", "sqlite", "postgresql"));
 
+// Makes the SQLite file `path` by running `sql` in it, as an older hub left it.
+::testing::AssertionResult WriteSqlite(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) {
+    sqlite3_close(db);
+    return ::testing::AssertionFailure() << "cannot open " << path;
+  }
+  char* err = nullptr;
+  const int rc = sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &err);
+  const std::string message = err != nullptr ? err : "";
+  sqlite3_free(err);
+  sqlite3_close(db);
+  if (rc != SQLITE_OK) return ::testing::AssertionFailure() << message;
+  return ::testing::AssertionSuccess();
+}
+
 // A version-2 database (events without structured fields) gains the columns on open; its rows
 // are kept, with the new fields empty, and new rows keep theirs.
 TEST(SqliteMigration, VersionTwoEventsGainTheirFields) {
@@ -322,16 +338,7 @@ INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts)
   VALUES ('w', 1, 'boot_adopt', 'hit', 'K', 1.5, 'key=K target=t', 10);
 PRAGMA user_version = 2;
 )sql";
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-    char* err = nullptr;
-    const int rc = sqlite3_exec(db, v2.c_str(), nullptr, nullptr, &err);
-    const std::string message = err != nullptr ? err : "";
-    sqlite3_free(err);
-    sqlite3_close(db);
-    ASSERT_EQ(rc, SQLITE_OK) << message;
-  }
+  ASSERT_TRUE(WriteSqlite(path, v2));
   auto s = OpenSqliteStore(path);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   const StoredEvent fresh{
@@ -370,16 +377,7 @@ INSERT INTO cells VALUES ('K', 'sha256:a', 1, 'root/m', 'ci', 'platform', '', 'R
 INSERT INTO intents VALUES ('K', 'sha256:a', 1, 'root/m', '', '', 'ci', 1);
 INSERT INTO tokens VALUES ('h', 'ci', 'publisher', 'platform', '');
 )sql";
-  {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
-    char* err = nullptr;
-    const int rc = sqlite3_exec(db, v1.c_str(), nullptr, nullptr, &err);
-    const std::string message = err != nullptr ? err : "";
-    sqlite3_free(err);
-    sqlite3_close(db);
-    ASSERT_EQ(rc, SQLITE_OK) << message;
-  }
+  ASSERT_TRUE(WriteSqlite(path, v1));
   auto s = OpenSqliteStore(path);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
   auto store = std::move(s).value();
