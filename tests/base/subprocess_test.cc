@@ -4,8 +4,12 @@
 #include "src/kiln/base/subprocess.h"
 
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 
 namespace kiln {
 namespace {
@@ -41,6 +45,25 @@ TEST(Subprocess, AChildKilledByASignalReports128PlusTheSignal) {
   auto rc = RunProcess({"/bin/sh", "-c", "kill -9 $$"}, nullptr);
   ASSERT_TRUE(rc.ok()) << rc.status().ToString();
   EXPECT_EQ(*rc, 128 + 9);
+}
+
+TEST(Subprocess, SpawnWithLogWritesTheLogAndOverridesTheEnvironment) {
+  const std::string log = ::testing::TempDir() + "/kiln_spawn_log_test.txt";
+  ::setenv("KILN_SPAWN_TEST_KEEP", "kept", 1);
+  ::setenv("KILN_SPAWN_TEST_OVER", "old", 1);
+  auto pid = SpawnWithLog(
+      {"/bin/sh", "-c", "echo out=$KILN_SPAWN_TEST_KEEP,$KILN_SPAWN_TEST_OVER; echo err >&2"},
+      {"KILN_SPAWN_TEST_OVER=new"}, log);
+  ASSERT_TRUE(pid.ok()) << pid.status().ToString();
+  int status = 0;
+  ASSERT_EQ(::waitpid(*pid, &status, 0), *pid);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find("out=kept,new"), std::string::npos) << text.str();
+  EXPECT_NE(text.str().find("err"), std::string::npos) << text.str();
+  EXPECT_FALSE(SpawnWithLog({"/nonexistent/kiln-no-such-program"}, {}, log).ok());
 }
 
 }  // namespace

@@ -54,4 +54,36 @@ Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output
   return 128 + (WIFSIGNALED(status) ? WTERMSIG(status) : 0);
 }
 
+Result<pid_t> SpawnWithLog(const std::vector<std::string>& argv,
+                           const std::vector<std::string>& env_overrides,
+                           const std::string& log_path) {
+  if (argv.empty()) return Status::InvalidArgument("SpawnWithLog: empty argv");
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  // The environment: every inherited entry whose name is not overridden, then the overrides.
+  std::vector<std::string> names;
+  for (const auto& e : env_overrides) names.push_back(e.substr(0, e.find('=') + 1));
+  std::vector<char*> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    bool overridden = false;
+    for (const auto& n : names) overridden |= std::strncmp(*e, n.c_str(), n.size()) == 0;
+    if (!overridden) env.push_back(*e);
+  }
+  for (const auto& e : env_overrides) env.push_back(const_cast<char*>(e.c_str()));
+  env.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
+                                   0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  pid_t pid = -1;
+  const int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  if (rc != 0) {
+    return Status::ResourceExhausted("cannot start '" + argv[0] + "': " + std::strerror(rc));
+  }
+  return pid;
+}
+
 }  // namespace kiln

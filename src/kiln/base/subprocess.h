@@ -4,6 +4,8 @@
 // and keep their own fork paths for that (each builds everything before fork).
 #pragma once
 
+#include <sys/types.h>
+
 #include <string>
 #include <vector>
 
@@ -20,5 +22,13 @@ namespace kiln {
 // (naming the program and errno); IOError when no pipe can be made.
 Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output,
                        const std::string& cwd = "");
+
+// Starts argv[0] (a path) with argv and returns its pid without waiting: stdout and stderr go to
+// `log_path` (created or truncated, mode 0644), the environment is this process's with each
+// "NAME=value" of `env_overrides` set over it. posix_spawn, so nothing is allocated in a forked
+// copy of this process. The caller reaps the child (waitpid). Errors name the program.
+Result<pid_t> SpawnWithLog(const std::vector<std::string>& argv,
+                           const std::vector<std::string>& env_overrides,
+                           const std::string& log_path);
 
 }  // namespace kiln

@@ -30,6 +30,7 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/sha256.h"
+#include "src/kiln/base/subprocess.h"
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/eager/interpreter.h"
@@ -77,20 +78,11 @@ class Child {
  public:
   Child() = default;
   ~Child() { Stop(); }
-  Status Start(std::vector<std::string> args, const std::string& cache, const std::string& log) {
-    pid_ = ::fork();
-    if (pid_ < 0) return Status::IOError("fork failed");
-    if (pid_ == 0) {
-      if (!cache.empty()) ::setenv("KILN_CACHE_DIR", cache.c_str(), 1);
-      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(fd, 1);
-      ::dup2(fd, 2);
-      std::vector<char*> argv;
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
+  Status Start(const std::vector<std::string>& args, const std::string& cache,
+               const std::string& log) {
+    std::vector<std::string> env;
+    if (!cache.empty()) env.push_back("KILN_CACHE_DIR=" + cache);
+    KILN_ASSIGN_OR_RETURN(pid_, SpawnWithLog(args, env, log));
     return Status::OK();
   }
   int Stop() {
