@@ -98,13 +98,19 @@ Result<Samples> ReadSamples(const std::vector<std::map<std::string, std::string>
   return out;
 }
 
+const std::vector<std::string>& MintStages() {
+  static const std::vector<std::string> kStages = {"key",  "compile", "build", "load",
+                                                   "gate", "fence",   "seal"};
+  return kStages;
+}
+
 Result<MintResult> MintCell(const MintRequest& req) {
   MintResult out;
   auto stage = std::chrono::steady_clock::now();
-  static const char* const kStages[] = {"key", "compile", "build", "load", "gate", "fence", "seal"};
+  const std::vector<std::string>& stages = MintStages();
   size_t next_stage = 0;
   auto announce = [&] {
-    if (req.on_stage && next_stage < 7) req.on_stage(kStages[next_stage]);
+    if (req.on_stage && next_stage < stages.size()) req.on_stage(stages[next_stage]);
   };
   auto mark = [&](const char* name) {
     out.stages.push_back({name, Ms(stage)});

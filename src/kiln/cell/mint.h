@@ -22,6 +22,10 @@
 
 namespace kiln {
 
+// The stages of a mint, in order: key, compile, build, load, gate, fence, seal. The one list: the
+// progress callback, the child's frames and `kiln mint`'s progress line count from it.
+const std::vector<std::string>& MintStages();
+
 struct MintRequest {
   std::shared_ptr<const Graph> graph;
   Envelope envelope;
@@ -35,7 +39,7 @@ struct MintRequest {
   CompileOptions compile;
   std::string work_dir;  // "" = a fresh temp dir, removed afterwards
   int num_threads = 1;
-  // Called as each stage starts ("key", "compile", "build", "load", "gate", "fence", "seal").
+  // Called as each stage of MintStages() starts.
   std::function<void(const std::string& stage)> on_stage;
   // Intake lane (law 12): compiled, loaded, gated and fenced like any cell, but never keyed or
   // sealed: the result carries the proven .so bytes (`shared_object`) and no key, digest or tar.

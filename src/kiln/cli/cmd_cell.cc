@@ -187,6 +187,9 @@ void WatchParent(int fd) {
 }
 
 int RunMintChild(const std::string& request_path, int parent_alive_fd) {
+  // Frames count the mint's stages, then one last frame for the report.
+  const int kStageCount = static_cast<int>(MintStages().size());
+  const int kReportStep = kStageCount + 1;
   if (parent_alive_fd >= 0) WatchParent(parent_alive_fd);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   auto text = ReadFile(request_path);
@@ -213,8 +216,9 @@ int RunMintChild(const std::string& request_path, int parent_alive_fd) {
       ReportError("mint --child", w);
       return kMintExitBadRequest;
     }
-    std::printf("%s\n",
-                MintFrameLine("report", 8, 8, status + (token.empty() ? "" : " " + token)).c_str());
+    std::printf("%s\n", MintFrameLine("report", kReportStep, kReportStep,
+                                      status + (token.empty() ? "" : " " + token))
+                            .c_str());
     return code;
   };
   if (req->attempt == 1 && TestSeconds("KILN_TEST_MINT_RESOURCE_ONCE") == 1) {
@@ -263,7 +267,7 @@ int RunMintChild(const std::string& request_path, int parent_alive_fd) {
     current = stage;
     stage_start = now;
     ++step;
-    std::printf("%s\n", MintFrameLine(stage, step, 7, req->target).c_str());
+    std::printf("%s\n", MintFrameLine(stage, step, kStageCount, req->target).c_str());
     if (stage == "compile") TestStallOrSpin();
   };
   auto minted = MintCell(*r);
@@ -322,7 +326,8 @@ Status DoMint(const Args& a) {
   r.on_stage = [&](const std::string& stage) {
     ++step;
     if (tty) {
-      std::printf("\r  minting [%d/7] %-8s", step, stage.c_str());
+      std::printf("\r  minting [%d/%d] %-8s", step, static_cast<int>(MintStages().size()),
+                  stage.c_str());
       std::fflush(stdout);
     }
   };
