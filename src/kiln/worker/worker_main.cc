@@ -1,0 +1,322 @@
+// The worker's composition root (see worker_main.h).
+#include "src/kiln/worker/worker_main.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "src/kiln/base/file.h"
+#include "src/kiln/cell/loader.h"
+#include "src/kiln/cell/store.h"
+#include "src/kiln/graph/checkpoint.h"
+#include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/identity/toolchain.h"
+#include "src/kiln/worker/adoption.h"
+#include "src/kiln/worker/boot.h"
+#include "src/kiln/worker/event_forwarder.h"
+#include "src/kiln/worker/front.h"
+#include "src/kiln/worker/manifest.h"
+#include "src/kiln/worker/minter.h"
+#include "src/kiln/worker/publisher.h"
+#include "src/kiln/worker/revocations.h"
+#include "src/kiln/worker/test_switches.h"
+
+namespace kiln {
+namespace {
+
+// The operator token of the admin listener: --admin-token-file, else $KILN_ADMIN_TOKEN.
+Result<std::string> AdminToken(const WorkerConfig& a) {
+  std::string token;
+  if (!a.admin_token_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(token, ReadFile(a.admin_token_file));
+    while (!token.empty() &&
+           (token.back() == '\n' || token.back() == '\r' || token.back() == ' ')) {
+      token.pop_back();
+    }
+    if (token.empty()) {
+      return Status::InvalidArgument("admin token file '" + a.admin_token_file + "' is empty");
+    }
+  } else if (const char* env = std::getenv("KILN_ADMIN_TOKEN")) {
+    token = env;
+  }
+  return token;
+}
+
+// The sm a target's cells are owed for: the manifest's override, else this machine's level.
+std::string DetectSm(const TargetSpec& spec) {
+  return spec.sm.empty() ? DefaultSmTarget() : spec.sm;
+}
+
+// One hub client configuration for the three clients a worker holds (events, resolve, publish).
+HubClientOptions HubOptionsFrom(const HubSpec& h) {
+  HubClientOptions o;
+  o.url = h.url;
+  o.token = h.token;
+  o.ca_file = h.ca;
+  o.insecure_http = h.insecure_http;
+  o.io_timeout_s = h.timeout_ms / 1000.0;
+  o.connect_timeout_s = std::min(o.io_timeout_s, 3.0);
+  return o;
+}
+
+struct Booted {
+  std::shared_ptr<const Graph> graph;
+  std::unique_ptr<ServedTarget> target;
+};
+
+}  // namespace
+
+Status RunWorker(const WorkerConfig& a) {
+  // The machine facts every cell key and admission compare against (the compiler's identity
+  // costs a process spawn and a file hash, the sm level a cpuid) are learned once per process.
+  // Learn them while the manifest, graphs and checkpoints load, not inside the first adopt;
+  // LocalToolchain() is cached under a mutex, so a boot that gets there first simply waits.
+  std::jthread machine_facts([] {
+    LocalToolchain().status().IgnoreError();
+    DetectSmLevel();
+  });
+  KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
+  // The admin listener's token is checked before the boot, which may take minutes.
+  std::string admin_token;
+  if (a.admin_port >= 0) {
+    KILN_ASSIGN_OR_RETURN(admin_token, AdminToken(a));
+    if (admin_token.empty()) {
+      return Status::InvalidArgument(
+          "worker admin: --admin-port needs an operator token (--admin-token-file or "
+          "$KILN_ADMIN_TOKEN); without one the admin listener stays off");
+    }
+  }
+  EventLog events;
+  if (!a.events.empty()) KILN_RETURN_IF_ERROR(events.SetPath(a.events));
+  // Event rows go to the hub too, posted in the background by a client of their own.
+  std::unique_ptr<EventForwarder> forwarder;
+  if (m.hub) {
+    KILN_ASSIGN_OR_RETURN(auto client, HubClient::Create(HubOptionsFrom(*m.hub)));
+    EventForwarderOptions fwd;
+    // One name per worker process: the hub counts adoptions by distinct worker.
+    char host[256] = {};
+    ::gethostname(host, sizeof(host) - 1);
+    fwd.worker = m.endpoint.name + "@" + host + "/" + std::to_string(::getpid());
+    forwarder = std::make_unique<EventForwarder>(std::move(client), fwd);
+    forwarder->Attach(events);  // before boot: boot_adopt rows reach the hub too
+  }
+
+  KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
+  LocalStore store(root);
+  std::unique_ptr<HubClient> hub;
+  std::unique_ptr<PublicKeySet> trust;
+  PublicKeySet hub_keys;
+  if (m.hub) {
+    KILN_ASSIGN_OR_RETURN(hub, HubClient::Create(HubOptionsFrom(*m.hub)));
+    if (!m.hub->trust.empty()) {
+      trust = std::make_unique<PublicKeySet>();
+      for (const std::string& path : m.hub->trust) {
+        KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+        KILN_ASSIGN_OR_RETURN(PublicKeySet keys, PublicKeySet::FromText(text, path));
+        for (const auto& [kid, raw] : keys.keys()) KILN_RETURN_IF_ERROR(trust->AddRaw(raw));
+      }
+    }
+  }
+  const int threads = a.threads > 0 ? a.threads : (m.endpoint.threads > 0 ? m.endpoint.threads : 1);
+  BootContext ctx;
+  ctx.store = &store;
+  ctx.hub = hub.get();
+  ctx.trust = trust.get();
+  ctx.hub_keys = &hub_keys;
+  ctx.events = &events;
+  KILN_ASSIGN_OR_RETURN(ctx.private_dir, ProcessPrivateDir());
+  ctx.threads = threads;
+  ctx.worker = m.endpoint.name;
+
+  std::vector<Booted> booted;
+  // Declared after `booted` (it holds pointers to the targets) and before the minter (which
+  // asks it), so it is destroyed in between.
+  std::unique_ptr<RevocationWatch> revocations;
+  if (m.hub) {
+    RevocationWatchOptions ro;
+    ro.hub = HubOptionsFrom(*m.hub);
+    if (trust) {
+      ro.anchors = *trust;
+      ro.use_anchors = true;
+    }
+    ro.cache_path = root + "/.revocations.jws";
+    ro.poll_s = m.hub->revocation_poll_s;
+    ro.max_age_cap_s = m.hub->revocation_max_age_s;
+    ro.stale = m.hub->revocations_stale == "eager" ? StaleRevocationPolicy::kEager
+                                                   : StaleRevocationPolicy::kKeep;
+    ro.events = &events;
+    ro.worker = m.endpoint.name;
+    KILN_ASSIGN_OR_RETURN(revocations, RevocationWatch::Create(std::move(ro)));
+    ctx.revocations = revocations.get();
+  }
+  std::map<std::string, FrontendTarget> front_targets;
+  std::unique_ptr<Publisher> publisher;
+  if (m.hub) {
+    PublisherOptions po;
+    po.hub = HubOptionsFrom(*m.hub);
+    po.store = &store;
+    po.events = &events;
+    po.release = m.endpoint.release;
+    KILN_ASSIGN_OR_RETURN(publisher, Publisher::Create(po));
+  }
+  MinterOptions mo;
+  mo.manifest_path = std::filesystem::absolute(a.manifest).string();
+  mo.work_root = ctx.private_dir + "/mints";
+  mo.private_dir = ctx.private_dir;
+  mo.stall_window_ms = m.mint.stall_window_s * 1000;
+  mo.memory_budget_mb = m.mint.memory_budget_mb;
+  mo.parallel_compiles = m.mint.parallel_compiles;
+  mo.child_nice = a.mint_nice;
+  mo.child_threads = a.mint_threads;
+  mo.serve_threads = threads;
+  mo.worker = m.endpoint.name;
+  mo.store = &store;
+  mo.publisher = publisher.get();
+  mo.revocations = revocations.get();
+  mo.events = &events;
+  // Declared after `booted`, so it is destroyed (its threads joined) before the targets they
+  // point at, whichever way this function returns.
+  Minter minter(mo);
+  AdopterOptions ao;
+  if (m.hub) ao.retry_max_ms = m.hub->adopt_retry_max_s * 1000;
+  ao.retry_initial_ms = std::min(ao.retry_initial_ms, ao.retry_max_ms);
+  // After the minter: its retries call into it, so it stops first.
+  Adopter adopter(ctx, &minter, ao);
+  for (const TargetSpec& spec : m.targets) {
+    if (spec.lane == LanePolicy::kMandatory && !spec.exported()) {
+      return Status::Refused(StatusCode::kInvalidArgument, "mandatory_lane_needs_a_cell",
+                             "target '" + spec.name +
+                                 "' is mandatory but declares no export, so no cell can "
+                                 "ever serve it");
+    }
+    Booted b;
+    KILN_ASSIGN_OR_RETURN(Graph g, ImportOnnxFile(spec.graph));
+    b.graph = std::make_shared<const Graph>(std::move(g));
+    WeightMap weights = GraphWeights(*b.graph);
+    if (!spec.checkpoint.empty()) {
+      KILN_ASSIGN_OR_RETURN(weights, LoadCheckpoint(*b.graph, spec.checkpoint));
+    }
+    ServedTargetOptions o;
+    o.name = spec.name;
+    o.lane_policy = spec.lane;
+    o.intake = !spec.exported();
+    o.compile_declared = true;  // exported: minted on a miss; intake: compiled here
+    o.events = &events;
+    o.max_remints = m.mint.remints;
+    KILN_ASSIGN_OR_RETURN(b.target, ServedTarget::Create(o, b.graph, weights));
+    if (revocations) revocations->Watch(b.target.get());
+    const BootOutcome out = spec.exported() ? adopter.Boot(*b.target, spec, b.graph)
+                                            : AdoptAtBoot(*b.target, spec, b.graph, weights, ctx);
+    std::printf("target %-16s boot_adopt %-22s %7.1f ms  %s\n", spec.name.c_str(),
+                out.phase.c_str(), out.duration_ms,
+                out.adopted() ? out.ref.c_str() : ("serving " + b.target->Posture()).c_str());
+    if (!spec.exported()) {
+      minter.CompileIntake(MintBinding{b.target.get(), spec});
+      // Nothing is owed for an intake target: a release's obligation is settled terminally.
+      if (publisher) publisher->EnqueueSettle(spec.name, DetectSm(spec), kBootNoExportDeclaration);
+    } else if (spec.lane == LanePolicy::kMandatory && !out.key.empty()) {
+      // A mandatory target whose cell faults mints its key again instead of refusing forever.
+      b.target->SetOnCellLost(
+          [&minter, key = out.key, t = b.target.get(), spec](const std::string&) {
+            minter.MintExported(key, MintBinding{t, spec});
+          });
+    }
+    front_targets[spec.name] = FrontendTarget{b.target.get(), b.graph};
+    booted.push_back(std::move(b));
+  }
+
+  std::map<std::string, ServedTarget*> by_name;
+  for (const Booted& b : booted) by_name[b.target->name()] = b.target.get();
+  KILN_RETURN_IF_ERROR(ApplyTestSwitchesFromEnv(by_name));
+
+  FrontendOptions fo;
+  fo.bind = a.bind;
+  fo.port = a.port >= 0 ? a.port : m.endpoint.port;
+  fo.max_concurrency = m.endpoint.max_concurrency;
+  fo.events = &events;
+  fo.tls_cert = a.tls_cert;
+  fo.tls_key = a.tls_key;
+  fo.insecure_http = a.insecure_http;
+  fo.max_connections_per_client = a.max_conns_per_client;
+  fo.max_body_bytes = static_cast<size_t>(std::max(1, a.max_body_mb)) << 20;
+  fo.admin.port = a.admin_port;
+  fo.admin.bind = a.admin_bind;
+  fo.checkpoint_dir = a.checkpoint_dir;
+  fo.admin.token = admin_token;
+  if (forwarder) {
+    fo.extra_metrics = [f = forwarder.get()] {
+      const EventForwarderStats st = f->stats();
+      std::string o =
+          "# HELP kiln_events_forwarded_total Event rows by what became of them on the way to the "
+          "hub.\n# TYPE kiln_events_forwarded_total counter\n";
+      o += "kiln_events_forwarded_total{outcome=\"posted\"} " + std::to_string(st.posted) + "\n";
+      o += "kiln_events_forwarded_total{outcome=\"dropped\"} " + std::to_string(st.dropped) + "\n";
+      o +=
+          "kiln_events_forwarded_total{outcome=\"rejected\"} " + std::to_string(st.rejected) + "\n";
+      o += "# HELP kiln_events_queued Event rows waiting for the hub.\n# TYPE kiln_events_queued "
+           "gauge\nkiln_events_queued " +
+           std::to_string(st.queued) + "\n";
+      o += "# HELP kiln_events_post_failures_total Failed posts to the hub (retried).\n# TYPE "
+           "kiln_events_post_failures_total counter\nkiln_events_post_failures_total " +
+           std::to_string(st.failures) + "\n";
+      return o;
+    };
+  }
+  KILN_ASSIGN_OR_RETURN(auto front,
+                        Frontend::Create(fo, std::move(front_targets), m.function_to_target));
+  // Block the stop signals (and SIGHUP, the TLS reload) before any thread starts, so only sigwait
+  // below receives them.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGTERM);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  KILN_RETURN_IF_ERROR(front->Start());
+  if (revocations) revocations->Start();
+  std::printf("kiln worker: endpoint '%s' serving on %s://%s:%d (KServe v2)\n",
+              m.endpoint.name.c_str(), front->tls() ? "https" : "http", a.bind.c_str(),
+              front->port());
+  if (front->admin_port() >= 0) {
+    std::printf("kiln worker: admin on %s://%s:%d\n", front->tls() ? "https" : "http",
+                a.admin_bind.c_str(), front->admin_port());
+  }
+  std::fflush(stdout);
+  int sig = 0;
+  while (true) {
+    sigwait(&stop, &sig);
+    if (sig != SIGHUP) break;
+    Status reloaded = front->ReloadTls();
+    std::printf("kiln worker: SIGHUP: TLS reload: %s\n", reloaded.ToString().c_str());
+    std::fflush(stdout);
+  }
+  std::printf("kiln worker: signal %d, draining %d in-flight request(s)\n", sig,
+              front->in_flight());
+  std::fflush(stdout);
+  front->Stop();
+  adopter.Stop();
+  if (revocations) revocations->Stop();
+  minter.Stop();
+  if (publisher) publisher->WaitIdle(2000);
+  if (forwarder) {
+    const size_t left = forwarder->Stop(std::chrono::milliseconds(3000));
+    if (left > 0) {
+      std::printf(
+          "kiln worker: %zu event row(s) not delivered to the hub (they are in the event "
+          "file, if one is set)\n",
+          left);
+    }
+  }
+  return Status::OK();
+}
+
+}  // namespace kiln
