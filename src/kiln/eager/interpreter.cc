@@ -3,6 +3,7 @@
 
 #include <set>
 
+#include "src/kiln/graph/input_check.h"
 #include "src/kiln/ops/shape_inference.h"
 #include "src/kiln/ops/verifier.h"
 
@@ -124,10 +125,8 @@ Status Interpreter::CheckInputs(const TensorMap& inputs) const {
   const Graph& g = *graph_;
   for (const auto& [name, t] : inputs) {
     if (!g.FindInput(name)) {
-      std::string expected;
-      for (const ValueInfo& v : g.inputs) expected += (expected.empty() ? "" : ", ") + v.name;
-      return Status::InvalidArgument("input '" + name +
-                                     "' is not an input of the graph (inputs: " + expected + ")");
+      return Status::InvalidArgument("input '" + name + "' is not an input of the graph (inputs: " +
+                                     DeclaredInputNames(g) + ")");
     }
   }
   for (const ValueInfo& v : g.inputs) {
@@ -138,22 +137,23 @@ Status Interpreter::CheckInputs(const TensorMap& inputs) const {
     }
     const Tensor& t = it->second;
     if (!t.valid()) return Status::InvalidArgument("input '" + v.name + "' holds no tensor");
-    if (t.dtype() != v.dtype) {
-      return Status::InvalidArgument("input '" + v.name + "' has dtype " + DTypeName(t.dtype()) +
-                                     ", expected " + DTypeName(v.dtype));
-    }
-    if (!v.has_shape) continue;
-    if (t.rank() != static_cast<int64_t>(v.dims.size())) {
-      return Status::InvalidArgument("input '" + v.name + "' has rank " + std::to_string(t.rank()) +
-                                     " (shape " + ShapeToString(t.shape()) + "), expected rank " +
-                                     std::to_string(v.dims.size()) + " " + v.ShapeString());
-    }
-    for (size_t i = 0; i < v.dims.size(); ++i) {
-      if (v.dims[i].known() && v.dims[i].value != t.dim(static_cast<int64_t>(i))) {
+    const InputMismatch m = MatchInput(g, v.name, t.dtype(), t.shape());
+    switch (m.kind) {
+      case InputMismatch::Kind::kNone:
+      case InputMismatch::Kind::kUnknown:  // not reached: v is one of g's inputs
+        break;
+      case InputMismatch::Kind::kDType:
+        return Status::InvalidArgument("input '" + v.name + "' has dtype " + DTypeName(t.dtype()) +
+                                       ", expected " + DTypeName(v.dtype));
+      case InputMismatch::Kind::kRank:
+        return Status::InvalidArgument("input '" + v.name + "' has rank " +
+                                       std::to_string(t.rank()) + " (shape " +
+                                       ShapeToString(t.shape()) + "), expected rank " +
+                                       std::to_string(v.dims.size()) + " " + v.ShapeString());
+      case InputMismatch::Kind::kDim:
         return Status::InvalidArgument("input '" + v.name + "' has shape " +
                                        ShapeToString(t.shape()) + ", expected " + v.ShapeString() +
-                                       " (dim " + std::to_string(i) + ")");
-      }
+                                       " (dim " + std::to_string(m.dim) + ")");
     }
   }
   return Status::OK();

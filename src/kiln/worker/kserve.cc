@@ -13,6 +13,8 @@
 #include <streambuf>
 #include <utility>
 
+#include "src/kiln/graph/input_check.h"
+
 namespace kiln {
 namespace {
 
@@ -1312,37 +1314,30 @@ Result<InferRequest> ParseInferRequest(std::string_view body, std::optional<size
 
 Status CheckInputAgainstGraph(const Graph& graph, const std::string& name, DType dtype,
                               const Shape& shape) {
-  const ValueInfo* vi = nullptr;
-  std::string declared;
-  for (const ValueInfo& v : graph.inputs) {
-    declared += (declared.empty() ? "" : ", ") + v.name;
-    if (v.name == name) vi = &v;
+  const InputMismatch m = MatchInput(graph, name, dtype, shape);
+  if (m.ok()) return Status::OK();
+  if (m.kind == InputMismatch::Kind::kUnknown) {
+    return Status::InvalidArgument(
+        "input " + Quote(name) +
+        " is not an input of the model (inputs: " + DeclaredInputNames(graph) + ")");
   }
-  if (vi == nullptr) {
-    return Status::InvalidArgument("input " + Quote(name) +
-                                   " is not an input of the model (inputs: " + declared + ")");
-  }
+  const ValueInfo& vi = *m.declared;
   const std::string decl =
-      std::string(KServeDatatype(vi->dtype)) + (vi->has_shape ? vi->ShapeString() : "[?]");
+      std::string(KServeDatatype(vi.dtype)) + (vi.has_shape ? vi.ShapeString() : "[?]");
   const std::string got = std::string(KServeDatatype(dtype)) + ShapeToString(shape);
-  if (dtype != vi->dtype) {
-    return Status::InvalidArgument("input " + Quote(name) + " is " + got + "; the model declares " +
-                                   decl);
-  }
-  if (!vi->has_shape) return Status::OK();
-  if (shape.size() != vi->dims.size()) {
-    return Status::InvalidArgument("input " + Quote(name) + " is " + got + " (rank " +
-                                   std::to_string(shape.size()) + "); the model declares " + decl +
-                                   " (rank " + std::to_string(vi->dims.size()) + ")");
-  }
-  for (size_t d = 0; d < vi->dims.size(); ++d) {
-    if (vi->dims[d].known() && vi->dims[d].value != shape[d]) {
-      return Status::InvalidArgument("input " + Quote(name) + " is " + got + ": dim " +
-                                     std::to_string(d) + " is " + std::to_string(shape[d]) +
+  switch (m.kind) {
+    case InputMismatch::Kind::kDType:
+      return Status::InvalidArgument("input " + Quote(name) + " is " + got +
                                      "; the model declares " + decl);
-    }
+    case InputMismatch::Kind::kRank:
+      return Status::InvalidArgument("input " + Quote(name) + " is " + got + " (rank " +
+                                     std::to_string(shape.size()) + "); the model declares " +
+                                     decl + " (rank " + std::to_string(vi.dims.size()) + ")");
+    default:
+      return Status::InvalidArgument("input " + Quote(name) + " is " + got + ": dim " +
+                                     std::to_string(m.dim) + " is " + std::to_string(shape[m.dim]) +
+                                     "; the model declares " + decl);
   }
-  return Status::OK();
 }
 
 Status CheckInputsAgainstGraph(const Graph& graph, const TensorMap& inputs) {
