@@ -12,6 +12,7 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/sha256.h"
+#include "src/kiln/base/signals.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/regenerate.h"
@@ -33,12 +34,7 @@ int RunHub(HubArgs& args) {
   // SIGINT/SIGTERM are taken by one thread that stops the server, SIGHUP by the same thread to
   // re-read the TLS certificate; every other thread (the server's start after this) has them
   // blocked.
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  const sigset_t set = BlockStopSignals();
   signal(SIGPIPE, SIG_IGN);
 
   HubFirstStart first;
@@ -56,18 +52,12 @@ int RunHub(HubArgs& args) {
   std::fflush(stdout);
   HubServer* server = hub->get();
   std::thread([set, server] {
-    while (true) {
-      int sig = 0;
-      sigwait(&set, &sig);
-      if (sig == SIGHUP) {
-        Status s = server->ReloadTls();
-        std::fprintf(stderr, "kiln hub: SIGHUP: TLS reload: %s\n", s.ToString().c_str());
-        continue;
-      }
-      std::fprintf(stderr, "kiln hub: signal %d, stopping\n", sig);
-      server->Stop();
-      return;
-    }
+    const int sig = WaitForStopSignal(set, [server] {
+      Status s = server->ReloadTls();
+      std::fprintf(stderr, "kiln hub: SIGHUP: TLS reload: %s\n", s.ToString().c_str());
+    });
+    std::fprintf(stderr, "kiln hub: signal %d, stopping\n", sig);
+    server->Stop();
   }).detach();
   Status served = (*hub)->Serve();
   if (!served.ok()) return ReportError("hub", served);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "src/kiln/base/file.h"
+#include "src/kiln/base/signals.h"
 #include "src/kiln/cell/loader.h"
 #include "src/kiln/cell/store.h"
 #include "src/kiln/graph/checkpoint.h"
@@ -275,12 +276,7 @@ Status RunWorker(const WorkerConfig& a) {
                         Frontend::Create(fo, std::move(front_targets), m.function_to_target));
   // Block the stop signals (and SIGHUP, the TLS reload) before any thread starts, so only sigwait
   // below receives them.
-  sigset_t stop;
-  sigemptyset(&stop);
-  sigaddset(&stop, SIGTERM);
-  sigaddset(&stop, SIGINT);
-  sigaddset(&stop, SIGHUP);
-  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  const sigset_t stop = BlockStopSignals();
   KILN_RETURN_IF_ERROR(front->Start());
   if (revocations) revocations->Start();
   std::printf("kiln worker: endpoint '%s' serving on %s://%s:%d (KServe v2)\n",
@@ -291,14 +287,11 @@ Status RunWorker(const WorkerConfig& a) {
                 a.admin_bind.c_str(), front->admin_port());
   }
   std::fflush(stdout);
-  int sig = 0;
-  while (true) {
-    sigwait(&stop, &sig);
-    if (sig != SIGHUP) break;
+  const int sig = WaitForStopSignal(stop, [&front] {
     Status reloaded = front->ReloadTls();
     std::printf("kiln worker: SIGHUP: TLS reload: %s\n", reloaded.ToString().c_str());
     std::fflush(stdout);
-  }
+  });
   std::printf("kiln worker: signal %d, draining %d in-flight request(s)\n", sig,
               front->in_flight());
   std::fflush(stdout);

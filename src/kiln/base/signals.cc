@@ -1,0 +1,27 @@
+// Stop and reload signals of a serving process (see signals.h).
+#include "src/kiln/base/signals.h"
+
+#include <pthread.h>
+
+namespace kiln {
+
+sigset_t BlockStopSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+int WaitForStopSignal(const sigset_t& set, const std::function<void()>& on_hup) {
+  while (true) {
+    int sig = 0;
+    if (sigwait(&set, &sig) != 0) continue;
+    if (sig != SIGHUP) return sig;
+    if (on_hup) on_hup();
+  }
+}
+
+}  // namespace kiln
