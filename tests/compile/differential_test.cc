@@ -1352,8 +1352,9 @@ const std::vector<std::pair<std::string, std::function<void(Tensor&)>>>& Plants(
 
 // NaN and infinities give the same outputs compiled and eager: generated loops (ReLU, Max, Min,
 // Sign, Clip, HardSigmoid, exp past its range, softmax, norms), the fused GEMM and convolution
-// epilogues (ReLU, sigmoid, SiLU, residual sums) and the kernel library's calls must neither lose
-// a NaN nor invent one. An all-NaN input once gave finite numbers compiled (a ReLU that mapped
+// epilogues (ReLU, sigmoid, SiLU, HardSwish, GELU, residual sums; the last three run as the
+// kernel library's post-ops) and the kernel library's calls must neither lose a NaN nor invent
+// one. An all-NaN input once gave finite numbers compiled (a ReLU that mapped
 // NaN to 0 before the second GEMM) where eager gave NaN.
 TEST(Differential, NaNInputsGiveEqualOutputsCompiledAndEager) {
   const std::vector<Case> elementwise = {
@@ -1379,6 +1380,8 @@ TEST(Differential, NaNInputsGiveEqualOutputsCompiledAndEager) {
   };
   RunNonFinite(BuildGroup(elementwise, 17), "elementwise", Plants());
   RunNonFinite(BuildParallelChain(), "chain", Plants());
+  // GEMMs whose erf GELU epilogue the kernel library applies as a post-op.
+  RunNonFinite(BuildGeluMlp(), "gelu", Plants());
 }
 
 // Shapes that depend on input values (NonZero, a Reshape or Expand by a shape given as an input,
