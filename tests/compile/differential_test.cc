@@ -1222,6 +1222,76 @@ TEST(Differential, ConvNetworkRunsChannelsLastAndMatchesEager) {
   RunBuilt(b, 17, 2, "convnet");
 }
 
+// BatchNormalizations as an export that keeps every node writes them (after bias-free
+// convolutions, before a ReLU or a residual sum, and over rank-3 and rank-2 activations), with
+// running statistics like trained ones: means far from 0 and variances over four decades. Each
+// runs as elementwise ops: folded into the convolution before it as an epilogue on its NHWC
+// output, never as a reference kernel or a layout copy; and the cell follows re-bound
+// statistics (they are weights, read at run time).
+Built BuildUnfoldedBatchNorms() {
+  NetBuilder n;
+  n.Input("x", {2, 8, 12, 12});
+  n.Input("seq", {2, 8, 20});
+  n.Input("flat", {4, 8});
+  int bn = 0;
+  auto batch_norm = [&](const std::string& in, const std::string& out, float eps) {
+    const std::string p = "bn" + std::to_string(bn++);
+    n.Weight(p + ".weight", {8}, 0.5f, 1.5f);
+    n.Weight(p + ".bias", {8});
+    n.Weight(p + ".running_mean", {8}, 20.0f, 40.0f);
+    std::vector<float> var(8);
+    for (int c = 0; c < 8; ++c) var[c] = 1e-4f * std::pow(10.0f, 0.5f * static_cast<float>(c));
+    n.b.FloatInit(p + ".running_var", {8}, var);
+    auto& node = n.b.Node("BatchNormalization",
+                          {in, p + ".weight", p + ".bias", p + ".running_mean", p + ".running_var"},
+                          {out}, p);
+    OnnxBuilder::FloatAttr(node, "epsilon", eps);
+  };
+  n.Weight("w0", {8, 8, 3, 3});
+  n.Weight("w1", {8, 8, 1, 1});
+  n.b.Node("Add", {"x", "x"}, {"x2"}, "x2");
+  OnnxBuilder::IntsAttr(n.b.Node("Conv", {"x2", "w0"}, {"c0"}, "c0"), "pads", {1, 1, 1, 1});
+  batch_norm("c0", "n0", 1e-5f);
+  n.b.Node("Relu", {"n0"}, {"r0"}, "r0");
+  n.b.Node("Conv", {"r0", "w1"}, {"c1"}, "c1");
+  batch_norm("c1", "n1", 1e-3f);
+  n.b.Node("Add", {"n1", "r0"}, {"s1"}, "s1");
+  n.b.Node("Relu", {"s1"}, {"y0"}, "y0");
+  n.outs.push_back("y0");
+  batch_norm("seq", "y1", 1e-5f);
+  n.outs.push_back("y1");
+  batch_norm("flat", "y2", 1e-5f);
+  n.outs.push_back("y2");
+  return n.Finish("batchnorm");
+}
+
+TEST(Differential, UnfoldedBatchNormsRunAsConvolutionEpiloguesOnNhwc) {
+  Built b = BuildUnfoldedBatchNorms();
+  const Program p = CompiledProgram(b);
+  int convs = 0, nhwc = 0, with_epilogue = 0, copies = 0;
+  for (const Kernel& k : p.kernels) {
+    EXPECT_NE(k.kind, Kernel::Kind::kReference) << k.label << "\n" << p.Dump();
+    copies += k.label == "ToNhwc" || k.label == "ToRowMajor";
+    if (k.kind != Kernel::Kind::kConv) continue;
+    ++convs;
+    nhwc +=
+        k.conv_layout == KILN_CONV_LAYOUT_NHWC || k.conv_layout == KILN_CONV_LAYOUT_NHWC_WINOGRAD;
+    with_epilogue += k.label.find("+[Sub+Mul+Add") != std::string::npos;
+  }
+  EXPECT_EQ(convs, 2) << p.Dump();
+  EXPECT_EQ(nhwc, 2) << p.Dump();
+  EXPECT_EQ(with_epilogue, 2) << p.Dump();
+  // y0 out to the caller's row-major buffer; nothing around the normalizations.
+  EXPECT_EQ(copies, 1) << p.Dump();
+  WeightMap other;
+  for (const auto& [name, w] : b.weights) {
+    Tensor t = *w.Clone();
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= 1.25f;
+    other.emplace(name, std::move(t));
+  }
+  RunBuilt(b, 17, 2, "batchnorm", &other);
+}
+
 TEST(Differential, AttentionIsFusedOnViewsAndMatchesEager) {
   const Built b = BuildAttentionNetwork();
   const Program p = CompiledProgram(b);
@@ -1377,6 +1447,7 @@ TEST(Differential, NaNInputsGiveEqualOutputsCompiledAndEager) {
       {"Gemm", {F({4, 9}), W({9, 5}), W({5})}},
       {"MatMul", {F({2, 4, 9}), W({9, 6})}},
       {"LayerNormalization", {F({4, 9}), W({9}), W({9})}},
+      {"BatchNormalization", {F({2, 3, 4, 4}), W({3}), W({3}), W({3}), F({3}, Domain::kPositive)}},
   };
   RunNonFinite(BuildGroup(elementwise, 17), "elementwise", Plants());
   RunNonFinite(BuildParallelChain(), "chain", Plants());
