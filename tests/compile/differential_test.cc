@@ -1292,6 +1292,57 @@ TEST(Differential, UnfoldedBatchNormsRunAsConvolutionEpiloguesOnNhwc) {
   RunBuilt(b, 17, 2, "batchnorm", &other);
 }
 
+// Linear layers as exports that keep every node write them: the weight [out, in] goes through a
+// Transpose before MatMul (or Gemm). The GEMM reads the weight's bytes as they lie, with its
+// transposition flag flipped: no copy transposes a weight on every run. Also a transposed
+// run-time operand, a Gemm that transposes twice, and a re-bound checkpoint.
+Built BuildTransposedLinears() {
+  NetBuilder n;
+  n.Input("x", {6, 24});
+  n.Input("y", {10, 24});
+  n.Weight("w0", {40, 24});
+  n.Weight("b0", {40});
+  n.Weight("w1", {16, 40});
+  n.Weight("w2", {16, 8});
+  OnnxBuilder::IntsAttr(n.b.Node("Transpose", {"w0"}, {"w0t"}, "t0"), "perm", {1, 0});
+  n.b.Node("MatMul", {"x", "w0t"}, {"h0"}, "mm0");
+  n.b.Node("Add", {"h0", "b0"}, {"h1"}, "bias0");
+  n.b.Node("Relu", {"h1"}, {"h2"}, "relu0");
+  OnnxBuilder::IntsAttr(n.b.Node("Transpose", {"w1"}, {"w1t"}, "t1"), "perm", {1, 0});
+  n.b.Node("Gemm", {"h2", "w1t"}, {"y0"}, "gemm1");
+  n.outs.push_back("y0");
+  OnnxBuilder::IntsAttr(n.b.Node("Transpose", {"w2"}, {"w2t"}, "t2"), "perm", {1, 0});
+  OnnxBuilder::IntAttr(n.b.Node("Gemm", {"y0", "w2t"}, {"y1"}, "gemm2"), "transB", 1);
+  n.outs.push_back("y1");
+  OnnxBuilder::IntsAttr(n.b.Node("Transpose", {"y"}, {"yt"}, "t3"), "perm", {1, 0});
+  n.b.Node("MatMul", {"x", "yt"}, {"y2"}, "mm3");
+  n.outs.push_back("y2");
+  return n.Finish("transposed");
+}
+
+TEST(Differential, TransposedWeightsAreReadAsTheyLie) {
+  Built b = BuildTransposedLinears();
+  const Program p = CompiledProgram(b);
+  int gemms = 0, flipped = 0;
+  for (const Kernel& k : p.kernels) {
+    EXPECT_NE(k.kind, Kernel::Kind::kReference) << k.label << "\n" << p.Dump();
+    EXPECT_NE(k.kind, Kernel::Kind::kTranspose) << p.Dump();
+    EXPECT_NE(k.label, "ToRowMajor") << p.Dump();
+    if (k.kind != Kernel::Kind::kMatMul && k.kind != Kernel::Kind::kGemm) continue;
+    ++gemms;
+    flipped += k.trans_w;
+  }
+  EXPECT_EQ(gemms, 4) << p.Dump();
+  EXPECT_EQ(flipped, 4) << p.Dump();
+  WeightMap other;
+  for (const auto& [name, w] : b.weights) {
+    Tensor t = *w.Clone();
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 0.5f - t.data<float>()[i];
+    other.emplace(name, std::move(t));
+  }
+  RunBuilt(b, 17, 2, "transposed", &other);
+}
+
 TEST(Differential, AttentionIsFusedOnViewsAndMatchesEager) {
   const Built b = BuildAttentionNetwork();
   const Program p = CompiledProgram(b);
