@@ -1343,6 +1343,63 @@ TEST(Differential, TransposedWeightsAreReadAsTheyLie) {
   RunBuilt(b, 17, 2, "transposed", &other);
 }
 
+// Slices with structural bounds and unit steps (what exporters write for x[:, a:b] and
+// buffer[:T, :T]) are views of their input: one axis, two axes with a negative start, rows of a
+// weight feeding a GEMM (a view into the middle of a bound weight). A strided Slice stays a
+// reference kernel.
+Built BuildSliceViews() {
+  NetBuilder n;
+  n.Input("x", {4, 6, 10});
+  n.Weight("w", {12, 5});
+  auto slice = [&](const std::string& in, const std::string& out, std::vector<int64_t> starts,
+                   std::vector<int64_t> ends, std::vector<int64_t> axes,
+                   std::vector<int64_t> steps = {}) {
+    const int64_t r = static_cast<int64_t>(starts.size());
+    n.b.Int64Init(out + "_s", {r}, starts);
+    n.b.Int64Init(out + "_e", {r}, ends);
+    n.b.Int64Init(out + "_a", {r}, axes);
+    std::vector<std::string> ins = {in, out + "_s", out + "_e", out + "_a"};
+    if (!steps.empty()) {
+      n.b.Int64Init(out + "_t", {r}, steps);
+      ins.push_back(out + "_t");
+    }
+    n.b.Node("Slice", ins, {out}, out);
+  };
+  slice("x", "s0", {2}, {8}, {2});
+  n.b.Node("Relu", {"s0"}, {"y0"}, "relu0");
+  n.outs.push_back("y0");
+  slice("x", "s1", {1, -4}, {3, INT64_MAX}, {0, -1});
+  n.b.Node("Add", {"s1", "s1"}, {"y1"}, "add1");
+  n.outs.push_back("y1");
+  slice("w", "ws", {2}, {12}, {0});
+  n.b.Node("MatMul", {"x", "ws"}, {"y2"}, "mm2");
+  n.outs.push_back("y2");
+  slice("x", "s3", {0}, {10}, {2}, {2});
+  n.b.Node("Neg", {"s3"}, {"y3"}, "neg3");
+  n.outs.push_back("y3");
+  return n.Finish("slices");
+}
+
+TEST(Differential, SlicesWithUnitStepsAreViews) {
+  Built b = BuildSliceViews();
+  const Program p = CompiledProgram(b);
+  int reference_slices = 0;
+  for (const Kernel& k : p.kernels) {
+    if (k.kind == Kernel::Kind::kReference) {
+      EXPECT_EQ(k.node.op_type, "Slice") << p.Dump();
+      reference_slices += k.node.op_type == "Slice";
+    }
+  }
+  EXPECT_EQ(reference_slices, 1) << p.Dump();  // the one with step 2
+  WeightMap other;
+  for (const auto& [name, w] : b.weights) {
+    Tensor t = *w.Clone();
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 1.0f - 2.0f * t.data<float>()[i];
+    other.emplace(name, std::move(t));
+  }
+  RunBuilt(b, 17, 2, "slices", &other);
+}
+
 TEST(Differential, AttentionIsFusedOnViewsAndMatchesEager) {
   const Built b = BuildAttentionNetwork();
   const Program p = CompiledProgram(b);

@@ -558,8 +558,10 @@ class EntryEmitter {
   }
 
   // A buffer's bytes as an expression valid in the entry's init (a bound weight or an embedded
-  // constant), or "" when it is computed at run time.
+  // constant, from its first element), or "" when it is computed at run time.
   std::string BoundOperand(int id, const std::string& e) const {
+    // A view into the middle of a weight (a slice) is read at run time through its own pointer.
+    if (static_cast<size_t>(id) < p_.buffers.size() && p_.RootOffset(id) != 0) return "";
     const Buffer& w = Buf(p_.Root(id));
     if (w.kind == Buffer::Kind::kWeight) {
       if (w.name == opt_.bake_weight_for_test && opt_.baked_value.valid()) {
