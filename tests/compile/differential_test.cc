@@ -1400,6 +1400,55 @@ TEST(Differential, SlicesWithUnitStepsAreViews) {
   RunBuilt(b, 17, 2, "slices", &other);
 }
 
+// LayerNorm as exports before opset 17 write it (ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt,
+// Div, Mul, Add), and the other attribute-axes reductions over inner, middle and all axes: each
+// reduction is a generated kernel, none a reference call.
+Built BuildReductions() {
+  NetBuilder n;
+  n.Input("x", {3, 5, 40});
+  n.Weight("g", {40}, 0.5f, 1.5f);
+  n.Weight("beta", {40});
+  auto reduce = [&](const std::string& op, const std::string& in, const std::string& out,
+                    std::vector<int64_t> axes, int64_t keepdims) {
+    auto& node = n.b.Node(op, {in}, {out}, out);
+    if (!axes.empty()) OnnxBuilder::IntsAttr(node, "axes", axes);
+    OnnxBuilder::IntAttr(node, "keepdims", keepdims);
+  };
+  reduce("ReduceMean", "x", "m", {-1}, 1);
+  n.b.Node("Sub", {"x", "m"}, {"d"}, "d");
+  n.b.FloatInit("two", {}, {2.0f});
+  n.b.Node("Pow", {"d", "two"}, {"p"}, "p");
+  reduce("ReduceMean", "p", "v", {-1}, 1);
+  n.b.FloatInit("eps", {}, {1e-5f});
+  n.b.Node("Add", {"v", "eps"}, {"ve"}, "ve");
+  n.b.Node("Sqrt", {"ve"}, {"sd"}, "sd");
+  n.b.Node("Div", {"d", "sd"}, {"nrm"}, "nrm");
+  n.b.Node("Mul", {"nrm", "g"}, {"ng"}, "ng");
+  n.b.Node("Add", {"ng", "beta"}, {"y0"}, "y0");
+  n.outs.push_back("y0");
+  reduce("ReduceSum", "x", "y1", {}, 0);  // opset 17: no axes input, every axis
+  n.outs.push_back("y1");
+  reduce("ReduceMax", "x", "y2", {1, 2}, 1);
+  n.outs.push_back("y2");
+  reduce("ReduceMin", "x", "y3", {}, 0);
+  n.outs.push_back("y3");
+  reduce("ReduceMax", "x", "y4", {0}, 0);
+  n.outs.push_back("y4");
+  return n.Finish("reductions");
+}
+
+TEST(Differential, AttributeAxesReductionsAreGeneratedKernels) {
+  Built b = BuildReductions();
+  const Program p = CompiledProgram(b);
+  int reductions = 0;
+  for (const Kernel& k : p.kernels) {
+    EXPECT_NE(k.kind, Kernel::Kind::kReference) << k.label << "\n" << p.Dump();
+    reductions += k.kind == Kernel::Kind::kReduce;
+  }
+  EXPECT_EQ(reductions, 6) << p.Dump();
+  RunBuilt(b, 13, 2, "reductions");
+}
+
 TEST(Differential, AttentionIsFusedOnViewsAndMatchesEager) {
   const Built b = BuildAttentionNetwork();
   const Program p = CompiledProgram(b);
@@ -1556,6 +1605,9 @@ TEST(Differential, NaNInputsGiveEqualOutputsCompiledAndEager) {
       {"MatMul", {F({2, 4, 9}), W({9, 6})}},
       {"LayerNormalization", {F({4, 9}), W({9}), W({9})}},
       {"BatchNormalization", {F({2, 3, 4, 4}), W({3}), W({3}), W({3}), F({3}, Domain::kPositive)}},
+      {"ReduceMean", {F({4, 9})}, Ints("axes", {1})},
+      {"ReduceMax", {F({4, 9, 3})}, Ints("axes", {1})},
+      {"ReduceMin", {F({4, 9})}, Ints("axes", {-1})},
   };
   RunNonFinite(BuildGroup(elementwise, 17), "elementwise", Plants());
   RunNonFinite(BuildParallelChain(), "chain", Plants());

@@ -184,6 +184,9 @@ class EntryEmitter {
         case Kernel::Kind::kSoftmax:
           KILN_RETURN_IF_ERROR(EmitSoftmax(kern));
           break;
+        case Kernel::Kind::kReduce:
+          EmitReduce(kern);
+          break;
         case Kernel::Kind::kNorm:
           KILN_RETURN_IF_ERROR(EmitNorm(kern));
           break;
@@ -834,6 +837,58 @@ class EntryEmitter {
         << "] *= inv;\n    }\n";
     ParClose(r);
     return Status::OK();
+  }
+
+  // A reduction over one contiguous block of axes (lower.cc checked the form): X as
+  // [outer, n, inner], Y as [outer, inner] (keepdims changes only Y's shape). Sums accumulate in
+  // double, as the interpreter's do; max and min keep NaN.
+  void EmitReduce(const Kernel& k) {
+    const Shape& s = Buf(k.inputs[0]).type.shape;
+    const int64_t rank = static_cast<int64_t>(s.size());
+    const std::vector<int64_t> axes = ReduceAxes(k.node, k.opset, rank);
+    const int64_t first = axes.front(), last = axes.back();
+    int64_t outer = 1, n = 1, inner = 1;
+    for (int64_t d = 0; d < rank; ++d) {
+      (d < first ? outer : d > last ? inner : n) *= s[static_cast<size_t>(d)];
+    }
+    const std::string& op = k.node.op_type;
+    const bool extreme = op == "ReduceMax" || op == "ReduceMin";
+    const std::string X = B(k.inputs[0]), Y = B(k.outputs[0]);
+    const std::string scale = op == "ReduceMean" ? " / (double)" + Lit(n) : "";
+    const Range r = ParOpen(outer, outer * n * inner);
+    if (inner == 1) {  // contiguous rows: vectorized lane reductions
+      os_ << "    for (int64_t o = " << r.lo << "; o < " << r.hi << "; ++o) {\n"
+          << "      const float* x = " << X << " + o * " << Lit(n) << ";\n";
+      if (extreme) {
+        os_ << "      " << Y << "[o] = kiln_row_" << (op == "ReduceMax" ? "max" : "min") << "(x, "
+            << Lit(n) << ");\n";
+      } else {
+        os_ << "      " << Y << "[o] = (float)(kiln_row_sum(x, " << Lit(n) << ")" << scale
+            << ");\n";
+      }
+      os_ << "    }\n";
+      ParClose(r);
+      return;
+    }
+    os_ << "    for (int64_t o = " << r.lo << "; o < " << r.hi << "; ++o)\n"
+        << "    for (int64_t j = 0; j < " << Lit(inner) << "; ++j) {\n"
+        << "      const float* x = " << X << " + o * " << Lit(n * inner) << " + j;\n";
+    if (extreme) {
+      const char* cmp = op == "ReduceMax" ? ">" : "<";
+      os_ << "      float m = " << (op == "ReduceMax" ? "-INFINITY" : "INFINITY") << ";\n"
+          << "      for (int64_t i = 0; i < " << Lit(n) << "; ++i) {\n"
+          << "        const float v = x[i * " << Lit(inner) << "];\n"
+          << "        m = v " << cmp << " m || v != v ? v : m;\n"
+          << "      }\n"
+          << "      " << Y << "[o * " << Lit(inner) << " + j] = m;\n    }\n";
+    } else {
+      os_ << "      double acc = 0.0;\n"
+          << "      for (int64_t i = 0; i < " << Lit(n) << "; ++i) acc += x[i * " << Lit(inner)
+          << "];\n"
+          << "      " << Y << "[o * " << Lit(inner) << " + j] = (float)(acc" << scale
+          << ");\n    }\n";
+    }
+    ParClose(r);
   }
 
   // Normalizations in two phases: statistics per normalized group (mean M, then A = scale/std

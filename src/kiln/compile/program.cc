@@ -53,6 +53,18 @@ int Program::AddBuffer(Buffer b) {
   return buffers.back().id;
 }
 
+std::vector<int64_t> ReduceAxes(const Node& node, int64_t opset, int64_t rank) {
+  const int64_t axes_input_since = node.op_type == "ReduceSum" ? 13 : 18;
+  std::vector<int64_t> axes;
+  if (opset < axes_input_since) axes = node.GetInts("axes", {});
+  if (axes.empty()) {
+    for (int64_t d = 0; d < rank; ++d) axes.push_back(d);
+  }
+  for (int64_t& a : axes) a = a < 0 ? a + rank : a;
+  std::sort(axes.begin(), axes.end());
+  return axes;
+}
+
 int Program::Root(int id) const {
   while (buffers[static_cast<size_t>(id)].alias_of >= 0)
     id = buffers[static_cast<size_t>(id)].alias_of;

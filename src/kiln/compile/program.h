@@ -67,6 +67,7 @@ struct Kernel {
     kGemm,       // ONNX Gemm through GEMM (+ C)
     kConv,       // 2-D convolution through the kernel library, fused epilogue
     kSoftmax,    // fused max/exp/sum/divide along one axis
+    kReduce,     // ReduceMean/Sum/Max/Min over one contiguous block of axes, generated loops
     kNorm,       // InstanceNormalization / LayerNormalization as fused reductions
     kTranspose,  // generated permutation loops
     kConcat,     // generated block copies
@@ -118,6 +119,11 @@ struct Kernel {
   // copying them); the library call reads it with the transposition flag flipped.
   bool trans_w = false;
 };
+
+// The axes a kReduce kernel's node reduces, normalized and sorted: its `axes` attribute, or
+// every axis when it has none or when its opset takes axes as an input (the lowering makes a
+// kReduce only when that input is absent).
+std::vector<int64_t> ReduceAxes(const Node& node, int64_t opset, int64_t rank);
 
 // True for an empty or identity perm, or one that moves only dims of size 1 (same bytes).
 bool IsRowMajor(const Shape& shape, const std::vector<int>& perm);

@@ -2,12 +2,12 @@
 // (`c++ -c prologue.template.cc` from the repo root) and is embedded into the code generator at
 // build time, with the cell ABI header pasted in place of its #include, so a cell's source is
 // self-contained. Helpers are static inline and written so GCC can vectorize loops using them.
-#include "src/kiln/runtime/cell_abi.h"
-
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "src/kiln/runtime/cell_abi.h"
 
 struct kiln_cell_entry {
   uint32_t index;
@@ -26,9 +26,9 @@ struct kiln_cell_entry {
 
 #define KILN_HIDDEN __attribute__((visibility("hidden")))
 #define KILN_EXPORT extern "C" __attribute__((visibility("default")))
-#define KILN_TRY(call)        \
-  do {                        \
-    int kiln_rc_ = (call);    \
+#define KILN_TRY(call)             \
+  do {                             \
+    int kiln_rc_ = (call);         \
     if (kiln_rc_) return kiln_rc_; \
   } while (0)
 
@@ -208,6 +208,29 @@ static inline float kiln_row_exp_sum(const float* x, float* y, int64_t n, float 
     y[i] = e;
     s += e;
   }
+  return s;
+}
+// The row's minimum; NaN when the row holds one (kiln_row_max's rule).
+static inline float kiln_row_min(const float* x, int64_t n) {
+  kiln_fv m = kiln_splatv(INFINITY);
+  int64_t i = 0;
+  for (; i + KILN_VW <= n; i += KILN_VW) {
+    const kiln_fv v = kiln_loadv(x + i);
+    m = (v < m) | (v != v) ? v : m;
+  }
+  float r = INFINITY;
+  for (int j = 0; j < KILN_VW; ++j) r = m[j] < r || m[j] != m[j] ? m[j] : r;
+  for (; i < n; ++i) r = x[i] < r || x[i] != x[i] ? x[i] : r;
+  return r;
+}
+// The row's sum, accumulated in double (as the interpreter's reductions).
+static inline double kiln_row_sum(const float* x, int64_t n) {
+  kiln_dv a = {};
+  int64_t i = 0;
+  for (; i + KILN_VW <= n; i += KILN_VW) a += __builtin_convertvector(kiln_loadv(x + i), kiln_dv);
+  double s = 0;
+  for (int j = 0; j < KILN_VW; ++j) s += a[j];
+  for (; i < n; ++i) s += x[i];
   return s;
 }
 // Mean and variance of a row, accumulated in double.
