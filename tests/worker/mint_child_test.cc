@@ -1,4 +1,4 @@
-// The mint child protocol's files (worker/mint_child.h) and the publisher's retry rule
+// The mint child protocol's files (mint/protocol.h) and the publisher's retry rule
 // (worker/publisher.h): round trips, and strict refusals that name the file and the field.
 #include <gtest/gtest.h>
 
