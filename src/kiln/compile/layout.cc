@@ -458,6 +458,7 @@ class Planner {
         const Kernel& kern = p_.kernels[k];
         const int in = kern.inputs[j];
         if (in < 0 || epi.count(j)) continue;
+        if (ReadTransposedWeight(p_.kernels[k], j)) continue;
         const std::optional<std::vector<int>> need = Required(kern, j);
         if (!need) continue;
         const Buffer& b = Buf(in);
@@ -469,6 +470,29 @@ class Planner {
         p_.kernels[k].inputs[j] = copy;
       }
     }
+  }
+
+  // A GEMM's right-hand operand that lies transposed (a [R, C] view whose bytes are a dense
+  // row-major [C, R] matrix: a Transpose of a weight, as exports that keep every node write
+  // nn.Linear) is read as it lies: the kernel gets a row-major view of those bytes and flips its
+  // transposition flag, where a copy would transpose the whole matrix on every run. Returns
+  // whether it rewrote input j of k.
+  bool ReadTransposedWeight(Kernel& k, size_t j) {
+    if (j != 1 || (k.kind != Kernel::Kind::kMatMul && k.kind != Kernel::Kind::kGemm)) return false;
+    const Buffer& w = Buf(k.inputs[1]);
+    const Shape& s = w.type.shape;
+    if (s.size() != 2 || s[0] < 2 || s[1] < 2 || w.type.dtype != DType::kFloat32) return false;
+    const std::vector<int64_t> st = LogicalStrides(w);
+    if (st[0] != 1 || st[1] != s[0] || p_.RootOffset(w.id) != 0) return false;
+    Buffer v;
+    v.name = w.name + ":transposed";
+    v.type = {w.type.dtype, Shape{s[1], s[0]}};
+    v.kind = Buffer::Kind::kTemp;
+    v.alias_of = p_.Root(w.id);
+    v.strides = {s[0], 1};
+    k.inputs[1] = p_.AddBuffer(std::move(v));
+    k.trans_w = !k.trans_w;
+    return true;
   }
 
   // The layout input j of k must have ({} = row-major), or nullopt when any layout does.
@@ -534,7 +558,7 @@ class Planner {
   }
 
   Program& p_;
-  std::map<int, std::vector<int64_t>> transposed_;     // view id -> Transpose perm
+  std::map<int, std::vector<int64_t>> transposed_;  // view id -> Transpose perm
   struct Slice {
     int64_t axis = 0, start = 0;
     bool drop = false;  // the axis is gone (a Gather of a scalar index)
