@@ -16,10 +16,10 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/loader.h"
-#include "src/kiln/cell/mint.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/mint/mint.h"
 #include "src/kiln/ops/shape_inference.h"
 #include "src/kiln/runtime/cell_abi.h"
 #include "tests/graph/onnx_builder.h"

@@ -1,6 +1,6 @@
 // End-to-end mint tests: compile every example class into a cell, prove it, and check the laws
 // the mint owns (1, 2, 5, 6, 15) with tests that fail when a law breaks.
-#include "src/kiln/cell/mint.h"
+#include "src/kiln/mint/mint.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>

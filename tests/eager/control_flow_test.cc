@@ -14,7 +14,6 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/loader.h"
-#include "src/kiln/cell/mint.h"
 #include "src/kiln/compile/driver.h"
 #include "src/kiln/compile/passes.h"
 #include "src/kiln/compile/pipeline.h"
@@ -22,6 +21,7 @@
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/digest.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/mint/mint.h"
 #include "src/kiln/ops/verifier.h"
 #include "tests/graph/onnx_builder.h"
 

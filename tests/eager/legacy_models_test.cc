@@ -9,10 +9,10 @@
 #include <cmath>
 #include <filesystem>
 
-#include "src/kiln/cell/mint.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/mint/mint.h"
 #include "src/kiln/tensor/npy.h"
 
 namespace kiln {

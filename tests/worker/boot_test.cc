@@ -18,10 +18,10 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/sha256.h"
-#include "src/kiln/cell/mint.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/provenance.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/mint/mint.h"
 #include "tests/hub/hub_process.h"
 
 namespace kiln {

@@ -1,9 +1,8 @@
-// The mint child protocol's files (worker/mint_child.h) and the publisher's retry rule
+// The mint child protocol's files (mint/protocol.h) and the publisher's retry rule
 // (worker/publisher.h): round trips, and strict refusals that name the file and the field.
-#include "src/kiln/worker/mint_child.h"
-
 #include <gtest/gtest.h>
 
+#include "src/kiln/mint/protocol.h"
 #include "src/kiln/worker/publisher.h"
 
 namespace kiln {

@@ -3,7 +3,7 @@
 // --child` processes the workers start. Every test asserts the worker's exact event
 // rows (kind/phase, in seq order) from the JSON-lines file it writes.
 //
-// Test-only switches the mint child honours (cli/cmd_cell.cc; all start with KILN_TEST_, so none
+// Test-only switches the mint child honours (mint/child.cc; all start with KILN_TEST_, so none
 // is set by accident, and nothing in kiln sets them). They reach the child through the worker's
 // environment:
 //   KILN_TEST_MINT_STALL_S=N        sleep N s as the compile stage starts (no CPU, no writes)

@@ -16,9 +16,9 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/admission.h"
-#include "src/kiln/cell/mint.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/identity/toolchain.h"
+#include "src/kiln/mint/mint.h"
 
 namespace kiln {
 namespace {

@@ -86,4 +86,10 @@ Result<pid_t> SpawnWithLog(const std::vector<std::string>& argv,
   return pid;
 }
 
+std::string SelfExe() {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+}
+
 }  // namespace kiln

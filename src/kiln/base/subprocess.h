@@ -1,7 +1,8 @@
 // Running another program and collecting what it prints (base layer). Used by the compiler
 // driver, by toolchain identity (`<compiler> --version`) and by the CLI; the mint parent and the
 // hub's rebuild sandbox need resource limits and descriptor plumbing posix_spawn cannot express,
-// and keep their own fork paths for that (each builds everything before fork).
+// and keep their own fork paths for that (each builds everything before fork). SelfExe is how
+// each of them names the binary that starts a copy of kiln.
 #pragma once
 
 #include <sys/types.h>
@@ -30,5 +31,10 @@ Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output
 Result<pid_t> SpawnWithLog(const std::vector<std::string>& argv,
                            const std::vector<std::string>& env_overrides,
                            const std::string& log_path);
+
+// The absolute path of this process's own binary (/proc/self/exe resolved), for starting another
+// copy of kiln (a mint child, the hub builder's child, the demo's hub and worker); "" when it
+// cannot be read.
+std::string SelfExe();
 
 }  // namespace kiln

@@ -1,7 +1,7 @@
 // Code provenance: a cell is the code its graph implies (cell layer; docs/trust.md). This header
 // is the part that needs no compiler (the refusal tokens and the byte comparison, used by the hub
 // and the worker); regenerating a source and rebuilding a shared object drive the code generator
-// and the compiler, and live in cell/regenerate.h (library `kiln_mint`).
+// and the compiler, and live in mint/regenerate.h (library `kiln_mint`).
 //
 // kiln's code generator is deterministic and its builds are byte-reproducible (law 15), so a
 // cell's two members can each be checked without trusting whoever published them:

@@ -1,23 +1,20 @@
-// `kiln key`, `kiln mint` and `kiln inspect`: the cell-facing subcommands (cli layer).
-#include <signal.h>
-#include <sys/resource.h>
+// `kiln key`, `kiln mint` and `kiln inspect`: the cell-facing subcommands (cli layer). `kiln mint
+// --child` only parses its flags and runs the mint layer's child body (mint/child.h).
 #include <unistd.h>
 
-#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <sstream>
-#include <thread>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/cli/target_util.h"
 #include "src/kiln/graph/onnx_import.h"
-#include "src/kiln/worker/mint_child.h"
+#include "src/kiln/mint/child.h"
+#include "src/kiln/mint/protocol.h"
 
 namespace kiln::cli {
 
@@ -120,182 +117,21 @@ struct Args {
   std::string dump_ir;
   std::vector<std::string> disabled_passes;
   std::string child;         // `kiln mint --child REQUEST.json`
-  int parent_alive_fd = -1;  // `--parent-alive-fd N` (worker/mint_child.h)
+  int parent_alive_fd = -1;  // `--parent-alive-fd N` (mint/protocol.h)
 };
 
-// ---- `kiln mint --child REQUEST.json` (worker/mint_child.h is the protocol) ----
-//
-// Test-only switches, honoured only by a child and only when set in its environment (the worker
-// passes its own environment on; nothing in kiln sets them). Each name starts with KILN_TEST_ so
-// none can be set by accident, and tests/worker/mint_e2e_test.cc documents them:
-//   KILN_TEST_MINT_STALL_S=N        sleep N s when the compile stage starts: no CPU, no writes
-//   KILN_TEST_MINT_BUSY_S=N         spin the CPU for N s there, writing nothing: slow but alive
-//   KILN_TEST_MINT_PERTURB=gray     scale every output by 1.002 and prove with retention 0.99:
-//                                   a child whose own gate is too lax, for the parent's to refuse
-//   KILN_TEST_MINT_RESOURCE_ONCE=1  exit 3 (resource) on attempt 1
-int TestSeconds(const char* name) {
-  const char* v = std::getenv(name);
-  return v != nullptr ? std::atoi(v) : 0;
-}
-
-void TestStallOrSpin() {
-  if (int s = TestSeconds("KILN_TEST_MINT_STALL_S"); s > 0) ::sleep(static_cast<unsigned>(s));
-  if (int s = TestSeconds("KILN_TEST_MINT_BUSY_S"); s > 0) {
-    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(s);
-    volatile uint64_t x = 0;
-    while (std::chrono::steady_clock::now() < until) {
-      for (int i = 0; i < 100000; ++i) x = x * 6364136223846793005ull + 1;
-    }
+// `kiln mint --child`'s resolver (mint/child.h): the request names a target of the worker's
+// manifest, which the mint layer cannot read, so the binary that links both turns it into a
+// MintRequest here.
+Result<MintRequest> RequestForChild(const MintChildRequest& req) {
+  KILN_ASSIGN_OR_RETURN(Manifest manifest, LoadManifest(req.manifest));
+  KILN_ASSIGN_OR_RETURN(const TargetSpec* spec, manifest.FindTarget(req.target));
+  if (spec->exported() == req.intake) {
+    return Status::InvalidArgument("target '" + req.target + "' is " +
+                                   (spec->exported() ? "exported" : "intake") +
+                                   " but the request says " + (req.intake ? "intake" : "exported"));
   }
-}
-
-int64_t PeakRssKb() {
-  rusage self{}, kids{};
-  ::getrusage(RUSAGE_SELF, &self);
-  ::getrusage(RUSAGE_CHILDREN, &kids);
-  return std::max<int64_t>(self.ru_maxrss, kids.ru_maxrss);
-}
-
-// The exit code for a refused mint: deterministic refusals 2, exhaustion 3.
-int ExitFor(const Status& s, std::string* token) {
-  if (s.code() == StatusCode::kResourceExhausted || s.code() == StatusCode::kIOError) {
-    *token = "resource_exhausted";
-    return kMintExitResource;
-  }
-  for (const char* t : {kRefusalNumerics, kRefusalFence, kRefusalUnmeasurable}) {
-    if (s.Is(t)) {
-      *token = t;
-      return kMintExitRefused;
-    }
-  }
-  *token = "compile_refused";
-  return kMintExitRefused;
-}
-
-// Blocks on the parent's lifeline; end of file (or an error) means the parent is gone, and the
-// whole process group goes with it: this child and the compilers it started.
-void WatchParent(int fd) {
-  std::thread([fd] {
-    char c;
-    while (true) {
-      const ssize_t n = ::read(fd, &c, 1);
-      if (n > 0 || (n < 0 && errno == EINTR)) continue;
-      ::kill(0, SIGKILL);
-      ::_exit(kMintExitBadRequest);
-    }
-  }).detach();
-}
-
-int RunMintChild(const std::string& request_path, int parent_alive_fd) {
-  // Frames count the mint's stages, then one last frame for the report.
-  const int kStageCount = static_cast<int>(MintStages().size());
-  const int kReportStep = kStageCount + 1;
-  if (parent_alive_fd >= 0) WatchParent(parent_alive_fd);
-  std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  auto text = ReadFile(request_path);
-  if (!text.ok()) {
-    ReportError("mint --child", text.status());
-    return kMintExitBadRequest;
-  }
-  auto req = ParseMintChildRequest(*text, request_path);
-  if (!req.ok()) {
-    ReportError("mint --child", req.status());
-    return kMintExitBadRequest;
-  }
-  MintChildReport report;
-  report.lane = req->intake ? "intake" : "exported";
-  const auto started = std::chrono::steady_clock::now();
-  auto finish = [&](int code, const std::string& status, const std::string& token,
-                    const std::string& message) {
-    report.status = status;
-    report.token = token;
-    report.message = message;
-    report.peak_rss_kb = PeakRssKb();
-    Status w = WriteFileAtomic(req->report, ToJson(report).dump(2));
-    if (!w.ok()) {
-      ReportError("mint --child", w);
-      return kMintExitBadRequest;
-    }
-    std::printf("%s\n", MintFrameLine("report", kReportStep, kReportStep,
-                                      status + (token.empty() ? "" : " " + token))
-                            .c_str());
-    return code;
-  };
-  if (req->attempt == 1 && TestSeconds("KILN_TEST_MINT_RESOURCE_ONCE") == 1) {
-    return finish(kMintExitResource, "resource", "resource_exhausted",
-                  "KILN_TEST_MINT_RESOURCE_ONCE: resource exit on attempt 1");
-  }
-  auto manifest = LoadManifest(req->manifest);
-  if (!manifest.ok())
-    return finish(kMintExitBadRequest, "bad_request", "bad_request", manifest.status().ToString());
-  auto spec = manifest->FindTarget(req->target);
-  if (!spec.ok()) {
-    return finish(kMintExitBadRequest, "bad_request", "bad_request", spec.status().ToString());
-  }
-  if ((*spec)->exported() == req->intake) {
-    return finish(kMintExitBadRequest, "bad_request", "bad_request",
-                  "target '" + req->target + "' is " +
-                      ((*spec)->exported() ? "exported" : "intake") + " but the request says " +
-                      (req->intake ? "intake" : "exported"));
-  }
-  auto r = RequestForTarget(*manifest, req->target);
-  if (!r.ok())
-    return finish(kMintExitBadRequest, "bad_request", "bad_request", r.status().ToString());
-  r->intake = req->intake;
-  r->num_threads = req->threads;
-  r->compile.parallel_compiles = req->parallel_compiles;
-  r->work_dir = req->out_dir + "/work";
-  const char* perturb = std::getenv("KILN_TEST_MINT_PERTURB");
-  if (perturb != nullptr && std::string(perturb) == "gray") {
-    r->compile.emit.test_output_scale = 1.002;
-    r->thresholds.retention = 0.99;
-  }
-  report.family = r->family;
-  // Progress: one frame per stage, and the live phases file rewritten as each stage ends.
-  int step = 0;
-  std::string current;
-  auto stage_start = std::chrono::steady_clock::now();
-  r->on_stage = [&](const std::string& stage) {
-    const auto now = std::chrono::steady_clock::now();
-    if (!current.empty()) {
-      report.phases.push_back(
-          {current, std::chrono::duration<double, std::milli>(now - stage_start).count()});
-      nlohmann::json live = ToJson(report);
-      live["status"] = "running";
-      (void)WriteFileAtomic(req->phases, live.dump(2));
-    }
-    current = stage;
-    stage_start = now;
-    ++step;
-    std::printf("%s\n", MintFrameLine(stage, step, kStageCount, req->target).c_str());
-    if (stage == "compile") TestStallOrSpin();
-  };
-  auto minted = MintCell(*r);
-  if (!current.empty()) {
-    report.phases.push_back({current, std::chrono::duration<double, std::milli>(
-                                          std::chrono::steady_clock::now() - stage_start)
-                                          .count()});
-  }
-  if (!minted.ok()) {
-    std::string token;
-    const int code = ExitFor(minted.status(), &token);
-    return finish(code, code == kMintExitResource ? "resource" : "refused", token,
-                  minted.status().ToString());
-  }
-  report.key = minted->key;
-  report.axes = minted->axes;
-  report.gate = minted->gate.Summary();
-  const std::string& bytes = req->intake ? minted->shared_object : minted->tar;
-  report.artifact = req->out_dir + (req->intake ? "/cell.so" : "/cell.tar");
-  report.digest = CellDigest(bytes);
-  if (Status w = WriteFileAtomic(report.artifact, bytes); !w.ok()) {
-    report.artifact.clear();
-    return finish(kMintExitResource, "resource", "resource_exhausted", w.ToString());
-  }
-  report.phases.push_back({"total", std::chrono::duration<double, std::milli>(
-                                        std::chrono::steady_clock::now() - started)
-                                        .count()});
-  return finish(kMintExitMinted, "minted", "", "");
+  return RequestForTarget(manifest, req.target);
 }
 
 Status DoKey(const Args& a) {
@@ -423,7 +259,7 @@ void AddCellCommands(CLI::App& app, int* exit_code) {
                    "skip a compiler pass by name, for bisecting (repeatable)");
   mint->callback([=] {
     if (!args->child.empty()) {
-      *exit_code = RunMintChild(args->child, args->parent_alive_fd);
+      *exit_code = RunMintChild(args->child, args->parent_alive_fd, RequestForChild);
       return;
     }
     Status s = DoMint(*args);

@@ -54,12 +54,6 @@ double MsSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-std::string SelfExe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : "kiln";
-}
-
 int FreePort() {
   // Port 0 asks the kernel; the process we start binds it a moment later (loopback, one user).
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -226,7 +220,8 @@ Status RunFleetDemo(std::string examples, bool keep) {
       if (!keep) std::filesystem::remove_all(root, ec);
     }
   } cleanup{root, keep};
-  const std::string kiln = SelfExe();
+  std::string kiln = SelfExe();
+  if (kiln.empty()) kiln = "kiln";
   std::printf(
       "kiln demo: an embedded hub and two workers (A, B) on micro-diffusion, on loopback\n");
   std::printf("workdir:   %s%s\n\n", root.c_str(), keep ? " (kept)" : " (removed at the end)");

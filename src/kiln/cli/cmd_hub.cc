@@ -15,12 +15,12 @@
 #include "src/kiln/base/signals.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/cell/pack.h"
-#include "src/kiln/cell/regenerate.h"
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/hub/builder.h"
 #include "src/kiln/hub/rebuild_child.h"
 #include "src/kiln/hub/server.h"
+#include "src/kiln/mint/regenerate.h"
 
 namespace kiln::cli {
 

@@ -5,7 +5,7 @@
 #include <memory>
 #include <string>
 
-#include "src/kiln/cell/mint.h"
+#include "src/kiln/mint/mint.h"
 #include "src/kiln/worker/manifest.h"
 
 namespace kiln::cli {

@@ -24,6 +24,7 @@
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/log.h"
+#include "src/kiln/base/subprocess.h"
 #include "src/kiln/cell/provenance.h"
 #include "src/kiln/hub/receipt.h"
 
@@ -46,12 +47,6 @@ constexpr bool kAddressSanitizer = false;
 #else
 constexpr bool kAddressSanitizer = false;
 #endif
-
-std::string SelfExe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
-}
 
 std::string HostName() {
   char host[256] = {};

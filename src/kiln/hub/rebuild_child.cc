@@ -1,6 +1,6 @@
 // The hub builder's child (hub layer, library `kiln_rebuild_child`): the process the sandboxed
 // builder (builder.h) starts as `kiln rebuild --child DIR`. It runs the code generator's
-// compiler path (cell/regenerate.h), so it is linked into the `kiln` binary and never into the
+// compiler path (mint/regenerate.h), so it is linked into the `kiln` binary and never into the
 // hub's server library: the hub signs what this child built without linking a compiler, an
 // interpreter or a kernel library itself.
 #include "src/kiln/hub/rebuild_child.h"
@@ -11,8 +11,8 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/metadata.h"
-#include "src/kiln/cell/regenerate.h"
 #include "src/kiln/hub/builder.h"
+#include "src/kiln/mint/regenerate.h"
 
 namespace kiln {
 namespace {

@@ -19,10 +19,10 @@
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/key.h"
-#include "src/kiln/cell/mint.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/provenance.h"
-#include "src/kiln/cell/regenerate.h"
+#include "src/kiln/mint/mint.h"
+#include "src/kiln/mint/regenerate.h"
 
 namespace kiln {
 namespace {

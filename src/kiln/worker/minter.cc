@@ -1,50 +1,34 @@
-// Minter: mint children, their watchdog, and adopting what they made (see minter.h).
+// Minter: when to mint, and adopting what a mint child made (worker layer; see minter.h). The
+// child itself is started and watched by the mint layer's parent (mint/parent.h).
 //
 // Nothing here compiles or reaches a compiler header: the compiler runs in the child process, and
 // the child's cell is judged by admission against this machine's policy (LocalAdmissionPolicy).
 #include "src/kiln/worker/minter.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/resource.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <chrono>
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <utility>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/gate.h"
-#include "src/kiln/cell/mint.h"
 #include "src/kiln/cell/pack.h"
-#include "src/kiln/worker/mint_child.h"
+#include "src/kiln/mint/mint.h"
 
 namespace kiln {
 
-// Phase tokens of self_mint_abort / self_mint_skipped / jit_compile that are not the child's own.
-inline constexpr const char* kMintChildStalled = "child_stalled";
-inline constexpr const char* kMintChildCrashed = "child_crashed";
-inline constexpr const char* kMintBadRequest = "bad_request";
-inline constexpr const char* kMintResourceExhausted = "resource_exhausted";
+// Phase tokens of self_mint_abort / self_mint_skipped / jit_compile that are neither the child's
+// own nor the parent's (mint/parent.h).
 inline constexpr const char* kMintKeyAxisDivergence = "key_axis_divergence";
 inline constexpr const char* kMintInsufficientMemory = "insufficient_memory";
 inline constexpr const char* kMintQuarantined = "quarantined";
 inline constexpr const char* kMintNumericsRefused = "numerics_refused";
 inline constexpr const char* kMintFenceRefused = "fence_refused";
 inline constexpr const char* kMintArmRefused = "arm_refused";
-inline constexpr const char* kMintSpawnFailed = "spawn_failed";
 
 namespace {
 
@@ -52,41 +36,6 @@ using Clock = std::chrono::steady_clock;
 
 double MsSince(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-// CPU time (clock ticks) of every process in process group `pgid`, including the children they
-// reaped (the compiler processes), plus the bytes the group leader wrote (wchar). A change in
-// either is progress.
-uint64_t GroupProgress(pid_t pgid) {
-  uint64_t total = 0;
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return 0;
-  while (dirent* e = ::readdir(proc)) {
-    const char* name = e->d_name;
-    if (name[0] < '0' || name[0] > '9') continue;
-    std::ifstream stat(std::string("/proc/") + name + "/stat");
-    std::string text;
-    if (!std::getline(stat, text)) continue;
-    const size_t paren = text.rfind(')');
-    if (paren == std::string::npos) continue;
-    std::istringstream in(text.substr(paren + 2));
-    std::string state;
-    long long ppid, pgrp, session, tty, tpgid;
-    unsigned long long flags, minflt, cminflt, majflt, cmajflt, utime, stime;
-    long long cutime, cstime;
-    in >> state >> ppid >> pgrp >> session >> tty >> tpgid >> flags >> minflt >> cminflt >>
-        majflt >> cmajflt >> utime >> stime >> cutime >> cstime;
-    if (!in || pgrp != pgid) continue;
-    total += utime + stime + static_cast<uint64_t>(cutime + cstime);
-  }
-  ::closedir(proc);
-  std::ifstream io("/proc/" + std::to_string(pgid) + "/io");
-  std::string field;
-  uint64_t value = 0;
-  while (io >> field >> value) {
-    if (field == "wchar:") total += value;
-  }
-  return total;
 }
 
 int64_t MemAvailableMb() {
@@ -99,26 +48,10 @@ int64_t MemAvailableMb() {
   return 0;
 }
 
-std::string PhasesDetail(const MintChildReport& report) {
-  std::string s;
-  for (const auto& p : report.phases) {
-    char buf[64];
-    std::snprintf(buf, sizeof(buf), "%s=%.1f", p.phase.c_str(), p.ms);
-    s += (s.empty() ? "" : " ") + std::string(buf);
-  }
-  return s;
-}
-
 std::vector<std::pair<std::string, double>> PhaseStages(const MintChildReport& report) {
   std::vector<std::pair<std::string, double>> out;
   for (const auto& p : report.phases) out.emplace_back(p.phase, p.ms);
   return out;
-}
-
-std::string SelfExe() {
-  char buf[4096];
-  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
 }
 
 }  // namespace
@@ -127,20 +60,13 @@ struct Minter::Job {
   std::string key;                    // "" for intake
   std::vector<MintBinding> bindings;  // guarded by Minter::mu_ until the job adopts
   std::string dir;                    // the mint's private directory
-  pid_t pgid = -1;
   Clock::time_point started = Clock::now();
 };
 
-struct Minter::ChildOutcome {
-  std::string phase;  // "" = minted, else the abort token
-  std::string detail;
-  MintChildReport report;
-  int exit_code = -1;
-  int frames = 0;
-  double ms = 0;
-};
-
-Minter::Minter(MinterOptions options) : options_(std::move(options)) {}
+Minter::Minter(MinterOptions options)
+    : options_(std::move(options)),
+      parent_(MintParentOptions{options_.binary, options_.stall_window_ms, options_.sample_ms,
+                                options_.child_nice}) {}
 
 Minter::~Minter() { Stop(); }
 
@@ -149,9 +75,9 @@ void Minter::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
-    for (pid_t pg : children_) ::kill(-pg, SIGKILL);
     threads.swap(threads_);
   }
+  parent_.KillAll();
   for (auto& t : threads) t.join();
 }
 
@@ -263,202 +189,24 @@ void Minter::Launch(std::shared_ptr<Job> job, bool intake) {
   });
 }
 
-Minter::ChildOutcome Minter::RunChild(Job& job, int attempt) {
-  ChildOutcome out;
-  const Clock::time_point start = Clock::now();
+MintChildOutcome Minter::RunChild(Job& job, int attempt) {
   const MintBinding& first = job.bindings.front();
   static std::atomic<uint64_t> counter{0};
   job.dir = options_.work_root + "/" + first.spec.name + "-" + std::to_string(::getpid()) + "-" +
             std::to_string(counter.fetch_add(1));
-  auto fail = [&](const char* phase, std::string detail) {
-    out.phase = phase;
-    out.detail = std::move(detail);
-    out.ms = MsSince(start);
-    return out;
-  };
-  if (Status s = MakeDirs(job.dir); !s.ok()) return fail(kMintSpawnFailed, s.ToString());
-  ::chmod(job.dir.c_str(), 0700);
   MintChildRequest req;
   req.manifest = options_.manifest_path;
   req.target = first.spec.name;
   req.intake = !first.spec.exported();
-  req.out_dir = job.dir;
-  req.report = job.dir + "/report.json";
-  req.phases = job.dir + "/phases.json";
   req.threads = options_.child_threads;
   req.parallel_compiles = options_.parallel_compiles;
   req.attempt = attempt;
-  const std::string request_path = job.dir + "/request.json";
-  if (Status s = WriteFileAtomic(request_path, ToJson(req).dump(2)); !s.ok()) {
-    return fail(kMintSpawnFailed, s.ToString());
-  }
-  int pipe_fds[2];
-  if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    return fail(kMintSpawnFailed, std::string("pipe: ") + std::strerror(errno));
-  }
-  // The child's lifeline (mint_child.h): the parent holds the write end until it has reaped the
-  // child; the child sees end of file only when the parent is gone.
-  int alive_fds[2];
-  if (::pipe2(alive_fds, O_CLOEXEC) != 0) {
-    ::close(pipe_fds[0]);
-    ::close(pipe_fds[1]);
-    return fail(kMintSpawnFailed, std::string("pipe: ") + std::strerror(errno));
-  }
-  const std::string binary = options_.binary.empty() ? SelfExe() : options_.binary;
-  const std::string log = job.dir + "/child.log";
-  std::vector<std::string> args = {binary,
-                                   "mint",
-                                   "--child",
-                                   request_path,
-                                   kMintParentAliveFlag,
-                                   std::to_string(kMintParentAliveFd)};
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  const pid_t parent = ::getpid();
-  // Everything the child needs is prepared before fork: only async-signal-safe calls after it.
-  const pid_t pid = ::fork();
-  if (pid < 0) {
-    ::close(pipe_fds[0]);
-    ::close(pipe_fds[1]);
-    ::close(alive_fds[0]);
-    ::close(alive_fds[1]);
-    if (log_fd >= 0) ::close(log_fd);
-    return fail(kMintSpawnFailed, std::string("fork: ") + std::strerror(errno));
-  }
-  if (pid == 0) {
-    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (::getppid() != parent) ::_exit(kMintExitBadRequest);  // the parent died before the prctl
-    ::setpgid(0, 0);
-    ::setpriority(PRIO_PROCESS, 0, options_.child_nice);
-    ::dup2(pipe_fds[1], 1);
-    if (log_fd >= 0) ::dup2(log_fd, 2);
-    if (alive_fds[0] == kMintParentAliveFd) {
-      ::fcntl(kMintParentAliveFd, F_SETFD, 0);  // dup2 onto itself would keep O_CLOEXEC
-    } else {
-      ::dup2(alive_fds[0], kMintParentAliveFd);
-    }
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);  // the server blocks SIGTERM for its sigwait
-    ::execv(argv[0], argv.data());
-    ::_exit(kMintExitBadRequest);
-  }
-  ::setpgid(pid, pid);  // also here, so the group exists before we ever signal it
-  ::close(pipe_fds[1]);
-  ::close(alive_fds[0]);
-  if (log_fd >= 0) ::close(log_fd);
-  job.pgid = pid;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    children_.insert(pid);
-    if (stopping_) ::kill(-pid, SIGKILL);
-  }
-
-  // The watchdog: frames in, progress sampled, a stalled group killed. No total time limit.
-  std::string pending;
-  uint64_t last_progress = GroupProgress(pid);
-  Clock::time_point last_change = Clock::now();
-  bool stalled = false;
-  int status = 0;
-  bool exited = false;
-  bool pipe_open = true;
-  std::string last_frame;
-  while (!exited) {
-    if (pipe_open) {
-      pollfd p{pipe_fds[0], POLLIN, 0};
-      if (::poll(&p, 1, options_.sample_ms) > 0) {
-        char buf[4096];
-        const ssize_t n = ::read(pipe_fds[0], buf, sizeof(buf));
-        if (n <= 0) {
-          pipe_open = false;
-        } else {
-          pending.append(buf, static_cast<size_t>(n));
-          for (size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
-            const std::string line = pending.substr(0, nl);
-            pending.erase(0, nl + 1);
-            if (line.rfind(kMintFramePrefix, 0) == 0) {
-              ++out.frames;
-              last_frame = line.substr(std::strlen(kMintFramePrefix));
-            }
-          }
-        }
-      }
-    } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.sample_ms));
-    }
-    const pid_t w = ::waitpid(pid, &status, WNOHANG);
-    if (w == pid) {
-      exited = true;
-      break;
-    }
-    const uint64_t progress = GroupProgress(pid);
-    if (progress != last_progress) {
-      last_progress = progress;
-      last_change = Clock::now();
-    } else if (MsSince(last_change) > options_.stall_window_ms) {
-      stalled = true;
-      ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      exited = true;
-    }
-  }
-  ::kill(-pid, SIGKILL);  // nothing of the group outlives the mint (a compiler grandchild)
-  ::close(pipe_fds[0]);
-  ::close(alive_fds[1]);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    children_.erase(pid);
-  }
-  out.ms = MsSince(start);
-  auto evidence = [&] {
-    auto phases = ReadFile(req.phases);
-    std::string s = "last_frame=" + (last_frame.empty() ? std::string("none") : last_frame);
-    if (phases.ok()) {
-      auto live = ParseMintChildReport(*phases, req.phases);
-      if (live.ok()) s += " phases_done=\"" + PhasesDetail(*live) + "\"";
-    }
-    return s;
-  };
-  if (stalled) {
-    return fail(kMintChildStalled, "no CPU or disk progress for " +
-                                       std::to_string(options_.stall_window_ms) +
-                                       " ms; process group killed and reaped; " + evidence());
-  }
-  if (WIFSIGNALED(status)) {
-    return fail(kMintChildCrashed,
-                "signal=" + std::to_string(WTERMSIG(status)) + "; " + evidence());
-  }
-  out.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  auto text = ReadFile(req.report);
-  auto report =
-      text.ok() ? ParseMintChildReport(*text, req.report) : Result<MintChildReport>(text.status());
-  if (report.ok()) out.report = *report;
-  switch (out.exit_code) {
-    case kMintExitMinted:
-      if (!report.ok() || out.report.artifact.empty() ||
-          !std::filesystem::exists(out.report.artifact)) {
-        return fail(kMintChildCrashed, "exit 0 without an artifact; " + evidence());
-      }
-      out.ms = MsSince(start);
-      return out;
-    case kMintExitRefused:
-      return fail(
-          report.ok() && !out.report.token.empty() ? out.report.token.c_str() : "mint_refused",
-          report.ok() ? out.report.message : "exit 2, no report");
-    case kMintExitResource:
-      return fail(kMintResourceExhausted, report.ok() ? out.report.message : "exit 3, no report");
-    case kMintExitBadRequest:
-      return fail(kMintBadRequest, report.ok() ? out.report.message : "exit 4; see " + log);
-    default:
-      return fail(kMintChildCrashed, "exit " + std::to_string(out.exit_code) + "; " + evidence());
-  }
+  return parent_.Run(job.dir, std::move(req));
 }
 
 void Minter::RunExported(std::shared_ptr<Job> job) {
   int attempts = 1;
-  ChildOutcome child = RunChild(*job, 1);
+  MintChildOutcome child = RunChild(*job, 1);
   if (child.phase == kMintResourceExhausted) {
     // One retry, after a fresh look at the budget.
     const MintBinding& b = job->bindings.front();
@@ -596,7 +344,7 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
          installed.ok() ? "lane=exported" : installed.ToString());
   }
   Emit(event_kind::kMintPhases, "minted", child.ms, job->key, ref, first.spec.name,
-       PhasesDetail(report) + " child_wall=" + std::to_string(static_cast<int64_t>(child.ms)) +
+       MintPhasesDetail(report) + " child_wall=" + std::to_string(static_cast<int64_t>(child.ms)) +
            " adopt=" + std::to_string(static_cast<int64_t>(MsSince(adopt_start))) +
            " frames=" + std::to_string(child.frames) + " attempts=" + std::to_string(attempts) +
            " peak_rss_kb=" + std::to_string(report.peak_rss_kb),
@@ -611,7 +359,7 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
 
 void Minter::RunIntake(std::shared_ptr<Job> job) {
   const MintBinding& b = job->bindings.front();
-  ChildOutcome child = RunChild(*job, 1);
+  MintChildOutcome child = RunChild(*job, 1);
   if (child.phase == kMintResourceExhausted && MemoryShortfall(*b.target).empty()) {
     std::error_code ec;
     std::filesystem::remove_all(job->dir, ec);
@@ -660,7 +408,8 @@ void Minter::RunIntake(std::shared_ptr<Job> job) {
   std::error_code ec;
   std::filesystem::remove_all(job->dir, ec);
   Emit(event_kind::kJitCompile, "compiled", MsSince(job->started), "", "", b.spec.name,
-       "classes=" + std::to_string(b.spec.envelope.classes.size()) + " " + PhasesDetail(report) +
+       "classes=" + std::to_string(b.spec.envelope.classes.size()) + " " +
+           MintPhasesDetail(report) +
            " load_and_gate=" + std::to_string(static_cast<int64_t>(MsSince(load_start))) +
            " gate=\"" + gate->Summary() + "\" nothing keyed, stored or published");
 }

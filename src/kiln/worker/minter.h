@@ -1,5 +1,7 @@
 // Minter: the worker's miss policy and intake lane, driving `kiln mint --child` processes
-// (worker layer; docs/design.md §2 laws 5, 6, 12-14, 16, §4 Mint, §12 "Mint child protocol").
+// (worker layer, the thin adapter over the mint layer's parent, mint/parent.h, which starts and
+// watches each child; docs/design.md §2 laws 5, 6, 12-14, 16, §4 Mint, §12 "Mint child
+// protocol").
 //
 // Exported target, boot miss (MintExported). The target already serves eager (posture
 // `mint_in_progress` while the mint runs); this returns at once and, on a thread of its own:
@@ -7,11 +9,10 @@
 //   2. memory budget: the estimate (compiler processes + weights) above the budget (the
 //      manifest's, or MemAvailable)                      -> `self_mint_skipped insufficient_memory`
 //   3. `self_mint_started`; a fresh child process (fork + exec of this binary, its own process
-//      group, lower priority) runs `kiln mint --child REQUEST.json`
-//   4. watchdog: every sample the parent adds up the CPU time of the child's process group and
-//      the bytes the child wrote; no change for the stall window -> the group is SIGKILLed and
-//      reaped (`child_stalled`). A slow child that keeps computing is never killed: there is no
-//      total time limit.
+//      group, lower priority) runs `kiln mint --child REQUEST.json` (mint/parent.h)
+//   4. watchdog (mint/parent.h): no CPU or disk progress of the child's process group for the
+//      stall window -> the group is SIGKILLed and reaped (`child_stalled`). A slow child that
+//      keeps computing is never killed: there is no total time limit.
 //   5. exit 3 (resource) -> retried once with a fresh memory check; exit 2 -> the child's refusal
 //      token; exit 4 -> `bad_request`; a signal, or exit 0 without an artifact -> `child_crashed`
 //   6. adopting the child's bytes: its recorded axes (sm, toolchain, envelope, graph), family and
@@ -34,8 +35,6 @@
 // `jit_compile` row with the compile's duration. Nothing is keyed, stored, published or owed.
 #pragma once
 
-#include <sys/types.h>
-
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -48,6 +47,7 @@
 
 #include "src/kiln/cell/store.h"
 #include "src/kiln/graph/ir.h"
+#include "src/kiln/mint/parent.h"
 #include "src/kiln/worker/events.h"
 #include "src/kiln/worker/manifest.h"
 #include "src/kiln/worker/publisher.h"
@@ -105,11 +105,10 @@ class Minter {
 
  private:
   struct Job;
-  struct ChildOutcome;
   void RunExported(std::shared_ptr<Job> job);
   void RunIntake(std::shared_ptr<Job> job);
-  // Spawns the child for `job` and watches it to its end.
-  ChildOutcome RunChild(Job& job, int attempt);
+  // Runs the child for `job` in a fresh private directory, through parent_.
+  MintChildOutcome RunChild(Job& job, int attempt);
   // The memory check; "" when the mint fits, else the row's detail.
   std::string MemoryShortfall(const ServedTarget& target) const;
   void Emit(const char* kind, const std::string& phase, double ms, const std::string& key,
@@ -118,11 +117,11 @@ class Minter {
   void Launch(std::shared_ptr<Job> job, bool intake);
 
   const MinterOptions options_;
+  MintParent parent_;  // starts, watches and kills the children
   std::mutex mu_;
   std::condition_variable idle_cv_;
   std::map<std::string, std::shared_ptr<Job>> running_;  // by key (exported mints)
   std::set<std::string> quarantined_;
-  std::set<pid_t> children_;  // process groups of live children
   std::vector<std::thread> threads_;
   int active_ = 0;
   bool stopping_ = false;

@@ -1,5 +1,7 @@
-// The mint child protocol's files and frames (see mint_child.h).
-#include "src/kiln/worker/mint_child.h"
+// The mint child protocol's files and frames (mint layer; see protocol.h).
+#include "src/kiln/mint/protocol.h"
+
+#include <cstdio>
 
 namespace kiln {
 namespace {
@@ -135,6 +137,16 @@ Result<MintChildReport> ParseMintChildReport(const std::string& text, const std:
 std::string MintFrameLine(const std::string& phase, int step, int total, const std::string& note) {
   return std::string(kMintFramePrefix) +
          nlohmann::json{{"phase", phase}, {"step", step}, {"total", total}, {"note", note}}.dump();
+}
+
+std::string MintPhasesDetail(const MintChildReport& report) {
+  std::string s;
+  for (const auto& p : report.phases) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%s=%.1f", p.phase.c_str(), p.ms);
+    s += (s.empty() ? "" : " ") + std::string(buf);
+  }
+  return s;
 }
 
 }  // namespace kiln

@@ -1,5 +1,5 @@
-// Minting (see mint.h).
-#include "src/kiln/cell/mint.h"
+// Minting: compile, build, load, prove and seal one cell (mint layer; see mint.h).
+#include "src/kiln/mint/mint.h"
 
 #include <stdlib.h>
 #include <unistd.h>

@@ -1,4 +1,5 @@
-// Minting: build a cell on this machine, prove it, seal it (cell layer; docs/design.md §4 Mint).
+// Minting: build a cell on this machine, prove it, seal it (mint layer, above cell/ and compile/:
+// it drives the compiler, then loads and proves through the cell layer; docs/design.md §4 Mint).
 //
 // Stages, each timed: key (derived without compiling) -> compile (passes per class) -> build
 // (entries compiled as parallel compiler processes, linked) -> load -> gate (strict: only

@@ -1,6 +1,6 @@
-// Code provenance with the compiler: regenerate a cell's source, rebuild its shared object (see
-// regenerate.h).
-#include "src/kiln/cell/regenerate.h"
+// Code provenance with the compiler: regenerate a cell's source, rebuild its shared object (mint
+// layer; see regenerate.h).
+#include "src/kiln/mint/regenerate.h"
 
 #include <algorithm>
 

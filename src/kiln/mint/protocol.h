@@ -1,5 +1,6 @@
-// The mint child protocol: what a worker hands a `kiln mint --child REQUEST.json` process and
-// what it gets back (worker layer; docs/design.md §4 "Mint (child process)", §12 "Mint child
+// The mint child protocol: what a parent (the worker's minter, through mint/parent.h) hands a
+// `kiln mint --child REQUEST.json` process (mint/child.h) and what it gets back (mint layer,
+// between the mint itself and the worker; docs/design.md §4 "Mint (child process)", §12 "Mint child
 // protocol"). The child is a fresh process, never a fork of the threaded server, so nothing the
 // compiler does can hurt serving (law 16).
 //
@@ -83,5 +84,8 @@ Result<MintChildReport> ParseMintChildReport(const std::string& text, const std:
 
 // One progress line, `MINT_FRAME {...}` (no newline).
 std::string MintFrameLine(const std::string& phase, int step, int total, const std::string& note);
+
+// The report's stage times as "key=0.4 compile=812.0 ...", for event rows and refusal messages.
+std::string MintPhasesDetail(const MintChildReport& report);
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
-// Regenerating a cell's source and rebuilding its shared object (cell layer, library `kiln_mint`:
-// it drives the code generator and the system compiler). What the checks mean and the refusal
-// tokens they return are in cell/provenance.h.
+// Regenerating a cell's source and rebuilding its shared object (mint layer, library `kiln_mint`:
+// it drives the code generator and the system compiler; used by the worker's boot and the hub
+// builder's child). What the checks mean and the refusal tokens they return are in
+// cell/provenance.h.
 #pragma once
 
 #include <string>
