@@ -13,8 +13,8 @@ namespace kiln {
 namespace {
 
 bool IsAliasOp(const Node& n) {
-  static const std::set<std::string> kOps = {"Reshape", "Squeeze", "Unsqueeze", "Flatten",
-                                             "Identity", "Dropout"};
+  static const std::set<std::string> kOps = {"Reshape", "Squeeze",  "Unsqueeze",
+                                             "Flatten", "Identity", "Dropout"};
   return n.domain.empty() && kOps.count(n.op_type) && !n.outputs.empty() &&
          (n.outputs.size() == 1 || n.outputs[1].empty());
 }
@@ -49,8 +49,7 @@ Kernel::Kind ChooseKind(const Node& n, int64_t opset, const std::vector<TensorTy
   if (op == "InstanceNormalization" && all_float() && in[0].shape.size() >= 3) {
     return Kernel::Kind::kNorm;
   }
-  if (op == "LayerNormalization" && all_float() &&
-      (out.size() == 1) && in.size() >= 2) {
+  if (op == "LayerNormalization" && all_float() && (out.size() == 1) && in.size() >= 2) {
     const int64_t rank = static_cast<int64_t>(in[0].shape.size());
     int64_t axis = n.GetInt("axis", -1);
     if (axis < 0) axis += rank;
@@ -74,7 +73,8 @@ Kernel::Kind ChooseKind(const Node& n, int64_t opset, const std::vector<TensorTy
   if (op == "Transpose" && in[0].shape.size() <= 6) return Kernel::Kind::kTranspose;
   if (op == "Concat" && !in.empty() && out.size() == 1 && n.HasAttr("axis")) {
     bool same = true;
-    for (const auto& t : in) same = same && t.dtype == out[0].dtype && t.shape.size() == out[0].shape.size();
+    for (const auto& t : in)
+      same = same && t.dtype == out[0].dtype && t.shape.size() == out[0].shape.size();
     if (same && !out[0].shape.empty()) return Kernel::Kind::kConcat;
   }
   return Kernel::Kind::kReference;
@@ -83,8 +83,8 @@ Kernel::Kind ChooseKind(const Node& n, int64_t opset, const std::vector<TensorTy
 // Gather whose indices are a structural constant (never a weight: law 1), all in range.
 bool IsConstGather(const Program& p, const Node& n, const std::vector<int>& ins,
                    const std::vector<TensorType>& in) {
-  if (!n.domain.empty() || n.op_type != "Gather" || ins.size() != 2 || ins[0] < 0 ||
-      ins[1] < 0 || in.size() != 2) {
+  if (!n.domain.empty() || n.op_type != "Gather" || ins.size() != 2 || ins[0] < 0 || ins[1] < 0 ||
+      in.size() != 2) {
     return false;
   }
   const Buffer& idx = p.buffers[static_cast<size_t>(p.Root(ins[1]))];
@@ -108,9 +108,8 @@ bool IsConstGather(const Program& p, const Node& n, const std::vector<int>& ins,
 // mode gives the floor).
 bool IsIntegerNearestResize(const Program& p, const Node& n, int64_t opset,
                             const std::vector<int>& ins, const std::vector<TensorType>& out) {
-  if (!n.domain.empty() || n.op_type != "Resize" || opset < 11 || ins.size() < 3 ||
-      ins[0] < 0 || ins[2] < 0 || (ins.size() > 3 && ins[3] >= 0) || out.size() != 1 ||
-      n.HasAttr("axes")) {
+  if (!n.domain.empty() || n.op_type != "Resize" || opset < 11 || ins.size() < 3 || ins[0] < 0 ||
+      ins[2] < 0 || (ins.size() > 3 && ins[3] >= 0) || out.size() != 1 || n.HasAttr("axes")) {
     return false;
   }
   if (n.GetString("mode", "nearest") != "nearest") return false;
@@ -122,8 +121,7 @@ bool IsIntegerNearestResize(const Program& p, const Node& n, int64_t opset,
   }
   const Buffer& x = p.buffers[static_cast<size_t>(ins[0])];
   const Buffer& sc = p.buffers[static_cast<size_t>(p.Root(ins[2]))];
-  if (sc.kind != Buffer::Kind::kConst || !sc.value.valid() ||
-      sc.value.dtype() != DType::kFloat32) {
+  if (sc.kind != Buffer::Kind::kConst || !sc.value.valid() || sc.value.dtype() != DType::kFloat32) {
     return false;
   }
   const Shape& in = x.type.shape;
@@ -293,7 +291,7 @@ Result<Program> LowerToProgram(const Graph& graph) {
     k.opset = opset;
     k.label = n.op_type;
     const bool all_present = std::find(ins.begin(), ins.end(), -1) == ins.end();
-    const ElementwiseOp* ew =
+    const FusableElementwise* ew =
         all_present ? LookupElementwise(n, opset, in_types, out_types) : nullptr;
     if (ew == nullptr && n.op_type == "Clip" && n.domain.empty() && !ins.empty()) {
       // Clip-11 with omitted min or max is still elementwise: absent bounds are infinite.
