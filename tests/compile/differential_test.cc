@@ -1222,6 +1222,184 @@ TEST(Differential, ConvNetworkRunsChannelsLastAndMatchesEager) {
   RunBuilt(b, 17, 2, "convnet");
 }
 
+// BatchNormalizations as an export that keeps every node writes them (after bias-free
+// convolutions, before a ReLU or a residual sum, and over rank-3 and rank-2 activations), with
+// running statistics like trained ones: means far from 0 and variances over four decades. Each
+// runs as elementwise ops: folded into the convolution before it as an epilogue on its NHWC
+// output, never as a reference kernel or a layout copy; and the cell follows re-bound
+// statistics (they are weights, read at run time).
+Built BuildUnfoldedBatchNorms() {
+  NetBuilder n;
+  n.Input("x", {2, 8, 12, 12});
+  n.Input("seq", {2, 8, 20});
+  n.Input("flat", {4, 8});
+  int bn = 0;
+  auto batch_norm = [&](const std::string& in, const std::string& out, float eps) {
+    const std::string p = "bn" + std::to_string(bn++);
+    n.Weight(p + ".weight", {8}, 0.5f, 1.5f);
+    n.Weight(p + ".bias", {8});
+    n.Weight(p + ".running_mean", {8}, 20.0f, 40.0f);
+    std::vector<float> var(8);
+    for (int c = 0; c < 8; ++c) var[c] = 1e-4f * std::pow(10.0f, 0.5f * static_cast<float>(c));
+    n.b.FloatInit(p + ".running_var", {8}, var);
+    auto& node = n.b.Node("BatchNormalization",
+                          {in, p + ".weight", p + ".bias", p + ".running_mean", p + ".running_var"},
+                          {out}, p);
+    OnnxBuilder::FloatAttr(node, "epsilon", eps);
+  };
+  n.Weight("w0", {8, 8, 3, 3});
+  n.Weight("w1", {8, 8, 1, 1});
+  n.b.Node("Add", {"x", "x"}, {"x2"}, "x2");
+  OnnxBuilder::IntsAttr(n.b.Node("Conv", {"x2", "w0"}, {"c0"}, "c0"), "pads", {1, 1, 1, 1});
+  batch_norm("c0", "n0", 1e-5f);
+  n.b.Node("Relu", {"n0"}, {"r0"}, "r0");
+  n.b.Node("Conv", {"r0", "w1"}, {"c1"}, "c1");
+  batch_norm("c1", "n1", 1e-3f);
+  n.b.Node("Add", {"n1", "r0"}, {"s1"}, "s1");
+  n.b.Node("Relu", {"s1"}, {"y0"}, "y0");
+  n.outs.push_back("y0");
+  batch_norm("seq", "y1", 1e-5f);
+  n.outs.push_back("y1");
+  batch_norm("flat", "y2", 1e-5f);
+  n.outs.push_back("y2");
+  return n.Finish("batchnorm");
+}
+
+TEST(Differential, UnfoldedBatchNormsRunAsConvolutionEpiloguesOnNhwc) {
+  Built b = BuildUnfoldedBatchNorms();
+  const Program p = CompiledProgram(b);
+  int convs = 0, nhwc = 0, with_epilogue = 0, copies = 0;
+  for (const Kernel& k : p.kernels) {
+    EXPECT_NE(k.kind, Kernel::Kind::kReference) << k.label << "\n" << p.Dump();
+    copies += k.label == "ToNhwc" || k.label == "ToRowMajor";
+    if (k.kind != Kernel::Kind::kConv) continue;
+    ++convs;
+    nhwc +=
+        k.conv_layout == KILN_CONV_LAYOUT_NHWC || k.conv_layout == KILN_CONV_LAYOUT_NHWC_WINOGRAD;
+    with_epilogue += k.label.find("+[Sub+Mul+Add") != std::string::npos;
+  }
+  EXPECT_EQ(convs, 2) << p.Dump();
+  EXPECT_EQ(nhwc, 2) << p.Dump();
+  EXPECT_EQ(with_epilogue, 2) << p.Dump();
+  // y0 out to the caller's row-major buffer; nothing around the normalizations.
+  EXPECT_EQ(copies, 1) << p.Dump();
+  WeightMap other;
+  for (const auto& [name, w] : b.weights) {
+    Tensor t = *w.Clone();
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= 1.25f;
+    other.emplace(name, std::move(t));
+  }
+  RunBuilt(b, 17, 2, "batchnorm", &other);
+}
+
+// Linear layers as exports that keep every node write them: the weight [out, in] goes through a
+// Transpose before MatMul (or Gemm). The GEMM reads the weight's bytes as they lie, with its
+// transposition flag flipped: no copy transposes a weight on every run. Also a transposed
+// run-time operand, a Gemm that transposes twice, and a re-bound checkpoint.
+Built BuildTransposedLinears() {
+  NetBuilder n;
+  n.Input("x", {6, 24});
+  n.Input("y", {10, 24});
+  n.Weight("w0", {40, 24});
+  n.Weight("b0", {40});
+  n.Weight("w1", {16, 40});
+  n.Weight("w2", {16, 8});
+  OnnxBuilder::IntsAttr(n.b.Node("Transpose", {"w0"}, {"w0t"}, "t0"), "perm", {1, 0});
+  n.b.Node("MatMul", {"x", "w0t"}, {"h0"}, "mm0");
+  n.b.Node("Add", {"h0", "b0"}, {"h1"}, "bias0");
+  n.b.Node("Relu", {"h1"}, {"h2"}, "relu0");
+  OnnxBuilder::IntsAttr(n.b.Node("Transpose", {"w1"}, {"w1t"}, "t1"), "perm", {1, 0});
+  n.b.Node("Gemm", {"h2", "w1t"}, {"y0"}, "gemm1");
+  n.outs.push_back("y0");
+  OnnxBuilder::IntsAttr(n.b.Node("Transpose", {"w2"}, {"w2t"}, "t2"), "perm", {1, 0});
+  OnnxBuilder::IntAttr(n.b.Node("Gemm", {"y0", "w2t"}, {"y1"}, "gemm2"), "transB", 1);
+  n.outs.push_back("y1");
+  OnnxBuilder::IntsAttr(n.b.Node("Transpose", {"y"}, {"yt"}, "t3"), "perm", {1, 0});
+  n.b.Node("MatMul", {"x", "yt"}, {"y2"}, "mm3");
+  n.outs.push_back("y2");
+  return n.Finish("transposed");
+}
+
+TEST(Differential, TransposedWeightsAreReadAsTheyLie) {
+  Built b = BuildTransposedLinears();
+  const Program p = CompiledProgram(b);
+  int gemms = 0, flipped = 0;
+  for (const Kernel& k : p.kernels) {
+    EXPECT_NE(k.kind, Kernel::Kind::kReference) << k.label << "\n" << p.Dump();
+    EXPECT_NE(k.kind, Kernel::Kind::kTranspose) << p.Dump();
+    EXPECT_NE(k.label, "ToRowMajor") << p.Dump();
+    if (k.kind != Kernel::Kind::kMatMul && k.kind != Kernel::Kind::kGemm) continue;
+    ++gemms;
+    flipped += k.trans_w;
+  }
+  EXPECT_EQ(gemms, 4) << p.Dump();
+  EXPECT_EQ(flipped, 4) << p.Dump();
+  WeightMap other;
+  for (const auto& [name, w] : b.weights) {
+    Tensor t = *w.Clone();
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 0.5f - t.data<float>()[i];
+    other.emplace(name, std::move(t));
+  }
+  RunBuilt(b, 17, 2, "transposed", &other);
+}
+
+// Slices with structural bounds and unit steps (what exporters write for x[:, a:b] and
+// buffer[:T, :T]) are views of their input: one axis, two axes with a negative start, rows of a
+// weight feeding a GEMM (a view into the middle of a bound weight). A strided Slice stays a
+// reference kernel.
+Built BuildSliceViews() {
+  NetBuilder n;
+  n.Input("x", {4, 6, 10});
+  n.Weight("w", {12, 5});
+  auto slice = [&](const std::string& in, const std::string& out, std::vector<int64_t> starts,
+                   std::vector<int64_t> ends, std::vector<int64_t> axes,
+                   std::vector<int64_t> steps = {}) {
+    const int64_t r = static_cast<int64_t>(starts.size());
+    n.b.Int64Init(out + "_s", {r}, starts);
+    n.b.Int64Init(out + "_e", {r}, ends);
+    n.b.Int64Init(out + "_a", {r}, axes);
+    std::vector<std::string> ins = {in, out + "_s", out + "_e", out + "_a"};
+    if (!steps.empty()) {
+      n.b.Int64Init(out + "_t", {r}, steps);
+      ins.push_back(out + "_t");
+    }
+    n.b.Node("Slice", ins, {out}, out);
+  };
+  slice("x", "s0", {2}, {8}, {2});
+  n.b.Node("Relu", {"s0"}, {"y0"}, "relu0");
+  n.outs.push_back("y0");
+  slice("x", "s1", {1, -4}, {3, INT64_MAX}, {0, -1});
+  n.b.Node("Add", {"s1", "s1"}, {"y1"}, "add1");
+  n.outs.push_back("y1");
+  slice("w", "ws", {2}, {12}, {0});
+  n.b.Node("MatMul", {"x", "ws"}, {"y2"}, "mm2");
+  n.outs.push_back("y2");
+  slice("x", "s3", {0}, {10}, {2}, {2});
+  n.b.Node("Neg", {"s3"}, {"y3"}, "neg3");
+  n.outs.push_back("y3");
+  return n.Finish("slices");
+}
+
+TEST(Differential, SlicesWithUnitStepsAreViews) {
+  Built b = BuildSliceViews();
+  const Program p = CompiledProgram(b);
+  int reference_slices = 0;
+  for (const Kernel& k : p.kernels) {
+    if (k.kind == Kernel::Kind::kReference) {
+      EXPECT_EQ(k.node.op_type, "Slice") << p.Dump();
+      reference_slices += k.node.op_type == "Slice";
+    }
+  }
+  EXPECT_EQ(reference_slices, 1) << p.Dump();  // the one with step 2
+  WeightMap other;
+  for (const auto& [name, w] : b.weights) {
+    Tensor t = *w.Clone();
+    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 1.0f - 2.0f * t.data<float>()[i];
+    other.emplace(name, std::move(t));
+  }
+  RunBuilt(b, 17, 2, "slices", &other);
+}
+
 TEST(Differential, AttentionIsFusedOnViewsAndMatchesEager) {
   const Built b = BuildAttentionNetwork();
   const Program p = CompiledProgram(b);
@@ -1352,8 +1530,9 @@ const std::vector<std::pair<std::string, std::function<void(Tensor&)>>>& Plants(
 
 // NaN and infinities give the same outputs compiled and eager: generated loops (ReLU, Max, Min,
 // Sign, Clip, HardSigmoid, exp past its range, softmax, norms), the fused GEMM and convolution
-// epilogues (ReLU, sigmoid, SiLU, residual sums) and the kernel library's calls must neither lose
-// a NaN nor invent one. An all-NaN input once gave finite numbers compiled (a ReLU that mapped
+// epilogues (ReLU, sigmoid, SiLU, HardSwish, GELU, residual sums; the last three run as the
+// kernel library's post-ops) and the kernel library's calls must neither lose a NaN nor invent
+// one. An all-NaN input once gave finite numbers compiled (a ReLU that mapped
 // NaN to 0 before the second GEMM) where eager gave NaN.
 TEST(Differential, NaNInputsGiveEqualOutputsCompiledAndEager) {
   const std::vector<Case> elementwise = {
@@ -1376,9 +1555,12 @@ TEST(Differential, NaNInputsGiveEqualOutputsCompiledAndEager) {
       {"Gemm", {F({4, 9}), W({9, 5}), W({5})}},
       {"MatMul", {F({2, 4, 9}), W({9, 6})}},
       {"LayerNormalization", {F({4, 9}), W({9}), W({9})}},
+      {"BatchNormalization", {F({2, 3, 4, 4}), W({3}), W({3}), W({3}), F({3}, Domain::kPositive)}},
   };
   RunNonFinite(BuildGroup(elementwise, 17), "elementwise", Plants());
   RunNonFinite(BuildParallelChain(), "chain", Plants());
+  // GEMMs whose erf GELU epilogue the kernel library applies as a post-op.
+  RunNonFinite(BuildGeluMlp(), "gelu", Plants());
 }
 
 // Shapes that depend on input values (NonZero, a Reshape or Expand by a shape given as an input,

@@ -193,10 +193,11 @@ TEST(Pipeline, NamesTimesSkipsAndDumps) {
   ASSERT_TRUE(p.ok()) << p.status().ToString();
   std::vector<std::string> ran;
   for (const PassTiming& t : timings) ran.push_back(t.pass);
-  EXPECT_EQ(ran, (std::vector<std::string>{
-                     "specialize", "fold-structural", "dead-code", "lower", "fuse-conv-epilogue",
-                     "fuse-group-norm", "fuse-library-epilogue", "fold-gemm-bias", "fold-gemm-gelu",
-                     "fuse-attention", "choose-conv-layout", "plan-layout", "plan-memory"}));
+  EXPECT_EQ(ran, (std::vector<std::string>{"specialize", "fold-structural", "decompose-batch-norm",
+                                           "dead-code", "lower", "fuse-conv-epilogue",
+                                           "fuse-group-norm", "fuse-library-epilogue",
+                                           "fold-gemm-bias", "fold-gemm-gelu", "fuse-attention",
+                                           "choose-conv-layout", "plan-layout", "plan-memory"}));
   EXPECT_NE(dump.str().find("== entry0 after fold-structural"), std::string::npos);
   EXPECT_NE(dump.str().find("(unchanged)"), std::string::npos) << dump.str();
   options.disabled_passes = {"no-such-pass"};

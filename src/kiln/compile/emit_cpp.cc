@@ -486,6 +486,10 @@ class EntryEmitter {
     const std::string w_init = BoundOperand(k.inputs[1], e);
     if (k.kind == Kernel::Kind::kMatMul) {
       if (a.empty() || b.size() < 2) return plan;
+      if (k.trans_w) {  // inputs[1] holds W [K, N] as [N, K] (plan-layout)
+        std::swap(b[0], b[1]);
+        trans_w = 1;
+      }
       if (a.size() == 1) a.insert(a.begin(), 1);
       K = a.back();
       N = b.back();
@@ -506,7 +510,7 @@ class EntryEmitter {
     } else {
       const Node& n = k.node;
       trans_a = n.GetInt("transA", 0);
-      trans_w = n.GetInt("transB", 0);
+      trans_w = n.GetInt("transB", 0) ^ (k.trans_w ? 1 : 0);
       alpha = n.GetFloat("alpha", 1.0f);
       const float beta = n.GetFloat("beta", 1.0f);
       if (a.size() != 2 || b.size() != 2) return plan;
@@ -554,8 +558,10 @@ class EntryEmitter {
   }
 
   // A buffer's bytes as an expression valid in the entry's init (a bound weight or an embedded
-  // constant), or "" when it is computed at run time.
+  // constant, from its first element), or "" when it is computed at run time.
   std::string BoundOperand(int id, const std::string& e) const {
+    // A view into the middle of a weight (a slice) is read at run time through its own pointer.
+    if (static_cast<size_t>(id) < p_.buffers.size() && p_.RootOffset(id) != 0) return "";
     const Buffer& w = Buf(p_.Root(id));
     if (w.kind == Buffer::Kind::kWeight) {
       if (w.name == opt_.bake_weight_for_test && opt_.baked_value.valid()) {
@@ -571,6 +577,7 @@ class EntryEmitter {
     Shape a = Buf(k.inputs[0]).type.shape, b = Buf(k.inputs[1]).type.shape;
     if (a.size() == 1) a.insert(a.begin(), 1);
     if (b.size() == 1) b.push_back(1);
+    if (k.trans_w) std::swap(b[0], b[1]);  // inputs[1] holds W [K, N] as [N, K] (plan-layout)
     const int64_t M = a[a.size() - 2], K = a.back(), N = b.back();
     Shape ab(a.begin(), a.end() - 2), bb(b.begin(), b.end() - 2);
     KILN_ASSIGN_OR_RETURN(Shape batch, BroadcastShapes(ab, bb));
@@ -578,9 +585,10 @@ class EntryEmitter {
     const std::string A = B(k.inputs[0]), Bm = B(k.inputs[1]), C = B(k.outputs[0]);
     const bool b_shared = NumElements(bb) == 1;
     if (b_shared && ab == batch) {  // one GEMM over all batch rows
-      os_ << "    KILN_TRY(H->sgemm(0, 0, " << Lit(nb * M) << ", " << Lit(N) << ", " << Lit(K)
-          << ", 1.0f, " << A << ", " << Lit(K) << ", " << Bm << ", " << Lit(N) << ", 0.0f, " << C
-          << ", " << Lit(N) << ", " << GemmThreads(nb * M, N, K) << "));\n";
+      os_ << "    KILN_TRY(H->sgemm(0, " << (k.trans_w ? 1 : 0) << ", " << Lit(nb * M) << ", "
+          << Lit(N) << ", " << Lit(K) << ", 1.0f, " << A << ", " << Lit(K) << ", " << Bm << ", "
+          << Lit(k.trans_w ? K : N) << ", 0.0f, " << C << ", " << Lit(N) << ", "
+          << GemmThreads(nb * M, N, K) << "));\n";
       return Status::OK();
     }
     const auto sa = BroadcastStrides(ab, batch), sb = BroadcastStrides(bb, batch);
@@ -620,7 +628,7 @@ class EntryEmitter {
 
   Status EmitGemm(const Kernel& k) {
     const Node& n = k.node;
-    const int64_t ta = n.GetInt("transA", 0), tb = n.GetInt("transB", 0);
+    const int64_t ta = n.GetInt("transA", 0), tb = n.GetInt("transB", 0) ^ (k.trans_w ? 1 : 0);
     const float alpha = n.GetFloat("alpha", 1.0f);
     float beta = n.GetFloat("beta", 1.0f);
     const Shape& a = Buf(k.inputs[0]).type.shape;

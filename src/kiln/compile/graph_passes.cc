@@ -1,5 +1,5 @@
-// Graph-level compiler passes: specialize to a shape class, fold structural values, remove dead
-// nodes (compile layer). See passes.h for each contract.
+// Graph-level compiler passes: specialize to a shape class, fold structural values, decompose
+// BatchNormalization, remove dead nodes (compile layer). See passes.h for each contract.
 #include <map>
 #include <memory>
 #include <set>
@@ -176,6 +176,85 @@ Status FoldStructuralConstants(Graph& graph) {
     KILN_ASSIGN_OR_RETURN(bool inlined, InlineOneKnownIf(graph));
     if (!inlined) return Status::OK();
   }
+}
+
+Status DecomposeBatchNorm(Graph& graph) {
+  if (graph.opset("") < 7) return Status::OK();  // before 7, Sub/Mul/Add broadcast only by flag
+  KILN_ASSIGN_OR_RETURN(InferredGraph inferred, InferShapes(graph, {}, true));
+  auto type_of = [&](const std::string& name) -> const TensorType* {
+    auto it = inferred.types.find(name);
+    return it == inferred.types.end() ? nullptr : &it->second;
+  };
+  std::set<std::string> names;
+  CollectNames(graph, names);
+  auto fresh = [&](const std::string& base) {
+    std::string name = base;
+    for (int k = 1; names.count(name); ++k) name = base + "_" + std::to_string(k);
+    names.insert(name);
+    return name;
+  };
+  std::vector<Node> nodes;
+  nodes.reserve(graph.nodes.size());
+  for (Node& n : graph.nodes) {
+    // Only the inference form over channels: one output, per-channel statistics, float32 with
+    // known types (anything else stays a reference kernel, which checks and refuses as usual).
+    bool plain = n.domain.empty() && n.op_type == "BatchNormalization" && n.inputs.size() == 5 &&
+                 !n.outputs.empty() && !n.outputs[0].empty() && n.GetInt("training_mode", 0) == 0 &&
+                 n.GetInt("spatial", 1) == 1;
+    for (size_t i = 1; plain && i < n.outputs.size(); ++i) plain = n.outputs[i].empty();
+    const TensorType* x = plain ? type_of(n.inputs[0]) : nullptr;
+    plain = x != nullptr && x->dtype == DType::kFloat32 && x->shape.size() >= 2;
+    for (size_t i = 1; plain && i < 5; ++i) {
+      const TensorType* t = type_of(n.inputs[i]);
+      plain = !n.inputs[i].empty() && t != nullptr && t->dtype == DType::kFloat32 &&
+              t->shape == Shape{x->shape[1]};
+    }
+    if (!plain) {
+      nodes.push_back(std::move(n));
+      continue;
+    }
+    const std::string base = n.outputs[0] + "/bn";
+    auto add = [&](const std::string& op, std::vector<std::string> ins, const std::string& role) {
+      Node m;
+      m.op_type = op;
+      m.name = n.name.empty() ? "" : n.name + "/" + role;
+      m.inputs = std::move(ins);
+      m.outputs = {fresh(base + "_" + role)};
+      nodes.push_back(std::move(m));
+      return nodes.back().outputs[0];
+    };
+    // epsilon is an attribute: structure, not a weight, so it becomes a structural constant.
+    const std::string eps = fresh(base + "_epsilon");
+    graph.initializers[eps] = Tensor::Scalar<float>(n.GetFloat("epsilon", 1e-5f));
+    graph.structural_floats.insert(eps);
+    // Per channel [C], computed from the bound statistics on every run (law 1: nothing here
+    // reads a weight's value at compile time): s = scale / sqrt(var + eps).
+    const std::string std_dev = add("Sqrt", {add("Add", {n.inputs[4], eps}, "var_eps")}, "std");
+    std::string s = add("Div", {n.inputs[1], std_dev}, "factor");
+    std::string mean = n.inputs[3], bias = n.inputs[2];
+    if (x->shape.size() > 2) {  // [C] -> [C, 1, ...]: broadcast against X's channel axis
+      std::vector<int64_t> dims(x->shape.size() - 1, 1);
+      dims[0] = x->shape[1];
+      const std::string shape = fresh(base + "_shape");
+      graph.initializers[shape] =
+          Tensor::FromVector<int64_t>({static_cast<int64_t>(dims.size())}, dims);
+      s = add("Reshape", {s, shape}, "factor_c");
+      mean = add("Reshape", {mean, shape}, "mean_c");
+      bias = add("Reshape", {bias, shape}, "bias_c");
+    }
+    // y = (x - mean) * s + bias, per element: the subtraction comes first, so a large mean
+    // cancels exactly instead of through x * s - mean * s.
+    const std::string centered = add("Sub", {n.inputs[0], mean}, "centered");
+    const std::string scaled = add("Mul", {centered, s}, "scaled");
+    Node out;
+    out.op_type = "Add";
+    out.name = n.name;
+    out.inputs = {scaled, bias};
+    out.outputs = {n.outputs[0]};
+    nodes.push_back(std::move(out));
+  }
+  graph.nodes = std::move(nodes);
+  return Status::OK();
 }
 
 Status EliminateDeadNodes(Graph& graph) {

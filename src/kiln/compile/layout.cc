@@ -193,9 +193,10 @@ class Planner {
     p_.kernels = std::move(kept);
   }
 
-  // A Split along an axis is views of its input (offsets along that axis), and so is a Gather
-  // of one structural index (a slice, the axis dropped for a scalar index); readers that need
-  // dense rows get them copied, the attention kernel reads the pieces as they lie.
+  // A Split along an axis is views of its input (offsets along that axis), and so are a Gather
+  // of one structural index (a slice, the axis dropped for a scalar index) and a Slice with
+  // structural bounds and unit steps (a box); readers that need dense rows get them copied, the
+  // attention kernel reads the pieces as they lie.
   void SplitsToViews() {
     std::vector<Kernel> kept;
     for (Kernel& k : p_.kernels) {
@@ -212,6 +213,9 @@ class Planner {
       } else if (GatherSlice(k, &axis, &index, &drop)) {
         Buf(k.outputs[0]).alias_of = k.inputs[0];
         sliced_[k.outputs[0]] = {axis, index, drop};
+      } else if (std::vector<int64_t> starts; SliceStarts(k, &starts)) {
+        Buf(k.outputs[0]).alias_of = k.inputs[0];
+        boxed_[k.outputs[0]] = std::move(starts);
       } else {
         kept.push_back(std::move(k));
       }
@@ -241,6 +245,64 @@ class Planner {
     if (*index < 0 || *index >= dim) return false;
     *drop = idx.type.shape.empty();
     return static_cast<int64_t>(y.type.shape.size()) == (*drop ? rank - 1 : rank);
+  }
+
+  // A Slice with structural bounds and unit steps whose output is an intermediate: the box it
+  // cuts starts at `starts` (one per dim) and has the output's shape, so it is a view of its input
+  // (the input's strides, an offset). ONNX clamps each start into [0, dim]; the output shape,
+  // from the op's own shape function, gives each extent. False when it is not such a Slice.
+  bool SliceStarts(const Kernel& k, std::vector<int64_t>* starts) {
+    if (k.kind != Kernel::Kind::kReference || k.node.op_type != "Slice" || !k.node.domain.empty() ||
+        k.inputs.empty() || k.inputs[0] < 0 || k.outputs.size() != 1) {
+      return false;
+    }
+    const Buffer& x = Buf(k.inputs[0]);
+    const Buffer& y = Buf(k.outputs[0]);
+    const Shape& xs = x.type.shape;
+    const int64_t rank = static_cast<int64_t>(xs.size());
+    if (y.output_slot >= 0 || y.type.dtype != x.type.dtype || y.type.shape.size() != xs.size()) {
+      return false;
+    }
+    // Structural int64 vectors from inputs (opset >= 10) or attributes (before).
+    auto ints = [&](size_t input, const char* attr, std::vector<int64_t>* out) {
+      if (k.opset < 10) {
+        if (!k.node.HasAttr(attr)) return false;
+        *out = k.node.GetInts(attr, {});
+        return true;
+      }
+      if (input >= k.inputs.size() || k.inputs[input] < 0) return false;
+      const Buffer& c = Buf(p_.Root(k.inputs[input]));
+      if (c.kind != Buffer::Kind::kConst || !c.value.valid()) return false;
+      out->clear();
+      for (int64_t i = 0; i < c.value.numel(); ++i) out->push_back(c.value.GetAsInt64(i));
+      return true;
+    };
+    std::vector<int64_t> begin, axes, steps;
+    if (!ints(1, "starts", &begin)) return false;
+    if (!ints(3, "axes", &axes)) {
+      axes.clear();
+      for (size_t i = 0; i < begin.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    }
+    if (k.opset >= 10 && k.inputs.size() > 4 && k.inputs[4] >= 0) {
+      if (!ints(4, "steps", &steps)) return false;
+      for (int64_t st : steps) {
+        if (st != 1) return false;
+      }
+    }
+    if (axes.size() != begin.size()) return false;
+    starts->assign(xs.size(), 0);
+    for (size_t i = 0; i < axes.size(); ++i) {
+      int64_t a = axes[i] < 0 ? axes[i] + rank : axes[i];
+      if (a < 0 || a >= rank) return false;
+      const int64_t dim = xs[static_cast<size_t>(a)];
+      int64_t b = begin[i] < 0 ? begin[i] + dim : begin[i];
+      (*starts)[static_cast<size_t>(a)] = std::clamp<int64_t>(b, 0, dim);
+    }
+    for (int64_t d = 0; d < rank; ++d) {
+      const size_t i = static_cast<size_t>(d);
+      if ((*starts)[i] + y.type.shape[i] > xs[i]) return false;
+    }
+    return true;
   }
 
   // The piece sizes and axis of a Split kernel whose pieces may become views; false otherwise.
@@ -426,11 +488,15 @@ class Planner {
       const std::vector<int64_t> ps = LogicalStrides(parent);
       auto t = transposed_.find(v.id);
       auto sl = sliced_.find(v.id);
+      auto box = boxed_.find(v.id);
       v.perm.clear();
       v.view_offset = 0;
       if (t != transposed_.end()) {
         v.strides.clear();
         for (int64_t d : t->second) v.strides.push_back(ps[static_cast<size_t>(d)]);
+      } else if (box != boxed_.end()) {
+        v.strides = ps;
+        for (size_t d = 0; d < ps.size(); ++d) v.view_offset += box->second[d] * ps[d];
       } else if (sl != sliced_.end()) {
         const size_t axis = static_cast<size_t>(sl->second.axis);
         v.strides = ps;
@@ -458,6 +524,7 @@ class Planner {
         const Kernel& kern = p_.kernels[k];
         const int in = kern.inputs[j];
         if (in < 0 || epi.count(j)) continue;
+        if (ReadTransposedWeight(p_.kernels[k], j)) continue;
         const std::optional<std::vector<int>> need = Required(kern, j);
         if (!need) continue;
         const Buffer& b = Buf(in);
@@ -469,6 +536,29 @@ class Planner {
         p_.kernels[k].inputs[j] = copy;
       }
     }
+  }
+
+  // A GEMM's right-hand operand that lies transposed (a [R, C] view whose bytes are a dense
+  // row-major [C, R] matrix: a Transpose of a weight, as exports that keep every node write
+  // nn.Linear) is read as it lies: the kernel gets a row-major view of those bytes and flips its
+  // transposition flag, where a copy would transpose the whole matrix on every run. Returns
+  // whether it rewrote input j of k.
+  bool ReadTransposedWeight(Kernel& k, size_t j) {
+    if (j != 1 || (k.kind != Kernel::Kind::kMatMul && k.kind != Kernel::Kind::kGemm)) return false;
+    const Buffer& w = Buf(k.inputs[1]);
+    const Shape& s = w.type.shape;
+    if (s.size() != 2 || s[0] < 2 || s[1] < 2 || w.type.dtype != DType::kFloat32) return false;
+    const std::vector<int64_t> st = LogicalStrides(w);
+    if (st[0] != 1 || st[1] != s[0] || p_.RootOffset(w.id) != 0) return false;
+    Buffer v;
+    v.name = w.name + ":transposed";
+    v.type = {w.type.dtype, Shape{s[1], s[0]}};
+    v.kind = Buffer::Kind::kTemp;
+    v.alias_of = p_.Root(w.id);
+    v.strides = {s[0], 1};
+    k.inputs[1] = p_.AddBuffer(std::move(v));
+    k.trans_w = !k.trans_w;
+    return true;
   }
 
   // The layout input j of k must have ({} = row-major), or nullopt when any layout does.
@@ -534,12 +624,13 @@ class Planner {
   }
 
   Program& p_;
-  std::map<int, std::vector<int64_t>> transposed_;     // view id -> Transpose perm
+  std::map<int, std::vector<int64_t>> transposed_;  // view id -> Transpose perm
   struct Slice {
     int64_t axis = 0, start = 0;
     bool drop = false;  // the axis is gone (a Gather of a scalar index)
   };
-  std::map<int, Slice> sliced_;  // view id -> where it lies in its parent
+  std::map<int, Slice> sliced_;                // view id -> where it lies in its parent
+  std::map<int, std::vector<int64_t>> boxed_;  // Slice view id -> its start in every dim
   std::map<std::pair<int, std::vector<int>>, int> copies_;
   size_t inserted_ = 0;
 };

@@ -25,6 +25,15 @@ Status SpecializeToClass(Graph& graph, const ShapeClass& shape_class);
 // lowering runs them as the entry's dynamic region.
 Status FoldStructuralConstants(Graph& graph);
 
+// Rewrites each inference-form BatchNormalization over float32 X [N, C, ...] into the
+// elementwise ops it means: s = scale / sqrt(var + epsilon) per channel, then
+// y = (X - mean) * s + B broadcast over the channel axis. Lowered as a BatchNormalization it is a
+// reference kernel that reads and writes row-major; as elementwise ops it fuses with the
+// activation after it, folds into the convolution before it as an epilogue and runs on the
+// convolution's NHWC layout. Statistics stay weights (computed from on every run, never read at
+// compile time); epsilon becomes a structural constant. Requires FoldStructuralConstants.
+Status DecomposeBatchNorm(Graph& graph);
+
 // Removes nodes none of whose outputs reach a graph output, and structural constants nothing
 // reads. Weights stay: the cell's constant table must list every weight the graph binds.
 Status EliminateDeadNodes(Graph& graph);

@@ -1,6 +1,7 @@
 // The compiler's table of contents (compile layer).
 //
-//   graph passes, per shape class:   specialize -> fold-structural -> dead-code
+//   graph passes, per shape class:   specialize -> fold-structural -> decompose-batch-norm ->
+//                                    dead-code
 //   lowering:                        lower                (Graph -> Program)
 //   program passes:                  fuse-conv-epilogue -> fuse-elementwise -> fuse-group-norm ->
 //                                    fuse-library-epilogue -> fold-gemm-bias -> fold-gemm-gelu ->
@@ -47,6 +48,7 @@ struct PassDef {
 
 Status Specialize(Graph& g, const ShapeClass& c) { return SpecializeToClass(g, c); }
 Status FoldStructural(Graph& g, const ShapeClass&) { return FoldStructuralConstants(g); }
+Status BatchNorm(Graph& g, const ShapeClass&) { return DecomposeBatchNorm(g); }
 Status DeadCode(Graph& g, const ShapeClass&) { return EliminateDeadNodes(g); }
 
 using On = PassDef::On;
@@ -54,6 +56,7 @@ const std::vector<PassDef>& EntryPasses() {
   static const std::vector<PassDef> kPasses = {
       {"specialize", On::kGraph, Specialize, nullptr, false},
       {"fold-structural", On::kGraph, FoldStructural},
+      {"decompose-batch-norm", On::kGraph, BatchNorm},
       {"dead-code", On::kGraph, DeadCode},
       {"lower", On::kLower, nullptr, nullptr, false},
       {"fuse-conv-epilogue", On::kProgram, nullptr, FuseConvEpilogues},

@@ -54,7 +54,8 @@ int Program::AddBuffer(Buffer b) {
 }
 
 int Program::Root(int id) const {
-  while (buffers[static_cast<size_t>(id)].alias_of >= 0) id = buffers[static_cast<size_t>(id)].alias_of;
+  while (buffers[static_cast<size_t>(id)].alias_of >= 0)
+    id = buffers[static_cast<size_t>(id)].alias_of;
   return id;
 }
 
@@ -78,9 +79,7 @@ Status Program::Verify() const {
       return bad("weight buffer '" + b.name + "' holds a value (law 1)");
     }
   }
-  auto is_defined = [&](int id) {
-    return defined[static_cast<size_t>(Root(id))];
-  };
+  auto is_defined = [&](int id) { return defined[static_cast<size_t>(Root(id))]; };
   for (size_t k = 0; k < kernels.size(); ++k) {
     const Kernel& kern = kernels[k];
     for (int in : kern.inputs) {
@@ -138,7 +137,8 @@ Status Program::Verify() const {
     }
   }
   for (int out : outputs) {
-    if (!is_defined(out)) return bad("output '" + buffers[static_cast<size_t>(out)].name + "' is never written");
+    if (!is_defined(out))
+      return bad("output '" + buffers[static_cast<size_t>(out)].name + "' is never written");
   }
   return Status::OK();
 }
@@ -187,7 +187,9 @@ std::string Program::Dump() const {
       if (b.offset >= 0) os << "@" << b.offset;
     }
     os << " = " << k.label << "(";
-    for (size_t i = 0; i < k.inputs.size(); ++i) os << (i ? ", " : "") << name(k.inputs[i]);
+    for (size_t i = 0; i < k.inputs.size(); ++i) {
+      os << (i ? ", " : "") << name(k.inputs[i]) << (i == 1 && k.trans_w ? "^T" : "");
+    }
     os << ")\n";
   }
   os << "  return";

@@ -113,6 +113,10 @@ struct Kernel {
   // decided at bind, from their bound values (law 1); empty: no such epilogue.
   std::vector<int> gelu;
   bool gelu_div = true;
+  // kMatMul with a 2-D W, kGemm: inputs[1] holds W transposed (plan-layout points the kernel at
+  // the bytes of a transposed view, a Linear layer's weight read through a Transpose, instead of
+  // copying them); the library call reads it with the transposition flag flipped.
+  bool trans_w = false;
 };
 
 // True for an empty or identity perm, or one that moves only dims of size 1 (same bytes).

@@ -178,6 +178,7 @@ struct ConvPrimitive {
   };
   std::optional<Reorder> src_reorder, wei_reorder, dst_reorder;
   std::optional<Reorder> dst_in_reorder;  // epilogue sum: the residual into the blocked dst
+  bool activation_in_primitive = false;   // else RunConv2d applies it (ApplyPostOp) afterwards
 };
 
 using ConvKey = std::tuple<Conv2dParams, bool /*has_bias*/, int /*threads*/>;
@@ -195,6 +196,31 @@ bool PreferBlockedLayout(const Conv2dParams& p) {
   return p.group > 1 || p.R * p.S > 1;
 }
 
+// Whether a kiln_post_op code runs as one of oneDNN's eltwise post-ops, applied to the output
+// tile while it is still in registers, instead of as a separate pass. Only the activations of
+// the form y = x * g(x) qualify: SiLU, GELU (erf) and HardSwish. Their final multiply by x
+// carries a NaN through whatever g does with it, and g(±inf) is the limit the interpreter also
+// reaches, so their IEEE results are the interpreter's on every implementation oneDNN may pick
+// (measured with oneDNN 2.6 on brgemm matmul, GEMM-, brgemm- and depthwise convolutions, with
+// AVX2 and AVX-512). ReLU, sigmoid and tanh do not: depending on the implementation, the
+// library maps NaN to 0 (relu, and logistic in the GEMM convolution), where the interpreter
+// keeps it.
+bool LibraryActivation(int post_op, dnnl::post_ops* ops) {
+  switch (post_op) {
+    case 3:
+      ops->append_eltwise(1.0f, dnnl::algorithm::eltwise_swish, 1.0f, 0.0f);
+      return true;
+    case 5:
+      ops->append_eltwise(1.0f, dnnl::algorithm::eltwise_gelu_erf, 0.0f, 0.0f);
+      return true;
+    case 6:  // the interpreter's HardSwish: x * clip(x / 6 + 0.5, 0, 1)
+      ops->append_eltwise(1.0f, dnnl::algorithm::eltwise_hardswish, 1.0f / 6.0f, 0.5f);
+      return true;
+    default:
+      return false;
+  }
+}
+
 // `sum`: the reorder adds into the destination's prior contents (dst = reorder(src) + dst).
 std::optional<ConvPrimitive::Reorder> MakeReorder(const dnnl::memory::desc& from,
                                                   const dnnl::memory::desc& to, bool sum = false) {
@@ -210,10 +236,9 @@ std::optional<ConvPrimitive::Reorder> MakeReorder(const dnnl::memory::desc& from
   return ConvPrimitive::Reorder{dnnl::reorder(pd), pd.scratchpad_desc()};
 }
 
-// The activation of a fused epilogue is never one of oneDNN's eltwise post-ops: measured with
-// oneDNN 2.6, its relu turns -inf into NaN (-inf * 0) and its logistic turns NaN into 0, where
-// the eager interpreter keeps IEEE semantics. ApplyPostOp runs it over the finished output
-// instead (one pass over memory the convolution just wrote).
+// The activation of a fused epilogue is a library post-op only when LibraryActivation allows it
+// (see there); the others run through ApplyPostOp over the finished output (one more pass over
+// memory the convolution just wrote).
 // REQUIRES: ValidateConv(p).ok(). Throws dnnl::error.
 std::shared_ptr<const ConvPrimitive> CreateConv(const Conv2dParams& p, bool has_bias,
                                                 const ConvEpilogue& epi = {}) {
@@ -255,37 +280,36 @@ std::shared_ptr<const ConvPrimitive> CreateConv(const Conv2dParams& p, bool has_
         {p.pad_t, p.pad_l}, {p.pad_b, p.pad_r});
     try {  // is there a Winograd kernel for this geometry and epilogue on this machine?
       dnnl::primitive_attr attr;
-      if (epi.sum) {  // the activation is never a post-op (ApplyPostOp, above)
-        dnnl::post_ops ops;
-        ops.append_sum(1.0f);
-        attr.set_post_ops(ops);
-      }
+      dnnl::post_ops ops;
+      if (epi.sum) ops.append_sum(1.0f);
+      LibraryActivation(epi.post_op, &ops);
+      attr.set_post_ops(ops);
       dnnl::convolution_forward::primitive_desc probe(wd, attr, CpuEngine());
       desc = wd;
     } catch (const dnnl::error&) {
     }
   }
-  auto make_pd = [&](bool with_sum) {
+  auto make_pd = [&](bool with_sum, bool with_activation) {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    if (with_sum) {
-      dnnl::post_ops ops;
-      ops.append_sum(1.0f);
-      attr.set_post_ops(ops);
-    }
+    dnnl::post_ops ops;
+    if (with_sum) ops.append_sum(1.0f);
+    cp->activation_in_primitive = with_activation && LibraryActivation(epi.post_op, &ops);
+    attr.set_post_ops(ops);
     return dnnl::convolution_forward::primitive_desc(desc, attr, CpuEngine());
   };
   // A residual sum rides the output reorder (dst = reorder(conv) + residual), which saves
-  // reordering the residual into the primitive's layout first; the activation comes after both.
+  // reordering the residual into the primitive's layout first; the activation comes after both,
+  // so it cannot be a post-op of the convolution then.
   bool sum_in_reorder = false;
   if (epi.sum) {
-    auto pd = make_pd(false);
+    auto pd = make_pd(false, false);
     if (pd.dst_desc() != cp->user_dst) {
       cp->pd = pd;
       sum_in_reorder = true;
     }
   }
-  if (!sum_in_reorder) cp->pd = make_pd(epi.sum);
+  if (!sum_in_reorder) cp->pd = make_pd(epi.sum, true);
   cp->conv = dnnl::convolution_forward(cp->pd);
   cp->src_reorder = MakeReorder(cp->user_src, cp->pd.src_desc());
   cp->wei_reorder = MakeReorder(cp->user_wei, cp->pd.weights_desc());
@@ -498,6 +522,7 @@ Status RunConv2d(const PreparedConv2d& c, const float* x, const float* bias, flo
   } catch (...) {
     return ErrorFromException(ShapeOf(c.p));
   }
+  if (c.cp->activation_in_primitive) return Status::OK();
   return ApplyPostOp(c.epi.post_op, y, c.p.N * c.p.K * c.p.OutH() * c.p.OutW(), c.threads);
 }
 
@@ -512,6 +537,7 @@ class PreparedMatmul {
   dnnl::memory::desc a_md, w_md, c_md, bias_md;
   dnnl::memory weights;  // bound W in the primitive's layout (empty for a run-time W)
   bool bound = false;
+  bool activation_in_primitive = false;  // else RunMatmul applies it (ApplyPostOp) afterwards
   size_t scratch_bytes = 0;
 };
 
@@ -596,8 +622,13 @@ Result<PreparedMatmulPtr> PrepareMatmul(const MatmulParams& p, const float* w, i
       }
       attr.set_output_scales(0, {p.alpha});
     }
-    // The activation (post_op) is applied by RunMatmul after the product, never as a library
-    // eltwise post-op: those lose IEEE semantics on NaN and infinities (see ApplyPostOp).
+    // The activation is a library post-op where LibraryActivation allows; else RunMatmul applies
+    // it after the product (ApplyPostOp).
+    {
+      dnnl::post_ops ops;
+      m->activation_in_primitive = LibraryActivation(p.post_op, &ops);
+      if (m->activation_in_primitive) attr.set_post_ops(ops);
+    }
     dnnl::matmul::desc desc =
         p.has_bias ? dnnl::matmul::desc(m->a_md, m->bound ? w_any : user_w, m->bias_md, m->c_md)
                    : dnnl::matmul::desc(m->a_md, m->bound ? w_any : user_w, m->c_md);
@@ -649,6 +680,7 @@ Status RunMatmul(const PreparedMatmul& m, const float* a, const float* w, const 
   } catch (...) {
     return ErrorFromException(ShapeOf(m.p));
   }
+  if (m.activation_in_primitive) return Status::OK();
   return ApplyPostOp(m.p.post_op, c, m.p.batch * m.p.M * m.p.N, m.threads);
 }
 
