@@ -4,9 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
 #include <set>
 #include <sstream>
 
+#include "src/kiln/compile/elementwise_table.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/runtime/cell_abi.h"
@@ -115,6 +117,46 @@ TEST(Passes, ElementwiseChainsBecomeOneLoop) {
   ASSERT_TRUE(FuseElementwise(*p).ok());
   EXPECT_EQ(Labels(*p), (std::vector<std::string>{"Add+Sigmoid+Mul"}));
   EXPECT_EQ(p->kernels[0].outputs.size(), 1u) << "intermediates stay in registers";
+}
+
+// The code generator's fusable ops are the op library's own rows: each is a registered op form,
+// each prints a C expression, and its attribute defaults are the eager kernels' (LeakyRelu's
+// alpha 0.01, HardSigmoid's 0.2 and 0.5, Clip-6's float range).
+TEST(ElementwiseTable, ComesFromTheOpDefinitions) {
+  ASSERT_FALSE(FusableElementwiseOps().empty());
+  for (const FusableElementwise& row : FusableElementwiseOps()) {
+    SCOPED_TRACE(row.op_type);
+    EXPECT_TRUE(OpRegistry::Global().Find("", row.op_type, row.since_version).ok());
+    Node n;
+    n.op_type = row.op_type;
+    std::vector<int> operands(static_cast<size_t>(row.fusion.max_inputs), 0);
+    auto e = MakeExpr(n, row.since_version, operands, DType::kFloat32);
+    ASSERT_TRUE(e.ok());
+    EXPECT_EQ(e->params.size(), static_cast<size_t>(row.fusion.num_params));
+    const std::vector<std::string> args(operands.size(), "x");
+    EXPECT_EQ(FormatExpr(*e, args).find("unknown op"), std::string::npos);
+  }
+  auto params = [](const char* op, int64_t opset) {
+    Node n;
+    n.op_type = op;
+    auto e = MakeExpr(n, opset, {0}, DType::kFloat32);
+    return e.ok() ? e->params : std::vector<float>{};
+  };
+  EXPECT_EQ(params("LeakyRelu", 16), (std::vector<float>{0.01f}));
+  EXPECT_EQ(params("HardSigmoid", 6), (std::vector<float>{0.2f, 0.5f}));
+  EXPECT_EQ(params("Clip", 6), (std::vector<float>{std::numeric_limits<float>::lowest(),
+                                                   std::numeric_limits<float>::max()}));
+  EXPECT_TRUE(params("Clip", 13).empty());
+  // Clip's attribute form takes one input; its input form up to three.
+  Node clip;
+  clip.op_type = "Clip";
+  const TensorType f{DType::kFloat32, {4}}, s{DType::kFloat32, {}};
+  EXPECT_EQ(LookupElementwise(clip, 6, {f, s, s}, {f}), nullptr);
+  EXPECT_NE(LookupElementwise(clip, 6, {f}, {f}), nullptr);
+  EXPECT_NE(LookupElementwise(clip, 13, {f, s, s}, {f}), nullptr);
+  Node round;
+  round.op_type = "Round";  // registered, not fusable
+  EXPECT_EQ(LookupElementwise(round, 13, {f}, {f}), nullptr);
 }
 
 TEST(Passes, MemoryPlanNeverOverlapsLiveBuffers) {

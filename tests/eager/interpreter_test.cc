@@ -4,6 +4,11 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <thread>
+
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/ops/shape_inference.h"
 #include "tests/graph/onnx_builder.h"
@@ -105,6 +110,62 @@ TEST(Interpreter, RunsAtAnyBatchAndBindsACheckpoint) {
   auto out = interp->Run({{"x", Iota({1, 4})}}, &w);
   ASSERT_TRUE(out.ok());
   EXPECT_FLOAT_EQ(out->at("y").data<float>()[0], 12.0f);
+}
+
+// Conv, pools, a norm and Gemm have prepared state, built once with the plan and shared by every
+// run: runs on several threads at once at different batch sizes must give what one thread alone
+// gives, bit for bit.
+TEST(Interpreter, PreparedNodesServeConcurrentRuns) {
+  OnnxBuilder b;
+  b.Input("x", kFloat, {-1, 2, 6, 6}).Output("y", kFloat, {-1, 3});
+  std::vector<float> w(4 * 2 * 3 * 3), gw(4 * 3);
+  for (size_t i = 0; i < w.size(); ++i) w[i] = static_cast<float>(i % 7) * 0.125f - 0.25f;
+  for (size_t i = 0; i < gw.size(); ++i) gw[i] = static_cast<float>(i % 5) * 0.25f - 0.5f;
+  b.FloatInit("w", {4, 2, 3, 3}, w);
+  b.FloatInit("scale", {4}, {1.0f, 0.5f, 2.0f, 1.5f});
+  b.FloatInit("bias", {4}, {0.0f, 0.1f, -0.1f, 0.2f});
+  b.FloatInit("mean", {4}, {0.1f, 0.0f, -0.2f, 0.3f});
+  b.FloatInit("var", {4}, {1.0f, 2.0f, 0.5f, 1.0f});
+  b.FloatInit("gw", {4, 3}, gw);
+  b.IntsAttr(b.Node("Conv", {"x", "w"}, {"c"}), "pads", {1, 1, 1, 1});
+  b.FloatAttr(b.Node("BatchNormalization", {"c", "scale", "bias", "mean", "var"}, {"n"}), "epsilon",
+              1e-3f);
+  auto& pool = b.Node("MaxPool", {"n"}, {"p"});
+  b.IntsAttr(pool, "kernel_shape", {2, 2});
+  b.IntsAttr(pool, "strides", {2, 2});
+  b.Node("GlobalAveragePool", {"p"}, {"g"});
+  b.Node("Flatten", {"g"}, {"f"});
+  b.IntAttr(b.Node("Gemm", {"f", "gw"}, {"y"}), "transB", 0);
+  auto interp = Interpreter::Create(Import(b));
+  ASSERT_TRUE(interp.ok()) << interp.status().ToString();
+  auto input = [](int64_t batch) {
+    std::vector<float> v(static_cast<size_t>(batch * 2 * 6 * 6));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(static_cast<float>(i));
+    return Tensor::FromVector<float>({batch, 2, 6, 6}, v);
+  };
+  std::map<int64_t, Tensor> expected;
+  for (int64_t batch : {1, 2, 3, 4}) {
+    auto out = interp->Run({{"x", input(batch)}});
+    ASSERT_TRUE(out.ok()) << out.status().ToString();
+    expected[batch] = out->at("y");
+  }
+  std::vector<int> mismatches(8, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < 20; ++round) {
+        const int64_t batch = 1 + (t + round) % 4;
+        auto out = interp->Run({{"x", input(batch)}});
+        const Tensor& want = expected.at(batch);
+        if (!out.ok() || out->at("y").shape() != want.shape() ||
+            std::memcmp(out->at("y").raw_data(), want.raw_data(), want.nbytes()) != 0) {
+          ++mismatches[static_cast<size_t>(t)];
+        }
+      }
+    });
+  }
+  for (std::thread& th : threads) th.join();
+  for (int t = 0; t < 8; ++t) EXPECT_EQ(mismatches[static_cast<size_t>(t)], 0) << "thread " << t;
 }
 
 TEST(Interpreter, BadInputsAreNamedErrors) {

@@ -929,6 +929,50 @@ TEST(NnNorm, Errors) {
 // ---------------------------------------------------------------------------------------------
 // The oneDNN wrappers directly.
 
+// prepare reads only what check validates without shapes: whenever prepare refuses a node, check
+// refuses it too, in the same words (so an engine that prepares after verifying never sees a new
+// error), and it accepts the nodes check accepts.
+TEST(NnPrepare, RefusesOnlyWithCheckWords) {
+  const std::vector<Node> refused = {
+      MakeNode("Conv", 2, 1, {{"auto_pad", StringAttr("SAME")}}),
+      MakeNode("Conv", 2, 1, {{"strides", StringAttr("2")}}),
+      MakeNode("ConvTranspose", 2, 1, {{"kernel_shape", IntsAttr({})}}),
+      MakeNode("ConvTranspose", 2, 1, {{"output_padding", FloatAttr(1.0f)}}),
+      MakeNode("MaxPool", 1),
+      MakeNode("MaxPool", 1, 1,
+               {{"kernel_shape", IntsAttr({2, 2})}, {"storage_order", IntAttr(2)}}),
+      MakeNode("AveragePool", 1, 1, {{"kernel_shape", IntsAttr({2})}, {"pads", FloatAttr(1.0f)}}),
+  };
+  for (const Node& n : refused) {
+    auto def = OpRegistry::Global().Find("", n.op_type, 17);
+    ASSERT_TRUE(def.ok()) << def.status().ToString();
+    ASSERT_NE((*def)->prepare, nullptr) << n.op_type;
+    auto prepared = (*def)->prepare(n, 17);
+    ASSERT_FALSE(prepared.ok()) << n.Describe();
+    const Status checked = (*def)->check(n, 17);
+    EXPECT_EQ(prepared.status().ToString(), checked.ToString());
+  }
+  const std::vector<Node> accepted = {
+      MakeNode("Conv", 2, 1, {{"pads", IntsAttr({1, 1, 1, 1})}, {"group", IntAttr(2)}}),
+      MakeNode("ConvTranspose", 2, 1, {{"output_padding", IntsAttr({1, 1})}}),
+      MakeNode("MaxPool", 1, 2, {{"kernel_shape", IntsAttr({3})}, {"storage_order", IntAttr(1)}}),
+      MakeNode("AveragePool", 1, 1, {{"kernel_shape", IntsAttr({2, 2})}}),
+      MakeNode("Gemm", 3, 1, {{"transA", IntAttr(1)}, {"alpha", FloatAttr(0.5f)}}),
+      MakeNode("LayerNormalization", 2, 1, {{"axis", IntAttr(1)}}),
+      MakeNode("GroupNormalization", 3, 1, {{"num_groups", IntAttr(2)}}),
+      MakeNode("BatchNormalization", 5, 1, {{"epsilon", FloatAttr(1e-3f)}}),
+  };
+  for (const Node& n : accepted) {
+    const int64_t opset = n.op_type == "GroupNormalization" ? 21 : 17;
+    auto def = OpRegistry::Global().Find("", n.op_type, opset);
+    ASSERT_TRUE(def.ok()) << def.status().ToString();
+    ASSERT_NE((*def)->prepare, nullptr) << n.op_type;
+    ASSERT_TRUE((*def)->check(n, opset).ok()) << n.Describe();
+    auto prepared = (*def)->prepare(n, opset);
+    EXPECT_TRUE(prepared.ok()) << n.Describe() << ": " << prepared.status().ToString();
+  }
+}
+
 TEST(NnDnnlKernels, SgemmLeadingDimsAndErrors) {
   // A is the left 2x2 block of a 2x3 buffer (lda 3); C keeps a spare column (ldc 3).
   const float a[] = {1, 2, 99, 3, 4, 99};

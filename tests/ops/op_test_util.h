@@ -1,10 +1,14 @@
 // Test helper for op kernels: build a node, run it through the registry exactly as the eager
-// interpreter does (check -> infer -> allocate -> run), and compare tensors.
+// interpreter does (check -> prepare -> infer -> allocate -> run), and compare tensors. An op
+// with a prepare step is also run unprepared, as static shape inference and lowering call it, and
+// both runs must agree bit for bit (or fail with the same error).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -70,6 +74,10 @@ inline Result<std::vector<Tensor>> RunOp(Node node, const std::vector<Tensor>& i
   KILN_ASSIGN_OR_RETURN(const OpDef* def,
                         OpRegistry::Global().Find(node.domain, node.op_type, opset));
   if (def->check) KILN_RETURN_IF_ERROR(def->check(node, opset));
+  std::shared_ptr<const PreparedNode> prepared;
+  if (def->prepare) {
+    KILN_ASSIGN_OR_RETURN(prepared, def->prepare(node, opset));
+  }
   std::vector<TensorType> types;
   std::vector<const Tensor*> values;
   std::vector<bool> present;
@@ -79,15 +87,35 @@ inline Result<std::vector<Tensor>> RunOp(Node node, const std::vector<Tensor>& i
     types.push_back(p ? TensorType{inputs[i].dtype(), inputs[i].shape()} : TensorType{});
     values.push_back(p ? &inputs[i] : nullptr);
   }
-  OpContext ctx(node, opset, types, values, present);
-  KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out_types, def->infer(ctx));
-  std::vector<Tensor> outs;
-  for (const TensorType& t : out_types) {
-    KILN_ASSIGN_OR_RETURN(Tensor o, Tensor::Empty(t.dtype, t.shape));
-    outs.push_back(std::move(o));
+  auto apply = [&](const PreparedNode* state) -> Result<std::vector<Tensor>> {
+    OpContext ctx(node, opset, types, values, present);
+    ctx.set_prepared(state);
+    KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out_types, def->infer(ctx));
+    std::vector<Tensor> outs;
+    for (const TensorType& t : out_types) {
+      KILN_ASSIGN_OR_RETURN(Tensor o, Tensor::Empty(t.dtype, t.shape));
+      outs.push_back(std::move(o));
+    }
+    KILN_RETURN_IF_ERROR(def->run(ctx, outs));
+    return outs;
+  };
+  Result<std::vector<Tensor>> result = apply(prepared.get());
+  if (prepared != nullptr) {
+    const Result<std::vector<Tensor>> unprepared = apply(nullptr);
+    EXPECT_EQ(result.status().ToString(), unprepared.status().ToString())
+        << node.Describe() << ": prepared and unprepared runs differ";
+    if (result.ok() && unprepared.ok()) {
+      EXPECT_EQ(result->size(), unprepared->size()) << node.Describe();
+      for (size_t i = 0; i < result->size() && i < unprepared->size(); ++i) {
+        const Tensor& a = (*result)[i];
+        const Tensor& b = (*unprepared)[i];
+        EXPECT_TRUE(a.dtype() == b.dtype() && a.shape() == b.shape() &&
+                    (a.nbytes() == 0 || std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0))
+            << node.Describe() << ": output " << i << " differs between prepared and unprepared";
+      }
+    }
   }
-  KILN_RETURN_IF_ERROR(def->run(ctx, outs));
-  return outs;
+  return result;
 }
 
 inline Tensor F32(Shape shape, std::vector<float> v) {
@@ -100,10 +128,10 @@ inline Tensor I64(Shape shape, std::vector<int64_t> v) {
 // Expects same dtype and shape and every element within atol + rtol*|expected|.
 inline void ExpectTensorNear(const Tensor& actual, const Tensor& expected, double atol = 1e-5,
                              double rtol = 1e-5) {
-  ASSERT_EQ(actual.dtype(), expected.dtype()) << actual.TypeString() << " vs "
-                                              << expected.TypeString();
-  ASSERT_EQ(actual.shape(), expected.shape()) << actual.TypeString() << " vs "
-                                              << expected.TypeString();
+  ASSERT_EQ(actual.dtype(), expected.dtype())
+      << actual.TypeString() << " vs " << expected.TypeString();
+  ASSERT_EQ(actual.shape(), expected.shape())
+      << actual.TypeString() << " vs " << expected.TypeString();
   for (int64_t i = 0; i < expected.numel(); ++i) {
     const double a = actual.GetAsDouble(i), e = expected.GetAsDouble(i);
     if (std::isnan(e)) {

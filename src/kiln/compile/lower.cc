@@ -305,7 +305,7 @@ Result<Program> LowerToProgram(const Graph& graph) {
     k.opset = opset;
     k.label = n.op_type;
     const bool all_present = std::find(ins.begin(), ins.end(), -1) == ins.end();
-    const ElementwiseOp* ew =
+    const FusableElementwise* ew =
         all_present ? LookupElementwise(n, opset, in_types, out_types) : nullptr;
     if (ew == nullptr && n.op_type == "Clip" && n.domain.empty() && !ins.empty()) {
       // Clip-11 with omitted min or max is still elementwise: absent bounds are infinite.

@@ -104,6 +104,10 @@ Status Interpreter::AddPlans(const Graph& g, Plans& plans) {
                           OpRegistry::Global().Find(n.domain, n.op_type, g.opset(n.domain)));
     plan.steps[i].opset = g.opset(n.domain);
     plan.steps[i].owns_subgraphs = HasSubgraphs(n);
+    if (plan.steps[i].def->prepare) {
+      KILN_ASSIGN_OR_RETURN(plan.steps[i].prepared,
+                            plan.steps[i].def->prepare(n, plan.steps[i].opset));
+    }
     for (const Graph* sub : Subgraphs(n)) KILN_RETURN_IF_ERROR(AddPlans(*sub, plans));
   }
   for (const auto& [name, idx] : last_use) {
@@ -203,6 +207,7 @@ Status Interpreter::Execute(const Plans& plans, const Graph& g, Scope& scope,
       present.push_back(true);
     }
     OpContext ctx(n, step.opset, std::move(types), std::move(values), std::move(present));
+    ctx.set_prepared(step.prepared.get());
     std::vector<Tensor> outs;
     if (step.owns_subgraphs) {
       // Output shapes may depend on what the body computes: the op assigns its outputs.
@@ -273,6 +278,9 @@ Result<std::unique_ptr<SubgraphNode>> SubgraphNode::Create(const Node& node, int
   sn->node_ = node;
   KILN_ASSIGN_OR_RETURN(sn->def_, OpRegistry::Global().Find(node.domain, node.op_type, opset));
   if (sn->def_->check) KILN_RETURN_IF_ERROR(sn->def_->check(sn->node_, opset));
+  if (sn->def_->prepare) {
+    KILN_ASSIGN_OR_RETURN(sn->prepared_, sn->def_->prepare(sn->node_, opset));
+  }
   for (const Graph* sub : Subgraphs(sn->node_)) {
     // Everything the subgraphs read from outside is bound at run: verify against those names.
     std::set<std::string> outer;
@@ -289,6 +297,7 @@ Status SubgraphNode::Run(OpContext& ctx, const TensorMap& outer,
   scope.values = outer;
   Interpreter::BodyRunner runner(plans_, scope, nullptr);
   ctx.set_subgraphs(&runner);
+  ctx.set_prepared(prepared_.get());
   return def_->run(ctx, outputs);
 }
 

@@ -32,7 +32,8 @@ struct RunStats {
 
 class Interpreter {
  public:
-  // Verifies the graph and prepares the run plan (op definitions, last uses).
+  // Verifies the graph and prepares the run plan (op definitions, prepared attributes, last
+  // uses).
   static Result<Interpreter> Create(std::shared_ptr<const Graph> graph);
 
   // Runs with `weights` (nullptr: the graph's own). Returns every graph output by name. Errors
@@ -50,6 +51,9 @@ class Interpreter {
     const OpDef* def;
     int64_t opset;
     bool owns_subgraphs = false;
+    // def->prepare's parse of the node's attributes (null when the op has none), built with the
+    // plan and only read afterwards, so concurrent runs share it.
+    std::shared_ptr<const PreparedNode> prepared;
     std::vector<std::string> release_after;  // values whose last consumer is this step
   };
   struct Plan {
@@ -81,6 +85,7 @@ class SubgraphNode {
  private:
   Node node_;
   const OpDef* def_ = nullptr;
+  std::shared_ptr<const PreparedNode> prepared_;
   Interpreter::Plans plans_;
 };
 

@@ -34,6 +34,20 @@ Status CheckConv(const Node& node, int64_t /*opset*/) {
   return Status::OK();
 }
 
+// Conv's attributes: the window as written (ParseWindow; fitted to the weights per call) and
+// group, read leniently as the kernel always has (check types it).
+struct ConvAttrs : PreparedNode {
+  Window window;
+  int64_t group = 1;
+};
+
+Result<ConvAttrs> ParseConvAttrs(const Node& node, int64_t /*opset*/) {
+  ConvAttrs a;
+  KILN_ASSIGN_OR_RETURN(a.window, ParseWindow(node, /*kernel_required=*/false));
+  a.group = node.GetInt("group", 1);
+  return a;
+}
+
 struct ConvGeometry {
   Conv2dParams p;
   Shape out;
@@ -58,7 +72,9 @@ Result<ConvGeometry> ConvShapes(const OpContext& ctx) {
                                    std::to_string(w.size()) + " but X " + ShapeToString(x) +
                                    " has rank " + std::to_string(x.size()));
   }
-  const int64_t group = node.GetInt("group", 1);
+  ConvAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const ConvAttrs* attrs, PreparedOr(ctx, &scratch, ParseConvAttrs));
+  const int64_t group = attrs->group;
   const int64_t C = x[1], K = w[0];
   if (group < 1 || C % group != 0) {
     return Status::InvalidArgument(where + ": group=" + std::to_string(group) +
@@ -80,8 +96,8 @@ Result<ConvGeometry> ConvShapes(const OpContext& ctx) {
   }
   const Shape in_spatial(x.begin() + 2, x.end());
   const std::vector<int64_t> kernel(w.begin() + 2, w.end());
-  KILN_ASSIGN_OR_RETURN(Window win,
-                        ReadWindow(node, static_cast<int64_t>(in_spatial.size()), false, &kernel));
+  KILN_ASSIGN_OR_RETURN(
+      Window win, FitWindow(node, attrs->window, static_cast<int64_t>(in_spatial.size()), &kernel));
   Shape out_spatial;
   std::vector<int64_t> pads;
   KILN_RETURN_IF_ERROR(ResolveWindow(where, win, in_spatial, &out_spatial, &pads));
@@ -176,6 +192,25 @@ Status CheckConvTranspose(const Node& node, int64_t /*opset*/) {
   return Status::OK();
 }
 
+// ConvTranspose's attributes: the window as written, group (lenient, as for Conv), and
+// output_padding/output_shape as written (their lengths are checked against the rank per call).
+struct ConvTransposeAttrs : PreparedNode {
+  Window window;
+  int64_t group = 1;
+  bool has_output_padding = false;
+  std::vector<int64_t> output_padding, output_shape;
+};
+
+Result<ConvTransposeAttrs> ParseConvTransposeAttrs(const Node& node, int64_t /*opset*/) {
+  ConvTransposeAttrs a;
+  KILN_ASSIGN_OR_RETURN(a.window, ParseWindow(node, /*kernel_required=*/false));
+  a.group = node.GetInt("group", 1);
+  a.has_output_padding = node.HasAttr("output_padding");
+  KILN_ASSIGN_OR_RETURN(a.output_padding, IntsOr(node, "output_padding", {}));
+  KILN_ASSIGN_OR_RETURN(a.output_shape, IntsOr(node, "output_shape", {}));
+  return a;
+}
+
 struct ConvTransposeGeometry {
   int64_t N = 0, C = 0, M = 0, group = 1;
   // Spatial parameters lifted to 3-D (leading unit axes for 1-D and 2-D).
@@ -202,7 +237,10 @@ Result<ConvTransposeGeometry> ConvTransposeShapes(const OpContext& ctx) {
   ConvTransposeGeometry g;
   g.N = x[0];
   g.C = x[1];
-  g.group = node.GetInt("group", 1);
+  ConvTransposeAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const ConvTransposeAttrs* attrs,
+                        PreparedOr(ctx, &scratch, ParseConvTransposeAttrs));
+  g.group = attrs->group;
   if (g.group < 1 || g.C % g.group != 0) {
     return Status::InvalidArgument(where + ": group=" + std::to_string(g.group) +
                                    " does not divide " + std::to_string(g.C) + " input channels");
@@ -218,10 +256,11 @@ Result<ConvTransposeGeometry> ConvTransposeShapes(const OpContext& ctx) {
   }
   const size_t r = x.size() - 2;
   const std::vector<int64_t> kernel(w.begin() + 2, w.end());
-  KILN_ASSIGN_OR_RETURN(Window win, ReadWindow(node, static_cast<int64_t>(r), false, &kernel));
-  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> out_pad,
-                        IntsOr(node, "output_padding", std::vector<int64_t>(r, 0)));
-  KILN_ASSIGN_OR_RETURN(std::vector<int64_t> out_shape, IntsOr(node, "output_shape", {}));
+  KILN_ASSIGN_OR_RETURN(Window win,
+                        FitWindow(node, attrs->window, static_cast<int64_t>(r), &kernel));
+  const std::vector<int64_t> out_pad =
+      attrs->has_output_padding ? attrs->output_padding : std::vector<int64_t>(r, 0);
+  std::vector<int64_t> out_shape = attrs->output_shape;
   if (out_pad.size() != r) {
     return Status::InvalidArgument(where + ": output_padding=" + IntsToString(out_pad) + " has " +
                                    std::to_string(out_pad.size()) + " values, expected " +
@@ -356,8 +395,10 @@ std::vector<OpDef> ConvOpDefs() {
   // std::array of exactly the family's count: adding an op without growing it fails to compile;
   // a missing row would leave infer/run null, which Register rejects.
   const std::array<OpDef, 2> table = {{
-      {"Conv", "", 1, INT64_MAX, CheckConv, InferConv, RunConv},
-      {"ConvTranspose", "", 1, INT64_MAX, CheckConvTranspose, InferConvTranspose, RunConvTranspose},
+      {"Conv", "", 1, INT64_MAX, CheckConv, InferConv, RunConv,
+       PrepareWith<ConvAttrs, ParseConvAttrs>},
+      {"ConvTranspose", "", 1, INT64_MAX, CheckConvTranspose, InferConvTranspose, RunConvTranspose,
+       PrepareWith<ConvTransposeAttrs, ParseConvTransposeAttrs>},
   }};
   return {table.begin(), table.end()};
 }

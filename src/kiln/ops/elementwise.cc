@@ -1,7 +1,8 @@
 // Elementwise op family (ops layer): unary math and activations, broadcasting binary arithmetic,
 // comparisons and logic, Where, Clip and Cast, each with its reference kernel.
 //
-// ElementwiseOpDefs is registered by OpRegistry::Global() (registry.cc). The kernels are the
+// ElementwiseOpDefs is registered by OpRegistry::Global() (registry.cc); the same rows say which
+// ops a compiled cell may fuse (FusableElementwiseOps, elementwise.h). The kernels are the
 // oracle that compiled cells are checked against, so they are plain loops over dense row-major
 // tensors. The only tricks are fast paths for the common cases (same shape, one scalar operand)
 // and numpy broadcasting through strides (ForEachBroadcast) for the rest.
@@ -14,6 +15,8 @@
 // else is UnsupportedDType naming the op and dtype, reported by infer (so the verifier sees it) and
 // again by run. Integer arithmetic wraps like two's complement instead of being undefined, and
 // integer division by zero is an InvalidArgument error, never a trap.
+#include "src/kiln/ops/elementwise.h"
+
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -1100,71 +1103,102 @@ struct ElementwiseOp {
   CheckFn check;
   InferFn infer;
   RunFn run;
+  ElementwiseFusion fusion = {};  // how a compiled cell fuses this form; kNone: it does not
 };
 
 constexpr int64_t kMax = INT64_MAX;
 
+using FT = ElementwiseFusion::Types;
+constexpr ElementwiseFusion kFuseUnary{FT::kFloat, 1, 1};
+constexpr ElementwiseFusion kFuseBinary{FT::kFloat, 2, 2};
+constexpr ElementwiseFusion kFuseCompare{FT::kCompare, 2, 2};
+// Unary float32 ops whose scalar function takes Op's alpha (and beta) attributes.
+template <typename Op>
+constexpr ElementwiseFusion FuseAlpha() {
+  return {FT::kFloat, 1, 1, {{{Op::kAlphaName, Op::kAlpha}}}, 1};
+}
+template <typename Op>
+constexpr ElementwiseFusion FuseAlphaBeta() {
+  return {FT::kFloat, 1, 1, {{{Op::kAlphaName, Op::kAlpha}, {Op::kBetaName, Op::kBeta}}}, 2};
+}
+
 constexpr ElementwiseOp kOps[] = {
     // Unary float32 math and activations.
-    {"Sqrt", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SqrtOp>},
-    {"Exp", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<ExpOp>},
-    {"Log", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<LogOp>},
-    {"Reciprocal", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<ReciprocalOp>},
-    {"Sigmoid", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SigmoidOp>},
-    {"Tanh", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<TanhOp>},
-    {"Erf", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<ErfOp>},
-    {"Sin", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SinOp>},
-    {"Cos", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<CosOp>},
-    {"Floor", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<FloorOp>},
-    {"Ceil", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<CeilOp>},
-    {"Softplus", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SoftplusOp>},
-    {"HardSwish", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<HardSwishOp>},
+    {"Sqrt", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SqrtOp>, kFuseUnary},
+    {"Exp", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<ExpOp>, kFuseUnary},
+    {"Log", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<LogOp>, kFuseUnary},
+    {"Reciprocal", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<ReciprocalOp>, kFuseUnary},
+    {"Sigmoid", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SigmoidOp>, kFuseUnary},
+    {"Tanh", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<TanhOp>, kFuseUnary},
+    {"Erf", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<ErfOp>, kFuseUnary},
+    {"Sin", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SinOp>, kFuseUnary},
+    {"Cos", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<CosOp>, kFuseUnary},
+    {"Floor", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<FloorOp>, kFuseUnary},
+    {"Ceil", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<CeilOp>, kFuseUnary},
+    {"Softplus", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SoftplusOp>, kFuseUnary},
+    {"HardSwish", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<HardSwishOp>, kFuseUnary},
     {"Round", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<RoundOp>},
     {"Softsign", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<SoftsignOp>},
     {"Mish", 1, kMax, CheckUnary, InferUnaryFloat, RunUnaryFloat<MishOp>},
     {"LeakyRelu", 1, kMax, CheckFloatAttrs<LeakyReluOp>, InferUnaryFloat,
-     RunUnaryFloat<LeakyReluOp>},
+     RunUnaryFloat<LeakyReluOp>, FuseAlpha<LeakyReluOp>()},
     {"HardSigmoid", 1, kMax, CheckFloatAttrs<HardSigmoidOp>, InferUnaryFloat,
-     RunUnaryFloat<HardSigmoidOp>},
-    {"Elu", 1, kMax, CheckFloatAttrs<EluOp>, InferUnaryFloat, RunUnaryFloat<EluOp>},
+     RunUnaryFloat<HardSigmoidOp>, FuseAlphaBeta<HardSigmoidOp>()},
+    {"Elu", 1, kMax, CheckFloatAttrs<EluOp>, InferUnaryFloat, RunUnaryFloat<EluOp>,
+     FuseAlpha<EluOp>()},
     {"Selu", 1, kMax, CheckFloatAttrs<SeluOp>, InferUnaryFloat, RunUnaryFloat<SeluOp>},
     {"Celu", 1, kMax, CheckNonZeroAlpha<CeluOp>, InferUnaryFloat, RunUnaryFloat<CeluOp>},
     {"ThresholdedRelu", 1, kMax, CheckFloatAttrs<ThresholdedReluOp>, InferUnaryFloat,
      RunUnaryFloat<ThresholdedReluOp>},
     {"Shrink", 1, kMax, CheckFloatAttrs<ShrinkOp>, InferUnaryFloat, RunUnaryFloat<ShrinkOp>},
-    // Unary over signed numbers.
-    {"Neg", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<NegOp>},
-    {"Abs", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<AbsOp>},
-    {"Sign", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<SignOp>},
-    {"Relu", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<ReluOp>},
-    {"Not", 1, kMax, CheckUnary, InferNot, RunNot},
+    // Unary over signed numbers (fused for float32 only).
+    {"Neg", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<NegOp>, kFuseUnary},
+    {"Abs", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<AbsOp>, kFuseUnary},
+    {"Sign", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<SignOp>, kFuseUnary},
+    {"Relu", 1, kMax, CheckUnary, InferUnarySigned, RunUnarySigned<ReluOp>, kFuseUnary},
+    {"Not", 1, kMax, CheckUnary, InferNot, RunNot, {FT::kBool, 1, 1}},
     // Broadcasting arithmetic (the opset < 7 broadcast/axis form is read by OperandShape).
-    {"Add", 1, kMax, CheckBinary, InferArith<>, RunArith<AddOp>},
-    {"Sub", 1, kMax, CheckBinary, InferArith<>, RunArith<SubOp>},
-    {"Mul", 1, kMax, CheckBinary, InferArith<>, RunArith<MulOp>},
-    {"Div", 1, kMax, CheckBinary, InferArith<>, RunArith<DivOp>},
-    {"Pow", 1, kMax, CheckBinary, InferPow, RunPow},
-    {"Min", 1, kMax, CheckVariadic, InferArith<MinMaxTypes>, RunArith<MinOp, MinMaxTypes>},
-    {"Max", 1, kMax, CheckVariadic, InferArith<MinMaxTypes>, RunArith<MaxOp, MinMaxTypes>},
+    {"Add", 1, kMax, CheckBinary, InferArith<>, RunArith<AddOp>, kFuseBinary},
+    {"Sub", 1, kMax, CheckBinary, InferArith<>, RunArith<SubOp>, kFuseBinary},
+    {"Mul", 1, kMax, CheckBinary, InferArith<>, RunArith<MulOp>, kFuseBinary},
+    {"Div", 1, kMax, CheckBinary, InferArith<>, RunArith<DivOp>, kFuseBinary},
+    {"Pow", 1, kMax, CheckBinary, InferPow, RunPow, kFuseBinary},
+    {"Min", 1, kMax, CheckVariadic, InferArith<MinMaxTypes>, RunArith<MinOp, MinMaxTypes>,
+     kFuseBinary},
+    {"Max", 1, kMax, CheckVariadic, InferArith<MinMaxTypes>, RunArith<MaxOp, MinMaxTypes>,
+     kFuseBinary},
     {"Sum", 1, kMax, CheckVariadic, InferArith<>, RunArith<AddOp>},
     {"Mean", 1, kMax, CheckVariadic, InferMean, RunMean},
     {"Mod", 10, kMax, CheckMod, InferMod, RunMod},
     {"PRelu", 1, kMax, CheckBinary, InferPRelu, RunPRelu},
     // Comparisons and logic, output bool.
-    {"Equal", 1, kMax, CheckBinary, InferCompare, RunCompare<EqualOp, AllButHalf>},
-    {"Less", 1, kMax, CheckBinary, InferCompare, RunCompare<LessOp, AllButHalf>},
-    {"Greater", 1, kMax, CheckBinary, InferCompare, RunCompare<GreaterOp, AllButHalf>},
-    {"LessOrEqual", 1, kMax, CheckBinary, InferCompare, RunCompare<LessOrEqualOp, AllButHalf>},
-    {"GreaterOrEqual", 1, kMax, CheckBinary, InferCompare,
-     RunCompare<GreaterOrEqualOp, AllButHalf>},
-    {"And", 1, kMax, CheckBinary, InferLogic, RunCompare<AndOp, BoolTypes>},
-    {"Or", 1, kMax, CheckBinary, InferLogic, RunCompare<OrOp, BoolTypes>},
+    {"Equal", 1, kMax, CheckBinary, InferCompare, RunCompare<EqualOp, AllButHalf>, kFuseCompare},
+    {"Less", 1, kMax, CheckBinary, InferCompare, RunCompare<LessOp, AllButHalf>, kFuseCompare},
+    {"Greater", 1, kMax, CheckBinary, InferCompare, RunCompare<GreaterOp, AllButHalf>,
+     kFuseCompare},
+    {"LessOrEqual", 1, kMax, CheckBinary, InferCompare, RunCompare<LessOrEqualOp, AllButHalf>,
+     kFuseCompare},
+    {"GreaterOrEqual", 1, kMax, CheckBinary, InferCompare, RunCompare<GreaterOrEqualOp, AllButHalf>,
+     kFuseCompare},
+    {"And", 1, kMax, CheckBinary, InferLogic, RunCompare<AndOp, BoolTypes>, {FT::kBool, 2, 2}},
+    {"Or", 1, kMax, CheckBinary, InferLogic, RunCompare<OrOp, BoolTypes>, {FT::kBool, 2, 2}},
     {"Xor", 1, kMax, CheckBinary, InferLogic, RunCompare<XorOp, BoolTypes>},
-    // Selection, clamping, conversion.
-    {"Where", 1, kMax, CheckWhere, InferWhere, RunWhere},
-    {"Clip", 1, 10, CheckClipAttrs, InferClip, RunClip},
-    {"Clip", 11, kMax, CheckClipInputs, InferClip, RunClip},
-    {"Cast", 1, kMax, CheckCast, InferCast, RunCast},
+    // Selection, clamping, conversion. Clip's fused form before opset 11 takes its bounds as
+    // attributes with RunClip's defaults; from 11 they are inputs (an absent one is infinite).
+    {"Where", 1, kMax, CheckWhere, InferWhere, RunWhere, {FT::kWhere, 3, 3}},
+    {"Clip",
+     1,
+     10,
+     CheckClipAttrs,
+     InferClip,
+     RunClip,
+     {FT::kFloat,
+      1,
+      1,
+      {{{"min", std::numeric_limits<float>::lowest()}, {"max", std::numeric_limits<float>::max()}}},
+      2}},
+    {"Clip", 11, kMax, CheckClipInputs, InferClip, RunClip, {FT::kFloat, 1, 3}},
+    {"Cast", 1, kMax, CheckCast, InferCast, RunCast, {FT::kCast, 1, 1}},
 };
 static_assert(std::size(kOps) == 51,
               "op count changed: update the registry tests (AllOpsRegistered / FormsSplitByOpset)");
@@ -1178,6 +1212,21 @@ std::vector<OpDef> ElementwiseOpDefs() {
         OpDef{op.op_type, "", op.since_version, op.until_version, op.check, op.infer, op.run});
   }
   return defs;
+}
+
+const std::vector<FusableElementwise>& FusableElementwiseOps() {
+  static const std::vector<FusableElementwise>* table = [] {
+    auto* t = new std::vector<FusableElementwise>();
+    for (const ElementwiseOp& op : kOps) {
+      if (op.fusion.types != FT::kNone) {
+        t->push_back({op.op_type, op.since_version, op.until_version, op.fusion});
+      }
+    }
+    // Identity is registered with the shape ops (shape_ops.cc); fused it is a float32 copy.
+    t->push_back({"Identity", 1, kMax, kFuseUnary});
+    return t;
+  }();
+  return *table;
 }
 
 }  // namespace kiln

@@ -117,15 +117,30 @@ Status CheckGemm(const Node& node, int64_t opset) {
   return Status::OK();
 }
 
+// Gemm's attributes, read leniently as its kernels always have (check types them).
+struct GemmAttrs : PreparedNode {
+  bool trans_a = false, trans_b = false;
+  float alpha = 1.0f, beta = 1.0f;
+};
+
+Result<GemmAttrs> ParseGemmAttrs(const Node& node, int64_t /*opset*/) {
+  GemmAttrs a;
+  a.trans_a = node.GetInt("transA", 0) != 0;
+  a.trans_b = node.GetInt("transB", 0) != 0;
+  a.alpha = node.GetFloat("alpha", 1.0f);
+  a.beta = node.GetFloat("beta", 1.0f);
+  return a;
+}
+
 struct GemmShapes {
   bool trans_a = false, trans_b = false;
   int64_t M = 0, N = 0, K = 0;
 };
 
-Result<GemmShapes> GemmGeometry(const OpContext& ctx) {
+Result<GemmShapes> GemmGeometry(const OpContext& ctx, const GemmAttrs& attrs) {
   GemmShapes g;
-  g.trans_a = ctx.node().GetInt("transA", 0) != 0;
-  g.trans_b = ctx.node().GetInt("transB", 0) != 0;
+  g.trans_a = attrs.trans_a;
+  g.trans_b = attrs.trans_b;
   const Shape& a = ctx.type(0).shape;
   const Shape& b = ctx.type(1).shape;
   if (a.size() != 2 || b.size() != 2) {
@@ -158,15 +173,19 @@ Result<std::vector<TensorType>> InferGemm(const OpContext& ctx) {
                                      ctx.type(0).ToString() + "; dtypes must match");
     }
   }
-  KILN_ASSIGN_OR_RETURN(GemmShapes g, GemmGeometry(ctx));
+  GemmAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const GemmAttrs* attrs, PreparedOr(ctx, &scratch, ParseGemmAttrs));
+  KILN_ASSIGN_OR_RETURN(GemmShapes g, GemmGeometry(ctx, *attrs));
   return std::vector<TensorType>{{ctx.type(0).dtype, {g.M, g.N}}};
 }
 
 Status RunGemm(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_RETURN_IF_ERROR(RequireFloat32(ctx, 0));
-  KILN_ASSIGN_OR_RETURN(GemmShapes g, GemmGeometry(ctx));
-  const float alpha = ctx.node().GetFloat("alpha", 1.0f);
-  const float beta = ctx.node().GetFloat("beta", 1.0f);
+  GemmAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const GemmAttrs* attrs, PreparedOr(ctx, &scratch, ParseGemmAttrs));
+  KILN_ASSIGN_OR_RETURN(GemmShapes g, GemmGeometry(ctx, *attrs));
+  const float alpha = attrs->alpha;
+  const float beta = attrs->beta;
   float* y = outputs[0].data<float>();
   // Y starts as beta * C (broadcast) and the GEMM accumulates into it. beta == 0 skips C
   // entirely, as other runtimes do (so inf/nan in an unused C do not leak into Y).
@@ -189,7 +208,8 @@ std::vector<OpDef> MatMulOpDefs() {
   // a missing row would leave infer/run null, which Register rejects.
   const std::array<OpDef, 2> table = {{
       {"MatMul", "", 1, INT64_MAX, CheckBinary, InferMatMul, RunMatMul},
-      {"Gemm", "", 1, INT64_MAX, CheckGemm, InferGemm, RunGemm},
+      {"Gemm", "", 1, INT64_MAX, CheckGemm, InferGemm, RunGemm,
+       PrepareWith<GemmAttrs, ParseGemmAttrs>},
   }};
   return {table.begin(), table.end()};
 }

@@ -113,12 +113,12 @@ struct Window {
   bool ceil_mode = false;
 };
 
-// Reads and validates the window attributes. `spatial_rank` is the rank when the caller knows it
-// (from shapes), -1 in check. Pools require kernel_shape; Conv passes its weights' spatial dims.
-inline Result<Window> ReadWindow(const Node& node, int64_t spatial_rank, bool kernel_required,
-                                 const std::vector<int64_t>* kernel_from_weights = nullptr) {
+// Reads the window attributes and validates what needs no shape: their types, auto_pad, and
+// kernel_shape's presence (pools require it) and non-emptiness. The vectors stay as written
+// (empty when absent) and rank stays -1; FitWindow completes them once the spatial rank is known.
+// This is the part an op's prepare keeps.
+inline Result<Window> ParseWindow(const Node& node, bool kernel_required) {
   Window w;
-  const std::string where = node.Describe();
   KILN_ASSIGN_OR_RETURN(w.kernel, IntsOr(node, "kernel_shape", {}));
   KILN_ASSIGN_OR_RETURN(w.strides, IntsOr(node, "strides", {}));
   KILN_ASSIGN_OR_RETURN(w.dilations, IntsOr(node, "dilations", {}));
@@ -128,18 +128,26 @@ inline Result<Window> ReadWindow(const Node& node, int64_t spatial_rank, bool ke
   w.ceil_mode = ceil_mode != 0;
   if (w.auto_pad != "NOTSET" && w.auto_pad != "SAME_UPPER" && w.auto_pad != "SAME_LOWER" &&
       w.auto_pad != "VALID") {
-    return Status::InvalidArgument(where + ": auto_pad='" + w.auto_pad +
+    return Status::InvalidArgument(node.Describe() + ": auto_pad='" + w.auto_pad +
                                    "' is not one of NOTSET, SAME_UPPER, SAME_LOWER, VALID");
   }
   if (!node.HasAttr("kernel_shape") && kernel_required) {
-    return Status::InvalidArgument(where + ": attribute 'kernel_shape' is required");
+    return Status::InvalidArgument(node.Describe() + ": attribute 'kernel_shape' is required");
   }
   if (node.HasAttr("kernel_shape") && w.kernel.empty()) {
-    return Status::InvalidArgument(where + ": kernel_shape=[] is empty");
+    return Status::InvalidArgument(node.Describe() + ": kernel_shape=[] is empty");
   }
+  return w;
+}
+
+// Completes `w` (from ParseWindow) for `spatial_rank` (-1 in check, where no shape is known):
+// takes Conv's kernel from its weights' spatial dims, checks every vector's length against the
+// rank and its values against their minimum, and fills the absent ones with their defaults.
+inline Result<Window> FitWindow(const Node& node, Window w, int64_t spatial_rank,
+                                const std::vector<int64_t>* kernel_from_weights = nullptr) {
   if (kernel_from_weights != nullptr) {
     if (!w.kernel.empty() && w.kernel != *kernel_from_weights) {
-      return Status::InvalidArgument(where + ": kernel_shape=" + IntsToString(w.kernel) +
+      return Status::InvalidArgument(node.Describe() + ": kernel_shape=" + IntsToString(w.kernel) +
                                      " does not match the weights' spatial dims " +
                                      IntsToString(*kernel_from_weights));
     }
@@ -170,20 +178,29 @@ inline Result<Window> ReadWindow(const Node& node, int64_t spatial_rank, bool ke
       continue;
     }
     if (a.v->size() != a.size) {
-      return Status::InvalidArgument(where + ": " + a.name + "=" + IntsToString(*a.v) + " has " +
-                                     std::to_string(a.v->size()) + " values, expected " +
+      return Status::InvalidArgument(node.Describe() + ": " + a.name + "=" + IntsToString(*a.v) +
+                                     " has " + std::to_string(a.v->size()) + " values, expected " +
                                      std::to_string(a.size) + " for " + std::to_string(r) +
                                      " spatial dims");
     }
     for (int64_t x : *a.v) {
       if (x < a.min) {
-        return Status::InvalidArgument(where + ": " + a.name + "=" + IntsToString(*a.v) +
+        return Status::InvalidArgument(node.Describe() + ": " + a.name + "=" + IntsToString(*a.v) +
                                        " has value " + std::to_string(x) +
                                        ", expected >= " + std::to_string(a.min));
       }
     }
   }
   return w;
+}
+
+// Reads and validates the window attributes in one step (ParseWindow, then FitWindow).
+// `spatial_rank` is the rank when the caller knows it (from shapes), -1 in check. Pools require
+// kernel_shape; Conv passes its weights' spatial dims.
+inline Result<Window> ReadWindow(const Node& node, int64_t spatial_rank, bool kernel_required,
+                                 const std::vector<int64_t>* kernel_from_weights = nullptr) {
+  KILN_ASSIGN_OR_RETURN(Window w, ParseWindow(node, kernel_required));
+  return FitWindow(node, std::move(w), spatial_rank, kernel_from_weights);
 }
 
 // Output extents and resolved pads (ONNX order) of `w` over input spatial dims `in`.

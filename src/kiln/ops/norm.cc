@@ -52,6 +52,24 @@ Status CheckEpsilon(const Node& node) {
   return Status::OK();
 }
 
+// The normalizations' attributes, read leniently as their kernels always have (check validates
+// them); each op uses the ones it has.
+struct NormAttrs : PreparedNode {
+  double epsilon = 1e-5f;
+  int64_t axis = -1;       // LayerNormalization
+  int64_t num_groups = 1;  // GroupNormalization
+};
+
+Result<NormAttrs> ParseNormAttrs(const Node& node, int64_t /*opset*/) {
+  NormAttrs a;
+  a.epsilon = node.GetFloat("epsilon", 1e-5f);
+  a.axis = node.GetInt("axis", -1);
+  a.num_groups = node.GetInt("num_groups", 1);
+  return a;
+}
+
+constexpr PrepareFn kPrepareNorm = PrepareWith<NormAttrs, ParseNormAttrs>;
+
 // All present inputs must be float32 like X (mixed T/T1/T2 forms are not supported).
 Status RequireAllFloat32(const OpContext& ctx) {
   for (size_t i = 0; i < ctx.num_inputs(); ++i) {
@@ -106,8 +124,10 @@ Result<std::vector<TensorType>> InferBatchNorm(const OpContext& ctx) {
 
 Status RunBatchNorm(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_RETURN_IF_ERROR(RequireAllFloat32(ctx));
+  NormAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const NormAttrs* attrs, PreparedOr(ctx, &scratch, ParseNormAttrs));
   const Tensor& xt = ctx.in(0);
-  const double eps = ctx.node().GetFloat("epsilon", 1e-5f);
+  const double eps = attrs->epsilon;
   const int64_t N = xt.dim(0), C = xt.dim(1);
   const int64_t plane = N * C == 0 ? 0 : xt.numel() / (N * C);
   const float* scale = ctx.in(1).data<float>();
@@ -149,8 +169,10 @@ Result<std::vector<TensorType>> InferInstanceNorm(const OpContext& ctx) {
 
 Status RunInstanceNorm(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_RETURN_IF_ERROR(RequireAllFloat32(ctx));
+  NormAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const NormAttrs* attrs, PreparedOr(ctx, &scratch, ParseNormAttrs));
   const Tensor& xt = ctx.in(0);
-  const double eps = ctx.node().GetFloat("epsilon", 1e-5f);
+  const double eps = attrs->epsilon;
   const int64_t N = xt.dim(0), C = xt.dim(1);
   const int64_t plane = N * C == 0 ? 0 : xt.numel() / (N * C);
   const float* scale = ctx.in(1).data<float>();
@@ -191,10 +213,10 @@ struct LayerNormShapes {
   Shape stat;        // X.shape with normalized dims set to 1
 };
 
-Result<LayerNormShapes> LayerNormGeometry(const OpContext& ctx) {
+Result<LayerNormShapes> LayerNormGeometry(const OpContext& ctx, const NormAttrs& attrs) {
   const Shape& x = ctx.type(0).shape;
   LayerNormShapes g;
-  auto axis = NormalizeAxis(ctx.node().GetInt("axis", -1), static_cast<int64_t>(x.size()), "axis");
+  auto axis = NormalizeAxis(attrs.axis, static_cast<int64_t>(x.size()), "axis");
   if (!axis.ok()) return axis.status().WithContext(ctx.where());
   g.axis = *axis;
   g.normalized.assign(x.begin() + g.axis, x.end());
@@ -216,7 +238,9 @@ Result<LayerNormShapes> LayerNormGeometry(const OpContext& ctx) {
 }
 
 Result<std::vector<TensorType>> InferLayerNorm(const OpContext& ctx) {
-  KILN_ASSIGN_OR_RETURN(LayerNormShapes g, LayerNormGeometry(ctx));
+  NormAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const NormAttrs* attrs, PreparedOr(ctx, &scratch, ParseNormAttrs));
+  KILN_ASSIGN_OR_RETURN(LayerNormShapes g, LayerNormGeometry(ctx, *attrs));
   std::vector<TensorType> out{ctx.type(0)};
   for (size_t i = 1; i < 3; ++i) {
     if (WantsOutput(ctx.node(), i)) {
@@ -228,8 +252,10 @@ Result<std::vector<TensorType>> InferLayerNorm(const OpContext& ctx) {
 
 Status RunLayerNorm(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_RETURN_IF_ERROR(RequireAllFloat32(ctx));
-  KILN_ASSIGN_OR_RETURN(LayerNormShapes g, LayerNormGeometry(ctx));
-  const double eps = ctx.node().GetFloat("epsilon", 1e-5f);
+  NormAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const NormAttrs* attrs, PreparedOr(ctx, &scratch, ParseNormAttrs));
+  KILN_ASSIGN_OR_RETURN(LayerNormShapes g, LayerNormGeometry(ctx, *attrs));
+  const double eps = attrs->epsilon;
   const std::vector<float> scale = ExpandTo(ctx.in(1), g.normalized);
   const std::vector<float> bias =
       ctx.present(2) ? ExpandTo(ctx.in(2), g.normalized) : std::vector<float>(g.inner, 0.0f);
@@ -266,7 +292,9 @@ Status CheckGroupNorm(const Node& node, int64_t /*opset*/) {
 Result<std::vector<TensorType>> InferGroupNorm(const OpContext& ctx) {
   KILN_RETURN_IF_ERROR(RequireChannelsFirst(ctx, 2));
   const int64_t C = ctx.type(0).shape[1];
-  const int64_t groups = ctx.node().GetInt("num_groups", 1);
+  NormAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const NormAttrs* attrs, PreparedOr(ctx, &scratch, ParseNormAttrs));
+  const int64_t groups = attrs->num_groups;
   if (groups < 1 || C % groups != 0) {
     return Status::InvalidArgument(ctx.where() + ": num_groups=" + std::to_string(groups) +
                                    " does not divide " + std::to_string(C) + " channels of X " +
@@ -282,9 +310,11 @@ Result<std::vector<TensorType>> InferGroupNorm(const OpContext& ctx) {
 
 Status RunGroupNorm(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_RETURN_IF_ERROR(RequireAllFloat32(ctx));
+  NormAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const NormAttrs* attrs, PreparedOr(ctx, &scratch, ParseNormAttrs));
   const Tensor& xt = ctx.in(0);
-  const double eps = ctx.node().GetFloat("epsilon", 1e-5f);
-  const int64_t groups = ctx.node().GetInt("num_groups", 1);
+  const double eps = attrs->epsilon;
+  const int64_t groups = attrs->num_groups;
   const bool per_group = ctx.opset() < 21;
   const int64_t N = xt.dim(0), C = xt.dim(1);
   const int64_t plane = N * C == 0 ? 0 : xt.numel() / (N * C);
@@ -316,11 +346,14 @@ std::vector<OpDef> NormOpDefs() {
   // std::array of exactly the family's count: adding an op without growing it fails to compile;
   // a missing row would leave infer/run null, which Register rejects.
   const std::array<OpDef, 4> table = {{
-      {"BatchNormalization", "", 1, INT64_MAX, CheckBatchNorm, InferBatchNorm, RunBatchNorm},
+      {"BatchNormalization", "", 1, INT64_MAX, CheckBatchNorm, InferBatchNorm, RunBatchNorm,
+       kPrepareNorm},
       {"InstanceNormalization", "", 1, INT64_MAX, CheckInstanceNorm, InferInstanceNorm,
-       RunInstanceNorm},
-      {"LayerNormalization", "", 17, INT64_MAX, CheckLayerNorm, InferLayerNorm, RunLayerNorm},
-      {"GroupNormalization", "", 18, INT64_MAX, CheckGroupNorm, InferGroupNorm, RunGroupNorm},
+       RunInstanceNorm, kPrepareNorm},
+      {"LayerNormalization", "", 17, INT64_MAX, CheckLayerNorm, InferLayerNorm, RunLayerNorm,
+       kPrepareNorm},
+      {"GroupNormalization", "", 18, INT64_MAX, CheckGroupNorm, InferGroupNorm, RunGroupNorm,
+       kPrepareNorm},
   }};
   return {table.begin(), table.end()};
 }

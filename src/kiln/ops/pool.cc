@@ -57,6 +57,24 @@ Status CheckPool(const Node& node, int64_t /*opset*/) {
   return Status::OK();
 }
 
+// A pool's attributes: the window as written (fitted to X's rank per call), count_include_pad
+// (lenient, as the kernel always read it) and, for MaxPool, storage_order.
+struct PoolAttrs : PreparedNode {
+  Window window;
+  bool count_include_pad = false;
+  int64_t storage_order = 0;
+};
+
+Result<PoolAttrs> ParsePoolAttrs(const Node& node, int64_t /*opset*/) {
+  PoolAttrs a;
+  KILN_ASSIGN_OR_RETURN(a.window, ParseWindow(node, /*kernel_required=*/true));
+  a.count_include_pad = node.GetInt("count_include_pad", 0) != 0;
+  if (node.op_type == "MaxPool") {
+    KILN_ASSIGN_OR_RETURN(a.storage_order, StorageOrder(node));
+  }
+  return a;
+}
+
 // MaxPool compares values, so it takes every dtype ONNX lists for it; AveragePool divides and is
 // float32 only.
 Status RequirePoolDType(const OpContext& ctx, PoolKind kind) {
@@ -69,7 +87,7 @@ Status RequirePoolDType(const OpContext& ctx, PoolKind kind) {
   return UnsupportedDType(ctx, t, "float32, float16, float64, int8, uint8");
 }
 
-Result<PoolGeometry> PoolShapes(const OpContext& ctx) {
+Result<PoolGeometry> PoolShapes(const OpContext& ctx, const PoolAttrs** attrs, PoolAttrs* scratch) {
   const Shape& x = ctx.type(0).shape;
   if (x.size() < 3) {
     return Status::InvalidArgument(ctx.where() + ": X " + ShapeToString(x) +
@@ -81,7 +99,8 @@ Result<PoolGeometry> PoolShapes(const OpContext& ctx) {
   }
   const Shape in_spatial(x.begin() + 2, x.end());
   const int64_t rank = static_cast<int64_t>(in_spatial.size());
-  KILN_ASSIGN_OR_RETURN(Window win, ReadWindow(ctx.node(), rank, true));
+  KILN_ASSIGN_OR_RETURN(*attrs, PreparedOr(ctx, scratch, ParsePoolAttrs));
+  KILN_ASSIGN_OR_RETURN(Window win, FitWindow(ctx.node(), (*attrs)->window, rank));
   Shape out_spatial;
   std::vector<int64_t> pads;
   KILN_RETURN_IF_ERROR(ResolveWindow(ctx.where(), win, in_spatial, &out_spatial, &pads));
@@ -105,7 +124,9 @@ Result<PoolGeometry> PoolShapes(const OpContext& ctx) {
 template <PoolKind kKind>
 Result<std::vector<TensorType>> InferPool(const OpContext& ctx) {
   KILN_RETURN_IF_ERROR(RequirePoolDType(ctx, kKind));
-  KILN_ASSIGN_OR_RETURN(PoolGeometry g, PoolShapes(ctx));
+  const PoolAttrs* attrs = nullptr;
+  PoolAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(PoolGeometry g, PoolShapes(ctx, &attrs, &scratch));
   std::vector<TensorType> out{{ctx.type(0).dtype, g.out_shape}};
   if (kKind == PoolKind::kMax && ctx.node().outputs.size() > 1) {  // a slot, named or not
     out.push_back({DType::kInt64, g.out_shape});
@@ -196,13 +217,11 @@ void PoolPlanes(const PoolGeometry& g, bool count_include_pad, bool column_major
 template <PoolKind kKind>
 Status RunPool(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_RETURN_IF_ERROR(RequirePoolDType(ctx, kKind));
-  KILN_ASSIGN_OR_RETURN(PoolGeometry g, PoolShapes(ctx));
-  const bool count_include_pad = ctx.node().GetInt("count_include_pad", 0) != 0;
-  bool column_major = false;
-  if constexpr (kKind == PoolKind::kMax) {
-    KILN_ASSIGN_OR_RETURN(int64_t order, StorageOrder(ctx.node()));
-    column_major = order == 1;
-  }
+  const PoolAttrs* attrs = nullptr;
+  PoolAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(PoolGeometry g, PoolShapes(ctx, &attrs, &scratch));
+  const bool count_include_pad = attrs->count_include_pad;
+  const bool column_major = kKind == PoolKind::kMax && attrs->storage_order == 1;
   int64_t* indices =
       WantsOutput(ctx.node(), 1) && outputs.size() > 1 ? outputs[1].data<int64_t>() : nullptr;
   const Tensor& x = ctx.in(0);
@@ -280,9 +299,10 @@ std::vector<OpDef> PoolOpDefs() {
   // std::array of exactly the family's count: adding an op without growing it fails to compile;
   // a missing row would leave infer/run null, which Register rejects.
   const std::array<OpDef, 4> table = {{
-      {"MaxPool", "", 1, INT64_MAX, CheckPool, InferPool<PoolKind::kMax>, RunPool<PoolKind::kMax>},
+      {"MaxPool", "", 1, INT64_MAX, CheckPool, InferPool<PoolKind::kMax>, RunPool<PoolKind::kMax>,
+       PrepareWith<PoolAttrs, ParsePoolAttrs>},
       {"AveragePool", "", 1, INT64_MAX, CheckPool, InferPool<PoolKind::kAverage>,
-       RunPool<PoolKind::kAverage>},
+       RunPool<PoolKind::kAverage>, PrepareWith<PoolAttrs, ParsePoolAttrs>},
       {"GlobalAveragePool", "", 1, INT64_MAX, CheckUnary, InferGlobalPool,
        RunGlobalPool<PoolKind::kAverage>},
       {"GlobalMaxPool", "", 1, INT64_MAX, CheckUnary, InferGlobalPool,

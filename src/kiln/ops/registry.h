@@ -18,11 +18,19 @@
 //   them after checking the types match. Static inference refuses a dim < 0 from infer by name.
 //   Legacy opset forms (attributes that later became inputs) are read by opset here. An unsupported
 //   dtype returns Unimplemented naming op and dtype. Kernels never throw.
+// - prepare(node, opset), optional: parses the node's attributes once into an immutable
+//   PreparedNode of the op's own type. An engine that applies one node many times (the eager
+//   interpreter, the runtime host's reference ops) calls it when it builds its plan, after check,
+//   and hands the result to every infer/run of that node through OpContext::prepared<T>(). Its
+//   errors are check's and infer's, word for word. Engines that visit a node once (static shape
+//   inference, lowering) do not prepare, so infer/run parse for themselves when prepared<T>() is
+//   null (PreparedOr below).
 #pragma once
 
 #include <climits>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -59,8 +67,16 @@ class SubgraphRunner {
                                               const std::vector<Tensor>& inputs) const = 0;
 };
 
-// What an op sees of one node application: the node, its opset, and per input slot a type and
-// (when known) a value. Omitted optional inputs have present(i) == false.
+// The state an op's prepare parses from one node's attributes; each op derives its own type.
+// Immutable once built and shared by every run of the node, on any number of threads at once.
+class PreparedNode {
+ public:
+  virtual ~PreparedNode() = default;
+};
+
+// What an op sees of one node application: the node, its opset, per input slot a type and (when
+// known) a value, and the node's prepared state when the engine prepared it. Omitted optional
+// inputs have present(i) == false.
 class OpContext {
  public:
   OpContext(const Node& node, int64_t opset, std::vector<TensorType> types,
@@ -86,6 +102,13 @@ class OpContext {
   // subgraph attributes never need it).
   const SubgraphRunner* subgraphs() const { return subgraphs_; }
   void set_subgraphs(const SubgraphRunner* runner) { subgraphs_ = runner; }
+  // What this node's OpDef::prepare returned, or nullptr where the engine did not prepare.
+  // REQUIRES: T is the type that prepare builds (only the op's own infer/run ask for it).
+  template <typename T>
+  const T* prepared() const {
+    return static_cast<const T*>(prepared_);
+  }
+  void set_prepared(const PreparedNode* prepared) { prepared_ = prepared; }
 
  private:
   const Node& node_;
@@ -95,13 +118,28 @@ class OpContext {
   std::vector<bool> present_;
   int num_threads_;
   const SubgraphRunner* subgraphs_ = nullptr;
+  const PreparedNode* prepared_ = nullptr;
 };
 
 using CheckFn = Status (*)(const Node& node, int64_t opset);
 using InferFn = Result<std::vector<TensorType>> (*)(const OpContext& ctx);
 using RunFn = Status (*)(const OpContext& ctx, std::vector<Tensor>& outputs);
+using PrepareFn = Result<std::shared_ptr<const PreparedNode>> (*)(const Node& node, int64_t opset);
 
 struct OpDef {
+  OpDef() = default;
+  // Positional, as the family tables list them; prepare last since most ops have none.
+  OpDef(std::string op_type, std::string domain, int64_t since_version, int64_t until_version,
+        CheckFn check, InferFn infer, RunFn run, PrepareFn prepare = nullptr)
+      : op_type(std::move(op_type)),
+        domain(std::move(domain)),
+        since_version(since_version),
+        until_version(until_version),
+        check(check),
+        infer(infer),
+        run(run),
+        prepare(prepare) {}
+
   std::string op_type;
   std::string domain;  // "" = ai.onnx
   int64_t since_version = 1;
@@ -109,7 +147,26 @@ struct OpDef {
   CheckFn check = nullptr;            // optional: absent means no attribute constraints
   InferFn infer = nullptr;            // required
   RunFn run = nullptr;                // required
+  PrepareFn prepare = nullptr;        // optional: absent means infer/run read attributes
 };
+
+// Builds `T` (a PreparedNode) with `parse`, for OpDef::prepare: `PrepareWith<ConvAttrs,
+// ParseConvAttrs>`.
+template <typename T, Result<T> (*Parse)(const Node&, int64_t)>
+Result<std::shared_ptr<const PreparedNode>> PrepareWith(const Node& node, int64_t opset) {
+  KILN_ASSIGN_OR_RETURN(T parsed, Parse(node, opset));
+  return std::shared_ptr<const PreparedNode>(std::make_shared<const T>(std::move(parsed)));
+}
+
+// The node's prepared `T` when the engine prepared it, else `parse`d now into `*scratch`: an op's
+// infer/run read their attributes through this, so they behave the same prepared or not.
+template <typename T>
+Result<const T*> PreparedOr(const OpContext& ctx, T* scratch,
+                            Result<T> (*parse)(const Node&, int64_t)) {
+  if (const T* p = ctx.prepared<T>()) return p;
+  KILN_ASSIGN_OR_RETURN(*scratch, parse(ctx.node(), ctx.opset()));
+  return static_cast<const T*>(scratch);
+}
 
 class OpRegistry {
  public:

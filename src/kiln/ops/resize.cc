@@ -42,7 +42,9 @@ Status Invalid(const Node& node, const std::string& msg) {
 // ---------------------------------------------------------------------------------------------
 // Attributes
 
-struct ResizeAttrs {
+// Parsed and validated by check and, once per node, by prepare; infer and run read the prepared
+// copy when the engine made one.
+struct ResizeAttrs : PreparedNode {
   std::string mode = "nearest";      // nearest, linear, cubic
   std::string coord = "asymmetric";  // coordinate_transformation_mode
   std::string nearest = "legacy";    // nearest_mode; legacy: opset < 11 rule
@@ -187,7 +189,9 @@ Result<ResizePlan> PlanResize(const OpContext& ctx) {
   const Shape& in = ctx.type(0).shape;
   const int64_t rank = static_cast<int64_t>(in.size());
   ResizePlan plan;
-  KILN_ASSIGN_OR_RETURN(plan.attrs, ParseResizeAttrs(ctx.node(), ctx.opset()));
+  ResizeAttrs scratch;
+  KILN_ASSIGN_OR_RETURN(const ResizeAttrs* attrs, PreparedOr(ctx, &scratch, ParseResizeAttrs));
+  plan.attrs = *attrs;
   std::optional<std::vector<double>> scales, roi;
   std::optional<std::vector<int64_t>> sizes;
   if (ctx.node().op_type == "Upsample" && ctx.opset() < 9) {
@@ -522,8 +526,9 @@ Status RunResize(const OpContext& ctx, std::vector<Tensor>& outputs) {
 
 std::vector<OpDef> ResizeOpDefs() {
   std::vector<OpDef> defs;
-  defs.push_back({"Resize", "", 10, INT64_MAX, CheckResize, InferResize, RunResize});
-  defs.push_back({"Upsample", "", 7, 9, CheckUpsample, InferResize, RunResize});
+  constexpr PrepareFn kPrepare = PrepareWith<ResizeAttrs, ParseResizeAttrs>;
+  defs.push_back({"Resize", "", 10, INT64_MAX, CheckResize, InferResize, RunResize, kPrepare});
+  defs.push_back({"Upsample", "", 7, 9, CheckUpsample, InferResize, RunResize, kPrepare});
   return defs;
 }
 

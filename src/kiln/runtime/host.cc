@@ -63,12 +63,24 @@ Result<nlohmann::json> AttrJson(const Attribute& a) {
   nlohmann::json j;
   j["kind"] = AttributeKindName(a.kind);
   switch (a.kind) {
-    case Attribute::Kind::kFloat: j["v"] = a.f; break;
-    case Attribute::Kind::kInt: j["v"] = a.i; break;
-    case Attribute::Kind::kString: j["v"] = a.s; break;
-    case Attribute::Kind::kFloats: j["v"] = a.floats; break;
-    case Attribute::Kind::kInts: j["v"] = a.ints; break;
-    case Attribute::Kind::kStrings: j["v"] = a.strings; break;
+    case Attribute::Kind::kFloat:
+      j["v"] = a.f;
+      break;
+    case Attribute::Kind::kInt:
+      j["v"] = a.i;
+      break;
+    case Attribute::Kind::kString:
+      j["v"] = a.s;
+      break;
+    case Attribute::Kind::kFloats:
+      j["v"] = a.floats;
+      break;
+    case Attribute::Kind::kInts:
+      j["v"] = a.ints;
+      break;
+    case Attribute::Kind::kStrings:
+      j["v"] = a.strings;
+      break;
     case Attribute::Kind::kTensor:
       j["v"] = TensorJson(a.t);
       break;
@@ -185,8 +197,8 @@ Result<Attribute> AttrFromJson(const std::string& name, const nlohmann::json& j)
       a.graphs.push_back(std::make_shared<Graph>(std::move(g)));
     }
   } else {
-    return Status::InvalidArgument("node spec: attribute '" + name + "' has unknown kind '" +
-                                   kind + "'");
+    return Status::InvalidArgument("node spec: attribute '" + name + "' has unknown kind '" + kind +
+                                   "'");
   }
   return a;
 }
@@ -234,6 +246,8 @@ struct PreparedOp {
   std::vector<TensorType> input_types;
   std::vector<bool> present;
   std::vector<TensorType> output_types;
+  // What def->prepare parsed from the node's attributes, built here so every call shares it.
+  std::shared_ptr<const PreparedNode> prepared;
   // Ops that own subgraphs (If, Loop): the trailing `outer.size()` inputs are the outer values
   // the subgraphs read, bound under these names; the node runs through the eager interpreter.
   std::vector<std::string> outer;
@@ -312,6 +326,9 @@ Result<std::unique_ptr<PreparedOp>> Prepare(const char* text) {
   KILN_ASSIGN_OR_RETURN(op->def,
                         OpRegistry::Global().Find(op->node.domain, op->node.op_type, op->opset));
   if (op->def->check) KILN_RETURN_IF_ERROR(op->def->check(op->node, op->opset));
+  if (op->def->prepare) {
+    KILN_ASSIGN_OR_RETURN(op->prepared, op->def->prepare(op->node, op->opset));
+  }
   return op;
 }
 
@@ -321,8 +338,7 @@ int HostSgemm(int trans_a, int trans_b, int64_t m, int64_t n, int64_t k, float a
               const float* a, int64_t lda, const float* b, int64_t ldb, float beta, float* c,
               int64_t ldc, int num_threads) {
   return StatusToCellCode(
-      Sgemm(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc,
-            num_threads));
+      Sgemm(trans_a != 0, trans_b != 0, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, num_threads));
 }
 
 int HostConv2d(const kiln_conv2d_desc* d, const float* x, const float* w, const float* bias,
@@ -429,8 +445,7 @@ void HostMatmulRelease(void* handle) {
   PreparedMatmulDeleter()(static_cast<PreparedMatmul*>(handle));
 }
 
-int HostParallelFor(int64_t n, void (*fn)(void*, int64_t, int64_t), void* ctx,
-                    int num_threads) {
+int HostParallelFor(int64_t n, void (*fn)(void*, int64_t, int64_t), void* ctx, int num_threads) {
   if (fn == nullptr || n < 0) return KILN_CELL_BAD_ARGUMENT;
   if (n == 0) return KILN_CELL_OK;
   int t = num_threads > 0 ? num_threads : omp_get_max_threads();
@@ -534,6 +549,7 @@ int HostOpRun(void* handle, const void* const* inputs, void* const* outputs, int
       s = op.subgraph_node->Run(ctx, outer, outs);
     } else {
       OpContext ctx(op.node, op.opset, op.input_types, values, op.present, num_threads);
+      ctx.set_prepared(op.prepared.get());
       s = op.def->run(ctx, outs);
     }
     if (!s.ok()) {
