@@ -116,7 +116,7 @@ Result<KeyAxes> DeriveKeyAxes(const Graph& graph, const Envelope& envelope, cons
   KILN_ASSIGN_OR_RETURN(axes.graph, GraphDigest(graph));
   KILN_ASSIGN_OR_RETURN(nlohmann::json env, EnvelopeFacts(envelope));
   KILN_ASSIGN_OR_RETURN(axes.envelope, FactsDigest(env));
-  axes.sm = sm.empty() ? DefaultSmTarget() : sm;
+  axes.sm = SmOrDefault(sm);
   KILN_ASSIGN_OR_RETURN(Toolchain tc, LocalToolchain());
   KILN_ASSIGN_OR_RETURN(axes.toolchain, tc.Digest());
   return axes;

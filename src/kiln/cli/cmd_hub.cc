@@ -233,16 +233,16 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--threads", args->options.threads,
                   "handler threads (requests handled at once; idle connections hold none)");
   cmd->add_option(
-      "--tls-cert", args->options.tls_cert,
+      "--tls-cert", args->options.listener.tls_cert,
       "PEM certificate chain: serve HTTPS (re-read when the file changes, or on SIGHUP)");
-  cmd->add_option("--tls-key", args->options.tls_key, "PEM private key of --tls-cert");
-  cmd->add_flag("--insecure-http", args->options.insecure_http,
+  cmd->add_option("--tls-key", args->options.listener.tls_key, "PEM private key of --tls-cert");
+  cmd->add_flag("--insecure-http", args->options.listener.insecure_http,
                 "allow plain HTTP on an address that is not loopback");
-  cmd->add_option("--max-conns-per-client", args->options.max_connections_per_client,
+  cmd->add_option("--max-conns-per-client", args->options.listener.max_connections_per_client,
                   "connections one client address may hold (more are answered 503)");
-  cmd->add_option("--header-timeout-ms", args->options.header_timeout_ms,
+  cmd->add_option("--header-timeout-ms", args->options.listener.header_timeout_ms,
                   "deadline for a request's headers (and the TLS handshake)");
-  cmd->add_option("--keepalive-idle-ms", args->options.keepalive_idle_ms,
+  cmd->add_option("--keepalive-idle-ms", args->options.listener.keepalive_idle_ms,
                   "an idle keep-alive connection is closed after this");
   cmd->add_option("--db-pool", args->options.db_pool,
                   "PostgreSQL connections (default: one per core, at least 2)");

@@ -350,15 +350,7 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   so.bind = options.bind;
   so.port = options.port;
   so.handler_threads = options.threads > 0 ? options.threads : 32;
-  so.insecure_http = options.insecure_http;
-  if (!options.tls_cert.empty() || !options.tls_key.empty()) {
-    so.tls = net::TlsOptions{options.tls_cert, options.tls_key, options.tls_reload_ms};
-  }
-  so.max_connections = options.max_connections;
-  so.max_connections_per_client = options.max_connections_per_client;
-  so.header_timeout_ms = options.header_timeout_ms;
-  so.keepalive_idle_ms = options.keepalive_idle_ms;
-  so.body_idle_timeout_ms = options.body_idle_timeout_ms;
+  options.listener.ApplyTo(&so);
   KILN_ASSIGN_OR_RETURN(
       hub->http_->server,
       net::HttpServer::Create(so, HubRoutes(hub->service_.get(), options.max_blob_bytes + 1)));

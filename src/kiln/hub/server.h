@@ -31,6 +31,7 @@
 #include "src/kiln/hub/builder.h"
 #include "src/kiln/hub/receipt.h"
 #include "src/kiln/hub/store.h"
+#include "src/kiln/net/http_server.h"
 
 namespace kiln {
 
@@ -156,17 +157,7 @@ struct HubOptions {
   std::string bind = "127.0.0.1";
   int port = 8470;   // 0: any free port (see HubServer::port())
   int threads = 32;  // handler threads: requests being handled at once (idle connections hold none)
-  // TLS: a PEM certificate chain and key, both or neither; re-read when the files change. Without
-  // them the hub speaks plain HTTP, which needs a loopback `bind` unless `insecure_http`.
-  std::string tls_cert;
-  std::string tls_key;
-  int tls_reload_ms = 2000;
-  bool insecure_http = false;
-  int max_connections = 8192;
-  int max_connections_per_client = 1024;
-  int header_timeout_ms = 10000;  // TLS handshake and request headers, from the first byte
-  int keepalive_idle_ms = 30000;  // an idle keep-alive connection is closed after this
-  int body_idle_timeout_ms = 10000;
+  net::ListenerSettings listener;  // TLS and connection limits
   // PostgreSQL connections shared by the request threads; 0: one per core (at least 2), at most
   // `threads`. On 2 cores with the database on the same host, 2 connections gave p99 6 ms where
   // one per thread (32) gave p99 60-90 ms: every extra backend is one more process competing for

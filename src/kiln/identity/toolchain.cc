@@ -133,6 +133,10 @@ std::string DefaultSmTarget() {
   return SmRank(detected) < SmRank(ceiling) ? detected : ceiling;
 }
 
+std::string SmOrDefault(const std::string& requested) {
+  return requested.empty() ? DefaultSmTarget() : requested;
+}
+
 nlohmann::json Toolchain::Block() const {
   return nlohmann::json{{"compiler", compiler_version},
                         {"compiler_sha256", compiler_sha256},

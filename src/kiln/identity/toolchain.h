@@ -28,6 +28,9 @@ extern const char* const kCodegenVersion;
 const std::string& DetectSmLevel();
 // min(detected, ceiling); ceiling defaults to x86-64-v3 (KILN_SM_CEILING overrides).
 std::string DefaultSmTarget();
+// The sm a cell is built and keyed for: `requested` (a manifest's or request's override) when
+// given, else DefaultSmTarget(). The one rule the key, the mint and the worker apply.
+std::string SmOrDefault(const std::string& requested);
 // Position of a level in KnownSmLevels(), or -1.
 int SmRank(const std::string& level);
 

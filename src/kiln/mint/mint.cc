@@ -123,7 +123,7 @@ Result<MintResult> MintCell(const MintRequest& req) {
   // key (an intake mint is never keyed: only the graph digest, which the source's banner names)
   if (req.intake) {
     KILN_ASSIGN_OR_RETURN(out.axes.graph, GraphDigest(graph));
-    out.axes.sm = req.sm.empty() ? DefaultSmTarget() : req.sm;
+    out.axes.sm = SmOrDefault(req.sm);
   } else {
     KILN_ASSIGN_OR_RETURN(out.axes, DeriveKeyAxes(graph, req.envelope, req.sm));
     KILN_ASSIGN_OR_RETURN(out.key, KeyFromAxes(out.axes));

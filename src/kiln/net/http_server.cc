@@ -38,6 +38,16 @@
 
 namespace kiln::net {
 
+void ListenerSettings::ApplyTo(ServerOptions* so) const {
+  so->insecure_http = insecure_http;
+  if (!tls_cert.empty() || !tls_key.empty()) so->tls = TlsOptions{tls_cert, tls_key, tls_reload_ms};
+  so->max_connections = max_connections;
+  so->max_connections_per_client = max_connections_per_client;
+  so->header_timeout_ms = header_timeout_ms;
+  so->keepalive_idle_ms = keepalive_idle_ms;
+  so->body_idle_timeout_ms = body_idle_timeout_ms;
+}
+
 namespace asio = boost::asio;
 namespace beast = boost::beast;
 namespace http = beast::http;

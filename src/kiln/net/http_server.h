@@ -137,6 +137,25 @@ struct ServerOptions {
       error_response;
 };
 
+// What an operator sets for one listener (the hub's flags, the worker's): TLS files and the
+// limits that bound slow or greedy clients. The hub and the worker each hold one and ApplyTo copies
+// it into the server's options, so a new limit is added here once.
+struct ListenerSettings {
+  // PEM certificate chain and key, both or neither; re-read when the files change. Without them
+  // the listener speaks plain HTTP, which needs a loopback bind unless `insecure_http`.
+  std::string tls_cert;
+  std::string tls_key;
+  int tls_reload_ms = 2000;
+  bool insecure_http = false;
+  int max_connections = 8192;
+  int max_connections_per_client = 1024;
+  int header_timeout_ms = 10000;  // TLS handshake and request headers, from the first byte
+  int keepalive_idle_ms = 30000;  // an idle keep-alive connection is closed after this
+  int body_idle_timeout_ms = 10000;
+
+  void ApplyTo(ServerOptions* so) const;
+};
+
 // Counters for /metrics and tests.
 struct ServerStats {
   uint64_t connections_open = 0;

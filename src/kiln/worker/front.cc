@@ -65,15 +65,7 @@ net::Route MakeRoute(std::string method, std::string pattern, uint64_t max_body,
 net::ServerOptions ListenerOptions(const FrontendOptions& o, const std::string& name) {
   net::ServerOptions so;
   so.name = name;
-  so.insecure_http = o.insecure_http;
-  if (!o.tls_cert.empty() || !o.tls_key.empty()) {
-    so.tls = net::TlsOptions{o.tls_cert, o.tls_key, o.tls_reload_ms};
-  }
-  so.max_connections = o.max_connections;
-  so.max_connections_per_client = o.max_connections_per_client;
-  so.header_timeout_ms = o.header_timeout_ms;
-  so.keepalive_idle_ms = o.keepalive_idle_ms;
-  so.body_idle_timeout_ms = o.body_idle_timeout_ms;
+  o.listener.ApplyTo(&so);
   so.retry_after_s = o.retry_after_s;
   const int retry_after_s = o.retry_after_s;
   so.error_response = [retry_after_s](int status, const std::string& token,

@@ -39,6 +39,7 @@
 #include <string>
 
 #include "src/kiln/base/status.h"
+#include "src/kiln/net/http_server.h"
 #include "src/kiln/worker/worker_service.h"
 
 namespace kiln {
@@ -70,17 +71,13 @@ struct FrontendOptions {
   std::function<bool(std::string* why)> ready;
   // More Prometheus text appended to /metrics (e.g. the event forwarder's counters); may be null.
   std::function<std::string()> extra_metrics;
-  // TLS for both listeners: PEM certificate chain and key, both or neither; re-read when the
-  // files change. Plain HTTP needs a loopback bind unless `insecure_http`.
-  std::string tls_cert;
-  std::string tls_key;
-  int tls_reload_ms = 2000;
-  bool insecure_http = false;
-  int max_connections = 8192;
-  int max_connections_per_client = 1024;
-  int header_timeout_ms = 10000;
-  int keepalive_idle_ms = 5000;
-  int body_idle_timeout_ms = 10000;
+  // TLS and connection limits for both listeners. Idle keep-alive connections close after 5 s
+  // (the hub keeps them 30 s): a worker sits behind a load balancer that holds many.
+  net::ListenerSettings listener = [] {
+    net::ListenerSettings s;
+    s.keepalive_idle_ms = 5000;
+    return s;
+  }();
   AdminListenerOptions admin;
   std::string checkpoint_dir;  // admin checkpoint swaps read only beneath it; "" = refused
 };

@@ -243,8 +243,7 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
            detail + "; attempts=" + std::to_string(attempts) +
                "; serving eager, key quarantined for the process life");
       if (deterministic && options_.publisher != nullptr) {
-        options_.publisher->EnqueueSettle(b.spec.name,
-                                          b.spec.sm.empty() ? DefaultSmTarget() : b.spec.sm, phase);
+        options_.publisher->EnqueueSettle(b.spec.name, SmOrDefault(b.spec.sm), phase);
       }
     }
   };

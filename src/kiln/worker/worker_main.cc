@@ -52,11 +52,6 @@ Result<std::string> AdminToken(const WorkerConfig& a) {
   return token;
 }
 
-// The sm a target's cells are owed for: the manifest's override, else this machine's level.
-std::string DetectSm(const TargetSpec& spec) {
-  return spec.sm.empty() ? DefaultSmTarget() : spec.sm;
-}
-
 // One hub client configuration for the three clients a worker holds (events, resolve, publish).
 HubClientOptions HubOptionsFrom(const HubSpec& h) {
   HubClientOptions o;
@@ -223,7 +218,8 @@ Status RunWorker(const WorkerConfig& a) {
     if (!spec.exported()) {
       minter.CompileIntake(MintBinding{b.target.get(), spec});
       // Nothing is owed for an intake target: a release's obligation is settled terminally.
-      if (publisher) publisher->EnqueueSettle(spec.name, DetectSm(spec), kBootNoExportDeclaration);
+      if (publisher)
+        publisher->EnqueueSettle(spec.name, SmOrDefault(spec.sm), kBootNoExportDeclaration);
     } else if (spec.lane == LanePolicy::kMandatory && !out.key.empty()) {
       // A mandatory target whose cell faults mints its key again instead of refusing forever.
       b.target->SetOnCellLost(
@@ -244,10 +240,10 @@ Status RunWorker(const WorkerConfig& a) {
   fo.port = a.port >= 0 ? a.port : m.endpoint.port;
   fo.max_concurrency = m.endpoint.max_concurrency;
   fo.events = &events;
-  fo.tls_cert = a.tls_cert;
-  fo.tls_key = a.tls_key;
-  fo.insecure_http = a.insecure_http;
-  fo.max_connections_per_client = a.max_conns_per_client;
+  fo.listener.tls_cert = a.tls_cert;
+  fo.listener.tls_key = a.tls_key;
+  fo.listener.insecure_http = a.insecure_http;
+  fo.listener.max_connections_per_client = a.max_conns_per_client;
   fo.max_body_bytes = static_cast<size_t>(std::max(1, a.max_body_mb)) << 20;
   fo.admin.port = a.admin_port;
   fo.admin.bind = a.admin_bind;
