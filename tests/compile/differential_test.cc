@@ -1155,6 +1155,19 @@ Built BuildGeluMlp() {
 }
 
 // The kernels the compiler made for entry 0 of `b`.
+// Another checkpoint for re-binding: every float weight mapped through f.
+WeightMap MapFloatWeights(const WeightMap& weights, float (*f)(float)) {
+  WeightMap out;
+  for (const auto& [name, w] : weights) {
+    Tensor t = *w.Clone();
+    if (t.dtype() == DType::kFloat32) {
+      for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = f(t.data<float>()[i]);
+    }
+    out.emplace(name, std::move(t));
+  }
+  return out;
+}
+
 Program CompiledProgram(const Built& b) {
   ShapeClass cls;
   for (const auto& [n, t] : b.inputs) cls[n] = t.shape();
@@ -1283,12 +1296,7 @@ TEST(Differential, UnfoldedBatchNormsRunAsConvolutionEpiloguesOnNhwc) {
   EXPECT_EQ(with_epilogue, 2) << p.Dump();
   // y0 out to the caller's row-major buffer; nothing around the normalizations.
   EXPECT_EQ(copies, 1) << p.Dump();
-  WeightMap other;
-  for (const auto& [name, w] : b.weights) {
-    Tensor t = *w.Clone();
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= 1.25f;
-    other.emplace(name, std::move(t));
-  }
+  const WeightMap other = MapFloatWeights(b.weights, [](float v) { return 1.25f * v; });
   RunBuilt(b, 17, 2, "batchnorm", &other);
 }
 
@@ -1334,12 +1342,7 @@ TEST(Differential, TransposedWeightsAreReadAsTheyLie) {
   }
   EXPECT_EQ(gemms, 4) << p.Dump();
   EXPECT_EQ(flipped, 4) << p.Dump();
-  WeightMap other;
-  for (const auto& [name, w] : b.weights) {
-    Tensor t = *w.Clone();
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 0.5f - t.data<float>()[i];
-    other.emplace(name, std::move(t));
-  }
+  const WeightMap other = MapFloatWeights(b.weights, [](float v) { return 0.5f - v; });
   RunBuilt(b, 17, 2, "transposed", &other);
 }
 
@@ -1391,12 +1394,7 @@ TEST(Differential, SlicesWithUnitStepsAreViews) {
     }
   }
   EXPECT_EQ(reference_slices, 1) << p.Dump();  // the one with step 2
-  WeightMap other;
-  for (const auto& [name, w] : b.weights) {
-    Tensor t = *w.Clone();
-    for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = 1.0f - 2.0f * t.data<float>()[i];
-    other.emplace(name, std::move(t));
-  }
+  const WeightMap other = MapFloatWeights(b.weights, [](float v) { return 1.0f - 2.0f * v; });
   RunBuilt(b, 17, 2, "slices", &other);
 }
 

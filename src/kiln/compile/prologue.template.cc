@@ -235,15 +235,9 @@ static inline double kiln_row_sum(const float* x, int64_t n) {
 }
 // Mean and variance of a row, accumulated in double.
 static inline void kiln_row_moments(const float* x, int64_t n, double* mean, double* var) {
+  const double mu = kiln_row_sum(x, n) / (double)n;
   kiln_dv a = {};
   int64_t i = 0;
-  for (; i + KILN_VW <= n; i += KILN_VW) a += __builtin_convertvector(kiln_loadv(x + i), kiln_dv);
-  double s = 0;
-  for (int j = 0; j < KILN_VW; ++j) s += a[j];
-  for (; i < n; ++i) s += x[i];
-  const double mu = s / (double)n;
-  a = (kiln_dv){};
-  i = 0;
   for (; i + KILN_VW <= n; i += KILN_VW) {
     const kiln_dv d = __builtin_convertvector(kiln_loadv(x + i), kiln_dv) - mu;
     a += d * d;
