@@ -243,6 +243,14 @@ const std::vector<Case>& Opset17Cases() {
       {"MaxPool",
        {F({1, 2, 7, 7})},
        All(Ints("kernel_shape", {3, 3}), Ints("strides", {2, 2}), Int("ceil_mode", 1))},
+      // ceil_mode that adds a last, clipped window (8 -> 4, not 3), with and without padding
+      {"MaxPool",
+       {F({1, 3, 8, 8})},
+       All(Ints("kernel_shape", {3, 3}), Ints("strides", {2, 2}), Int("ceil_mode", 1))},
+      {"MaxPool",
+       {F({2, 2, 10, 9})},
+       All(Ints("kernel_shape", {3, 2}), Ints("strides", {2, 3}), Ints("pads", {1, 0, 1, 1}),
+           Int("ceil_mode", 1))},
       // With Indices (output 1), row and column major, and the 8-bit inputs.
       {"MaxPool",
        {F({2, 2, 6, 5})},

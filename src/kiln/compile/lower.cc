@@ -77,10 +77,14 @@ Kernel::Kind ChooseKind(const Node& n, int64_t opset, const std::vector<TensorTy
       in[0].shape.size() == 4) {
     return Kernel::Kind::kPool;
   }
+  // ceil_mode changes only the output's size for MaxPool (the generated loop clips every window
+  // to the input, as padding with -inf would); AveragePool's divisor near the edge would change
+  // too, so it stays a reference kernel there.
   if ((op == "MaxPool" || op == "AveragePool") && all_float() && in[0].shape.size() == 4 &&
       out.size() == 1 && n.outputs.size() == 1 && n.GetString("auto_pad", "NOTSET") == "NOTSET" &&
-      n.GetInt("ceil_mode", 0) == 0 && n.GetInts("kernel_shape", {}).size() == 2 &&
-      n.GetInts("pads", {0, 0, 0, 0}).size() == 4 && n.GetInts("strides", {1, 1}).size() == 2 &&
+      (n.GetInt("ceil_mode", 0) == 0 || op == "MaxPool") &&
+      n.GetInts("kernel_shape", {}).size() == 2 && n.GetInts("pads", {0, 0, 0, 0}).size() == 4 &&
+      n.GetInts("strides", {1, 1}).size() == 2 &&
       n.GetInts("dilations", {1, 1}) == std::vector<int64_t>{1, 1}) {
     return Kernel::Kind::kPool;
   }
