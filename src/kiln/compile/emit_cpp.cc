@@ -185,7 +185,7 @@ class EntryEmitter {
           KILN_RETURN_IF_ERROR(EmitSoftmax(kern));
           break;
         case Kernel::Kind::kReduce:
-          EmitReduce(kern);
+          KILN_RETURN_IF_ERROR(EmitReduce(kern));
           break;
         case Kernel::Kind::kNorm:
           KILN_RETURN_IF_ERROR(EmitNorm(kern));
@@ -842,14 +842,15 @@ class EntryEmitter {
   // A reduction over one contiguous block of axes (lower.cc checked the form): X as
   // [outer, n, inner], Y as [outer, inner] (keepdims changes only Y's shape). Sums accumulate in
   // double, as the interpreter's do; max and min keep NaN.
-  void EmitReduce(const Kernel& k) {
+  Status EmitReduce(const Kernel& k) {
     const Shape& s = Buf(k.inputs[0]).type.shape;
-    const int64_t rank = static_cast<int64_t>(s.size());
-    const std::vector<int64_t> axes = ReduceAxes(k.node, k.opset, rank);
-    const int64_t first = axes.front(), last = axes.back();
+    KILN_ASSIGN_OR_RETURN(const std::vector<bool> reduced,
+                          ReducedDims(k.node, k.opset, Buf(k.inputs[0]).type));
     int64_t outer = 1, n = 1, inner = 1;
-    for (int64_t d = 0; d < rank; ++d) {
-      (d < first ? outer : d > last ? inner : n) *= s[static_cast<size_t>(d)];
+    bool seen = false;
+    for (size_t d = 0; d < s.size(); ++d) {
+      seen = seen || reduced[d];
+      (reduced[d] ? n : seen ? inner : outer) *= s[d];
     }
     const std::string& op = k.node.op_type;
     const bool extreme = op == "ReduceMax" || op == "ReduceMin";
@@ -868,7 +869,7 @@ class EntryEmitter {
       }
       os_ << "    }\n";
       ParClose(r);
-      return;
+      return Status::OK();
     }
     os_ << "    for (int64_t o = " << r.lo << "; o < " << r.hi << "; ++o)\n"
         << "    for (int64_t j = 0; j < " << Lit(inner) << "; ++j) {\n"
@@ -889,6 +890,7 @@ class EntryEmitter {
           << ");\n    }\n";
     }
     ParClose(r);
+    return Status::OK();
   }
 
   // Normalizations in two phases: statistics per normalized group (mean M, then A = scale/std

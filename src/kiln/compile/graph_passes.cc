@@ -1,5 +1,6 @@
 // Graph-level compiler passes: specialize to a shape class, fold structural values, decompose
 // BatchNormalization, remove dead nodes (compile layer). See passes.h for each contract.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
@@ -180,6 +181,12 @@ Status FoldStructuralConstants(Graph& graph) {
 
 Status DecomposeBatchNorm(Graph& graph) {
   if (graph.opset("") < 7) return Status::OK();  // before 7, Sub/Mul/Add broadcast only by flag
+  // Shape inference over the whole graph only when there is something to rewrite.
+  if (std::none_of(graph.nodes.begin(), graph.nodes.end(), [](const Node& n) {
+        return n.domain.empty() && n.op_type == "BatchNormalization";
+      })) {
+    return Status::OK();
+  }
   KILN_ASSIGN_OR_RETURN(InferredGraph inferred, InferShapes(graph, {}, true));
   auto type_of = [&](const std::string& name) -> const TensorType* {
     auto it = inferred.types.find(name);

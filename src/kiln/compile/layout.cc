@@ -23,6 +23,7 @@
 #include <set>
 
 #include "src/kiln/compile/passes.h"
+#include "src/kiln/ops/plans.h"
 #include "src/kiln/runtime/cell_abi.h"
 
 namespace kiln {
@@ -249,8 +250,8 @@ class Planner {
 
   // A Slice with structural bounds and unit steps whose output is an intermediate: the box it
   // cuts starts at `starts` (one per dim) and has the output's shape, so it is a view of its input
-  // (the input's strides, an offset). ONNX clamps each start into [0, dim]; the output shape,
-  // from the op's own shape function, gives each extent. False when it is not such a Slice.
+  // (the input's strides, an offset). The op's own plan (ops/plans.h) reads the bounds. False when
+  // it is not such a Slice.
   bool SliceStarts(const Kernel& k, std::vector<int64_t>* starts) {
     if (k.kind != Kernel::Kind::kReference || k.node.op_type != "Slice" || !k.node.domain.empty() ||
         k.inputs.empty() || k.inputs[0] < 0 || k.outputs.size() != 1) {
@@ -258,50 +259,24 @@ class Planner {
     }
     const Buffer& x = Buf(k.inputs[0]);
     const Buffer& y = Buf(k.outputs[0]);
-    const Shape& xs = x.type.shape;
-    const int64_t rank = static_cast<int64_t>(xs.size());
-    if (y.output_slot >= 0 || y.type.dtype != x.type.dtype || y.type.shape.size() != xs.size()) {
-      return false;
+    if (y.output_slot >= 0 || y.type.dtype != x.type.dtype) return false;
+    std::vector<TensorType> types;
+    std::vector<const Tensor*> values;
+    std::vector<bool> present;
+    for (int in : k.inputs) {
+      present.push_back(in >= 0);
+      types.push_back(in >= 0 ? Buf(in).type : TensorType{});
+      const Buffer* root = in >= 0 ? &Buf(p_.Root(in)) : nullptr;
+      const bool known = root && root->kind == Buffer::Kind::kConst && root->value.valid();
+      values.push_back(known ? &root->value : nullptr);
     }
-    // Structural int64 vectors from inputs (opset >= 10) or attributes (before).
-    auto ints = [&](size_t input, const char* attr, std::vector<int64_t>* out) {
-      if (k.opset < 10) {
-        if (!k.node.HasAttr(attr)) return false;
-        *out = k.node.GetInts(attr, {});
-        return true;
-      }
-      if (input >= k.inputs.size() || k.inputs[input] < 0) return false;
-      const Buffer& c = Buf(p_.Root(k.inputs[input]));
-      if (c.kind != Buffer::Kind::kConst || !c.value.valid()) return false;
-      out->clear();
-      for (int64_t i = 0; i < c.value.numel(); ++i) out->push_back(c.value.GetAsInt64(i));
-      return true;
-    };
-    std::vector<int64_t> begin, axes, steps;
-    if (!ints(1, "starts", &begin)) return false;
-    if (!ints(3, "axes", &axes)) {
-      axes.clear();
-      for (size_t i = 0; i < begin.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+    OpContext ctx(k.node, k.opset, types, values, present);
+    auto plan = PlanSlice(ctx);
+    if (!plan.ok() || plan->out != y.type.shape) return false;
+    for (int64_t st : plan->step) {
+      if (st != 1) return false;
     }
-    if (k.opset >= 10 && k.inputs.size() > 4 && k.inputs[4] >= 0) {
-      if (!ints(4, "steps", &steps)) return false;
-      for (int64_t st : steps) {
-        if (st != 1) return false;
-      }
-    }
-    if (axes.size() != begin.size()) return false;
-    starts->assign(xs.size(), 0);
-    for (size_t i = 0; i < axes.size(); ++i) {
-      int64_t a = axes[i] < 0 ? axes[i] + rank : axes[i];
-      if (a < 0 || a >= rank) return false;
-      const int64_t dim = xs[static_cast<size_t>(a)];
-      int64_t b = begin[i] < 0 ? begin[i] + dim : begin[i];
-      (*starts)[static_cast<size_t>(a)] = std::clamp<int64_t>(b, 0, dim);
-    }
-    for (int64_t d = 0; d < rank; ++d) {
-      const size_t i = static_cast<size_t>(d);
-      if ((*starts)[i] + y.type.shape[i] > xs[i]) return false;
-    }
+    *starts = plan->start;
     return true;
   }
 

@@ -52,13 +52,15 @@ Kernel::Kind ChooseKind(const Node& n, int64_t opset, const std::vector<TensorTy
   const bool reduce_op =
       op == "ReduceMean" || op == "ReduceMax" || op == "ReduceMin" || op == "ReduceSum";
   if (reduce_op && all_float() && in.size() == 1 && out.size() == 1 &&
-      out[0].dtype == DType::kFloat32 && !in[0].shape.empty() && NumElements(in[0].shape) > 0 &&
-      n.GetInt("noop_with_empty_axes", 0) == 0) {
-    const int64_t rank = static_cast<int64_t>(in[0].shape.size());
-    const std::vector<int64_t> axes = ReduceAxes(n, opset, rank);
-    bool ok = !axes.empty() && axes.front() >= 0 && axes.back() < rank;
-    for (size_t i = 1; ok && i < axes.size(); ++i) ok = axes[i] == axes[i - 1] + 1;
-    if (ok) return Kernel::Kind::kReduce;
+      out[0].dtype == DType::kFloat32 && !in[0].shape.empty() && NumElements(in[0].shape) > 0) {
+    if (auto reduced = ReducedDims(n, opset, in[0]); reduced.ok()) {
+      // One contiguous block: the reduced dims are consecutive.
+      const auto first = std::find(reduced->begin(), reduced->end(), true);
+      const auto past = std::find(first, reduced->end(), false);
+      if (first != reduced->end() && std::find(past, reduced->end(), true) == reduced->end()) {
+        return Kernel::Kind::kReduce;
+      }
+    }
   }
   if (op == "InstanceNormalization" && all_float() && in[0].shape.size() >= 3) {
     return Kernel::Kind::kNorm;

@@ -5,6 +5,8 @@
 #include <set>
 #include <sstream>
 
+#include "src/kiln/ops/plans.h"
+
 namespace kiln {
 
 bool IsRowMajor(const Shape& shape, const std::vector<int>& perm) {
@@ -53,16 +55,11 @@ int Program::AddBuffer(Buffer b) {
   return buffers.back().id;
 }
 
-std::vector<int64_t> ReduceAxes(const Node& node, int64_t opset, int64_t rank) {
-  const int64_t axes_input_since = node.op_type == "ReduceSum" ? 13 : 18;
-  std::vector<int64_t> axes;
-  if (opset < axes_input_since) axes = node.GetInts("axes", {});
-  if (axes.empty()) {
-    for (int64_t d = 0; d < rank; ++d) axes.push_back(d);
-  }
-  for (int64_t& a : axes) a = a < 0 ? a + rank : a;
-  std::sort(axes.begin(), axes.end());
-  return axes;
+Result<std::vector<bool>> ReducedDims(const Node& node, int64_t opset, const TensorType& x) {
+  OpContext ctx(node, opset, {x}, {nullptr}, {true});
+  KILN_ASSIGN_OR_RETURN(ReducePlan plan, PlanReduction(ctx));
+  if (plan.noop) return Status::InvalidArgument(node.Describe() + ": reduces nothing");
+  return plan.reduced;
 }
 
 int Program::Root(int id) const {

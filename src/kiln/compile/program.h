@@ -120,10 +120,10 @@ struct Kernel {
   bool trans_w = false;
 };
 
-// The axes a kReduce kernel's node reduces, normalized and sorted: its `axes` attribute, or
-// every axis when it has none or when its opset takes axes as an input (the lowering makes a
-// kReduce only when that input is absent).
-std::vector<int64_t> ReduceAxes(const Node& node, int64_t opset, int64_t rank);
+// The dims a reduction node without an axes input reduces, per dim of its input `x`, as the op's
+// own plan reads them (ops/plans.h); an error for a node that is no reduction of `x` or a
+// noop_with_empty_axes pass-through.
+Result<std::vector<bool>> ReducedDims(const Node& node, int64_t opset, const TensorType& x);
 
 // True for an empty or identity perm, or one that moves only dims of size 1 (same bytes).
 bool IsRowMajor(const Shape& shape, const std::vector<int>& perm);

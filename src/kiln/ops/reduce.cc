@@ -24,6 +24,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "src/kiln/ops/plans.h"
 #include "src/kiln/ops/registry.h"
 
 namespace kiln {
@@ -129,28 +130,19 @@ Status CheckReduce(const Node& node, int64_t opset) {
   return Status::OK();
 }
 
-// Which input dims are reduced, and the output shape.
-struct ReducePlan {
-  bool noop = false;          // empty axes with noop_with_empty_axes=1: output = input
-  std::vector<bool> reduced;  // per input dim
-  Shape kept_shape;           // output shape with reduced dims kept as 1 (its layout)
-  Shape out_shape;            // the declared output shape (kept_shape without them unless keepdims)
-};
-
 std::string AxesToString(const std::vector<int64_t>& axes) {
   std::string s = "[";
   for (size_t i = 0; i < axes.size(); ++i) s += (i ? "," : "") + std::to_string(axes[i]);
   return s + "]";
 }
 
-template <ReduceKind kKind>
-Result<ReducePlan> PlanReduce(const OpContext& ctx) {
+Result<ReducePlan> PlanReduce(const OpContext& ctx, int64_t axes_input_since) {
   const Node& node = ctx.node();
   const Shape& shape = ctx.type(0).shape;
   const int64_t rank = static_cast<int64_t>(shape.size());
   std::vector<int64_t> axes;
   bool noop_with_empty_axes = false;
-  if (ctx.opset() >= AxesInputSince(kKind)) {
+  if (ctx.opset() >= axes_input_since) {
     if (ctx.present(1)) {
       KILN_ASSIGN_OR_RETURN(const Tensor* t, ctx.RequireValue(1, "axes"));
       if (t->dtype() != DType::kInt64 && t->dtype() != DType::kInt32) {
@@ -232,7 +224,7 @@ template <ReduceKind kKind>
 Result<std::vector<TensorType>> InferReduce(const OpContext& ctx) {
   if (!ctx.present(0)) return Status::InvalidArgument(ctx.where() + ": input 0 is absent");
   KILN_RETURN_IF_ERROR(RequireReduceDType(ctx, kKind, ctx.type(0).dtype));
-  KILN_ASSIGN_OR_RETURN(ReducePlan plan, PlanReduce<kKind>(ctx));
+  KILN_ASSIGN_OR_RETURN(ReducePlan plan, PlanReduce(ctx, AxesInputSince(kKind)));
   return std::vector<TensorType>{{ctx.type(0).dtype, plan.out_shape}};
 }
 
@@ -339,7 +331,7 @@ template <ReduceKind kKind>
 Status RunReduce(const OpContext& ctx, std::vector<Tensor>& outputs) {
   const Tensor& x = ctx.in(0);
   KILN_RETURN_IF_ERROR(RequireReduceDType(ctx, kKind, x.dtype()));
-  KILN_ASSIGN_OR_RETURN(ReducePlan plan, PlanReduce<kKind>(ctx));
+  KILN_ASSIGN_OR_RETURN(ReducePlan plan, PlanReduce(ctx, AxesInputSince(kKind)));
   if (plan.noop) {
     if (x.nbytes()) std::memcpy(outputs[0].raw_data(), x.raw_data(), x.nbytes());
     return Status::OK();
@@ -870,6 +862,14 @@ std::vector<OpDef> ReduceOpDefs() {
         OpDef{op.op_type, "", op.since_version, op.until_version, op.check, op.infer, op.run});
   }
   return defs;
+}
+
+int64_t ReduceAxesInputSince(const std::string& op_type) {
+  return AxesInputSince(op_type == "ReduceSum" ? ReduceKind::kSum : ReduceKind::kMean);
+}
+
+Result<ReducePlan> PlanReduction(const OpContext& ctx) {
+  return PlanReduce(ctx, ReduceAxesInputSince(ctx.node().op_type));
 }
 
 }  // namespace kiln

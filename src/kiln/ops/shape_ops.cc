@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "src/kiln/ops/plans.h"
 #include "src/kiln/ops/registry.h"
 
 namespace kiln {
@@ -436,10 +437,7 @@ Status CheckSlice(const Node& node, int64_t opset) {
   return CheckArity(node, 3, 5);
 }
 
-struct SlicePlan {
-  std::vector<int64_t> start, step;  // per input axis
-  Shape out;
-};
+}  // namespace
 
 Result<SlicePlan> PlanSlice(const OpContext& ctx) {
   const Shape& in = ctx.type(0).shape;
@@ -498,6 +496,8 @@ Result<SlicePlan> PlanSlice(const OpContext& ctx) {
   }
   return plan;
 }
+
+namespace {
 
 Result<std::vector<TensorType>> InferSlice(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(SlicePlan plan, PlanSlice(ctx));
