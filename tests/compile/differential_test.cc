@@ -13,6 +13,7 @@
 #include <functional>
 #include <random>
 #include <set>
+#include <sstream>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/loader.h"
@@ -1241,6 +1242,40 @@ TEST(Differential, ConvNetworkRunsChannelsLastAndMatchesEager) {
   // The input into NHWC, c2 and c3 out to the caller's row-major outputs: nothing else.
   EXPECT_EQ(copies, 3) << p.Dump();
   RunBuilt(b, 17, 2, "convnet");
+}
+
+// Which convolutions a cell splits across the thread team is decided when the cell is
+// generated, from an estimate of the work that counts memory traffic as well as arithmetic: a
+// depthwise convolution does few multiply-adds per byte it streams (MobileNetV3's ran on one core
+// while the other waited), a squeeze-excite convolution on a 1x1 map is tiny.
+TEST(Differential, MemoryBoundConvolutionsRunOnTheThreadTeam) {
+  NetBuilder n;
+  n.Input("x", {1, 64, 112, 112});
+  n.Weight("wd", {64, 1, 3, 3});
+  n.Weight("bd", {64});
+  n.Weight("ws", {16, 64, 1, 1});
+  n.Weight("bs", {16});
+  auto& dw = n.Conv("x", "wd", "bd", "d", 1);
+  OnnxBuilder::IntAttr(dw, "group", 64);
+  OnnxBuilder::IntsAttr(dw, "strides", {2, 2});
+  n.b.Node("GlobalAveragePool", {"d"}, {"g"}, "g");
+  n.Conv("g", "ws", "bs", "s", 0);
+  n.outs = {"d", "s"};
+  const Built b = n.Finish("threads");
+  ShapeClass cls;
+  for (const auto& [name, t] : b.inputs) cls[name] = t.shape();
+  auto cell = GenerateCell(*b.graph, Envelope{{cls}}, "threads", CompileOptions{}, nullptr);
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  std::vector<std::string> prepares;
+  std::istringstream lines(cell->source);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("conv2d_prepare(&d[") != std::string::npos) prepares.push_back(line);
+  }
+  ASSERT_EQ(prepares.size(), 2u) << cell->source;
+  // 1.8M multiply-adds over 4 MB: the team. 1K multiply-adds over 4 KB: one thread.
+  EXPECT_NE(prepares[0].find("E->threads, &E->convs[0]"), std::string::npos) << prepares[0];
+  EXPECT_NE(prepares[1].find(", 1, &E->convs[1]"), std::string::npos) << prepares[1];
+  RunBuilt(b, 17, 2, "threads");
 }
 
 // BatchNormalizations as an export that keeps every node writes them (after bias-free

@@ -720,15 +720,23 @@ class EntryEmitter {
     return Status::OK();
   }
 
-  // Convolutions with at most this many multiply-adds run on one thread: a parallel region's
-  // fork and join cost about what splitting ~20 us of work saves, and a small network
-  // (MobileNetV3: ~60 convolutions, most tiny) would otherwise pay it at every one.
-  static constexpr int64_t kSmallConv = int64_t{1} << 21;
+  // Convolutions whose single-thread run is estimated under ~20 us run on one thread: a
+  // parallel region's fork and join cost about what splitting less work saves, and a small
+  // network (MobileNetV3: ~60 convolutions, most tiny) would otherwise pay it at every one. The
+  // estimate counts memory as well as arithmetic, in multiply-add equivalents: dense math runs
+  // at ~100 multiply-adds per ns on a core, memory streams at ~20 bytes per ns, so a byte costs
+  // what 5 multiply-adds do. Depthwise and squeeze-excite convolutions do few multiply-adds per
+  // byte: counted by arithmetic alone, MobileNetV3's ran on one core while the other waited
+  // (a 64-channel depthwise 3x3 at 112x112: 142 us on one thread, 70 us on two).
+  static constexpr int64_t kSmallConvWork = int64_t{1} << 21;
+  static constexpr int64_t kMultiplyAddsPerByte = 5;
   std::string ConvThreads(const Kernel& k) const {
+    const Shape& x = Buf(k.inputs[0]).type.shape;
     const Shape& y = Buf(k.outputs[0]).type.shape;
     const Shape& w = Buf(k.inputs[1]).type.shape;
-    return NumElements(y) * NumElements(Shape(w.begin() + 1, w.end())) <= kSmallConv ? "1"
-                                                                                     : "E->threads";
+    const int64_t macs = NumElements(y) * NumElements(Shape(w.begin() + 1, w.end()));
+    const int64_t bytes = 4 * (NumElements(x) + NumElements(y) + NumElements(w));
+    return macs + kMultiplyAddsPerByte * bytes <= kSmallConvWork ? "1" : "E->threads";
   }
 
   // The entry's bind-time preparation: one prepared convolution per conv with bound weights.
