@@ -993,6 +993,56 @@ TEST(NnDnnlKernels, SgemmLeadingDimsAndErrors) {
   EXPECT_NE(s.message().find("lda=2"), std::string::npos) << s.ToString();
 }
 
+// A prepared convolution or matmul keeps memory objects between runs and points them at each
+// run's buffers; runs on several threads at once must each get their own, or one run reads or
+// writes another's buffers. Every thread runs its own inputs and must get, bit for bit, what a
+// lone run of the same inputs gives.
+TEST(NnDnnlKernels, PreparedKernelsServeConcurrentRunsOnTheirOwnBuffers) {
+  constexpr int kThreads = 4;
+  Conv2dParams p;
+  p.N = 1, p.C = 16, p.H = 12, p.W = 12, p.K = 32, p.R = 3, p.S = 3;
+  p.pad_t = p.pad_l = p.pad_b = p.pad_r = 1;
+  p.layout = 3;  // NHWC: the primitive runs on the caller's buffers
+  const Tensor w = Rand({32, 16, 3, 3}, 11), b = Rand({32}, 12);
+  auto conv = PrepareConv2d(p, w.data<float>(), true, ConvEpilogue{}, 1);
+  ASSERT_TRUE(conv.ok()) << conv.status().ToString();
+  MatmulParams mp;
+  mp.M = 24, mp.K = 40, mp.N = 56;
+  mp.has_bias = true;
+  const Tensor mw = Rand({40, 56}, 13), mb = Rand({56}, 14);
+  auto mm = PrepareMatmul(mp, mw.data<float>(), 1);
+  ASSERT_TRUE(mm.ok()) << mm.status().ToString();
+
+  std::vector<Tensor> xs, as;
+  std::vector<std::vector<float>> want_conv, want_mm;
+  for (int t = 0; t < kThreads; ++t) {
+    xs.push_back(Rand({1, 12, 12, 16}, 20 + t));
+    as.push_back(Rand({24, 40}, 40 + t));
+    want_conv.emplace_back(32 * 12 * 12);
+    want_mm.emplace_back(24 * 56);
+    ASSERT_TRUE(RunConv2d(**conv, xs[t].data<float>(), b.data<float>(), want_conv[t].data()).ok());
+    ASSERT_TRUE(
+        RunMatmul(**mm, as[t].data<float>(), nullptr, mb.data<float>(), want_mm[t].data()).ok());
+  }
+  std::vector<int> mismatches(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<float> y(want_conv[t].size()), c(want_mm[t].size());
+      for (int rep = 0; rep < 200; ++rep) {
+        std::fill(y.begin(), y.end(), -1.0f);
+        std::fill(c.begin(), c.end(), -1.0f);
+        const bool ok =
+            RunConv2d(**conv, xs[t].data<float>(), b.data<float>(), y.data()).ok() &&
+            RunMatmul(**mm, as[t].data<float>(), nullptr, mb.data<float>(), c.data()).ok();
+        if (!ok || y != want_conv[t] || c != want_mm[t]) ++mismatches[t];
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(mismatches[t], 0) << "thread " << t;
+}
+
 TEST(NnDnnlKernels, Conv2dRejectsBadParamsAndIsThreadSafe) {
   Conv2dParams bad;
   bad.C = 4;

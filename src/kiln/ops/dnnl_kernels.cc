@@ -423,6 +423,79 @@ class ScopedScratch {
 
 size_t Align64(size_t n) { return (n + 63) / 64 * 64; }
 
+// The calling thread's stream. A run's primitives execute in order on the thread that calls
+// them, so one stream per thread serves them all; making one per call allocated each time.
+dnnl::stream& ThreadStream() {
+  thread_local dnnl::stream stream(CpuEngine());
+  return stream;
+}
+
+// Memory objects for the plain-layout arguments of one run of a prepared kernel (activations,
+// bias, scratchpad), made once and pointed at each run's buffers: creating them per call cost
+// a few allocations each, at every one of a small network's ~60 kernels. A kernel keeps a free
+// list so concurrent runs each hold their own set. Plain and byte layouts have no padding, so
+// re-pointing them never zero-fills anything.
+class ArgSets {
+ public:
+  // The descriptors of the set's memories, in a fixed order the kernel indexes by.
+  explicit ArgSets(std::vector<dnnl::memory::desc> mds) : mds_(std::move(mds)) {}
+  class Lease {
+   public:
+    Lease(ArgSets* owner, std::unique_ptr<std::vector<dnnl::memory>> set)
+        : owner_(owner), set_(std::move(set)) {}
+    ~Lease() { owner_->Give(std::move(set_)); }
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    // Memory `i` pointed at `p` (p may be null when the argument is absent).
+    dnnl_memory_t At(size_t i, const void* p) const {
+      dnnl::memory& m = (*set_)[i];
+      m.set_data_handle(const_cast<void*>(p));
+      return m.get();
+    }
+
+   private:
+    ArgSets* owner_;
+    std::unique_ptr<std::vector<dnnl::memory>> set_;
+  };
+  // Throws dnnl::error or std::bad_alloc when a new set must be made and cannot be.
+  Lease Take() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!free_.empty()) {
+        auto set = std::move(free_.back());
+        free_.pop_back();
+        return Lease(this, std::move(set));
+      }
+    }
+    auto set = std::make_unique<std::vector<dnnl::memory>>();
+    for (const auto& md : mds_) {
+      // An absent argument (no bias, no scratchpad) keeps an empty slot.
+      if (md.get_size() == 0) {
+        set->emplace_back();
+      } else {
+        set->emplace_back(md, CpuEngine(), nullptr);
+      }
+    }
+    return Lease(this, std::move(set));
+  }
+
+ private:
+  void Give(std::unique_ptr<std::vector<dnnl::memory>> set) {
+    if (!set) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    free_.push_back(std::move(set));
+  }
+  std::vector<dnnl::memory::desc> mds_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<std::vector<dnnl::memory>>> free_;
+};
+
+// Executes `prim` with `n` arguments on the calling thread's stream and waits for it.
+void ExecuteArgs(const dnnl::primitive& prim, const dnnl_exec_arg_t* args, int n) {
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(prim.get(), ThreadStream().get(), n, args),
+                          "could not execute a primitive");
+}
+
 }  // namespace
 
 class PreparedConv2d {
@@ -434,7 +507,11 @@ class PreparedConv2d {
   std::shared_ptr<const ConvPrimitive> cp;
   dnnl::memory weights;  // in the primitive's layout (owned), or a view of the user's weights
   size_t src_bytes = 0, dst_bytes = 0, scratch_bytes = 0;
+  // kConv* order: the caller's x and y, the bias, the convolution's scratchpad.
+  std::unique_ptr<ArgSets> args;
 };
+
+enum { kConvX = 0, kConvY, kConvBias, kConvScratch };
 
 void PreparedConv2dDeleter::operator()(PreparedConv2d* c) const { delete c; }
 
@@ -473,6 +550,10 @@ Result<PreparedConv2dPtr> PrepareConv2d(const Conv2dParams& p, const float* w, b
     }
     c->scratch_bytes = Align64(sp);
     ScratchPool::Get().Reserve(c->src_bytes + c->dst_bytes + c->scratch_bytes);
+    c->args = std::make_unique<ArgSets>(std::vector<dnnl::memory::desc>{
+        cp.user_src, cp.user_dst, has_bias ? cp.bias : dnnl::memory::desc(),
+        cp.pd.scratchpad_desc()});
+    c->args->Take();  // one set made now: a first run allocates no more than the next
     return c;
   } catch (...) {
     return ErrorFromException(what);
@@ -480,43 +561,61 @@ Result<PreparedConv2dPtr> PrepareConv2d(const Conv2dParams& p, const float* w, b
 }
 
 Status RunConv2d(const PreparedConv2d& c, const float* x, const float* bias, float* y) {
+  if (c.has_bias && bias == nullptr) {
+    return Status::InvalidArgument(ShapeOf(c.p) + ": bias expected");
+  }
   try {
     ScopedThreads threads(c.threads);
     const ConvPrimitive& cp = *c.cp;
-    const dnnl::engine& eng = CpuEngine();
     ScopedScratch scratch(c.src_bytes + c.dst_bytes + c.scratch_bytes);
     char* base = scratch.data();
     char* sp_ptr = base + c.src_bytes + c.dst_bytes;
-    dnnl::stream stream(eng);
-    auto run = [&](const dnnl::primitive& prim, const dnnl::memory::desc& sp_md,
-                   std::unordered_map<int, dnnl::memory> args) {
-      if (sp_md.get_size() > 0) args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(sp_md, eng, sp_ptr));
-      prim.execute(stream, args);
-    };
-    dnnl::memory src(cp.user_src, eng, const_cast<float*>(x));
-    dnnl::memory dst(cp.user_dst, eng, y);
-    if (cp.src_reorder) {
-      dnnl::memory blocked(cp.pd.src_desc(), eng, base);
-      run(cp.src_reorder->prim, cp.src_reorder->scratchpad,
-          {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, blocked}});
-      src = blocked;
-    }
-    dnnl::memory conv_dst =
-        cp.dst_reorder ? dnnl::memory(cp.pd.dst_desc(), eng, base + c.src_bytes) : dst;
-    if (cp.dst_in_reorder) {
-      run(cp.dst_in_reorder->prim, cp.dst_in_reorder->scratchpad,
-          {{DNNL_ARG_FROM, dst}, {DNNL_ARG_TO, conv_dst}});
-    }
-    std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, c.weights}, {DNNL_ARG_DST, conv_dst}};
-    if (c.has_bias) {
-      if (bias == nullptr) return Status::InvalidArgument(ShapeOf(c.p) + ": bias expected");
-      args.emplace(DNNL_ARG_BIAS, dnnl::memory(cp.bias, eng, const_cast<float*>(bias)));
-    }
-    run(cp.conv, cp.pd.scratchpad_desc(), std::move(args));
-    if (cp.dst_reorder) {
-      run(cp.dst_reorder->prim, cp.dst_reorder->scratchpad,
-          {{DNNL_ARG_FROM, conv_dst}, {DNNL_ARG_TO, dst}});
+    const ArgSets::Lease set = c.args->Take();
+    dnnl::stream& stream = ThreadStream();
+    if (!cp.src_reorder && !cp.dst_reorder && !cp.dst_in_reorder) {
+      // The compiler's NHWC convolutions: the primitive runs on the caller's buffers as they are.
+      dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, set.At(kConvX, x)},
+                                 {DNNL_ARG_WEIGHTS, c.weights.get()},
+                                 {DNNL_ARG_DST, set.At(kConvY, y)}};
+      int n = 3;
+      if (c.has_bias) args[n++] = {DNNL_ARG_BIAS, set.At(kConvBias, bias)};
+      if (cp.pd.scratchpad_desc().get_size() > 0) {
+        args[n++] = {DNNL_ARG_SCRATCHPAD, set.At(kConvScratch, sp_ptr)};
+      }
+      ExecuteArgs(cp.conv, args, n);
+    } else {
+      const dnnl::engine& eng = CpuEngine();
+      auto run = [&](const dnnl::primitive& prim, const dnnl::memory::desc& sp_md,
+                     std::unordered_map<int, dnnl::memory> args) {
+        if (sp_md.get_size() > 0) {
+          args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(sp_md, eng, sp_ptr));
+        }
+        prim.execute(stream, args);
+      };
+      dnnl::memory src(cp.user_src, eng, const_cast<float*>(x));
+      dnnl::memory dst(cp.user_dst, eng, y);
+      if (cp.src_reorder) {
+        dnnl::memory blocked(cp.pd.src_desc(), eng, base);
+        run(cp.src_reorder->prim, cp.src_reorder->scratchpad,
+            {{DNNL_ARG_FROM, src}, {DNNL_ARG_TO, blocked}});
+        src = blocked;
+      }
+      dnnl::memory conv_dst =
+          cp.dst_reorder ? dnnl::memory(cp.pd.dst_desc(), eng, base + c.src_bytes) : dst;
+      if (cp.dst_in_reorder) {
+        run(cp.dst_in_reorder->prim, cp.dst_in_reorder->scratchpad,
+            {{DNNL_ARG_FROM, dst}, {DNNL_ARG_TO, conv_dst}});
+      }
+      std::unordered_map<int, dnnl::memory> args{
+          {DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, c.weights}, {DNNL_ARG_DST, conv_dst}};
+      if (c.has_bias) {
+        args.emplace(DNNL_ARG_BIAS, dnnl::memory(cp.bias, eng, const_cast<float*>(bias)));
+      }
+      run(cp.conv, cp.pd.scratchpad_desc(), std::move(args));
+      if (cp.dst_reorder) {
+        run(cp.dst_reorder->prim, cp.dst_reorder->scratchpad,
+            {{DNNL_ARG_FROM, conv_dst}, {DNNL_ARG_TO, dst}});
+      }
     }
     stream.wait();
   } catch (...) {
@@ -539,7 +638,11 @@ class PreparedMatmul {
   bool bound = false;
   bool activation_in_primitive = false;  // else RunMatmul applies it (ApplyPostOp) afterwards
   size_t scratch_bytes = 0;
+  // kMatmul* order: A, a run-time W, C, the bias, the scratchpad.
+  std::unique_ptr<ArgSets> args;
 };
+
+enum { kMatmulA = 0, kMatmulW, kMatmulC, kMatmulBias, kMatmulScratch };
 
 void PreparedMatmulDeleter::operator()(PreparedMatmul* m) const { delete m; }
 
@@ -648,6 +751,10 @@ Result<PreparedMatmulPtr> PrepareMatmul(const MatmulParams& p, const float* w, i
     }
     m->scratch_bytes = Align64(m->pd.scratchpad_desc().get_size());
     ScratchPool::Get().Reserve(m->scratch_bytes);
+    m->args = std::make_unique<ArgSets>(std::vector<dnnl::memory::desc>{
+        m->a_md, m->bound ? dnnl::memory::desc() : m->w_md, m->c_md,
+        p.has_bias ? m->bias_md : dnnl::memory::desc(), m->pd.scratchpad_desc()});
+    m->args->Take();  // one set made now: a first run allocates no more than the next
     return m;
   } catch (...) {
     return ErrorFromException(what);
@@ -662,21 +769,17 @@ Status RunMatmul(const PreparedMatmul& m, const float* a, const float* w, const 
       return Status::InvalidArgument(ShapeOf(m.p) + ": bias expected");
     }
     ScopedThreads threads(m.threads);
-    const dnnl::engine& eng = CpuEngine();
     ScopedScratch scratch(m.scratch_bytes);
-    dnnl::stream stream(eng);
-    std::unordered_map<int, dnnl::memory> args{
-        {DNNL_ARG_SRC, dnnl::memory(m.a_md, eng, const_cast<float*>(a))},
-        {DNNL_ARG_WEIGHTS, m.bound ? m.weights : dnnl::memory(m.w_md, eng, const_cast<float*>(w))},
-        {DNNL_ARG_DST, dnnl::memory(m.c_md, eng, c)}};
-    if (m.p.has_bias) {
-      args.emplace(DNNL_ARG_BIAS, dnnl::memory(m.bias_md, eng, const_cast<float*>(bias)));
-    }
-    if (m.scratch_bytes > 0) {
-      args.emplace(DNNL_ARG_SCRATCHPAD, dnnl::memory(m.pd.scratchpad_desc(), eng, scratch.data()));
-    }
-    m.prim.execute(stream, args);
-    stream.wait();
+    const ArgSets::Lease set = m.args->Take();
+    dnnl_exec_arg_t args[5] = {{DNNL_ARG_SRC, set.At(kMatmulA, a)},
+                               {DNNL_ARG_WEIGHTS, m.bound ? m.weights.get() : set.At(kMatmulW, w)},
+                               {DNNL_ARG_DST, set.At(kMatmulC, c)}};
+    int n = 3;
+    if (m.p.has_bias) args[n++] = {DNNL_ARG_BIAS, set.At(kMatmulBias, bias)};
+    if (m.scratch_bytes > 0)
+      args[n++] = {DNNL_ARG_SCRATCHPAD, set.At(kMatmulScratch, scratch.data())};
+    ExecuteArgs(m.prim, args, n);
+    ThreadStream().wait();
   } catch (...) {
     return ErrorFromException(ShapeOf(m.p));
   }
