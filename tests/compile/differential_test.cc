@@ -1247,16 +1247,18 @@ TEST(Differential, ConvNetworkRunsChannelsLastAndMatchesEager) {
 // Which convolutions a cell splits across the thread team is decided when the cell is
 // generated, from an estimate of the work that counts memory traffic as well as arithmetic: a
 // depthwise convolution does few multiply-adds per byte it streams (MobileNetV3's ran on one core
-// while the other waited), a squeeze-excite convolution on a 1x1 map is tiny.
+// while the other waited), a squeeze-excite convolution on a 1x1 map is tiny. A global pool has
+// one output pixel per image, so its channels are split among the team, the last block short
+// (72 = 4 x 16 + 8).
 TEST(Differential, MemoryBoundConvolutionsRunOnTheThreadTeam) {
   NetBuilder n;
-  n.Input("x", {1, 64, 112, 112});
-  n.Weight("wd", {64, 1, 3, 3});
-  n.Weight("bd", {64});
-  n.Weight("ws", {16, 64, 1, 1});
+  n.Input("x", {1, 72, 112, 112});
+  n.Weight("wd", {72, 1, 3, 3});
+  n.Weight("bd", {72});
+  n.Weight("ws", {16, 72, 1, 1});
   n.Weight("bs", {16});
   auto& dw = n.Conv("x", "wd", "bd", "d", 1);
-  OnnxBuilder::IntAttr(dw, "group", 64);
+  OnnxBuilder::IntAttr(dw, "group", 72);
   OnnxBuilder::IntsAttr(dw, "strides", {2, 2});
   n.b.Node("GlobalAveragePool", {"d"}, {"g"}, "g");
   n.Conv("g", "ws", "bs", "s", 0);
@@ -1272,9 +1274,14 @@ TEST(Differential, MemoryBoundConvolutionsRunOnTheThreadTeam) {
     if (line.find("conv2d_prepare(&d[") != std::string::npos) prepares.push_back(line);
   }
   ASSERT_EQ(prepares.size(), 2u) << cell->source;
-  // 1.8M multiply-adds over 4 MB: the team. 1K multiply-adds over 4 KB: one thread.
+  // 2M multiply-adds over 4.5 MB: the team. 1K multiply-adds over 5 KB: one thread.
   EXPECT_NE(prepares[0].find("E->threads, &E->convs[0]"), std::string::npos) << prepares[0];
   EXPECT_NE(prepares[1].find(", 1, &E->convs[1]"), std::string::npos) << prepares[1];
+  const size_t pool = cell->source.find(": GlobalAveragePool\n");
+  ASSERT_NE(pool, std::string::npos) << cell->source;
+  const std::string pool_kernel =
+      cell->source.substr(pool, cell->source.find("// kernel", pool) - pool);
+  EXPECT_NE(pool_kernel.find("kiln_par(H, E->threads, 5LL,"), std::string::npos) << pool_kernel;
   RunBuilt(b, 17, 2, "threads");
 }
 

@@ -1432,10 +1432,23 @@ class EntryEmitter {
     }
     const bool include_pad = k.node.GetInt("count_include_pad", 0) != 0;
     const std::string X = B(k.inputs[0]), Y = B(k.outputs[0]);
-    const Range r = ParOpen(y[0] * OH * OW, NumElements(x));
-    os_ << "    for (int64_t q = " << r.lo << "; q < " << r.hi << "; ++q) {\n"
-        << "      const int64_t n = q / " << Lit(OH * OW) << ", oh = (q / " << Lit(OW) << ") % "
-        << Lit(OH) << ", ow = q % " << Lit(OW) << ";\n"
+    // A pool with few output pixels (a global pool has one per image) would leave the team
+    // nothing to split, so its channels are split too, in blocks of one AVX-512 vector.
+    const int64_t pixels = y[0] * OH * OW;
+    const int64_t cb = pixels < 8 && C > 16 ? 16 : C;
+    const int64_t nc = (C + cb - 1) / cb;
+    const std::string c0 = nc == 1 ? "0" : "c0", c1 = nc == 1 ? Lit(C) : "c1";
+    const Range r = ParOpen(pixels * nc, NumElements(x));
+    os_ << "    for (int64_t q = " << r.lo << "; q < " << r.hi << "; ++q) {\n";
+    if (nc == 1) {
+      os_ << "      const int64_t pix = q;\n";
+    } else {
+      os_ << "      const int64_t pix = q / " << Lit(nc) << ", c0 = (q % " << Lit(nc) << ") * "
+          << Lit(cb) << ", c1 = c0 + " << Lit(cb) << " < " << Lit(C) << " ? c0 + " << Lit(cb)
+          << " : " << Lit(C) << ";\n";
+    }
+    os_ << "      const int64_t n = pix / " << Lit(OH * OW) << ", oh = (pix / " << Lit(OW) << ") % "
+        << Lit(OH) << ", ow = pix % " << Lit(OW) << ";\n"
         << "      float* y = " << Y << " + n * " << Lit(ys[0]) << " + oh * " << Lit(ys[2])
         << " + ow * " << Lit(ys[3]) << ";\n"
         << "      const float* x = " << X << " + n * " << Lit(xs[0]) << ";\n"
@@ -1447,14 +1460,14 @@ class EntryEmitter {
         << "      const int64_t kw1 = w0 + " << Lit(kernel[1]) << " > " << Lit(W) << " ? " << Lit(W)
         << " - w0 : " << Lit(kernel[1]) << ";\n"
         << "      #pragma GCC ivdep\n"
-        << "      for (int64_t c = 0; c < " << Lit(C) << "; ++c) y[c * " << Lit(ys[1])
+        << "      for (int64_t c = " << c0 << "; c < " << c1 << "; ++c) y[c * " << Lit(ys[1])
         << "] = " << (max ? "-INFINITY" : "0.0f") << ";\n"
         << "      for (int64_t kh = kh0; kh < kh1; ++kh)\n"
         << "        for (int64_t kw = kw0; kw < kw1; ++kw) {\n"
         << "          const float* xp = x + (h0 + kh) * " << Lit(xs[2]) << " + (w0 + kw) * "
         << Lit(xs[3]) << ";\n"
         << "          #pragma GCC ivdep\n"
-        << "          for (int64_t c = 0; c < " << Lit(C) << "; ++c) {\n"
+        << "          for (int64_t c = " << c0 << "; c < " << c1 << "; ++c) {\n"
         << "            const float v = xp[c * " << Lit(xs[1]) << "];\n";
     if (max) {  // NaN wins, as in the reference kernel
       os_ << "            float* a = &y[c * " << Lit(ys[1]) << "];\n"
@@ -1468,7 +1481,7 @@ class EntryEmitter {
           include_pad ? Lit(kernel[0] * kernel[1]) : "((kh1 - kh0) * (kw1 - kw0))";
       os_ << "      const float inv = 1.0f / (float)" << count << ";\n"
           << "      #pragma GCC ivdep\n"
-          << "      for (int64_t c = 0; c < " << Lit(C) << "; ++c) y[c * " << Lit(ys[1])
+          << "      for (int64_t c = " << c0 << "; c < " << c1 << "; ++c) y[c * " << Lit(ys[1])
           << "] *= inv;\n";
     }
     os_ << "    }\n";
