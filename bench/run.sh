@@ -129,7 +129,7 @@ m = {"date_utc": stamp, "set": bset, "cpus": int(nproc), "cpu": cpu, "git": git,
      "OMP_WAIT_POLICY": "PASSIVE for torch only",
      "loadavg_start": open("/proc/loadavg").read().split()[0]}
 for k in ("OPENBLAS_CORETYPE", "OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
-          "KILN_SM_CEILING", "GOMP_SPINCOUNT"):
+          "KILN_SM_CEILING", "GOMP_SPINCOUNT", "OMP_WAIT_POLICY", "GLIBC_TUNABLES"):
     if os.environ.get(k) is not None:
         m[k + " (environment)"] = os.environ[k]
 print(json.dumps({"meta": m}))

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
 #include "src/kiln/cli/commands.h"
@@ -129,6 +131,42 @@ class CliCellTest : public ::testing::Test {
   }
   std::string cache_;
 };
+
+// kiln sets two runtime settings for itself, and so for what it starts, unless the environment
+// already makes them: glibc's malloc backs large allocations with transparent huge pages, and the
+// OpenMP team spins only briefly at barriers. Seen from the compiler a mint runs.
+TEST_F(CliCellTest, RuntimeSettingsAreSetUnlessTheEnvironmentMakesThem) {
+  const std::string dir = cache_ + "-cxx";
+  std::filesystem::create_directories(dir);
+  const std::string env_file = dir + "/env.txt";
+  {
+    std::FILE* f = std::fopen((dir + "/c++").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fprintf(f, "#!/bin/sh\nenv >> %s\nexec /usr/bin/c++ \"$@\"\n", env_file.c_str());
+    std::fclose(f);
+    ::chmod((dir + "/c++").c_str(), 0755);
+  }
+  auto mint_env = [&](const std::string& env) {
+    std::filesystem::remove_all(cache_);
+    std::filesystem::remove(env_file);
+    const std::string cmd = "env -u GLIBC_TUNABLES -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY " + env +
+                            " KILN_CXX=" + dir + "/c++ " + kKiln + " mint --manifest " + kExamples +
+                            "/mlp/kiln.toml >/dev/null 2>&1";
+    EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    std::ifstream in(env_file);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const std::string defaults = mint_env("");
+  EXPECT_NE(defaults.find("\nGLIBC_TUNABLES=glibc.malloc.hugetlb=1\n"), std::string::npos)
+      << defaults;
+  EXPECT_NE(defaults.find("\nGOMP_SPINCOUNT=10000\n"), std::string::npos) << defaults;
+  const std::string chosen =
+      mint_env("GLIBC_TUNABLES=glibc.malloc.hugetlb=0 OMP_WAIT_POLICY=PASSIVE");
+  EXPECT_NE(chosen.find("\nGLIBC_TUNABLES=glibc.malloc.hugetlb=0\n"), std::string::npos) << chosen;
+  EXPECT_NE(chosen.find("\nOMP_WAIT_POLICY=PASSIVE\n"), std::string::npos) << chosen;
+  EXPECT_EQ(chosen.find("GOMP_SPINCOUNT="), std::string::npos) << chosen;
+  std::filesystem::remove_all(dir);
+}
 
 TEST_F(CliCellTest, KeyMintInspectAndRunCompiled) {
   const std::string manifest = kExamples + "/mlp/kiln.toml";
