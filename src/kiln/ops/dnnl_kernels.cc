@@ -776,8 +776,9 @@ Status RunMatmul(const PreparedMatmul& m, const float* a, const float* w, const 
                                {DNNL_ARG_DST, set.At(kMatmulC, c)}};
     int n = 3;
     if (m.p.has_bias) args[n++] = {DNNL_ARG_BIAS, set.At(kMatmulBias, bias)};
-    if (m.scratch_bytes > 0)
+    if (m.scratch_bytes > 0) {
       args[n++] = {DNNL_ARG_SCRATCHPAD, set.At(kMatmulScratch, scratch.data())};
+    }
     ExecuteArgs(m.prim, args, n);
     ThreadStream().wait();
   } catch (...) {
