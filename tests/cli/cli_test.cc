@@ -154,7 +154,7 @@ TEST_F(CliCellTest, RuntimeSettingsAreSetUnlessTheEnvironmentMakesThem) {
                             "/mlp/kiln.toml >/dev/null 2>&1";
     EXPECT_EQ(std::system(cmd.c_str()), 0) << cmd;
     std::ifstream in(env_file);
-    return std::string(std::istreambuf_iterator<char>(in), {});
+    return "\n" + std::string(std::istreambuf_iterator<char>(in), {});  // every line after a \n
   };
   const std::string defaults = mint_env("");
   EXPECT_NE(defaults.find("\nGLIBC_TUNABLES=glibc.malloc.hugetlb=1\n"), std::string::npos)

@@ -22,8 +22,8 @@ namespace {
 // at 4 KiB per TLB entry: backed by transparent huge pages, BERT-base ran 12-15% faster, ResNet-50
 // 15-20% and a wide MLP 8-15%, for 1-3 MB more resident memory (measured on 2 cores, AVX-512).
 // glibc's malloc asks for them (madvise) on its large mappings when told to, which also covers
-// what oneDNN allocates; where the kernel's THP setting is "never", the hint does nothing.
-// Unless GLIBC_TUNABLES is set.
+// what oneDNN allocates; where the kernel's THP setting is "never", the hint does nothing. kiln
+// sets the tunable unless GLIBC_TUNABLES is set.
 constexpr const char* kSpinCount = "10000";
 constexpr const char* kMallocTunables = "glibc.malloc.hugetlb=1";
 
