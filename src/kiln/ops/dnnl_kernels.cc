@@ -507,6 +507,7 @@ class PreparedConv2d {
   std::shared_ptr<const ConvPrimitive> cp;
   dnnl::memory weights;  // in the primitive's layout (owned), or a view of the user's weights
   size_t src_bytes = 0, dst_bytes = 0, scratch_bytes = 0;
+  bool conv_scratchpad = false;  // the convolution itself takes a scratchpad argument
   // kConv* order: the caller's x and y, the bias, the convolution's scratchpad.
   std::unique_ptr<ArgSets> args;
 };
@@ -545,6 +546,7 @@ Result<PreparedConv2dPtr> PrepareConv2d(const Conv2dParams& p, const float* w, b
     if (cp.src_reorder) c->src_bytes = Align64(cp.pd.src_desc().get_size());
     if (cp.dst_reorder) c->dst_bytes = Align64(cp.pd.dst_desc().get_size());
     size_t sp = cp.pd.scratchpad_desc().get_size();
+    c->conv_scratchpad = sp > 0;
     for (const auto* r : {&cp.src_reorder, &cp.dst_reorder, &cp.dst_in_reorder}) {
       if (*r) sp = std::max(sp, (*r)->scratchpad.get_size());
     }
@@ -579,9 +581,7 @@ Status RunConv2d(const PreparedConv2d& c, const float* x, const float* bias, flo
                                  {DNNL_ARG_DST, set.At(kConvY, y)}};
       int n = 3;
       if (c.has_bias) args[n++] = {DNNL_ARG_BIAS, set.At(kConvBias, bias)};
-      if (cp.pd.scratchpad_desc().get_size() > 0) {
-        args[n++] = {DNNL_ARG_SCRATCHPAD, set.At(kConvScratch, sp_ptr)};
-      }
+      if (c.conv_scratchpad) args[n++] = {DNNL_ARG_SCRATCHPAD, set.At(kConvScratch, sp_ptr)};
       ExecuteArgs(cp.conv, args, n);
     } else {
       const dnnl::engine& eng = CpuEngine();
@@ -846,7 +846,7 @@ Status Conv2d(const Conv2dParams& p, const float* x, const float* w, const float
     std::shared_ptr<const ConvPrimitive> cp =
         ConvCache::Get().Lookup({p, bias != nullptr, threads.effective()});
     const dnnl::engine& eng = CpuEngine();
-    dnnl::stream stream(eng);
+    dnnl::stream& stream = ThreadStream();
     dnnl::memory src(cp->user_src, eng, const_cast<float*>(x));
     dnnl::memory wei(cp->user_wei, eng, const_cast<float*>(w));
     dnnl::memory dst(cp->user_dst, eng, y);
