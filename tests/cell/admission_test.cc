@@ -249,9 +249,9 @@ TEST(AdmissionTest, AdmittingInPiecesAgreesWithAdmittingBytes) {
         EXPECT_EQ(pieces->source_digest, "sha256:" + Sha256Hex(whole->files.source));
         EXPECT_EQ(bytes.substr(pieces->layout.source.offset, pieces->layout.source.size),
                   whole->files.source);
-        EXPECT_EQ(bytes.substr(pieces->layout.shared_object.offset,
-                               pieces->layout.shared_object.size),
-                  whole->files.shared_object);
+        EXPECT_EQ(
+            bytes.substr(pieces->layout.shared_object.offset, pieces->layout.shared_object.size),
+            whole->files.shared_object);
       }
     }
   }

@@ -44,6 +44,9 @@ TEST(ProvenanceTest, SourceDirectivesAllowOnlyToolchainHeadersInAngleBrackets) {
       {"__asm__", "__asm__ volatile(\"nop\");\n", 1},
       {"asm in a macro body", "#define M asm(\"nop\")\n", 1},
       {"text after the header", "#include <stdio.h> \"/etc/passwd\"\n", 1},
+      {"token pasting", "#define CAT(a, b) a##b\nCAT(as, m)(\"nop\");\n", 1},
+      {"digraph pasting", "#define CAT(a, b) a%:%:b\n", 1},
+      {"a stringized argument", "#define S(a) #a\nconst char* s = S(x);\n", 0},
   };
   for (const Case& c : cases) {
     const Status s = CheckSourceDirectives(c.source);
@@ -61,19 +64,19 @@ TEST(ProvenanceTest, SourceDirectivesAllowOnlyToolchainHeadersInAngleBrackets) {
 
 TEST(ProvenanceTest, PreprocessedOutputMayEnterOnlyTheSourceAndTheToolchainHeaders) {
   const std::string src = "/w/build/cell.cc";
-  const std::vector<std::string> dirs = {"/usr/include", "/usr/lib/gcc/x86_64-linux-gnu/12/include"};
+  const std::vector<std::string> dirs = {"/usr/include",
+                                         "/usr/lib/gcc/x86_64-linux-gnu/12/include"};
   const std::string ok =
       "# 1 \"/w/build/cell.cc\"\n# 1 \"<built-in>\"\n# 1 \"<command-line>\"\n"
       "# 1 \"/usr/include/math.h\" 1 3 4\nextern double sin(double) __asm__(\"x\");\n"
       "# 2 \"/w/build/cell.cc\" 2\nint f() { return 1; }\n";
   EXPECT_TRUE(CheckPreprocessed(ok, src, dirs).ok());
   // A header reached through `..` stays under the toolchain's directories or is refused.
-  EXPECT_TRUE(
-      CheckPreprocessed("# 1 \"/usr/include/c++/12/../../x86_64-linux-gnu/bits/a.h\" 1\n", src,
-                        dirs)
-          .ok());
-  const Status outside = CheckPreprocessed(
-      "# 1 \"/w/build/cell.cc\"\n# 1 \"/etc/passwd\" 1\nroot:x:0:0\n", src, dirs);
+  EXPECT_TRUE(CheckPreprocessed("# 1 \"/usr/include/c++/12/../../x86_64-linux-gnu/bits/a.h\" 1\n",
+                                src, dirs)
+                  .ok());
+  const Status outside =
+      CheckPreprocessed("# 1 \"/w/build/cell.cc\"\n# 1 \"/etc/passwd\" 1\nroot:x:0:0\n", src, dirs);
   EXPECT_TRUE(outside.Is(kRefusalIncludeRefused)) << outside.ToString();
   EXPECT_EQ(outside.message().find("root:x"), std::string::npos) << outside.message();
   const Status escaped = CheckPreprocessed("# 1 \"/usr/include/../../etc/passwd\" 1\n", src, dirs);
@@ -96,9 +99,9 @@ TEST(ProvenanceTest, DiagnosticsAreReducedToALineOfTheSource) {
   EXPECT_NE(reduced.find("line 802"), std::string::npos) << reduced;
   EXPECT_EQ(reduced.find("root"), std::string::npos) << reduced;
   EXPECT_EQ(reduced.find("secret"), std::string::npos) << reduced;
-  EXPECT_EQ(ReduceDiagnostics("ld: undefined reference to `x'", "/w/build/cell.cc")
-                .find("undefined"),
-            std::string::npos);
+  EXPECT_EQ(
+      ReduceDiagnostics("ld: undefined reference to `x'", "/w/build/cell.cc").find("undefined"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -179,6 +179,13 @@ class Scanner {
       SkipLiteral(false);
       return Status::OK();
     }
+    if (c == '#' && Peek(1) == '#') {
+      // Pasting builds identifiers no scan of the text can see (`as ## m`).
+      return IncludeRefused(Line(), "token pasting (##) is not allowed");
+    }
+    if (c == '%' && Peek(1) == ':' && Peek(2) == '%' && Peek(3) == ':') {
+      return IncludeRefused(Line(), "token pasting (%:%:) is not allowed");
+    }
     if (c >= '0' && c <= '9') {  // a number, with its digit separators and exponents
       while (i_ < s_.text.size() &&
              (IsIdentChar(s_.text[i_]) || s_.text[i_] == '.' || s_.text[i_] == '\'')) {

@@ -49,8 +49,8 @@ Status CompareRebuild(const std::string& published, const std::string& rebuilt);
 //   - #include not in the form `#include <name>` with a relative name without `..` (a quoted
 //     name, an absolute path, a name computed by a macro), and #include_next, #import, #embed;
 //   - `#pragma GCC dependency` and `__has_include` (they read or probe files), `_Pragma` (a pragma
-//     built by a macro), and inline assembly (`asm`, which can read a file at assembly time with
-//     .incbin or .include).
+//     built by a macro), inline assembly (`asm`, which can read a file at assembly time with
+//     .incbin or .include), and token pasting (`##`, which can build `asm` out of pieces).
 // Comments, string and character literals (raw ones too) are skipped; `%:` counts as `#`; a
 // backslash-newline continues a line.
 inline constexpr const char* kRefusalIncludeRefused = "include_refused";
