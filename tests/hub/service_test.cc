@@ -5,7 +5,10 @@
 // sandboxed builder runs in tests/worker/trust_e2e_test.cc.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <filesystem>
+#include <thread>
 
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/cell/pack.h"
@@ -29,13 +32,15 @@ class ScriptedBuilder final : public CellBuilder {
                                      const RebuildRequester& who) override {
     ++calls;
     last_requester = who;
+    if (delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
     if (!refusal.ok()) return refusal;
     return RebuildAttestation{name_, members.source.digest, members.shared_object.digest,
                               "scripted", 1};
   }
   RebuildRequester last_requester;
+  int delay_ms = 0;
   Status refusal;
-  int calls = 0;
+  std::atomic<int> calls{0};
 
  private:
   std::string name_ = "builder-test";
@@ -516,6 +521,35 @@ TEST_F(ServiceTest, TheBuildersVerdictDecidesAndIsAttested) {
   EXPECT_EQ(v.claims.source_digest, MemberDigest(files.source));
   EXPECT_EQ(v.claims.so_digest, MemberDigest(files.shared_object));
   EXPECT_EQ(builder->calls, 3);
+}
+
+// Completes of the same bytes that arrive while one rebuilds wait for that rebuild's verdict: the
+// builder compiles them once (a worker retrying after its own timeout, or the same cell published
+// into two families at once). The builder hears who asks, a tenant counted by its org.
+TEST_F(ServiceTest, ConcurrentCompletesOfOneCellRebuildItOnce) {
+  auto builder = std::make_shared<ScriptedBuilder>();
+  builder->delay_ms = 300;
+  Make(builder);
+  const CellMetadata root = MakeMetadata(Graph(31), "root/twice");
+  const std::string cell = MakeCell(root);
+  const std::string digest = CellDigest(cell);
+  ASSERT_TRUE(Intent(As("platform-token"), root.key, digest, cell.size(), root.family).ok());
+  ASSERT_TRUE(Upload(As("platform-token"), digest, cell).ok());
+  std::vector<Reply> replies(4);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < replies.size(); ++i) {
+    threads.emplace_back([&, i] { replies[i] = Complete(As("platform-token"), root.key, digest); });
+  }
+  for (auto& t : threads) t.join();
+  for (const Reply& r : replies) EXPECT_EQ(r.status, 200) << r.body.dump();
+  EXPECT_EQ(builder->calls, 1);
+  EXPECT_TRUE(builder->last_requester.platform);
+  // A tenant is counted by its org.
+  const CellMetadata acme = MakeMetadata(Graph(32), "acme/one");
+  ASSERT_EQ(Publish(As("acme-token"), MakeCell(acme)).status, 200);
+  EXPECT_FALSE(builder->last_requester.platform);
+  EXPECT_EQ(builder->last_requester.share, "org:acme");
+  EXPECT_EQ(builder->last_requester.publisher, "acme-ci");
 }
 
 // A blob is readable only by tokens whose scope may adopt a cell of it, or by the publisher

@@ -157,6 +157,9 @@ class HubService {
   int64_t Now() const;
   uint64_t QuotaOf(const Principal& p) const;
   std::optional<Reply> CheckQuota(const Principal& p, const std::string& digest, uint64_t adding);
+  // `rebuild`'s verdict on `digest`, run once however many publishes of those bytes ask at once.
+  Result<RebuildAttestation> RebuildOnce(
+      const std::string& digest, const std::function<Result<RebuildAttestation>()>& rebuild);
   std::unique_ptr<HubStore> store_;
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<SigningKeyRing> keys_;

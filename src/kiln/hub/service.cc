@@ -2,6 +2,7 @@
 // in server.cc; docs/hub-api.md documents each route, its bodies, status codes and error tokens.
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <limits>
 #include <optional>
 #include <set>
@@ -192,6 +193,10 @@ struct HubService::Maintenance {
 
 struct HubService::Pins {
   std::mutex mu;
+  // Rebuilds in progress by digest: a second complete of the same bytes (a publisher retrying
+  // after its own timeout, two replicas of one worker) waits for the first one's verdict instead
+  // of compiling the same source again.
+  std::map<std::string, std::shared_future<Result<RebuildAttestation>>> rebuilding;
   std::map<std::string, int> digests;             // digest -> publishes holding it
   std::map<std::string, uint64_t> uploading;      // publisher -> bytes of uploads in flight
   std::map<std::string, std::mutex> quota_locks;  // publisher -> serializes its quota checks
@@ -754,7 +759,8 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
         StoredMember(reader, admitted->layout.shared_object, admitted->so_digest)};
     const bool platform = p.tier != "org";
     const RebuildRequester who{p.name, platform ? p.name : "org:" + p.org, platform};
-    auto rebuilt = options_.builder->Rebuild(meta, members, who);
+    auto rebuilt =
+        RebuildOnce(digest, [&] { return options_.builder->Rebuild(meta, members, who); });
     if (!rebuilt.ok()) {
       const Status& s = rebuilt.status();
       KILN_LOG(WARNING) << "hub: rebuild of " << key << "@" << digest << " by " << p.name
@@ -855,6 +861,27 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
                            {"receipt", *receipt},
                            {"builder", attestation.builder},
                            {"discharged", discharged}});
+}
+
+Result<RebuildAttestation> HubService::RebuildOnce(
+    const std::string& digest, const std::function<Result<RebuildAttestation>()>& rebuild) {
+  std::promise<Result<RebuildAttestation>> mine;
+  std::shared_future<Result<RebuildAttestation>> theirs;
+  {
+    std::lock_guard<std::mutex> lock(pins_->mu);
+    auto it = pins_->rebuilding.find(digest);
+    if (it != pins_->rebuilding.end()) {
+      theirs = it->second;
+    } else {
+      pins_->rebuilding.emplace(digest, mine.get_future().share());
+    }
+  }
+  if (theirs.valid()) return theirs.get();
+  Result<RebuildAttestation> result = rebuild();
+  mine.set_value(result);
+  std::lock_guard<std::mutex> lock(pins_->mu);
+  pins_->rebuilding.erase(digest);
+  return result;
 }
 
 // GET /v1/receipts/{key}/{digest}
