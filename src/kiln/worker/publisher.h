@@ -32,6 +32,10 @@
 
 namespace kiln {
 
+// How long a publish may wait for the hub's answer: the hub rebuilds the cell before it answers
+// (at most its --builder-timeout, 600 s by default, plus a queue).
+inline constexpr double kPublishTimeoutS = 900;
+
 struct PublisherOptions {
   HubClientOptions hub;         // a client of its own: HubClient serializes its calls
   LocalStore* store = nullptr;  // not owned; required

@@ -159,6 +159,11 @@ Status RunWorker(const WorkerConfig& a) {
   if (m.hub) {
     PublisherOptions po;
     po.hub = HubOptionsFrom(*m.hub);
+    // A publish's complete waits for the hub's rebuild of the cell, which takes as long as a mint's
+    // compile (minutes for a wide cell, more behind a queue): a request timeout sized for resolve
+    // would give up on every publish and retry it. The publisher runs in the background, so it
+    // waits as long as the hub's builder may take.
+    po.hub.io_timeout_s = std::max(po.hub.io_timeout_s, kPublishTimeoutS);
     po.store = &store;
     po.events = &events;
     po.release = m.endpoint.release;
