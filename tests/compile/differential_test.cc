@@ -22,7 +22,7 @@
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/mint/mint.h"
 #include "src/kiln/ops/shape_inference.h"
-#include "src/kiln/runtime/cell_abi.h"
+#include "src/kiln/abi/cell_abi.h"
 #include "tests/graph/onnx_builder.h"
 
 namespace kiln {

@@ -21,7 +21,7 @@
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/graph/checkpoint.h"
-#include "src/kiln/runtime/cell_abi.h"
+#include "src/kiln/abi/cell_abi.h"
 
 namespace kiln {
 

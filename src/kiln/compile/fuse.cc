@@ -5,7 +5,7 @@
 #include <set>
 
 #include "src/kiln/compile/passes.h"
-#include "src/kiln/runtime/cell_abi.h"
+#include "src/kiln/abi/cell_abi.h"
 
 namespace kiln {
 

@@ -24,7 +24,7 @@
 
 #include "src/kiln/compile/passes.h"
 #include "src/kiln/ops/plans.h"
-#include "src/kiln/runtime/cell_abi.h"
+#include "src/kiln/abi/cell_abi.h"
 
 namespace kiln {
 

@@ -18,7 +18,7 @@
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/base/sm_levels.h"
 #include "src/kiln/base/subprocess.h"
-#include "src/kiln/runtime/cell_abi.h"
+#include "src/kiln/abi/cell_abi.h"
 
 #ifndef KILN_CODEGEN_SOURCES_HASH
 #define KILN_CODEGEN_SOURCES_HASH "unknown"

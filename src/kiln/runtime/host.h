@@ -13,7 +13,7 @@
 #include "src/kiln/base/status.h"
 #include "src/kiln/graph/ir.h"
 #include "src/kiln/ops/registry.h"
-#include "src/kiln/runtime/cell_abi.h"
+#include "src/kiln/abi/cell_abi.h"
 
 namespace kiln {
 
