@@ -26,7 +26,7 @@
 #include <string_view>
 
 #include "src/kiln/base/status.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 
 namespace kiln {
 

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "src/kiln/base/status.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 #include "src/kiln/hub/store.h"
 
 namespace kiln {

@@ -26,7 +26,7 @@
 #include "src/kiln/base/log.h"
 #include "src/kiln/base/subprocess.h"
 #include "src/kiln/cell/provenance.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 
 namespace kiln {
 

@@ -51,7 +51,7 @@
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/ir.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 #include "src/kiln/worker/events.h"
 #include "src/kiln/worker/manifest.h"
 #include "src/kiln/worker/revocations.h"

@@ -2,7 +2,7 @@
 // local-store hits included, and polled while the worker runs so a revoked cell is de-armed
 // within a known bound (worker layer; docs/design.md law 4 and law 17, docs/trust.md).
 //
-// The list is a JWS the hub signs afresh on every request (hub/receipt.h
+// The list is a JWS the hub signs afresh on every request (receipt/receipt.h
 // VerifyRevocationList): typ "kiln-revocations", EdDSA under a key this worker trusts (its
 // operator anchors, or the hub's key set, refetched once on an unknown key id), an issued-at
 // and a maximum age. A list that is unsigned, signed by another key, malformed, or older than its
@@ -44,7 +44,7 @@
 
 #include "src/kiln/base/status.h"
 #include "src/kiln/client/hub_client.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 #include "src/kiln/worker/events.h"
 #include "src/kiln/worker/serving.h"
 
@@ -59,7 +59,7 @@ inline constexpr const char* kRefusalRevoked = "revoked";
 
 enum class StaleRevocationPolicy { kKeep, kEager };
 
-// One fetch of the hub's list, verified with `*keys` (hub/receipt.h VerifyRevocationList). With
+// One fetch of the hub's list, verified with `*keys` (receipt/receipt.h VerifyRevocationList). With
 // `refetch_keys` (the keys are the hub's own, not operator anchors) an unknown key id fetches the
 // hub's key set once and adds it to `*keys`. Refusals: `revocations_unreachable` when the hub
 // could not be asked (a transport failure or a 5xx; `*transient` true), `revocations_unreadable`
