@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "src/kiln/base/file.h"
-#include "src/kiln/cell/loader.h"
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/graph/onnx_import.h"

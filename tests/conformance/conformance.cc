@@ -19,7 +19,7 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/subprocess.h"
-#include "src/kiln/cell/loader.h"
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/compile/driver.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"

@@ -13,7 +13,7 @@
 #include <filesystem>
 
 #include "src/kiln/base/file.h"
-#include "src/kiln/cell/loader.h"
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/compile/driver.h"
 #include "src/kiln/compile/passes.h"
 #include "src/kiln/compile/pipeline.h"

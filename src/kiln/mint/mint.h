@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "src/kiln/base/status.h"
-#include "src/kiln/cell/gate.h"
+#include "src/kiln/arm/gate.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/cell/store.h"
 #include "src/kiln/compile/pipeline.h"

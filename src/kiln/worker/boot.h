@@ -46,7 +46,7 @@
 #include <memory>
 #include <string>
 
-#include "src/kiln/cell/loader.h"
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/cell/store.h"
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/graph/checkpoint.h"

@@ -15,7 +15,7 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/admission.h"
-#include "src/kiln/cell/gate.h"
+#include "src/kiln/arm/gate.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/mint/mint.h"
 

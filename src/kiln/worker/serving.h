@@ -32,7 +32,7 @@
 #include <string>
 
 #include "src/kiln/base/status.h"
-#include "src/kiln/cell/loader.h"
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/ir.h"

@@ -16,7 +16,7 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/signals.h"
-#include "src/kiln/cell/loader.h"
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/cell/store.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/onnx_import.h"

@@ -35,7 +35,7 @@
 #include <vector>
 
 #include "src/kiln/base/status.h"
-#include "src/kiln/cell/loader.h"
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/eager/interpreter.h"
 
 namespace kiln {

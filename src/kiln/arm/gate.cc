@@ -1,5 +1,5 @@
 // The numerics gate and the fence proof (see gate.h).
-#include "src/kiln/cell/gate.h"
+#include "src/kiln/arm/gate.h"
 
 #include <algorithm>
 #include <cctype>

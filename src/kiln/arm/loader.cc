@@ -1,5 +1,5 @@
 // The cell loader (see loader.h).
-#include "src/kiln/cell/loader.h"
+#include "src/kiln/arm/loader.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>
