@@ -3,7 +3,7 @@
 // compiler path (mint/regenerate.h), so it is linked into the `kiln` binary and never into the
 // hub's server library: the hub signs what this child built without linking a compiler, an
 // interpreter or a kernel library itself.
-#include "src/kiln/hub/rebuild_child.h"
+#include "src/kiln/mint/rebuild_child.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -11,7 +11,7 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/metadata.h"
-#include "src/kiln/hub/builder.h"
+#include "src/kiln/cell/provenance.h"
 #include "src/kiln/mint/regenerate.h"
 
 namespace kiln {
