@@ -6,7 +6,7 @@
 #include <string>
 
 #include "src/kiln/mint/mint.h"
-#include "src/kiln/worker/manifest.h"
+#include "src/kiln/manifest/manifest.h"
 
 namespace kiln::cli {
 

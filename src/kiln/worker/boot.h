@@ -53,7 +53,7 @@
 #include "src/kiln/graph/ir.h"
 #include "src/kiln/receipt/receipt.h"
 #include "src/kiln/worker/events.h"
-#include "src/kiln/worker/manifest.h"
+#include "src/kiln/manifest/manifest.h"
 #include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/serving.h"
 

@@ -49,7 +49,7 @@
 #include "src/kiln/graph/ir.h"
 #include "src/kiln/mint/parent.h"
 #include "src/kiln/worker/events.h"
-#include "src/kiln/worker/manifest.h"
+#include "src/kiln/manifest/manifest.h"
 #include "src/kiln/worker/publisher.h"
 #include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/serving.h"

@@ -37,7 +37,7 @@
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/ir.h"
 #include "src/kiln/worker/events.h"
-#include "src/kiln/worker/manifest.h"
+#include "src/kiln/manifest/manifest.h"
 
 namespace kiln {
 

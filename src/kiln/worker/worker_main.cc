@@ -25,7 +25,7 @@
 #include "src/kiln/worker/boot.h"
 #include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/front.h"
-#include "src/kiln/worker/manifest.h"
+#include "src/kiln/manifest/manifest.h"
 #include "src/kiln/worker/minter.h"
 #include "src/kiln/worker/publisher.h"
 #include "src/kiln/worker/revocations.h"
