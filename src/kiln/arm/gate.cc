@@ -341,8 +341,7 @@ Result<EntryNumerics> MeasureEntry(const ArmedCell& cell, size_t i, const Interp
       return ref.status().WithContext("gate: eager refused " + p.label + " of entry " +
                                       std::to_string(i));
     }
-    CellRunError err;
-    auto got = cell.Run(static_cast<int>(i), p.inputs, &err);
+    auto got = cell.Run(static_cast<int>(i), p.inputs);
     EntryNumerics n;
     if (got.ok()) {
       n = CompareOutputs(*ref, *got, t);
@@ -630,8 +629,7 @@ class Fence {
           KILN_RETURN_IF_ERROR(cell_.Rebind(perturbed));
           rebound = true;
         }
-        CellRunError err;
-        auto got = cell_.Run(static_cast<int>(i), p.inputs, &err);
+        auto got = cell_.Run(static_cast<int>(i), p.inputs);
         EntryNumerics n;
         if (got.ok()) {
           n = CompareOutputs(*ref, *got, t_);

@@ -1,4 +1,4 @@
-// The numerics gate and the fence proof (cell layer; docs/design.md §2 laws 2 and 5, §8).
+// The numerics gate and the fence proof (arm layer; docs/design.md §2 laws 2 and 5, §8).
 //
 // Gate, per entry: compiled vs eager on probe inputs: the samples the target declares that fit
 // the entry, a seeded synthetic probe, and the synthetic probe with NaN, +Inf and -Inf planted in
