@@ -1,4 +1,4 @@
-// Parsing and validation of the worker manifest, kiln.toml (see manifest.h). Worker layer.
+// Parsing and validation of the worker manifest, kiln.toml (see manifest.h). Manifest layer.
 //
 // toml++ turns the text into a tree; everything after that is a walk that checks each table's keys
 // against the fields it may hold and converts each value, so every refusal can name the line, the

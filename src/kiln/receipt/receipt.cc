@@ -1,4 +1,4 @@
-// Receipts: JWS/EdDSA signing and offline verification, and the hub's persisted key ring (hub
+// Receipts: JWS/EdDSA signing and offline verification, and the hub's persisted key ring (receipt
 // layer, `kiln_receipt` library). See receipt.h for the wire format.
 #include "src/kiln/receipt/receipt.h"
 
