@@ -17,8 +17,8 @@ TEST(ManualClock, MovesOnlyWhenTold) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(clock.Now(), start);
   EXPECT_EQ(clock.MsSince(start), 0.0);
-  clock.Advance(std::chrono::milliseconds(2500));
-  EXPECT_DOUBLE_EQ(clock.MsSince(start), 2500.0);
+  clock.Advance(std::chrono::seconds(2));
+  EXPECT_DOUBLE_EQ(clock.MsSince(start), 2000.0);
   EXPECT_EQ(clock.UnixSeconds() - unix_start, 2);
 }
 

@@ -281,7 +281,9 @@ Status RunWorker(const WorkerConfig& a) {
   EventLog events;
   if (!a.events.empty()) KILN_RETURN_IF_ERROR(events.SetPath(a.events));
   std::unique_ptr<EventForwarder> forwarder;
-  if (m.hub) KILN_ASSIGN_OR_RETURN(forwarder, StartForwarder(m, events));
+  if (m.hub) {
+    KILN_ASSIGN_OR_RETURN(forwarder, StartForwarder(m, events));
+  }
 
   KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
   LocalStore store(root);
