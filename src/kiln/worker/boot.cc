@@ -338,12 +338,7 @@ Adoption::Next Adoption::LookUpLocalStore() {
 PublicKeySet Adoption::HubKeys() const {
   // The hub's keys fetched so far, and those the revocation watch verified lists with.
   PublicKeySet keys = ctx_.hub_keys != nullptr ? *ctx_.hub_keys : PublicKeySet();
-  if (ctx_.revocations != nullptr) {
-    const PublicKeySet watched = ctx_.revocations->Keys();
-    for (const auto& [kid, raw] : watched.keys()) {
-      if (!keys.Has(kid)) keys.AddRaw(raw).IgnoreError();
-    }
-  }
+  if (ctx_.revocations != nullptr) keys.AddAll(ctx_.revocations->Keys()).IgnoreError();
   return keys;
 }
 

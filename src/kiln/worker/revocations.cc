@@ -116,9 +116,7 @@ Result<RevocationList> RevocationWatch::Fetch(bool* transient) {
                                   options_.max_age_cap_s, transient, &jws);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [kid, raw] : keys.keys()) {
-      if (!keys_.Has(kid)) keys_.AddRaw(raw).IgnoreError();
-    }
+    keys_.AddAll(keys).IgnoreError();
   }
   if (!list.ok()) return list.status();
   {

@@ -77,7 +77,7 @@ Result<std::unique_ptr<PublicKeySet>> LoadTrustAnchors(const HubSpec& hub) {
   for (const std::string& path : hub.trust) {
     KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
     KILN_ASSIGN_OR_RETURN(PublicKeySet keys, PublicKeySet::FromText(text, path));
-    for (const auto& [kid, raw] : keys.keys()) KILN_RETURN_IF_ERROR(trust->AddRaw(raw));
+    KILN_RETURN_IF_ERROR(trust->AddAll(keys));
   }
   return trust;
 }
