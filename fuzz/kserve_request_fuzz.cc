@@ -10,6 +10,7 @@
 
 #include "fuzz/harness.h"
 #include "src/kiln/worker/kserve.h"
+#include "tests/worker/kserve_client.h"
 
 namespace kiln::fuzz {
 namespace {

@@ -18,6 +18,7 @@
 #include "src/kiln/worker/kserve.h"
 #include "tests/cell/cell_fixtures.h"
 #include "tests/graph/onnx_builder.h"
+#include "tests/worker/kserve_client.h"
 
 namespace kiln {
 namespace {

@@ -1,9 +1,9 @@
-// Fuzz harness for the worker manifest parser (fuzz/; worker/manifest.h): ParseManifest on
+// Fuzz harness for the worker manifest parser (fuzz/; manifest/manifest.h): ParseManifest on
 // arbitrary TOML text. Promises checked: anything wrong in the text is InvalidArgument naming the
 // source (never an exception, never another code); in an accepted manifest every model name and
 // alias routes to a declared target.
 #include "fuzz/harness.h"
-#include "src/kiln/worker/manifest.h"
+#include "src/kiln/manifest/manifest.h"
 
 namespace kiln::fuzz {
 

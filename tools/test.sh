@@ -2,7 +2,7 @@
 # The README's test command (and CI's, through .ci/run): install what kiln needs, check the format
 # of the C++ files this change touches (tools/check_format.sh), build with warnings as errors, run
 # the whole suite, then build and run it again under AddressSanitizer + UndefinedBehaviorSanitizer
-# (warnings not yet errors there).
+# (warnings are errors in both builds).
 # KILN_SKIP_SANITIZE=1 skips the second pass (for a quick local loop).
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -15,14 +15,14 @@
 #include <set>
 #include <sstream>
 
+#include "src/kiln/abi/cell_abi.h"
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/base/file.h"
-#include "src/kiln/cell/loader.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/mint/mint.h"
 #include "src/kiln/ops/shape_inference.h"
-#include "src/kiln/runtime/cell_abi.h"
 #include "tests/graph/onnx_builder.h"
 
 namespace kiln {
@@ -733,8 +733,7 @@ void RunBuilt(Built b, int64_t opset, int threads, const std::string& tag,
   e.workspace_bytes = cell->describe["entries"][0]["workspace_bytes"];
   auto armed = ArmedCell::Arm(*lib, {e}, b.weights, Lane::kIntake, "", threads);
   ASSERT_TRUE(armed.ok()) << armed.status().ToString();
-  CellRunError err;
-  auto got = (*armed)->Run(0, b.inputs, &err);
+  auto got = (*armed)->Run(0, b.inputs);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   int specialized = 0;
   for (const Kernel& k : programs[0].kernels) specialized += k.kind != Kernel::Kind::kReference;
@@ -754,7 +753,7 @@ void RunBuilt(Built b, int64_t opset, int threads, const std::string& tag,
     ASSERT_TRUE((*armed)->Rebind(*rebind).ok());
     auto ref2 = eager->Run(b.inputs, rebind);
     ASSERT_TRUE(ref2.ok()) << ref2.status().ToString();
-    auto got2 = (*armed)->Run(0, b.inputs, &err);
+    auto got2 = (*armed)->Run(0, b.inputs);
     ASSERT_TRUE(got2.ok()) << got2.status().ToString();
     int changed = 0;
     for (const auto& [name, r] : *ref2) {
@@ -1580,8 +1579,7 @@ void RunNonFinite(const Built& b, const std::string& tag,
     ASSERT_GT(planted, 0) << label;
     auto ref = eager->Run(inputs, &b.weights);
     ASSERT_TRUE(ref.ok()) << label << ": " << ref.status().ToString();
-    CellRunError err;
-    auto got = (*armed)->Run(0, inputs, &err);
+    auto got = (*armed)->Run(0, inputs);
     ASSERT_TRUE(got.ok()) << label << ": " << got.status().ToString();
     int64_t non_finite = 0;
     for (const auto& [name, r] : *ref) {
@@ -1749,8 +1747,7 @@ TEST(Differential, DataDependentShapesRunInADynamicRegion) {
                  {"limit", Tensor::FromVector<float>({}, {v.limit})}};
     auto ref = eager->Run(in);
     ASSERT_TRUE(ref.ok()) << ref.status().ToString();
-    CellRunError err;
-    auto got = (*armed)->Run(0, in, &err);
+    auto got = (*armed)->Run(0, in);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     for (const auto& [name, r] : *ref) {
       const Tensor& c = got->at(name);
@@ -1768,8 +1765,7 @@ TEST(Differential, DataDependentShapesRunInADynamicRegion) {
                 {"k", Tensor::FromVector<int64_t>({1}, {1})},
                 {"limit", Tensor::FromVector<float>({}, {1.0f})}};
   EXPECT_FALSE(eager->Run(bad).ok());
-  CellRunError err;
-  EXPECT_FALSE((*armed)->Run(0, bad, &err).ok());
+  EXPECT_FALSE((*armed)->Run(0, bad).ok());
 }
 
 // Family C also re-binds the cell to another checkpoint: scales, zero points and recurrent

@@ -8,10 +8,10 @@
 #include <set>
 #include <sstream>
 
+#include "src/kiln/abi/cell_abi.h"
 #include "src/kiln/compile/elementwise_table.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/graph/onnx_import.h"
-#include "src/kiln/runtime/cell_abi.h"
 #include "tests/graph/onnx_builder.h"
 
 namespace kiln {

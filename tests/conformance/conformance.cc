@@ -17,9 +17,9 @@
 #include <sstream>
 #include <thread>
 
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/subprocess.h"
-#include "src/kiln/cell/loader.h"
 #include "src/kiln/compile/driver.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
@@ -404,8 +404,7 @@ Status RunBatch(const std::vector<const Prepared*>& batch, const RunOptions& opt
                         EntriesFromDescribe(cell.describe, Envelope{{cls}}));
   KILN_ASSIGN_OR_RETURN(auto armed,
                         ArmedCell::Arm(lib, entries, GraphWeights(*shared), Lane::kIntake, "", 1));
-  CellRunError err = CellRunError::kNone;
-  KILN_ASSIGN_OR_RETURN(TensorMap got, armed->Run(0, inputs, &err));
+  KILN_ASSIGN_OR_RETURN(TensorMap got, armed->Run(0, inputs));
   for (const Prepared* p : batch) {
     results[p->index].compiled =
         Compare(got, p->expected, Prefix(p->index), results[p->index].info);

@@ -12,8 +12,8 @@
 #include <cmath>
 #include <filesystem>
 
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/base/file.h"
-#include "src/kiln/cell/loader.h"
 #include "src/kiln/compile/driver.h"
 #include "src/kiln/compile/passes.h"
 #include "src/kiln/compile/pipeline.h"
@@ -678,8 +678,7 @@ TEST(ControlFlowCompiled, StructuralIfIsInlinedAndTheCellHoldsNoIf) {
     TensorMap in = {{"x", Floats({rows, 3}, v)}};
     auto want = interp->Run(in);
     ASSERT_TRUE(want.ok()) << want.status().ToString();
-    CellRunError err;
-    auto got = c->cell->Run(e, in, &err);
+    auto got = c->cell->Run(e, in);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     ExpectNear(got->at("y"), want->at("y"), "entry " + std::to_string(e));
   }
@@ -701,8 +700,7 @@ TEST(ControlFlowCompiled, InputDependentIfRunsThroughTheHostAndServesBothBranche
     TensorMap in = {{"x", x}};
     auto want = interp->Run(in, &weights);
     ASSERT_TRUE(want.ok()) << want.status().ToString();
-    CellRunError err;
-    auto got = c->cell->Run(0, in, &err);
+    auto got = c->cell->Run(0, in);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     ExpectNear(got->at("y"), want->at("y"), "compiled If");
   }
@@ -758,8 +756,7 @@ TEST(ControlFlowCompiled, CountedLoopWithNestedIfRunsCompiled) {
   EXPECT_TRUE(HasOp(c->programs[0], "Loop"));
   const std::vector<float> a = {1, 2, 3};
   TensorMap in = {{"a", Floats({3}, a)}};
-  CellRunError err;
-  auto got = c->cell->Run(0, in, &err);
+  auto got = c->cell->Run(0, in);
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   Tensor want_acc, want_rows;
   LoopReference(a, 1e9f, {0.5f, 0, -1}, 4, true, true, &want_acc, &want_rows);
@@ -773,9 +770,8 @@ TEST(ControlFlowCompiled, ScanHasStaticShapesAndRunsCompiled) {
   auto c = Compile(g, Envelope{{{{"s0", {2}}, {"x", {2, 3}}, {"k", {}}}}}, {}, "scan");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const Tensor x = Floats({2, 3}, {1, 2, 3, 4, 5, 6});
-  CellRunError err;
-  auto got = c->cell->Run(
-      0, {{"s0", Floats({2}, {0.5f, -1})}, {"x", x}, {"k", Tensor::Scalar(3.0f)}}, &err);
+  auto got =
+      c->cell->Run(0, {{"s0", Floats({2}, {0.5f, -1})}, {"x", x}, {"k", Tensor::Scalar(3.0f)}});
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   Tensor want_s, want_y;
   ScanReference(1, true, x, {0.5f, -1}, 3.0f, &want_s, &want_y);
@@ -791,13 +787,10 @@ TEST(ControlFlowCompiled, Scan8WithSequenceLengthsRunsCompiled) {
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   const std::vector<float> x = {1, 2, 3, 4, 5, 6, -1, -2, -3, -4, -5, -6};
   const std::vector<float> s0 = {0.5f, -1, 2, 0};
-  CellRunError err;
-  auto got = c->cell->Run(0,
-                          {{"lens", Tensor::FromVector<int64_t>({2}, {2, 3})},
-                           {"s0", Floats({2, 2}, s0)},
-                           {"x", Floats({2, 3, 2}, x)},
-                           {"k", Tensor::Scalar(3.0f)}},
-                          &err);
+  auto got = c->cell->Run(0, {{"lens", Tensor::FromVector<int64_t>({2}, {2, 3})},
+                              {"s0", Floats({2, 2}, s0)},
+                              {"x", Floats({2, 3, 2}, x)},
+                              {"k", Tensor::Scalar(3.0f)}});
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   Tensor want_s, want_y;
   Scan8Reference(x, s0, 3.0f, {2, 3}, true, &want_s, &want_y);
@@ -811,9 +804,7 @@ TEST(ControlFlowCompiled, LoopWithAnUntypedBodyRunsCompiled) {
   auto c = Compile(g, Envelope{{{{"a", {3}}, {"acc0", {3}}}}}, {}, "untyped");
   ASSERT_TRUE(c.ok()) << c.status().ToString();
   EXPECT_TRUE(HasOp(c->programs[0], "Loop"));
-  CellRunError err;
-  auto got =
-      c->cell->Run(0, {{"a", Floats({3}, {1, 2, 3})}, {"acc0", Floats({3}, {0.5f, 0, -1})}}, &err);
+  auto got = c->cell->Run(0, {{"a", Floats({3}, {1, 2, 3})}, {"acc0", Floats({3}, {0.5f, 0, -1})}});
   ASSERT_TRUE(got.ok()) << got.status().ToString();
   ExpectNear(got->at("acc"), Floats({3}, {4.5f, 8, 11}), "acc0 + 4a");
 }
@@ -824,8 +815,7 @@ void ExpectCellFollowsEager(const Compiled& c, const Interpreter& eager,
   for (size_t r = 0; r < runs.size(); ++r) {
     auto want = eager.Run(runs[r]);
     ASSERT_TRUE(want.ok()) << "run " << r << ": " << want.status().ToString();
-    CellRunError err;
-    auto got = c.cell->Run(0, runs[r], &err);
+    auto got = c.cell->Run(0, runs[r]);
     ASSERT_TRUE(got.ok()) << "run " << r << ": " << got.status().ToString();
     for (const auto& [name, w] : *want)
       ExpectNear(got->at(name), w, name + " run " + std::to_string(r));

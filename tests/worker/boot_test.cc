@@ -13,15 +13,16 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/provenance.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/mint/mint.h"
+#include "src/kiln/worker/revocations.h"
 #include "tests/hub/hub_process.h"
 
 namespace kiln {
@@ -131,12 +132,34 @@ class Boot : public ::testing::Test {
     PublishAnswer p = hub_->Client(kPlatform)->Publish(m_->mint.tar, {});
     ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
     client_ = hub_->Client(kWorker);
+    client_url_ = hub_->url();
   }
 
-  BootContext Ctx() {
+  // The context a worker boots with (worker_main.cc): with a hub, the signed revocation list is
+  // checked through a RevocationWatch of its own, as in production, configured with the same
+  // trust anchors. Each call is one worker process's first boot: a fresh watch, so a list is
+  // fetched afresh.
+  BootContext Ctx(const PublicKeySet* trust = nullptr) {
     BootContext ctx;
     ctx.store = store_.get();
     ctx.hub = client_.get();
+    ctx.trust = const_cast<PublicKeySet*>(trust);
+    if (client_ != nullptr) {
+      RevocationWatchOptions o;
+      o.hub.url = client_url_;
+      o.hub.token = kWorker;
+      o.hub.connect_timeout_s = 1;
+      o.hub.io_timeout_s = 2;
+      if (trust != nullptr) {
+        o.anchors = *trust;
+        o.use_anchors = true;
+      }
+      o.events = &events_;
+      auto watch = RevocationWatch::Create(o);
+      EXPECT_TRUE(watch.ok()) << watch.status().ToString();
+      if (watch.ok()) watches_.push_back(std::move(watch).value());
+      ctx.revocations = watches_.empty() ? nullptr : watches_.back().get();
+    }
     ctx.events = &events_;
     ctx.private_dir = root_ + "/private";
     ctx.blob_cache_dir = root_ + "/blobs";
@@ -194,6 +217,8 @@ class Boot : public ::testing::Test {
   std::unique_ptr<LocalStore> store_;
   std::unique_ptr<HubProcess> hub_;
   std::unique_ptr<HubClient> client_;
+  std::string client_url_;  // the hub client_ asks
+  std::vector<std::unique_ptr<RevocationWatch>> watches_;
   EventLog events_;
 };
 
@@ -306,6 +331,7 @@ TEST_F(Boot, HubDownIsAResolveRefusalNotAMiss) {
   o.connect_timeout_s = 1;
   o.io_timeout_s = 2;
   client_ = HubClient::Create(o).value();
+  client_url_ = o.url;
   auto t = Target();
   BootOutcome out = Adopt(*t, Spec(), Ctx());
   EXPECT_EQ(out.phase, kBootResolveRefused) << out.detail;
@@ -323,8 +349,7 @@ TEST_F(Boot, ReceiptFromAnUntrustedKeyIsRefusedBeforeAnythingIsFetched) {
   ASSERT_TRUE(foreign.ok());
   PublicKeySet trust;
   ASSERT_TRUE(trust.AddRaw(foreign->raw_public()).ok());
-  BootContext ctx = Ctx();
-  ctx.trust = &trust;
+  BootContext ctx = Ctx(&trust);
   auto t = Target();
   BootOutcome out = Adopt(*t, Spec(), ctx);
   EXPECT_EQ(out.phase, kBootReceiptRefused) << out.detail;
@@ -442,7 +467,7 @@ TEST_F(Boot, ArmedCellThatInstallsNoTargetIsSaidOnItsOwnRow) {
   auto t = Target();
   ASSERT_NE(t, nullptr);
   ASSERT_EQ(Adopt(*t, Spec(), Ctx()).phase, kBootLocalHit);
-  t->SetRunFaultForTest([] { return CellRunError::kCellFault; });
+  t->SetRunFaultForTest([] { return std::string(kCellFault); });
   auto faulted = t->Serve(Input(1), "mlp");
   ASSERT_TRUE(faulted.ok()) << faulted.status().ToString();
   ASSERT_EQ(faulted->fallback_reason, kFallbackCellFault);
@@ -541,6 +566,8 @@ TEST_F(Boot, RevocationWatchDeArmsOnPollAndFollowsTheStalePolicy) {
   o.max_age_cap_s = 1;
   o.stale = StaleRevocationPolicy::kEager;
   o.events = &events_;
+  ManualClock clock;
+  o.clock = &clock;
   auto watch = RevocationWatch::Create(o);
   ASSERT_TRUE(watch.ok()) << watch.status().ToString();
   (*watch)->Watch(t.get());
@@ -548,11 +575,16 @@ TEST_F(Boot, RevocationWatchDeArmsOnPollAndFollowsTheStalePolicy) {
   ExpectServes(*t, kServingAotCell, m_->mint.ref);
   EXPECT_TRUE((*watch)->CheckAdoption(m_->mint.key, m_->mint.digest).ok());
 
-  // Stale: the hub is down and the last list is older than the 1 s cap. Ages are whole seconds
-  // (the list's iat), so only a wait past 2 s makes every list from before it surely stale.
+  // Stale: the hub is down and the last list is older than the 1 s cap. Until the watch's clock
+  // moves, the same list is still fresh. Ages are whole seconds (the list's iat), and the hub
+  // signed the list less than a second after this clock started, so moving it 4 s makes the list
+  // at least 2 s old: surely stale.
   const int port = hub_->port();
   hub_->Kill(SIGTERM);
-  std::this_thread::sleep_for(std::chrono::milliseconds(2100));
+  EXPECT_FALSE((*watch)->PollOnce().ok());
+  ExpectServes(*t, kServingAotCell, m_->mint.ref);
+  EXPECT_TRUE((*watch)->CheckAdoption(m_->mint.key, m_->mint.digest).ok());
+  clock.Advance(std::chrono::seconds(4));
   EXPECT_FALSE((*watch)->PollOnce().ok());
   auto held = t->Serve(Input(1), "mlp");
   ASSERT_TRUE(held.ok());
@@ -566,6 +598,8 @@ TEST_F(Boot, RevocationWatchDeArmsOnPollAndFollowsTheStalePolicy) {
   EXPECT_EQ(events_.Query(q).back().phase, "stale_eager");
 
   // Back, and the cell revoked meanwhile: the fresh list lifts the hold and de-arms the cell.
+  // The hub signs with the real time, so the watch's wall clock is set back to it.
+  clock.SetUnixSeconds(Clock::Real()->UnixSeconds());
   ASSERT_TRUE(hub_->Start(port));
   HubAnswer rv = hub_->Client(hub_testing::kAdmin)->Revoke(m_->mint.key, m_->mint.digest, "poll");
   ASSERT_TRUE(rv.ok()) << rv.token << ": " << rv.message;

@@ -24,6 +24,7 @@
 #include "src/kiln/tensor/safetensors.h"
 #include "src/kiln/worker/kserve.h"
 #include "tests/net/raw_client.h"
+#include "tests/worker/kserve_client.h"
 
 namespace kiln {
 namespace {

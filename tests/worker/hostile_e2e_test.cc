@@ -23,7 +23,7 @@
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/cell/pack.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 #include "tests/worker/worker_process.h"
 
 namespace kiln {

@@ -255,7 +255,7 @@ TEST_F(Serving, CellFaultAnswersEagerRevokesForLifeAndNothingResurrectsIt) {
   std::shared_ptr<ArmedCell> cell = t->cell();
   std::atomic<int> calls{0};
   t->SetRunFaultForTest(
-      [&calls] { return calls++ == 0 ? CellRunError::kCellFault : CellRunError::kNone; });
+      [&calls] { return calls++ == 0 ? std::string(kCellFault) : std::string(); });
   TensorMap in = Input(4);
   auto r = t->Serve(in, "mlp");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -335,7 +335,7 @@ TEST_F(Serving, ResourceExhaustionAnswersEagerAndStaysArmed) {
   auto t = ArmedTarget();
   ASSERT_NE(t, nullptr);
   std::shared_ptr<ArmedCell> cell = t->cell();
-  t->SetRunFaultForTest([] { return CellRunError::kResource; });
+  t->SetRunFaultForTest([] { return std::string(kCellOom); });
   TensorMap in = Input(1);
   auto r = t->Serve(in, "mlp");
   ASSERT_TRUE(r.ok()) << r.status().ToString();
@@ -379,7 +379,7 @@ TEST_F(Serving, MandatoryLaneFailsClosed) {
   EXPECT_FALSE(IsRetryableServeRefusal(outside.status()));
   EXPECT_FALSE(t->cell()->revoked());
 
-  t->SetRunFaultForTest([] { return CellRunError::kCellFault; });
+  t->SetRunFaultForTest([] { return std::string(kCellFault); });
   auto fault = t->Serve(Input(1), "mlp");
   ASSERT_FALSE(fault.ok()) << "a cell fault answered eager on a mandatory lane";
   EXPECT_TRUE(IsRetryableServeRefusal(fault.status()));
@@ -403,7 +403,7 @@ TEST_F(Serving, MandatoryTargetWhoseCellFaultedAsksForARemintBoundedTimes) {
   ASSERT_TRUE(t->InstallCell(LoadCell(*m_, Lane::kExported, m_->weights)).ok());
   std::vector<std::string> asked;
   t->SetOnCellLost([&asked](const std::string& ref) { asked.push_back(ref); });
-  t->SetRunFaultForTest([] { return CellRunError::kCellFault; });
+  t->SetRunFaultForTest([] { return std::string(kCellFault); });
   auto fault = t->Serve(Input(1), "mlp");
   ASSERT_FALSE(fault.ok());
   EXPECT_TRUE(IsRetryableServeRefusal(fault.status())) << fault.status().ToString();
@@ -524,9 +524,9 @@ TEST_F(Serving, EventRowsHaveStrictlyIncreasingSeq) {
   auto t = ArmedTarget();
   ASSERT_NE(t, nullptr);
   ASSERT_TRUE(t->Serve(Input(3), "mlp").ok());
-  t->SetRunFaultForTest([] { return CellRunError::kResource; });
+  t->SetRunFaultForTest([] { return std::string(kCellOom); });
   ASSERT_TRUE(t->Serve(Input(1), "mlp").ok());
-  t->SetRunFaultForTest([] { return CellRunError::kCellFault; });
+  t->SetRunFaultForTest([] { return std::string(kCellFault); });
   ASSERT_TRUE(t->Serve(Input(1), "mlp").ok());
   ASSERT_TRUE(t->Serve(Input(1), "mlp").ok());
   t->SetEagerOnly(true, "x");

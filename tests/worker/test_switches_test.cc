@@ -11,9 +11,9 @@ TEST(TestSwitches, ParsesTargetsFaultsAndRequestNumbers) {
   auto spec = ParseCellFaultSpec("mlp:oom@1,mlp:fault@3,enc:fault@2");
   ASSERT_TRUE(spec.ok()) << spec.status().ToString();
   ASSERT_EQ(spec->size(), 2u);
-  EXPECT_EQ(spec->at("mlp").at(1), CellRunError::kResource);
-  EXPECT_EQ(spec->at("mlp").at(3), CellRunError::kCellFault);
-  EXPECT_EQ(spec->at("enc").at(2), CellRunError::kCellFault);
+  EXPECT_EQ(spec->at("mlp").at(1), kCellOom);
+  EXPECT_EQ(spec->at("mlp").at(3), kCellFault);
+  EXPECT_EQ(spec->at("enc").at(2), kCellFault);
 }
 
 TEST(TestSwitches, MalformedItemsAreNamed) {

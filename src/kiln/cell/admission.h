@@ -50,6 +50,10 @@ namespace kiln {
 // `phase` of a boot_adopt event.
 inline constexpr const char* kRefusalSizeMismatch = "size_mismatch";
 inline constexpr const char* kRefusalDigestMismatch = "digest_mismatch";
+// The cell is on the hub's signed revocation list, or this process revoked it after a fault: it
+// is never adopted, loaded or run again (the hub's 410, the worker's boot and the armed cell's
+// run all refuse with this one token).
+inline constexpr const char* kRefusalRevoked = "revoked";
 inline constexpr const char* kRefusalCellCorrupt = "cell_corrupt";
 inline constexpr const char* kRefusalMetadataInvalid = "metadata_invalid";
 inline constexpr const char* kRefusalKeyMismatch = "key_mismatch";

@@ -39,6 +39,13 @@ inline constexpr const char* kRefusalRebuildUnavailable = "rebuild_unavailable";
 inline constexpr const char* kRefusalRebuildFailed = "rebuild_failed";
 inline constexpr const char* kRefusalRebuildMismatch = "rebuild_mismatch";
 
+// The exit codes of the rebuild child, `kiln rebuild --child DIR` (mint/rebuild_child.h), which the
+// hub's builder (hub/builder.h) starts and judges: built, refused (the token is in
+// DIR/report.json), bad request.
+inline constexpr int kRebuildChildBuilt = 0;
+inline constexpr int kRebuildChildRefused = 2;
+inline constexpr int kRebuildChildBadRequest = 4;
+
 // OK when `rebuilt` equals `published` byte for byte; else rebuild_mismatch naming both sizes,
 // both digests and the first differing offset.
 Status CompareRebuild(const std::string& published, const std::string& rebuilt);

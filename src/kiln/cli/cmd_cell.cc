@@ -8,6 +8,7 @@
 #include <memory>
 #include <sstream>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cli/commands.h"
@@ -17,37 +18,6 @@
 #include "src/kiln/mint/protocol.h"
 
 namespace kiln::cli {
-
-Result<MintRequest> RequestForTarget(const Manifest& manifest, const std::string& name) {
-  const TargetSpec* t = nullptr;
-  if (name.empty()) {
-    if (manifest.targets.size() != 1) {
-      std::string names;
-      for (const auto& x : manifest.targets) names += (names.empty() ? "" : ", ") + x.name;
-      return Status::InvalidArgument("manifest '" + manifest.source + "' has " +
-                                     std::to_string(manifest.targets.size()) +
-                                     " targets; pick one with --target (" + names + ")");
-    }
-    t = &manifest.targets[0];
-  } else {
-    KILN_ASSIGN_OR_RETURN(t, manifest.FindTarget(name));
-  }
-  MintRequest r;
-  KILN_ASSIGN_OR_RETURN(Graph g, ImportOnnxFile(t->graph));
-  r.graph = std::make_shared<const Graph>(std::move(g));
-  if (!t->checkpoint.empty()) {
-    KILN_ASSIGN_OR_RETURN(r.weights, LoadCheckpoint(*r.graph, t->checkpoint));
-  } else {
-    r.weights = GraphWeights(*r.graph);
-  }
-  r.envelope = t->envelope;
-  KILN_ASSIGN_OR_RETURN(r.samples, ReadSamples(t->samples));
-  r.family = t->export_spec ? t->export_spec->family : "intake/" + t->name;
-  r.thresholds = {t->numerics.floor, t->numerics.warn, t->numerics.retention};
-  r.sm = t->sm;
-  r.compile.parallel_compiles = manifest.mint.parallel_compiles;
-  return r;
-}
 
 Result<ShapeClass> ParseClassSpec(const std::string& spec) {
   ShapeClass c;
@@ -120,28 +90,13 @@ struct Args {
   int parent_alive_fd = -1;  // `--parent-alive-fd N` (mint/protocol.h)
 };
 
-// `kiln mint --child`'s resolver (mint/child.h): the request names a target of the worker's
-// manifest, which the mint layer cannot read, so the binary that links both turns it into a
-// MintRequest here.
-Result<MintRequest> RequestForChild(const MintChildRequest& req) {
-  KILN_ASSIGN_OR_RETURN(Manifest manifest, LoadManifest(req.manifest));
-  KILN_ASSIGN_OR_RETURN(const TargetSpec* spec, manifest.FindTarget(req.target));
-  if (spec->exported() == req.intake) {
-    return Status::InvalidArgument("target '" + req.target + "' is " +
-                                   (spec->exported() ? "exported" : "intake") +
-                                   " but the request says " + (req.intake ? "intake" : "exported"));
-  }
-  return RequestForTarget(manifest, req.target);
-}
-
 Status DoKey(const Args& a) {
   const auto start = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
   KILN_ASSIGN_OR_RETURN(MintRequest r, RequestForTarget(m, a.target));
   KILN_ASSIGN_OR_RETURN(KeyAxes axes, DeriveKeyAxes(*r.graph, r.envelope, r.sm));
   KILN_ASSIGN_OR_RETURN(std::string key, KeyFromAxes(axes));
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double ms = MsSince(start);
   std::printf(
       "%s\n  graph      %s\n  envelope   %s  (%zu class%s)\n  sm         %s\n"
       "  toolchain  %s\n  derived in %.1f ms, nothing compiled\n",
@@ -259,7 +214,7 @@ void AddCellCommands(CLI::App& app, int* exit_code) {
                    "skip a compiler pass by name, for bisecting (repeatable)");
   mint->callback([=] {
     if (!args->child.empty()) {
-      *exit_code = RunMintChild(args->child, args->parent_alive_fd, RequestForChild);
+      *exit_code = RunMintChild(args->child, args->parent_alive_fd);
       return;
     }
     Status s = DoMint(*args);

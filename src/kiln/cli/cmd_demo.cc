@@ -28,6 +28,7 @@
 #include <memory>
 #include <thread>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/base/subprocess.h"
@@ -47,12 +48,6 @@
 namespace kiln::cli {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point t) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
-}
 
 int FreePort() {
   // Port 0 asks the kernel; the process we start binds it a moment later (loopback, one user).
@@ -115,8 +110,8 @@ Status WaitUp(HubClient& http, const std::string& path, Child& child, const std:
 
 // The first event row of `kind` at the worker (waits up to `timeout_ms`).
 Result<nlohmann::json> WaitForRow(HubClient& worker, const std::string& kind, int timeout_ms) {
-  const auto until = Clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (Clock::now() < until) {
+  const auto until = Clock::Real()->Now() + std::chrono::milliseconds(timeout_ms);
+  while (Clock::Real()->Now() < until) {
     HubAnswer a = worker.Call("GET", "/v1/events?kind=" + kind);
     if (a.ok() && a.body.is_array() && !a.body.empty()) return a.body[0];
     if (a.ok() && a.body.is_object() && a.body.contains("events") && !a.body["events"].empty()) {
@@ -142,7 +137,7 @@ Result<Answer> Infer(HubClient& worker, const std::string& model, const TensorMa
     req["inputs"].push_back(
         {{"name", name}, {"shape", t.shape()}, {"datatype", "FP32"}, {"data", data}});
   }
-  const auto start = Clock::now();
+  const auto start = Clock::Real()->Now();
   HubAnswer a = worker.Call("POST", "/v2/models/" + model + "/infer", req.dump());
   Answer out;
   out.ms = MsSince(start);
@@ -201,7 +196,7 @@ double MaxAbsDiff(const TensorMap& a, const TensorMap& b) {
 }
 
 Status RunFleetDemo(std::string examples, bool keep) {
-  const auto demo_start = Clock::now();
+  const auto demo_start = Clock::Real()->Now();
   if (examples.empty()) {
     const char* env = std::getenv("KILN_EXAMPLES");
     examples = env ? env
@@ -283,7 +278,7 @@ Status RunFleetDemo(std::string examples, bool keep) {
   // 3. Worker A: a miss; eager at once; mint in a child; prove; arm; publish.
   Child a;
   int a_port = 0, a_admin = 0;
-  const auto a_boot = Clock::now();
+  const auto a_boot = Clock::Real()->Now();
   KILN_RETURN_IF_ERROR(start_worker("a", a, &a_port, &a_admin));
   auto a_http = HttpTo(a_port, "");
   KILN_RETURN_IF_ERROR(WaitUp(*a_http, "/v2/health/ready", a, "worker A", root + "/a/worker.log"));
@@ -330,7 +325,7 @@ Status RunFleetDemo(std::string examples, bool keep) {
   // 4. Worker B, a second machine: adopts at boot, serves its first request from the cell.
   Child b;
   int b_port = 0, b_admin = 0;
-  const auto b_boot = Clock::now();
+  const auto b_boot = Clock::Real()->Now();
   KILN_RETURN_IF_ERROR(start_worker("b", b, &b_port, &b_admin));
   auto b_http = HttpTo(b_port, "");
   KILN_RETURN_IF_ERROR(WaitUp(*b_http, "/v2/health/ready", b, "worker B", root + "/b/worker.log"));

@@ -18,8 +18,8 @@
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/hub/builder.h"
-#include "src/kiln/hub/rebuild_child.h"
 #include "src/kiln/hub/server.h"
+#include "src/kiln/mint/rebuild_child.h"
 #include "src/kiln/mint/regenerate.h"
 
 namespace kiln::cli {

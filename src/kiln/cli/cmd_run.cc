@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <memory>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/cli/target_util.h"
@@ -57,14 +58,12 @@ Status DoRun(const RunArgs& a) {
                                             "local/run", a.threads, Samples{inputs}));
     std::printf("cell: %s (%s, %.0f ms)\n", cell.ref.c_str(),
                 cell.store_hit ? "local store hit" : "minted and stored", cell.ms);
-    CellRunError err;
-    KILN_ASSIGN_OR_RETURN(outputs, cell.cell->Run(0, inputs, &err));
+    KILN_ASSIGN_OR_RETURN(outputs, cell.cell->Run(0, inputs));
     mode = "aot_cell";
   } else {
     KILN_ASSIGN_OR_RETURN(outputs, interp.Run(inputs, bound, &stats));
   }
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double ms = MsSince(start);
   KILN_RETURN_IF_ERROR(MakeDirs(a.out_dir));
   for (const auto& [name, t] : outputs) {
     const std::string path = a.out_dir + "/" + SafeFileName(name) + ".npy";
@@ -90,8 +89,9 @@ void AddRunCommand(CLI::App& app, int* exit_code) {
                   "safetensors file whose tensors replace the model's weights by name");
   cmd->add_option("--input", args->inputs, "NAME=FILE.npy, once per graph input");
   cmd->add_option("--out", args->out_dir, "directory for <output name>.npy files")->required();
-  cmd->add_flag("--compile", args->compile,
-                "compile the graph for these input shapes (through the local store) and run the cell");
+  cmd->add_flag(
+      "--compile", args->compile,
+      "compile the graph for these input shapes (through the local store) and run the cell");
   cmd->add_option("--threads", args->threads, "threads for the kernel library");
   cmd->callback([=] {
     Status s = DoRun(*args);

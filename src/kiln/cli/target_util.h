@@ -1,18 +1,16 @@
-// Helpers the cell-facing subcommands share: a manifest target loaded into a MintRequest, and
-// shape-class specs from the command line (cli layer).
+// Helpers the cell-facing subcommands share: shape-class specs from the command line and the
+// local cell of one class (cli layer). A manifest target becomes a MintRequest in the mint layer
+// (mint/target_request.h).
 #pragma once
 
 #include <memory>
 #include <string>
 
+#include "src/kiln/manifest/manifest.h"
 #include "src/kiln/mint/mint.h"
-#include "src/kiln/worker/manifest.h"
+#include "src/kiln/mint/target_request.h"
 
 namespace kiln::cli {
-
-// The manifest's target `name` ("" = the only target) with its graph imported, its checkpoint
-// bound, its envelope, family, thresholds and sm.
-Result<MintRequest> RequestForTarget(const Manifest& manifest, const std::string& name);
 
 // "x=[4,64]" or "latent=[1,4,64,64];timestep=[1];cond=[1,64]".
 Result<ShapeClass> ParseClassSpec(const std::string& spec);

@@ -51,10 +51,10 @@ HubAnswer Transport(const httplib::Error err, const std::string& url, const std:
   const bool unreachable = err == httplib::Error::Connection;
   const bool tls = err == httplib::Error::SSLConnection || err == httplib::Error::SSLLoadingCerts ||
                    err == httplib::Error::SSLServerVerification;
-  a.token = timeout       ? "hub_timeout"
-            : unreachable ? "hub_unreachable"
-            : tls         ? "hub_tls_error"
-                          : "hub_transport_error";
+  a.token = timeout       ? kHubTimeout
+            : unreachable ? kHubUnreachable
+            : tls         ? kHubTlsError
+                          : kHubTransportError;
   a.message = "hub " + url + path + ": " + httplib::to_string(err);
   return a;
 }
@@ -67,7 +67,7 @@ HubAnswer FromResponse(const httplib::Response& res, const std::string& url,
   if (body.ok()) a.body = std::move(body).value();
   const bool success = res.status >= 200 && res.status < 300;
   if (success && !body.ok()) {
-    a.token = "hub_bad_response";
+    a.token = kHubBadResponse;
     a.message = "hub " + url + path + " answered " + std::to_string(res.status) +
                 " with a body that is not JSON: " + body.status().message();
     return a;
@@ -77,7 +77,7 @@ HubAnswer FromResponse(const httplib::Response& res, const std::string& url,
       a.token = a.body["error"].get<std::string>();
       a.message = a.body.value("message", std::string());
     } else {
-      a.token = "hub_bad_response";
+      a.token = kHubBadResponse;
       a.message = "hub " + url + path + " answered " + std::to_string(res.status) +
                   " without an error token";
     }
@@ -86,6 +86,10 @@ HubAnswer FromResponse(const httplib::Response& res, const std::string& url,
 }
 
 }  // namespace
+
+bool IsHubTransportToken(const std::string& token) {
+  return token == kHubUnreachable || token == kHubTimeout || token == kHubTransportError;
+}
 
 const char* ResolveKindName(ResolveAnswer::Kind kind) {
   switch (kind) {
@@ -169,7 +173,7 @@ ResolveAnswer HubClient::Resolve(const std::string& key, const std::string& fami
   }
   const auto& b = a.body;
   if (!b.is_object() || !b.contains("found") || !b["found"].is_boolean()) {
-    r.token = "hub_bad_response";
+    r.token = kHubBadResponse;
     r.message = "resolve " + key + ": the answer has no boolean 'found'";
     return r;
   }
@@ -187,18 +191,18 @@ ResolveAnswer HubClient::Resolve(const std::string& key, const std::string& fami
     r.tier = b.value("tier", std::string());
     r.release = b.value("release", std::string());
   } catch (const std::exception& e) {
-    r.token = "hub_bad_response";
+    r.token = kHubBadResponse;
     r.message = "resolve " + key + ": found answer is missing a field: " + e.what();
     return r;
   }
   // The hub must answer exactly what was asked.
   if (r.key != key) {
-    r.token = "resolve_key_mismatch";
+    r.token = kRefusalResolveKeyMismatch;
     r.message = "resolve " + key + ": the hub answered for key " + r.key;
     return r;
   }
   if (r.family != family) {
-    r.token = "resolve_scope_mismatch";
+    r.token = kRefusalResolveScopeMismatch;
     r.message =
         "resolve " + key + " in family " + family + ": the hub answered for family " + r.family;
     return r;

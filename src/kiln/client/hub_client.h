@@ -2,8 +2,8 @@
 //
 // Every call has a connect timeout and a read/write timeout. Every answer is typed: a resolve is
 // Found, Miss ({found:false}, the only miss) or Refused with a token — the hub's error token
-// ("revoked", "unauthenticated", …) or a transport token ("hub_unreachable", "hub_timeout",
-// "hub_bad_response"). A refusal is never a miss: a worker that cannot ask the hub must not
+// (`revoked`, `unauthenticated`, …) or a transport token (kHubUnreachable, kHubTimeout,
+// kHubBadResponse below). A refusal is never a miss: a worker that cannot ask the hub must not
 // conclude that no cell exists.
 //
 // Receipts are verified offline (VerifyResolvedReceipt) against trusted public keys configured
@@ -26,9 +26,26 @@
 #include <string_view>
 
 #include "src/kiln/base/status.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 
 namespace kiln {
+
+// Transport tokens: the request did not reach the hub, or no answer came back from it.
+inline constexpr const char* kHubUnreachable = "hub_unreachable";
+inline constexpr const char* kHubTimeout = "hub_timeout";
+inline constexpr const char* kHubTlsError = "hub_tls_error";
+inline constexpr const char* kHubTransportError = "hub_transport_error";
+// The hub answered something that is not what the route promises.
+inline constexpr const char* kHubBadResponse = "hub_bad_response";
+// The hub's own 503: its row store cannot be reached (docs/hub-api.md).
+inline constexpr const char* kHubStoreUnavailable = "store_unavailable";
+// A resolve answered for another key or another family than the one asked for.
+inline constexpr const char* kRefusalResolveKeyMismatch = "resolve_key_mismatch";
+inline constexpr const char* kRefusalResolveScopeMismatch = "resolve_scope_mismatch";
+
+// True when `token` says the hub could not be asked (unreachable, timeout, a transport error):
+// the same call may succeed later. A TLS failure is not one: it needs an operator.
+bool IsHubTransportToken(const std::string& token);
 
 struct HubClientOptions {
   std::string url;    // "https://hub.internal:8470", or "http://127.0.0.1:8470" on loopback

@@ -4,8 +4,8 @@
 #include <map>
 #include <set>
 
+#include "src/kiln/abi/cell_abi.h"
 #include "src/kiln/compile/passes.h"
-#include "src/kiln/runtime/cell_abi.h"
 
 namespace kiln {
 
@@ -316,8 +316,8 @@ Status PlanMemory(Program& p) {
         const int r = p.Root(in);
         const Buffer& rb = p.buffers[static_cast<size_t>(r)];
         if (!is_workspace(r) || donated[static_cast<size_t>(r)] ||
-            last[static_cast<size_t>(r)] != static_cast<int64_t>(k) ||
-            rb.bytes() != ob.bytes() || rb.type.dtype != ob.type.dtype) {
+            last[static_cast<size_t>(r)] != static_cast<int64_t>(k) || rb.bytes() != ob.bytes() ||
+            rb.type.dtype != ob.type.dtype) {
           continue;
         }
         // Every read of r in this kernel must be at the element being written.

@@ -22,9 +22,9 @@
 #include <optional>
 #include <set>
 
+#include "src/kiln/abi/cell_abi.h"
 #include "src/kiln/compile/passes.h"
 #include "src/kiln/ops/plans.h"
-#include "src/kiln/runtime/cell_abi.h"
 
 namespace kiln {
 

@@ -26,6 +26,7 @@
 #include <sstream>
 #include <thread>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/compile/passes.h"
 #include "src/kiln/ops/verifier.h"
@@ -90,6 +91,9 @@ std::vector<std::string> Disabled(const CompileOptions& options) {
 
 std::string GraphText(const Graph& g) {
   std::ostringstream os;
+  for (const ValueInfo& in : g.inputs) {
+    os << "  input " << in.name << ": " << DTypeName(in.dtype) << in.ShapeString() << "\n";
+  }
   for (const Node& n : g.nodes) {
     os << "  ";
     for (size_t i = 0; i < n.outputs.size(); ++i) os << (i ? ", " : "") << n.outputs[i];
@@ -98,11 +102,6 @@ std::string GraphText(const Graph& g) {
     os << ")\n";
   }
   return os.str();
-}
-
-double Ms(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
 }
 
 }  // namespace
@@ -135,6 +134,7 @@ Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, 
   // The IR the passes work on at this point, as text for --dump-ir.
   auto text = [&] { return lowered ? program.Dump() : GraphText(graph); };
   std::string before = options.dump ? text() : "";
+  if (options.dump) *options.dump << "== " << entry << " input\n" << before;
   for (const PassDef& pass : EntryPasses()) {
     if (pass.optional && is_disabled(pass.name)) continue;
     const auto start = std::chrono::steady_clock::now();
@@ -162,7 +162,7 @@ Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, 
     // whatever later pass trips over it.
     Status v = lowered ? program.Verify() : VerifyGraph(graph);
     if (!v.ok()) return v.WithContext(entry + " after pass " + pass.name);
-    if (timings) timings->push_back({entry, pass.name, Ms(start)});
+    if (timings) timings->push_back({entry, pass.name, MsSince(start)});
     if (options.dump) {
       const std::string after = text();
       *options.dump << "== " << entry << " after " << pass.name << "\n"
@@ -186,7 +186,7 @@ Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
   EmitOptions emit = options.emit;
   emit.graph_digest = graph_digest;
   KILN_ASSIGN_OR_RETURN(EmittedCell cell, EmitCell(entries, emit));
-  if (timings) timings->push_back({"cell", kEmitPass, Ms(start)});
+  if (timings) timings->push_back({"cell", kEmitPass, MsSince(start)});
   if (programs) *programs = std::move(entries);
   return cell;
 }
@@ -216,7 +216,7 @@ Result<std::string> BuildSharedObject(const std::string& source, size_t num_entr
       const auto start = std::chrono::steady_clock::now();
       jobs[j].status = driver.CompileObject(src, jobs[j].object, sm, {jobs[j].define},
                                             seed + "-" + jobs[j].name, work_dir);
-      jobs[j].ms = Ms(start);
+      jobs[j].ms = MsSince(start);
     }
   };
   const int n = std::max(1, std::min<int>(parallel_compiles, static_cast<int>(jobs.size())));
@@ -232,7 +232,7 @@ Result<std::string> BuildSharedObject(const std::string& source, size_t num_entr
   const auto start = std::chrono::steady_clock::now();
   const std::string so = work_dir + "/cell.so";
   KILN_RETURN_IF_ERROR(driver.LinkShared(objects, so, work_dir));
-  if (timings) timings->push_back({"cell", "link", Ms(start)});
+  if (timings) timings->push_back({"cell", "link", MsSince(start)});
   return ReadFile(so);
 }
 

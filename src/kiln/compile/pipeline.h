@@ -18,7 +18,8 @@ namespace kiln {
 struct CompileOptions {
   // Passes to skip, by name, for bisecting a miscompile (KILN_DISABLE_PASSES=a,b also works).
   std::vector<std::string> disabled_passes;
-  // When set, the IR after every pass is written here ("(unchanged)" when a pass did nothing).
+  // When set, the IR each entry starts from and the IR after every pass are written here
+  // ("(unchanged)" when a pass did nothing).
   std::ostream* dump = nullptr;
   EmitOptions emit;
   int parallel_compiles = 2;

@@ -31,7 +31,7 @@ struct Buffer {
   int alias_of = -1;     // >= 0: views that buffer's bytes (Reshape-likes); no kernel writes it
   int output_slot = -1;  // >= 0: a temp written straight into the caller's output buffer
   // A graph output whose shape is known only at run time: `type` holds its dtype and no shape,
-  // and its slot carries a kiln_dynamic_output (runtime/cell_abi.h). Only a dynamic region's
+  // and its slot carries a kiln_dynamic_output (abi/cell_abi.h). Only a dynamic region's
   // kernel writes one.
   bool dynamic = false;
   int64_t offset = -1;  // kTemp without output_slot/alias: byte offset in the workspace
@@ -91,7 +91,7 @@ struct Kernel {
   // kFused
   std::vector<Expr> exprs;
   std::vector<int> output_exprs;  // expr index producing outputs[i]
-  // kConv epilogue (runtime/cell_abi.h kiln_post_op), and whether inputs.back() is a residual
+  // kConv epilogue (abi/cell_abi.h kiln_post_op), and whether inputs.back() is a residual
   // summed into the output before the post-op.
   int post_op = 0;
   bool conv_sum = false;

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "src/kiln/runtime/cell_abi.h"
+#include "src/kiln/abi/cell_abi.h"
 
 struct kiln_cell_entry {
   uint32_t index;

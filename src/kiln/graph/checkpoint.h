@@ -38,7 +38,7 @@ Result<WeightMap> LoadCheckpoint(const Graph& graph, const std::string& safetens
 // saturating. The same graph and seed give byte-identical results on every machine.
 Result<WeightMap> DeriveCheckpoint(const Graph& graph, uint64_t seed, double scale = 0.05);
 
-// The fence's perturbation (cell/gate.h): `weights` with every tensor named in `names` moved
+// The fence's perturbation (arm/gate.h): `weights` with every tensor named in `names` moved
 // inside the values it may legally take, deterministically from (seed, name), and every other
 // tensor unchanged. The rules, per weight:
 // - A float weight every value of which is an integer and that is a Pow exponent moves by +2

@@ -6,7 +6,7 @@
 #include <algorithm>
 
 #include "src/kiln/base/canonical_json.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 
 namespace kiln {
 

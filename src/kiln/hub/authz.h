@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "src/kiln/base/status.h"
-#include "src/kiln/hub/receipt.h"
 #include "src/kiln/hub/store.h"
+#include "src/kiln/receipt/receipt.h"
 
 namespace kiln {
 

@@ -34,7 +34,7 @@
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/base/subprocess.h"
 #include "src/kiln/cell/provenance.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 
 namespace kiln {
 

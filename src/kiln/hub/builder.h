@@ -117,10 +117,4 @@ struct SandboxOptions {
 
 std::unique_ptr<CellBuilder> NewSandboxedBuilder(SandboxOptions options);
 
-// The child's exit codes (its side is hub/rebuild_child.h): built, refused (the token is in
-// DIR/report.json), bad request.
-inline constexpr int kRebuildChildBuilt = 0;
-inline constexpr int kRebuildChildRefused = 2;
-inline constexpr int kRebuildChildBadRequest = 4;
-
 }  // namespace kiln

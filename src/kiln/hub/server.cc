@@ -41,9 +41,9 @@ net::Response Send(const Reply& r) {
 
 // The Reply for a body that could not be read whole.
 Reply BodyFailure(const Status& s) {
-  if (s.Is("body_too_large")) return Reply::Error(413, "too_large", s.message());
-  if (s.Is("body_timeout")) return Reply::Error(408, "body_timeout", s.message());
-  return Reply::Error(400, "upload_incomplete", s.message());
+  if (s.Is(net::kBodyTooLarge)) return Reply::Error(413, net::kTooLarge, s.message());
+  if (s.Is(net::kBodyTimeout)) return Reply::Error(408, net::kBodyTimeout, s.message());
+  return Reply::Error(400, net::kBodyIncomplete, s.message());
 }
 
 // A single byte range of a blob of `size` bytes (RFC 9110 §14.1.2): the first and last byte, or

@@ -30,9 +30,9 @@
 #include "src/kiln/hub/authz.h"
 #include "src/kiln/hub/blob_store.h"
 #include "src/kiln/hub/builder.h"
-#include "src/kiln/hub/receipt.h"
 #include "src/kiln/hub/store.h"
 #include "src/kiln/net/http_server.h"
+#include "src/kiln/receipt/receipt.h"
 
 namespace kiln {
 

@@ -18,6 +18,7 @@
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/provenance.h"
 #include "src/kiln/hub/server.h"
+#include "src/kiln/net/http_server.h"
 
 namespace kiln {
 
@@ -44,6 +45,9 @@ Reply Reply::FromStatus(const Status& status) {
 
 namespace {
 
+// The field of the revoke routes' answers that says what was revoked (docs/hub-api.md).
+constexpr const char* kRevokedField = "revoked";
+
 constexpr int64_t kTokenCacheSeconds = 10;
 
 Reply Forbidden(const Principal& p, const std::string& what) {
@@ -52,7 +56,7 @@ Reply Forbidden(const Principal& p, const std::string& what) {
 }
 
 Reply RevokedReply(const RevocationRow& r) {
-  return Reply::Error(410, "revoked", r.key + "@" + r.digest + " was revoked: " + r.reason,
+  return Reply::Error(410, kRefusalRevoked, r.key + "@" + r.digest + " was revoked: " + r.reason,
                       {{"key", r.key}, {"digest", r.digest}, {"reason", r.reason}});
 }
 
@@ -334,7 +338,8 @@ int64_t HubService::Now() const {
 std::variant<Principal, Reply> HubService::Authenticate(const std::string& header) {
   const std::string token = BearerToken(header);
   if (token.empty()) {
-    return Reply::Error(401, "unauthenticated", "missing 'Authorization: Bearer <token>' header");
+    return Reply::Error(401, net::kUnauthenticated,
+                        "missing 'Authorization: Bearer <token>' header");
   }
   const std::string hash = Sha256Hex(token);
   const int64_t now = Now();
@@ -348,7 +353,7 @@ std::variant<Principal, Reply> HubService::Authenticate(const std::string& heade
     std::lock_guard<std::mutex> lock(token_cache_->mu);
     auto it = token_cache_->tokens.find(hash);
     if (it == token_cache_->tokens.end()) {
-      return Reply::Error(401, "unauthenticated", "the bearer token is not known to this hub");
+      return Reply::Error(401, net::kUnauthenticated, "the bearer token is not known to this hub");
     }
     t = it->second;
   }
@@ -356,7 +361,7 @@ std::variant<Principal, Reply> HubService::Authenticate(const std::string& heade
   auto revoked = store_->IsTokenRevoked(hash);
   if (!revoked.ok()) return Reply::FromStatus(revoked.status());
   if (*revoked) {
-    return Reply::Error(401, "unauthenticated", "the bearer token was revoked");
+    return Reply::Error(401, net::kUnauthenticated, "the bearer token was revoked");
   }
   Principal p{t.name,       t.role,     t.role == "admin" ? "platform" : t.tier,
               t.org,        t.releases, t.token_sha256,
@@ -470,7 +475,7 @@ Reply HubService::ResolveCell(const Principal& p, const std::string& key,
   }
   const CellRow& c = (*resolved)->cell;
   if (const auto& revoked = (*resolved)->revocation; revoked.has_value()) {
-    return Reply::Error(410, "revoked",
+    return Reply::Error(410, kRefusalRevoked,
                         "cell " + c.key + "@" + c.digest + " was revoked: " + revoked->reason,
                         {{"key", c.key}, {"digest", c.digest}, {"reason", revoked->reason}});
   }
@@ -548,7 +553,7 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
   }
   if (intent.size > (2ull << 30) ||
       intent.size > options_.max_shared_object_bytes + kMaxMetadataBytes + kMaxSourceBytes) {
-    return Reply::Error(413, "too_large",
+    return Reply::Error(413, net::kTooLarge,
                         "size " + std::to_string(intent.size) +
                             " exceeds what a cell may hold here (its shared object at most " +
                             std::to_string(options_.max_shared_object_bytes) + " bytes)");
@@ -653,7 +658,7 @@ Reply HubService::UploadBlob(const Principal& p, const std::string& digest,
     return Reply::FromStatus(append_status);
   }
   if (!complete) {
-    return Reply::Error(400, "upload_incomplete",
+    return Reply::Error(400, net::kBodyIncomplete,
                         "the upload of " + digest + " ended before its body did");
   }
   if (Status s = (*writer)->Commit(); !s.ok()) {
@@ -789,7 +794,7 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
       }
       KILN_LOG(WARNING) << "hub: publish of " << key << "@" << digest << " by " << p.name
                         << " refused: the token was revoked while it ran";
-      return Reply::Error(401, "unauthenticated",
+      return Reply::Error(401, net::kUnauthenticated,
                           "the bearer token was revoked while this publish ran; nothing was "
                           "signed");
     }
@@ -960,7 +965,7 @@ Reply HubService::Revoke(const Principal& p, std::string_view body) {
   KILN_LOG(INFO) << "hub: revoked " << row.key << "@" << row.digest << " by " << p.name << ": "
                  << row.reason;
   // The key is free again in every family these bytes owned: a new digest may be published.
-  return Reply::Json(200, {{"revoked", true}, {"key", row.key}, {"digest", row.digest}});
+  return Reply::Json(200, {{kRevokedField, true}, {"key", row.key}, {"digest", row.digest}});
 }
 
 // POST /v1/admin/tokens/revoke
@@ -1006,7 +1011,7 @@ Reply HubService::RevokeToken(const Principal& p, std::string_view body) {
   }
   KILN_LOG(INFO) << "hub: revoked " << revoked.size() << " token(s) " << names.dump() << " by "
                  << p.name;
-  return Reply::Json(200, {{"revoked", revoked.size()}, {"names", names}});
+  return Reply::Json(200, {{kRevokedField, revoked.size()}, {"names", names}});
 }
 
 Reply HubService::Jwks() { return Reply::Json(200, keys_->Jwks()); }
@@ -1221,7 +1226,7 @@ Reply HubService::PostEvents(const Principal& p, std::string_view body) {
   }
   if (rows->size() > 10000) {
     return Reply::Error(
-        413, "too_large",
+        413, net::kTooLarge,
         "events body: " + std::to_string(rows->size()) + " rows, at most 10000 per post");
   }
   std::vector<StoredEvent> out;
@@ -1392,7 +1397,7 @@ Reply HubService::Dashboard() {
         << HtmlEscape(c.family) << "</td><td>" << c.size << "</td><td>" << HtmlEscape(c.publisher)
         << "</td><td>" << HtmlEscape(c.tier) << "</td><td>" << HtmlEscape(c.release) << "</td><td>"
         << (adopted.ok() ? *adopted : 0) << "</td><td>"
-        << (revoked.ok() && revoked->has_value() ? "revoked" : "live") << "</td></tr>\n";
+        << (revoked.ok() && revoked->has_value() ? kRefusalRevoked : "live") << "</td></tr>\n";
     }
   }
   h << "</table>\n";

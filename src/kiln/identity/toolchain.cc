@@ -12,13 +12,13 @@
 #include <memory>
 #include <mutex>
 
+#include "src/kiln/abi/cell_abi.h"
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/log.h"
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/base/sm_levels.h"
 #include "src/kiln/base/subprocess.h"
-#include "src/kiln/runtime/cell_abi.h"
 
 #ifndef KILN_CODEGEN_SOURCES_HASH
 #define KILN_CODEGEN_SOURCES_HASH "unknown"

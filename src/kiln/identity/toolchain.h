@@ -1,6 +1,6 @@
-// What a cell's identity says about the machine and the tools that built it (identity layer:
-// above runtime, whose ABI version it records, and below compile, cell, worker and hub, which all
-// read it; it links no compiler, no interpreter and no kernel library).
+// What a cell's identity says about the machine and the tools that built it (identity layer: on
+// base and abi, whose version it records, and below compile, cell, worker and hub, which all read
+// it; it links no compiler, no interpreter and no kernel library).
 //
 // The toolchain block is everything that forces a recompile: the system compiler's identity
 // (version string and a SHA-256 of its driver binary), the fixed flags, the kernel library's and
@@ -18,9 +18,9 @@
 
 namespace kiln {
 
-// "kiln-codegen-1+<hash>": the hash covers the compiler, runtime and op-kernel sources this
-// binary was built from (see identity/CMakeLists.txt), so any change to what a cell computes
-// changes the toolchain axis.
+// "kiln-codegen-1+<hash>": the hash covers the cell ABI header and the compiler, runtime and
+// op-kernel sources this binary was built from (see identity/CMakeLists.txt), so any change to
+// what a cell computes changes the toolchain axis.
 extern const char* const kCodegenVersion;
 
 // The highest published level this CPU executes ("x86-64" .. "x86-64-v4"). The test-only

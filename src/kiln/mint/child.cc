@@ -15,6 +15,8 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/pack.h"
+#include "src/kiln/manifest/manifest.h"
+#include "src/kiln/mint/target_request.h"
 
 namespace kiln {
 
@@ -65,6 +67,18 @@ int ExitFor(const Status& s, std::string* token) {
   return kMintExitRefused;
 }
 
+// The request's target from the worker's manifest, on the lane the request says.
+Result<MintRequest> RequestForChild(const MintChildRequest& req) {
+  KILN_ASSIGN_OR_RETURN(Manifest manifest, LoadManifest(req.manifest));
+  KILN_ASSIGN_OR_RETURN(const TargetSpec* spec, manifest.FindTarget(req.target));
+  if (spec->exported() == req.intake) {
+    return Status::InvalidArgument("target '" + req.target + "' is " +
+                                   (spec->exported() ? "exported" : "intake") +
+                                   " but the request says " + (req.intake ? "intake" : "exported"));
+  }
+  return RequestForTarget(manifest, req.target);
+}
+
 // Blocks on the parent's lifeline; end of file (or an error) means the parent is gone, and the
 // whole process group goes with it: this child and the compilers it started.
 void WatchParent(int fd) {
@@ -81,8 +95,7 @@ void WatchParent(int fd) {
 
 }  // namespace
 
-int RunMintChild(const std::string& request_path, int parent_alive_fd,
-                 const MintTargetResolver& resolve) {
+int RunMintChild(const std::string& request_path, int parent_alive_fd) {
   // Frames count the mint's stages, then one last frame for the report.
   const int kStageCount = static_cast<int>(MintStages().size());
   const int kReportStep = kStageCount + 1;
@@ -121,7 +134,7 @@ int RunMintChild(const std::string& request_path, int parent_alive_fd,
     return finish(kMintExitResource, "resource", "resource_exhausted",
                   "KILN_TEST_MINT_RESOURCE_ONCE: resource exit on attempt 1");
   }
-  auto r = resolve(*req);
+  auto r = RequestForChild(*req);
   if (!r.ok()) {
     return finish(kMintExitBadRequest, "bad_request", "bad_request", r.status().ToString());
   }

@@ -15,7 +15,6 @@
 //   KILN_TEST_MINT_RESOURCE_ONCE=1  exit 3 (resource) on attempt 1
 #pragma once
 
-#include <functional>
 #include <string>
 
 #include "src/kiln/base/status.h"
@@ -24,16 +23,14 @@
 
 namespace kiln {
 
-// Turns a request's manifest and target into what to mint. The manifest belongs to the worker
-// layer, which sits above this one, so the caller (the `kiln` binary) supplies the resolver. It
-// checks that the target's lane is the request's (`intake`). An error is the request's fault: the
-// child reports `bad_request` with the error's text and exits kMintExitBadRequest. The child sets
-// the lane, threads, parallel compiles and work directory from the request itself.
-using MintTargetResolver = std::function<Result<MintRequest>(const MintChildRequest& request)>;
-
 // Runs the child and returns its exit code (protocol.h). `parent_alive_fd` is the parent's
 // lifeline (kMintParentAliveFd; -1 = none): end of file on it kills this process group.
-int RunMintChild(const std::string& request_path, int parent_alive_fd,
-                 const MintTargetResolver& resolve);
+//
+// The request names a target of the worker's manifest; the child reads that manifest itself
+// (RequestForTarget, target_request.h) and checks that the target's lane is the request's
+// (`intake` or exported). An error there is the request's fault: the child reports
+// `bad_request` with the error's text and exits kMintExitBadRequest. The lane, threads, parallel
+// compiles and work directory come from the request itself.
+int RunMintChild(const std::string& request_path, int parent_alive_fd);
 
 }  // namespace kiln

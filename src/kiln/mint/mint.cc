@@ -9,6 +9,7 @@
 #include <filesystem>
 
 #include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/pack.h"
@@ -18,11 +19,6 @@
 namespace kiln {
 
 namespace {
-
-double Ms(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 Result<TensorSpec> SpecFromJson(const nlohmann::json& j) {
   TensorSpec s;
@@ -113,7 +109,7 @@ Result<MintResult> MintCell(const MintRequest& req) {
     if (req.on_stage && next_stage < stages.size()) req.on_stage(stages[next_stage]);
   };
   auto mark = [&](const char* name) {
-    out.stages.push_back({name, Ms(stage)});
+    out.stages.push_back({name, MsSince(stage)});
     stage = std::chrono::steady_clock::now();
     ++next_stage;
     announce();
@@ -169,20 +165,14 @@ Result<MintResult> MintCell(const MintRequest& req) {
                                 req.intake ? Lane::kIntake : Lane::kExported, "", req.num_threads));
   KILN_ASSIGN_OR_RETURN(Interpreter eager, Interpreter::Create(req.graph));
   mark("load");
-  // gate
-  KILN_ASSIGN_OR_RETURN(out.gate, RunGate(*cell, eager, req.weights, req.thresholds, req.samples));
-  mark("gate");
-  if (out.gate.verdict == Verdict::kUnmeasurable) {
-    return Status::Refused(StatusCode::kInvalidArgument, kRefusalUnmeasurable, out.gate.Summary());
-  }
-  if (out.gate.verdict != Verdict::kHealthy) {
-    return Status::Refused(StatusCode::kInvalidArgument, kRefusalNumerics,
-                           out.gate.Summary() + "; only HEALTHY cells are sealed");
-  }
-  // fence
-  KILN_ASSIGN_OR_RETURN(out.fence,
-                        RunFenceProof(*cell, eager, req.weights, req.thresholds,
-                                      CellArtifacts{emitted.source, so_bytes}, req.samples));
+  // gate, then fence: the strict proof
+  StrictProofOptions proof_options;
+  proof_options.on_gate = [&](const Result<GateReport>&, double) { mark("gate"); };
+  KILN_ASSIGN_OR_RETURN(StrictProof proof, ProveStrict(*cell, eager, req.weights, req.thresholds,
+                                                       CellArtifacts{emitted.source, so_bytes},
+                                                       req.samples, proof_options));
+  out.gate = std::move(proof.gate);
+  out.fence = std::move(proof.fence);
   md.fence.checkpoint_free = true;
   md.fence.perturbed_checkpoint_matched = true;
   md.fence.constant_table_complete = true;
@@ -231,7 +221,7 @@ Result<LocalCell> CompileThroughStore(const MintRequest& request, LocalStore& st
   KILN_ASSIGN_OR_RETURN(out.cell, LoadAdmittedCell(admitted, request.weights, Lane::kExported,
                                                    private_dir, request.num_threads));
   out.ref = out.cell->ref();
-  out.ms = Ms(start);
+  out.ms = MsSince(start);
   return out;
 }
 

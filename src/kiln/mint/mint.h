@@ -1,5 +1,5 @@
-// Minting: build a cell on this machine, prove it, seal it (mint layer, above cell/ and compile/:
-// it drives the compiler, then loads and proves through the cell layer; docs/design.md §4 Mint).
+// Minting: build a cell on this machine, prove it, seal it (mint layer, above arm/ and compile/:
+// it drives the compiler, then loads and proves through the arm layer; docs/design.md §4 Mint).
 //
 // Stages, each timed: key (derived without compiling) -> compile (passes per class) -> build
 // (entries compiled as parallel compiler processes, linked) -> load -> gate (strict: only
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "src/kiln/arm/gate.h"
 #include "src/kiln/base/status.h"
-#include "src/kiln/cell/gate.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/cell/store.h"
 #include "src/kiln/compile/pipeline.h"

@@ -22,18 +22,13 @@
 #include <utility>
 #include <vector>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/subprocess.h"
 
 namespace kiln {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 // CPU time (clock ticks) of every process in process group `pgid`, including the children they
 // reaped (the compiler processes), plus the bytes the group leader wrote (wchar). A change in
@@ -70,39 +65,26 @@ uint64_t GroupProgress(pid_t pgid) {
   return total;
 }
 
-}  // namespace
+// A started child: its process (group) id, the read end of its stdout (the frames) and the write
+// end of its lifeline; or why none started.
+struct Spawned {
+  pid_t pid = -1;
+  int frames_fd = -1;
+  int alive_fd = -1;
+  std::string error;
+};
 
-MintParent::MintParent(MintParentOptions options) : options_(std::move(options)) {}
-
-MintParent::~MintParent() { KillAll(); }
-
-void MintParent::KillAll() {
-  std::lock_guard<std::mutex> lock(mu_);
-  stopping_ = true;
-  for (pid_t pg : children_) ::kill(-pg, SIGKILL);
-}
-
-MintChildOutcome MintParent::Run(const std::string& dir, MintChildRequest req) {
-  MintChildOutcome out;
-  const Clock::time_point start = Clock::now();
-  auto fail = [&](const char* phase, std::string detail) {
-    out.phase = phase;
-    out.detail = std::move(detail);
-    out.ms = MsSince(start);
-    return out;
-  };
-  if (Status s = MakeDirs(dir); !s.ok()) return fail(kMintSpawnFailed, s.ToString());
-  ::chmod(dir.c_str(), 0700);
-  req.out_dir = dir;
-  req.report = dir + "/report.json";
-  req.phases = dir + "/phases.json";
-  const std::string request_path = dir + "/request.json";
-  if (Status s = WriteFileAtomic(request_path, ToJson(req).dump(2)); !s.ok()) {
-    return fail(kMintSpawnFailed, s.ToString());
-  }
+// fork + exec of `<binary> mint --child <request_path> --parent-alive-fd 3` in its own process
+// group, below the serving process's priority, stdout a pipe, stderr `log`, dying with this
+// process (PR_SET_PDEATHSIG and the lifeline). Everything the child needs is prepared before the
+// fork: only async-signal-safe calls after it.
+Spawned SpawnChild(const std::string& binary, const std::string& request_path,
+                   const std::string& log, int child_nice) {
+  Spawned out;
   int pipe_fds[2];
   if (::pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    return fail(kMintSpawnFailed, std::string("pipe: ") + std::strerror(errno));
+    out.error = std::string("pipe: ") + std::strerror(errno);
+    return out;
   }
   // The child's lifeline (protocol.h): the parent holds the write end until it has reaped the
   // child; the child sees end of file only when the parent is gone.
@@ -110,10 +92,9 @@ MintChildOutcome MintParent::Run(const std::string& dir, MintChildRequest req) {
   if (::pipe2(alive_fds, O_CLOEXEC) != 0) {
     ::close(pipe_fds[0]);
     ::close(pipe_fds[1]);
-    return fail(kMintSpawnFailed, std::string("pipe: ") + std::strerror(errno));
+    out.error = std::string("pipe: ") + std::strerror(errno);
+    return out;
   }
-  const std::string binary = options_.binary.empty() ? SelfExe() : options_.binary;
-  const std::string log = dir + "/child.log";
   std::vector<std::string> args = {binary,
                                    "mint",
                                    "--child",
@@ -125,8 +106,6 @@ MintChildOutcome MintParent::Run(const std::string& dir, MintChildRequest req) {
   argv.push_back(nullptr);
   const int log_fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   const pid_t parent = ::getpid();
-  const int child_nice = options_.child_nice;
-  // Everything the child needs is prepared before fork: only async-signal-safe calls after it.
   const pid_t pid = ::fork();
   if (pid < 0) {
     ::close(pipe_fds[0]);
@@ -134,7 +113,8 @@ MintChildOutcome MintParent::Run(const std::string& dir, MintChildRequest req) {
     ::close(alive_fds[0]);
     ::close(alive_fds[1]);
     if (log_fd >= 0) ::close(log_fd);
-    return fail(kMintSpawnFailed, std::string("fork: ") + std::strerror(errno));
+    out.error = std::string("fork: ") + std::strerror(errno);
+    return out;
   }
   if (pid == 0) {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -158,27 +138,34 @@ MintChildOutcome MintParent::Run(const std::string& dir, MintChildRequest req) {
   ::close(pipe_fds[1]);
   ::close(alive_fds[0]);
   if (log_fd >= 0) ::close(log_fd);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    children_.insert(pid);
-    if (stopping_) ::kill(-pid, SIGKILL);
-  }
+  out.pid = pid;
+  out.frames_fd = pipe_fds[0];
+  out.alive_fd = alive_fds[1];
+  return out;
+}
 
-  // The watchdog: frames in, progress sampled, a stalled group killed. No total time limit.
+// How a watched child ended.
+struct Watched {
+  int status = 0;        // waitpid's
+  bool stalled = false;  // killed by the watchdog
+  int frames = 0;
+  std::string last_frame;
+};
+
+// The watchdog: frames read off `frames_fd`, the group's progress sampled every `sample_ms`, the
+// group killed and reaped once it shows none for `stall_window_ms`. No total time limit.
+Watched WatchChild(pid_t pid, int frames_fd, int sample_ms, int64_t stall_window_ms) {
+  Watched out;
   std::string pending;
   uint64_t last_progress = GroupProgress(pid);
-  Clock::time_point last_change = Clock::now();
-  bool stalled = false;
-  int status = 0;
-  bool exited = false;
+  Clock::TimePoint last_change = Clock::Real()->Now();
   bool pipe_open = true;
-  std::string last_frame;
-  while (!exited) {
+  while (true) {
     if (pipe_open) {
-      pollfd p{pipe_fds[0], POLLIN, 0};
-      if (::poll(&p, 1, options_.sample_ms) > 0) {
+      pollfd p{frames_fd, POLLIN, 0};
+      if (::poll(&p, 1, sample_ms) > 0) {
         char buf[4096];
-        const ssize_t n = ::read(pipe_fds[0], buf, sizeof(buf));
+        const ssize_t n = ::read(frames_fd, buf, sizeof(buf));
         if (n <= 0) {
           pipe_open = false;
         } else {
@@ -188,50 +175,54 @@ MintChildOutcome MintParent::Run(const std::string& dir, MintChildRequest req) {
             pending.erase(0, nl + 1);
             if (line.rfind(kMintFramePrefix, 0) == 0) {
               ++out.frames;
-              last_frame = line.substr(std::strlen(kMintFramePrefix));
+              out.last_frame = line.substr(std::strlen(kMintFramePrefix));
             }
           }
         }
       }
     } else {
-      std::this_thread::sleep_for(std::chrono::milliseconds(options_.sample_ms));
+      std::this_thread::sleep_for(std::chrono::milliseconds(sample_ms));
     }
-    const pid_t w = ::waitpid(pid, &status, WNOHANG);
-    if (w == pid) {
-      exited = true;
-      break;
-    }
+    if (::waitpid(pid, &out.status, WNOHANG) == pid) return out;
     const uint64_t progress = GroupProgress(pid);
     if (progress != last_progress) {
       last_progress = progress;
-      last_change = Clock::now();
-    } else if (MsSince(last_change) > options_.stall_window_ms) {
-      stalled = true;
+      last_change = Clock::Real()->Now();
+    } else if (MsSince(last_change) > stall_window_ms) {
+      out.stalled = true;
       ::kill(-pid, SIGKILL);
-      ::waitpid(pid, &status, 0);
-      exited = true;
+      ::waitpid(pid, &out.status, 0);
+      return out;
     }
   }
-  ::kill(-pid, SIGKILL);  // nothing of the group outlives the mint (a compiler grandchild)
-  ::close(pipe_fds[0]);
-  ::close(alive_fds[1]);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    children_.erase(pid);
-  }
-  out.ms = MsSince(start);
+}
+
+// The ending judged into an outcome: the watchdog's kill, a signal, or the exit code with the
+// child's report (and, for a crash or a stall, the evidence it left: its last frame and the
+// phases it finished).
+MintChildOutcome JudgeEnding(const Watched& watched, const MintChildRequest& req,
+                             const std::string& log, int64_t stall_window_ms, MintChildOutcome out,
+                             Clock::TimePoint start) {
+  auto fail = [&](const char* phase, std::string detail) {
+    out.phase = phase;
+    out.detail = std::move(detail);
+    out.ms = MsSince(start);
+    return out;
+  };
   auto evidence = [&] {
     auto phases = ReadFile(req.phases);
-    std::string s = "last_frame=" + (last_frame.empty() ? std::string("none") : last_frame);
+    std::string s =
+        "last_frame=" + (watched.last_frame.empty() ? std::string("none") : watched.last_frame);
     if (phases.ok()) {
       auto live = ParseMintChildReport(*phases, req.phases);
       if (live.ok()) s += " phases_done=\"" + MintPhasesDetail(*live) + "\"";
     }
     return s;
   };
-  if (stalled) {
+  const int status = watched.status;
+  if (watched.stalled) {
     return fail(kMintChildStalled, "no CPU or disk progress for " +
-                                       std::to_string(options_.stall_window_ms) +
+                                       std::to_string(stall_window_ms) +
                                        " ms; process group killed and reaped; " + evidence());
   }
   if (WIFSIGNALED(status)) {
@@ -262,6 +253,59 @@ MintChildOutcome MintParent::Run(const std::string& dir, MintChildRequest req) {
     default:
       return fail(kMintChildCrashed, "exit " + std::to_string(out.exit_code) + "; " + evidence());
   }
+}
+
+}  // namespace
+
+MintParent::MintParent(MintParentOptions options) : options_(std::move(options)) {}
+
+MintParent::~MintParent() { KillAll(); }
+
+void MintParent::KillAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stopping_ = true;
+  for (pid_t pg : children_) ::kill(-pg, SIGKILL);
+}
+
+MintChildOutcome MintParent::Run(const std::string& dir, MintChildRequest req) {
+  MintChildOutcome out;
+  const Clock::TimePoint start = Clock::Real()->Now();
+  auto fail = [&](const char* phase, std::string detail) {
+    out.phase = phase;
+    out.detail = std::move(detail);
+    out.ms = MsSince(start);
+    return out;
+  };
+  if (Status s = MakeDirs(dir); !s.ok()) return fail(kMintSpawnFailed, s.ToString());
+  ::chmod(dir.c_str(), 0700);
+  req.out_dir = dir;
+  req.report = dir + "/report.json";
+  req.phases = dir + "/phases.json";
+  const std::string request_path = dir + "/request.json";
+  if (Status s = WriteFileAtomic(request_path, ToJson(req).dump(2)); !s.ok()) {
+    return fail(kMintSpawnFailed, s.ToString());
+  }
+  const std::string log = dir + "/child.log";
+  const Spawned child = SpawnChild(options_.binary.empty() ? SelfExe() : options_.binary,
+                                   request_path, log, options_.child_nice);
+  if (child.pid < 0) return fail(kMintSpawnFailed, child.error);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    children_.insert(child.pid);
+    if (stopping_) ::kill(-child.pid, SIGKILL);
+  }
+  const Watched watched =
+      WatchChild(child.pid, child.frames_fd, options_.sample_ms, options_.stall_window_ms);
+  ::kill(-child.pid, SIGKILL);  // nothing of the group outlives the mint (a compiler grandchild)
+  ::close(child.frames_fd);
+  ::close(child.alive_fd);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    children_.erase(child.pid);
+  }
+  out.frames = watched.frames;
+  out.ms = MsSince(start);
+  return JudgeEnding(watched, req, log, options_.stall_window_ms, std::move(out), start);
 }
 
 }  // namespace kiln

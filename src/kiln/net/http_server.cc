@@ -140,7 +140,7 @@ Result<std::string> Body::ReadAll(size_t limit) {
     if (n == 0) return out;
     if (out.size() + n > limit) {
       return Status::Refused(
-          StatusCode::kInvalidArgument, "body_too_large",
+          StatusCode::kInvalidArgument, kBodyTooLarge,
           "the request body is over the limit of " + std::to_string(limit) + " bytes");
     }
     out.append(buf, n);
@@ -525,14 +525,14 @@ class Session final : public SessionBase, public Body {
     const uint64_t limit = route->route.max_body_bytes;
     if (request_.content_length && *request_.content_length > limit) {
       shared_->refused_too_large.fetch_add(1);
-      return Refuse(413, "too_large",
+      return Refuse(413, kTooLarge,
                     request_.method + " " + request_.path + " takes at most " +
                         std::to_string(limit) + " body bytes; Content-Length is " +
                         std::to_string(*request_.content_length));
     }
     if (request_.chunked && limit == 0) {
       shared_->refused_too_large.fetch_add(1);
-      return Refuse(413, "too_large", request_.method + " " + request_.path + " takes no body");
+      return Refuse(413, kTooLarge, request_.method + " " + request_.path + " takes no body");
     }
     parser_->body_limit(limit);
     if (route->route.on_event_loop) {
@@ -547,7 +547,7 @@ class Session final : public SessionBase, public Body {
     });
     if (!queued) {
       shared_->refused_saturated.fetch_add(1);
-      return Refuse(503, "overloaded",
+      return Refuse(503, kOverloaded,
                     shared_->options.name + " has every handler busy and its queue full",
                     /*retry_after=*/true);
     }
@@ -583,7 +583,7 @@ class Session final : public SessionBase, public Body {
   // On the strand: one body read for a handler thread.
   void StartBodyRead(std::shared_ptr<BodyRead> read) {
     if (aborted_ || broken_) {
-      return read->done.set_value(Status::Refused(StatusCode::kIOError, "body_incomplete",
+      return read->done.set_value(Status::Refused(StatusCode::kIOError, kBodyIncomplete,
                                                   "the connection ended before the body did"));
     }
     if (parser_->is_done()) return read->done.set_value(size_t{0});
@@ -596,7 +596,7 @@ class Session final : public SessionBase, public Body {
           stream_, asio::buffer(kContinue), [self, read](beast::error_code ec, size_t) {
             if (ec) {
               self->broken_ = true;
-              return read->done.set_value(Status::Refused(StatusCode::kIOError, "body_incomplete",
+              return read->done.set_value(Status::Refused(StatusCode::kIOError, kBodyIncomplete,
                                                           "the client went away before its body"));
             }
             self->StartBodyRead(read);
@@ -618,7 +618,7 @@ class Session final : public SessionBase, public Body {
       shared_->body_timeouts.fetch_add(1);
       broken_ = true;
       return read->done.set_value(Status::Refused(
-          StatusCode::kIOError, "body_timeout",
+          StatusCode::kIOError, kBodyTimeout,
           "the request body did not arrive within " + std::to_string(allowed.count()) + " ms"));
     }
     // The body's deadline cancels the read instead of closing the socket (as the stream's own
@@ -654,17 +654,17 @@ class Session final : public SessionBase, public Body {
         if (ec == beast::error::timeout) {
           self->shared_->body_timeouts.fetch_add(1);
           return read->done.set_value(Status::Refused(
-              StatusCode::kIOError, "body_timeout",
+              StatusCode::kIOError, kBodyTimeout,
               "the client sent no body bytes for " +
                   std::to_string(self->shared_->options.body_idle_timeout_ms) + " ms"));
         }
         if (ec == http::error::body_limit) {
           return read->done.set_value(
-              Status::Refused(StatusCode::kInvalidArgument, "body_too_large",
+              Status::Refused(StatusCode::kInvalidArgument, kBodyTooLarge,
                               "the chunked request body passed the route's limit"));
         }
         return read->done.set_value(
-            Status::Refused(StatusCode::kIOError, "body_incomplete",
+            Status::Refused(StatusCode::kIOError, kBodyIncomplete,
                             "the connection ended before the body did (" + ec.message() + ")"));
       }
       if (read->got == 0 && !self->parser_->is_done()) return self->ContinueBodyRead(read);

@@ -61,6 +61,17 @@ struct Request {
   bool HasBody() const { return chunked || content_length.value_or(0) > 0; }
 };
 
+// The refusals a body read reports (Status::token()). The hub and the worker answer a client with
+// the same token: one event, one word, whichever server saw it (docs/transport.md).
+inline constexpr const char* kBodyTimeout = "body_timeout";        // the client stopped sending
+inline constexpr const char* kBodyTooLarge = "body_too_large";     // past the route's limit
+inline constexpr const char* kBodyIncomplete = "body_incomplete";  // the connection ended first
+// What the server answers by itself, and the hub and the worker answer the same way: a body over
+// a limit (413), every handler busy (503), a request without the credential a route needs (401).
+inline constexpr const char* kTooLarge = "too_large";
+inline constexpr const char* kOverloaded = "overloaded";
+inline constexpr const char* kUnauthenticated = "unauthenticated";
+
 // A request body, pulled by its handler. Not thread-safe: one handler reads it.
 class Body {
  public:

@@ -58,7 +58,7 @@ Status Conv2d(const Conv2dParams& p, const float* x, const float* w, const float
               int num_threads = 0);
 
 // An elementwise epilogue fused into a convolution: y = post_op(conv + bias [+ y_in]).
-// post_op uses the kiln_post_op codes of runtime/cell_abi.h (0 none, 1 relu, 2 sigmoid, 3 silu,
+// post_op uses the kiln_post_op codes of abi/cell_abi.h (0 none, 1 relu, 2 sigmoid, 3 silu,
 // 4 tanh, 5 gelu_erf, 6 hardswish).
 struct ConvEpilogue {
   int post_op = 0;

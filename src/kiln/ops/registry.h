@@ -1,9 +1,9 @@
 // The op registry: one OpDef per (ONNX op type, domain, opset range), one field per concern.
 //
 // Every op kiln knows is registered once here and read by the verifier (check), shape inference
-// and folding (infer), and the eager interpreter (run). Family files (elementwise.cc, matmul.cc,
-// conv.cc, shape_ops.cc, ...) each define a Register*Ops function that registry.cc calls in order;
-// there is no static-initializer magic, so the catalogue reads top to bottom in registry.cc.
+// and folding (infer), and the eager interpreter (run). Each family file (elementwise.cc, ...)
+// lists its OpDefs in one *OpDefs() function and registers nothing; OpRegistry::Global() registers
+// the families in order, with no static-initializer magic: the catalogue is registry.cc.
 //
 // Contract for an op author:
 // - check(node, opset): validates attributes and input/output counts without looking at any

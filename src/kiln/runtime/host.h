@@ -5,15 +5,14 @@
 // No compiler code lives here: hub/ and worker/ may link this layer.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
+#include "src/kiln/abi/cell_abi.h"
 #include "src/kiln/base/status.h"
 #include "src/kiln/graph/ir.h"
 #include "src/kiln/ops/registry.h"
-#include "src/kiln/runtime/cell_abi.h"
 
 namespace kiln {
 

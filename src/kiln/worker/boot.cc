@@ -16,21 +16,16 @@
 #include <utility>
 #include <vector>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/key.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/provenance.h"
-#include "src/kiln/mint/mint.h"
 #include "src/kiln/mint/regenerate.h"
 
 namespace kiln {
 namespace {
-
-double MsSince(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
-      .count();
-}
 
 // A fresh private directory per load: dlopen keys on the path, so two loads must never share
 // one .so path within a process.
@@ -69,16 +64,16 @@ std::optional<std::string> ReadVerifiedCachedBlob(const std::string& path,
 // previous mark. Formatting is deferred to Render so the clock costs nothing on the hot path.
 class StageClock {
  public:
-  StageClock() : last_(std::chrono::steady_clock::now()) {}
+  StageClock() : last_(Clock::Real()->Now()) {}
   void Mark(const char* name) {
-    const auto now = std::chrono::steady_clock::now();
+    const Clock::TimePoint now = Clock::Real()->Now();
     stages_.emplace_back(name, std::chrono::duration<double, std::milli>(now - last_).count());
     last_ = now;
   }
   // Closes a stage that had two parts timed by the callee: `first` took first_ms, `second` the
   // rest since the previous mark.
   void Split(const char* first, double first_ms, const char* second) {
-    const auto now = std::chrono::steady_clock::now();
+    const Clock::TimePoint now = Clock::Real()->Now();
     const double total = std::chrono::duration<double, std::milli>(now - last_).count();
     stages_.emplace_back(first, first_ms);
     stages_.emplace_back(second, total - first_ms);
@@ -96,14 +91,13 @@ class StageClock {
   }
 
  private:
-  std::chrono::steady_clock::time_point last_;
+  Clock::TimePoint last_;
   std::vector<std::pair<std::string, double>> stages_;
 };
 
-// Transport tokens of the hub client: the hub could not be asked.
-bool IsTransport(const std::string& token) {
-  return token == "hub_unreachable" || token == "hub_timeout" || token == "hub_transport_error" ||
-         token == "store_unavailable" || token == "builder_unavailable";
+// The hub could not be asked, or could not answer now: the same adoption may succeed later.
+bool IsTransient(const std::string& token, int http_status) {
+  return IsHubTransportToken(token) || http_status >= 500;
 }
 
 // Scope (law 17): the cell's family is the target's export family; with a receipt, its publisher's
@@ -141,7 +135,7 @@ Status CheckAttestation(const ReceiptClaims& claims) {
 Status CheckMembers(const ReceiptClaims& claims, const CellFiles& files) {
   if (MemberDigest(files.source) != claims.source_digest ||
       MemberDigest(files.shared_object) != claims.so_digest) {
-    return Status::Refused(StatusCode::kInvalidArgument, "receipt_claim_mismatch",
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalReceiptClaimMismatch,
                            "the receipt states source " + claims.source_digest + " and cell.so " +
                                claims.so_digest + "; the cell holds " + MemberDigest(files.source) +
                                " and " + MemberDigest(files.shared_object));
@@ -183,343 +177,447 @@ std::string DescribeClasses(const std::vector<ShapeClass>& classes) {
   return out;
 }
 
-BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
-                        std::shared_ptr<const Graph> graph, const WeightMap& weights,
-                        const BootContext& ctx) {
-  const auto start = std::chrono::steady_clock::now();
-  StageClock clock;
-  BootOutcome out;
-  // The local-store write of hub-fetched bytes, running beside their load (step 9). Every return
-  // below goes through `finish`, which joins it, so it never outlives the bytes it reads.
-  std::future<Status> pending_put;
-  // Everything below returns through `finish`: one row per call, whatever the outcome.
-  auto finish = [&](std::string phase, std::string detail) -> BootOutcome {
-    out.phase = std::move(phase);
-    out.detail = std::move(detail);
-    if (pending_put.valid()) {
-      const Status put = pending_put.get();
-      out.detail +=
-          put.ok() ? " local_store=stored" : " local_store_put_failed=\"" + put.ToString() + "\"";
-      clock.Mark("local_store_put_wait");
-    }
-    out.duration_ms = MsSince(start);
-    out.stages_ms = clock.Render();
-    out.stages = clock.stages();
-    if (ctx.events != nullptr) {
-      EventRow row;
-      row.kind = event_kind::kBootAdopt;
-      row.phase = out.phase;
-      row.duration_ms = out.duration_ms;
-      row.key = out.key;
-      row.ref = out.ref;
-      row.target = spec.name;
-      row.detail = "key=" + out.key + " target=" + spec.name;
-      if (!ctx.worker.empty()) row.detail += " worker=" + ctx.worker;
-      if (!out.detail.empty()) row.detail += " " + out.detail;
-      if (!out.stages_ms.empty()) row.detail += " stages_ms=" + out.stages_ms;
-      row.stages = out.stages;
-      ctx.events->Append(std::move(row));
-    }
-    return out;
-  };
+namespace {
 
+// One AdoptAtBoot call: the steps of boot.h, each named by the stage it closes on the call's
+// StageClock, so the row's `stages` read as the list below. A step either lets the adoption go
+// on (nullopt) or decides its outcome (a phase and its prose).
+class Adoption {
+ public:
+  Adoption(ServedTarget& target, const TargetSpec& spec, std::shared_ptr<const Graph> graph,
+           const WeightMap& weights, const BootContext& ctx)
+      : target_(target), spec_(spec), graph_(std::move(graph)), weights_(weights), ctx_(ctx) {
+    // A hub without the revocation watch would adopt unchecked cells: a wiring bug.
+    KILN_CHECK(ctx_.hub == nullptr || ctx_.revocations != nullptr);
+  }
+
+  BootOutcome Run();
+
+ private:
+  struct Decision {
+    std::string phase;
+    std::string detail;
+  };
+  using Next = std::optional<Decision>;
+  struct Step {
+    const char* stage;  // the StageClock name the step's time is recorded under
+    Next (Adoption::*run)();
+  };
+  // Runs `steps` in order, marking each one's stage; the first decision ends the list.
+  template <size_t N>
+  Next RunSteps(const Step (&steps)[N]);
+
+  // Steps (boot.h numbers them).
+  Next DeriveKey();              // 3
+  Next ReadPolicy();             // 3: what this machine admits (sm level, toolchain block)
+  Next LookUpLocalStore();       // 4
+  Next AdmitStored();            // 4: admission, scope, origin, source
+  Next CheckStoredRevocation();  // 4
+  Next Resolve();                // 5
+  Next VerifyReceipt();          // 6-7
+  Next CheckRevocation();        // 8
+  Next Fetch();                  // 9
+  Next Admit();                  // 10
+  Next CheckSource();            // 11
+
+  // 12-13 and the end of every call.
+  BootOutcome ArmAndInstall(const AdmittedCell& admitted, const char* phase);
+  void SayCoverage();
+  BootOutcome Finish(const Decision& decision);
+  Decision Refuse(const Status& s, const char* fallback);
+  PublicKeySet HubKeys() const;
+
+  ServedTarget& target_;
+  const TargetSpec& spec_;
+  const std::shared_ptr<const Graph> graph_;
+  const WeightMap& weights_;
+  const BootContext& ctx_;
+
+  const Clock::TimePoint start_ = Clock::Real()->Now();
+  StageClock clock_;
+  BootOutcome out_;
+  std::string note_;  // prose carried into the row
+  std::optional<AdmissionPolicy> policy_;
+  std::optional<StoredCell> stored_;
+  std::optional<AdmittedCell> local_;
+  std::string local_refusal_;  // the local entry's refusal token, when it was dropped
+  ResolveAnswer answer_;
+  ReceiptVerdict verdict_;
+  std::string bytes_;
+  std::optional<AdmittedCell> admitted_;
+  // The local-store write of hub-fetched bytes, running beside their load. Finish joins it, so
+  // it never outlives the bytes it reads.
+  std::future<Status> pending_put_;
+};
+
+template <size_t N>
+Adoption::Next Adoption::RunSteps(const Step (&steps)[N]) {
+  for (const Step& step : steps) {
+    Next decided = (this->*step.run)();
+    clock_.Mark(step.stage);
+    if (decided) return decided;
+  }
+  return std::nullopt;
+}
+
+BootOutcome Adoption::Run() {
   // 1. The operator's order: nothing is armed.
-  if (target.eager_only()) return finish(kBootOperatorEagerOnly, "");
+  if (target_.eager_only()) return Finish({kBootOperatorEagerOnly, ""});
   // 2. Intake lane: nothing is adopted (the mint half compiles it here).
-  if (!spec.exported()) return finish(kBootNoExportDeclaration, "");
-  if (graph == nullptr) return finish(kBootKeyUnderivable, "no graph");
+  if (!spec_.exported()) return Finish({kBootNoExportDeclaration, ""});
+  if (graph_ == nullptr) return Finish({kBootKeyUnderivable, "no graph"});
 
-  // 3. The key, derived without compiling, with the function that minted it.
-  auto axes = DeriveKeyAxes(*graph, spec.envelope, spec.sm);
-  if (!axes.ok()) return finish(kBootKeyUnderivable, axes.status().ToString());
+  static constexpr Step kKey[] = {{"key", &Adoption::DeriveKey},
+                                  {"toolchain", &Adoption::ReadPolicy}};
+  if (Next d = RunSteps(kKey)) return Finish(*d);
+
+  // 4. This machine's store: a stored cell, checked as at its first adoption. One that does not
+  // admit is dropped and the hub asked; a revoked one ends the boot.
+  static constexpr Step kLocalStore[] = {{"local_store", &Adoption::LookUpLocalStore}};
+  static constexpr Step kStored[] = {{"admit", &Adoption::AdmitStored}};
+  static constexpr Step kLocalHit[] = {{"revocations", &Adoption::CheckStoredRevocation}};
+  if (ctx_.store != nullptr) RunSteps(kLocalStore);
+  if (stored_) RunSteps(kStored);
+  if (local_) {
+    if (Next d = RunSteps(kLocalHit)) return Finish(*d);
+    return ArmAndInstall(*local_, kBootLocalHit);
+  }
+
+  // 5-11. The hub.
+  if (ctx_.hub == nullptr) {
+    if (!local_refusal_.empty()) return Finish({local_refusal_, note_.substr(1)});
+    return Finish({kBootLocalMissNoHub, note_.empty() ? "" : note_.substr(1)});
+  }
+  static constexpr Step kHub[] = {{"resolve", &Adoption::Resolve},
+                                  {"receipt", &Adoption::VerifyReceipt},
+                                  {"revocations", &Adoption::CheckRevocation},
+                                  {"fetch", &Adoption::Fetch},
+                                  {"admit", &Adoption::Admit},
+                                  {"provenance", &Adoption::CheckSource}};
+  if (Next d = RunSteps(kHub)) return Finish(*d);
+  // 12. Keep the admitted bytes on this machine for the next boot, with the receipt they came
+  // with. The store's fsyncs overlap the load instead of preceding it; Finish waits for both.
+  if (ctx_.store != nullptr) {
+    pending_put_ = std::async(std::launch::async, [this] {
+      return ctx_.store->Put(out_.key, bytes_, CellOrigin{CellOrigin::Kind::kHub, answer_.receipt});
+    });
+  }
+  // 13. Load, bind, arm, install.
+  return ArmAndInstall(*admitted_, kBootHit);
+}
+
+Adoption::Next Adoption::DeriveKey() {
+  // The key, derived without compiling, with the function that minted it.
+  auto axes = DeriveKeyAxes(*graph_, spec_.envelope, spec_.sm);
+  if (!axes.ok()) return Decision{kBootKeyUnderivable, axes.status().ToString()};
   auto key = KeyFromAxes(*axes);
-  if (!key.ok()) return finish(kBootKeyUnderivable, key.status().ToString());
-  out.key = *key;
-  clock.Mark("key");
+  if (!key.ok()) return Decision{kBootKeyUnderivable, key.status().ToString()};
+  out_.key = *key;
+  return std::nullopt;
+}
 
-  auto local_policy = LocalAdmissionPolicy(out.key);
-  if (!local_policy.ok()) return finish(kBootKeyUnderivable, local_policy.status().ToString());
-  const AdmissionPolicy policy = *std::move(local_policy);
-  clock.Mark("toolchain");
+Adoption::Next Adoption::ReadPolicy() {
+  auto policy = LocalAdmissionPolicy(out_.key);
+  if (!policy.ok()) return Decision{kBootKeyUnderivable, policy.status().ToString()};
+  policy_ = *std::move(policy);
+  return std::nullopt;
+}
 
-  // Load + bind + arm on the exported lane, then install. Only ever called on an AdmittedCell.
-  auto arm_and_install = [&](const AdmittedCell& admitted, const char* phase,
-                             std::string note) -> BootOutcome {
-    LoadTimings load;
-    auto dir = PrivateDirFor(ctx, spec.name);
-    if (!dir.ok()) return finish(kBootArmRefused, dir.status().ToString() + note);
-    auto armed = LoadAdmittedCell(admitted, weights, Lane::kExported, *dir, ctx.threads, &load);
-    clock.Split("open", load.open_ms, "bind");
-    if (!armed.ok()) return finish(kBootArmRefused, armed.status().ToString() + note);
-    std::shared_ptr<ArmedCell> cell(std::move(armed).value());
-    Status installed = target.InstallCell(cell);
-    clock.Mark("install");
-    if (!installed.ok()) {
-      // The object armed but owns no installed target: said on its own row, never silently.
-      if (ctx.events != nullptr) {
-        EventRow row;
-        row.kind = event_kind::kServeDegrade;
-        row.phase = kArmedTargetUnresolved;
-        row.key = out.key;
-        row.ref = cell->ref();
-        row.target = spec.name;
-        row.detail = "target=" + spec.name + " " + installed.ToString();
-        ctx.events->Append(std::move(row));
-      }
-      return finish(kBootArmRefused, installed.ToString() + note);
-    }
-    out.cell = std::move(cell);
-    out.ref = out.cell->ref();
-    // Declared classes the cell does not carry are served eager (out_of_envelope); said once here.
-    const std::vector<ShapeClass> missing = UncoveredClasses(spec.envelope, out.cell->entries());
-    if (!missing.empty() && ctx.events != nullptr) {
-      EventRow row;
-      row.kind = event_kind::kCompiledShapeCoverage;
-      row.phase = "partial";
-      row.key = out.key;
-      row.ref = out.ref;
-      row.target = spec.name;
-      row.detail = "target=" + spec.name +
-                   " carried=" + std::to_string(spec.envelope.classes.size() - missing.size()) +
-                   "/" + std::to_string(spec.envelope.classes.size()) +
-                   " missing=" + DescribeClasses(missing);
-      ctx.events->Append(std::move(row));
-    }
-    return finish(phase, "ref=" + out.ref + note);
-  };
-
-  // The signed revocation list: the watch's when there is one, else fetched for this call.
-  auto check_revocation = [&](const std::string& digest) -> Status {
-    if (ctx.hub == nullptr) return Status::OK();  // no hub: nothing can revoke (docs/trust.md)
-    if (ctx.revocations != nullptr) return ctx.revocations->CheckAdoption(out.key, digest);
-    PublicKeySet keys = ctx.trust != nullptr      ? *ctx.trust
-                        : ctx.hub_keys != nullptr ? *ctx.hub_keys
-                                                  : PublicKeySet();
-    bool transient = false;
-    std::string jws;
-    auto list = FetchRevocationList(*ctx.hub, &keys, ctx.trust == nullptr, 0, &transient, &jws);
-    if (!list.ok()) return list.status();
-    for (const auto& e : list->entries) {
-      if (e.digest == digest) {
-        return Status::Refused(StatusCode::kInvalidArgument, kRefusalRevoked,
-                               out.key + "@" + digest + " is revoked: " + e.reason);
-      }
-    }
-    return Status::OK();
-  };
-  // The adoption's own refusal: its token is the phase, transport failures are retryable.
-  auto refuse_with = [&](const Status& s, const char* fallback, const std::string& note) {
-    const std::string token = TokenOf(s, fallback);
-    out.retryable = token == kRefusalRevocationsUnreachable;
-    return finish(token, s.ToString() + note);
-  };
-
-  // 4. The local store: its recorded digest is the provenance admission checks the bytes against;
-  // its origin says whether this machine minted them or which receipt they came with.
-  std::string note;  // prose carried into the row
-  std::string local_refusal;
-  if (ctx.store != nullptr) {
-    auto hit = ctx.store->Get(out.key);
-    clock.Mark("local_store");
-    if (!hit.ok()) {
-      note += " local_store_error=\"" + hit.status().ToString() + "\"";
-    } else if (hit->has_value()) {
-      const StoredCell& stored = **hit;
-      auto admitted = AdmitCell(stored.bytes, stored.digest, stored.bytes.size(), policy);
-      Status local = admitted.status();
-      if (local.ok()) local = CheckScope(spec, admitted->metadata.family, nullptr);
-      if (local.ok()) {
-        switch (stored.origin.kind) {
-          case CellOrigin::Kind::kMinted:
-            break;
-          case CellOrigin::Kind::kHub: {
-            // The receipt it came with, checked as at its first adoption.
-            ResolveAnswer again;
-            again.kind = ResolveAnswer::Kind::kFound;
-            again.key = out.key;
-            again.digest = stored.digest;
-            again.size = stored.bytes.size();
-            again.family = admitted->metadata.family;
-            again.receipt = stored.origin.receipt;
-            ReceiptVerdict v;
-            if (ctx.trust != nullptr) {
-              v = VerifyResolvedReceipt(again, *ctx.trust);
-            } else {
-              PublicKeySet keys = ctx.hub_keys != nullptr ? *ctx.hub_keys : PublicKeySet();
-              if (ctx.revocations != nullptr) {
-                keys.AddAll(ctx.revocations->Keys()).IgnoreError();
-              }
-              v = ctx.hub != nullptr ? ctx.hub->VerifyReceipt(again, &keys)
-                                     : VerifyResolvedReceipt(again, keys);
-            }
-            if (!v.ok()) {
-              local = Status::Refused(StatusCode::kInvalidArgument, kBootReceiptRefused,
-                                      "stored receipt: " + v.token + ": " + v.message);
-            } else {
-              local = CheckScope(spec, v.claims.family, &v.claims);
-              if (local.ok()) local = CheckAttestation(v.claims);
-              if (local.ok()) local = CheckMembers(v.claims, admitted->files);
-            }
-            break;
-          }
-          case CellOrigin::Kind::kUnknown:
-            local = Status::Refused(StatusCode::kInvalidArgument, kBootProvenanceUnattested,
-                                    "the local entry records no origin (neither minted here nor "
-                                    "a receipt)");
-            break;
-        }
-      }
-      if (local.ok()) {
-        local = CheckSourceProvenance(*graph, admitted->metadata, admitted->files.source);
-      }
-      clock.Mark("admit");
-      if (local.ok()) {
-        // Revocation, local hits included: a listed cell ends the boot here.
-        Status revocation = check_revocation(stored.digest);
-        clock.Mark("revocations");
-        if (!revocation.ok()) {
-          if (revocation.Is(kRefusalRevoked)) ctx.store->Remove(out.key).IgnoreError();
-          return refuse_with(revocation, kBootReceiptRefused,
-                             std::string(" origin=") + CellOriginName(stored.origin.kind) + note);
-        }
-        return arm_and_install(*admitted, kBootLocalHit,
-                               std::string(" origin=") + CellOriginName(stored.origin.kind) + note);
-      }
-      // A local entry that does not admit is not served; it is dropped and the hub asked.
-      local_refusal = TokenOf(local, kBootArmRefused);
-      note += " local_entry_refused=\"" + local.ToString() + "\"";
-      ctx.store->Remove(out.key).IgnoreError();
-    }
+Adoption::Next Adoption::LookUpLocalStore() {
+  // Its recorded digest is the provenance admission checks the bytes against; its origin says
+  // whether this machine minted them or which receipt they came with.
+  auto hit = ctx_.store->Get(out_.key);
+  if (!hit.ok()) {
+    note_ += " local_store_error=\"" + hit.status().ToString() + "\"";
+  } else if (hit->has_value()) {
+    stored_ = std::move(**hit);
   }
+  return std::nullopt;
+}
 
-  // 5. Hub resolve of this scope. A refusal is never a miss.
-  if (ctx.hub == nullptr) {
-    if (!local_refusal.empty()) return finish(local_refusal, note.substr(1));
-    return finish(kBootLocalMissNoHub, note.empty() ? "" : note.substr(1));
+PublicKeySet Adoption::HubKeys() const {
+  // The hub's keys fetched so far, and those the revocation watch verified lists with.
+  PublicKeySet keys = ctx_.hub_keys != nullptr ? *ctx_.hub_keys : PublicKeySet();
+  if (ctx_.revocations != nullptr) keys.AddAll(ctx_.revocations->Keys()).IgnoreError();
+  return keys;
+}
+
+Adoption::Next Adoption::AdmitStored() {
+  auto admitted = AdmitCell(stored_->bytes, stored_->digest, stored_->bytes.size(), *policy_);
+  Status local = admitted.status();
+  if (local.ok()) local = CheckScope(spec_, admitted->metadata.family, nullptr);
+  if (local.ok() && stored_->origin.kind == CellOrigin::Kind::kHub) {
+    // The receipt it came with, checked as at its first adoption.
+    ResolveAnswer again;
+    again.kind = ResolveAnswer::Kind::kFound;
+    again.key = out_.key;
+    again.digest = stored_->digest;
+    again.size = stored_->bytes.size();
+    again.family = admitted->metadata.family;
+    again.receipt = stored_->origin.receipt;
+    ReceiptVerdict v;
+    if (ctx_.trust != nullptr) {
+      v = VerifyResolvedReceipt(again, *ctx_.trust);
+    } else {
+      PublicKeySet keys = HubKeys();
+      v = ctx_.hub != nullptr ? ctx_.hub->VerifyReceipt(again, &keys)
+                              : VerifyResolvedReceipt(again, keys);
+    }
+    if (!v.ok()) {
+      local = Status::Refused(StatusCode::kInvalidArgument, kBootReceiptRefused,
+                              "stored receipt: " + v.token + ": " + v.message);
+    } else {
+      local = CheckScope(spec_, v.claims.family, &v.claims);
+      if (local.ok()) local = CheckAttestation(v.claims);
+      if (local.ok()) local = CheckMembers(v.claims, admitted->files);
+    }
+  } else if (local.ok() && stored_->origin.kind == CellOrigin::Kind::kUnknown) {
+    local = Status::Refused(StatusCode::kInvalidArgument, kBootProvenanceUnattested,
+                            "the local entry records no origin (neither minted here nor a "
+                            "receipt)");
   }
-  HubClient& hub = *ctx.hub;
-  ResolveAnswer answer = hub.Resolve(out.key, spec.export_spec->family);
-  clock.Mark("resolve");
-  switch (answer.kind) {
+  if (local.ok()) {
+    local = CheckSourceProvenance(*graph_, admitted->metadata, admitted->files.source);
+  }
+  if (local.ok()) {
+    local_ = *std::move(admitted);
+    note_ = std::string(" origin=") + CellOriginName(stored_->origin.kind) + note_;
+    return std::nullopt;
+  }
+  // A local entry that does not admit is not served; it is dropped and the hub asked.
+  local_refusal_ = TokenOf(local, kBootArmRefused);
+  note_ += " local_entry_refused=\"" + local.ToString() + "\"";
+  ctx_.store->Remove(out_.key).IgnoreError();
+  return std::nullopt;
+}
+
+Adoption::Next Adoption::CheckStoredRevocation() {
+  // Revocation, local hits included: a listed cell ends the boot here (no hub: nothing can
+  // revoke, docs/trust.md).
+  if (ctx_.hub == nullptr) return std::nullopt;
+  Status revocation = ctx_.revocations->CheckAdoption(out_.key, stored_->digest);
+  if (revocation.ok()) return std::nullopt;
+  if (revocation.Is(kRefusalRevoked)) ctx_.store->Remove(out_.key).IgnoreError();
+  return Refuse(revocation, kBootReceiptRefused);
+}
+
+Adoption::Next Adoption::Resolve() {
+  // A refusal is never a miss.
+  answer_ = ctx_.hub->Resolve(out_.key, spec_.export_spec->family);
+  switch (answer_.kind) {
     case ResolveAnswer::Kind::kMiss:
-      return finish(kBootMiss, "hub=miss" + note);
-    case ResolveAnswer::Kind::kRefused:
-      if (answer.token == "resolve_key_mismatch" || answer.token == "resolve_scope_mismatch") {
-        return finish(kBootResolveKeyMismatch,
-                      "token=" + answer.token + " message=\"" + answer.message + "\"" + note);
+      return Decision{kBootMiss, "hub=miss" + note_};
+    case ResolveAnswer::Kind::kRefused: {
+      const std::string said =
+          "token=" + answer_.token + " message=\"" + answer_.message + "\"" + note_;
+      if (answer_.token == kRefusalResolveKeyMismatch ||
+          answer_.token == kRefusalResolveScopeMismatch) {
+        return Decision{kBootResolveKeyMismatch, said};
       }
-      out.retryable = IsTransport(answer.token) || answer.http_status >= 500;
-      return finish(kBootResolveRefused,
-                    "token=" + answer.token + " message=\"" + answer.message + "\"" + note);
+      out_.retryable = IsTransient(answer_.token, answer_.http_status);
+      return Decision{kBootResolveRefused, said};
+    }
     case ResolveAnswer::Kind::kFound:
       break;
   }
-  if (answer.key != out.key) {
-    return finish(kBootResolveKeyMismatch, "asked=" + out.key + " answered=" + answer.key + note);
+  if (answer_.key != out_.key) {
+    return Decision{kBootResolveKeyMismatch,
+                    "asked=" + out_.key + " answered=" + answer_.key + note_};
   }
+  return std::nullopt;
+}
 
-  // 6. Receipt gate: signature, kid (one refetch), claims.
-  // Operator trust anchors are checked offline: the hub is not asked for keys it would vouch
-  // for itself. Without anchors the hub's own key set is used, refetched once on an unknown kid.
-  ReceiptVerdict verdict;
-  if (ctx.trust != nullptr) {
-    verdict = VerifyResolvedReceipt(answer, *ctx.trust);
+Adoption::Next Adoption::VerifyReceipt() {
+  // 6. Signature, kid (one refetch), claims. Operator trust anchors are checked offline: the hub
+  // is not asked for keys it would vouch for itself. Without anchors the hub's own key set is
+  // used, refetched once on an unknown kid.
+  if (ctx_.trust != nullptr) {
+    verdict_ = VerifyResolvedReceipt(answer_, *ctx_.trust);
   } else {
     PublicKeySet local_hub_keys;
-    verdict = hub.VerifyReceipt(answer, ctx.hub_keys != nullptr ? ctx.hub_keys : &local_hub_keys);
+    verdict_ = ctx_.hub->VerifyReceipt(answer_,
+                                       ctx_.hub_keys != nullptr ? ctx_.hub_keys : &local_hub_keys);
   }
-  clock.Mark("receipt");
-  if (!verdict.ok()) {
-    return finish(kBootReceiptRefused,
-                  "token=" + verdict.token + " message=\"" + verdict.message + "\"" + note);
+  if (!verdict_.ok()) {
+    return Decision{kBootReceiptRefused,
+                    "token=" + verdict_.token + " message=\"" + verdict_.message + "\"" + note_};
   }
   // 7. The publisher rule and the rebuild attestation, before a byte is fetched.
-  if (Status scope = CheckScope(spec, verdict.claims.family, &verdict.claims); !scope.ok()) {
-    return finish(kBootScopeRefused, scope.ToString() + note);
+  if (Status scope = CheckScope(spec_, verdict_.claims.family, &verdict_.claims); !scope.ok()) {
+    return Decision{kBootScopeRefused, scope.ToString() + note_};
   }
-  if (Status attested = CheckAttestation(verdict.claims); !attested.ok()) {
-    return finish(kBootProvenanceUnattested, attested.ToString() + note);
+  if (Status attested = CheckAttestation(verdict_.claims); !attested.ok()) {
+    return Decision{kBootProvenanceUnattested, attested.ToString() + note_};
   }
+  return std::nullopt;
+}
+
+Adoption::Next Adoption::CheckRevocation() {
   // 8. The signed revocation list, fresh.
-  Status revocation = check_revocation(answer.digest);
-  clock.Mark("revocations");
-  if (!revocation.ok()) return refuse_with(revocation, kBootReceiptRefused, note);
+  Status revocation = ctx_.revocations->CheckAdoption(out_.key, answer_.digest);
+  if (revocation.ok()) return std::nullopt;
+  return Refuse(revocation, kBootReceiptRefused);
+}
 
+Adoption::Next Adoption::Fetch() {
   // 9. Fetch by digest into the cache; a cached file is re-verified on use.
-  auto root = PrivateRoot(ctx);
-  const std::string cache_dir = !ctx.blob_cache_dir.empty() ? ctx.blob_cache_dir
-                                : root.ok()                 ? *root + "/blobs"
-                                                            : std::string();
+  auto root = PrivateRoot(ctx_);
+  const std::string cache_dir = !ctx_.blob_cache_dir.empty() ? ctx_.blob_cache_dir
+                                : root.ok()                  ? *root + "/blobs"
+                                                             : std::string();
   if (Status made = root.ok() ? MakeDirs(cache_dir) : root.status(); !made.ok()) {
-    return finish(kBootFetchRefused,
-                  "token=cache_unwritable message=\"" + made.ToString() + "\"" + note);
+    return Decision{kBootFetchRefused,
+                    "token=cache_unwritable message=\"" + made.ToString() + "\"" + note_};
   }
-  const std::string blob_path = cache_dir + "/" + answer.digest;
-  std::optional<std::string> bytes =
-      ReadVerifiedCachedBlob(blob_path, answer.digest, answer.size, &note);
-  if (bytes.has_value()) {
-    note += " cached_blob=reused";
-  } else {
-    HubAnswer fetched = hub.FetchBlob(answer.digest, blob_path, answer.size);
-    if (!fetched.ok()) {
-      // A partial download of bytes that are not the digest must not be resumed next time.
-      std::error_code ec;
-      if (fetched.token == kRefusalDigestMismatch || fetched.token == kRefusalSizeMismatch) {
-        std::filesystem::remove(blob_path + ".part", ec);
-      }
-      const std::string token =
-          fetched.token == kRefusalDigestMismatch || fetched.token == kRefusalSizeMismatch
-              ? fetched.token
-              : std::string(kBootFetchRefused);
-      out.retryable = IsTransport(fetched.token) || fetched.http_status >= 500;
-      return finish(token,
-                    "token=" + fetched.token + " message=\"" + fetched.message + "\"" + note);
-    }
-    auto read = ReadFile(blob_path);
-    if (!read.ok()) {
-      return finish(kBootFetchRefused,
-                    "token=cache_unreadable message=\"" + read.status().ToString() + "\"" + note);
-    }
-    bytes = std::move(read).value();
+  const std::string blob_path = cache_dir + "/" + answer_.digest;
+  std::optional<std::string> cached =
+      ReadVerifiedCachedBlob(blob_path, answer_.digest, answer_.size, &note_);
+  if (cached.has_value()) {
+    note_ += " cached_blob=reused";
+    bytes_ = std::move(*cached);
+    return std::nullopt;
   }
-  clock.Mark("fetch");
+  HubAnswer fetched = ctx_.hub->FetchBlob(answer_.digest, blob_path, answer_.size);
+  if (!fetched.ok()) {
+    // A partial download of bytes that are not the digest must not be resumed next time.
+    const bool wrong_bytes =
+        fetched.token == kRefusalDigestMismatch || fetched.token == kRefusalSizeMismatch;
+    std::error_code ec;
+    if (wrong_bytes) std::filesystem::remove(blob_path + ".part", ec);
+    out_.retryable = IsTransient(fetched.token, fetched.http_status);
+    return Decision{wrong_bytes ? fetched.token : std::string(kBootFetchRefused),
+                    "token=" + fetched.token + " message=\"" + fetched.message + "\"" + note_};
+  }
+  auto read = ReadFile(blob_path);
+  if (!read.ok()) {
+    return Decision{kBootFetchRefused,
+                    "token=cache_unreadable message=\"" + read.status().ToString() + "\"" + note_};
+  }
+  bytes_ = std::move(read).value();
+  return std::nullopt;
+}
 
-  // 10. Admission: every check before anything is loaded (law 4); refusals keep their tokens.
-  auto admitted = AdmitCell(*bytes, answer.digest, answer.size, policy);
-  clock.Mark("admit");
+Adoption::Next Adoption::Admit() {
+  // 10. Every check before anything is loaded (law 4); refusals keep their tokens.
+  auto admitted = AdmitCell(bytes_, answer_.digest, answer_.size, *policy_);
   if (!admitted.ok()) {
-    return finish(TokenOf(admitted.status(), kBootArmRefused), admitted.status().ToString() + note);
+    return Decision{TokenOf(admitted.status(), kBootArmRefused),
+                    admitted.status().ToString() + note_};
   }
-  if (!verdict.claims.family.empty() && admitted->metadata.family != verdict.claims.family) {
-    return finish(kBootReceiptRefused, "token=receipt_claim_mismatch message=\"family is '" +
-                                           verdict.claims.family + "' in the receipt, '" +
-                                           admitted->metadata.family + "' in the metadata\"" +
-                                           note);
+  const ReceiptClaims& claims = verdict_.claims;
+  if (!claims.family.empty() && admitted->metadata.family != claims.family) {
+    return Decision{kBootReceiptRefused, std::string("token=") + kRefusalReceiptClaimMismatch +
+                                             " message=\"family is '" + claims.family +
+                                             "' in the receipt, '" + admitted->metadata.family +
+                                             "' in the metadata\"" + note_};
   }
-  if (Status members = CheckMembers(verdict.claims, admitted->files); !members.ok()) {
-    return finish(kBootReceiptRefused,
-                  "token=receipt_claim_mismatch message=\"" + members.message() + "\"" + note);
+  if (Status members = CheckMembers(claims, admitted->files); !members.ok()) {
+    return Decision{kBootReceiptRefused, std::string("token=") + kRefusalReceiptClaimMismatch +
+                                             " message=\"" + members.message() + "\"" + note_};
   }
+  admitted_ = *std::move(admitted);
+  return std::nullopt;
+}
+
+Adoption::Next Adoption::CheckSource() {
   // 11. Provenance of the code: the source is what this worker's graph generates.
-  if (Status source = CheckSourceProvenance(*graph, admitted->metadata, admitted->files.source);
-      !source.ok()) {
-    clock.Mark("provenance");
-    return finish(TokenOf(source, kRefusalSourceMismatch), source.ToString() + note);
-  }
-  clock.Mark("provenance");
+  Status source = CheckSourceProvenance(*graph_, admitted_->metadata, admitted_->files.source);
+  if (source.ok()) return std::nullopt;
+  return Decision{TokenOf(source, kRefusalSourceMismatch), source.ToString() + note_};
+}
 
-  // 12. Keep the admitted bytes on this machine for the next boot, with the receipt they came
-  // with. The store's fsyncs overlap the load below instead of preceding it; `finish` waits for
-  // both before the row is written.
-  if (ctx.store != nullptr) {
-    pending_put =
-        std::async(std::launch::async, [store = ctx.store, &key = out.key, &bytes, &answer] {
-          return store->Put(key, *bytes, CellOrigin{CellOrigin::Kind::kHub, answer.receipt});
-        });
+BootOutcome Adoption::ArmAndInstall(const AdmittedCell& admitted, const char* phase) {
+  LoadTimings load;
+  auto dir = PrivateDirFor(ctx_, spec_.name);
+  if (!dir.ok()) return Finish({kBootArmRefused, dir.status().ToString() + note_});
+  auto armed = LoadAdmittedCell(admitted, weights_, Lane::kExported, *dir, ctx_.threads, &load);
+  clock_.Split("open", load.open_ms, "bind");
+  if (!armed.ok()) return Finish({kBootArmRefused, armed.status().ToString() + note_});
+  std::shared_ptr<ArmedCell> cell(std::move(armed).value());
+  Status installed = target_.InstallCell(cell);
+  clock_.Mark("install");
+  if (!installed.ok()) {
+    // The object armed but owns no installed target: said on its own row, never silently.
+    if (ctx_.events != nullptr) {
+      EventRow row;
+      row.kind = event_kind::kServeDegrade;
+      row.phase = kArmedTargetUnresolved;
+      row.key = out_.key;
+      row.ref = cell->ref();
+      row.target = spec_.name;
+      row.detail = "target=" + spec_.name + " " + installed.ToString();
+      ctx_.events->Append(std::move(row));
+    }
+    return Finish({kBootArmRefused, installed.ToString() + note_});
   }
+  out_.cell = std::move(cell);
+  out_.ref = out_.cell->ref();
+  SayCoverage();
+  return Finish({phase, "ref=" + out_.ref + note_});
+}
 
-  // 13. Load, bind, arm, install.
-  return arm_and_install(*admitted, kBootHit, note);
+void Adoption::SayCoverage() {
+  // Declared classes the cell does not carry are served eager (out_of_envelope); said once here.
+  const std::vector<ShapeClass> missing = UncoveredClasses(spec_.envelope, out_.cell->entries());
+  if (missing.empty() || ctx_.events == nullptr) return;
+  EventRow row;
+  row.kind = event_kind::kCompiledShapeCoverage;
+  row.phase = "partial";
+  row.key = out_.key;
+  row.ref = out_.ref;
+  row.target = spec_.name;
+  row.detail = "target=" + spec_.name +
+               " carried=" + std::to_string(spec_.envelope.classes.size() - missing.size()) + "/" +
+               std::to_string(spec_.envelope.classes.size()) +
+               " missing=" + DescribeClasses(missing);
+  ctx_.events->Append(std::move(row));
+}
+
+Adoption::Decision Adoption::Refuse(const Status& s, const char* fallback) {
+  // The adoption's own refusal: its token is the phase; a list the hub could not give is
+  // retried.
+  const std::string token = TokenOf(s, fallback);
+  out_.retryable = token == kRefusalRevocationsUnreachable;
+  return Decision{token, s.ToString() + note_};
+}
+
+BootOutcome Adoption::Finish(const Decision& decision) {
+  // Every call ends here: one row, whatever the outcome.
+  out_.phase = decision.phase;
+  out_.detail = decision.detail;
+  if (pending_put_.valid()) {
+    const Status put = pending_put_.get();
+    out_.detail +=
+        put.ok() ? " local_store=stored" : " local_store_put_failed=\"" + put.ToString() + "\"";
+    clock_.Mark("local_store_put_wait");
+  }
+  out_.duration_ms = MsSince(start_);
+  out_.stages_ms = clock_.Render();
+  out_.stages = clock_.stages();
+  if (ctx_.events != nullptr) {
+    EventRow row;
+    row.kind = event_kind::kBootAdopt;
+    row.phase = out_.phase;
+    row.duration_ms = out_.duration_ms;
+    row.key = out_.key;
+    row.ref = out_.ref;
+    row.target = spec_.name;
+    row.detail = "key=" + out_.key + " target=" + spec_.name;
+    if (!ctx_.worker.empty()) row.detail += " worker=" + ctx_.worker;
+    if (!out_.detail.empty()) row.detail += " " + out_.detail;
+    if (!out_.stages_ms.empty()) row.detail += " stages_ms=" + out_.stages_ms;
+    row.stages = out_.stages;
+    ctx_.events->Append(std::move(row));
+  }
+  return out_;
+}
+
+}  // namespace
+
+BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
+                        std::shared_ptr<const Graph> graph, const WeightMap& weights,
+                        const BootContext& ctx) {
+  return Adoption(target, spec, std::move(graph), weights, ctx).Run();
 }
 
 }  // namespace kiln

@@ -37,6 +37,12 @@
 // Law 4: nothing is written where it could be dlopen'ed, and nothing is dlopen'ed, before steps
 // 6-11 (or step 4's checks) passed.
 //
+// The steps are one list in boot.cc, each named by the stage its time is recorded under, so a
+// row's `stages` read as the route it took: key, toolchain, local_store, then admit, revocations
+// (a local hit) or resolve, receipt, revocations, fetch, admit, provenance (the hub), then open,
+// bind, install and, when fetched bytes were kept, local_store_put_wait. A step that decides the
+// outcome still closes its stage.
+//
 // Exactly one `boot_adopt` event row per call: its phase is the outcome's phase, its duration the
 // measured span of the whole call, its detail prose starting `key=<key> target=<name>`. A refused
 // adoption installs nothing; the caller then applies the ordinary miss policy (serve eager now, or
@@ -46,14 +52,14 @@
 #include <memory>
 #include <string>
 
-#include "src/kiln/cell/loader.h"
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/cell/store.h"
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/ir.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/manifest/manifest.h"
+#include "src/kiln/receipt/receipt.h"
 #include "src/kiln/worker/events.h"
-#include "src/kiln/worker/manifest.h"
 #include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/serving.h"
 
@@ -90,7 +96,7 @@ struct BootContext {
   // an unknown kid). null = a fresh set per call.
   PublicKeySet* hub_keys = nullptr;
   // The signed revocation list (worker/revocations.h), checked before every adoption when a hub
-  // is configured. null with a hub: the list is fetched and verified once per call.
+  // is configured. REQUIRES: non-null when `hub` is (a worker with a hub always watches it).
   RevocationWatch* revocations = nullptr;
   EventLog* events = nullptr;  // null = no row
   std::string private_dir;     // verified .so files are written under here (0700) and opened

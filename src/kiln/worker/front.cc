@@ -162,7 +162,7 @@ std::vector<net::Route> AdminRoutes(WorkerService* svc, const std::string& token
           Sha256Hex(header.rfind(prefix, 0) == 0 ? header.substr(prefix.size()) : "\x01");
       if (header.rfind(prefix, 0) != 0 ||
           CRYPTO_memcmp(got.data(), want.data(), want.size()) != 0) {
-        Response r = ErrorAnswer(401, false, "unauthenticated",
+        Response r = ErrorAnswer(401, false, net::kUnauthenticated,
                                  req.method + " " + req.path +
                                      " needs the operator's admin token (Authorization: Bearer)",
                                  retry);

@@ -1,5 +1,6 @@
-// KServe v2 codec (worker layer): JSON and binary tensors <-> TensorMap. See kserve.h. nlohmann
-// parse errors are caught here and become InvalidArgument; nothing else in this file throws.
+// KServe v2 codec (worker layer): request bodies in through one streaming reader, response bodies
+// out. See kserve.h. nlohmann parse errors are caught here and become InvalidArgument; nothing
+// else in this file throws.
 #include "src/kiln/worker/kserve.h"
 
 #include <algorithm>
@@ -27,45 +28,6 @@ std::string Show(const json& v) {
   std::string s = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (s.size() > 40) s = s.substr(0, 37) + "...";
   return s;
-}
-
-// Refuses JSON nested deeper than kKServeMaxJsonDepth before the parser sees it.
-Status CheckDepth(std::string_view text) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-      continue;
-    }
-    if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > kKServeMaxJsonDepth) {
-        return Status::InvalidArgument("infer request: JSON nested deeper than " +
-                                       std::to_string(kKServeMaxJsonDepth) + " levels");
-      }
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return Status::OK();
-}
-
-Result<json> ParseJson(std::string_view text, const std::string& what) {
-  KILN_RETURN_IF_ERROR(CheckDepth(text));
-  try {
-    return json::parse(text.begin(), text.end());
-  } catch (const std::exception& e) {
-    return Status::InvalidArgument(what + " is not valid JSON: " + e.what());
-  } catch (...) {
-    return Status::InvalidArgument(what + " is not valid JSON");
-  }
 }
 
 // Reads a non-negative integer (a JSON unsigned or a non-negative signed integer).
@@ -172,196 +134,9 @@ Status StoreElementAt(const json& v, Tensor& t, int64_t i, const WhereFn& where)
   return Status::InvalidArgument(where() + ": unsupported dtype");
 }
 
-Status StoreElement(const json& v, Tensor& t, int64_t i, const std::string& where) {
-  return StoreElementAt(v, t, i, [&] { return where; });
-}
+}  // namespace
 
-// Fills `t` from nested `data` whose structure must match shape[level...].
-Status FillNested(const json& data, Tensor& t, size_t level, int64_t* next,
-                  const std::string& where) {
-  const Shape& shape = t.shape();
-  if (level == shape.size()) {
-    if (data.is_array() || data.is_object()) {
-      return Status::InvalidArgument(where + " is " + Show(data) +
-                                     ", nested deeper than the shape " + ShapeToString(shape));
-    }
-    KILN_RETURN_IF_ERROR(StoreElement(data, t, *next, where));
-    ++*next;
-    return Status::OK();
-  }
-  if (!data.is_array()) {
-    return Status::InvalidArgument(where + " is " + Show(data) + "; the shape " +
-                                   ShapeToString(shape) + " expects an array of " +
-                                   std::to_string(shape[level]) + " here");
-  }
-  if (static_cast<int64_t>(data.size()) != shape[level]) {
-    return Status::InvalidArgument(where + " has " + std::to_string(data.size()) +
-                                   " elements; the shape " + ShapeToString(shape) + " expects " +
-                                   std::to_string(shape[level]) + " at dim " +
-                                   std::to_string(level));
-  }
-  for (size_t k = 0; k < data.size(); ++k) {
-    KILN_RETURN_IF_ERROR(
-        FillNested(data[k], t, level + 1, next, where + "[" + std::to_string(k) + "]"));
-  }
-  return Status::OK();
-}
-
-// One tensor object ({"name","shape","datatype","data"|"parameters.binary_data_size"}) of
-// `kind` ("input" / "output"). `binary` is the bytes after the JSON (null: no binary part);
-// `offset` advances past the bytes this tensor took.
-Result<std::pair<std::string, Tensor>> ParseTensor(const json& obj, size_t index, const char* kind,
-                                                   const std::string_view* binary, size_t* offset,
-                                                   size_t json_bytes) {
-  const std::string at = std::string(kind) + "s[" + std::to_string(index) + "]";
-  if (!obj.is_object()) {
-    return Status::InvalidArgument(at + " is " + Show(obj) + "; expected an object");
-  }
-  auto name_it = obj.find("name");
-  if (name_it == obj.end() || !name_it->is_string() || name_it->get<std::string>().empty()) {
-    return Status::InvalidArgument(at + " has no \"name\" (a non-empty string)");
-  }
-  const std::string name = name_it->get<std::string>();
-  const std::string what = std::string(kind) + " " + Quote(name);
-
-  auto dt_it = obj.find("datatype");
-  if (dt_it == obj.end() || !dt_it->is_string()) {
-    return Status::InvalidArgument(what + " has no \"datatype\" (a string such as \"FP32\")");
-  }
-  auto dtype_or = DTypeFromKServe(dt_it->get<std::string>());
-  if (!dtype_or.ok()) return dtype_or.status().WithContext(what);
-  const DType dtype = *dtype_or;
-
-  auto shape_it = obj.find("shape");
-  if (shape_it == obj.end() || !shape_it->is_array()) {
-    return Status::InvalidArgument(what + " has no \"shape\" (an array of dims)");
-  }
-  if (shape_it->size() > static_cast<size_t>(kKServeMaxRank)) {
-    return Status::InvalidArgument(what + " has rank " + std::to_string(shape_it->size()) +
-                                   "; at most " + std::to_string(kKServeMaxRank) +
-                                   " dims are accepted");
-  }
-  Shape shape;
-  int64_t numel = 1;
-  for (size_t d = 0; d < shape_it->size(); ++d) {
-    uint64_t dim = 0;
-    if (!AsCount((*shape_it)[d], &dim) || dim > static_cast<uint64_t>(kKServeMaxElements)) {
-      return Status::InvalidArgument(what + ": shape[" + std::to_string(d) + "] is " +
-                                     Show((*shape_it)[d]) + "; expected an integer dim >= 0");
-    }
-    shape.push_back(static_cast<int64_t>(dim));
-    if (dim != 0 && numel > kKServeMaxElements / static_cast<int64_t>(dim)) {
-      return Status::InvalidArgument(what + ": shape " + Show(*shape_it) + " has more than " +
-                                     std::to_string(kKServeMaxElements) + " elements");
-    }
-    numel *= static_cast<int64_t>(dim);
-  }
-
-  const json* size_param = nullptr;
-  auto params_it = obj.find("parameters");
-  if (params_it != obj.end()) {
-    if (!params_it->is_object()) {
-      return Status::InvalidArgument(what + ": \"parameters\" is " + Show(*params_it) +
-                                     "; expected an object");
-    }
-    auto b = params_it->find("binary_data_size");
-    if (b != params_it->end()) size_param = &*b;
-  }
-  auto data_it = obj.find("data");
-
-  if (size_param != nullptr) {
-    if (data_it != obj.end()) {
-      return Status::InvalidArgument(what + " has both \"data\" and binary_data_size");
-    }
-    if (binary == nullptr) {
-      return Status::InvalidArgument(what +
-                                     " has parameters.binary_data_size but the request "
-                                     "has no " +
-                                     std::string(kInferenceHeaderContentLength) + " header");
-    }
-    uint64_t size = 0;
-    if (!AsCount(*size_param, &size)) {
-      return Status::InvalidArgument(what + ": binary_data_size is " + Show(*size_param) +
-                                     "; expected a byte count >= 0");
-    }
-    const uint64_t want = static_cast<uint64_t>(numel) * DTypeSize(dtype);
-    if (size != want) {
-      return Status::InvalidArgument(what + ": binary_data_size is " + std::to_string(size) + "; " +
-                                     KServeDatatype(dtype) + ShapeToString(shape) + " takes " +
-                                     std::to_string(want) + " bytes");
-    }
-    const size_t left = binary->size() - *offset;
-    if (size > left) {
-      return Status::InvalidArgument(what + ": binary_data_size is " + std::to_string(size) +
-                                     " but only " + std::to_string(left) +
-                                     " bytes of binary data remain (truncated body?)");
-    }
-    auto t_or =
-        Tensor::FromBytes(dtype, shape, binary->data() + *offset, static_cast<size_t>(size));
-    if (!t_or.ok()) return t_or.status().WithContext(what);
-    Tensor t = std::move(t_or).value();
-    *offset += static_cast<size_t>(size);
-    if (dtype == DType::kBool) {
-      const uint8_t* p = t.data<uint8_t>();
-      for (int64_t i = 0; i < numel; ++i) {
-        if (p[i] > 1) {
-          return Status::InvalidArgument(what + ": binary BOOL element " + std::to_string(i) +
-                                         " is byte " + std::to_string(p[i]) + "; expected 0 or 1");
-        }
-      }
-    }
-    return std::make_pair(name, std::move(t));
-  }
-
-  if (data_it == obj.end()) {
-    return Status::InvalidArgument(what + " has neither \"data\" nor binary_data_size");
-  }
-  const json& data = *data_it;
-  if (!data.is_array()) {
-    return Status::InvalidArgument(what + ": \"data\" is " + Show(data) + "; expected an array");
-  }
-  // Every JSON element takes at least one byte, so a shape needing more elements than the JSON
-  // has bytes cannot be satisfied: refuse before allocating for it.
-  if (static_cast<uint64_t>(numel) > json_bytes) {
-    return Status::InvalidArgument(what + ": shape " + ShapeToString(shape) + " needs " +
-                                   std::to_string(numel) + " data elements; the request holds " +
-                                   "fewer");
-  }
-  auto t_or = Tensor::Empty(dtype, shape);
-  if (!t_or.ok()) return t_or.status().WithContext(what);
-  Tensor t = std::move(t_or).value();
-  const bool nested = !shape.empty() && !data.empty() && data[0].is_array();
-  if (nested) {
-    int64_t next = 0;
-    KILN_RETURN_IF_ERROR(FillNested(data, t, 0, &next, what + " data"));
-  } else {
-    if (static_cast<int64_t>(data.size()) != numel) {
-      return Status::InvalidArgument(what + " has " + std::to_string(data.size()) +
-                                     " data elements; shape " + ShapeToString(shape) + " needs " +
-                                     std::to_string(numel));
-    }
-    for (int64_t i = 0; i < numel; ++i) {
-      KILN_RETURN_IF_ERROR(StoreElement(data[static_cast<size_t>(i)], t, i,
-                                        what + " data[" + std::to_string(i) + "]"));
-    }
-  }
-  return std::make_pair(name, std::move(t));
-}
-
-// Splits a body into its JSON part and (when json_length is set) its binary part.
-Result<std::pair<std::string_view, std::optional<std::string_view>>> SplitBody(
-    std::string_view body, std::optional<size_t> json_length) {
-  if (!json_length) return std::make_pair(body, std::optional<std::string_view>());
-  if (*json_length > body.size()) {
-    return Status::InvalidArgument(std::string(kInferenceHeaderContentLength) + " is " +
-                                   std::to_string(*json_length) + " but the body has only " +
-                                   std::to_string(body.size()) + " bytes");
-  }
-  return std::make_pair(body.substr(0, *json_length),
-                        std::optional<std::string_view>(body.substr(*json_length)));
-}
-
-json ElementsAsJson(const Tensor& t) {
+nlohmann::json KServeJsonData(const Tensor& t) {
   json data = json::array();
   const int64_t n = t.numel();
   auto& arr = data.get_ref<json::array_t&>();
@@ -390,6 +165,8 @@ json ElementsAsJson(const Tensor& t) {
   }
   return data;
 }
+
+namespace {
 
 std::string JsonText(const json& j) {
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
@@ -1390,7 +1167,7 @@ Result<EncodedInferResponse> EncodeInferResponse(const std::string& model_name,
       o["parameters"] = json{{"binary_data_size", t.nbytes()}};
       binary.append(static_cast<const char*>(t.raw_data()), t.nbytes());
     } else {
-      o["data"] = ElementsAsJson(t);
+      o["data"] = KServeJsonData(t);
     }
     outs.push_back(std::move(o));
   }
@@ -1406,60 +1183,6 @@ Result<EncodedInferResponse> EncodeInferResponse(const std::string& model_name,
   if (any_binary) {
     r.json_length = r.body.size();
     r.body += binary;
-  }
-  return r;
-}
-
-EncodedInferRequest EncodeInferRequest(const TensorMap& inputs, bool binary,
-                                       const std::string& id) {
-  json j = json::object();
-  if (!id.empty()) j["id"] = id;
-  json ins = json::array();
-  std::string bytes;
-  for (const auto& [name, t] : inputs) {
-    json o{{"name", name}, {"shape", t.shape()}, {"datatype", KServeDatatype(t.dtype())}};
-    if (binary) {
-      o["parameters"] = json{{"binary_data_size", t.nbytes()}};
-      bytes.append(static_cast<const char*>(t.raw_data()), t.nbytes());
-    } else {
-      o["data"] = ElementsAsJson(t);
-    }
-    ins.push_back(std::move(o));
-  }
-  j["inputs"] = std::move(ins);
-  if (binary) j["parameters"] = json{{"binary_data_output", true}};
-  EncodedInferRequest r;
-  r.body = JsonText(j);
-  if (binary) {
-    r.json_length = r.body.size();
-    r.body += bytes;
-  }
-  return r;
-}
-
-Result<DecodedInferResponse> DecodeInferResponse(std::string_view body,
-                                                 std::optional<size_t> json_length) {
-  KILN_ASSIGN_OR_RETURN(auto parts, SplitBody(body, json_length));
-  KILN_ASSIGN_OR_RETURN(json j, ParseJson(parts.first, "infer response"));
-  if (!j.is_object()) return Status::InvalidArgument("infer response is not a JSON object");
-  DecodedInferResponse r;
-  if (auto it = j.find("model_name"); it != j.end() && it->is_string()) r.model_name = *it;
-  if (auto it = j.find("id"); it != j.end() && it->is_string()) r.id = *it;
-  if (auto it = j.find("parameters"); it != j.end() && it->is_object()) {
-    for (const auto& [k, v] : it->items()) {
-      r.parameters[k] = v.is_string() ? v.get<std::string>() : JsonText(v);
-    }
-  }
-  auto outs = j.find("outputs");
-  if (outs == j.end() || !outs->is_array()) {
-    return Status::InvalidArgument("infer response has no \"outputs\" array");
-  }
-  size_t offset = 0;
-  const std::string_view* binary = parts.second ? &*parts.second : nullptr;
-  for (size_t i = 0; i < outs->size(); ++i) {
-    KILN_ASSIGN_OR_RETURN(
-        auto named, ParseTensor((*outs)[i], i, "output", binary, &offset, parts.first.size()));
-    r.outputs[named.first] = std::move(named.second);
   }
   return r;
 }

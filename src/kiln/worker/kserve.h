@@ -1,6 +1,7 @@
 // KServe v2 / Open Inference Protocol codec: infer request bodies in, infer response bodies out,
 // JSON tensors and the binary tensor data extension (worker layer, under the front end in
-// front.h; docs/design.md §10).
+// front.h; docs/design.md §10). The client's side (requests out, responses in) is the tests'
+// (tests/worker/kserve_client.h), and decodes tensors with the reader below: one parser.
 //
 // Request: {"id", "parameters": {...}, "inputs": [{"name", "shape", "datatype", "data"}],
 // "outputs": [{"name", "parameters": {"binary_data": bool}}]}. `data` is flat or nested (a nested
@@ -27,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
 #include <string>
@@ -129,24 +131,8 @@ Result<EncodedInferResponse> EncodeInferResponse(const std::string& model_name,
                                                  const TensorMap& outputs,
                                                  const InferOutcome& outcome);
 
-// Builds a request body (JSON tensors, or binary when `binary`) from named tensors: what
-// clients, tests and the load generator send. Outputs asked as binary when `binary`.
-struct EncodedInferRequest {
-  std::string body;
-  std::optional<size_t> json_length;  // set when binary
-};
-EncodedInferRequest EncodeInferRequest(const TensorMap& inputs, bool binary,
-                                       const std::string& id = "");
-
-// Decodes a response body produced by EncodeInferResponse (JSON or binary) back into tensors
-// and its `parameters` (compact JSON text per key); for clients and tests.
-struct DecodedInferResponse {
-  std::string model_name;
-  std::string id;
-  TensorMap outputs;
-  std::map<std::string, std::string> parameters;  // string values unquoted
-};
-Result<DecodedInferResponse> DecodeInferResponse(std::string_view body,
-                                                 std::optional<size_t> json_length);
+// A tensor's elements as the flat KServe `data` array (floats as numbers, BOOL as true/false,
+// integers exact): what the response encoder writes, and what a client sends.
+nlohmann::json KServeJsonData(const Tensor& t);
 
 }  // namespace kiln

@@ -13,11 +13,13 @@
 #include <fstream>
 #include <utility>
 
+#include "src/kiln/arm/gate.h"
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/admission.h"
-#include "src/kiln/cell/gate.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/mint/mint.h"
+#include "src/kiln/mint/target_request.h"
 
 namespace kiln {
 
@@ -26,17 +28,9 @@ namespace kiln {
 inline constexpr const char* kMintKeyAxisDivergence = "key_axis_divergence";
 inline constexpr const char* kMintInsufficientMemory = "insufficient_memory";
 inline constexpr const char* kMintQuarantined = "quarantined";
-inline constexpr const char* kMintNumericsRefused = "numerics_refused";
-inline constexpr const char* kMintFenceRefused = "fence_refused";
 inline constexpr const char* kMintArmRefused = "arm_refused";
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 int64_t MemAvailableMb() {
   std::ifstream meminfo("/proc/meminfo");
@@ -54,13 +48,36 @@ std::vector<std::pair<std::string, double>> PhaseStages(const MintChildReport& r
   return out;
 }
 
+// "" when a child's report states this worker's environment for `spec` (sm, toolchain, envelope,
+// graph axes, family, lane and key); else the first divergence, named ("axis=sm child=...
+// parent=..."), or why this side's axes could not be derived.
+std::string AxisDivergence(const MintChildReport& report, const std::shared_ptr<const Graph>& graph,
+                           const TargetSpec& spec, const std::string& key) {
+  auto axes = DeriveKeyAxes(*graph, spec.envelope, spec.sm);
+  if (!axes.ok()) return axes.status().ToString();
+  const std::pair<const char*, std::pair<std::string, std::string>> checks[] = {
+      {"sm", {report.axes.sm, axes->sm}},
+      {"toolchain", {report.axes.toolchain, axes->toolchain}},
+      {"envelope", {report.axes.envelope, axes->envelope}},
+      {"graph", {report.axes.graph, axes->graph}},
+      {"family", {report.family, spec.export_spec->family}},
+      {"lane", {report.lane, "exported"}},
+      {"key", {report.key, key}}};
+  for (const auto& [axis, values] : checks) {
+    if (values.first != values.second) {
+      return std::string("axis=") + axis + " child=" + values.first + " parent=" + values.second;
+    }
+  }
+  return "";
+}
+
 }  // namespace
 
 struct Minter::Job {
   std::string key;                    // "" for intake
   std::vector<MintBinding> bindings;  // guarded by Minter::mu_ until the job adopts
   std::string dir;                    // the mint's private directory
-  Clock::time_point started = Clock::now();
+  Clock::TimePoint started = Clock::Real()->Now();
 };
 
 Minter::Minter(MinterOptions options)
@@ -219,7 +236,7 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
       child = RunChild(*job, 2);
     }
   }
-  const Clock::time_point adopt_start = Clock::now();
+  const Clock::TimePoint adopt_start = Clock::Real()->Now();
   std::vector<MintBinding> bindings;
   // From here on no target joins this job: a later miss of the key finds the local store.
   auto take_bindings = [&] {
@@ -256,23 +273,9 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
   const MintBinding& first = job->bindings.front();
 
   // 1. The child's recorded environment equals ours; the first divergence is named.
-  auto axes = DeriveKeyAxes(*first.target->graph(), first.spec.envelope, first.spec.sm);
-  if (!axes.ok()) return abort(kMintKeyAxisDivergence, axes.status().ToString(), false);
-  const std::pair<const char*, std::pair<std::string, std::string>> checks[] = {
-      {"sm", {report.axes.sm, axes->sm}},
-      {"toolchain", {report.axes.toolchain, axes->toolchain}},
-      {"envelope", {report.axes.envelope, axes->envelope}},
-      {"graph", {report.axes.graph, axes->graph}},
-      {"family", {report.family, first.spec.export_spec->family}},
-      {"lane", {report.lane, "exported"}},
-      {"key", {report.key, job->key}}};
-  for (const auto& [axis, values] : checks) {
-    if (values.first != values.second) {
-      return abort(
-          kMintKeyAxisDivergence,
-          std::string("axis=") + axis + " child=" + values.first + " parent=" + values.second,
-          false);
-    }
+  if (std::string diverged = AxisDivergence(report, first.target->graph(), first.spec, job->key);
+      !diverged.empty()) {
+    return abort(kMintKeyAxisDivergence, diverged, false);
   }
   // 2. Admission, as for any cell (law 4), against the digest the child reported.
   auto bytes = ReadFile(report.artifact);
@@ -287,7 +290,7 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
   const std::string ref = CellRef(job->key, admitted->digest);
   if (options_.revocations != nullptr && options_.revocations->IsRevoked(admitted->digest)) {
     // Minting is deterministic: the same key gives the revoked bytes again. They never arm.
-    return abort("revoked", "the hub revoked " + ref + "; minted bytes are the same", false);
+    return abort(kRefusalRevoked, "the hub revoked " + ref + "; minted bytes are the same", false);
   }
   take_bindings();
   // 3. Per waiting target: load with its live checkpoint, the strict gate and the fence proof
@@ -301,34 +304,34 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
         options_.private_dir + "/" + b.spec.name + "-mint-" + std::to_string(counter.fetch_add(1)),
         options_.serve_threads);
     if (!cell.ok()) return abort(kMintArmRefused, cell.status().ToString(), false);
-    const NumericsThresholds t{b.spec.numerics.floor, b.spec.numerics.warn,
-                               b.spec.numerics.retention};
     auto samples = ReadSamples(b.spec.samples);
     if (!samples.ok()) return abort(kMintArmRefused, samples.status().ToString(), false);
-    const Clock::time_point gate_start = Clock::now();
-    auto gate = RunGate(**cell, b.target->interpreter(), *weights, t, *samples);
-    const std::string summary = gate.ok() ? gate->Summary() : gate.status().ToString();
-    const std::string verdict = gate.ok() ? VerdictName(gate->verdict) : "UNMEASURABLE";
-    Emit(event_kind::kCellNumerics, verdict, MsSince(gate_start), job->key, ref, b.spec.name,
-         "gate=strict by=parent " + summary + " child_gate=\"" + report.gate + "\"");
-    if (!gate.ok() || gate->verdict != Verdict::kHealthy) {
-      return abort(gate.ok() && gate->verdict == Verdict::kUnmeasurable ? "unmeasurable"
-                                                                        : kMintNumericsRefused,
-                   "by=parent " + summary + "; only HEALTHY is adopted", true);
-    }
-    auto fence = RunFenceProof(**cell, b.target->interpreter(), *weights, t,
-                               CellArtifacts{admitted->files.source, admitted->files.shared_object},
-                               *samples);
-    if (!fence.ok()) {
-      // A weight the fence cannot measure is its own refusal, never reported as a baked one.
-      const bool unmeasurable = fence.status().Is(kRefusalUnmeasurable);
-      return abort(unmeasurable ? kRefusalUnmeasurable : kMintFenceRefused,
-                   "by=parent " + fence.status().ToString(), true);
+    StrictProofOptions proof_options;
+    bool gate_passed = false;
+    proof_options.on_gate = [&](const Result<GateReport>& gate, double ms) {
+      gate_passed = gate.ok() && gate->verdict == Verdict::kHealthy;
+      const std::string summary = gate.ok() ? gate->Summary() : gate.status().ToString();
+      const std::string verdict = gate.ok() ? VerdictName(gate->verdict) : "UNMEASURABLE";
+      Emit(event_kind::kCellNumerics, verdict, ms, job->key, ref, b.spec.name,
+           "gate=strict by=parent " + summary + " child_gate=\"" + report.gate + "\"");
+    };
+    auto proof =
+        ProveStrict(**cell, b.target->interpreter(), *weights, ThresholdsFor(b.spec.numerics),
+                    CellArtifacts{admitted->files.source, admitted->files.shared_object}, *samples,
+                    proof_options);
+    if (!proof.ok()) {
+      // The proof's own token (a weight the fence cannot measure is its own refusal, never
+      // reported as a baked one); a run that failed outright refuses the stage it failed in.
+      const std::string& token = proof.status().token();
+      return abort(!token.empty() ? token
+                   : gate_passed  ? kRefusalFence
+                                  : kRefusalNumerics,
+                   "by=parent " + proof.status().ToString(), true);
     }
     armed.emplace_back(&b, std::shared_ptr<ArmedCell>(std::move(cell).value()));
   }
   // 4. Store first (a restart finds it), then install: serving switches with no barrier.
-  const Clock::time_point store_start = Clock::now();
+  const Clock::TimePoint store_start = Clock::Real()->Now();
   Status put = options_.store->Put(job->key, *bytes, CellOrigin{CellOrigin::Kind::kMinted, ""});
   Emit(event_kind::kLocalCellStored, put.ok() ? "stored" : "store_failed", MsSince(store_start),
        job->key, ref, first.spec.name,
@@ -364,7 +367,7 @@ void Minter::RunIntake(std::shared_ptr<Job> job) {
     std::filesystem::remove_all(job->dir, ec);
     child = RunChild(*job, 2);
   }
-  const Clock::time_point load_start = Clock::now();
+  const Clock::TimePoint load_start = Clock::Real()->Now();
   auto refuse = [&](const std::string& phase, const std::string& detail) {
     std::error_code ec;
     std::filesystem::remove_all(job->dir, ec);
@@ -392,14 +395,14 @@ void Minter::RunIntake(std::shared_ptr<Job> job) {
   auto cell =
       ArmedCell::Arm(*library, *entries, *weights, Lane::kIntake, "", options_.serve_threads);
   if (!cell.ok()) return refuse(kMintArmRefused, cell.status().ToString());
-  const NumericsThresholds t{b.spec.numerics.floor, b.spec.numerics.warn,
-                             b.spec.numerics.retention};
   auto samples = ReadSamples(b.spec.samples);
   if (!samples.ok()) return refuse(kMintArmRefused, samples.status().ToString());
-  auto gate = RunGate(**cell, b.target->interpreter(), *weights, t, *samples);
-  if (!gate.ok() || gate->verdict != Verdict::kHealthy) {
-    return refuse(kMintNumericsRefused, gate.ok() ? gate->Summary() : gate.status().ToString());
-  }
+  // The child proved the fence; the gate runs again here, on the live checkpoint.
+  StrictProofOptions gate_only;
+  gate_only.fence = false;
+  auto proof = ProveStrict(**cell, b.target->interpreter(), *weights,
+                           ThresholdsFor(b.spec.numerics), CellArtifacts{}, *samples, gate_only);
+  if (!proof.ok()) return refuse(kRefusalNumerics, proof.status().ToString());
   std::shared_ptr<ArmedCell> shared(std::move(cell).value());
   Status installed = b.target->InstallCell(shared);
   b.target->SetArmPending(false);
@@ -410,7 +413,7 @@ void Minter::RunIntake(std::shared_ptr<Job> job) {
        "classes=" + std::to_string(b.spec.envelope.classes.size()) + " " +
            MintPhasesDetail(report) +
            " load_and_gate=" + std::to_string(static_cast<int64_t>(MsSince(load_start))) +
-           " gate=\"" + gate->Summary() + "\" nothing keyed, stored or published");
+           " gate=\"" + proof->gate.Summary() + "\" nothing keyed, stored or published");
 }
 
 }  // namespace kiln

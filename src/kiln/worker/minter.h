@@ -47,9 +47,9 @@
 
 #include "src/kiln/cell/store.h"
 #include "src/kiln/graph/ir.h"
+#include "src/kiln/manifest/manifest.h"
 #include "src/kiln/mint/parent.h"
 #include "src/kiln/worker/events.h"
-#include "src/kiln/worker/manifest.h"
 #include "src/kiln/worker/publisher.h"
 #include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/serving.h"

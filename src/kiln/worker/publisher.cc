@@ -17,10 +17,7 @@ int64_t NowMs() {
 }  // namespace
 
 bool IsTransientHubFailure(const std::string& token, int http_status) {
-  if (token == "hub_unreachable" || token == "hub_timeout" || token == "hub_transport_error" ||
-      token == "hub_bad_response") {
-    return true;
-  }
+  if (IsHubTransportToken(token) || token == kHubBadResponse) return true;
   // A 5xx is the hub's trouble, not a verdict on the cell. Anything else with no HTTP status
   // (bad_cell, io_error) is this side's and would fail again the same way: terminal.
   return http_status >= 500;

@@ -3,6 +3,7 @@
 
 #include <chrono>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/log.h"
 
@@ -10,21 +11,55 @@ namespace kiln {
 
 namespace {
 
-int64_t UnixNow() {
-  return std::chrono::duration_cast<std::chrono::seconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
+// The hub could not be asked, or could not answer now (its store down).
+bool IsTransient(const std::string& token) {
+  return IsHubTransportToken(token) || token == kHubStoreUnavailable;
 }
 
-// Transport tokens: the hub could not be asked (HubClient).
-bool IsTransport(const std::string& token) {
-  return token == "hub_unreachable" || token == "hub_timeout" || token == "hub_transport_error" ||
-         token == "store_unavailable";
+// One fetch of the hub's list, verified with `*keys` at `now` (receipt/receipt.h
+// VerifyRevocationList). With `refetch_keys` (the keys are the hub's own, not operator anchors) an
+// unknown key id fetches the hub's key set once and adds it to `*keys`. Refusals:
+// `revocations_unreachable` when the hub could not be asked (a transport failure or a 5xx;
+// `*transient` true), `revocations_unreadable` when it answered an error, else the
+// verification's token. `*jws` receives the list as fetched.
+Result<RevocationList> FetchRevocationList(HubClient& hub, PublicKeySet* keys, bool refetch_keys,
+                                           int64_t now, int64_t max_age_cap_s, bool* transient,
+                                           std::string* jws) {
+  *transient = false;
+  HubAnswer a = hub.GetRevocations();
+  if (!a.ok()) {
+    *transient = IsTransient(a.token) || a.http_status >= 500;
+    return Status::Refused(
+        StatusCode::kIOError,
+        *transient ? kRefusalRevocationsUnreachable : kRefusalRevocationsUnreadable,
+        "the hub's revocation list: " + a.token + ": " + a.message);
+  }
+  jws->clear();
+  if (a.body.is_object() && a.body.contains("list") && a.body["list"].is_string()) {
+    *jws = a.body["list"].get<std::string>();
+  }
+  auto list = VerifyRevocationList(*jws, *keys, now, max_age_cap_s);
+  if (!list.ok() && list.status().Is(kRevocationsUnknownKid) && refetch_keys) {
+    // The hub's key set, fetched (again) once: a rotation since the last fetch is not a refusal.
+    if (Status added = hub.AddHubKeys(keys); !added.ok()) {
+      *transient = IsTransient(added.token());
+      return Status::Refused(
+          StatusCode::kIOError,
+          *transient ? kRefusalRevocationsUnreachable : kRefusalRevocationsUnreadable,
+          "the hub's key set, to verify its revocation list: " + added.message());
+    }
+    list = VerifyRevocationList(*jws, *keys, now, max_age_cap_s);
+  }
+  return list;
 }
 
 }  // namespace
 
-RevocationWatch::RevocationWatch(RevocationWatchOptions options) : options_(std::move(options)) {}
+RevocationWatch::RevocationWatch(RevocationWatchOptions options) : options_(std::move(options)) {
+  if (options_.clock == nullptr) options_.clock = Clock::Real();
+}
+
+int64_t RevocationWatch::Now() const { return options_.clock->UnixSeconds(); }
 
 Result<std::unique_ptr<RevocationWatch>> RevocationWatch::Create(RevocationWatchOptions options) {
   std::unique_ptr<RevocationWatch> w(new RevocationWatch(std::move(options)));
@@ -43,7 +78,7 @@ Result<std::unique_ptr<RevocationWatch>> RevocationWatch::Create(RevocationWatch
   if (!w->options_.cache_path.empty()) {
     auto text = ReadFile(w->options_.cache_path);
     if (text.ok()) {
-      auto list = VerifyRevocationList(*text, w->keys_, UnixNow(), w->options_.max_age_cap_s);
+      auto list = VerifyRevocationList(*text, w->keys_, w->Now(), w->options_.max_age_cap_s);
       if (list.ok()) {
         w->current_ = *list;
         w->Apply(*list);
@@ -70,38 +105,6 @@ void RevocationWatch::Emit(const char* kind, const std::string& phase, const std
   options_.events->Append(std::move(row));
 }
 
-Result<RevocationList> FetchRevocationList(HubClient& hub, PublicKeySet* keys, bool refetch_keys,
-                                           int64_t max_age_cap_s, bool* transient,
-                                           std::string* jws) {
-  *transient = false;
-  HubAnswer a = hub.GetRevocations();
-  if (!a.ok()) {
-    *transient = IsTransport(a.token) || a.http_status >= 500;
-    return Status::Refused(
-        StatusCode::kIOError,
-        *transient ? kRefusalRevocationsUnreachable : kRefusalRevocationsUnreadable,
-        "the hub's revocation list: " + a.token + ": " + a.message);
-  }
-  jws->clear();
-  if (a.body.is_object() && a.body.contains("list") && a.body["list"].is_string()) {
-    *jws = a.body["list"].get<std::string>();
-  }
-  const int64_t now = UnixNow();
-  auto list = VerifyRevocationList(*jws, *keys, now, max_age_cap_s);
-  if (!list.ok() && list.status().Is(kRevocationsUnknownKid) && refetch_keys) {
-    // The hub's key set, fetched (again) once: a rotation since the last fetch is not a refusal.
-    if (Status added = hub.AddHubKeys(keys); !added.ok()) {
-      *transient = IsTransport(added.token());
-      return Status::Refused(
-          StatusCode::kIOError,
-          *transient ? kRefusalRevocationsUnreachable : kRefusalRevocationsUnreadable,
-          "the hub's key set, to verify its revocation list: " + added.message());
-    }
-    list = VerifyRevocationList(*jws, *keys, now, max_age_cap_s);
-  }
-  return list;
-}
-
 Result<RevocationList> RevocationWatch::Fetch(bool* transient) {
   PublicKeySet keys;
   {
@@ -109,8 +112,8 @@ Result<RevocationList> RevocationWatch::Fetch(bool* transient) {
     keys = keys_;
   }
   std::string jws;
-  auto list = FetchRevocationList(*client_, &keys, !options_.use_anchors, options_.max_age_cap_s,
-                                  transient, &jws);
+  auto list = FetchRevocationList(*client_, &keys, !options_.use_anchors, Now(),
+                                  options_.max_age_cap_s, transient, &jws);
   {
     std::lock_guard<std::mutex> lock(mu_);
     keys_.AddAll(keys).IgnoreError();
@@ -119,7 +122,7 @@ Result<RevocationList> RevocationWatch::Fetch(bool* transient) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!current_ || list->iat >= current_->iat) current_ = *list;
-    fetched_at_ = UnixNow();
+    fetched_at_ = Now();
   }
   if (!options_.cache_path.empty()) {
     WriteFileAtomic(options_.cache_path, jws, Durability::kScratch).IgnoreError();
@@ -158,7 +161,7 @@ Status RevocationWatch::CheckAdoption(const std::string& key, const std::string&
   Status fetch_refusal;
   {
     std::lock_guard<std::mutex> one(fetch_mu_);
-    const int64_t now = UnixNow();
+    const int64_t now = Now();
     bool recent = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -248,7 +251,7 @@ Status RevocationWatch::PollOnce() {
     return Status::OK();
   }
   // No fresh list this time: stale once the last verified one is past its age.
-  if (!FreshCurrent(UnixNow())) SetStale(true, list.status().ToString());
+  if (!FreshCurrent(Now())) SetStale(true, list.status().ToString());
   return list.status();
 }
 

@@ -2,7 +2,7 @@
 // local-store hits included, and polled while the worker runs so a revoked cell is de-armed
 // within a known bound (worker layer; docs/design.md law 4 and law 17, docs/trust.md).
 //
-// The list is a JWS the hub signs afresh on every request (hub/receipt.h
+// The list is a JWS the hub signs afresh on every request (receipt/receipt.h
 // VerifyRevocationList): typ "kiln-revocations", EdDSA under a key this worker trusts (its
 // operator anchors, or the hub's key set, refetched once on an unknown key id), an issued-at
 // and a maximum age. A list that is unsigned, signed by another key, malformed, or older than its
@@ -42,9 +42,10 @@
 #include <thread>
 #include <vector>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/status.h"
 #include "src/kiln/client/hub_client.h"
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 #include "src/kiln/worker/events.h"
 #include "src/kiln/worker/serving.h"
 
@@ -54,19 +55,9 @@ namespace kiln {
 // 5xx; transient, so a boot retries), or it answered something other than a list.
 inline constexpr const char* kRefusalRevocationsUnreachable = "revocations_unreachable";
 inline constexpr const char* kRefusalRevocationsUnreadable = "revocations_unreadable";
-// Adoption refusal for a listed cell.
-inline constexpr const char* kRefusalRevoked = "revoked";
+// Adoption refusal for a listed cell: kRefusalRevoked (cell/admission.h).
 
 enum class StaleRevocationPolicy { kKeep, kEager };
-
-// One fetch of the hub's list, verified with `*keys` (hub/receipt.h VerifyRevocationList). With
-// `refetch_keys` (the keys are the hub's own, not operator anchors) an unknown key id fetches the
-// hub's key set once and adds it to `*keys`. Refusals: `revocations_unreachable` when the hub
-// could not be asked (a transport failure or a 5xx; `*transient` true), `revocations_unreadable`
-// when it answered an error, else the verification's token. `*jws` receives the list as fetched.
-Result<RevocationList> FetchRevocationList(HubClient& hub, PublicKeySet* keys, bool refetch_keys,
-                                           int64_t max_age_cap_s, bool* transient,
-                                           std::string* jws);
 
 struct RevocationWatchOptions {
   HubClientOptions hub;  // a client of its own (the poll thread's)
@@ -78,7 +69,8 @@ struct RevocationWatchOptions {
   int64_t max_age_cap_s = 0;  // 0 = the list's own max_age_s
   StaleRevocationPolicy stale = StaleRevocationPolicy::kKeep;
   EventLog* events = nullptr;
-  std::string worker;  // names the worker in rows
+  std::string worker;      // names the worker in rows
+  Clock* clock = nullptr;  // judges the lists' ages and the poll interval; null = Clock::Real()
 };
 
 class RevocationWatch {
@@ -112,6 +104,8 @@ class RevocationWatch {
   Result<RevocationList> Fetch(bool* transient);
   // Marks every listed digest revoked and de-arms watched targets holding one.
   void Apply(const RevocationList& list);
+  // Unix seconds on the watch's clock.
+  int64_t Now() const;
   // The current list if it is still within its maximum age at `now`.
   std::optional<RevocationList> FreshCurrent(int64_t now) const;
   void SetStale(bool stale, const std::string& why);

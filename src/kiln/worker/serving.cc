@@ -5,14 +5,10 @@
 #include <chrono>
 #include <utility>
 
+#include "src/kiln/base/clock.h"
+
 namespace kiln {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double MsSince(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 std::string KeyOfRef(const std::string& ref) { return ref.substr(0, ref.find('@')); }
 
@@ -121,14 +117,108 @@ Result<ServeResult> ServedTarget::ServeEager(const TensorMap& inputs, const Snap
   return r;
 }
 
+Result<ServeResult> ServedTarget::FallBack(const TensorMap& inputs, const Snapshot& snap,
+                                           const std::string& fn, const std::string& reason,
+                                           const std::string& detail) {
+  // The operator's order overrides every lane policy; every other reason leaves a mandatory
+  // target nothing to answer with (law 11).
+  if (reason == kPostureOperatorEagerOnly || options_.lane_policy != LanePolicy::kMandatory) {
+    // A per-request reason is said by its own row; a posture token by serve_eager_posture when
+    // it changes.
+    const bool posture = reason != kPostureOperatorEagerOnly && reason != kFallbackOutOfEnvelope &&
+                         reason != kFallbackCellFault && reason != kFallbackCellOom;
+    return ServeEager(inputs, snap, reason, detail, fn, posture);
+  }
+  const std::string target = "target '" + options_.name + "'";
+  if (reason == kFallbackOutOfEnvelope) {
+    return Status::Refused(StatusCode::kInvalidArgument, kFallbackOutOfEnvelope,
+                           target + " has a mandatory lane: " + detail);
+  }
+  if (reason == kFallbackCellOom) {
+    return Status::Refused(StatusCode::kResourceExhausted, kFallbackCellOom,
+                           target + ": " + detail + "; retry later");
+  }
+  if (reason == kPostureRevocationsStale) {
+    return Status::Refused(StatusCode::kResourceExhausted, kRefusalRequiredCompileMissing,
+                           target +
+                               " has a mandatory lane and the hub's revocation list is stale; "
+                               "retry later");
+  }
+  // No armed cell: after a fault, a re-mint if one is left; else a retryable refusal, unless
+  // this target already lost its cell for good.
+  std::function<void(const std::string&)> remint;
+  bool lost = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (reason == kFallbackCellFault && on_cell_lost_) {
+      if (remints_left_ > 0) {
+        --remints_left_;
+        remint = on_cell_lost_;
+      } else {
+        cell_lost_ = true;
+      }
+    }
+    lost = cell_lost_;
+  }
+  if (remint) {
+    // Without a cell a mandatory target can only refuse: mint the key again (the bytes are
+    // proven afresh before they arm) rather than refuse forever.
+    remint(snap.cell ? snap.cell->ref() : "");
+    return RefuseMissing(std::string(kFallbackCellFault) + ": " + detail + "; re-minting");
+  }
+  if (lost) {
+    return Status::Refused(
+        StatusCode::kInternal, kRefusalCellLost,
+        reason == kFallbackCellFault
+            ? target + ": its cell faulted (" + detail +
+                  ") and no re-mint is left; no cell will arm in this process"
+            : target + " has a mandatory lane and its cell faulted after every re-mint allowed (" +
+                  std::to_string(options_.max_remints) + "); no cell will arm in this process");
+  }
+  // Without a re-mint hook (nothing here can mint) another route may still install a cell, so
+  // the refusal stays retryable.
+  return RefuseMissing(
+      reason == kFallbackCellFault ? std::string(kFallbackCellFault) + ": " + detail : reason);
+}
+
+Status ServedTarget::RefuseMissing(const std::string& why) const {
+  return Status::Refused(StatusCode::kResourceExhausted, kRefusalRequiredCompileMissing,
+                         "target '" + options_.name + "' has a mandatory lane and no armed cell (" +
+                             why + "); retry later");
+}
+
+std::string ServedTarget::PostureToken() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return EagerPostureLocked();
+}
+
+Result<TensorMap> ServedTarget::RunCell(const ArmedCell& cell, int entry,
+                                        const TensorMap& inputs) const {
+  if (has_fault_hook_.load()) {
+    std::function<std::string()> hook;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hook = fault_hook_;
+    }
+    const std::string token = hook ? hook() : "";
+    if (token == kCellFault) {
+      return Status::Refused(StatusCode::kInternal, kCellFault, "injected by the test switch");
+    }
+    if (token == kCellOom) {
+      return Status::Refused(StatusCode::kResourceExhausted, kCellOom,
+                             "injected allocation failure (test switch)");
+    }
+  }
+  return cell.Run(entry, inputs);
+}
+
 Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::string& fn) {
-  const Clock::time_point start = Clock::now();
+  const Clock::TimePoint start = Clock::Real()->Now();
   auto done = [&](Result<ServeResult> r) {
     if (r.ok()) r->duration_ms = MsSince(start);
     return r;
   };
   Snapshot snap = Take();
-  const bool mandatory = options_.lane_policy == LanePolicy::kMandatory;
 
   // 1. The operator's order, read on every call; it overrides every lane policy.
   if (eager_only_.load()) {
@@ -137,95 +227,36 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
       std::lock_guard<std::mutex> lock(mu_);
       why = eager_only_reason_;
     }
-    return done(ServeEager(inputs, snap, kPostureOperatorEagerOnly, why, fn, false));
+    return done(FallBack(inputs, snap, fn, kPostureOperatorEagerOnly, why));
   }
-
   // The revocation list is stale and the policy says eager: the cell stays armed, unused.
   if (revocation_hold_.load()) {
-    if (mandatory) {
-      return Status::Refused(StatusCode::kResourceExhausted, kRefusalRequiredCompileMissing,
-                             "target '" + options_.name +
-                                 "' has a mandatory lane and the hub's revocation list is stale; "
-                                 "retry later");
-    }
-    return done(ServeEager(inputs, snap, kPostureRevocationsStale, "", fn, true));
+    return done(FallBack(inputs, snap, fn, kPostureRevocationsStale, ""));
   }
-
   // A cell revoked behind the target's back (by its own Run racing us, or by a caller) is
   // removed here so the posture says compiled_degraded from now on.
   if (snap.cell && snap.cell->revoked()) {
-    RevokeForCause(snap.cell, "revoked");  // a no-op Revoke: the first reason stays
+    RevokeForCause(snap.cell, kRefusalRevoked);  // a no-op Revoke: the first reason stays
     snap.cell.reset();
   }
-  auto posture_token = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return EagerPostureLocked();
-  };
-  auto refuse_missing = [&](const std::string& why) -> Result<ServeResult> {
-    return Status::Refused(StatusCode::kResourceExhausted, kRefusalRequiredCompileMissing,
-                           "target '" + options_.name +
-                               "' has a mandatory lane and no armed cell (" + why +
-                               "); retry later");
-  };
-
-  // 2. Mandatory lanes fail closed (law 11).
-  if (mandatory && !snap.cell) {
-    bool lost = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      lost = cell_lost_;
-    }
-    if (lost) {
-      return Status::Refused(StatusCode::kInternal, kRefusalCellLost,
-                             "target '" + options_.name +
-                                 "' has a mandatory lane and its cell faulted after every re-mint "
-                                 "allowed (" +
-                                 std::to_string(options_.max_remints) +
-                                 "); no cell will arm in this process");
-    }
-    return refuse_missing(posture_token());
-  }
-  // 3. No cell (never installed, or revoked): eager with the posture token.
-  if (!snap.cell) return done(ServeEager(inputs, snap, posture_token(), "", fn, true));
+  // 2-3. No cell (never installed, or revoked): eager with the posture token, or a mandatory
+  // target's refusal (law 11).
+  if (!snap.cell) return done(FallBack(inputs, snap, fn, PostureToken(), ""));
 
   ArmedCell& cell = *snap.cell;
   const std::string ref = cell.ref();
-
   // 4. Ingress: exactly one entry admits, or eager and named (law 8: the cell stays armed).
   std::string mismatch;
   const int entry = cell.Admit(inputs, &mismatch);
   if (entry < 0) {
     Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, mismatch);
-    if (mandatory) {
-      return Status::Refused(StatusCode::kInvalidArgument, kFallbackOutOfEnvelope,
-                             "target '" + options_.name + "' has a mandatory lane: " + mismatch);
-    }
-    return done(ServeEager(inputs, snap, kFallbackOutOfEnvelope, mismatch, fn, false));
+    return done(FallBack(inputs, snap, fn, kFallbackOutOfEnvelope, mismatch));
   }
 
   // 5. Run the entry.
-  const Clock::time_point run_start = Clock::now();
-  CellRunError err = CellRunError::kNone;
-  Result<TensorMap> out = Status::Internal("cell did not run");
-  if (has_fault_hook_.load()) {
-    std::function<CellRunError()> hook;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      hook = fault_hook_;
-    }
-    if (hook) err = hook();
-    if (err == CellRunError::kCellFault) {
-      out =
-          Status::Refused(StatusCode::kInternal, kFallbackCellFault, "injected by the test switch");
-    } else if (err == CellRunError::kResource) {
-      out = Status::ResourceExhausted("injected allocation failure (test switch)");
-    } else {
-      err = CellRunError::kNone;
-    }
-  }
-  if (err == CellRunError::kNone) out = cell.Run(entry, inputs, &err);
+  const Clock::TimePoint run_start = Clock::Real()->Now();
+  Result<TensorMap> out = RunCell(cell, entry, inputs);
   const double run_ms = MsSince(run_start);
-
   if (out.ok()) {
     // 6. The lane is read off the object (law 9).
     ServeResult r;
@@ -234,67 +265,30 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
     r.served_cell_ref = cell.lane() == Lane::kExported ? ref : "";
     return done(std::move(r));
   }
-
-  const std::string why = out.status().message();
-  switch (err) {
-    case CellRunError::kResource:
-      // Not the cell's fault: stay armed.
-      Emit(event_kind::kCellOom, "stay_armed", run_ms, ref, fn,
-           "entry=" + std::to_string(entry) + " " + why);
-      if (mandatory) {
-        return Status::Refused(StatusCode::kResourceExhausted, kFallbackCellOom,
-                               "target '" + options_.name + "': " + why + "; retry later");
-      }
-      return done(ServeEager(inputs, snap, kFallbackCellOom, why, fn, false));
-    case CellRunError::kRevoked:
-      // Revoked by a concurrent request's fault between our snapshot and the run.
-      RevokeForCause(snap.cell, "revoked");  // a no-op Revoke: the first reason stays
-      if (mandatory) return refuse_missing(kPostureCompiledDegraded);
-      return done(ServeEager(inputs, snap, posture_token(), "", fn, true));
-    case CellRunError::kOutOfEnvelope:
-      // Admit chose the entry; the cell disagreeing is still not an error (law 8).
-      Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, why);
-      if (mandatory) {
-        return Status::Refused(StatusCode::kInvalidArgument, kFallbackOutOfEnvelope,
-                               "target '" + options_.name + "' has a mandatory lane: " + why);
-      }
-      return done(ServeEager(inputs, snap, kFallbackOutOfEnvelope, why, fn, false));
-    case CellRunError::kCellFault:
-    case CellRunError::kNone:
-    default:
-      // The cell's fault (law 7): this request eager, the cell revoked for the process life.
-      RevokeForCause(snap.cell, why);
-      Emit(event_kind::kServeDegrade, kFallbackCellFault, run_ms, ref, fn,
-           "entry=" + std::to_string(entry) + " revoked: " + why);
-      if (mandatory) {
-        // Without a cell a mandatory target can only refuse: mint the key again (the bytes are
-        // proven afresh before they arm) rather than refuse forever.
-        // Without a hook (nothing here can mint) another route may still install a cell, so
-        // the refusal stays retryable.
-        std::function<void(const std::string&)> remint;
-        bool lost = false;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          if (on_cell_lost_ && remints_left_ > 0) {
-            --remints_left_;
-            remint = on_cell_lost_;
-          } else if (on_cell_lost_) {
-            cell_lost_ = lost = true;
-          }
-        }
-        if (remint) {
-          remint(ref);
-          return refuse_missing(std::string(kFallbackCellFault) + ": " + why + "; re-minting");
-        }
-        if (lost) {
-          return Status::Refused(StatusCode::kInternal, kRefusalCellLost,
-                                 "target '" + options_.name + "': its cell faulted (" + why +
-                                     ") and no re-mint is left; no cell will arm in this process");
-        }
-        return refuse_missing(std::string(kFallbackCellFault) + ": " + why);
-      }
-      return done(ServeEager(inputs, snap, kFallbackCellFault, why, fn, false));
+  const Status& failed = out.status();
+  const std::string why = failed.message();
+  if (failed.Is(kCellOom)) {
+    // Not the cell's fault: stay armed.
+    Emit(event_kind::kCellOom, "stay_armed", run_ms, ref, fn,
+         "entry=" + std::to_string(entry) + " " + why);
+    return done(FallBack(inputs, snap, fn, kFallbackCellOom, why));
   }
+  if (failed.Is(kRefusalRevoked)) {
+    // Revoked by a concurrent request's fault between our snapshot and the run.
+    RevokeForCause(snap.cell, kRefusalRevoked);  // a no-op Revoke: the first reason stays
+    return done(FallBack(inputs, snap, fn, PostureToken(), ""));
+  }
+  if (failed.Is(kOutOfEnvelope)) {
+    // Admit chose the entry; the cell disagreeing is still not an error (law 8).
+    Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, why);
+    return done(FallBack(inputs, snap, fn, kFallbackOutOfEnvelope, why));
+  }
+  // The cell's fault (law 7), and any failure without a token: this request eager, the cell
+  // revoked for the process life.
+  RevokeForCause(snap.cell, why);
+  Emit(event_kind::kServeDegrade, kFallbackCellFault, run_ms, ref, fn,
+       "entry=" + std::to_string(entry) + " revoked: " + why);
+  return done(FallBack(inputs, snap, fn, kFallbackCellFault, why));
 }
 
 Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven) {
@@ -305,7 +299,7 @@ Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven)
   std::string refusal;
   // Revoke writes its reason under the cell's lock after flipping the flag; a no-op Revoke on a
   // revoked cell waits for that write, so the reason below is safe to read.
-  if (cell->revoked()) cell->Revoke("revoked");
+  if (cell->revoked()) cell->Revoke(kRefusalRevoked);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (cell->revoked()) {
@@ -380,7 +374,7 @@ void ServedTarget::SetEagerOnly(bool on, const std::string& reason) {
 }
 
 Status ServedTarget::SwapCheckpoint(WeightMap checkpoint) {
-  const Clock::time_point start = Clock::now();
+  const Clock::TimePoint start = Clock::Real()->Now();
   std::lock_guard<std::mutex> swap_lock(swap_mu_);
   Snapshot snap = Take();
   const std::string what = "checkpoint swap for target '" + options_.name + "'";
@@ -448,7 +442,7 @@ std::shared_ptr<ArmedCell> ServedTarget::revoked_cell() const {
   return revoked_cell_;
 }
 
-void ServedTarget::SetRunFaultForTest(std::function<CellRunError()> fault) {
+void ServedTarget::SetRunFaultForTest(std::function<std::string()> fault) {
   std::lock_guard<std::mutex> lock(mu_);
   fault_hook_ = std::move(fault);
   has_fault_hook_.store(static_cast<bool>(fault_hook_));

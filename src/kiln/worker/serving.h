@@ -31,13 +31,13 @@
 #include <set>
 #include <string>
 
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/base/status.h"
-#include "src/kiln/cell/loader.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/ir.h"
+#include "src/kiln/manifest/manifest.h"
 #include "src/kiln/worker/events.h"
-#include "src/kiln/worker/manifest.h"
 
 namespace kiln {
 
@@ -57,13 +57,16 @@ inline constexpr const char* kPostureArmPending = "arm_pending";
 inline constexpr const char* kPostureUncompiled = "uncompiled";
 
 // Per-request fallback reasons: a cell was installed and armed but did not answer this request.
-inline constexpr const char* kFallbackOutOfEnvelope = "out_of_envelope";
-inline constexpr const char* kFallbackCellFault = "cell_fault";
-inline constexpr const char* kFallbackCellOom = "cell_oom";
+// The first three are the cell's own run refusals (arm/loader.h), named on the wire as they are.
+inline constexpr const char* kFallbackOutOfEnvelope = kOutOfEnvelope;
+inline constexpr const char* kFallbackCellFault = kCellFault;
+inline constexpr const char* kFallbackCellOom = kCellOom;
 inline constexpr const char* kFallbackGuardMiss = "guard_miss";
 
 // The retryable refusal of a mandatory target without an armed cell (law 11).
 inline constexpr const char* kRefusalRequiredCompileMissing = "required_compile_missing";
+// A mandatory target that declares no export can never have a cell: the worker refuses to boot.
+inline constexpr const char* kRefusalMandatoryLaneNeedsACell = "mandatory_lane_needs_a_cell";
 // A mandatory target whose cell faulted again after every re-mint it was allowed: no cell will arm
 // in this process, so the refusal is not retryable.
 inline constexpr const char* kRefusalCellLost = "cell_lost";
@@ -166,10 +169,10 @@ class ServedTarget {
   LanePolicy lane_policy() const { return options_.lane_policy; }
   bool intake() const { return options_.intake; }
 
-  // TEST ONLY: consulted right before an admitted request enters the cell; a result other than
-  // kNone is treated as if the cell's run had failed that way (kCellFault, kResource), without
-  // running it. Production code never sets it. nullptr clears.
-  void SetRunFaultForTest(std::function<CellRunError()> fault);
+  // TEST ONLY: consulted right before an admitted request enters the cell; a result of
+  // kCellFault or kCellOom (arm/loader.h) is treated as if the cell's run had failed with that
+  // token, without running it; "" runs the cell. Production code never sets it. nullptr clears.
+  void SetRunFaultForTest(std::function<std::string()> fault);
 
  private:
   struct Snapshot {
@@ -185,6 +188,18 @@ class ServedTarget {
   // Revokes `cell` for cause: sticky, quarantined, removed from the target.
   void RevokeForCause(const std::shared_ptr<ArmedCell>& cell, const std::string& reason);
   Result<TensorMap> RunEager(const TensorMap& inputs, const Snapshot& snap) const;
+  // Runs `entry` of `cell`, or fails it as the test hook says.
+  Result<TensorMap> RunCell(const ArmedCell& cell, int entry, const TensorMap& inputs) const;
+  // Every request a cell does not answer ends here, with its reason (a per-request fallback
+  // reason or an eager posture token): served eager, or, for a mandatory target, refused with
+  // that reason's refusal (law 11). The operator's order is served eager on every lane. After a
+  // cell fault a mandatory target asks for a re-mint while it may.
+  Result<ServeResult> FallBack(const TensorMap& inputs, const Snapshot& snap, const std::string& fn,
+                               const std::string& reason, const std::string& detail);
+  // The retryable refusal of a mandatory target without an armed cell, saying why.
+  Status RefuseMissing(const std::string& why) const;
+  // The eager posture token by precedence (no operator order); takes mu_.
+  std::string PostureToken() const;
   // Fills an eager result; emits serve_eager_posture when the posture token changed.
   Result<ServeResult> ServeEager(const TensorMap& inputs, const Snapshot& snap,
                                  const std::string& reason, const std::string& detail,
@@ -215,7 +230,7 @@ class ServedTarget {
   bool compiled_degraded_ = false;
   bool arm_pending_ = false;
   std::string last_posture_emitted_;
-  std::function<CellRunError()> fault_hook_;
+  std::function<std::string()> fault_hook_;
 
   std::mutex swap_mu_;  // one checkpoint swap at a time
 };

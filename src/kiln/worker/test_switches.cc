@@ -10,9 +10,9 @@
 
 namespace kiln {
 
-Result<std::map<std::string, std::map<int, CellRunError>>> ParseCellFaultSpec(
+Result<std::map<std::string, std::map<int, std::string>>> ParseCellFaultSpec(
     const std::string& spec) {
-  std::map<std::string, std::map<int, CellRunError>> out;
+  std::map<std::string, std::map<int, std::string>> out;
   std::stringstream items(spec);
   std::string item;
   while (std::getline(items, item, ',')) {
@@ -27,11 +27,11 @@ Result<std::map<std::string, std::map<int, CellRunError>>> ParseCellFaultSpec(
     }
     const std::string target = item.substr(0, colon);
     const std::string kind = item.substr(colon + 1, at - colon - 1);
-    CellRunError fault;
+    std::string fault;
     if (kind == "fault") {
-      fault = CellRunError::kCellFault;
+      fault = kCellFault;
     } else if (kind == "oom") {
-      fault = CellRunError::kResource;
+      fault = kCellOom;
     } else {
       return bad("fault '" + kind + "' is not fault or oom");
     }
@@ -57,11 +57,11 @@ Status ApplyTestSwitchesFromEnv(const std::map<std::string, ServedTarget*>& targ
                                      "'");
     }
     auto count = std::make_shared<std::atomic<int>>(0);
-    auto by_request = std::make_shared<const std::map<int, CellRunError>>(std::move(plan));
+    auto by_request = std::make_shared<const std::map<int, std::string>>(std::move(plan));
     it->second->SetRunFaultForTest([count, by_request] {
       const int n = count->fetch_add(1) + 1;
       auto f = by_request->find(n);
-      return f == by_request->end() ? CellRunError::kNone : f->second;
+      return f == by_request->end() ? std::string() : f->second;
     });
     LogWarn(std::string("TEST SWITCH ") + kTestCellFaultEnv + " is set: target '" + name +
             "' will fail chosen requests on purpose");

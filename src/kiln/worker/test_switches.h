@@ -18,9 +18,10 @@ namespace kiln {
 
 inline constexpr const char* kTestCellFaultEnv = "KILN_TEST_CELL_FAULT";
 
-// Parses a KILN_TEST_CELL_FAULT value into target -> (request number -> fault). InvalidArgument
-// names the item and what was expected.
-Result<std::map<std::string, std::map<int, CellRunError>>> ParseCellFaultSpec(
+// Parses a KILN_TEST_CELL_FAULT value into target -> (request number -> the run refusal token it
+// fakes: kCellFault or kCellOom, arm/loader.h). InvalidArgument names the item and what was
+// expected.
+Result<std::map<std::string, std::map<int, std::string>>> ParseCellFaultSpec(
     const std::string& spec);
 
 // Installs the faults the environment asks for on the targets they name. OK and nothing happens

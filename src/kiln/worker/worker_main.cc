@@ -14,18 +14,18 @@
 #include <thread>
 #include <vector>
 
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/signals.h"
-#include "src/kiln/cell/loader.h"
 #include "src/kiln/cell/store.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/identity/toolchain.h"
+#include "src/kiln/manifest/manifest.h"
 #include "src/kiln/worker/adoption.h"
 #include "src/kiln/worker/boot.h"
 #include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/front.h"
-#include "src/kiln/worker/manifest.h"
 #include "src/kiln/worker/minter.h"
 #include "src/kiln/worker/publisher.h"
 #include "src/kiln/worker/revocations.h"
@@ -69,6 +69,193 @@ struct Booted {
   std::unique_ptr<ServedTarget> target;
 };
 
+// The operator's trust anchors (manifest `hub.trust`): null when none are configured (the hub's
+// own key set is trusted then).
+Result<std::unique_ptr<PublicKeySet>> LoadTrustAnchors(const HubSpec& hub) {
+  if (hub.trust.empty()) return std::unique_ptr<PublicKeySet>();
+  auto trust = std::make_unique<PublicKeySet>();
+  for (const std::string& path : hub.trust) {
+    KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+    KILN_ASSIGN_OR_RETURN(PublicKeySet keys, PublicKeySet::FromText(text, path));
+    KILN_RETURN_IF_ERROR(trust->AddAll(keys));
+  }
+  return trust;
+}
+
+// Event rows go to the hub too, posted in the background by a client of their own.
+Result<std::unique_ptr<EventForwarder>> StartForwarder(const Manifest& m, EventLog& events) {
+  KILN_ASSIGN_OR_RETURN(auto client, HubClient::Create(HubOptionsFrom(*m.hub)));
+  EventForwarderOptions fwd;
+  // One name per worker process: the hub counts adoptions by distinct worker.
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  fwd.worker = m.endpoint.name + "@" + host + "/" + std::to_string(::getpid());
+  auto forwarder = std::make_unique<EventForwarder>(std::move(client), fwd);
+  forwarder->Attach(events);  // before boot: boot_adopt rows reach the hub too
+  return forwarder;
+}
+
+RevocationWatchOptions RevocationOptionsFrom(const Manifest& m, const PublicKeySet* trust,
+                                             const std::string& store_root, EventLog* events) {
+  RevocationWatchOptions ro;
+  ro.hub = HubOptionsFrom(*m.hub);
+  if (trust != nullptr) {
+    ro.anchors = *trust;
+    ro.use_anchors = true;
+  }
+  ro.cache_path = store_root + "/.revocations.jws";
+  ro.poll_s = m.hub->revocation_poll_s;
+  ro.max_age_cap_s = m.hub->revocation_max_age_s;
+  ro.stale = m.hub->revocations_stale == "eager" ? StaleRevocationPolicy::kEager
+                                                 : StaleRevocationPolicy::kKeep;
+  ro.events = events;
+  ro.worker = m.endpoint.name;
+  return ro;
+}
+
+MinterOptions MinterOptionsFrom(const WorkerConfig& a, const Manifest& m, const BootContext& ctx,
+                                Publisher* publisher) {
+  MinterOptions mo;
+  mo.manifest_path = std::filesystem::absolute(a.manifest).string();
+  mo.work_root = ctx.private_dir + "/mints";
+  mo.private_dir = ctx.private_dir;
+  mo.stall_window_ms = m.mint.stall_window_s * 1000;
+  mo.memory_budget_mb = m.mint.memory_budget_mb;
+  mo.parallel_compiles = m.mint.parallel_compiles;
+  mo.child_nice = a.mint_nice;
+  mo.child_threads = a.mint_threads;
+  mo.serve_threads = ctx.threads;
+  mo.worker = m.endpoint.name;
+  mo.store = ctx.store;
+  mo.publisher = publisher;
+  mo.revocations = ctx.revocations;
+  mo.events = ctx.events;
+  return mo;
+}
+
+// The forwarder's counters in the Prometheus text format, for /metrics.
+std::string ForwarderMetrics(const EventForwarderStats& st) {
+  std::string o =
+      "# HELP kiln_events_forwarded_total Event rows by what became of them on the way to the "
+      "hub.\n# TYPE kiln_events_forwarded_total counter\n";
+  o += "kiln_events_forwarded_total{outcome=\"posted\"} " + std::to_string(st.posted) + "\n";
+  o += "kiln_events_forwarded_total{outcome=\"dropped\"} " + std::to_string(st.dropped) + "\n";
+  o += "kiln_events_forwarded_total{outcome=\"rejected\"} " + std::to_string(st.rejected) + "\n";
+  o += "# HELP kiln_events_queued Event rows waiting for the hub.\n# TYPE kiln_events_queued "
+       "gauge\nkiln_events_queued " +
+       std::to_string(st.queued) + "\n";
+  o += "# HELP kiln_events_post_failures_total Failed posts to the hub (retried).\n# TYPE "
+       "kiln_events_post_failures_total counter\nkiln_events_post_failures_total " +
+       std::to_string(st.failures) + "\n";
+  return o;
+}
+
+FrontendOptions FrontendOptionsFrom(const WorkerConfig& a, const Manifest& m, EventLog* events,
+                                    const std::string& admin_token, EventForwarder* forwarder) {
+  FrontendOptions fo;
+  fo.bind = a.bind;
+  fo.port = a.port >= 0 ? a.port : m.endpoint.port;
+  fo.max_concurrency = m.endpoint.max_concurrency;
+  fo.events = events;
+  fo.listener.tls_cert = a.tls_cert;
+  fo.listener.tls_key = a.tls_key;
+  fo.listener.insecure_http = a.insecure_http;
+  fo.listener.max_connections_per_client = a.max_conns_per_client;
+  fo.max_body_bytes = static_cast<size_t>(std::max(1, a.max_body_mb)) << 20;
+  fo.admin.port = a.admin_port;
+  fo.admin.bind = a.admin_bind;
+  fo.checkpoint_dir = a.checkpoint_dir;
+  fo.admin.token = admin_token;
+  if (forwarder != nullptr) {
+    fo.extra_metrics = [forwarder] { return ForwarderMetrics(forwarder->stats()); };
+  }
+  return fo;
+}
+
+// What one target's boot needs beyond its declaration.
+struct BootWiring {
+  const Manifest& manifest;
+  const BootContext& ctx;
+  EventLog& events;
+  RevocationWatch* revocations;  // null without a hub
+  Publisher* publisher;          // null without a hub
+  Minter& minter;
+  Adopter& adopter;
+};
+
+// One target: its graph and checkpoint loaded, its serving wrapper made and watched, a cell
+// adopted if there is one (else the miss policy starts), and its one boot line printed.
+Result<Booted> BootTarget(const TargetSpec& spec, const BootWiring& w) {
+  if (spec.lane == LanePolicy::kMandatory && !spec.exported()) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalMandatoryLaneNeedsACell,
+                           "target '" + spec.name +
+                               "' is mandatory but declares no export, so no cell can "
+                               "ever serve it");
+  }
+  Booted b;
+  KILN_ASSIGN_OR_RETURN(Graph g, ImportOnnxFile(spec.graph));
+  b.graph = std::make_shared<const Graph>(std::move(g));
+  WeightMap weights = GraphWeights(*b.graph);
+  if (!spec.checkpoint.empty()) {
+    KILN_ASSIGN_OR_RETURN(weights, LoadCheckpoint(*b.graph, spec.checkpoint));
+  }
+  ServedTargetOptions o;
+  o.name = spec.name;
+  o.lane_policy = spec.lane;
+  o.intake = !spec.exported();
+  o.compile_declared = true;  // exported: minted on a miss; intake: compiled here
+  o.events = &w.events;
+  o.max_remints = w.manifest.mint.remints;
+  KILN_ASSIGN_OR_RETURN(b.target, ServedTarget::Create(o, b.graph, weights));
+  if (w.revocations != nullptr) w.revocations->Watch(b.target.get());
+  const BootOutcome out = spec.exported() ? w.adopter.Boot(*b.target, spec, b.graph)
+                                          : AdoptAtBoot(*b.target, spec, b.graph, weights, w.ctx);
+  std::printf("target %-16s boot_adopt %-22s %7.1f ms  %s\n", spec.name.c_str(), out.phase.c_str(),
+              out.duration_ms,
+              out.adopted() ? out.ref.c_str() : ("serving " + b.target->Posture()).c_str());
+  if (!spec.exported()) {
+    w.minter.CompileIntake(MintBinding{b.target.get(), spec});
+    // Nothing is owed for an intake target: a release's obligation is settled terminally.
+    if (w.publisher != nullptr) {
+      w.publisher->EnqueueSettle(spec.name, SmOrDefault(spec.sm), kBootNoExportDeclaration);
+    }
+  } else if (spec.lane == LanePolicy::kMandatory && !out.key.empty()) {
+    // A mandatory target whose cell faults mints its key again instead of refusing forever.
+    b.target->SetOnCellLost(
+        [&minter = w.minter, key = out.key, t = b.target.get(), spec](const std::string&) {
+          minter.MintExported(key, MintBinding{t, spec});
+        });
+  }
+  return b;
+}
+
+// Serves until SIGTERM or SIGINT (SIGHUP re-reads the TLS certificate), then stops the front end.
+Status ServeUntilStopped(const WorkerConfig& a, const Manifest& m, Frontend& front,
+                         RevocationWatch* revocations) {
+  // Block the stop signals (and SIGHUP, the TLS reload) before any thread starts, so only sigwait
+  // below receives them.
+  const sigset_t stop = BlockStopSignals();
+  KILN_RETURN_IF_ERROR(front.Start());
+  if (revocations != nullptr) revocations->Start();
+  std::printf("kiln worker: endpoint '%s' serving on %s://%s:%d (KServe v2)\n",
+              m.endpoint.name.c_str(), front.tls() ? "https" : "http", a.bind.c_str(),
+              front.port());
+  if (front.admin_port() >= 0) {
+    std::printf("kiln worker: admin on %s://%s:%d\n", front.tls() ? "https" : "http",
+                a.admin_bind.c_str(), front.admin_port());
+  }
+  std::fflush(stdout);
+  const int sig = WaitForStopSignal(stop, [&front] {
+    Status reloaded = front.ReloadTls();
+    std::printf("kiln worker: SIGHUP: TLS reload: %s\n", reloaded.ToString().c_str());
+    std::fflush(stdout);
+  });
+  std::printf("kiln worker: signal %d, draining %d in-flight request(s)\n", sig, front.in_flight());
+  std::fflush(stdout);
+  front.Stop();
+  return Status::OK();
+}
+
 }  // namespace
 
 Status RunWorker(const WorkerConfig& a) {
@@ -93,17 +280,9 @@ Status RunWorker(const WorkerConfig& a) {
   }
   EventLog events;
   if (!a.events.empty()) KILN_RETURN_IF_ERROR(events.SetPath(a.events));
-  // Event rows go to the hub too, posted in the background by a client of their own.
   std::unique_ptr<EventForwarder> forwarder;
   if (m.hub) {
-    KILN_ASSIGN_OR_RETURN(auto client, HubClient::Create(HubOptionsFrom(*m.hub)));
-    EventForwarderOptions fwd;
-    // One name per worker process: the hub counts adoptions by distinct worker.
-    char host[256] = {};
-    ::gethostname(host, sizeof(host) - 1);
-    fwd.worker = m.endpoint.name + "@" + host + "/" + std::to_string(::getpid());
-    forwarder = std::make_unique<EventForwarder>(std::move(client), fwd);
-    forwarder->Attach(events);  // before boot: boot_adopt rows reach the hub too
+    KILN_ASSIGN_OR_RETURN(forwarder, StartForwarder(m, events));
   }
 
   KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
@@ -113,16 +292,8 @@ Status RunWorker(const WorkerConfig& a) {
   PublicKeySet hub_keys;
   if (m.hub) {
     KILN_ASSIGN_OR_RETURN(hub, HubClient::Create(HubOptionsFrom(*m.hub)));
-    if (!m.hub->trust.empty()) {
-      trust = std::make_unique<PublicKeySet>();
-      for (const std::string& path : m.hub->trust) {
-        KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-        KILN_ASSIGN_OR_RETURN(PublicKeySet keys, PublicKeySet::FromText(text, path));
-        KILN_RETURN_IF_ERROR(trust->AddAll(keys));
-      }
-    }
+    KILN_ASSIGN_OR_RETURN(trust, LoadTrustAnchors(*m.hub));
   }
-  const int threads = a.threads > 0 ? a.threads : (m.endpoint.threads > 0 ? m.endpoint.threads : 1);
   BootContext ctx;
   ctx.store = &store;
   ctx.hub = hub.get();
@@ -130,7 +301,7 @@ Status RunWorker(const WorkerConfig& a) {
   ctx.hub_keys = &hub_keys;
   ctx.events = &events;
   KILN_ASSIGN_OR_RETURN(ctx.private_dir, ProcessPrivateDir());
-  ctx.threads = threads;
+  ctx.threads = a.threads > 0 ? a.threads : (m.endpoint.threads > 0 ? m.endpoint.threads : 1);
   ctx.worker = m.endpoint.name;
 
   std::vector<Booted> booted;
@@ -138,23 +309,10 @@ Status RunWorker(const WorkerConfig& a) {
   // asks it), so it is destroyed in between.
   std::unique_ptr<RevocationWatch> revocations;
   if (m.hub) {
-    RevocationWatchOptions ro;
-    ro.hub = HubOptionsFrom(*m.hub);
-    if (trust) {
-      ro.anchors = *trust;
-      ro.use_anchors = true;
-    }
-    ro.cache_path = root + "/.revocations.jws";
-    ro.poll_s = m.hub->revocation_poll_s;
-    ro.max_age_cap_s = m.hub->revocation_max_age_s;
-    ro.stale = m.hub->revocations_stale == "eager" ? StaleRevocationPolicy::kEager
-                                                   : StaleRevocationPolicy::kKeep;
-    ro.events = &events;
-    ro.worker = m.endpoint.name;
-    KILN_ASSIGN_OR_RETURN(revocations, RevocationWatch::Create(std::move(ro)));
+    KILN_ASSIGN_OR_RETURN(
+        revocations, RevocationWatch::Create(RevocationOptionsFrom(m, trust.get(), root, &events)));
     ctx.revocations = revocations.get();
   }
-  std::map<std::string, FrontendTarget> front_targets;
   std::unique_ptr<Publisher> publisher;
   if (m.hub) {
     PublisherOptions po;
@@ -169,134 +327,29 @@ Status RunWorker(const WorkerConfig& a) {
     po.release = m.endpoint.release;
     KILN_ASSIGN_OR_RETURN(publisher, Publisher::Create(po));
   }
-  MinterOptions mo;
-  mo.manifest_path = std::filesystem::absolute(a.manifest).string();
-  mo.work_root = ctx.private_dir + "/mints";
-  mo.private_dir = ctx.private_dir;
-  mo.stall_window_ms = m.mint.stall_window_s * 1000;
-  mo.memory_budget_mb = m.mint.memory_budget_mb;
-  mo.parallel_compiles = m.mint.parallel_compiles;
-  mo.child_nice = a.mint_nice;
-  mo.child_threads = a.mint_threads;
-  mo.serve_threads = threads;
-  mo.worker = m.endpoint.name;
-  mo.store = &store;
-  mo.publisher = publisher.get();
-  mo.revocations = revocations.get();
-  mo.events = &events;
   // Declared after `booted`, so it is destroyed (its threads joined) before the targets they
   // point at, whichever way this function returns.
-  Minter minter(mo);
+  Minter minter(MinterOptionsFrom(a, m, ctx, publisher.get()));
   AdopterOptions ao;
   if (m.hub) ao.retry_max_ms = m.hub->adopt_retry_max_s * 1000;
   ao.retry_initial_ms = std::min(ao.retry_initial_ms, ao.retry_max_ms);
   // After the minter: its retries call into it, so it stops first.
   Adopter adopter(ctx, &minter, ao);
+  const BootWiring wiring{m, ctx, events, revocations.get(), publisher.get(), minter, adopter};
+  std::map<std::string, FrontendTarget> front_targets;
+  std::map<std::string, ServedTarget*> by_name;
   for (const TargetSpec& spec : m.targets) {
-    if (spec.lane == LanePolicy::kMandatory && !spec.exported()) {
-      return Status::Refused(StatusCode::kInvalidArgument, "mandatory_lane_needs_a_cell",
-                             "target '" + spec.name +
-                                 "' is mandatory but declares no export, so no cell can "
-                                 "ever serve it");
-    }
-    Booted b;
-    KILN_ASSIGN_OR_RETURN(Graph g, ImportOnnxFile(spec.graph));
-    b.graph = std::make_shared<const Graph>(std::move(g));
-    WeightMap weights = GraphWeights(*b.graph);
-    if (!spec.checkpoint.empty()) {
-      KILN_ASSIGN_OR_RETURN(weights, LoadCheckpoint(*b.graph, spec.checkpoint));
-    }
-    ServedTargetOptions o;
-    o.name = spec.name;
-    o.lane_policy = spec.lane;
-    o.intake = !spec.exported();
-    o.compile_declared = true;  // exported: minted on a miss; intake: compiled here
-    o.events = &events;
-    o.max_remints = m.mint.remints;
-    KILN_ASSIGN_OR_RETURN(b.target, ServedTarget::Create(o, b.graph, weights));
-    if (revocations) revocations->Watch(b.target.get());
-    const BootOutcome out = spec.exported() ? adopter.Boot(*b.target, spec, b.graph)
-                                            : AdoptAtBoot(*b.target, spec, b.graph, weights, ctx);
-    std::printf("target %-16s boot_adopt %-22s %7.1f ms  %s\n", spec.name.c_str(),
-                out.phase.c_str(), out.duration_ms,
-                out.adopted() ? out.ref.c_str() : ("serving " + b.target->Posture()).c_str());
-    if (!spec.exported()) {
-      minter.CompileIntake(MintBinding{b.target.get(), spec});
-      // Nothing is owed for an intake target: a release's obligation is settled terminally.
-      if (publisher)
-        publisher->EnqueueSettle(spec.name, SmOrDefault(spec.sm), kBootNoExportDeclaration);
-    } else if (spec.lane == LanePolicy::kMandatory && !out.key.empty()) {
-      // A mandatory target whose cell faults mints its key again instead of refusing forever.
-      b.target->SetOnCellLost(
-          [&minter, key = out.key, t = b.target.get(), spec](const std::string&) {
-            minter.MintExported(key, MintBinding{t, spec});
-          });
-    }
+    KILN_ASSIGN_OR_RETURN(Booted b, BootTarget(spec, wiring));
     front_targets[spec.name] = FrontendTarget{b.target.get(), b.graph};
+    by_name[spec.name] = b.target.get();
     booted.push_back(std::move(b));
   }
-
-  std::map<std::string, ServedTarget*> by_name;
-  for (const Booted& b : booted) by_name[b.target->name()] = b.target.get();
   KILN_RETURN_IF_ERROR(ApplyTestSwitchesFromEnv(by_name));
 
-  FrontendOptions fo;
-  fo.bind = a.bind;
-  fo.port = a.port >= 0 ? a.port : m.endpoint.port;
-  fo.max_concurrency = m.endpoint.max_concurrency;
-  fo.events = &events;
-  fo.listener.tls_cert = a.tls_cert;
-  fo.listener.tls_key = a.tls_key;
-  fo.listener.insecure_http = a.insecure_http;
-  fo.listener.max_connections_per_client = a.max_conns_per_client;
-  fo.max_body_bytes = static_cast<size_t>(std::max(1, a.max_body_mb)) << 20;
-  fo.admin.port = a.admin_port;
-  fo.admin.bind = a.admin_bind;
-  fo.checkpoint_dir = a.checkpoint_dir;
-  fo.admin.token = admin_token;
-  if (forwarder) {
-    fo.extra_metrics = [f = forwarder.get()] {
-      const EventForwarderStats st = f->stats();
-      std::string o =
-          "# HELP kiln_events_forwarded_total Event rows by what became of them on the way to the "
-          "hub.\n# TYPE kiln_events_forwarded_total counter\n";
-      o += "kiln_events_forwarded_total{outcome=\"posted\"} " + std::to_string(st.posted) + "\n";
-      o += "kiln_events_forwarded_total{outcome=\"dropped\"} " + std::to_string(st.dropped) + "\n";
-      o +=
-          "kiln_events_forwarded_total{outcome=\"rejected\"} " + std::to_string(st.rejected) + "\n";
-      o += "# HELP kiln_events_queued Event rows waiting for the hub.\n# TYPE kiln_events_queued "
-           "gauge\nkiln_events_queued " +
-           std::to_string(st.queued) + "\n";
-      o += "# HELP kiln_events_post_failures_total Failed posts to the hub (retried).\n# TYPE "
-           "kiln_events_post_failures_total counter\nkiln_events_post_failures_total " +
-           std::to_string(st.failures) + "\n";
-      return o;
-    };
-  }
-  KILN_ASSIGN_OR_RETURN(auto front,
-                        Frontend::Create(fo, std::move(front_targets), m.function_to_target));
-  // Block the stop signals (and SIGHUP, the TLS reload) before any thread starts, so only sigwait
-  // below receives them.
-  const sigset_t stop = BlockStopSignals();
-  KILN_RETURN_IF_ERROR(front->Start());
-  if (revocations) revocations->Start();
-  std::printf("kiln worker: endpoint '%s' serving on %s://%s:%d (KServe v2)\n",
-              m.endpoint.name.c_str(), front->tls() ? "https" : "http", a.bind.c_str(),
-              front->port());
-  if (front->admin_port() >= 0) {
-    std::printf("kiln worker: admin on %s://%s:%d\n", front->tls() ? "https" : "http",
-                a.admin_bind.c_str(), front->admin_port());
-  }
-  std::fflush(stdout);
-  const int sig = WaitForStopSignal(stop, [&front] {
-    Status reloaded = front->ReloadTls();
-    std::printf("kiln worker: SIGHUP: TLS reload: %s\n", reloaded.ToString().c_str());
-    std::fflush(stdout);
-  });
-  std::printf("kiln worker: signal %d, draining %d in-flight request(s)\n", sig,
-              front->in_flight());
-  std::fflush(stdout);
-  front->Stop();
+  KILN_ASSIGN_OR_RETURN(
+      auto front, Frontend::Create(FrontendOptionsFrom(a, m, &events, admin_token, forwarder.get()),
+                                   std::move(front_targets), m.function_to_target));
+  KILN_RETURN_IF_ERROR(ServeUntilStopped(a, m, *front, revocations.get()));
   adopter.Stop();
   if (revocations) revocations->Stop();
   minter.Stop();

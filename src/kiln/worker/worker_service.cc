@@ -13,9 +13,11 @@
 #include <sstream>
 #include <utility>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/log.h"
 #include "src/kiln/graph/checkpoint.h"
+#include "src/kiln/net/http_server.h"
 #include "src/kiln/tensor/safetensors.h"
 
 namespace kiln {
@@ -98,7 +100,7 @@ uint64_t BodyLimitFor(const Graph& g, uint64_t max) {
 // non-empty, not absolute, no "..", no NUL, no empty segment.
 Status CheckCheckpointPath(const std::string& path) {
   auto refuse = [&](const std::string& why) {
-    return Status::Refused(StatusCode::kInvalidArgument, "checkpoint_path_refused",
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalCheckpointPathRefused,
                            "checkpoint \"" + path.substr(0, 200) + "\" " + why +
                                "; name a .safetensors file inside the worker's checkpoint "
                                "directory by its relative path");
@@ -159,11 +161,11 @@ Result<int> OpenBeneath(const std::string& dir, const std::string& rel) {
   }
   if (why == EXDEV || why == ELOOP) {
     return Status::Refused(
-        StatusCode::kInvalidArgument, "checkpoint_path_refused",
+        StatusCode::kInvalidArgument, kRefusalCheckpointPathRefused,
         "checkpoint \"" + rel +
             "\" leads out of the checkpoint directory; links must stay inside it");
   }
-  return Status::Refused(StatusCode::kInvalidArgument, "checkpoint_path_refused",
+  return Status::Refused(StatusCode::kInvalidArgument, kRefusalCheckpointPathRefused,
                          "checkpoint \"" + rel +
                              "\" cannot be opened in the checkpoint directory (" +
                              std::strerror(why) + ")");
@@ -172,18 +174,22 @@ Result<int> OpenBeneath(const std::string& dir, const std::string& rel) {
 }  // namespace
 
 HttpRefusal WorkerHttpStatus(const Status& s) {
-  if (IsRetryableServeRefusal(s) || s.Is("overloaded") || s.Is("draining")) return {503, true};
-  if (s.Is("too_large") || s.Is("body_too_large")) return {413, false};
-  if (s.Is("body_timeout")) return {408, false};
-  if (s.Is("unauthenticated")) return {401, false};
-  if (s.Is("checkpoint_path_refused") || s.Is("checkpoint_swap_disabled")) return {403, false};
+  if (IsRetryableServeRefusal(s) || s.Is(net::kOverloaded) || s.Is(kRefusalDraining)) {
+    return {503, true};
+  }
+  if (s.Is(net::kTooLarge) || s.Is(net::kBodyTooLarge)) return {413, false};
+  if (s.Is(net::kBodyTimeout)) return {408, false};
+  if (s.Is(net::kUnauthenticated)) return {401, false};
+  if (s.Is(kRefusalCheckpointPathRefused) || s.Is(kRefusalCheckpointSwapDisabled)) {
+    return {403, false};
+  }
   switch (s.code()) {
     case StatusCode::kInvalidArgument:
       return {400, false};
     case StatusCode::kNotFound:
       return {404, false};
     case StatusCode::kIOError:
-      return s.Is("body_incomplete") ? HttpRefusal{400, false} : HttpRefusal{500, false};
+      return s.Is(net::kBodyIncomplete) ? HttpRefusal{400, false} : HttpRefusal{500, false};
     default:
       return {500, false};
   }
@@ -276,7 +282,7 @@ bool WorkerService::DefaultReady(std::string* why) const {
 WorkerService::Readiness WorkerService::Ready() const {
   std::string why;
   const bool ready = options_.ready ? options_.ready(&why) : DefaultReady(&why);
-  if (draining_.load()) return {false, json{{"ready", false}, {"reason", "draining"}}};
+  if (draining_.load()) return {false, json{{"ready", false}, {"reason", kRefusalDraining}}};
   if (ready) return {true, json{{"ready", true}}};
   return {false, json{{"ready", false}, {"reason", why}}};
 }
@@ -335,11 +341,11 @@ Status WorkerService::Acquire() {
       lock, std::chrono::milliseconds(options_.queue_timeout_ms),
       [this] { return draining_.load() || running_ < options_.max_concurrency; });
   if (draining_.load()) {
-    return Status::Refused(StatusCode::kResourceExhausted, "draining",
+    return Status::Refused(StatusCode::kResourceExhausted, kRefusalDraining,
                            "the worker is shutting down");
   }
   if (!got) {
-    return Status::Refused(StatusCode::kResourceExhausted, "overloaded",
+    return Status::Refused(StatusCode::kResourceExhausted, net::kOverloaded,
                            "too many requests in line");
   }
   ++running_;
@@ -379,12 +385,12 @@ Result<WorkerService::InferAnswer> WorkerService::Infer(const InferCall& call) {
 Result<WorkerService::InferAnswer> WorkerService::InferInSlot(const InferCall& call,
                                                               const FrontendTarget& t) {
   if (draining_.load()) {
-    return Status::Refused(StatusCode::kResourceExhausted, "draining",
+    return Status::Refused(StatusCode::kResourceExhausted, kRefusalDraining,
                            "the worker is shutting down");
   }
   const uint64_t limit = BodyLimit(call.model);
   if (call.body_size && *call.body_size > limit) {
-    return Status::Refused(StatusCode::kInvalidArgument, "too_large",
+    return Status::Refused(StatusCode::kInvalidArgument, net::kTooLarge,
                            "model '" + call.model + "' takes at most " + std::to_string(limit) +
                                " body bytes (its inputs' size); Content-Length is " +
                                std::to_string(*call.body_size));
@@ -417,8 +423,7 @@ Result<WorkerService::InferAnswer> WorkerService::InferInSlot(const InferCall& c
   }
   const auto start = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(ServeResult served, t.target->Serve(parsed.inputs, call.model));
-  const double ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  const double ms = MsSince(start);
   InferOutcome outcome{served.serving_mode, served.served_cell_ref, served.fallback_reason,
                        served.fallback_detail, served.duration_ms};
   KILN_ASSIGN_OR_RETURN(auto encoded, EncodeInferResponse(call.model, options_.model_version,
@@ -577,7 +582,7 @@ Result<json> WorkerService::SwapCheckpoint(std::string_view body) {
   const std::string path = path_it->get<std::string>();
   KILN_RETURN_IF_ERROR(CheckCheckpointPath(path));
   if (options_.checkpoint_dir.empty()) {
-    return Status::Refused(StatusCode::kInvalidArgument, "checkpoint_swap_disabled",
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalCheckpointSwapDisabled,
                            "checkpoint swaps are off: the worker was started without a "
                            "checkpoint directory (--checkpoint-dir)");
   }

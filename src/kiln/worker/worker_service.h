@@ -40,6 +40,13 @@
 
 namespace kiln {
 
+// The worker's own refusals (Status::token(); WorkerHttpStatus maps them to HTTP): stopping (503,
+// retry elsewhere), and a checkpoint swap outside the configured directory or with none
+// configured (403).
+inline constexpr const char* kRefusalDraining = "draining";
+inline constexpr const char* kRefusalCheckpointPathRefused = "checkpoint_path_refused";
+inline constexpr const char* kRefusalCheckpointSwapDisabled = "checkpoint_swap_disabled";
+
 // One served target, as the front end sees it.
 struct FrontendTarget {
   ServedTarget* target = nullptr;      // not owned; must outlive the service

@@ -1,5 +1,5 @@
-// The worker manifest (kiln.toml): what one endpoint serves and how (docs/design.md §10). Worker
-// layer.
+// The worker manifest (kiln.toml): what one endpoint serves and how (docs/design.md §10). Manifest
+// layer, below the mint (a mint child reads its own target) and the worker.
 //
 // A manifest names the endpoint, the hub it adopts from, its targets (graph, checkpoint, envelope,
 // lane policy, export declaration, numerics thresholds), the KServe model names (functions) that

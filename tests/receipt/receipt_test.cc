@@ -1,6 +1,6 @@
-// Tests of receipts (src/kiln/hub/receipt.h): base64url, JWS EdDSA sign/verify, every refusal
+// Tests of receipts (src/kiln/receipt/receipt.h): base64url, JWS EdDSA sign/verify, every refusal
 // token of the offline check, JWKS parsing, and the persisted key ring with rotation.
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>

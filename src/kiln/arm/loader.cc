@@ -1,5 +1,5 @@
 // The cell loader (see loader.h).
-#include "src/kiln/cell/loader.h"
+#include "src/kiln/arm/loader.h"
 
 #include <dlfcn.h>
 #include <sys/stat.h>
@@ -247,8 +247,8 @@ int ArmedCell::Admit(const std::map<std::string, Tensor>& inputs, std::string* m
     if (rank == 3) {
       if (found >= 0) {
         if (mismatch)
-          *mismatch = "entry_ambiguous: entries " + std::to_string(found) + " and " +
-                      std::to_string(i) + " both admit the request";
+          *mismatch = std::string(kEntryAmbiguous) + ": entries " + std::to_string(found) +
+                      " and " + std::to_string(i) + " both admit the request";
         return -1;
       }
       found = static_cast<int>(i);
@@ -261,17 +261,25 @@ int ArmedCell::Admit(const std::map<std::string, Tensor>& inputs, std::string* m
   return found;
 }
 
-Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
-                                                     const std::map<std::string, Tensor>& inputs,
-                                                     CellRunError* error) const {
-  auto fail = [&](CellRunError e, Status s) -> Result<std::map<std::string, Tensor>> {
-    if (error) *error = e;
-    return s;
+Result<std::map<std::string, Tensor>> ArmedCell::Run(
+    int index, const std::map<std::string, Tensor>& inputs) const {
+  using Outputs = std::map<std::string, Tensor>;
+  auto out_of_envelope = [](const std::string& why) -> Result<Outputs> {
+    return Status::Refused(StatusCode::kInvalidArgument, kOutOfEnvelope, why);
   };
-  if (error) *error = CellRunError::kNone;
-  if (revoked_) return fail(CellRunError::kRevoked, Status::Internal("cell is revoked"));
+  auto oom = [](const std::string& why) -> Result<Outputs> {
+    return Status::Refused(StatusCode::kResourceExhausted, kCellOom, why);
+  };
+  auto fault = [](const std::string& why) -> Result<Outputs> {
+    return Status::Refused(StatusCode::kInternal, kCellFault, why);
+  };
+  if (revoked_) {
+    return Status::Refused(
+        StatusCode::kInternal, kRefusalRevoked,
+        "cell " + (ref_.empty() ? std::string("(intake)") : ref_) + " is revoked");
+  }
   if (index < 0 || index >= static_cast<int>(entries_.size())) {
-    return fail(CellRunError::kOutOfEnvelope, Status::InvalidArgument("no such entry"));
+    return out_of_envelope("no entry " + std::to_string(index));
   }
   const EntryMetadata& e = entries_[static_cast<size_t>(index)];
   std::vector<const void*> in_ptrs;
@@ -280,14 +288,13 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
   for (const TensorSpec& s : e.inputs) {
     auto it = inputs.find(s.name);
     if (it == inputs.end() || it->second.dtype() != s.dtype || it->second.shape() != s.shape) {
-      return fail(CellRunError::kOutOfEnvelope,
-                  Status::InvalidArgument("input '" + s.name + "' does not match entry " +
-                                          std::to_string(index)));
+      return out_of_envelope("input '" + s.name + "' does not match entry " +
+                             std::to_string(index));
     }
     const void* p = it->second.raw_data();
     if (reinterpret_cast<uintptr_t>(p) % 64 != 0) {
       auto copy = it->second.Clone();
-      if (!copy.ok()) return fail(CellRunError::kResource, copy.status());
+      if (!copy.ok()) return oom(copy.status().message());
       realigned.push_back(std::move(copy).value());
       p = realigned.back().raw_data();
     }
@@ -305,7 +312,7 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
       continue;
     }
     auto t = Tensor::Empty(s.dtype, s.shape);
-    if (!t.ok()) return fail(CellRunError::kResource, t.status());
+    if (!t.ok()) return oom(t.status().message());
     out_ptrs.push_back(t->raw_data());
     outputs[s.name] = std::move(t).value();
   }
@@ -313,9 +320,8 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
   if (e.workspace_bytes > 0) {
     ws = TakeWorkspace(static_cast<size_t>(index));
     if (!ws) {
-      return fail(CellRunError::kResource,
-                  Status::ResourceExhausted("cannot allocate " + std::to_string(e.workspace_bytes) +
-                                            " bytes of cell workspace"));
+      return oom("cannot allocate " + std::to_string(e.workspace_bytes) +
+                 " bytes of cell workspace");
     }
   }
   int rc;
@@ -329,30 +335,23 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(int index,
   }
   GiveWorkspace(static_cast<size_t>(index), ws);
   if (rc == KILN_CELL_RESOURCE_EXHAUSTED) {
-    return fail(
-        CellRunError::kResource,
-        Status::ResourceExhausted("cell entry " + std::to_string(index) + " ran out of memory"));
+    return oom("cell entry " + std::to_string(index) + " ran out of memory");
   }
   if (rc == KILN_CELL_BAD_ARGUMENT) {
     // The inputs are of the entry's types, so the cell refused their values (a dynamic region's
     // eager kernels did): the request is outside what the cell serves; the cell stays armed.
-    return fail(CellRunError::kOutOfEnvelope,
-                Status::InvalidArgument("cell entry " + std::to_string(index) +
-                                        " refused the inputs' values (a data-dependent shape or "
-                                        "index eager refuses too)"));
+    return out_of_envelope("cell entry " + std::to_string(index) +
+                           " refused the inputs' values (a data-dependent shape or index eager "
+                           "refuses too)");
   }
   if (rc != KILN_CELL_OK) {
-    return fail(
-        CellRunError::kCellFault,
-        Status::Refused(StatusCode::kInternal, "cell_fault",
-                        "entry " + std::to_string(index) + " returned code " + std::to_string(rc)));
+    return fault("entry " + std::to_string(index) + " returned code " + std::to_string(rc));
   }
   for (size_t i = 0; i < e.outputs.size(); ++i) {
     if (!e.outputs[i].dynamic) continue;
     if (!dynamic[i].called) {
-      return fail(CellRunError::kCellFault,
-                  Status::Internal("cell_fault: entry " + std::to_string(index) +
-                                   " never produced dynamic output '" + e.outputs[i].name + "'"));
+      return fault("entry " + std::to_string(index) + " never produced dynamic output '" +
+                   e.outputs[i].name + "'");
     }
     outputs[e.outputs[i].name] = std::move(dynamic[i].tensor);
   }

@@ -1,5 +1,5 @@
 // The numerics gate and the fence proof (see gate.h).
-#include "src/kiln/cell/gate.h"
+#include "src/kiln/arm/gate.h"
 
 #include <algorithm>
 #include <cctype>
@@ -12,6 +12,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/ops/shape_inference.h"
 
 namespace kiln {
@@ -340,8 +341,7 @@ Result<EntryNumerics> MeasureEntry(const ArmedCell& cell, size_t i, const Interp
       return ref.status().WithContext("gate: eager refused " + p.label + " of entry " +
                                       std::to_string(i));
     }
-    CellRunError err;
-    auto got = cell.Run(static_cast<int>(i), p.inputs, &err);
+    auto got = cell.Run(static_cast<int>(i), p.inputs);
     EntryNumerics n;
     if (got.ok()) {
       n = CompareOutputs(*ref, *got, t);
@@ -629,8 +629,7 @@ class Fence {
           KILN_RETURN_IF_ERROR(cell_.Rebind(perturbed));
           rebound = true;
         }
-        CellRunError err;
-        auto got = cell_.Run(static_cast<int>(i), p.inputs, &err);
+        auto got = cell_.Run(static_cast<int>(i), p.inputs);
         EntryNumerics n;
         if (got.ok()) {
           n = CompareOutputs(*ref, *got, t_);
@@ -779,6 +778,29 @@ Result<FenceReport> RunFenceProof(ArmedCell& cell, const Interpreter& eager,
   KILN_RETURN_IF_ERROR(proven);
   if (bound.empty()) fence.report().gate.verdict = Verdict::kHealthy;
   return fence.report();
+}
+
+Result<StrictProof> ProveStrict(ArmedCell& cell, const Interpreter& eager, const WeightMap& weights,
+                                const NumericsThresholds& t, const CellArtifacts& artifacts,
+                                const Samples& samples, const StrictProofOptions& options) {
+  const Clock::TimePoint start = Clock::Real()->Now();
+  Result<GateReport> gate = RunGate(cell, eager, weights, t, samples);
+  if (options.on_gate) options.on_gate(gate, MsSince(start));
+  if (!gate.ok()) return gate.status();
+  StrictProof proof;
+  proof.gate = std::move(gate).value();
+  if (proof.gate.verdict == Verdict::kUnmeasurable) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalUnmeasurable,
+                           proof.gate.Summary());
+  }
+  if (proof.gate.verdict != Verdict::kHealthy) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalNumerics,
+                           proof.gate.Summary() + "; only HEALTHY ships");
+  }
+  if (options.fence) {
+    KILN_ASSIGN_OR_RETURN(proof.fence, RunFenceProof(cell, eager, weights, t, artifacts, samples));
+  }
+  return proof;
 }
 
 }  // namespace kiln

@@ -1,9 +1,9 @@
-// The hub builder's child (hub layer, library `kiln_rebuild_child`): the process the sandboxed
-// builder (builder.h) starts as `kiln rebuild --child DIR`. It runs the code generator's
-// compiler path (mint/regenerate.h), so it is linked into the `kiln` binary and never into the
-// hub's server library: the hub signs what this child built without linking a compiler, an
-// interpreter or a kernel library itself.
-#include "src/kiln/hub/rebuild_child.h"
+// The hub builder's child (mint layer): the process the sandboxed builder (hub/builder.h) starts
+// as `kiln rebuild --child DIR`. It runs the code generator's compiler path (regenerate.h), so it
+// lives with the mint, linked into the `kiln` binary and never into the hub's server library: the
+// hub signs what this child built without linking a compiler, an interpreter or a kernel library
+// itself. The exit codes it shares with the builder are in cell/provenance.h.
+#include "src/kiln/mint/rebuild_child.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -11,7 +11,7 @@
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/metadata.h"
-#include "src/kiln/hub/builder.h"
+#include "src/kiln/cell/provenance.h"
 #include "src/kiln/mint/regenerate.h"
 
 namespace kiln {

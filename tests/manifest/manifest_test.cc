@@ -1,6 +1,6 @@
-// Tests for the worker manifest parser (src/kiln/worker/manifest.h): the example manifests, every
+// Tests for the worker manifest parser (src/kiln/manifest/manifest.h): the example manifests, every
 // refusal by key path, defaults, path resolution and hub.token_env.
-#include "src/kiln/worker/manifest.h"
+#include "src/kiln/manifest/manifest.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
-// Receipts: JWS/EdDSA signing and offline verification, and the hub's persisted key ring (hub
+// Receipts: JWS/EdDSA signing and offline verification, and the hub's persisted key ring (receipt
 // layer, `kiln_receipt` library). See receipt.h for the wire format.
-#include "src/kiln/hub/receipt.h"
+#include "src/kiln/receipt/receipt.h"
 
 #include <openssl/evp.h>
 #include <sys/stat.h>

@@ -1,5 +1,5 @@
 // The cell loader: dlopen a verified cell, bind a checkpoint's weights by name, and hand back an
-// armed object that knows its own lane and state (cell layer).
+// armed object that knows its own lane and state (arm layer, above cell/ and runtime/).
 //
 // Law 4: nothing reaches dlopen unverified. LoadAdmittedCell takes only an AdmittedCell (the
 // product of AdmitCell: digest, size, key restatement, sm, toolchain all checked) or, for a cell
@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "src/kiln/abi/cell_abi.h"
 #include "src/kiln/base/status.h"
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/graph/checkpoint.h"
-#include "src/kiln/runtime/cell_abi.h"
 
 namespace kiln {
 
@@ -49,8 +49,21 @@ class CellLibrary {
   nlohmann::json describe_;
 };
 
-// Why a call did not run in the cell. kCellFault revokes; kResource and kOutOfEnvelope do not.
-enum class CellRunError { kNone, kOutOfEnvelope, kCellFault, kResource, kRevoked };
+// Why a call did not run in the cell: the token of ArmedCell::Run's Status (Status::token()),
+// the one channel out of the cell. Only a cell fault is the cell's; the caller revokes it then
+// (law 7), and never for the others.
+//   out_of_envelope  the inputs are not the entry's, or the cell refused their values (a
+//                    data-dependent shape or index eager refuses too): the cell stays armed (law 8)
+//   cell_fault       the cell returned a failure code or broke its ABI contract
+//   cell_oom         an allocation failed, ours or the cell's: the machine's state, not the cell's
+//                    fault; the cell stays armed
+//   revoked          the cell was revoked before the call (sticky; it never runs again):
+//                    kRefusalRevoked (cell/admission.h)
+inline constexpr const char* kOutOfEnvelope = "out_of_envelope";
+inline constexpr const char* kCellFault = "cell_fault";
+inline constexpr const char* kCellOom = "cell_oom";
+// Admit's mismatch when two entries admit one request: an envelope bug, named first in the text.
+inline constexpr const char* kEntryAmbiguous = "entry_ambiguous";
 
 class ArmedCell {
  public:
@@ -74,9 +87,11 @@ class ArmedCell {
   // entry's first difference (ranked dtype < missing/rank < dim).
   int Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch) const;
 
-  // Runs entry `index`. On failure `error` says whose fault it was; the Status names it.
-  Result<std::map<std::string, Tensor>> Run(int index, const std::map<std::string, Tensor>& inputs,
-                                            CellRunError* error) const;
+  // Runs entry `index`. A failure is Refused with one of the tokens above (its code:
+  // InvalidArgument for out_of_envelope, ResourceExhausted for cell_oom, Internal for cell_fault
+  // and revoked), and its message names the entry and what went wrong. Any thread.
+  Result<std::map<std::string, Tensor>> Run(int index,
+                                            const std::map<std::string, Tensor>& inputs) const;
 
   // Re-binds a new checkpoint of the same architecture (same names, dtypes, shapes).
   Status Rebind(const WeightMap& weights);

@@ -1,6 +1,6 @@
-// Receipts: the hub's Ed25519-signed statement that binds a cell key to the bytes it stored (hub
-// layer; docs/design.md §9, §12 "Receipt checks"). Built into the small `kiln_receipt`
-// library so that the client and the worker can verify receipts without linking the hub server.
+// Receipts: the hub's Ed25519-signed statement that binds a cell key to the bytes it stored
+// (receipt layer; docs/design.md §9, §12 "Receipt checks"). A small library of its own,
+// `kiln_receipt`, so the client and the worker verify receipts without linking the hub server.
 //
 // Wire format: JWS compact serialization, three base64url (no padding) parts joined by '.':
 //   header  {"alg":"EdDSA","kid":"<16 hex>","typ":"kiln-receipt"}   (canonical JSON)
@@ -156,6 +156,7 @@ struct ExpectedClaims {
 //   receipt_bad_signature  the Ed25519 signature does not verify (bytes altered or foreign key)
 //   receipt_key_retired    the signing key was retired before the receipt's iat
 //   receipt_claim_mismatch a claim differs from `expected` (message names claim and both values)
+inline constexpr const char* kRefusalReceiptClaimMismatch = "receipt_claim_mismatch";
 struct ReceiptVerdict {
   std::string token;
   std::string message;

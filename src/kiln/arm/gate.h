@@ -1,4 +1,4 @@
-// The numerics gate and the fence proof (cell layer; docs/design.md §2 laws 2 and 5, §8).
+// The numerics gate and the fence proof (arm layer; docs/design.md §2 laws 2 and 5, §8).
 //
 // Gate, per entry: compiled vs eager on probe inputs: the samples the target declares that fit
 // the entry, a seeded synthetic probe, and the synthetic probe with NaN, +Inf and -Inf planted in
@@ -29,13 +29,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/base/status.h"
-#include "src/kiln/cell/loader.h"
 #include "src/kiln/eager/interpreter.h"
 
 namespace kiln {
@@ -139,5 +140,27 @@ Result<FenceReport> RunFenceProof(ArmedCell& cell, const Interpreter& eager,
                                   const WeightMap& weights, const NumericsThresholds& t,
                                   const CellArtifacts& artifacts, const Samples& samples = {},
                                   const FenceOptions& options = {});
+
+// The strict proof: what a mint runs before it seals a cell, and what a worker runs again on its
+// live target before it arms a child's cell (law 5: only HEALTHY ships). The gate (RunGate),
+// HEALTHY or refused, then the fence proof (RunFenceProof) unless `fence` is off. Refusals carry
+// their token: `unmeasurable` (an entry nothing measured, or a weight nothing measures),
+// `numerics_refused` (an entry DEGRADED or DESTROYED; the message is the gate's summary), or the
+// fence's `fence_refused`; an error of a run itself is returned as it is. Leaves `cell` bound to
+// `weights`.
+struct StrictProof {
+  GateReport gate;
+  FenceReport fence;  // empty when the fence was not asked for
+};
+struct StrictProofOptions {
+  bool fence = true;
+  // Called once the gate has run, before its verdict is judged, with its report (or its error)
+  // and its time: where a caller marks a stage or writes a row.
+  std::function<void(const Result<GateReport>& gate, double ms)> on_gate;
+};
+Result<StrictProof> ProveStrict(ArmedCell& cell, const Interpreter& eager, const WeightMap& weights,
+                                const NumericsThresholds& t, const CellArtifacts& artifacts,
+                                const Samples& samples = {},
+                                const StrictProofOptions& options = {});
 
 }  // namespace kiln

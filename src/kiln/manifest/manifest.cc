@@ -1,9 +1,9 @@
-// Parsing and validation of the worker manifest, kiln.toml (see manifest.h). Worker layer.
+// Parsing and validation of the worker manifest, kiln.toml (see manifest.h). Manifest layer.
 //
 // toml++ turns the text into a tree; everything after that is a walk that checks each table's keys
 // against the fields it may hold and converts each value, so every refusal can name the line, the
 // key path, the value found and the value expected.
-#include "src/kiln/worker/manifest.h"
+#include "src/kiln/manifest/manifest.h"
 
 #include <toml++/toml.h>
 

@@ -1,6 +1,7 @@
 /* The cell ABI: the versioned C interface every cell's shared object exports, and the host
- * services a cell calls back into. Runtime layer: both the code generator (which emits cells
- * against this header) and the loader (which calls them) include it; it includes nothing of kiln.
+ * services a cell calls back into. ABI layer, the ground floor: the code generator (which emits
+ * cells against this header), the runtime and the loader (which call them) include it; it
+ * includes nothing of kiln. The codegen version hashes it: an edit here re-keys every cell.
  *
  * Why a host-services table instead of linking kernels into the .so: a cell then depends on no
  * library at link time (only libc/libm), so the bytes are reproducible and the kernel library a
@@ -17,8 +18,8 @@
  * exhaustion (the machine's state: the caller serves eager and keeps the cell). No C++ exception
  * ever crosses this boundary.
  */
-#ifndef KILN_RUNTIME_CELL_ABI_H_
-#define KILN_RUNTIME_CELL_ABI_H_
+#ifndef KILN_ABI_CELL_ABI_H_
+#define KILN_ABI_CELL_ABI_H_
 
 #include <stdint.h>
 
@@ -58,16 +59,16 @@ enum kiln_conv_layout {
 };
 
 typedef struct kiln_conv2d_desc {
-  int64_t n, c, h, w;    /* input dims in NCHW order (memory order per `layout`) */
-  int64_t k, r, s;       /* output channels, kernel height/width */
+  int64_t n, c, h, w; /* input dims in NCHW order (memory order per `layout`) */
+  int64_t k, r, s;    /* output channels, kernel height/width */
   int64_t stride_h, stride_w;
   int64_t pad_t, pad_l, pad_b, pad_r;
-  int64_t dil_h, dil_w;  /* ONNX convention: 1 = dense */
+  int64_t dil_h, dil_w; /* ONNX convention: 1 = dense */
   int64_t group;
-  int32_t post_op;       /* enum kiln_post_op, applied after bias (and after sum) */
-  int32_t sum;           /* 1: y = conv(x) + bias + y_in (residual add into the output buffer) */
-  int32_t layout;        /* enum kiln_conv_layout: the compiler's layout choice for this conv */
-  int32_t reserved;      /* 0 */
+  int32_t post_op;  /* enum kiln_post_op, applied after bias (and after sum) */
+  int32_t sum;      /* 1: y = conv(x) + bias + y_in (residual add into the output buffer) */
+  int32_t layout;   /* enum kiln_conv_layout: the compiler's layout choice for this conv */
+  int32_t reserved; /* 0 */
 } kiln_conv2d_desc;
 
 /* A matrix product prepared at entry init (see matmul_prepare):
@@ -102,8 +103,8 @@ typedef struct kiln_host_api {
   /* A convolution prepared at entry init for bound weights `w` (bind time: the weights may be
    * reordered into the kernel library's preferred layout now, never at compile time, law 1).
    * `w` must stay valid until conv2d_release. has_bias fixes whether runs pass a bias. */
-  int (*conv2d_prepare)(const kiln_conv2d_desc* desc, const float* w, int has_bias,
-                        int num_threads, void** conv);
+  int (*conv2d_prepare)(const kiln_conv2d_desc* desc, const float* w, int has_bias, int num_threads,
+                        void** conv);
   /* Runs a prepared convolution: as conv2d with the prepared weights. May run concurrently. */
   int (*conv2d_run)(void* conv, const float* x, const float* bias, float* y);
   void (*conv2d_release)(void* conv);
@@ -146,4 +147,4 @@ void kiln_cell_entry_release(kiln_cell_entry* entry);
 }
 #endif
 
-#endif /* KILN_RUNTIME_CELL_ABI_H_ */
+#endif /* KILN_ABI_CELL_ABI_H_ */
