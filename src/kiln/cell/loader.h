@@ -49,8 +49,10 @@ class CellLibrary {
   nlohmann::json describe_;
 };
 
-// Why a call did not run in the cell. kCellFault revokes; kResource and kOutOfEnvelope do not.
-enum class CellRunError { kNone, kOutOfEnvelope, kCellFault, kResource, kRevoked };
+// Why a call did not run in the cell. kCellFault revokes; the others do not. kRefused: the cell
+// refused the request's values as eager refuses them (`request_too_large`: a dynamic region's
+// shapes past the request's memory budget); the Status is the refusal to answer with.
+enum class CellRunError { kNone, kOutOfEnvelope, kCellFault, kResource, kRevoked, kRefused };
 
 class ArmedCell {
  public:
@@ -74,9 +76,12 @@ class ArmedCell {
   // entry's first difference (ranked dtype < missing/rank < dim).
   int Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch) const;
 
-  // Runs entry `index`. On failure `error` says whose fault it was; the Status names it.
-  Result<std::map<std::string, Tensor>> Run(int index, const std::map<std::string, Tensor>& inputs,
-                                            CellRunError* error) const;
+  // Runs entry `index`. On failure `error` says whose fault it was; the Status names it. `budget`
+  // (optional): the request's memory budget, charged the outputs and whatever the cell's dynamic
+  // regions allocate (runtime/host.h HostRunContext); the workspace, sized at mint, is not.
+  Result<std::map<std::string, Tensor>> Run(
+      int index, const std::map<std::string, Tensor>& inputs, CellRunError* error,
+      const std::shared_ptr<MemoryBudget>& budget = nullptr) const;
 
   // Re-binds a new checkpoint of the same architecture (same names, dtypes, shapes).
   Status Rebind(const WeightMap& weights);

@@ -94,13 +94,15 @@ void ServedTarget::RevokeForCause(const std::shared_ptr<ArmedCell>& cell,
   compiled_degraded_ = true;
 }
 
-Result<TensorMap> ServedTarget::RunEager(const TensorMap& inputs, const Snapshot& snap) const {
-  return interpreter_.Run(inputs, snap.weights.get());
+Result<TensorMap> ServedTarget::RunEager(const TensorMap& inputs, const Snapshot& snap,
+                                         const std::shared_ptr<MemoryBudget>& budget) const {
+  return interpreter_.Run(inputs, snap.weights.get(), nullptr, budget);
 }
 
 Result<ServeResult> ServedTarget::ServeEager(const TensorMap& inputs, const Snapshot& snap,
                                              const std::string& reason, const std::string& detail,
-                                             const std::string& fn, bool posture) {
+                                             const std::string& fn, bool posture,
+                                             const std::shared_ptr<MemoryBudget>& budget) {
   if (posture) {
     bool changed = false;
     {
@@ -112,7 +114,7 @@ Result<ServeResult> ServedTarget::ServeEager(const TensorMap& inputs, const Snap
     }
     if (changed) Emit(event_kind::kServeEagerPosture, reason, 0, "", fn, detail);
   }
-  KILN_ASSIGN_OR_RETURN(TensorMap outputs, RunEager(inputs, snap));
+  KILN_ASSIGN_OR_RETURN(TensorMap outputs, RunEager(inputs, snap, budget));
   ServeResult r;
   r.outputs = std::move(outputs);
   r.serving_mode = kServingEager;
@@ -129,6 +131,14 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
   };
   Snapshot snap = Take();
   const bool mandatory = options_.lane_policy == LanePolicy::kMandatory;
+  // This request's memory: one budget for whichever of the cell and eager runs it.
+  const std::shared_ptr<MemoryBudget> budget =
+      options_.request_memory_bytes > 0
+          ? std::make_shared<MemoryBudget>(options_.request_memory_bytes)
+          : nullptr;
+  auto eager = [&](const std::string& reason, const std::string& detail, bool posture) {
+    return ServeEager(inputs, snap, reason, detail, fn, posture, budget);
+  };
 
   // 1. The operator's order, read on every call; it overrides every lane policy.
   if (eager_only_.load()) {
@@ -137,7 +147,7 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
       std::lock_guard<std::mutex> lock(mu_);
       why = eager_only_reason_;
     }
-    return done(ServeEager(inputs, snap, kPostureOperatorEagerOnly, why, fn, false));
+    return done(eager(kPostureOperatorEagerOnly, why, false));
   }
 
   // The revocation list is stale and the policy says eager: the cell stays armed, unused.
@@ -148,7 +158,7 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
                                  "' has a mandatory lane and the hub's revocation list is stale; "
                                  "retry later");
     }
-    return done(ServeEager(inputs, snap, kPostureRevocationsStale, "", fn, true));
+    return done(eager(kPostureRevocationsStale, "", true));
   }
 
   // A cell revoked behind the target's back (by its own Run racing us, or by a caller) is
@@ -186,7 +196,7 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
     return refuse_missing(posture_token());
   }
   // 3. No cell (never installed, or revoked): eager with the posture token.
-  if (!snap.cell) return done(ServeEager(inputs, snap, posture_token(), "", fn, true));
+  if (!snap.cell) return done(eager(posture_token(), "", true));
 
   ArmedCell& cell = *snap.cell;
   const std::string ref = cell.ref();
@@ -200,7 +210,7 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
       return Status::Refused(StatusCode::kInvalidArgument, kFallbackOutOfEnvelope,
                              "target '" + options_.name + "' has a mandatory lane: " + mismatch);
     }
-    return done(ServeEager(inputs, snap, kFallbackOutOfEnvelope, mismatch, fn, false));
+    return done(eager(kFallbackOutOfEnvelope, mismatch, false));
   }
 
   // 5. Run the entry.
@@ -223,7 +233,7 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
       err = CellRunError::kNone;
     }
   }
-  if (err == CellRunError::kNone) out = cell.Run(entry, inputs, &err);
+  if (err == CellRunError::kNone) out = cell.Run(entry, inputs, &err, budget);
   const double run_ms = MsSince(run_start);
 
   if (out.ok()) {
@@ -237,6 +247,10 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
 
   const std::string why = out.status().message();
   switch (err) {
+    case CellRunError::kRefused:
+      // The request asked for more than it may (request_too_large): eager would refuse it the
+      // same way, so it is answered now; the cell served nothing wrong and stays armed.
+      return out.status();
     case CellRunError::kResource:
       // Not the cell's fault: stay armed.
       Emit(event_kind::kCellOom, "stay_armed", run_ms, ref, fn,
@@ -245,12 +259,12 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
         return Status::Refused(StatusCode::kResourceExhausted, kFallbackCellOom,
                                "target '" + options_.name + "': " + why + "; retry later");
       }
-      return done(ServeEager(inputs, snap, kFallbackCellOom, why, fn, false));
+      return done(eager(kFallbackCellOom, why, false));
     case CellRunError::kRevoked:
       // Revoked by a concurrent request's fault between our snapshot and the run.
       RevokeForCause(snap.cell, "revoked");  // a no-op Revoke: the first reason stays
       if (mandatory) return refuse_missing(kPostureCompiledDegraded);
-      return done(ServeEager(inputs, snap, posture_token(), "", fn, true));
+      return done(eager(posture_token(), "", true));
     case CellRunError::kOutOfEnvelope:
       // Admit chose the entry; the cell disagreeing is still not an error (law 8).
       Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, why);
@@ -258,7 +272,7 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
         return Status::Refused(StatusCode::kInvalidArgument, kFallbackOutOfEnvelope,
                                "target '" + options_.name + "' has a mandatory lane: " + why);
       }
-      return done(ServeEager(inputs, snap, kFallbackOutOfEnvelope, why, fn, false));
+      return done(eager(kFallbackOutOfEnvelope, why, false));
     case CellRunError::kCellFault:
     case CellRunError::kNone:
     default:
@@ -293,7 +307,7 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
         }
         return refuse_missing(std::string(kFallbackCellFault) + ": " + why);
       }
-      return done(ServeEager(inputs, snap, kFallbackCellFault, why, fn, false));
+      return done(eager(kFallbackCellFault, why, false));
   }
 }
 

@@ -21,6 +21,7 @@
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/identity/toolchain.h"
+#include "src/kiln/tensor/memory_budget.h"
 #include "src/kiln/worker/adoption.h"
 #include "src/kiln/worker/boot.h"
 #include "src/kiln/worker/event_forwarder.h"
@@ -123,6 +124,18 @@ Status RunWorker(const WorkerConfig& a) {
     }
   }
   const int threads = a.threads > 0 ? a.threads : (m.endpoint.threads > 0 ? m.endpoint.threads : 1);
+  // One request's tensors: the operator's flag, else the manifest's, else a share of the machine.
+  int64_t request_memory = DefaultRequestMemoryBytes(m.endpoint.max_concurrency);
+  std::string request_memory_from = "auto: half the memory / max_concurrency";
+  if (a.request_memory_mb > 0) {
+    request_memory = int64_t{a.request_memory_mb} << 20;
+    request_memory_from = "--request-memory-mb";
+  } else if (m.endpoint.request_memory_mb > 0) {
+    request_memory = int64_t{m.endpoint.request_memory_mb} << 20;
+    request_memory_from = "endpoint.request_memory_mb";
+  }
+  std::printf("kiln worker: request memory budget %lld MiB (%s)\n",
+              static_cast<long long>(request_memory >> 20), request_memory_from.c_str());
   BootContext ctx;
   ctx.store = &store;
   ctx.hub = hub.get();
@@ -208,6 +221,7 @@ Status RunWorker(const WorkerConfig& a) {
     o.compile_declared = true;  // exported: minted on a miss; intake: compiled here
     o.events = &events;
     o.max_remints = m.mint.remints;
+    o.request_memory_bytes = request_memory;
     KILN_ASSIGN_OR_RETURN(b.target, ServedTarget::Create(o, b.graph, weights));
     if (revocations) revocations->Watch(b.target.get());
     const BootOutcome out = spec.exported() ? adopter.Boot(*b.target, spec, b.graph)

@@ -173,7 +173,11 @@ Result<int> OpenBeneath(const std::string& dir, const std::string& rel) {
 
 HttpRefusal WorkerHttpStatus(const Status& s) {
   if (IsRetryableServeRefusal(s) || s.Is("overloaded") || s.Is("draining")) return {503, true};
-  if (s.Is("too_large") || s.Is("body_too_large")) return {413, false};
+  // request_too_large: the request's values ask for tensors past its memory budget (or past
+  // int64); its fault, as a body over the limit is, and answered the same way.
+  if (s.Is("too_large") || s.Is("body_too_large") || s.Is(kRefusalRequestTooLarge)) {
+    return {413, false};
+  }
   if (s.Is("body_timeout")) return {408, false};
   if (s.Is("unauthenticated")) return {401, false};
   if (s.Is("checkpoint_path_refused") || s.Is("checkpoint_swap_disabled")) return {403, false};
