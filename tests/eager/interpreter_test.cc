@@ -223,6 +223,95 @@ TEST(Interpreter, KernelErrorsNameTheNode) {
       << out.status().ToString();
 }
 
+// A request's values decide these outputs' shapes. Sizes past int64 are refused by node before a
+// byte is allocated (they used to wrap into a small buffer the kernel then overran), and with a
+// budget, so are sizes past it; every byte charged is refunded when the outputs are dropped.
+Status RunOne(const OnnxBuilder& b, const TensorMap& inputs,
+              const std::shared_ptr<MemoryBudget>& budget = nullptr) {
+  auto interp = Interpreter::Create(Import(b));
+  EXPECT_TRUE(interp.ok()) << interp.status().ToString();
+  return interp->Run(inputs, nullptr, nullptr, budget).status();
+}
+
+void ExpectTooLarge(const Status& s, std::vector<std::string> names) {
+  EXPECT_TRUE(s.Is(kRefusalRequestTooLarge)) << s.ToString();
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+  for (const std::string& n : names) {
+    EXPECT_NE(s.message().find(n), std::string::npos) << n << " not in " << s.ToString();
+  }
+}
+
+Tensor Ints(std::vector<int64_t> v) {
+  return Tensor::FromVector<int64_t>({static_cast<int64_t>(v.size())}, v);
+}
+
+TEST(Interpreter, ValueDependentShapesAreCheckedAndChargedBeforeTheyAreAllocated) {
+  constexpr int64_t k2p62 = int64_t{1} << 62;
+  OnnxBuilder fill;
+  fill.Input("shape", kInt64, {-1}).Output("y", kFloat, {-1});
+  fill.Node("ConstantOfShape", {"shape"}, {"y"}, "fill");
+  ExpectTooLarge(RunOne(fill, {{"shape", Ints({k2p62})}}),
+                 {"ConstantOfShape 'fill'", "float32[4611686018427387904]", "int64"});
+  ExpectTooLarge(RunOne(fill, {{"shape", Ints({3037000500, 3037000500})}}),
+                 {"ConstantOfShape 'fill'", "[3037000500,3037000500]"});
+
+  auto budget = std::make_shared<MemoryBudget>(int64_t{1} << 20);
+  ExpectTooLarge(RunOne(fill, {{"shape", Ints({int64_t{1} << 20})}}, budget),
+                 {"ConstantOfShape 'fill'", "float32[1048576]", "budget of 1048576 bytes"});
+  EXPECT_TRUE(RunOne(fill, {{"shape", Ints({1024})}}, budget).ok());
+  EXPECT_EQ(budget->in_use(), 0) << "the outputs are gone, so is their charge";
+  EXPECT_EQ(budget->peak(), 4096) << "the one output, [1024] float32";
+
+  OnnxBuilder range;
+  range.Input("s", kInt64, {}).Input("l", kInt64, {}).Input("d", kInt64, {});
+  range.Output("y", kInt64, {-1});
+  range.Node("Range", {"s", "l", "d"}, {"y"}, "r");
+  auto scalars = [](int64_t s, int64_t l, int64_t d) {
+    return TensorMap{{"s", Tensor::Scalar<int64_t>(s)},
+                     {"l", Tensor::Scalar<int64_t>(l)},
+                     {"d", Tensor::Scalar<int64_t>(d)}};
+  };
+  ExpectTooLarge(RunOne(range, scalars(0, int64_t{1} << 61, 1)), {"Range 'r'", "int64"});
+  // The span itself does not fit int64 (it used to be computed as limit - start).
+  ExpectTooLarge(RunOne(range, scalars(-k2p62, k2p62, 1)), {"Range 'r'"});
+  ExpectTooLarge(RunOne(range, scalars(INT64_MIN, INT64_MAX, 1)), {"Range 'r'", "int64 bound"});
+  EXPECT_TRUE(RunOne(range, scalars(INT64_MAX, INT64_MIN, INT64_MIN)).ok());  // 2 elements
+
+  OnnxBuilder onehot;
+  onehot.Input("i", kInt64, {3}).Input("depth", kInt64, {1}).FloatInit("v", {2}, {0, 1});
+  onehot.Output("y", kFloat, {3, -1});
+  onehot.Node("OneHot", {"i", "depth", "v"}, {"y"}, "oh");
+  ExpectTooLarge(RunOne(onehot, {{"i", Ints({0, 1, 2})}, {"depth", Ints({k2p62})}}),
+                 {"OneHot 'oh'", "[3,4611686018427387904]"});
+}
+
+// A loop's per-iteration outputs stay charged while the loop holds them: a trip count from the
+// request cannot grow the stack past the budget.
+TEST(Interpreter, LoopScanOutputsAreChargedToTheRequestsBudget) {
+  OnnxBuilder b;
+  b.Input("m", kInt64, {}).Input("x", kFloat, {1024}).Output("rows", kFloat, {-1, 1024});
+  OnnxBuilder body;
+  body.Input("i", kInt64, {}).Input("c_in", onnx::TensorProto::BOOL, {});
+  body.Node("Identity", {"c_in"}, {"c_out"}, "keep");
+  body.Node("Neg", {"x"}, {"row"}, "row");  // a fresh 4 KiB tensor per iteration
+  body.Output("c_out", onnx::TensorProto::BOOL, {}).Output("row", kFloat, {1024});
+  auto& loop = b.Node("Loop", {"m", ""}, {"rows"}, "loop");
+  auto* a = loop.add_attribute();
+  a->set_name("body");
+  a->set_type(onnx::AttributeProto::GRAPH);
+  a->mutable_g()->CopyFrom(body.graph());
+  a->mutable_g()->set_name("body");
+
+  auto budget = std::make_shared<MemoryBudget>(int64_t{1} << 20);  // 256 rows of 4 KiB
+  const TensorMap few = {{"m", Tensor::Scalar<int64_t>(100)}, {"x", Iota({1024})}};
+  EXPECT_TRUE(RunOne(b, few, budget).ok());
+  EXPECT_EQ(budget->in_use(), 0);
+  const TensorMap many = {{"m", Tensor::Scalar<int64_t>(int64_t{1} << 40)}, {"x", Iota({1024})}};
+  Status s = RunOne(b, many, budget);
+  ExpectTooLarge(s, {"Loop 'loop'", "budget of 1048576 bytes"});
+  EXPECT_EQ(budget->in_use(), 0);
+}
+
 // Shape -> Gather -> Unsqueeze -> Concat -> Reshape: once input shapes are known the whole chain
 // is structural and folds into one constant; the weight-consuming nodes stay.
 TEST(ShapeInference, FoldsShapeChainsButNeverWeights) {

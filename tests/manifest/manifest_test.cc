@@ -44,7 +44,13 @@ TEST(ManifestTest, MinimalManifestGetsTheDefaults) {
   EXPECT_EQ(m->endpoint.port, 8080);
   EXPECT_EQ(m->endpoint.max_concurrency, 4);
   EXPECT_EQ(m->endpoint.threads, 0);
+  EXPECT_EQ(m->endpoint.request_memory_mb, 0);
   EXPECT_FALSE(m->hub.has_value());
+  Result<Manifest> budget =
+      Parse(std::string(kMinimal).replace(std::string(kMinimal).find("name = \"demo\""), 13,
+                                          "name = \"demo\"\nrequest_memory_mb = 2048"));
+  ASSERT_TRUE(budget.ok()) << budget.status().ToString();
+  EXPECT_EQ(budget->endpoint.request_memory_mb, 2048);
   ASSERT_EQ(m->targets.size(), 1u);
   const TargetSpec& t = m->targets[0];
   EXPECT_EQ(t.name, "mlp");
@@ -316,6 +322,22 @@ TEST(ManifestTest, BadManifestsAreRefusedByKeyPath) {
        "envelope = [{ x = [1, 64] }]",
        "envelope = [{ x = [1, 64] }, { x = [2, -64] }]",
        {"targets.mlp.envelope[1].x[1] is -64, expected an integer dimension >= 0"}},
+      // A class no request can carry: refused by key path before a mint sizes anything from it
+      // (`kiln mint` used to segfault on it).
+      {"2^62 dim",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [1, 64] }, { x = [4611686018427387904, 64] }]",
+       {"targets.mlp.envelope[1].x is [4611686018427387904,64]", "more elements than int64 counts",
+        "expected at most 4294967296 elements"}},
+      {"dims past a request",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [67108864, 65] }]",
+       {"targets.mlp.envelope[0].x is [67108864,65], 4362076160 elements",
+        "expected at most 4294967296 elements"}},
+      {"request_memory_mb negative",
+       "name = \"demo\"",
+       "name = \"demo\"\nrequest_memory_mb = -1",
+       {"endpoint.request_memory_mb is -1, expected an integer >= 0 (megabytes; 0 = auto)"}},
       {"float dim",
        "envelope = [{ x = [1, 64] }]",
        "envelope = [{ x = [1, 64.0] }]",

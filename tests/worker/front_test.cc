@@ -822,5 +822,14 @@ TEST_F(FrontTest, StopDrainsAndRefusesLater) {
   EXPECT_FALSE(after) << "the listener should be closed after Stop()";
 }
 
+// A request whose values ask for more than its memory budget is its own fault: 413 with the token,
+// never a retryable 503 or a 500 that would read as the worker's.
+TEST(WorkerHttpStatusTest, RequestTooLargeIs413WithoutRetry) {
+  const HttpRefusal h = WorkerHttpStatus(RequestTooLarge("ConstantOfShape 'fill': float32[...]"));
+  EXPECT_EQ(h.status, 413);
+  EXPECT_FALSE(h.retry);
+  EXPECT_EQ(WorkerHttpStatus(Status::InvalidArgument("plain")).status, 400);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -21,12 +21,15 @@ const char* LaneName(Lane lane) { return lane == Lane::kExported ? "exported" : 
 
 namespace {
 
-// The caller's side of a kiln_dynamic_output: the tensor the cell asked for, allocated once.
+// The caller's side of a kiln_dynamic_output: the tensor the cell asked for, allocated once,
+// checked and charged to the request's budget before it exists.
 struct DynamicOutput {
   kiln_dynamic_output abi{};  // first member: the cell hands back a pointer to it
   DType dtype = DType::kFloat32;
+  std::shared_ptr<MemoryBudget> budget;
   Tensor tensor;
   bool called = false;
+  Status refusal;  // why a size was refused (request_too_large), for the caller's answer
 
   static void* Alloc(kiln_dynamic_output* self, const int64_t* dims, int32_t rank) {
     auto* d = reinterpret_cast<DynamicOutput*>(self);
@@ -37,8 +40,11 @@ struct DynamicOutput {
     for (int64_t v : shape) {
       if (v < 0) return nullptr;
     }
-    auto t = Tensor::Empty(d->dtype, shape);
-    if (!t.ok()) return nullptr;
+    auto t = Tensor::Empty(d->dtype, shape, d->budget);
+    if (!t.ok()) {
+      if (t.status().Is(kRefusalRequestTooLarge)) d->refusal = t.status();
+      return nullptr;
+    }
     d->tensor = std::move(t).value();
     d->called = true;
     return d->tensor.raw_data();
@@ -262,7 +268,8 @@ int ArmedCell::Admit(const std::map<std::string, Tensor>& inputs, std::string* m
 }
 
 Result<std::map<std::string, Tensor>> ArmedCell::Run(
-    int index, const std::map<std::string, Tensor>& inputs) const {
+    int index, const std::map<std::string, Tensor>& inputs,
+    const std::shared_ptr<MemoryBudget>& budget) const {
   using Outputs = std::map<std::string, Tensor>;
   auto out_of_envelope = [](const std::string& why) -> Result<Outputs> {
     return Status::Refused(StatusCode::kInvalidArgument, kOutOfEnvelope, why);
@@ -308,11 +315,15 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(
     if (s.dynamic) {  // allocated by the cell once its shape is known (kiln_dynamic_output)
       dynamic[i].abi.alloc = &DynamicOutput::Alloc;
       dynamic[i].dtype = s.dtype;
+      dynamic[i].budget = budget;
       out_ptrs.push_back(&dynamic[i].abi);
       continue;
     }
-    auto t = Tensor::Empty(s.dtype, s.shape);
-    if (!t.ok()) return oom(t.status().message());
+    auto t = Tensor::Empty(s.dtype, s.shape, budget);
+    if (!t.ok()) {
+      if (t.status().Is(kRefusalRequestTooLarge)) return t.status();
+      return oom(t.status().message());
+    }
     out_ptrs.push_back(t->raw_data());
     outputs[s.name] = std::move(t).value();
   }
@@ -325,7 +336,10 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(
     }
   }
   int rc;
+  HostRunContext request;
+  request.budget = budget;
   {
+    ScopedHostRunContext scope(&request);
     std::shared_lock<std::shared_mutex> lock(mu_);
     // The ABI refuses a null array; an entry with no runtime inputs gets an empty one.
     static const void* const kNoInputs[1] = {nullptr};
@@ -334,6 +348,16 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(
                        e.workspace_bytes);
   }
   GiveWorkspace(static_cast<size_t>(index), ws);
+  // A refusal of the request's values (its tensors past its budget) is answered as itself,
+  // whatever code the cell returned for it: the request's fault, never the cell's.
+  if (rc != KILN_CELL_OK) {
+    if (request.refusal.Is(kRefusalRequestTooLarge)) {
+      return request.refusal;
+    }
+    for (const DynamicOutput& d : dynamic) {
+      if (!d.refusal.ok()) return d.refusal;
+    }
+  }
   if (rc == KILN_CELL_RESOURCE_EXHAUSTED) {
     return oom("cell entry " + std::to_string(index) + " ran out of memory");
   }

@@ -52,13 +52,17 @@ class CellLibrary {
 // Why a call did not run in the cell: the token of ArmedCell::Run's Status (Status::token()),
 // the one channel out of the cell. Only a cell fault is the cell's; the caller revokes it then
 // (law 7), and never for the others.
-//   out_of_envelope  the inputs are not the entry's, or the cell refused their values (a
-//                    data-dependent shape or index eager refuses too): the cell stays armed (law 8)
-//   cell_fault       the cell returned a failure code or broke its ABI contract
-//   cell_oom         an allocation failed, ours or the cell's: the machine's state, not the cell's
-//                    fault; the cell stays armed
-//   revoked          the cell was revoked before the call (sticky; it never runs again):
-//                    kRefusalRevoked (cell/admission.h)
+//   out_of_envelope    the inputs are not the entry's, or the cell refused their values (a
+//                      data-dependent shape or index eager refuses too): the cell stays armed
+//                      (law 8)
+//   request_too_large  the request's tensors (outputs, or what a dynamic region allocates) are
+//                      past its memory budget: kRefusalRequestTooLarge (tensor/), answered as
+//                      the refusal it is; the cell stays armed
+//   cell_fault         the cell returned a failure code or broke its ABI contract
+//   cell_oom           an allocation failed, ours or the cell's: the machine's state, not the
+//                      cell's fault; the cell stays armed
+//   revoked            the cell was revoked before the call (sticky; it never runs again):
+//                      kRefusalRevoked (cell/admission.h)
 inline constexpr const char* kOutOfEnvelope = "out_of_envelope";
 inline constexpr const char* kCellFault = "cell_fault";
 inline constexpr const char* kCellOom = "cell_oom";
@@ -88,10 +92,14 @@ class ArmedCell {
   int Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch) const;
 
   // Runs entry `index`. A failure is Refused with one of the tokens above (its code:
-  // InvalidArgument for out_of_envelope, ResourceExhausted for cell_oom, Internal for cell_fault
-  // and revoked), and its message names the entry and what went wrong. Any thread.
-  Result<std::map<std::string, Tensor>> Run(int index,
-                                            const std::map<std::string, Tensor>& inputs) const;
+  // InvalidArgument for out_of_envelope and request_too_large, ResourceExhausted for cell_oom,
+  // Internal for cell_fault and revoked), and its message names the entry and what went wrong.
+  // `budget` (optional): the request's memory budget, charged the outputs and whatever the cell's
+  // dynamic regions allocate (runtime/host.h HostRunContext); the workspace, sized at mint, is
+  // not. Any thread.
+  Result<std::map<std::string, Tensor>> Run(
+      int index, const std::map<std::string, Tensor>& inputs,
+      const std::shared_ptr<MemoryBudget>& budget = nullptr) const;
 
   // Re-binds a new checkpoint of the same architecture (same names, dtypes, shapes).
   Status Rebind(const WeightMap& weights);

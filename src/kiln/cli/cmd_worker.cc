@@ -37,6 +37,11 @@ void AddWorkerCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--admin-bind", a->admin_bind, "address of the admin listener");
   cmd->add_option("--admin-token-file", a->admin_token_file,
                   "file holding the admin token (default: $KILN_ADMIN_TOKEN)");
+  cmd->add_option("--request-memory-mb", a->request_memory_mb,
+                  "memory one request's tensors may hold, in MiB; past it the request is refused "
+                  "413 request_too_large (default: the manifest's endpoint.request_memory_mb, or "
+                  "half the machine's memory shared by the concurrent requests)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--checkpoint-dir", a->checkpoint_dir,
                   "directory the admin checkpoint swap may read from (default: swaps refused)");
   cmd->callback([=] {

@@ -27,8 +27,9 @@ struct Interpreter::Scope {
 // Runs (or infers) a node's subgraphs in a child scope of the scope the node runs in.
 class Interpreter::BodyRunner : public SubgraphRunner, public OuterScope {
  public:
-  BodyRunner(const Plans& plans, const Scope& scope, const WeightMap* weights)
-      : plans_(plans), scope_(scope), weights_(weights) {}
+  BodyRunner(const Plans& plans, const Scope& scope, const WeightMap* weights,
+             const std::shared_ptr<MemoryBudget>& budget)
+      : plans_(plans), scope_(scope), weights_(weights), budget_(budget) {}
 
   Result<std::vector<TensorType>> InferBody(const Graph& body, const std::vector<TensorType>& types,
                                             const std::vector<const Tensor*>& values,
@@ -50,7 +51,7 @@ class Interpreter::BodyRunner : public SubgraphRunner, public OuterScope {
     Scope child;
     child.parent = &scope_;
     for (size_t i = 0; i < inputs.size(); ++i) child.values[body.inputs[i].name] = inputs[i];
-    KILN_RETURN_IF_ERROR(Execute(plans_, body, child, weights_, nullptr));
+    KILN_RETURN_IF_ERROR(Execute(plans_, body, child, weights_, nullptr, budget_));
     std::vector<Tensor> outputs;
     for (const ValueInfo& v : body.outputs) {
       const Tensor* t = child.Find(v.name);  // may be an outer value passed through
@@ -76,6 +77,7 @@ class Interpreter::BodyRunner : public SubgraphRunner, public OuterScope {
   const Plans& plans_;
   const Scope& scope_;
   const WeightMap* weights_;
+  const std::shared_ptr<MemoryBudget>& budget_;
 };
 
 Status Interpreter::AddPlans(const Graph& g, Plans& plans) {
@@ -164,7 +166,8 @@ Status Interpreter::CheckInputs(const TensorMap& inputs) const {
 }
 
 Status Interpreter::Execute(const Plans& plans, const Graph& g, Scope& scope,
-                            const WeightMap* weights, RunStats* stats) {
+                            const WeightMap* weights, RunStats* stats,
+                            const std::shared_ptr<MemoryBudget>& budget) {
   const Plan& plan = plans.at(&g);
   // Weights and inputs are shared handles: no copy.
   for (const auto& [name, t] : g.initializers) {
@@ -208,11 +211,12 @@ Status Interpreter::Execute(const Plans& plans, const Graph& g, Scope& scope,
     }
     OpContext ctx(n, step.opset, std::move(types), std::move(values), std::move(present));
     ctx.set_prepared(step.prepared.get());
+    ctx.set_budget(budget);
     std::vector<Tensor> outs;
     if (step.owns_subgraphs) {
       // Output shapes may depend on what the body computes: the op assigns its outputs.
       outs.resize(n.outputs.size());
-      BodyRunner runner(plans, scope, weights);
+      BodyRunner runner(plans, scope, weights, budget);
       ctx.set_subgraphs(&runner);
       Status s = step.def->run(ctx, outs);
       if (!s.ok()) return s.message().rfind(n.op_type, 0) == 0 ? s : s.WithContext(n.Describe());
@@ -232,9 +236,15 @@ Status Interpreter::Execute(const Plans& plans, const Graph& g, Scope& scope,
                                 std::to_string(n.outputs.size()));
       }
       outs.reserve(out_types->size());
-      for (const TensorType& t : *out_types) {
-        auto o = Tensor::Empty(t.dtype, t.shape);
-        if (!o.ok()) return o.status().WithContext(n.Describe());
+      // Each output's size is checked (and charged) before it is allocated: a shape computed
+      // from a request's values is refused here, by node and output, never allocated wrapped.
+      for (size_t k = 0; k < out_types->size(); ++k) {
+        const TensorType& t = (*out_types)[k];
+        auto o = Tensor::Empty(t.dtype, t.shape, budget);
+        if (!o.ok()) {
+          const std::string out = k < n.outputs.size() ? n.outputs[k] : std::to_string(k);
+          return o.status().WithContext(n.Describe() + ": output '" + out + "'");
+        }
         live += static_cast<int64_t>(o->nbytes());
         outs.push_back(std::move(o).value());
       }
@@ -262,12 +272,13 @@ Status Interpreter::Execute(const Plans& plans, const Graph& g, Scope& scope,
 }
 
 Result<TensorMap> Interpreter::Run(const TensorMap& inputs, const WeightMap* weights,
-                                   RunStats* stats) const {
+                                   RunStats* stats,
+                                   const std::shared_ptr<MemoryBudget>& budget) const {
   KILN_RETURN_IF_ERROR(CheckInputs(inputs));
   const Graph& g = *graph_;
   Scope scope;
   for (const auto& [name, t] : inputs) scope.values[name] = t;
-  KILN_RETURN_IF_ERROR(Execute(plans_, g, scope, weights, stats));
+  KILN_RETURN_IF_ERROR(Execute(plans_, g, scope, weights, stats, budget));
   TensorMap result;
   for (const ValueInfo& v : g.outputs) result[v.name] = scope.values.at(v.name);
   return result;
@@ -295,7 +306,7 @@ Status SubgraphNode::Run(OpContext& ctx, const TensorMap& outer,
                          std::vector<Tensor>& outputs) const {
   Interpreter::Scope scope;
   scope.values = outer;
-  Interpreter::BodyRunner runner(plans_, scope, nullptr);
+  Interpreter::BodyRunner runner(plans_, scope, nullptr, ctx.budget());
   ctx.set_subgraphs(&runner);
   ctx.set_prepared(prepared_.get());
   return def_->run(ctx, outputs);

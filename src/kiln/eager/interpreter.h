@@ -9,6 +9,12 @@
 // Subgraphs (If branches, Loop bodies) run in a child scope of the node that owns them: outer
 // names resolve through the enclosing scopes, and a value a subgraph reads stays alive until
 // that node has run. Thread-safety: Run is const and may be called concurrently.
+//
+// Memory: every output is allocated from the type infer gave, with its size checked before the
+// allocation (an element count or byte size past int64 is `request_too_large`, never a wrapped
+// size), and charged to the run's MemoryBudget when one is given (tensor/memory_budget.h): a
+// request whose values ask for more than its budget (ConstantOfShape of [2^40], Range to 2^61)
+// is refused by node, shape and bound before a byte of it exists.
 #pragma once
 
 #include <map>
@@ -38,8 +44,11 @@ class Interpreter {
 
   // Runs with `weights` (nullptr: the graph's own). Returns every graph output by name. Errors
   // name the input or node and what was expected; a kernel error is prefixed with the node.
+  // `budget` (optional) is charged every tensor the run allocates, subgraphs included, and
+  // refunded as they are freed; the outputs returned stay charged until they are dropped.
   Result<TensorMap> Run(const TensorMap& inputs, const WeightMap* weights = nullptr,
-                        RunStats* stats = nullptr) const;
+                        RunStats* stats = nullptr,
+                        const std::shared_ptr<MemoryBudget>& budget = nullptr) const;
 
   const Graph& graph() const { return *graph_; }
 
@@ -66,7 +75,7 @@ class Interpreter {
 
   static Status AddPlans(const Graph& g, Plans& plans);
   static Status Execute(const Plans& plans, const Graph& g, Scope& scope, const WeightMap* weights,
-                        RunStats* stats);
+                        RunStats* stats, const std::shared_ptr<MemoryBudget>& budget);
 
   std::shared_ptr<const Graph> graph_;
   Plans plans_;
@@ -76,6 +85,7 @@ class Interpreter {
 // such a node of a compiled cell with it. Prepared once (op definition, subgraph plans), then
 // run with the node's inputs in `ctx` and the values of every name its subgraphs read from the
 // enclosing graph in `outer`. `outputs` follow OpDef::run (views to fill, or invalid to assign).
+// The subgraphs' tensors are charged to ctx.budget() when it is set.
 class SubgraphNode {
  public:
   static Result<std::unique_ptr<SubgraphNode>> Create(const Node& node, int64_t opset);

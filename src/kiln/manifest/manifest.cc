@@ -17,6 +17,7 @@
 #include <utility>
 
 #include "src/kiln/base/file.h"
+#include "src/kiln/worker/kserve.h"
 
 namespace kiln {
 
@@ -288,7 +289,8 @@ Result<EndpointSpec> Parser::ParseEndpoint(const toml::table& root) const {
                         OptTable(root, "", "endpoint", "a table ([endpoint])"));
   if (t == nullptr) return Missing(root, "endpoint", "an [endpoint] table with at least `name`");
   const std::string p = "endpoint";
-  KILN_RETURN_IF_ERROR(CheckKeys(*t, p, {"name", "release", "port", "max_concurrency", "threads"}));
+  KILN_RETURN_IF_ERROR(CheckKeys(
+      *t, p, {"name", "release", "port", "max_concurrency", "threads", "request_memory_mb"}));
   EndpointSpec e;
   KILN_ASSIGN_OR_RETURN(e.name, ReqString(*t, p, "name", kNameRule));
   if (!IsName(e.name)) {
@@ -304,6 +306,9 @@ Result<EndpointSpec> Parser::ParseEndpoint(const toml::table& root) const {
                                                     1 << 16, "an integer >= 1"));
   KILN_ASSIGN_OR_RETURN(
       e.threads, IntField(*t, p, "threads", e.threads, 0, 1 << 16, "an integer >= 0 (0 = auto)"));
+  KILN_ASSIGN_OR_RETURN(e.request_memory_mb,
+                        IntField(*t, p, "request_memory_mb", e.request_memory_mb, 0, 1 << 30,
+                                 "an integer >= 0 (megabytes; 0 = auto)"));
   return e;
 }
 
@@ -451,6 +456,17 @@ Result<Envelope> Parser::ParseEnvelope(const toml::table& target, const std::str
                                ", expected an integer dimension >= 0");
         }
         shape.push_back(v);
+      }
+      // A class whose input no request can carry (kserve.h: at most kKServeMaxElements elements
+      // per input) is refused here by name, before a mint sizes a probe or a cell plans memory
+      // from it; a product past int64 never wraps into a small one.
+      const Result<int64_t> count = CheckedNumElements(shape);
+      if (!count.ok() || *count > kKServeMaxElements) {
+        return Error(&dn, ip + " is " + ShapeToString(shape) + ", " +
+                              (count.ok() ? std::to_string(*count) + " elements"
+                                          : std::string("more elements than int64 counts")) +
+                              "; expected at most " + std::to_string(kKServeMaxElements) +
+                              " elements (the most one infer request may carry per input)");
       }
       cls.emplace(input, std::move(shape));
     }

@@ -35,12 +35,16 @@ const char* LanePolicyName(LanePolicy lane);
 
 // `[endpoint]`: the serving process itself.
 struct EndpointSpec {
-  std::string name;         // required; [A-Za-z0-9._-]+, names the endpoint in events/hub
-  std::string release;      // optional ("" when absent); the hub release whose obligations
-                            // this endpoint discharges
-  int port = 8080;          // HTTP port of the KServe v2 front end; 0 = pick a free port
-  int max_concurrency = 4;  // requests run at once (>= 1); more wait in line
-  int threads = 0;          // compute threads per request; 0 = auto (the machine's cores)
+  std::string name;           // required; [A-Za-z0-9._-]+, names the endpoint in events/hub
+  std::string release;        // optional ("" when absent); the hub release whose obligations
+                              // this endpoint discharges
+  int port = 8080;            // HTTP port of the KServe v2 front end; 0 = pick a free port
+  int max_concurrency = 4;    // requests run at once (>= 1); more wait in line
+  int threads = 0;            // compute threads per request; 0 = auto (the machine's cores)
+  int request_memory_mb = 0;  // the tensors one request may hold at once (MiB); past it the
+                              // request is refused `request_too_large`. 0 = auto: half the
+                              // machine's memory shared by max_concurrency requests
+                              // (DefaultRequestMemoryBytes)
 };
 
 // `[hub]` (optional): where cells are resolved, fetched and published.
@@ -91,7 +95,8 @@ struct TargetSpec {
                                           // one still parses; the worker refuses it at boot
                                           // (`mandatory_lane_needs_a_cell`)
   Envelope envelope;  // required, non-empty; classes in declaration order, no duplicates,
-                      // every class names the same inputs, every dim >= 0
+                      // every class names the same inputs, every dim >= 0, and no input of
+                      // more elements than one request may carry (kKServeMaxElements)
   NumericsSpec numerics;
   // Sample inputs (optional): each maps every graph input to a .npy file (resolved like every
   // path). The mint's numerics gate and fence probe each sample on the entry whose class it

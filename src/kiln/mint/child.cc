@@ -57,7 +57,10 @@ int ExitFor(const Status& s, std::string* token) {
     *token = "resource_exhausted";
     return kMintExitResource;
   }
-  for (const char* t : {kRefusalNumerics, kRefusalFence, kRefusalUnmeasurable}) {
+  // request_too_large: a shape class whose tensors do not fit int64 (an envelope dim of 2^62
+  // given outside a manifest, an intermediate the graph makes past it), refused by node.
+  for (const char* t :
+       {kRefusalNumerics, kRefusalFence, kRefusalUnmeasurable, kRefusalRequestTooLarge}) {
     if (s.Is(t)) {
       *token = t;
       return kMintExitRefused;

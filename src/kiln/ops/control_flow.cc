@@ -309,7 +309,8 @@ Status RunLoop(const OpContext& ctx, std::vector<Tensor>& outputs) {
     } else {
       Shape shape = scanned[k][0].shape();
       shape.insert(shape.begin(), static_cast<int64_t>(scanned[k].size()));
-      KILN_ASSIGN_OR_RETURN(stacked, Tensor::Empty(scanned[k][0].dtype(), shape));
+      // As long as the trip count the request gave: charged to its budget before it exists.
+      KILN_ASSIGN_OR_RETURN(stacked, Tensor::Empty(scanned[k][0].dtype(), shape, ctx.budget()));
       char* dst = static_cast<char*>(stacked.raw_data());
       for (const Tensor& v : scanned[k]) {
         if (v.nbytes() > 0) std::memcpy(dst, v.raw_data(), v.nbytes());
@@ -495,7 +496,7 @@ Status RunScan(const OpContext& ctx, std::vector<Tensor>& outputs) {
                           NormAxis(ctx, a.out_axes[k], piece.size() + 1, "scan output axis"));
     Shape shape = piece;
     shape.insert(shape.begin() + axis, length);
-    KILN_ASSIGN_OR_RETURN(Tensor stacked, Tensor::Empty(slices[k][0].dtype(), shape));
+    KILN_ASSIGN_OR_RETURN(Tensor stacked, Tensor::Empty(slices[k][0].dtype(), shape, ctx.budget()));
     int64_t outer = 1, inner = static_cast<int64_t>(DTypeSize(stacked.dtype()));
     for (int64_t d = 0; d < axis; ++d) outer *= piece[static_cast<size_t>(d)];
     for (size_t d = static_cast<size_t>(axis); d < piece.size(); ++d) inner *= piece[d];
@@ -737,7 +738,8 @@ Status RunScan8(const OpContext& ctx, std::vector<Tensor>& outputs) {
                                      " is not known: no iteration ran to give its shape");
       }
     }
-    KILN_ASSIGN_OR_RETURN(Tensor result, Tensor::Empty(types[k].dtype, types[k].shape));
+    KILN_ASSIGN_OR_RETURN(Tensor result,
+                          Tensor::Empty(types[k].dtype, types[k].shape, ctx.budget()));
     char* dst = static_cast<char*>(result.raw_data());
     const size_t element =
         static_cast<size_t>(NumElements(piece[k].shape)) * DTypeSize(piece[k].dtype);

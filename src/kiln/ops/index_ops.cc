@@ -489,9 +489,15 @@ Result<OneHotPlan> PlanOneHot(const OpContext& ctx) {
                             ", expected [off_value, on_value] of shape [2]");
   }
   OneHotPlan p;
-  p.depth = static_cast<int64_t>(depth->GetAsDouble(0));
+  // A float depth truncates; one at or past 2^63 (or not finite) has no int64 value.
+  const double d = depth->GetAsDouble(0);
+  if (IsFloatDType(depth->dtype()) && !(d < 9223372036854775808.0)) {
+    return RequestTooLarge(ctx.where() + ": depth " + std::to_string(d) +
+                           " is past the int64 bound 9223372036854775807");
+  }
+  p.depth = IsFloatDType(depth->dtype()) ? static_cast<int64_t>(d) : depth->GetAsInt64(0);
   if (p.depth < 1) {
-    return Invalid(ctx, "depth " + std::to_string(depth->GetAsDouble(0)) + " must be >= 1");
+    return Invalid(ctx, "depth " + std::to_string(d) + " must be >= 1");
   }
   const Shape& in = ctx.type(0).shape;
   const int64_t rank = static_cast<int64_t>(in.size()) + 1;
@@ -526,7 +532,11 @@ Status RunOneHot(const OpContext& ctx, std::vector<Tensor>& outputs) {
   const int64_t lowest = ctx.opset() >= 11 ? -p.depth : 0;
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t i = 0; i < inner; ++i) {
-      int64_t hot = static_cast<int64_t>(indices.GetAsDouble(o * inner + i));
+      // Exactly the indices that truncate into [lowest, depth) (NaN and the out-of-range never
+      // reach the conversion, which past int64 would be undefined).
+      const double x = indices.GetAsDouble(o * inner + i);
+      if (!(x > static_cast<double>(lowest) - 1 && x < static_cast<double>(p.depth))) continue;
+      int64_t hot = static_cast<int64_t>(x);
       if (hot < lowest || hot >= p.depth) continue;
       if (hot < 0) hot += p.depth;
       std::memcpy(dst + ((o * p.depth + hot) * inner + i) * elem, values + elem, elem);
@@ -617,10 +627,12 @@ Status RunEyeLike(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_ASSIGN_OR_RETURN(std::vector<uint8_t> one, ElementBytes(1.0f, out.dtype()));
   const int64_t k = ctx.node().GetInt("k", 0);
   const int64_t rows = out.dim(0), cols = out.dim(1);
+  if (out.numel() == 0) return Status::OK();  // rows may be 2^32 with no column
   auto* dst = static_cast<uint8_t*>(out.raw_data());
-  if (out.nbytes() != 0) std::memset(dst, 0, out.nbytes());
+  std::memset(dst, 0, out.nbytes());
   for (int64_t i = 0; i < rows; ++i) {
-    const int64_t j = i + k;
+    int64_t j = 0;
+    if (__builtin_add_overflow(i, k, &j)) break;  // k near INT64_MAX: no diagonal here
     if (j >= 0 && j < cols) std::memcpy(dst + (i * cols + j) * one.size(), one.data(), one.size());
   }
   return Status::OK();

@@ -109,6 +109,11 @@ class OpContext {
     return static_cast<const T*>(prepared_);
   }
   void set_prepared(const PreparedNode* prepared) { prepared_ = prepared; }
+  // The memory budget of the request this node runs for (tensor/memory_budget.h), for an op that
+  // allocates tensors itself (a loop's stacked scan outputs) and for the subgraphs it runs; null
+  // where the engine runs without one. Outputs the engine allocates are charged by the engine.
+  const std::shared_ptr<MemoryBudget>& budget() const { return budget_; }
+  void set_budget(std::shared_ptr<MemoryBudget> budget) { budget_ = std::move(budget); }
 
  private:
   const Node& node_;
@@ -119,6 +124,7 @@ class OpContext {
   int num_threads_;
   const SubgraphRunner* subgraphs_ = nullptr;
   const PreparedNode* prepared_ = nullptr;
+  std::shared_ptr<MemoryBudget> budget_;
 };
 
 using CheckFn = Status (*)(const Node& node, int64_t opset);

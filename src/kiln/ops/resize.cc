@@ -185,6 +185,16 @@ Result<std::optional<std::vector<int64_t>>> OptionalSizes(const OpContext& ctx, 
   return std::optional<std::vector<int64_t>>(t->ToInt64Vector());
 }
 
+// An output dim computed in double from a scale the request may give (1e30, inf): one at or past
+// 2^63 has no int64 value, so it is refused before the conversion.
+Result<int64_t> OutputDim(const OpContext& ctx, double dim, int64_t axis) {
+  if (!(dim < 9223372036854775808.0)) {
+    return RequestTooLarge(ctx.where() + ": output dim " + std::to_string(dim) + " of axis " +
+                           std::to_string(axis) + " is past the int64 bound 9223372036854775807");
+  }
+  return static_cast<int64_t>(dim);
+}
+
 Result<ResizePlan> PlanResize(const OpContext& ctx) {
   const Shape& in = ctx.type(0).shape;
   const int64_t rank = static_cast<int64_t>(in.size());
@@ -257,7 +267,9 @@ Result<ResizePlan> PlanResize(const OpContext& ctx) {
                                 std::to_string(axes[i]) + " must be positive");
       }
       plan.scales[axes[i]] = s;
-      plan.out[axes[i]] = static_cast<int64_t>(std::floor(static_cast<double>(in[axes[i]]) * s));
+      KILN_ASSIGN_OR_RETURN(
+          plan.out[axes[i]],
+          OutputDim(ctx, std::floor(static_cast<double>(in[axes[i]]) * s), axes[i]));
     }
     return plan;
   }
@@ -277,7 +289,8 @@ Result<ResizePlan> PlanResize(const OpContext& ctx) {
     }
     for (int64_t a : axes) {
       plan.scales[a] = s;
-      plan.out[a] = static_cast<int64_t>(std::round(s * static_cast<double>(in[a])));
+      KILN_ASSIGN_OR_RETURN(plan.out[a],
+                            OutputDim(ctx, std::round(s * static_cast<double>(in[a])), a));
     }
   }
   return plan;
@@ -463,7 +476,16 @@ Status RunInterpolate(const OpContext& ctx, const ResizePlan& plan, Tensor& out)
   std::vector<double> cur(static_cast<size_t>(in.numel()));
   for (int64_t i = 0; i < in.numel(); ++i) cur[i] = in.data<float>()[i];
   std::vector<std::vector<bool>> outside(rank);
+  // The passes commute; the axes that shrink go first, so the buffer never grows past the larger
+  // of the input and the output (in the other order [1, n] -> [n, 1] would hold n x n).
+  std::vector<size_t> order;
   for (size_t d = 0; d < rank; ++d) {
+    if (plan.out[d] <= in.dim(d)) order.push_back(d);
+  }
+  for (size_t d = 0; d < rank; ++d) {
+    if (plan.out[d] > in.dim(d)) order.push_back(d);
+  }
+  for (size_t d : order) {
     const std::vector<AxisPoint> points = AxisTaps(plan, d, in.dim(d));
     for (const AxisPoint& p : points) outside[d].push_back(p.outside);
     bool identity = plan.out[d] == in.dim(d);

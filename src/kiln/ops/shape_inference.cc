@@ -9,7 +9,9 @@ namespace {
 
 bool OutputsStructural(const std::vector<TensorType>& types) {
   for (const TensorType& t : types) {
-    if (IsWeightDType(t.dtype) || NumElements(t.shape) > kMaxFoldElements) return false;
+    if (IsWeightDType(t.dtype)) return false;
+    Result<int64_t> n = CheckedNumElements(t.shape);
+    if (!n.ok() || *n > kMaxFoldElements) return false;
   }
   return true;
 }
@@ -161,7 +163,14 @@ Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const Outer
               " (known only after run), so it cannot be specialized for a shape class");
         }
       }
-      out.types[n.outputs[k]] = (*inferred)[k];
+      // Every value of a specialized graph is allocated (or planned) at its size: one whose
+      // size does not fit int64 (an envelope dim of 2^62, a constant shape past it) is refused
+      // here by node, never wrapped into a small buffer.
+      const TensorType& t = (*inferred)[k];
+      if (Result<int64_t> bytes = CheckedNumBytes(t.dtype, t.shape); !bytes.ok()) {
+        return bytes.status().WithContext(n.Describe() + ": output '" + n.outputs[k] + "'");
+      }
+      out.types[n.outputs[k]] = t;
     }
     if (all_known && !owns_subgraphs && OutputsStructural(*inferred)) {
       std::vector<Tensor> results;
@@ -259,6 +268,9 @@ Result<InferredGraph> InferShapes(const Graph& g, const std::map<std::string, Sh
         }
         shape.push_back(d.value);
       }
+    }
+    if (Result<int64_t> bytes = CheckedNumBytes(v.dtype, shape); !bytes.ok()) {
+      return bytes.status().WithContext("graph input '" + v.name + "'");
     }
     out.types[v.name] = TensorType{v.dtype, shape};
   }

@@ -217,7 +217,7 @@ Result<std::vector<TensorType>> InferReshape(const OpContext& ctx) {
     } else {
       out[i] = v;
     }
-    known *= out[i];
+    KILN_ASSIGN_OR_RETURN(known, CheckedMul(known, out[i], ctx.where() + ": " + what));
   }
   if (infer_at >= 0) {
     if (known == 0 || total % known != 0) {
@@ -265,6 +265,8 @@ Result<std::vector<TensorType>> InferTranspose(const OpContext& ctx) {
 Status RunTranspose(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_ASSIGN_OR_RETURN(std::vector<int64_t> perm, TransposePerm(ctx));
   const Tensor& in = ctx.in(0);
+  // Per-axis tables are as long as the output's dims, which an empty tensor may make huge.
+  if (outputs[0].numel() == 0) return Status::OK();
   const std::vector<int64_t> strides = ContiguousStrides(in.shape());
   std::vector<std::vector<int64_t>> tables(perm.size());
   for (size_t d = 0; d < perm.size(); ++d) {
@@ -306,7 +308,9 @@ Result<std::vector<TensorType>> InferConcat(const OpContext& ctx) {
                               " with input 0 " + first.ToString() +
                               " (expected the same dtype and the same dims off the axis)");
     }
-    out[axis] += t.shape[axis];
+    KILN_ASSIGN_OR_RETURN(out[axis],
+                          CheckedAdd(out[axis], t.shape[axis],
+                                     ctx.where() + ": concatenated axis " + std::to_string(axis)));
   }
   return Single(first.dtype, out);
 }
@@ -370,8 +374,9 @@ Result<SplitPlan> PlanSplit(const OpContext& ctx) {
   }
   if (split) {
     int64_t sum = 0;
-    for (int64_t s : *split) sum += s;
-    if (static_cast<int64_t>(split->size()) != n || sum != dim ||
+    bool overflow = false;  // sizes whose sum passes int64 split nothing
+    for (int64_t s : *split) overflow = overflow || __builtin_add_overflow(sum, s, &sum);
+    if (static_cast<int64_t>(split->size()) != n || overflow || sum != dim ||
         std::any_of(split->begin(), split->end(), [](int64_t s) { return s < 0; })) {
       return Invalid(ctx, "split " + Str(*split) + " does not split axis " +
                               std::to_string(plan.axis) + " of input shape " + Str(in) + " into " +
@@ -506,6 +511,7 @@ Result<std::vector<TensorType>> InferSlice(const OpContext& ctx) {
 
 Status RunSlice(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_ASSIGN_OR_RETURN(SlicePlan plan, PlanSlice(ctx));
+  if (outputs[0].numel() == 0) return Status::OK();  // no tables as long as an empty dim
   const std::vector<int64_t> strides = ContiguousStrides(ctx.in(0).shape());
   std::vector<std::vector<int64_t>> tables(plan.out.size());
   for (size_t d = 0; d < plan.out.size(); ++d) {
@@ -637,7 +643,12 @@ Result<std::vector<TensorType>> InferFlatten(const OpContext& ctx) {
                             std::to_string(rank) + ")");
   }
   if (axis < 0) axis += rank;
-  return Single(ctx.type(0).dtype, {DimProduct(in, 0, axis), DimProduct(in, axis, in.size())});
+  // An empty input may have dims whose product on one side of the axis does not fit.
+  Result<int64_t> outer = CheckedNumElements(Shape(in.begin(), in.begin() + axis));
+  Result<int64_t> inner = CheckedNumElements(Shape(in.begin() + axis, in.end()));
+  if (!outer.ok()) return outer.status().WithContext(ctx.where());
+  if (!inner.ok()) return inner.status().WithContext(ctx.where());
+  return Single(ctx.type(0).dtype, {*outer, *inner});
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -661,6 +672,7 @@ std::vector<std::vector<int64_t>> BroadcastTables(const Shape& in, const Shape& 
 }
 
 Status RunExpand(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  if (outputs[0].numel() == 0) return Status::OK();  // no tables as long as an empty dim
   CopyByAxisTables(ctx.in(0), BroadcastTables(ctx.in(0).shape(), outputs[0].shape()), nullptr,
                    outputs[0]);
   return Status::OK();
@@ -678,12 +690,17 @@ Result<std::vector<TensorType>> InferTile(const OpContext& ctx) {
                             " (expected one non-negative count per axis)");
   }
   Shape out(in.size());
-  for (size_t d = 0; d < in.size(); ++d) out[d] = in[d] * repeats[d];
+  for (size_t d = 0; d < in.size(); ++d) {
+    KILN_ASSIGN_OR_RETURN(out[d], CheckedMul(in[d], repeats[d],
+                                             ctx.where() + ": output dim " + std::to_string(d) +
+                                                 " (input dim x repeats " + Str(repeats) + ")"));
+  }
   return Single(ctx.type(0).dtype, out);
 }
 
 Status RunTile(const OpContext& ctx, std::vector<Tensor>& outputs) {
   const Shape& in = ctx.in(0).shape();
+  if (outputs[0].numel() == 0) return Status::OK();  // no tables as long as an empty dim
   const std::vector<int64_t> strides = ContiguousStrides(in);
   std::vector<std::vector<int64_t>> tables(in.size());
   for (size_t d = 0; d < in.size(); ++d) {
@@ -767,7 +784,13 @@ Result<PadPlan> PlanPad(const OpContext& ctx, bool with_fill) {
     const int64_t a = axes[i];
     plan.begin[a] = pads[i];
     plan.end[a] = pads[i + n];
-    plan.out[a] = in[a] + pads[i] + pads[i + n];
+    int64_t grown = 0;
+    if (__builtin_add_overflow(in[a], pads[i], &grown) ||
+        __builtin_add_overflow(grown, pads[i + n], &plan.out[a])) {
+      return RequestTooLarge(ctx.where() + ": pads " + Str(pads) + " grow axis " +
+                             std::to_string(a) + " of input shape " + Str(in) +
+                             " past the int64 bound");
+    }
     if (plan.out[a] < 0) {
       return Invalid(ctx, "pads " + Str(pads) + " crop axis " + std::to_string(a) +
                               " of input shape " + Str(in) + " below zero");
@@ -796,6 +819,7 @@ int64_t ReflectIndex(int64_t i, int64_t n) {
 Status RunPad(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_ASSIGN_OR_RETURN(PadPlan plan, PlanPad(ctx, /*with_fill=*/true));
   const Shape& in = ctx.in(0).shape();
+  if (outputs[0].numel() == 0) return Status::OK();  // no tables as long as an empty dim
   const std::vector<int64_t> strides = ContiguousStrides(in);
   std::vector<std::vector<int64_t>> tables(in.size());
   for (size_t d = 0; d < in.size(); ++d) {
@@ -1017,16 +1041,35 @@ Result<int64_t> RangeLength(const OpContext& ctx) {
     return UnsupportedDType(ctx, dtype, "float32, int64, int32");
   }
   if (v[2]->GetAsDouble(0) == 0) return Invalid(ctx, "delta is 0");
+  const std::string what = ctx.where() + ": start " + std::to_string(v[0]->GetAsDouble(0)) +
+                           ", limit " + std::to_string(v[1]->GetAsDouble(0)) + ", delta " +
+                           std::to_string(v[2]->GetAsDouble(0)) + " give";
   if (dtype == DType::kFloat32) {
     const float start = v[0]->data<float>()[0], limit = v[1]->data<float>()[0];
     const float delta = v[2]->data<float>()[0];
     const double n = std::ceil(static_cast<double>(limit - start) / delta);
-    return n > 0 ? static_cast<int64_t>(n) : 0;
+    if (std::isnan(n) || n <= 0) return int64_t{0};
+    // 2^63 and past (infinity included) do not convert to int64.
+    if (n >= 9223372036854775808.0) {
+      return RequestTooLarge(what + " " + std::to_string(n) +
+                             " elements, past the int64 bound 9223372036854775807");
+    }
+    return static_cast<int64_t>(n);
   }
+  // The span is computed unsigned: limit - start of two int64 values always fits uint64.
   const int64_t start = v[0]->GetAsInt64(0), limit = v[1]->GetAsInt64(0);
   const int64_t delta = v[2]->GetAsInt64(0);
-  if (delta > 0) return limit > start ? (limit - start - 1) / delta + 1 : 0;
-  return start > limit ? (start - limit - 1) / -delta + 1 : 0;
+  const bool up = delta > 0;
+  if (up ? limit <= start : start <= limit) return int64_t{0};
+  const uint64_t span = up ? static_cast<uint64_t>(limit) - static_cast<uint64_t>(start)
+                           : static_cast<uint64_t>(start) - static_cast<uint64_t>(limit);
+  const uint64_t step = up ? static_cast<uint64_t>(delta) : 0 - static_cast<uint64_t>(delta);
+  const uint64_t n = (span - 1) / step + 1;
+  if (n > static_cast<uint64_t>(INT64_MAX)) {
+    return RequestTooLarge(what + " " + std::to_string(n) +
+                           " elements, past the int64 bound 9223372036854775807");
+  }
+  return static_cast<int64_t>(n);
 }
 
 Result<std::vector<TensorType>> InferRange(const OpContext& ctx) {
@@ -1038,7 +1081,17 @@ template <typename T>
 void FillRange(const OpContext& ctx, Tensor& out) {
   const T start = ctx.in(0).data<T>()[0], delta = ctx.in(2).data<T>()[0];
   T* dst = out.data<T>();
-  for (int64_t i = 0; i < out.numel(); ++i) dst[i] = static_cast<T>(start + i * delta);
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    if constexpr (std::is_integral_v<T>) {
+      // Every element lies between start and limit, but i * delta alone may not fit (start
+      // INT64_MIN, delta 2^62): computed modulo 2^64, which gives the exact element.
+      dst[i] = static_cast<T>(static_cast<uint64_t>(static_cast<int64_t>(start)) +
+                              static_cast<uint64_t>(i) *
+                                  static_cast<uint64_t>(static_cast<int64_t>(delta)));
+    } else {
+      dst[i] = static_cast<T>(start + i * delta);
+    }
+  }
 }
 
 Status RunRange(const OpContext& ctx, std::vector<Tensor>& outputs) {

@@ -22,6 +22,16 @@ int StatusToCellCode(const Status& s) {
 }
 
 namespace {
+thread_local HostRunContext* t_run_context = nullptr;
+}  // namespace
+
+ScopedHostRunContext::ScopedHostRunContext(HostRunContext* context) : previous_(t_run_context) {
+  t_run_context = context;
+}
+
+ScopedHostRunContext::~ScopedHostRunContext() { t_run_context = previous_; }
+
+namespace {
 
 nlohmann::json TypeJson(const TensorType& t) {
   return nlohmann::json{{"dtype", DTypeName(t.dtype)}, {"shape", t.shape}};
@@ -482,11 +492,12 @@ int HostOpPrepare(const char* node_json, void** out) {
 // Runs a dynamic region: binds its inputs by the body's names, runs the body eagerly, and hands
 // each output over: a static one copied into its buffer after its type is checked, a dynamic one
 // into the buffer its kiln_dynamic_output allocates for the shape the run produced.
-Status RunRegion(const PreparedOp& op, const std::vector<Tensor>& in_views, void* const* outputs) {
+Status RunRegion(const PreparedOp& op, const std::vector<Tensor>& in_views, void* const* outputs,
+                 const std::shared_ptr<MemoryBudget>& budget) {
   const Graph& body = op.region->graph();
   TensorMap inputs;
   for (size_t i = 0; i < body.inputs.size(); ++i) inputs[body.inputs[i].name] = in_views[i];
-  KILN_ASSIGN_OR_RETURN(TensorMap got, op.region->Run(inputs));
+  KILN_ASSIGN_OR_RETURN(TensorMap got, op.region->Run(inputs, nullptr, nullptr, budget));
   for (size_t k = 0; k < body.outputs.size(); ++k) {
     const Tensor& t = got.at(body.outputs[k].name);
     if (t.dtype() != op.output_types[k].dtype) {
@@ -520,6 +531,9 @@ Status RunRegion(const PreparedOp& op, const std::vector<Tensor>& in_views, void
 int HostOpRun(void* handle, const void* const* inputs, void* const* outputs, int num_threads) {
   try {
     const PreparedOp& op = *static_cast<const PreparedOp*>(handle);
+    HostRunContext* run = t_run_context;
+    static const std::shared_ptr<MemoryBudget> kNoBudget;
+    const std::shared_ptr<MemoryBudget>& budget = run != nullptr ? run->budget : kNoBudget;
     std::vector<Tensor> in_views(op.input_types.size());
     std::vector<const Tensor*> values(op.input_types.size(), nullptr);
     for (size_t i = 0; i < op.input_types.size(); ++i) {
@@ -535,7 +549,7 @@ int HostOpRun(void* handle, const void* const* inputs, void* const* outputs, int
     }
     Status s;
     if (op.region) {
-      s = RunRegion(op, in_views, outputs);
+      s = RunRegion(op, in_views, outputs, budget);
     } else if (op.subgraph_node) {
       const size_t explicit_inputs = op.input_types.size() - op.outer.size();
       TensorMap outer;
@@ -546,19 +560,25 @@ int HostOpRun(void* handle, const void* const* inputs, void* const* outputs, int
       std::vector<const Tensor*> explicit_values(values.begin(), values.begin() + explicit_inputs);
       std::vector<bool> present(op.present.begin(), op.present.begin() + explicit_inputs);
       OpContext ctx(op.node, op.opset, types, explicit_values, present, num_threads);
+      ctx.set_budget(budget);
       s = op.subgraph_node->Run(ctx, outer, outs);
     } else {
       OpContext ctx(op.node, op.opset, op.input_types, values, op.present, num_threads);
       ctx.set_prepared(op.prepared.get());
+      ctx.set_budget(budget);
       s = op.def->run(ctx, outs);
     }
     if (!s.ok()) {
       KILN_LOG(ERROR) << "cell reference op " << op.node.Describe() << ": " << s.ToString();
     }
     // A dynamic region runs eager's own kernels on the request's values: when they refuse them
-    // (a shape that does not fit, an index out of range), eager would refuse the request too.
-    // That is the input's fault, never the cell's.
-    if (op.region && s.code() == StatusCode::kInvalidArgument) return KILN_CELL_BAD_ARGUMENT;
+    // (a shape that does not fit, an index out of range, more memory than the request's budget),
+    // eager would refuse the request too. That is the input's fault, never the cell's; the
+    // refusal itself goes back to the caller through its run context.
+    if (op.region && s.code() == StatusCode::kInvalidArgument) {
+      if (run != nullptr) run->refusal = s;
+      return KILN_CELL_BAD_ARGUMENT;
+    }
     return StatusToCellCode(s);
   } catch (const std::bad_alloc&) {
     return KILN_CELL_RESOURCE_EXHAUSTED;

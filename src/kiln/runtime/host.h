@@ -5,6 +5,7 @@
 // No compiler code lives here: hub/ and worker/ may link this layer.
 #pragma once
 
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -41,5 +42,30 @@ Result<nlohmann::json> NodeSpecJson(const Node& node, int64_t opset,
 // Translates a Status into the ABI code: ResourceExhausted -> RESOURCE_EXHAUSTED, anything else
 // -> FAULT. The one place this mapping lives.
 int StatusToCellCode(const Status& s);
+
+// The request a cell's run serves, as the host's reference ops see it. The caller of
+// kiln_cell_entry_run installs one on its thread for the length of the run (ScopedHostRunContext):
+// a cell calls op_run on the thread that called it, and the ABI carries no request. A dynamic
+// region (and every reference op) charges the tensors it allocates to `budget`, so a request's
+// values are bounded in a cell as they are in eager; a region that refuses the request's values
+// leaves the refusal in `refusal`, whose token (request_too_large) the ABI's bare
+// KILN_CELL_BAD_ARGUMENT cannot carry.
+struct HostRunContext {
+  std::shared_ptr<MemoryBudget> budget;  // null: unbounded (sizes are still checked)
+  Status refusal;                        // OK unless a region refused the request's values
+};
+
+// Makes `context` this thread's HostRunContext until the scope ends (then the previous one, if
+// any, again). `context` must outlive the scope.
+class ScopedHostRunContext {
+ public:
+  explicit ScopedHostRunContext(HostRunContext* context);
+  ~ScopedHostRunContext();
+  ScopedHostRunContext(const ScopedHostRunContext&) = delete;
+  ScopedHostRunContext& operator=(const ScopedHostRunContext&) = delete;
+
+ private:
+  HostRunContext* previous_;
+};
 
 }  // namespace kiln

@@ -73,33 +73,49 @@ namespace {
 struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };
+// Frees and refunds the budget the storage was charged to.
+struct BudgetedFree {
+  std::shared_ptr<MemoryBudget> budget;
+  int64_t charged;
+  void operator()(void* p) const {
+    std::free(p);
+    budget->Refund(charged);
+  }
+};
 }  // namespace
 
-Result<Tensor> Tensor::Empty(DType dtype, Shape shape) {
+Result<Tensor> Tensor::Empty(DType dtype, Shape shape,
+                             const std::shared_ptr<MemoryBudget>& budget) {
   for (int64_t d : shape) {
     if (d < 0) {
       return Status::InvalidArgument("tensor shape " + ShapeToString(shape) +
                                      " has a negative dim");
     }
   }
+  KILN_ASSIGN_OR_RETURN(const int64_t bytes, CheckedNumBytes(dtype, shape));
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
-  const size_t bytes = t.nbytes();
-  const size_t alloc = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  // Rounded up to the alignment; `bytes` <= INT64_MAX, so the sum fits size_t.
+  const size_t alloc = std::max<size_t>(64, (static_cast<size_t>(bytes) + 63) / 64 * 64);
+  if (budget) KILN_RETURN_IF_ERROR(budget->Charge(static_cast<int64_t>(alloc), t.TypeString()));
   void* p = std::aligned_alloc(64, alloc);
   if (p == nullptr) {
+    if (budget) budget->Refund(static_cast<int64_t>(alloc));
     return Status::ResourceExhausted("cannot allocate " + std::to_string(bytes) +
                                      " bytes for tensor " + t.TypeString());
   }
   std::memset(p, 0, alloc);
-  t.storage_ = std::shared_ptr<void>(p, AlignedFree());
+  if (budget) {
+    t.storage_ = std::shared_ptr<void>(p, BudgetedFree{budget, static_cast<int64_t>(alloc)});
+  } else {
+    t.storage_ = std::shared_ptr<void>(p, AlignedFree());
+  }
   t.data_ = p;
   return t;
 }
 
-Tensor Tensor::View(DType dtype, Shape shape, std::shared_ptr<const void> owner,
-                    const void* data) {
+Tensor Tensor::View(DType dtype, Shape shape, std::shared_ptr<const void> owner, const void* data) {
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
@@ -119,12 +135,11 @@ Result<Tensor> Tensor::FromBytes(DType dtype, Shape shape, const void* bytes, si
   return t;
 }
 
-Result<Tensor> Tensor::Clone() const {
-  return FromBytes(dtype_, shape_, data_, nbytes());
-}
+Result<Tensor> Tensor::Clone() const { return FromBytes(dtype_, shape_, data_, nbytes()); }
 
 Result<Tensor> Tensor::Reshaped(Shape shape) const {
-  if (NumElements(shape) != numel()) {
+  KILN_ASSIGN_OR_RETURN(const int64_t n, CheckedNumElements(shape));
+  if (n != numel()) {
     return Status::InvalidArgument("cannot reshape " + TypeString() + " to " +
                                    ShapeToString(shape) + ": element counts differ");
   }
@@ -135,34 +150,55 @@ Result<Tensor> Tensor::Reshaped(Shape shape) const {
 
 double Tensor::GetAsDouble(int64_t i) const {
   switch (dtype_) {
-    case DType::kFloat32: return data<float>()[i];
-    case DType::kFloat16: return HalfToFloat(data<uint16_t>()[i]);
-    case DType::kInt64: return static_cast<double>(data<int64_t>()[i]);
-    case DType::kInt32: return data<int32_t>()[i];
-    case DType::kInt8: return data<int8_t>()[i];
-    case DType::kUInt8: return data<uint8_t>()[i];
-    case DType::kBool: return data<uint8_t>()[i] ? 1.0 : 0.0;
-    case DType::kFloat64: return data<double>()[i];
-    case DType::kInt16: return data<int16_t>()[i];
-    case DType::kUInt16: return data<uint16_t>()[i];
-    case DType::kUInt32: return data<uint32_t>()[i];
-    case DType::kUInt64: return static_cast<double>(data<uint64_t>()[i]);
+    case DType::kFloat32:
+      return data<float>()[i];
+    case DType::kFloat16:
+      return HalfToFloat(data<uint16_t>()[i]);
+    case DType::kInt64:
+      return static_cast<double>(data<int64_t>()[i]);
+    case DType::kInt32:
+      return data<int32_t>()[i];
+    case DType::kInt8:
+      return data<int8_t>()[i];
+    case DType::kUInt8:
+      return data<uint8_t>()[i];
+    case DType::kBool:
+      return data<uint8_t>()[i] ? 1.0 : 0.0;
+    case DType::kFloat64:
+      return data<double>()[i];
+    case DType::kInt16:
+      return data<int16_t>()[i];
+    case DType::kUInt16:
+      return data<uint16_t>()[i];
+    case DType::kUInt32:
+      return data<uint32_t>()[i];
+    case DType::kUInt64:
+      return static_cast<double>(data<uint64_t>()[i]);
   }
   return 0;
 }
 
 int64_t Tensor::GetAsInt64(int64_t i) const {
   switch (dtype_) {
-    case DType::kInt64: return data<int64_t>()[i];
-    case DType::kInt32: return data<int32_t>()[i];
-    case DType::kInt8: return data<int8_t>()[i];
-    case DType::kUInt8: return data<uint8_t>()[i];
-    case DType::kBool: return data<uint8_t>()[i] ? 1 : 0;
-    case DType::kInt16: return data<int16_t>()[i];
-    case DType::kUInt16: return data<uint16_t>()[i];
-    case DType::kUInt32: return data<uint32_t>()[i];
+    case DType::kInt64:
+      return data<int64_t>()[i];
+    case DType::kInt32:
+      return data<int32_t>()[i];
+    case DType::kInt8:
+      return data<int8_t>()[i];
+    case DType::kUInt8:
+      return data<uint8_t>()[i];
+    case DType::kBool:
+      return data<uint8_t>()[i] ? 1 : 0;
+    case DType::kInt16:
+      return data<int16_t>()[i];
+    case DType::kUInt16:
+      return data<uint16_t>()[i];
+    case DType::kUInt32:
+      return data<uint32_t>()[i];
     // Past INT64_MAX this wraps like a C++ conversion; integer-to-integer casts rely on that.
-    case DType::kUInt64: return static_cast<int64_t>(data<uint64_t>()[i]);
+    case DType::kUInt64:
+      return static_cast<int64_t>(data<uint64_t>()[i]);
     default: {
       const double v = GetAsDouble(i);
       if (!std::isfinite(v)) return 0;
@@ -217,21 +253,41 @@ Result<Tensor> Tensor::CastTo(DType to) const {
   KILN_ASSIGN_OR_RETURN(Tensor out, Empty(to, shape_));
   const int64_t n = numel();
   switch (to) {
-    case DType::kFloat32: CastLoop(*this, out.data<float>()); break;
+    case DType::kFloat32:
+      CastLoop(*this, out.data<float>());
+      break;
     case DType::kFloat16: {
       uint16_t* o = out.data<uint16_t>();
       for (int64_t i = 0; i < n; ++i) o[i] = FloatToHalf(static_cast<float>(GetAsDouble(i)));
       break;
     }
-    case DType::kInt64: CastLoop(*this, out.data<int64_t>()); break;
-    case DType::kInt32: CastLoop(*this, out.data<int32_t>()); break;
-    case DType::kInt8: CastLoop(*this, out.data<int8_t>()); break;
-    case DType::kUInt8: CastLoop(*this, out.data<uint8_t>()); break;
-    case DType::kFloat64: CastLoop(*this, out.data<double>()); break;
-    case DType::kInt16: CastLoop(*this, out.data<int16_t>()); break;
-    case DType::kUInt16: CastLoop(*this, out.data<uint16_t>()); break;
-    case DType::kUInt32: CastLoop(*this, out.data<uint32_t>()); break;
-    case DType::kUInt64: CastLoop(*this, out.data<uint64_t>()); break;
+    case DType::kInt64:
+      CastLoop(*this, out.data<int64_t>());
+      break;
+    case DType::kInt32:
+      CastLoop(*this, out.data<int32_t>());
+      break;
+    case DType::kInt8:
+      CastLoop(*this, out.data<int8_t>());
+      break;
+    case DType::kUInt8:
+      CastLoop(*this, out.data<uint8_t>());
+      break;
+    case DType::kFloat64:
+      CastLoop(*this, out.data<double>());
+      break;
+    case DType::kInt16:
+      CastLoop(*this, out.data<int16_t>());
+      break;
+    case DType::kUInt16:
+      CastLoop(*this, out.data<uint16_t>());
+      break;
+    case DType::kUInt32:
+      CastLoop(*this, out.data<uint32_t>());
+      break;
+    case DType::kUInt64:
+      CastLoop(*this, out.data<uint64_t>());
+      break;
     case DType::kBool: {
       uint8_t* o = out.data<uint8_t>();
       for (int64_t i = 0; i < n; ++i) o[i] = GetAsDouble(i) != 0.0 ? 1 : 0;

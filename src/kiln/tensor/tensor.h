@@ -14,12 +14,15 @@
 
 #include "src/kiln/base/status.h"
 #include "src/kiln/tensor/dtype.h"
+#include "src/kiln/tensor/memory_budget.h"
 
 namespace kiln {
 
 using Shape = std::vector<int64_t>;
 
-// Product of dims (1 for a scalar). REQUIRES: all dims >= 0.
+// Product of dims (1 for a scalar). REQUIRES: all dims >= 0 and the product fits int64 (the shape
+// of a tensor that exists); a shape computed from values is counted with CheckedNumElements
+// (memory_budget.h).
 int64_t NumElements(const Shape& shape);
 // "[1,3,224,224]"
 std::string ShapeToString(const Shape& shape);
@@ -37,9 +40,12 @@ class Tensor {
  public:
   Tensor() = default;  // an empty, invalid tensor (valid() == false)
 
-  // Zero-filled, 64-byte-aligned storage. Fails with ResourceExhausted on allocation failure or
-  // InvalidArgument on a negative dim.
-  static Result<Tensor> Empty(DType dtype, Shape shape);
+  // Zero-filled, 64-byte-aligned storage. Fails with InvalidArgument on a negative dim,
+  // `request_too_large` (memory_budget.h) when its size does not fit int64 or `budget` (when
+  // given) refuses it, and ResourceExhausted when the allocation fails. The size is checked before
+  // anything is allocated; `budget` is charged the allocation and refunded when the storage goes.
+  static Result<Tensor> Empty(DType dtype, Shape shape,
+                              const std::shared_ptr<MemoryBudget>& budget = nullptr);
   // A view over memory kept alive by `owner`. REQUIRES: data holds numel*size bytes.
   static Tensor View(DType dtype, Shape shape, std::shared_ptr<const void> owner, const void* data);
   // Copies `bytes` (must equal numel*size) into new storage.

@@ -90,13 +90,15 @@ void ServedTarget::RevokeForCause(const std::shared_ptr<ArmedCell>& cell,
   compiled_degraded_ = true;
 }
 
-Result<TensorMap> ServedTarget::RunEager(const TensorMap& inputs, const Snapshot& snap) const {
-  return interpreter_.Run(inputs, snap.weights.get());
+Result<TensorMap> ServedTarget::RunEager(const TensorMap& inputs, const Snapshot& snap,
+                                         const std::shared_ptr<MemoryBudget>& budget) const {
+  return interpreter_.Run(inputs, snap.weights.get(), nullptr, budget);
 }
 
 Result<ServeResult> ServedTarget::ServeEager(const TensorMap& inputs, const Snapshot& snap,
                                              const std::string& reason, const std::string& detail,
-                                             const std::string& fn, bool posture) {
+                                             const std::string& fn, bool posture,
+                                             const std::shared_ptr<MemoryBudget>& budget) {
   if (posture) {
     bool changed = false;
     {
@@ -108,7 +110,7 @@ Result<ServeResult> ServedTarget::ServeEager(const TensorMap& inputs, const Snap
     }
     if (changed) Emit(event_kind::kServeEagerPosture, reason, 0, "", fn, detail);
   }
-  KILN_ASSIGN_OR_RETURN(TensorMap outputs, RunEager(inputs, snap));
+  KILN_ASSIGN_OR_RETURN(TensorMap outputs, RunEager(inputs, snap, budget));
   ServeResult r;
   r.outputs = std::move(outputs);
   r.serving_mode = kServingEager;
@@ -119,7 +121,8 @@ Result<ServeResult> ServedTarget::ServeEager(const TensorMap& inputs, const Snap
 
 Result<ServeResult> ServedTarget::FallBack(const TensorMap& inputs, const Snapshot& snap,
                                            const std::string& fn, const std::string& reason,
-                                           const std::string& detail) {
+                                           const std::string& detail,
+                                           const std::shared_ptr<MemoryBudget>& budget) {
   // The operator's order overrides every lane policy; every other reason leaves a mandatory
   // target nothing to answer with (law 11).
   if (reason == kPostureOperatorEagerOnly || options_.lane_policy != LanePolicy::kMandatory) {
@@ -127,7 +130,7 @@ Result<ServeResult> ServedTarget::FallBack(const TensorMap& inputs, const Snapsh
     // it changes.
     const bool posture = reason != kPostureOperatorEagerOnly && reason != kFallbackOutOfEnvelope &&
                          reason != kFallbackCellFault && reason != kFallbackCellOom;
-    return ServeEager(inputs, snap, reason, detail, fn, posture);
+    return ServeEager(inputs, snap, reason, detail, fn, posture, budget);
   }
   const std::string target = "target '" + options_.name + "'";
   if (reason == kFallbackOutOfEnvelope) {
@@ -192,8 +195,8 @@ std::string ServedTarget::PostureToken() const {
   return EagerPostureLocked();
 }
 
-Result<TensorMap> ServedTarget::RunCell(const ArmedCell& cell, int entry,
-                                        const TensorMap& inputs) const {
+Result<TensorMap> ServedTarget::RunCell(const ArmedCell& cell, int entry, const TensorMap& inputs,
+                                        const std::shared_ptr<MemoryBudget>& budget) const {
   if (has_fault_hook_.load()) {
     std::function<std::string()> hook;
     {
@@ -209,7 +212,7 @@ Result<TensorMap> ServedTarget::RunCell(const ArmedCell& cell, int entry,
                              "injected allocation failure (test switch)");
     }
   }
-  return cell.Run(entry, inputs);
+  return cell.Run(entry, inputs, budget);
 }
 
 Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::string& fn) {
@@ -219,6 +222,11 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
     return r;
   };
   Snapshot snap = Take();
+  // This request's memory: one budget for whichever of the cell and eager runs it.
+  const std::shared_ptr<MemoryBudget> budget =
+      options_.request_memory_bytes > 0
+          ? std::make_shared<MemoryBudget>(options_.request_memory_bytes)
+          : nullptr;
 
   // 1. The operator's order, read on every call; it overrides every lane policy.
   if (eager_only_.load()) {
@@ -227,11 +235,11 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
       std::lock_guard<std::mutex> lock(mu_);
       why = eager_only_reason_;
     }
-    return done(FallBack(inputs, snap, fn, kPostureOperatorEagerOnly, why));
+    return done(FallBack(inputs, snap, fn, kPostureOperatorEagerOnly, why, budget));
   }
   // The revocation list is stale and the policy says eager: the cell stays armed, unused.
   if (revocation_hold_.load()) {
-    return done(FallBack(inputs, snap, fn, kPostureRevocationsStale, ""));
+    return done(FallBack(inputs, snap, fn, kPostureRevocationsStale, "", budget));
   }
   // A cell revoked behind the target's back (by its own Run racing us, or by a caller) is
   // removed here so the posture says compiled_degraded from now on.
@@ -241,7 +249,7 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
   }
   // 2-3. No cell (never installed, or revoked): eager with the posture token, or a mandatory
   // target's refusal (law 11).
-  if (!snap.cell) return done(FallBack(inputs, snap, fn, PostureToken(), ""));
+  if (!snap.cell) return done(FallBack(inputs, snap, fn, PostureToken(), "", budget));
 
   ArmedCell& cell = *snap.cell;
   const std::string ref = cell.ref();
@@ -250,12 +258,12 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
   const int entry = cell.Admit(inputs, &mismatch);
   if (entry < 0) {
     Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, mismatch);
-    return done(FallBack(inputs, snap, fn, kFallbackOutOfEnvelope, mismatch));
+    return done(FallBack(inputs, snap, fn, kFallbackOutOfEnvelope, mismatch, budget));
   }
 
   // 5. Run the entry.
   const Clock::TimePoint run_start = Clock::Real()->Now();
-  Result<TensorMap> out = RunCell(cell, entry, inputs);
+  Result<TensorMap> out = RunCell(cell, entry, inputs, budget);
   const double run_ms = MsSince(run_start);
   if (out.ok()) {
     // 6. The lane is read off the object (law 9).
@@ -267,28 +275,33 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
   }
   const Status& failed = out.status();
   const std::string why = failed.message();
+  if (failed.Is(kRefusalRequestTooLarge)) {
+    // The request asked for more than it may: eager would refuse it the same way, so it is
+    // answered now; the cell served nothing wrong and stays armed.
+    return failed;
+  }
   if (failed.Is(kCellOom)) {
     // Not the cell's fault: stay armed.
     Emit(event_kind::kCellOom, "stay_armed", run_ms, ref, fn,
          "entry=" + std::to_string(entry) + " " + why);
-    return done(FallBack(inputs, snap, fn, kFallbackCellOom, why));
+    return done(FallBack(inputs, snap, fn, kFallbackCellOom, why, budget));
   }
   if (failed.Is(kRefusalRevoked)) {
     // Revoked by a concurrent request's fault between our snapshot and the run.
     RevokeForCause(snap.cell, kRefusalRevoked);  // a no-op Revoke: the first reason stays
-    return done(FallBack(inputs, snap, fn, PostureToken(), ""));
+    return done(FallBack(inputs, snap, fn, PostureToken(), "", budget));
   }
   if (failed.Is(kOutOfEnvelope)) {
     // Admit chose the entry; the cell disagreeing is still not an error (law 8).
     Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, why);
-    return done(FallBack(inputs, snap, fn, kFallbackOutOfEnvelope, why));
+    return done(FallBack(inputs, snap, fn, kFallbackOutOfEnvelope, why, budget));
   }
   // The cell's fault (law 7), and any failure without a token: this request eager, the cell
   // revoked for the process life.
   RevokeForCause(snap.cell, why);
   Emit(event_kind::kServeDegrade, kFallbackCellFault, run_ms, ref, fn,
        "entry=" + std::to_string(entry) + " revoked: " + why);
-  return done(FallBack(inputs, snap, fn, kFallbackCellFault, why));
+  return done(FallBack(inputs, snap, fn, kFallbackCellFault, why, budget));
 }
 
 Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven) {

@@ -10,13 +10,21 @@
 //   4. ingress: exactly one entry admits, else eager with `out_of_envelope` naming the closest
 //      entry's first mismatch; the cell stays armed (law 8); an `ingress_refused` row
 //   5. run the entry: a cell fault -> this request eager, the cell revoked for the process life,
-//      a `serve_degrade` row (law 7); allocation failure -> eager, still armed, a `cell_oom` row
+//      a `serve_degrade` row (law 7); allocation failure -> eager, still armed, a `cell_oom` row;
+//      the request's values refused by the cell (`request_too_large`) -> that refusal, still
+//      armed (the request's fault, not the cell's)
 //   6. success -> `aot_cell` (exported-lane cell, served_cell_ref = its ref) or `jit_cell`
 //      (intake-lane cell, no ref). The lane is read off the ArmedCell (law 9).
 // A mandatory target never answers eager except under the operator's order (step 1, which
 // overrides every lane policy): where an optional target would fall back (steps 4-5), a
 // mandatory one refuses instead (out of envelope: InvalidArgument `out_of_envelope`; a fault or
 // allocation failure: retryable, `required_compile_missing` / `cell_oom`).
+//
+// Memory: each request gets its own MemoryBudget of `request_memory_bytes`
+// (tensor/memory_budget.h), charged by eager and by the cell's dynamic regions alike; a request
+// whose values ask for more (ConstantOfShape of [2^40], a Range to 2^61) is refused
+// `request_too_large` (InvalidArgument) naming the node, the shape and the bound, before the tensor
+// exists, and no cell is revoked.
 //
 // Concurrency: Serve may be called from many threads at once; the target's lock is held only to
 // take a snapshot (cell, interpreter, weights), never around a run. Swapping a checkpoint waits
@@ -99,6 +107,10 @@ struct ServedTargetOptions {
   // A mandatory target whose cell faults asks for a re-mint (SetOnCellLost) at most this many
   // times in the process; after that it refuses with `cell_lost`.
   int max_remints = 2;
+  // The bytes one request's tensors may hold at once (inputs and weights aside); 0 = unbounded
+  // (sizes are still checked against int64). The worker sets it from --request-memory-mb /
+  // endpoint.request_memory_mb, or DefaultRequestMemoryBytes.
+  int64_t request_memory_bytes = 0;
 };
 
 class ServedTarget {
@@ -187,15 +199,18 @@ class ServedTarget {
   std::string EagerPostureLocked() const;
   // Revokes `cell` for cause: sticky, quarantined, removed from the target.
   void RevokeForCause(const std::shared_ptr<ArmedCell>& cell, const std::string& reason);
-  Result<TensorMap> RunEager(const TensorMap& inputs, const Snapshot& snap) const;
+  Result<TensorMap> RunEager(const TensorMap& inputs, const Snapshot& snap,
+                             const std::shared_ptr<MemoryBudget>& budget) const;
   // Runs `entry` of `cell`, or fails it as the test hook says.
-  Result<TensorMap> RunCell(const ArmedCell& cell, int entry, const TensorMap& inputs) const;
+  Result<TensorMap> RunCell(const ArmedCell& cell, int entry, const TensorMap& inputs,
+                            const std::shared_ptr<MemoryBudget>& budget) const;
   // Every request a cell does not answer ends here, with its reason (a per-request fallback
   // reason or an eager posture token): served eager, or, for a mandatory target, refused with
   // that reason's refusal (law 11). The operator's order is served eager on every lane. After a
   // cell fault a mandatory target asks for a re-mint while it may.
   Result<ServeResult> FallBack(const TensorMap& inputs, const Snapshot& snap, const std::string& fn,
-                               const std::string& reason, const std::string& detail);
+                               const std::string& reason, const std::string& detail,
+                               const std::shared_ptr<MemoryBudget>& budget);
   // The retryable refusal of a mandatory target without an armed cell, saying why.
   Status RefuseMissing(const std::string& why) const;
   // The eager posture token by precedence (no operator order); takes mu_.
@@ -203,7 +218,8 @@ class ServedTarget {
   // Fills an eager result; emits serve_eager_posture when the posture token changed.
   Result<ServeResult> ServeEager(const TensorMap& inputs, const Snapshot& snap,
                                  const std::string& reason, const std::string& detail,
-                                 const std::string& fn, bool posture);
+                                 const std::string& fn, bool posture,
+                                 const std::shared_ptr<MemoryBudget>& budget);
   void Emit(const char* kind, const std::string& phase, double ms, const std::string& ref,
             const std::string& fn, const std::string& detail);
 

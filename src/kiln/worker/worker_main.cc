@@ -22,6 +22,7 @@
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/identity/toolchain.h"
 #include "src/kiln/manifest/manifest.h"
+#include "src/kiln/tensor/memory_budget.h"
 #include "src/kiln/worker/adoption.h"
 #include "src/kiln/worker/boot.h"
 #include "src/kiln/worker/event_forwarder.h"
@@ -181,6 +182,7 @@ struct BootWiring {
   Publisher* publisher;          // null without a hub
   Minter& minter;
   Adopter& adopter;
+  int64_t request_memory_bytes;  // one request's tensors (ServedTargetOptions)
 };
 
 // One target: its graph and checkpoint loaded, its serving wrapper made and watched, a cell
@@ -206,6 +208,7 @@ Result<Booted> BootTarget(const TargetSpec& spec, const BootWiring& w) {
   o.compile_declared = true;  // exported: minted on a miss; intake: compiled here
   o.events = &w.events;
   o.max_remints = w.manifest.mint.remints;
+  o.request_memory_bytes = w.request_memory_bytes;
   KILN_ASSIGN_OR_RETURN(b.target, ServedTarget::Create(o, b.graph, weights));
   if (w.revocations != nullptr) w.revocations->Watch(b.target.get());
   const BootOutcome out = spec.exported() ? w.adopter.Boot(*b.target, spec, b.graph)
@@ -294,6 +297,18 @@ Status RunWorker(const WorkerConfig& a) {
     KILN_ASSIGN_OR_RETURN(hub, HubClient::Create(HubOptionsFrom(*m.hub)));
     KILN_ASSIGN_OR_RETURN(trust, LoadTrustAnchors(*m.hub));
   }
+  // One request's tensors: the operator's flag, else the manifest's, else a share of the machine.
+  int64_t request_memory = DefaultRequestMemoryBytes(m.endpoint.max_concurrency);
+  std::string request_memory_from = "auto: half the memory / max_concurrency";
+  if (a.request_memory_mb > 0) {
+    request_memory = int64_t{a.request_memory_mb} << 20;
+    request_memory_from = "--request-memory-mb";
+  } else if (m.endpoint.request_memory_mb > 0) {
+    request_memory = int64_t{m.endpoint.request_memory_mb} << 20;
+    request_memory_from = "endpoint.request_memory_mb";
+  }
+  std::printf("kiln worker: request memory budget %lld MiB (%s)\n",
+              static_cast<long long>(request_memory >> 20), request_memory_from.c_str());
   BootContext ctx;
   ctx.store = &store;
   ctx.hub = hub.get();
@@ -335,7 +350,8 @@ Status RunWorker(const WorkerConfig& a) {
   ao.retry_initial_ms = std::min(ao.retry_initial_ms, ao.retry_max_ms);
   // After the minter: its retries call into it, so it stops first.
   Adopter adopter(ctx, &minter, ao);
-  const BootWiring wiring{m, ctx, events, revocations.get(), publisher.get(), minter, adopter};
+  const BootWiring wiring{m,      ctx,     events,        revocations.get(), publisher.get(),
+                          minter, adopter, request_memory};
   std::map<std::string, FrontendTarget> front_targets;
   std::map<std::string, ServedTarget*> by_name;
   for (const TargetSpec& spec : m.targets) {

@@ -40,6 +40,9 @@ struct WorkerConfig {
   std::string admin_bind = "127.0.0.1";
   std::string admin_token_file;
   std::string checkpoint_dir;
+  // The memory one request's tensors may hold (MiB); 0 = the manifest's endpoint.request_memory_mb,
+  // or when that is 0 too, DefaultRequestMemoryBytes (tensor/memory_budget.h).
+  int request_memory_mb = 0;
 };
 
 // Boots the manifest's targets and serves them until SIGTERM or SIGINT (SIGHUP re-reads the TLS

@@ -177,7 +177,11 @@ HttpRefusal WorkerHttpStatus(const Status& s) {
   if (IsRetryableServeRefusal(s) || s.Is(net::kOverloaded) || s.Is(kRefusalDraining)) {
     return {503, true};
   }
-  if (s.Is(net::kTooLarge) || s.Is(net::kBodyTooLarge)) return {413, false};
+  // request_too_large: the request's values ask for tensors past its memory budget (or past
+  // int64); its fault, as a body over the limit is, and answered the same way.
+  if (s.Is(net::kTooLarge) || s.Is(net::kBodyTooLarge) || s.Is(kRefusalRequestTooLarge)) {
+    return {413, false};
+  }
   if (s.Is(net::kBodyTimeout)) return {408, false};
   if (s.Is(net::kUnauthenticated)) return {401, false};
   if (s.Is(kRefusalCheckpointPathRefused) || s.Is(kRefusalCheckpointSwapDisabled)) {
