@@ -175,6 +175,7 @@ HttpRefusal WorkerHttpStatus(const Status& s) {
   if (IsRetryableServeRefusal(s) || s.Is("overloaded") || s.Is("draining")) return {503, true};
   if (s.Is("too_large") || s.Is("body_too_large")) return {413, false};
   if (s.Is("body_timeout")) return {408, false};
+  if (s.Is("headers_too_large")) return {431, false};
   if (s.Is("unauthenticated")) return {401, false};
   if (s.Is("checkpoint_path_refused") || s.Is("checkpoint_swap_disabled")) return {403, false};
   switch (s.code()) {
@@ -419,12 +420,15 @@ Result<WorkerService::InferAnswer> WorkerService::InferInSlot(const InferCall& c
   KILN_ASSIGN_OR_RETURN(ServeResult served, t.target->Serve(parsed.inputs, call.model));
   const double ms =
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  // The inputs are done with: the answer that streams out holds only the outputs.
+  parsed.inputs.clear();
   InferOutcome outcome{served.serving_mode, served.served_cell_ref, served.fallback_reason,
                        served.fallback_detail, served.duration_ms};
-  KILN_ASSIGN_OR_RETURN(auto encoded, EncodeInferResponse(call.model, options_.model_version,
-                                                          parsed, served.outputs, outcome));
+  KILN_ASSIGN_OR_RETURN(auto stream,
+                        InferResponseStream::Create(call.model, options_.model_version, parsed,
+                                                    std::move(served.outputs), outcome));
   metrics_->Served(call.model, served, ms);
-  return InferAnswer{std::move(encoded.body), encoded.json_length};
+  return InferAnswer{std::move(stream)};
 }
 
 std::string WorkerService::MetricsText() const {
