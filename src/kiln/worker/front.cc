@@ -153,8 +153,7 @@ std::vector<net::Route> ServingRoutes(WorkerService* svc, const FrontendOptions&
             }
             return r;
           }
-          // Written as the connection takes it: the text of the
-          // outputs never exists whole.
+          // Written as the connection takes it: the outputs' text never exists whole.
           r.stream_length = stream->size();
           r.stream = [stream](uint64_t offset, char* buf, size_t cap) {
             return stream->Read(offset, buf, cap);
