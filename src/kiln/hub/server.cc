@@ -4,11 +4,17 @@
 // the HttpServer has already refused a Content-Length over that limit with 413, body unread.
 #include "src/kiln/hub/server.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include "src/kiln/base/file.h"
@@ -27,9 +33,11 @@ constexpr uint64_t kEventsBodyLimit = 16 << 20;
 
 net::Response Send(const Reply& r) {
   if (!r.html.empty()) return net::Response::Text(r.status, r.html, "text/html; charset=utf-8");
-  return net::Response::Text(r.status,
-                             r.body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                             "application/json");
+  net::Response res = net::Response::Text(
+      r.status, r.body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+      "application/json");
+  if (r.retry_after_s > 0) res.headers.emplace_back("Retry-After", std::to_string(r.retry_after_s));
+  return res;
 }
 
 // The Reply for a body that could not be read whole.
@@ -102,8 +110,8 @@ struct HubServer::Http {
 };
 
 // Deadlines of the routes that may legitimately run long (docs/transport.md): a publish's
-// complete rebuilds the cell (up to the builder's timeout, after waiting for a slot), a blob
-// upload writes and hashes up to 2 GiB. Every other route has the server's default (60 s).
+// complete rebuilds the cell (up to the builder's timeout, after the rebuilds queued before it),
+// a blob upload writes and hashes up to 2 GiB. Every other route has the server's default (60 s).
 struct RouteDeadlines {
   int complete_ms = 0;
   int upload_ms = 10 * 60 * 1000;
@@ -270,6 +278,13 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http,
   routes.push_back(
       route("POST", "/v1/admin/rotate-key", kJsonBodyLimit,
             authed([s](const Principal& p, const Request&) { return s->RotateKey(p); })));
+  routes.push_back(route("POST", "/v1/admin/keys/retire", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->RetireKey(p, b);
+                         })));
+  routes.push_back(
+      route("POST", "/v1/admin/receipts/resign", kJsonBodyLimit,
+            authed([s](const Principal& p, const Request&) { return s->ResignReceipts(p); })));
   routes.push_back(route("POST", "/v1/releases", kJsonBodyLimit,
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->CreateRelease(p, b);
@@ -291,6 +306,18 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http,
               return s->QueryEvents(p, req.query);
             })));
   return routes;
+}
+
+// Creates `path` empty with mode 0600 unless it exists: SQLite then keeps that mode for the
+// database and gives it to its -wal and -shm files.
+static Status CreatePrivately(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    return Status::OK();
+  }
+  if (errno == EEXIST) return Status::OK();
+  return Status::IOError("hub: cannot create '" + path + "': " + std::strerror(errno));
 }
 
 int DbPoolSize(const HubOptions& options) {
@@ -329,7 +356,14 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   KILN_RETURN_IF_ERROR(MakeDirs(options.data_dir));
   std::unique_ptr<HubStore> store;
   if (options.db_url.empty()) {
-    KILN_ASSIGN_OR_RETURN(store, OpenSqliteStore(options.data_dir + "/hub.sqlite"));
+    const std::string db = options.data_dir + "/hub.sqlite";
+    KILN_RETURN_IF_ERROR(CreatePrivately(db));
+    KILN_ASSIGN_OR_RETURN(store, OpenSqliteStore(db));
+    // SQLite gives its -wal, -shm and our .id side file the database's own mode; check them all.
+    for (const char* suffix : {"", "-wal", "-shm", ".id"}) {
+      Status secret = CheckSecretFile(db + suffix);
+      if (!secret.ok() && secret.code() != StatusCode::kNotFound) return secret;
+    }
   } else if (options.db_url.rfind("postgresql://", 0) == 0 ||
              options.db_url.rfind("postgres://", 0) == 0) {
     KILN_ASSIGN_OR_RETURN(store, OpenPostgresStore(options.db_url, DbPoolSize(options)));
@@ -349,12 +383,14 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
     }
     KILN_ASSIGN_OR_RETURN(std::string admin, GenerateToken());
     TokenRow row{Sha256Hex(admin), "admin", "admin", "", "", {}};
-    KILN_RETURN_IF_ERROR(WriteFileAtomic(tokens_path, TokensFileText({row})));
+    KILN_RETURN_IF_ERROR(WriteSecretFileAtomic(tokens_path, TokensFileText({row})));
     if (first_start) {
       first_start->created_tokens_file = true;
       first_start->admin_token = admin;
     }
   }
+  // The tokens file names who may sign what: a copy others can read or write is refused.
+  KILN_RETURN_IF_ERROR(CheckSecretFile(tokens_path));
   KILN_ASSIGN_OR_RETURN(std::string tokens_text, ReadFile(tokens_path));
   KILN_ASSIGN_OR_RETURN(auto tokens, ParseTokensFile(tokens_text, tokens_path));
 
@@ -368,6 +404,9 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   service_options.revocation_max_age_s = options.revocation_max_age_s;
   service_options.blob_grace_s = options.blob_grace_s;
   service_options.max_shared_object_bytes = options.max_shared_object_bytes;
+  service_options.max_cell_entries = options.max_cell_entries;
+  service_options.org_quota_bytes = options.org_quota_bytes;
+  service_options.platform_quota_bytes = options.platform_quota_bytes;
   std::unique_ptr<HubServer> hub(new HubServer());
   hub->options_ = options;
   hub->service_ = std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys),
@@ -389,8 +428,13 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   so.handler_threads = options.threads > 0 ? options.threads : 32;
   options.listener.ApplyTo(&so);
   RouteDeadlines deadlines;
-  // Room to wait for a builder slot behind one other rebuild, then rebuild.
-  deadlines.complete_ms = (2 * std::max(1, options.sandbox.timeout_s) + 120) * 1000;
+  // Room to wait behind the publisher's own queued rebuilds (each at most the builder's timeout),
+  // then rebuild.
+  deadlines.complete_ms = static_cast<int>(std::min<int64_t>(
+      std::numeric_limits<int>::max(), (int64_t{std::max(0, options.sandbox.max_waiting) + 1} *
+                                            std::max(1, options.sandbox.timeout_s) +
+                                        120) *
+                                           1000));
   KILN_ASSIGN_OR_RETURN(
       hub->http_->server,
       net::HttpServer::Create(so, HubRoutes(hub->service_.get(), hub->http_.get(),
