@@ -154,6 +154,8 @@ class HubProcess {
     ::waitpid(pid_, nullptr, 0);
     pid_ = -1;
   }
+  // The process was reaped elsewhere: nothing is left to kill.
+  void Forget() { pid_ = -1; }
   // This process's output so far (the file Start writes it to).
   std::string Log() const {
     return ValueOr(ReadFile(data_ + "/hub-" + std::to_string(port_) + ".log"), std::string());

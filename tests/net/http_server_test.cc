@@ -44,7 +44,9 @@ struct Counters {
 
 // A server with: GET /echo/{}/x (captures and query), POST /small (1 KiB, reads its body),
 // POST /refuse (64 MiB, answers 401 without reading), POST /big (1 GiB, reads its body),
-// GET /block (waits until released), GET /live (on the event loop).
+// GET /block (waits until released), GET /live (on the event loop), POST /read (reads its body,
+// 431 for a trailer past its bound), GET /stall (waits, 300 ms deadline), POST /drip (reads a
+// dripped body, 300 ms deadline), GET /stream (an 8 MiB streamed answer).
 class ServerTest : public ::testing::Test {
  protected:
   std::unique_ptr<HttpServer> Start(ServerOptions o) {
@@ -87,6 +89,43 @@ class ServerTest : public ::testing::Test {
     routes.push_back(MakeRoute(
         "GET", "/live", 0,
         [](const Request&, Body&) { return Response::Text(200, "ok", "text/plain"); }, true));
+    // Reads its whole body; a refused read answers 431 for headers_too_large, else 400, with
+    // the refusal's token as the body.
+    routes.push_back(MakeRoute("POST", "/read", 1 << 20, [this](const Request&, Body& body) {
+      ++c_.handled;
+      auto all = body.ReadAll(1 << 20);
+      if (!all.ok()) {
+        return Response::Text(all.status().Is("headers_too_large") ? 431 : 400,
+                              all.status().token(), "text/plain");
+      }
+      return Response::Text(200, std::to_string(all->size()), "text/plain");
+    }));
+    // Blocks until released, with a 300 ms deadline.
+    routes.push_back(MakeRoute("GET", "/stall", 0, [this](const Request&, Body&) {
+      ++c_.handled;
+      while (!release_.load()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      return Response::Text(200, "released", "text/plain");
+    }));
+    routes.back().deadline_ms = 300;
+    // Reads its body (the client may drip it), with a 300 ms deadline.
+    routes.push_back(MakeRoute("POST", "/drip", 1024, [this](const Request&, Body& body) {
+      ++c_.handled;
+      auto all = body.ReadAll(1024);
+      if (!all.ok()) return Response::Text(400, all.status().token(), "text/plain");
+      return Response::Text(200, *all, "text/plain");
+    }));
+    routes.back().deadline_ms = 300;
+    // An 8 MiB answer streamed from the event loop: byte i is 'a' + i % 26.
+    routes.push_back(MakeRoute("GET", "/stream", 0, [](const Request&, Body&) {
+      Response r;
+      r.content_type = "application/octet-stream";
+      r.stream_length = kStreamBytes;
+      r.stream = [](uint64_t offset, char* buf, size_t cap) -> Result<size_t> {
+        for (size_t i = 0; i < cap; ++i) buf[i] = static_cast<char>('a' + (offset + i) % 26);
+        return cap;
+      };
+      return r;
+    }));
     auto s = HttpServer::Create(std::move(o), std::move(routes));
     EXPECT_TRUE(s.ok()) << s.status().ToString();
     if (!s.ok()) return nullptr;
@@ -95,9 +134,16 @@ class ServerTest : public ::testing::Test {
   }
   void TearDown() override { release_ = true; }
 
+  static constexpr uint64_t kStreamBytes = 8 << 20;
   Counters c_;
   std::atomic<bool> release_{false};
 };
+
+// A chunked POST /read whose body is "hello" and then `tail` (the last chunk and the trailer).
+std::string ChunkedRead(const std::string& tail) {
+  return "POST /read HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n" +
+         tail;
+}
 
 TEST_F(ServerTest, RoutesCapturesQueryKeepAliveAndTypedMisses) {
   auto s = Start(ServerOptions());
@@ -172,6 +218,22 @@ TEST_F(ServerTest, ARefusalReadsNoBodyAndNeverSays100Continue) {
   EXPECT_EQ(interim, 1);
 }
 
+TEST_F(ServerTest, ARefusedClientThatStaysConnectedIsLetGoAfterTheLinger) {
+  auto s = Start(ServerOptions());
+  // The client sends a little of a large body, reads its refusal and then just stays connected:
+  // the server discards for at most 2 s, then closes.
+  RawConn c(s->port());
+  ASSERT_TRUE(c.Send("POST /refuse HTTP/1.1\r\nHost: x\r\nContent-Length: 60000000\r\n\r\n" +
+                     std::string(1024, 'a')));
+  EXPECT_EQ(c.Read(5000).status, 401);
+  const auto start = Clock::now();
+  while (s->stats().connections_open > 0 && MsSince(start) < 5000) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_EQ(s->stats().connections_open, 0u);
+  EXPECT_LT(MsSince(start), 3000);
+}
+
 TEST_F(ServerTest, ChunkedBodyIsCutOffAtTheRouteLimit) {
   auto s = Start(ServerOptions());
   RawConn c(s->port());
@@ -183,6 +245,205 @@ TEST_F(ServerTest, ChunkedBodyIsCutOffAtTheRouteLimit) {
   auto a = c.Read(5000);
   EXPECT_EQ(a.status, 400);
   EXPECT_EQ(a.body, "body_too_large");
+}
+
+TEST_F(ServerTest, TrailersAndChunkLinesPastTheirBoundsAre431AndFreeTheHandler) {
+  ServerOptions o;
+  o.handler_threads = 2;
+  auto s = Start(o);
+  std::string many;
+  for (int i = 0; i < 40; ++i)
+    many += "X-T" + std::to_string(i) + ": " + std::string(1000, 'b') + "\r\n";
+  const std::vector<std::pair<std::string, std::string>> attacks = {
+      // One trailer field of 100 KB: Beast's field container throws past 64 KiB.
+      {"100 KB trailer field", ChunkedRead("0\r\nX-T: " + std::string(100000, 'a') + "\r\n\r\n")},
+      // Small enough to be buffered whole, too large for the field container.
+      {"64 KiB trailer field", ChunkedRead("0\r\nX-T: " + std::string(65534, 'a') + "\r\n\r\n")},
+      {"40 KB of small trailer fields", ChunkedRead("0\r\n" + many + "\r\n")},
+      {"100 KB chunk extension",
+       "POST /read HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5;e=" +
+           std::string(100000, 'c') + "\r\nhello\r\n0\r\n\r\n"},
+      {"100 KB header", "POST /read HTTP/1.1\r\nHost: x\r\nX-H: " + std::string(100000, 'h') +
+                            "\r\nContent-Length: 0\r\n\r\n"},
+  };
+  for (const auto& [what, request] : attacks) {
+    RawConn c(s->port());
+    const auto start = Clock::now();
+    ASSERT_TRUE(c.Send(request)) << what;
+    auto a = c.Read(5000);
+    EXPECT_EQ(a.status, 431) << what << ": " << a.body;
+    EXPECT_NE(a.body.find("headers_too_large"), std::string::npos) << what << ": " << a.body;
+    EXPECT_LT(MsSince(start), 3000) << what;
+  }
+  // Twenty at once against two handler threads: every one refused, the handlers free after.
+  std::vector<RawConn> flood(20);
+  for (auto& c : flood) {
+    ASSERT_EQ(c.Connect(s->port()), 0);
+    ASSERT_TRUE(c.Send(attacks[0].second));
+  }
+  for (auto& c : flood) EXPECT_EQ(c.Read(5000).status, 431);
+  RawConn good(s->port());
+  ASSERT_TRUE(good.Send(ChunkedRead("0\r\nX-Checksum: ok\r\n\r\n")));
+  auto a = good.Read(3000);
+  EXPECT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.body, "5");
+  EXPECT_EQ(s->stats().refused_headers_too_large, attacks.size() + flood.size());
+  EXPECT_EQ(s->stuck(), 0u);
+}
+
+TEST_F(ServerTest, AHandlerPastItsDeadlineIsAnswered503AndCountedStuckUntilItReturns) {
+  ServerOptions o;
+  o.handler_threads = 1;
+  o.retry_after_s = 3;
+  auto s = Start(o);
+  RawConn running(s->port()), queued(s->port());
+  const auto start = Clock::now();
+  ASSERT_TRUE(running.Send("GET /stall HTTP/1.1\r\nHost: x\r\n\r\n"));
+  while (c_.handled.load() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  // The one handler thread is taken: this one waits in the queue, under the same deadline.
+  ASSERT_TRUE(queued.Send("GET /stall HTTP/1.1\r\nHost: x\r\n\r\n"));
+  auto a = running.Read(3000);
+  EXPECT_EQ(a.status, 503);
+  EXPECT_NE(a.body.find("handler_deadline"), std::string::npos) << a.body;
+  EXPECT_EQ(a.headers["retry-after"], "3");
+  EXPECT_EQ(a.headers["connection"], "close");
+  EXPECT_GE(MsSince(start), 250);
+  EXPECT_LT(MsSince(start), 2500);
+  auto q = queued.Read(3000);
+  EXPECT_EQ(q.status, 503);
+  EXPECT_NE(q.body.find("overloaded"), std::string::npos) << q.body;
+  EXPECT_EQ(s->stuck(), 1u);
+  EXPECT_EQ(s->stats().handler_deadlines, 1u);
+  EXPECT_EQ(s->stats().queue_deadlines, 1u);
+  // The queued request never reaches a handler; the stuck one returns when released.
+  release_ = true;
+  for (int i = 0; i < 200 && s->stuck() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(s->stuck(), 0u);
+  EXPECT_EQ(c_.handled.load(), 1);
+  RawConn after(s->port());
+  ASSERT_TRUE(after.Send("GET /echo/a/x HTTP/1.1\r\nHost: x\r\n\r\n"));
+  EXPECT_EQ(after.Read(3000).status, 200);
+}
+
+TEST_F(ServerTest, TheHandlerDeadlineDoesNotCountTheClientsBodyWaits) {
+  auto s = Start(ServerOptions());
+  // Four body bytes, one every 200 ms: 800 ms of waiting on the client, past the route's 300 ms
+  // deadline, which counts only the handler's own time.
+  RawConn c(s->port());
+  ASSERT_TRUE(c.Send("POST /drip HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n"));
+  for (char b : std::string("drip")) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    ASSERT_TRUE(c.Send(std::string(1, b)));
+  }
+  auto a = c.Read(3000);
+  EXPECT_EQ(a.status, 200) << a.body;
+  EXPECT_EQ(a.body, "drip");
+  EXPECT_EQ(s->stats().handler_deadlines, 0u);
+}
+
+TEST_F(ServerTest, DrainFinishesStartedAnswersRefusesQueuedOnesAndClosesIdleConnections) {
+  ServerOptions o;
+  o.handler_threads = 2;
+  o.retry_after_s = 2;
+  auto s = Start(o);
+  // An 8 MiB answer whose client does not read yet: it is being written when the drain begins.
+  RawConn streaming(s->port());
+  ASSERT_TRUE(streaming.Send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n"));
+  // Two handlers running (each waits for its body), one request queued behind them, one idle
+  // connection, one keep-alive connection between requests.
+  RawConn run1(s->port()), run2(s->port()), queued(s->port()), idle(s->port()), kept(s->port());
+  ASSERT_TRUE(kept.Send("GET /echo/k/x HTTP/1.1\r\nHost: x\r\n\r\n"));
+  ASSERT_EQ(kept.Read(3000).status, 200);
+  const int before = c_.handled.load();
+  ASSERT_TRUE(run1.Send("POST /drip HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n"));
+  ASSERT_TRUE(run2.Send("POST /drip HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\n"));
+  while (c_.handled.load() < before + 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(queued.Send("GET /echo/q/x HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+
+  bool drained = false;
+  std::thread drain([&] { drained = s->Drain(10000); });
+  auto q = queued.Read(3000);
+  EXPECT_EQ(q.status, 503);
+  EXPECT_NE(q.body.find("draining"), std::string::npos) << q.body;
+  EXPECT_EQ(q.headers["retry-after"], "2");
+  EXPECT_TRUE(idle.ClosedWithin(2000));
+  EXPECT_TRUE(kept.ClosedWithin(2000));
+  // No new connection is served.
+  RawConn late;
+  if (late.Connect(s->port()) == 0) {
+    late.Send("GET /echo/l/x HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(late.Read(2000).status, 0);
+  }
+  // The running handlers finish (their bodies arrive now) and are answered whole.
+  ASSERT_TRUE(run1.Send("abcd"));
+  ASSERT_TRUE(run2.Send("efgh"));
+  auto r1 = run1.Read(3000), r2 = run2.Read(3000);
+  EXPECT_EQ(r1.status, 200);
+  EXPECT_EQ(r1.body, "abcd");
+  EXPECT_EQ(r1.headers["connection"], "close");
+  EXPECT_EQ(r2.body, "efgh");
+  // The answer that was streaming arrives whole.
+  auto big = streaming.Read(10000);
+  drain.join();
+  EXPECT_EQ(big.status, 200);
+  EXPECT_EQ(big.body.size(), kStreamBytes);
+  bool intact = big.body.size() == kStreamBytes;
+  for (size_t i = 0; i < big.body.size() && intact; ++i) {
+    intact = big.body[i] == static_cast<char>('a' + i % 26);
+  }
+  EXPECT_TRUE(intact);
+  EXPECT_TRUE(drained);
+  EXPECT_EQ(s->stats().connections_open, 0u);
+}
+
+TEST_F(ServerTest, AddressesHoldingFewKeepAReserveOfTheConnectionCap) {
+  ServerOptions o;
+  o.max_connections = 64;  // a reserve of 8 for addresses holding fewer than 16
+  o.max_connections_per_client = 64;
+  o.header_timeout_ms = 30000;
+  auto s = Start(o);
+  auto open = [&] { return s->stats().connections_open; };
+  auto wait_open = [&](uint64_t n) {
+    for (int i = 0; i < 300 && open() != n; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return open();
+  };
+  // One address takes everything but the reserve.
+  std::vector<RawConn> heavy(56);
+  for (auto& c : heavy) ASSERT_EQ(c.Connect(s->port(), "127.0.0.2"), 0);
+  ASSERT_EQ(wait_open(56), 56u);
+  // Its next connection is refused; a new address still gets in.
+  RawConn more;
+  ASSERT_EQ(more.Connect(s->port(), "127.0.0.2"), 0);
+  ASSERT_TRUE(more.Send("GET /echo/a/x HTTP/1.1\r\nHost: x\r\n\r\n"));
+  auto refused = more.Read(3000);
+  EXPECT_EQ(refused.status, 503);
+  EXPECT_NE(refused.body.find("too_many_connections"), std::string::npos) << refused.body;
+  EXPECT_TRUE(more.ClosedWithin(3000));
+  ASSERT_EQ(wait_open(56), 56u);
+  std::vector<RawConn> light(8);
+  for (auto& c : light) {
+    ASSERT_EQ(c.Connect(s->port(), "127.0.0.3"), 0);
+    ASSERT_TRUE(c.Send("GET /echo/b/x HTTP/1.1\r\nHost: x\r\n\r\n"));
+    EXPECT_EQ(c.Read(3000).status, 200);
+  }
+  ASSERT_EQ(wait_open(64), 64u);
+  // At the cap itself, an idle connection of the heaviest address makes room for a newcomer.
+  RawConn newcomer;
+  ASSERT_EQ(newcomer.Connect(s->port(), "127.0.0.4"), 0);
+  ASSERT_TRUE(newcomer.Send("GET /echo/c/x HTTP/1.1\r\nHost: x\r\n\r\n"));
+  EXPECT_EQ(newcomer.Read(3000).status, 200);
+  EXPECT_EQ(s->stats().evicted_idle, 1u);
+  int closed = 0;
+  for (auto& c : heavy) closed += c.ClosedWithin(1) ? 1 : 0;
+  EXPECT_EQ(closed, 1);
+  for (auto& c : light) EXPECT_FALSE(c.ClosedWithin(1));
 }
 
 TEST_F(ServerTest, SlowHeadersAndSilentConnectionsAreCutWithoutHoldingAThread) {

@@ -33,10 +33,21 @@ class RawConn {
     return *this;
   }
 
-  // errno of a failed connect, 0 on success.
-  int Connect(int port) {
+  // errno of a failed connect, 0 on success. `source`: the loopback address to connect from
+  // (127.0.0.2, ...: another client address as the server sees it); null for the default.
+  int Connect(int port, const char* source = nullptr) {
     Close();
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (source != nullptr) {
+      sockaddr_in from{};
+      from.sin_family = AF_INET;
+      ::inet_pton(AF_INET, source, &from.sin_addr);
+      if (::bind(fd_, reinterpret_cast<sockaddr*>(&from), sizeof(from)) != 0) {
+        const int e = errno;
+        Close();
+        return e;
+      }
+    }
     sockaddr_in a{};
     a.sin_family = AF_INET;
     a.sin_port = htons(static_cast<uint16_t>(port));

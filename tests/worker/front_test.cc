@@ -244,6 +244,106 @@ TEST(KServeCodec, BinaryRoundTripAndRefusals) {
   EXPECT_FALSE(EncodeInferResponse("m", "1", req, in, outcome).ok());
 }
 
+// The response as a document tree would write it (what the worker answered before responses
+// were streamed): the streamed bytes must be these, byte for byte.
+std::string TreeEncodedResponse(const std::string& model, const InferRequest& req,
+                                const TensorMap& outputs, const InferOutcome& o) {
+  std::vector<std::string> names = req.requested_outputs;
+  if (names.empty()) {
+    for (const auto& [n, t] : outputs) names.push_back(n);
+  }
+  json j = json::object();
+  j["model_name"] = model;
+  j["model_version"] = "1";
+  if (!req.id.empty()) j["id"] = req.id;
+  json outs = json::array();
+  std::string binary;
+  for (const std::string& name : names) {
+    const Tensor& t = outputs.at(name);
+    json out = {{"name", name}, {"shape", t.shape()}, {"datatype", KServeDatatype(t.dtype())}};
+    if (req.binary_data_output || req.binary_outputs.count(name)) {
+      out["parameters"] = json{{"binary_data_size", t.nbytes()}};
+      binary.append(static_cast<const char*>(t.raw_data()), t.nbytes());
+    } else {
+      json data = json::array();
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        if (t.dtype() == DType::kFloat32) {
+          data.push_back(static_cast<double>(t.data<float>()[i]));
+        } else if (t.dtype() == DType::kFloat16) {
+          data.push_back(static_cast<double>(HalfToFloat(t.data<uint16_t>()[i])));
+        } else if (t.dtype() == DType::kFloat64) {
+          data.push_back(t.data<double>()[i]);
+        } else if (t.dtype() == DType::kBool) {
+          data.push_back(t.data<uint8_t>()[i] != 0);
+        } else if (t.dtype() == DType::kUInt64) {
+          data.push_back(t.data<uint64_t>()[i]);
+        } else {
+          data.push_back(t.GetAsInt64(i));
+        }
+      }
+      out["data"] = std::move(data);
+    }
+    outs.push_back(std::move(out));
+  }
+  j["outputs"] = std::move(outs);
+  j["parameters"] = {{"serving_mode", o.serving_mode},
+                     {"served_cell_ref", o.served_cell_ref},
+                     {"fallback_reason", o.fallback_reason},
+                     {"fallback_detail", o.fallback_detail},
+                     {"duration_ms", o.duration_ms}};
+  return j.dump(-1, ' ', false, json::error_handler_t::replace) + binary;
+}
+
+TEST(KServeCodec, StreamedResponsesAreTheDocumentTreesBytesReadInAnyPieces) {
+  TensorMap out;
+  out["f"] = Tensor::FromVector<float>(
+      {2, 4}, {0.1f, -0.0f, 1e-45f, 3.4028235e38f, NAN, INFINITY, -INFINITY, 123456.789f});
+  out["d"] = Tensor::FromVector<double>({3}, {1.0 / 3.0, -1e300, 0.0});
+  const uint16_t halves[2] = {FloatToHalf(0.5f), FloatToHalf(-65504.f)};
+  out["h"] = Tensor::FromBytes(DType::kFloat16, {2}, halves, sizeof(halves)).value();
+  out["i"] = Tensor::FromVector<int64_t>({3}, {INT64_MIN, -1, INT64_MAX});
+  out["u"] = Tensor::FromVector<uint64_t>({1}, {UINT64_MAX});
+  const uint8_t bools[2] = {1, 0};
+  out["b"] = Tensor::FromBytes(DType::kBool, {2}, bools, sizeof(bools)).value();
+  out["e"] = Tensor::FromVector<float>({0, 3}, {});
+  out["s"] = Tensor::FromVector<int8_t>({}, {-7});
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dist(-1e6f, 1e6f);
+  std::vector<float> many(20000);
+  for (float& v : many) v = dist(rng);
+  out["many"] = Tensor::FromVector<float>({100, 200}, many);
+  const InferOutcome outcome{"aot_cell", "ck1-x@sha256:y", "", "detail \"quoted\"\n", 2.25};
+  std::vector<InferRequest> requests(4);
+  requests[1].id = "id-\u00e9";
+  requests[2].requested_outputs = {"many", "f", "b"};
+  requests[2].binary_outputs = {"f"};
+  requests[3].binary_data_output = true;
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const std::string want = TreeEncodedResponse("m", requests[r], out, outcome);
+    auto whole = EncodeInferResponse("m", "1", requests[r], out, outcome);
+    ASSERT_TRUE(whole.ok()) << whole.status().ToString();
+    EXPECT_EQ(whole->body, want) << "request " << r;
+    for (size_t piece : {size_t{1}, size_t{7}, size_t{47}, size_t{4096}}) {
+      auto stream = InferResponseStream::Create("m", "1", requests[r], out, outcome);
+      ASSERT_TRUE(stream.ok());
+      ASSERT_EQ((*stream)->size(), want.size());
+      std::string got;
+      std::vector<char> buf(piece);
+      while (true) {
+        auto n = (*stream)->Read(got.size(), buf.data(), buf.size());
+        ASSERT_TRUE(n.ok()) << n.status().ToString();
+        if (*n == 0) break;
+        got.append(buf.data(), *n);
+      }
+      EXPECT_EQ(got, want) << "request " << r << " read in pieces of " << piece;
+    }
+  }
+  // Reads are sequential.
+  auto stream = InferResponseStream::Create("m", "1", requests[0], out, outcome);
+  char c[8];
+  EXPECT_FALSE((*stream)->Read(3, c, sizeof(c)).ok());
+}
+
 TEST(KServeCodec, Float64RoundTripsExactly) {
   auto parsed = ParseInferRequest(
       R"({"inputs":[{"name":"d","shape":[3],"datatype":"FP64","data":[0.1,-1e300,2]}]})",

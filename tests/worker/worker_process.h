@@ -369,6 +369,8 @@ class Worker {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
   pid_t pid() const { return pid_; }
+  // The process was reaped elsewhere: nothing is left to kill.
+  void Forget() { pid_ = -1; }
   std::string Log() const {
     return hub_testing::ValueOr(ReadFile(dir_ + "/worker.log"), std::string());
   }

@@ -61,6 +61,15 @@ int RunHub(HubArgs& args) {
   }).detach();
   Status served = (*hub)->Serve();
   if (!served.ok()) return ReportError("hub", served);
+  if (const uint64_t abandoned = (*hub)->abandoned_handlers(); abandoned > 0) {
+    // Their threads still use the stores: exit without destroying anything under them.
+    std::fprintf(stderr,
+                 "kiln hub: %llu request handler(s) never returned; exiting without cleanup\n",
+                 static_cast<unsigned long long>(abandoned));
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
   return 0;
 }
 
@@ -244,6 +253,8 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
                   "deadline for a request's headers (and the TLS handshake)");
   cmd->add_option("--keepalive-idle-ms", args->options.listener.keepalive_idle_ms,
                   "an idle keep-alive connection is closed after this");
+  cmd->add_option("--drain-timeout-ms", args->options.drain_timeout_ms,
+                  "on SIGTERM, how long requests being handled may take to finish");
   cmd->add_option("--db-pool", args->options.db_pool,
                   "PostgreSQL connections (default: one per core, at least 2)");
   cmd->add_option("--rebuild", args->options.rebuild,

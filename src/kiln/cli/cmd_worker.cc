@@ -32,6 +32,11 @@ void AddWorkerCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--max-body-mb", a->max_body_mb,
                   "largest infer body in MiB (a model whose inputs all have fixed shapes takes "
                   "at most its own size)");
+  cmd->add_option("--drain-timeout-ms", a->drain_timeout_ms,
+                  "on SIGTERM, how long requests already running may take to finish");
+  cmd->add_option("--infer-deadline-ms", a->infer_deadline_ms,
+                  "an infer request's deadline after it gets a slot (past it: 503, and the "
+                  "health routes say handlers_stuck)");
   cmd->add_option("--admin-port", a->admin_port,
                   "port of the operator's admin listener (default: off; 0 = any free port)");
   cmd->add_option("--admin-bind", a->admin_bind, "address of the admin listener");

@@ -14,6 +14,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <thread>
 
 #include "src/kiln/base/file.h"
@@ -43,6 +44,7 @@ net::Response Send(const Reply& r) {
 Reply BodyFailure(const Status& s) {
   if (s.Is(net::kBodyTooLarge)) return Reply::Error(413, net::kTooLarge, s.message());
   if (s.Is(net::kBodyTimeout)) return Reply::Error(408, net::kBodyTimeout, s.message());
+  if (s.Is(net::kHeadersTooLarge)) return Reply::Error(431, net::kHeadersTooLarge, s.message());
   return Reply::Error(400, net::kBodyIncomplete, s.message());
 }
 
@@ -101,11 +103,23 @@ struct HubServer::Http {
   std::unique_ptr<net::HttpServer> server;
   std::mutex mu;
   std::condition_variable cv;
-  bool stopped = false;  // guarded by mu
+  bool stopping = false;  // guarded by mu: Stop() has begun
+  bool stopped = false;   // guarded by mu: the listener is closed and its threads joined
+  // Handlers past their deadline now (0 before the server exists).
+  uint64_t Stuck() const { return server ? server->stuck() : 0; }
+};
+
+// Deadlines of the routes that may legitimately run long (docs/transport.md): a publish's
+// complete rebuilds the cell (up to the builder's timeout, after the rebuilds queued before it),
+// a blob upload writes and hashes up to 2 GiB. Every other route has the server's default (60 s).
+struct RouteDeadlines {
+  int complete_ms = 0;
+  int upload_ms = 10 * 60 * 1000;
 };
 
 // The routes: each authenticates (where it is not public) before it reads its body.
-static std::vector<net::Route> HubRoutes(HubService* s, uint64_t max_blob_bytes) {
+static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http,
+                                         uint64_t max_blob_bytes, const RouteDeadlines& deadlines) {
   using net::Body;
   using net::Request;
   using net::Response;
@@ -137,10 +151,32 @@ static std::vector<net::Route> HubRoutes(HubService* s, uint64_t max_blob_bytes)
   };
 
   std::vector<net::Route> routes;
-  routes.push_back(
-      route("GET", "/v1/health", 0, [s](const Request&, Body&) { return Send(s->Health()); }));
-  routes.push_back(
-      route("GET", "/v1/ready", 0, [s](const Request&, Body&) { return Send(s->Ready()); }));
+  // Liveness answers from the event loop, so it answers while every handler is busy, and says
+  // 503 handlers_stuck while a handler runs past its deadline (the process needs a restart).
+  net::Route health = route("GET", "/v1/health", 0, [s, http](const Request&, Body&) {
+    if (const uint64_t stuck = http->Stuck(); stuck > 0) {
+      return Send(
+          Reply::Error(503, "handlers_stuck",
+                       std::to_string(stuck) + " request handler(s) ran past their deadline",
+                       {{"ok", false}, {"stuck", stuck}}));
+    }
+    return Send(s->Health());
+  });
+  health.on_event_loop = true;
+  routes.push_back(std::move(health));
+  routes.push_back(route("GET", "/v1/ready", 0, [s, http](const Request&, Body&) {
+    Reply r = s->Ready();
+    if (const uint64_t stuck = http->Stuck(); stuck > 0) {
+      nlohmann::json checks = r.body.value("checks", nlohmann::json::object());
+      checks["handlers"] = {
+          {"ok", false},
+          {"error", "handlers_stuck"},
+          {"message", std::to_string(stuck) + " request handler(s) ran past their deadline"}};
+      r = Reply::Error(503, "not_ready", "a dependency of the hub is failing",
+                       {{"ready", false}, {"checks", checks}});
+    }
+    return Send(r);
+  }));
   routes.push_back(route("GET", "/.well-known/jwks.json", 0,
                          [s](const Request&, Body&) { return Send(s->Jwks()); }));
   routes.push_back(route("GET", "/v1/revocations", 0,
@@ -161,6 +197,7 @@ static std::vector<net::Route> HubRoutes(HubService* s, uint64_t max_blob_bytes)
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->PublishComplete(p, b);
                          })));
+  routes.back().deadline_ms = deadlines.complete_ms;
   routes.push_back(
       route("PUT", "/v1/blobs/{}", max_blob_bytes, [s](const Request& req, Body& body) -> Response {
         auto who = s->Authenticate(req.Header("Authorization"));
@@ -183,6 +220,7 @@ static std::vector<net::Route> HubRoutes(HubService* s, uint64_t max_blob_bytes)
         if (!failure.ok() && reply.status == 400) reply = BodyFailure(failure);
         return Send(reply);
       }));
+  routes.back().deadline_ms = deadlines.upload_ms;
   routes.push_back(route("GET", "/v1/blobs/{}", 0, [s](const Request& req, Body&) -> Response {
     auto who = s->Authenticate(req.Header("Authorization"));
     if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
@@ -389,9 +427,18 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   so.port = options.port;
   so.handler_threads = options.threads > 0 ? options.threads : 32;
   options.listener.ApplyTo(&so);
+  RouteDeadlines deadlines;
+  // Room to wait behind the publisher's own queued rebuilds (each at most the builder's timeout),
+  // then rebuild.
+  deadlines.complete_ms = static_cast<int>(std::min<int64_t>(
+      std::numeric_limits<int>::max(), (int64_t{std::max(0, options.sandbox.max_waiting) + 1} *
+                                            std::max(1, options.sandbox.timeout_s) +
+                                        120) *
+                                           1000));
   KILN_ASSIGN_OR_RETURN(
       hub->http_->server,
-      net::HttpServer::Create(so, HubRoutes(hub->service_.get(), options.max_blob_bytes + 1)));
+      net::HttpServer::Create(so, HubRoutes(hub->service_.get(), hub->http_.get(),
+                                            options.max_blob_bytes + 1, deadlines)));
   hub->port_ = hub->http_->server->port();
   if (options.blob_verify_interval_s > 0) {
     hub->verifier_ = std::thread([h = hub.get()] { h->VerifyBlobsOnSchedule(); });
@@ -422,12 +469,32 @@ void HubServer::Stop() {
   verify_cv_.notify_all();
   if (!http_) return;
   {
+    std::unique_lock<std::mutex> lock(http_->mu);
+    if (http_->stopping) {
+      // Another thread is stopping it: wait for that to finish.
+      http_->cv.wait(lock, [this] { return http_->stopped; });
+      return;
+    }
+    http_->stopping = true;
+  }
+  if (http_->server) {
+    // Requests already being handled finish and their answers go out whole; queued ones are
+    // answered 503 draining; then whatever is left is cut.
+    if (!http_->server->Drain(options_.drain_timeout_ms)) {
+      KILN_LOG(WARNING) << "hub: connections still open after the drain timeout of "
+                        << options_.drain_timeout_ms << " ms; closing them";
+    }
+    http_->server->Stop();
+  }
+  {
     std::lock_guard<std::mutex> lock(http_->mu);
-    if (http_->stopped) return;
     http_->stopped = true;
   }
-  if (http_->server) http_->server->Stop();
   http_->cv.notify_all();
+}
+
+uint64_t HubServer::abandoned_handlers() const {
+  return http_ && http_->server ? http_->server->stats().handlers_abandoned : 0;
 }
 
 Status HubServer::ReloadTls() { return http_->server->ReloadTls(); }

@@ -201,6 +201,9 @@ struct HubOptions {
   size_t max_cell_entries = 256;           // HubServiceOptions::max_cell_entries
   uint64_t org_quota_bytes = 16ull << 30;  // HubServiceOptions::org_quota_bytes
   uint64_t platform_quota_bytes = 0;       // HubServiceOptions::platform_quota_bytes
+  // On SIGTERM (Stop()): how long requests being handled may take to finish and send their answer
+  // before the listener cuts what is left.
+  int drain_timeout_ms = 30000;
   // Every stored blob is re-hashed this often (0: never); a damaged one is quarantined.
   int blob_verify_interval_s = 3600;
   ReadyOptions ready;
@@ -217,6 +220,7 @@ struct HubFirstStart {
 
 class HubServer {
  public:
+  struct Http;  // the listener and its stop state (server.cc)
   // Opens stores and keys under options.data_dir (creating them on first start), loads the
   // tokens file into the store, binds the port. Does not serve yet.
   static Result<std::unique_ptr<HubServer>> Open(const HubOptions& options,
@@ -231,8 +235,13 @@ class HubServer {
   HubService& service() { return *service_; }
   // Serves until Stop(); returns when the listener closes.
   Status Serve();
-  // Any thread; idempotent.
+  // Drains (HubOptions::drain_timeout_ms: handlers running finish and their answers go out
+  // whole, queued requests are answered 503 draining), then closes the listener. Any thread;
+  // idempotent; a second caller waits for the first.
   void Stop();
+  // Handlers that were still running when Stop() gave up on them: the process should exit at
+  // once rather than destroy what they use.
+  uint64_t abandoned_handlers() const;
   // Re-reads the TLS certificate and key now (they are also re-read when the files change).
   Status ReloadTls();
 
@@ -243,7 +252,6 @@ class HubServer {
   HubOptions options_;
   int port_ = 0;
   std::unique_ptr<HubService> service_;
-  struct Http;
   std::unique_ptr<Http> http_;
   std::mutex verify_mu_;
   std::condition_variable verify_cv_;

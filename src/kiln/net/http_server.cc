@@ -24,6 +24,7 @@
 #include <boost/beast/ssl.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <future>
 #include <limits>
@@ -162,56 +163,82 @@ namespace {
 
 class HandlerPool {
  public:
-  HandlerPool(int threads, int max_queued) : max_queued_(static_cast<size_t>(max_queued)) {
-    for (int i = 0; i < threads; ++i) threads_.emplace_back([this] { Loop(); });
+  HandlerPool(int threads, int max_queued) : state_(std::make_shared<State>()) {
+    state_->max_queued = static_cast<size_t>(max_queued);
+    state_->live = threads;
+    for (int i = 0; i < threads; ++i) threads_.emplace_back([s = state_] { Loop(*s); });
   }
-  ~HandlerPool() { Stop(); }
+  ~HandlerPool() { Stop(0); }
 
   // False when the queue is full or the pool is stopping.
   bool TrySubmit(std::function<void()> job) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_ || queue_.size() >= max_queued_) return false;
-      queue_.push_back(std::move(job));
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->stopping || state_->queue.size() >= state_->max_queued) return false;
+      state_->queue.push_back(std::move(job));
     }
-    cv_.notify_one();
+    state_->cv.notify_one();
     return true;
   }
 
-  // Runs what is queued, then joins.
-  void Stop() {
+  // Runs what is queued (each job decides whether it still has work), then joins. Threads still
+  // running a job `grace_ms` after the queue emptied are detached (they hold the pool's state,
+  // not the pool) and counted; the number is returned.
+  int Stop(int grace_ms) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (stopping_ && threads_.empty()) return;
-      stopping_ = true;
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (state_->stopping && threads_.empty()) return 0;
+      state_->stopping = true;
     }
-    cv_.notify_all();
+    state_->cv.notify_all();
+    int left = 0;
+    {
+      std::unique_lock<std::mutex> lock(state_->mu);
+      state_->done_cv.wait_for(lock, std::chrono::milliseconds(std::max(0, grace_ms)),
+                               [this] { return state_->live == 0; });
+      left = state_->live;
+    }
     for (auto& t : threads_) {
-      if (t.joinable()) t.join();
+      if (!t.joinable()) continue;
+      if (left == 0) {
+        t.join();
+      } else {
+        t.detach();
+      }
     }
     threads_.clear();
+    return left;
   }
 
  private:
-  void Loop() {
+  struct State {
+    size_t max_queued = 0;
+    std::mutex mu;
+    std::condition_variable cv, done_cv;
+    std::deque<std::function<void()>> queue;
+    bool stopping = false;
+    int live = 0;  // threads not yet out of Loop
+  };
+
+  static void Loop(State& s) {
     while (true) {
       std::function<void()> job;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
+        std::unique_lock<std::mutex> lock(s.mu);
+        s.cv.wait(lock, [&s] { return s.stopping || !s.queue.empty(); });
+        if (s.queue.empty()) {
+          --s.live;
+          s.done_cv.notify_all();
+          return;
+        }
+        job = std::move(s.queue.front());
+        s.queue.pop_front();
       }
       job();
     }
   }
 
-  const size_t max_queued_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stopping_ = false;
+  std::shared_ptr<State> state_;
   std::vector<std::thread> threads_;
 };
 
@@ -233,6 +260,7 @@ struct Shared {
   asio::io_context ioc;
   std::unique_ptr<HandlerPool> pool;
   std::atomic<bool> stopping{false};
+  std::atomic<bool> draining{false};
 
   std::mutex tls_mu;
   std::shared_ptr<asio::ssl::context> tls_context;  // guarded by tls_mu
@@ -245,7 +273,9 @@ struct Shared {
 
   std::atomic<uint64_t> connections_open{0}, connections_total{0}, requests_total{0},
       refused_over_capacity{0}, refused_saturated{0}, refused_too_large{0}, header_timeouts{0},
-      body_timeouts{0}, tls_handshake_failures{0}, tls_reloads{0};
+      body_timeouts{0}, tls_handshake_failures{0}, tls_reloads{0}, refused_headers_too_large{0},
+      queue_deadlines{0}, handler_deadlines{0}, handlers_stuck{0}, evicted_idle{0},
+      handlers_abandoned{0};
 
   explicit Shared(int io_threads) : ioc(io_threads) {}
 
@@ -297,9 +327,22 @@ struct Shared {
 
 class SessionBase : public std::enable_shared_from_this<SessionBase> {
  public:
+  explicit SessionBase(std::string peer) : peer_(std::move(peer)) {}
   virtual ~SessionBase() = default;
   // Ends the connection now (server stop). Any thread.
   virtual void Abort() = 0;
+  // The server is draining (see http_server.h). Any thread.
+  virtual void Drain() = 0;
+  // Closes the connection if it is still waiting for a request (room at the connection cap).
+  // Any thread.
+  virtual void Evict() = 0;
+  const std::string& peer() const { return peer_; }
+  // Waiting for the first byte of a request: what Evict() may close. Read under conn_mu.
+  bool idle() const { return idle_.load(); }
+
+ protected:
+  const std::string peer_;
+  std::atomic<bool> idle_{false};
 };
 
 namespace {
@@ -307,18 +350,59 @@ namespace {
 // Set on event-loop threads: a body read from one would wait on itself.
 thread_local bool t_event_loop_thread = false;
 
+// What a connection buffers ahead of its parser beyond the header limit: one socket read.
+constexpr size_t kReadAheadBytes = 64 * 1024;
+// The largest piece one body read hands a handler (it is copied out of the session's buffer),
+// and the piece a streamed answer or a linger moves at once. Below malloc's mmap threshold and
+// never zero-filled: a connection refused after its first read costs no fresh pages.
+constexpr size_t kBodyReadBytes = 64 * 1024;
+constexpr size_t kChunkBytes = 64 * 1024;
+
 std::string ReasonPhrase(int status) {
   std::string_view r = http::obsolete_reason(http::int_to_status(static_cast<unsigned>(status)));
   return r.empty() ? "Status" : std::string(r);
 }
 
-// Reads of a body on behalf of a handler thread: the session's strand fulfils the promise.
+// Beast's request parser with its fields bounded. Beast keeps every field it parses, trailer
+// fields included, in a container that throws on a value over 64 KiB, and does not hold a
+// trailer to the header limit. Here a header field goes into the message as before but can never
+// throw, and trailer fields (after a chunked body) are counted against `max_trailer_bytes` and
+// dropped: no handler reads them.
+class RequestParser final : public http::request_parser<http::buffer_body> {
+ public:
+  explicit RequestParser(uint64_t max_trailer_bytes) : max_trailer_bytes_(max_trailer_bytes) {}
+
+ private:
+  void on_field_impl(http::field name, std::string_view name_string, std::string_view value,
+                     beast::error_code& ec) override {
+    if (is_header_done()) {
+      trailer_bytes_ += name_string.size() + value.size() + 4;
+      if (trailer_bytes_ > max_trailer_bytes_) ec = http::error::header_limit;
+      return;
+    }
+    try {
+      get().insert(name, name_string, value);
+    } catch (...) {
+      ec = http::error::header_limit;
+    }
+  }
+
+  const uint64_t max_trailer_bytes_;
+  uint64_t trailer_bytes_ = 0;
+};
+
+// One body read on behalf of a handler thread. The strand reads into the session's scratch buffer
+// and fulfils `done` exactly once (Fulfil); the handler thread copies the bytes out after.
 struct BodyRead {
-  char* buf = nullptr;
   size_t cap = 0;
   size_t got = 0;
+  bool fulfilled = false;  // strand only
   std::promise<Result<size_t>> done;
 };
+
+// A queued request's handler job: whoever moves it out of kQueued first owns the request (the
+// handler thread runs it; the strand answers it itself at its deadline or at a drain).
+enum JobState : int { kJobQueued = 0, kJobRunning = 1, kJobCancelled = 2 };
 
 template <class Stream>
 class Session final : public SessionBase, public Body {
@@ -327,11 +411,12 @@ class Session final : public SessionBase, public Body {
 
   Session(std::shared_ptr<Shared> shared, tcp::socket socket, std::string peer, bool over_capacity,
           std::shared_ptr<asio::ssl::context> tls)
-      : shared_(std::move(shared)),
+      : SessionBase(std::move(peer)),
+        shared_(std::move(shared)),
         tls_(std::move(tls)),
         stream_(MakeStream(std::move(socket), tls_.get())),
-        peer_(std::move(peer)),
-        over_capacity_(over_capacity) {}
+        over_capacity_(over_capacity),
+        buffer_(shared_->options.max_header_bytes + kReadAheadBytes) {}
 
   ~Session() override {
     std::lock_guard<std::mutex> lock(shared_->conn_mu);
@@ -369,26 +454,73 @@ class Session final : public SessionBase, public Body {
     });
   }
 
+  void Drain() override {
+    auto self = SharedSelf();
+    asio::post(stream_.get_executor(), [self] { self->OnDrain(); });
+  }
+
+  void Evict() override {
+    auto self = SharedSelf();
+    asio::post(stream_.get_executor(), [self] {
+      if (self->phase_ != Phase::kIdle || self->aborted_) return;
+      self->shared_->evicted_idle.fetch_add(1);
+      self->CloseNow();
+    });
+  }
+
   // Body: called on a handler thread.
   Result<size_t> Read(char* buf, size_t cap) override {
-    if (cap == 0) return size_t{0};
-    if (body_ended_) return size_t{0};
+    if (!body_failure_.ok()) return body_failure_;
+    if (cap == 0 || body_ended_) return size_t{0};
     if (t_event_loop_thread) {
       return Status::Internal(shared_->options.name +
                               ": a handler on the event loop may not read a body");
     }
     auto read = std::make_shared<BodyRead>();
-    read->buf = buf;
-    read->cap = cap;
+    read->cap = std::min(cap, kBodyReadBytes);
     auto future = read->done.get_future();
     auto self = SharedSelf();
     asio::post(stream_.get_executor(), [self, read] { self->StartBodyRead(read); });
-    Result<size_t> r = future.get();
-    if (!r.ok() || *r == 0) body_ended_ = true;
+    // Every path on the strand fulfils the read, each within the body deadlines; this wait's own
+    // bound only keeps a bug there from holding the handler thread for good.
+    const auto& o = shared_->options;
+    const double rate = o.min_body_rate > 0 ? static_cast<double>(o.min_body_rate) : 1e18;
+    const uint64_t length = request_.content_length.value_or(body_bytes_seen_ + read->cap);
+    const auto bound = std::chrono::milliseconds(
+        int64_t{o.write_timeout_ms} + o.body_idle_timeout_ms + 10000 +
+        std::max<int64_t>(o.body_timeout_ms, static_cast<int64_t>(length / rate * 1000.0)));
+    Result<size_t> r = Status::Refused(StatusCode::kIOError, kBodyIncomplete,
+                                       "the connection ended before the body did");
+    if (future.wait_for(bound) != std::future_status::ready) {
+      KILN_LOG(ERROR) << shared_->options.name << ": a body read of " << request_.method << " "
+                      << request_.path << " did not end within " << bound.count()
+                      << " ms; the connection is ended";
+      Abort();
+    } else {
+      try {
+        r = future.get();
+      } catch (const std::exception& e) {
+        KILN_LOG(ERROR) << shared_->options.name << ": a body read of " << request_.path
+                        << " failed: " << e.what();
+      }
+    }
+    if (!r.ok()) {
+      body_failure_ = r.status();
+      return r;
+    }
+    if (*r == 0) {
+      body_ended_ = true;
+      return r;
+    }
+    std::memcpy(buf, scratch_.get(), *r);
+    body_bytes_seen_ += *r;
     return r;
   }
 
  private:
+  // Where the connection is, for Drain() and Evict(). Strand only.
+  enum class Phase { kIdle, kHeaders, kQueued, kAnswering, kClosing };
+
   static Stream MakeStream(tcp::socket socket, asio::ssl::context* tls) {
     if constexpr (kTls) {
       return Stream(std::move(socket), *tls);
@@ -415,12 +547,18 @@ class Session final : public SessionBase, public Body {
   // buffer, no thread, and is closed after the idle deadline.
   void WaitForRequest(bool first) {
     if (aborted_) return CloseNow();
+    phase_ = Phase::kHeaders;
     if (buffer_.size() > 0) return ReadHeader();
     const auto& o = shared_->options;
+    if (shared_->draining.load()) return CloseNow();
+    phase_ = Phase::kIdle;
+    idle_ = true;
     Deadline(over_capacity_ ? std::min(o.header_timeout_ms, 2000)
                             : (first ? o.header_timeout_ms : o.keepalive_idle_ms));
     auto self = SharedSelf();
     stream_.async_read_some(buffer_.prepare(4096), [self, first](beast::error_code ec, size_t n) {
+      self->idle_ = false;
+      self->phase_ = Phase::kHeaders;
       if (ec) {
         if (first && ec == beast::error::timeout) self->shared_->header_timeouts.fetch_add(1);
         return self->CloseNow();
@@ -432,7 +570,8 @@ class Session final : public SessionBase, public Body {
 
   void ReadHeader() {
     const auto& o = shared_->options;
-    parser_.emplace();
+    phase_ = Phase::kHeaders;
+    parser_.emplace(o.max_header_bytes);
     parser_->header_limit(o.max_header_bytes);
     // Bounded per route once the route is known. Not boost::none: Beast 1.74 compares a
     // Content-Length against an empty limit as if the limit were below every length.
@@ -454,8 +593,9 @@ class Session final : public SessionBase, public Body {
           ec == asio::ssl::error::stream_truncated) {
         return CloseNow();
       }
-      if (ec == http::error::header_limit) {
-        return Refuse(431, "headers_too_large",
+      if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+        shared_->refused_headers_too_large.fetch_add(1);
+        return Refuse(431, kHeadersTooLarge,
                       "the request headers are over " +
                           std::to_string(shared_->options.max_header_bytes) + " bytes");
       }
@@ -463,6 +603,7 @@ class Session final : public SessionBase, public Body {
     }
     shared_->requests_total.fetch_add(1);
     request_ = Request();
+    server_answered_ = false;
     auto& h = parser_->get();
     request_.method = std::string(h.method_string());
     request_.target = std::string(h.target());
@@ -497,14 +638,21 @@ class Session final : public SessionBase, public Body {
     expect_continue_ = h.version() >= 11 && IEquals(request_.Header("Expect"), "100-continue");
     continue_sent_ = false;
     body_ended_ = !request_.HasBody();
+    body_failure_ = Status::OK();
+    linger_on_refusal_ = false;
     body_started_ = Clock::now();
     body_bytes_ = 0;
+    body_bytes_seen_ = 0;
 
     if (over_capacity_) {
       shared_->refused_over_capacity.fetch_add(1);
       return Refuse(503, "too_many_connections",
                     shared_->options.name + " holds its limit of connections" +
                         " from this client; retry later",
+                    /*retry_after=*/true);
+    }
+    if (shared_->draining.load()) {
+      return Refuse(503, "draining", shared_->options.name + " is shutting down; retry later",
                     /*retry_after=*/true);
     }
     bool path_known = false;
@@ -540,17 +688,29 @@ class Session final : public SessionBase, public Body {
     }
     auto self = SharedSelf();
     const Handler* handler = &route->route.handler;
-    const bool queued = shared_->pool->TrySubmit([self, handler] {
-      Response r = self->RunHandler(*handler);
-      auto answer = std::make_shared<Response>(std::move(r));
-      asio::post(self->stream_.get_executor(), [self, answer] { self->Write(std::move(*answer)); });
+    auto job = std::make_shared<std::atomic<int>>(kJobQueued);
+    job_ = job;
+    const uint64_t gen = ++request_gen_;
+    phase_ = Phase::kQueued;
+    const int deadline_ms = route->route.deadline_ms > 0 ? route->route.deadline_ms
+                                                         : shared_->options.handler_deadline_ms;
+    const bool queued = shared_->pool->TrySubmit([self, handler, job, gen] {
+      int expected = kJobQueued;
+      if (self->shared_->stopping.load() || !job->compare_exchange_strong(expected, kJobRunning)) {
+        return;  // answered already (deadline, drain) or the server is stopping
+      }
+      auto answer = std::make_shared<Response>(self->RunHandler(*handler));
+      asio::post(self->stream_.get_executor(),
+                 [self, answer, gen] { self->OnHandlerDone(gen, std::move(*answer)); });
     });
     if (!queued) {
+      job_.reset();
       shared_->refused_saturated.fetch_add(1);
       return Refuse(503, kOverloaded,
                     shared_->options.name + " has every handler busy and its queue full",
                     /*retry_after=*/true);
     }
+    if (deadline_ms > 0) ArmDeadline(std::chrono::milliseconds(deadline_ms));
   }
 
   Response RunHandler(const Handler& handler) {
@@ -569,6 +729,97 @@ class Session final : public SessionBase, public Body {
     return r;
   }
 
+  // On the strand: a handler's answer.
+  void OnHandlerDone(uint64_t gen, Response answer) {
+    if (stuck_ && gen == stuck_gen_) {
+      stuck_ = false;
+      shared_->handlers_stuck.fetch_sub(1);
+      KILN_LOG(WARNING) << shared_->options.name << ": " << request_.method << " " << request_.path
+                        << " returned after its deadline; its answer is dropped";
+    }
+    if (gen != request_gen_ || server_answered_) return;
+    DisarmDeadline();
+    Write(std::move(answer));
+  }
+
+  // The handler deadline: started when the request is queued, paused while a body read waits on
+  // the client (StartBodyRead .. Fulfil), resumed after.
+  void ArmDeadline(std::chrono::milliseconds d) {
+    deadline_left_ = d;
+    deadline_armed_ = true;
+    deadline_paused_ = false;
+    StartDeadlineTimer();
+  }
+  void StartDeadlineTimer() {
+    deadline_at_ = Clock::now() + deadline_left_;
+    const uint64_t gen = ++deadline_gen_;
+    deadline_timer_.expires_at(deadline_at_);
+    auto self = SharedSelf();
+    deadline_timer_.async_wait([self, gen](beast::error_code ec) {
+      if (ec || gen != self->deadline_gen_) return;
+      self->OnDeadline();
+    });
+  }
+  void PauseDeadline() {
+    if (!deadline_armed_ || deadline_paused_) return;
+    deadline_paused_ = true;
+    deadline_left_ = std::max(Clock::duration::zero(), deadline_at_ - Clock::now());
+    ++deadline_gen_;
+    deadline_timer_.cancel();
+  }
+  void ResumeDeadline() {
+    if (!deadline_armed_ || !deadline_paused_) return;
+    deadline_paused_ = false;
+    StartDeadlineTimer();
+  }
+  void DisarmDeadline() {
+    if (!deadline_armed_) return;
+    deadline_armed_ = false;
+    ++deadline_gen_;
+    deadline_timer_.cancel();
+  }
+
+  void OnDeadline() {
+    if (!deadline_armed_ || deadline_paused_ || aborted_ || server_answered_) return;
+    deadline_armed_ = false;
+    const std::string what = request_.method + " " + request_.path;
+    int expected = kJobQueued;
+    if (job_ && job_->compare_exchange_strong(expected, kJobCancelled)) {
+      shared_->queue_deadlines.fetch_add(1);
+      return ServerAnswer(
+          503, "overloaded",
+          shared_->options.name + " had no handler free for " + what + " before its deadline");
+    }
+    stuck_ = true;
+    stuck_gen_ = request_gen_;
+    shared_->handlers_stuck.fetch_add(1);
+    shared_->handler_deadlines.fetch_add(1);
+    KILN_LOG(ERROR) << shared_->options.name << ": " << what
+                    << " passed its handler deadline; answered 503 handler_deadline, and the "
+                       "handler counts as stuck until it returns";
+    ServerAnswer(503, "handler_deadline",
+                 shared_->options.name + " did not finish " + what + " within its deadline");
+  }
+
+  // On the strand: the server answers the current request itself (its deadline, a drain); the
+  // handler, if one runs, gets no more body and its answer is dropped.
+  void ServerAnswer(int status, const std::string& token, const std::string& message) {
+    server_answered_ = true;
+    Refuse(status, token, message, /*retry_after=*/true);
+  }
+
+  void OnDrain() {
+    if (aborted_) return;
+    if (phase_ == Phase::kIdle) return CloseNow();
+    if (phase_ == Phase::kQueued && !server_answered_) {
+      int expected = kJobQueued;
+      if (job_ && job_->compare_exchange_strong(expected, kJobCancelled)) {
+        DisarmDeadline();
+        ServerAnswer(503, "draining", shared_->options.name + " is shutting down; retry later");
+      }
+    }
+  }
+
   // An answer the server gives itself; the connection ends after it.
   void Refuse(int status, const std::string& token, const std::string& message,
               bool retry_after = false) {
@@ -580,29 +831,49 @@ class Session final : public SessionBase, public Body {
     Write(std::move(r));
   }
 
-  // On the strand: one body read for a handler thread.
+  // On the strand: ends a body read, exactly once.
+  void Fulfil(const std::shared_ptr<BodyRead>& read, Result<size_t> result) {
+    if (read->fulfilled) return;
+    read->fulfilled = true;
+    ResumeDeadline();
+    try {
+      read->done.set_value(std::move(result));
+    } catch (...) {
+    }
+  }
+
+  static Status Incomplete(const std::string& why) {
+    return Status::Refused(StatusCode::kIOError, kBodyIncomplete, why);
+  }
+
+  // On the strand: one body read for a handler thread. Whatever happens, the read is fulfilled.
   void StartBodyRead(std::shared_ptr<BodyRead> read) {
-    if (aborted_ || broken_) {
-      return read->done.set_value(Status::Refused(StatusCode::kIOError, kBodyIncomplete,
-                                                  "the connection ended before the body did"));
+    try {
+      PauseDeadline();
+      if (aborted_ || broken_ || server_answered_) {
+        return Fulfil(read, Incomplete("the connection ended before the body did"));
+      }
+      if (parser_->is_done()) return Fulfil(read, size_t{0});
+      if (!scratch_) scratch_.reset(new char[kBodyReadBytes]);
+      if (expect_continue_ && !continue_sent_) {
+        continue_sent_ = true;
+        static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+        Deadline(shared_->options.write_timeout_ms);
+        auto self = SharedSelf();
+        return asio::async_write(
+            stream_, asio::buffer(kContinue), [self, read](beast::error_code ec, size_t) {
+              if (ec) {
+                self->broken_ = true;
+                return self->Fulfil(read, Incomplete("the client went away before its body"));
+              }
+              self->StartBodyRead(read);
+            });
+      }
+      ContinueBodyRead(read);
+    } catch (const std::exception& e) {
+      broken_ = true;
+      Fulfil(read, Status::Internal(shared_->options.name + ": a body read failed: " + e.what()));
     }
-    if (parser_->is_done()) return read->done.set_value(size_t{0});
-    if (expect_continue_ && !continue_sent_) {
-      continue_sent_ = true;
-      static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
-      Deadline(shared_->options.write_timeout_ms);
-      auto self = SharedSelf();
-      return asio::async_write(
-          stream_, asio::buffer(kContinue), [self, read](beast::error_code ec, size_t) {
-            if (ec) {
-              self->broken_ = true;
-              return read->done.set_value(Status::Refused(StatusCode::kIOError, kBodyIncomplete,
-                                                          "the client went away before its body"));
-            }
-            self->StartBodyRead(read);
-          });
-    }
-    ContinueBodyRead(std::move(read));
   }
 
   void ContinueBodyRead(std::shared_ptr<BodyRead> read) {
@@ -617,9 +888,9 @@ class Session final : public SessionBase, public Body {
     if (left.count() <= 0) {
       shared_->body_timeouts.fetch_add(1);
       broken_ = true;
-      return read->done.set_value(Status::Refused(
-          StatusCode::kIOError, kBodyTimeout,
-          "the request body did not arrive within " + std::to_string(allowed.count()) + " ms"));
+      return Fulfil(read, Status::Refused(StatusCode::kIOError, kBodyTimeout,
+                                          "the request body did not arrive within " +
+                                              std::to_string(allowed.count()) + " ms"));
     }
     // The body's deadline cancels the read instead of closing the socket (as the stream's own
     // expiry would), so a plain-HTTP client still gets its 408.
@@ -638,38 +909,55 @@ class Session final : public SessionBase, public Body {
       self->Tcp().socket().cancel(ignored);
     });
     auto& body = parser_->get().body();
-    body.data = read->buf + read->got;
+    body.data = scratch_.get() + read->got;
     body.size = read->cap - read->got;
     body.more = true;
     http::async_read_some(stream_, buffer_, *parser_, [self, read](beast::error_code ec, size_t) {
-      self->body_timer_.cancel();
-      self->body_read_pending_ = false;
-      if (self->body_timed_out_) ec = beast::error::timeout;
-      const size_t got = (read->cap - read->got) - self->parser_->get().body().size;
-      read->got += got;
-      self->body_bytes_ += got;
-      if (ec == http::error::need_buffer) ec = {};
-      if (ec) {
+      try {
+        self->OnBodyBytes(read, ec);
+      } catch (const std::exception& e) {
         self->broken_ = true;
-        if (ec == beast::error::timeout) {
-          self->shared_->body_timeouts.fetch_add(1);
-          return read->done.set_value(Status::Refused(
-              StatusCode::kIOError, kBodyTimeout,
-              "the client sent no body bytes for " +
-                  std::to_string(self->shared_->options.body_idle_timeout_ms) + " ms"));
-        }
-        if (ec == http::error::body_limit) {
-          return read->done.set_value(
-              Status::Refused(StatusCode::kInvalidArgument, kBodyTooLarge,
-                              "the chunked request body passed the route's limit"));
-        }
-        return read->done.set_value(
-            Status::Refused(StatusCode::kIOError, kBodyIncomplete,
-                            "the connection ended before the body did (" + ec.message() + ")"));
+        self->Fulfil(read, Status::Internal(self->shared_->options.name +
+                                            ": a body read failed: " + e.what()));
       }
-      if (read->got == 0 && !self->parser_->is_done()) return self->ContinueBodyRead(read);
-      read->done.set_value(read->got);
     });
+  }
+
+  void OnBodyBytes(const std::shared_ptr<BodyRead>& read, beast::error_code ec) {
+    body_timer_.cancel();
+    body_read_pending_ = false;
+    if (body_timed_out_) ec = beast::error::timeout;
+    const size_t got = (read->cap - read->got) - parser_->get().body().size;
+    read->got += got;
+    body_bytes_ += got;
+    if (ec == http::error::need_buffer) ec = {};
+    if (ec) {
+      broken_ = true;
+      if (ec == beast::error::timeout) {
+        shared_->body_timeouts.fetch_add(1);
+        return Fulfil(read, Status::Refused(
+                                StatusCode::kIOError, kBodyTimeout,
+                                "the client sent no body bytes for " +
+                                    std::to_string(shared_->options.body_idle_timeout_ms) + " ms"));
+      }
+      if (ec == http::error::body_limit) {
+        linger_on_refusal_ = true;
+        return Fulfil(read, Status::Refused(StatusCode::kInvalidArgument, kBodyTooLarge,
+                                            "the chunked request body passed the route's limit"));
+      }
+      if (ec == http::error::header_limit || ec == http::error::buffer_overflow) {
+        linger_on_refusal_ = true;
+        shared_->refused_headers_too_large.fetch_add(1);
+        return Fulfil(read, Status::Refused(StatusCode::kInvalidArgument, kHeadersTooLarge,
+                                            "the chunked body's trailer or a chunk line is over " +
+                                                std::to_string(shared_->options.max_header_bytes) +
+                                                " bytes"));
+      }
+      return Fulfil(read,
+                    Incomplete("the connection ended before the body did (" + ec.message() + ")"));
+    }
+    if (read->got == 0 && !parser_->is_done()) return ContinueBodyRead(read);
+    Fulfil(read, read->got);
   }
 
   // On the strand: writes an answer, then reads the next request or closes.
@@ -677,10 +965,13 @@ class Session final : public SessionBase, public Body {
     if (aborted_) return CloseNow();
     // A TLS stream whose read was cancelled mid-record cannot carry an answer.
     if (kTls && body_timed_out_) return CloseNow();
+    phase_ = Phase::kAnswering;
     const bool body_done = parser_ && parser_->is_done();
     keep_alive_ = !r.close && body_done && parser_ && parser_->get().keep_alive() &&
-                  !shared_->stopping.load() && !over_capacity_;
-    unread_body_ = parser_ && !body_done && !broken_;
+                  !shared_->stopping.load() && !shared_->draining.load() && !over_capacity_;
+    // A client still sending a body nobody will read is lingered on, so it reads this answer
+    // rather than a reset; not one whose body stalled (a timeout) or whose connection failed.
+    unread_body_ = parser_ && !body_done && (!broken_ || linger_on_refusal_);
     const unsigned version = parser_ ? parser_->get().version() : 11;
     std::string head = "HTTP/" + std::to_string(version / 10) + "." + std::to_string(version % 10) +
                        " " + std::to_string(r.status) + " " + ReasonPhrase(r.status) + "\r\n";
@@ -718,10 +1009,15 @@ class Session final : public SessionBase, public Body {
   void WriteStream() {
     if (aborted_) return CloseNow();
     if (stream_offset_ >= answer_.stream_length) return AfterAnswer();
-    if (chunk_.empty()) chunk_.resize(64 * 1024);
+    if (!chunk_) chunk_.reset(new char[kChunkBytes]);
     const size_t want = static_cast<size_t>(
-        std::min<uint64_t>(chunk_.size(), answer_.stream_length - stream_offset_));
-    Result<size_t> n = answer_.stream(stream_offset_, chunk_.data(), want);
+        std::min<uint64_t>(kChunkBytes, answer_.stream_length - stream_offset_));
+    Result<size_t> n = Status::Internal("the answer's stream threw");
+    try {
+      n = answer_.stream(stream_offset_, chunk_.get(), want);
+    } catch (const std::exception& e) {
+      n = Status::Internal(std::string("the answer's stream threw: ") + e.what());
+    }
     if (!n.ok() || *n == 0 || *n > want) {
       KILN_LOG(WARNING) << shared_->options.name << ": streaming " << request_.path
                         << " stopped at byte " << stream_offset_ << ": "
@@ -731,7 +1027,7 @@ class Session final : public SessionBase, public Body {
     stream_offset_ += *n;
     Deadline(shared_->options.write_timeout_ms);
     auto self = SharedSelf();
-    asio::async_write(stream_, asio::buffer(chunk_.data(), *n),
+    asio::async_write(stream_, asio::buffer(chunk_.get(), *n),
                       [self](beast::error_code ec, size_t) {
                         if (ec) return self->CloseNow();
                         self->WriteStream();
@@ -748,6 +1044,7 @@ class Session final : public SessionBase, public Body {
   // half-close and, when the client is still sending a body nobody will read, a bounded linger
   // that discards it so the client reads our answer instead of a reset.
   void CloseGracefully() {
+    phase_ = Phase::kClosing;
     auto self = SharedSelf();
     if constexpr (kTls) {
       if (!unread_body_ && !broken_) {
@@ -769,18 +1066,21 @@ class Session final : public SessionBase, public Body {
 
   void Linger() {
     if (linger_left_ == 0) return CloseNow();
-    if (chunk_.empty()) chunk_.resize(64 * 1024);
+    if (!chunk_) chunk_.reset(new char[kChunkBytes]);
     auto self = SharedSelf();
-    const size_t want = static_cast<size_t>(std::min<uint64_t>(chunk_.size(), linger_left_));
-    Tcp().socket().async_read_some(
-        asio::buffer(chunk_.data(), want), [self](beast::error_code ec, size_t n) {
-          if (ec) return self->CloseNow();
-          self->linger_left_ -= std::min<uint64_t>(n, self->linger_left_);
-          self->Linger();
-        });
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(kChunkBytes, linger_left_));
+    // Through the stream, not its socket: the stream's expiry (Deadline above) bounds the linger.
+    Tcp().async_read_some(asio::buffer(chunk_.get(), want), [self](beast::error_code ec, size_t n) {
+      if (ec) return self->CloseNow();
+      self->linger_left_ -= std::min<uint64_t>(n, self->linger_left_);
+      self->Linger();
+    });
   }
 
   void CloseNow() {
+    phase_ = Phase::kClosing;
+    idle_ = false;
+    DisarmDeadline();
     beast::error_code ec;
     Tcp().socket().shutdown(tcp::socket::shutdown_both, ec);
     Tcp().close();
@@ -789,16 +1089,17 @@ class Session final : public SessionBase, public Body {
   std::shared_ptr<Shared> shared_;
   std::shared_ptr<asio::ssl::context> tls_;  // outlives stream_ (declared before it)
   Stream stream_;
-  std::string peer_;
   bool over_capacity_ = false;
   uint64_t id_ = 0;
+  Phase phase_ = Phase::kHeaders;
 
-  beast::flat_buffer buffer_;
-  std::optional<http::request_parser<http::buffer_body>> parser_;
+  beast::flat_buffer buffer_;  // bounded: max_header_bytes + kReadAheadBytes
+  std::optional<RequestParser> parser_;
   Request request_;
   bool expect_continue_ = false;
   bool continue_sent_ = false;
   bool broken_ = false;  // a body read failed: the connection cannot carry another request
+  bool linger_on_refusal_ = false;  // it failed on a bound while the client was still sending
   bool body_timed_out_ = false;
   bool body_read_pending_ = false;
   uint64_t body_read_gen_ = 0;
@@ -806,15 +1107,33 @@ class Session final : public SessionBase, public Body {
   bool aborted_ = false;  // the server is stopping
   Clock::time_point body_started_;
   uint64_t body_bytes_ = 0;
+  // Body reads land here (strand), then the handler copies them out.
+  std::unique_ptr<char[]> scratch_;
+
+  // The current request's handler job and deadline (strand only).
+  std::shared_ptr<std::atomic<int>> job_;
+  uint64_t request_gen_ = 0;
+  bool server_answered_ = false;  // the server answered it itself: the handler's answer is dropped
+  bool stuck_ = false;            // its handler passed the deadline and has not returned
+  uint64_t stuck_gen_ = 0;
+  asio::steady_timer deadline_timer_{stream_.get_executor()};
+  bool deadline_armed_ = false;
+  bool deadline_paused_ = false;
+  Clock::time_point deadline_at_;
+  Clock::duration deadline_left_{};
+  uint64_t deadline_gen_ = 0;
+
   // Touched only by the handler thread that owns the current request.
   bool body_ended_ = false;
+  Status body_failure_;
+  uint64_t body_bytes_seen_ = 0;
 
   bool keep_alive_ = false;
   bool unread_body_ = false;
   std::string answer_head_;
   Response answer_;
   uint64_t stream_offset_ = 0;
-  std::vector<char> chunk_;
+  std::unique_ptr<char[]> chunk_;  // kChunkBytes: a streamed answer's piece, or lingered bytes
   uint64_t linger_left_ = 0;
 };
 
@@ -910,14 +1229,15 @@ struct HttpServer::Impl {
     std::string peer = ec ? "?" : remote.address().to_string();
     bool over = false;
     uint64_t id = 0;
+    std::shared_ptr<SessionBase> victim;
     {
       std::lock_guard<std::mutex> lock(shared->conn_mu);
-      const int mine = ++shared->per_client[peer];
-      const uint64_t open = shared->connections_open.fetch_add(1) + 1;
-      over = mine > shared->options.max_connections_per_client ||
-             open > static_cast<uint64_t>(shared->options.max_connections);
+      over = !Admit(peer, &victim);
+      ++shared->per_client[peer];
+      shared->connections_open.fetch_add(1);
       id = ++shared->next_session;
     }
+    if (victim) victim->Evict();
     shared->connections_total.fetch_add(1);
     std::shared_ptr<SessionBase> session;
     if (shared->options.tls) {
@@ -934,6 +1254,35 @@ struct HttpServer::Impl {
       Register(id, session);
       s->Run();
     }
+  }
+
+  // Under conn_mu: whether a new connection from `peer` may be served (see http_server.h,
+  // "Connections"). At the cap, *victim is set to an idle connection of the address holding the
+  // most, to be closed for this one.
+  bool Admit(const std::string& peer, std::shared_ptr<SessionBase>* victim) {
+    const ServerOptions& o = shared->options;
+    const auto it = shared->per_client.find(peer);
+    const int held = it == shared->per_client.end() ? 0 : it->second;
+    if (held + 1 > o.max_connections_per_client) return false;
+    const uint64_t open = shared->connections_open.load() + 1;
+    const uint64_t cap = static_cast<uint64_t>(o.max_connections);
+    const uint64_t reserve = static_cast<uint64_t>(
+        o.reserved_connections >= 0 ? o.reserved_connections : o.max_connections / 8);
+    if (open + reserve <= cap) return true;
+    if (held >= o.reserve_per_client) return false;  // the reserve is for addresses holding few
+    if (open <= cap) return true;
+    // At the cap: an idle connection of the heaviest address makes room.
+    int heaviest = o.reserve_per_client - 1;
+    for (const auto& [sid, weak] : shared->sessions) {
+      auto s = weak.lock();
+      if (!s || !s->idle() || s->peer() == peer) continue;
+      const auto count = shared->per_client.find(s->peer());
+      if (count != shared->per_client.end() && count->second > heaviest) {
+        heaviest = count->second;
+        *victim = std::move(s);
+      }
+    }
+    return *victim != nullptr;
   }
 
   void Register(uint64_t id, const std::shared_ptr<SessionBase>& s) {
@@ -1006,6 +1355,12 @@ Result<std::unique_ptr<HttpServer>> HttpServer::Create(ServerOptions options,
   options.max_queued = std::max(0, options.max_queued);
   options.max_connections = std::max(1, options.max_connections);
   options.max_connections_per_client = std::max(1, options.max_connections_per_client);
+  if (options.reserved_connections >= 0) {
+    options.reserved_connections =
+        std::min(options.reserved_connections, options.max_connections - 1);
+  }
+  options.reserve_per_client = std::max(1, options.reserve_per_client);
+  options.max_header_bytes = std::max<uint32_t>(options.max_header_bytes, 1024);
 
   auto shared = std::make_shared<Shared>(options.io_threads);
   for (Route& r : routes) {
@@ -1102,8 +1457,16 @@ void HttpServer::Stop() {
     }
     for (auto& s : open) s->Abort();
     open.clear();
-    // Handlers still running finish (their reads fail, their answers go nowhere).
-    if (shared->pool) shared->pool->Stop();
+    // Handlers still running finish (their reads fail, their answers go nowhere); one that does
+    // not within the grace is abandoned.
+    if (shared->pool) {
+      const int abandoned = shared->pool->Stop(shared->options.stop_grace_ms);
+      if (abandoned > 0) {
+        shared->handlers_abandoned.fetch_add(static_cast<uint64_t>(abandoned));
+        KILN_LOG(ERROR) << shared->options.name << ": " << abandoned << " handler(s) still running "
+                        << shared->options.stop_grace_ms << " ms after stop; abandoned";
+      }
+    }
     {
       std::unique_lock<std::mutex> lock(shared->conn_mu);
       shared->sessions_cv.wait_for(lock, std::chrono::seconds(5),
@@ -1116,6 +1479,34 @@ void HttpServer::Stop() {
     impl.io_threads.clear();
   });
 }
+
+bool HttpServer::Drain(int timeout_ms) {
+  if (!impl_) return true;
+  Impl& impl = *impl_;
+  auto& shared = impl.shared;
+  if (!impl.started || shared->stopping.load()) return true;
+  const auto until = Clock::now() + std::chrono::milliseconds(std::max(0, timeout_ms));
+  if (!shared->draining.exchange(true)) {
+    KILN_LOG(INFO) << shared->options.name << ": draining";
+    asio::post(*impl.strand, [&impl] {
+      beast::error_code ec;
+      impl.acceptor->close(ec);
+      impl.reload_timer->cancel();
+    });
+    std::vector<std::shared_ptr<SessionBase>> open;
+    {
+      std::lock_guard<std::mutex> lock(shared->conn_mu);
+      for (auto& [id, weak] : shared->sessions) {
+        if (auto s = weak.lock()) open.push_back(std::move(s));
+      }
+    }
+    for (auto& s : open) s->Drain();
+  }
+  std::unique_lock<std::mutex> lock(shared->conn_mu);
+  return shared->sessions_cv.wait_until(lock, until, [&] { return shared->sessions.empty(); });
+}
+
+uint64_t HttpServer::stuck() const { return impl_->shared->handlers_stuck.load(); }
 
 Status HttpServer::ReloadTls() { return impl_->Reload(); }
 
@@ -1132,6 +1523,12 @@ ServerStats HttpServer::stats() const {
   st.body_timeouts = s.body_timeouts.load();
   st.tls_handshake_failures = s.tls_handshake_failures.load();
   st.tls_reloads = s.tls_reloads.load();
+  st.refused_headers_too_large = s.refused_headers_too_large.load();
+  st.queue_deadlines = s.queue_deadlines.load();
+  st.handler_deadlines = s.handler_deadlines.load();
+  st.handlers_stuck = s.handlers_stuck.load();
+  st.evicted_idle = s.evicted_idle.load();
+  st.handlers_abandoned = s.handlers_abandoned.load();
   return st;
 }
 
@@ -1167,6 +1564,21 @@ std::string StatsMetricsText(const std::vector<std::pair<std::string, ServerStat
        &ServerStats::tls_handshake_failures},
       {"kiln_http_tls_reloads_total", "counter", "TLS certificate reloads.",
        &ServerStats::tls_reloads},
+      {"kiln_http_refused_headers_too_large_total", "counter",
+       "Requests refused 431: headers, a chunked body's trailer or a chunk line too long.",
+       &ServerStats::refused_headers_too_large},
+      {"kiln_http_queue_deadlines_total", "counter",
+       "Requests answered 503 because no handler took them before their deadline.",
+       &ServerStats::queue_deadlines},
+      {"kiln_http_handler_deadlines_total", "counter",
+       "Handlers answered 503 handler_deadline because they ran past their deadline.",
+       &ServerStats::handler_deadlines},
+      {"kiln_http_handlers_stuck", "gauge",
+       "Handlers past their deadline and still running (health reports these).",
+       &ServerStats::handlers_stuck},
+      {"kiln_http_evicted_idle_total", "counter",
+       "Idle connections closed at the connection cap to make room for another address.",
+       &ServerStats::evicted_idle},
   };
   std::ostringstream o;
   for (const Metric& m : kMetrics) {

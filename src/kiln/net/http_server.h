@@ -11,13 +11,37 @@
 //   - an idle keep-alive connection: closed after `keepalive_idle_ms`;
 //   - a body: each read waits at most `body_idle_timeout_ms`, and the whole body must arrive
 //     within max(body_timeout_ms, length / min_body_rate);
-//   - an answer: `write_timeout_ms`.
+//   - an answer: `write_timeout_ms`;
+//   - a handler: its route's `deadline_ms` (else `handler_deadline_ms`), counted from the moment
+//     its request is queued, not counting the time its body reads wait on the client (those have
+//     the body deadlines above). A request still queued at its deadline is answered 503
+//     `overloaded`; a handler still running is answered 503 `handler_deadline` (both with
+//     Retry-After, the connection closed) and counted as stuck until it returns: `stuck()` is what
+//     health routes report. The thread cannot be taken back; its late answer is dropped.
 // Bounds answered at once, from the event loop, without a handler thread and without reading the
 // body: a Content-Length above the route's limit (413), more connections from one client address
 // than `max_connections_per_client` or in all than `max_connections` (503 + Retry-After), a full
 // handler queue (503 + Retry-After), headers over `max_header_bytes` (431). A refused body is
 // never drained: the answer carries `Connection: close`, the socket stops reading after at most
 // `linger_bytes`, and an `Expect: 100-continue` client is never told to send it.
+//
+// Trailers and chunk lines are bounded too: the bytes a connection buffers ahead of its parser are
+// at most max_header_bytes + 64 KiB, and the fields of a chunked body's trailer at most
+// `max_header_bytes` in all; a trailer or chunk line past either fails the body read
+// `headers_too_large` (the binding answers 431). Trailer fields are dropped, never handed to a
+// handler. A body read always ends: whatever happens on the event loop, the waiting handler gets
+// its bytes or a refusal.
+//
+// Connections: `max_connections` in all and `max_connections_per_client` per client address, with
+// a reserve for newcomers: the last `reserved_connections` of the cap (max_connections / 8 by
+// default) go only to addresses holding fewer than `reserve_per_client` connections, so a few
+// addresses that fill the cap leave room for others. At the cap itself, an idle connection of the
+// address holding the most is closed to make room for an address holding few.
+//
+// Drain (Drain(), on SIGTERM): stop accepting; close idle connections; answer requests that have
+// not reached a handler 503 `draining` with Retry-After; let running handlers finish and every
+// answer already started stream out whole, each on a connection that then closes; until all are
+// done or the drain deadline passes. Stop() then ends whatever is left.
 //
 // TLS (OpenSSL through asio::ssl) when `tls` is set: TLS 1.2 or later, the certificate chain and
 // key re-read when their files change (checked every `reload_check_ms`) or on ReloadTls(), so a
@@ -66,6 +90,8 @@ struct Request {
 inline constexpr const char* kBodyTimeout = "body_timeout";        // the client stopped sending
 inline constexpr const char* kBodyTooLarge = "body_too_large";     // past the route's limit
 inline constexpr const char* kBodyIncomplete = "body_incomplete";  // the connection ended first
+// A header block, a trailer or a chunk line past max_header_bytes: the binding answers 431.
+inline constexpr const char* kHeadersTooLarge = "headers_too_large";
 // What the server answers by itself, and the hub and the worker answer the same way: a body over
 // a limit (413), every handler busy (503), a request without the credential a route needs (401).
 inline constexpr const char* kTooLarge = "too_large";
@@ -112,6 +138,8 @@ struct Route {
   // A cheap handler that never blocks (a health check, a metrics page): it runs on the event
   // loop, so it answers even while every handler thread is busy.
   bool on_event_loop = false;
+  // The handler's deadline in ms (see the header comment); 0: ServerOptions::handler_deadline_ms.
+  int deadline_ms = 0;
   Handler handler;
 };
 
@@ -133,12 +161,19 @@ struct ServerOptions {
   int backlog = 4096;          // listen backlog (the kernel caps it at net.core.somaxconn)
   int max_connections = 8192;
   int max_connections_per_client = 1024;  // by client address
+  // The top of max_connections kept for addresses holding few connections; -1: max / 8.
+  int reserved_connections = -1;
+  int reserve_per_client = 16;  // an address holding fewer than this may use the reserve
   int header_timeout_ms = 10000;
   int keepalive_idle_ms = 30000;
   int body_idle_timeout_ms = 10000;
   int body_timeout_ms = 30000;
   uint64_t min_body_rate = 256 * 1024;  // bytes per second a long body must keep up on average
   int write_timeout_ms = 60000;
+  int handler_deadline_ms = 60000;  // a route's default deadline (Route::deadline_ms)
+  // How long Stop() waits for running handlers after it ended their connections; handlers still
+  // running then are abandoned (stats().handlers_abandoned) and the caller should exit.
+  int stop_grace_ms = 5000;
   uint32_t max_header_bytes = 16 * 1024;
   uint64_t linger_bytes = 1 << 20;  // unread body bytes discarded after a refusal before closing
   int retry_after_s = 1;
@@ -179,6 +214,12 @@ struct ServerStats {
   uint64_t body_timeouts = 0;
   uint64_t tls_handshake_failures = 0;
   uint64_t tls_reloads = 0;
+  uint64_t refused_headers_too_large = 0;  // 431: headers, a trailer or a chunk line too long
+  uint64_t queue_deadlines = 0;            // requests answered 503 before reaching a handler
+  uint64_t handler_deadlines = 0;          // handlers answered 503 past their deadline
+  uint64_t handlers_stuck = 0;             // gauge: handlers past their deadline, still running
+  uint64_t evicted_idle = 0;               // idle connections closed to make room at the cap
+  uint64_t handlers_abandoned = 0;         // handlers still running when Stop() gave up on them
 };
 
 class HttpServer {
@@ -197,9 +238,16 @@ class HttpServer {
   bool tls() const;
   // Starts the event loop and the handler threads in the background. Call once.
   Status Start();
-  // Stops accepting, ends every connection, lets running handlers finish and joins every thread.
-  // Idempotent; any thread except a handler's.
+  // Graceful drain (see the header comment): returns true when every connection ended before
+  // `timeout_ms`. New connections are refused from the first moment. Any thread except a
+  // handler's; call Stop() after it.
+  bool Drain(int timeout_ms);
+  // Stops accepting, ends every connection, waits up to `stop_grace_ms` for running handlers and
+  // joins every thread (abandoning the handlers still running then). Idempotent; any thread
+  // except a handler's.
   void Stop();
+  // Handlers running past their deadline now (health routes report this).
+  uint64_t stuck() const;
   // Re-reads the certificate and key now. A failure keeps the certificate in use.
   Status ReloadTls();
   ServerStats stats() const;

@@ -50,6 +50,9 @@ net::Response Refusal(const Status& s, int retry_after_s) {
   return ErrorAnswer(h.status, h.retry, s.token(), s.message(), retry_after_s);
 }
 
+// Answers up to this size are written in one piece; larger ones stream.
+constexpr uint64_t kWholeAnswerBytes = 64 * 1024;
+
 net::Route MakeRoute(std::string method, std::string pattern, uint64_t max_body, bool on_loop,
                      net::Handler h) {
   net::Route r;
@@ -79,7 +82,8 @@ net::ServerOptions ListenerOptions(const FrontendOptions& o, const std::string& 
 }
 
 std::vector<net::Route> ServingRoutes(WorkerService* svc, const FrontendOptions& o,
-                                      std::function<std::string()> metrics) {
+                                      std::function<std::string()> metrics,
+                                      std::function<uint64_t()> stuck) {
   using net::Body;
   using net::Request;
   using net::Response;
@@ -88,13 +92,23 @@ std::vector<net::Route> ServingRoutes(WorkerService* svc, const FrontendOptions&
   routes.push_back(MakeRoute("GET", "/v2", 0, true, [svc](const Request&, Body&) {
     return JsonAnswer(200, svc->ServerMetadata());
   }));
-  routes.push_back(MakeRoute("GET", "/v2/health/live", 0, true, [](const Request&, Body&) {
+  // A handler past its deadline cannot be taken back: the worker is neither live nor ready
+  // until it returns (docs/transport.md, "Handler deadlines").
+  routes.push_back(MakeRoute("GET", "/v2/health/live", 0, true, [stuck](const Request&, Body&) {
+    if (const uint64_t n = stuck(); n > 0) {
+      return JsonAnswer(503, json{{"live", false}, {"reason", "handlers_stuck"}, {"stuck", n}});
+    }
     return JsonAnswer(200, json{{"live", true}});
   }));
-  routes.push_back(MakeRoute("GET", "/v2/health/ready", 0, true, [svc](const Request&, Body&) {
-    auto r = svc->Ready();
-    return JsonAnswer(r.ready ? 200 : 503, r.body);
-  }));
+  routes.push_back(
+      MakeRoute("GET", "/v2/health/ready", 0, true, [svc, stuck](const Request&, Body&) {
+        if (const uint64_t n = stuck(); n > 0) {
+          return JsonAnswer(503,
+                            json{{"ready", false}, {"reason", "handlers_stuck"}, {"stuck", n}});
+        }
+        auto r = svc->Ready();
+        return JsonAnswer(r.ready ? 200 : 503, r.body);
+      }));
   for (const std::string model : {"/v2/models/{}", "/v2/models/{}/versions/{}"}) {
     routes.push_back(MakeRoute("GET", model, 0, false, [svc, retry](const Request& req, Body&) {
       auto m = svc->ModelMetadata(req.captures[0], req.captures.size() > 1 ? req.captures[1] : "");
@@ -106,34 +120,48 @@ std::vector<net::Route> ServingRoutes(WorkerService* svc, const FrontendOptions&
           if (!r.ok()) return Refusal(r.status(), retry);
           return JsonAnswer(r->ready ? 200 : 503, r->body);
         }));
-    routes.push_back(MakeRoute("POST", model + "/infer", o.max_body_bytes, false,
-                               [svc, retry](const Request& req, Body& body) -> Response {
-                                 WorkerService::InferCall call;
-                                 call.model = req.captures[0];
-                                 call.version = req.captures.size() > 1 ? req.captures[1] : "";
-                                 if (req.content_length) {
-                                   call.body_size = *req.content_length;
-                                 } else if (!req.chunked) {
-                                   call.body_size = 0;
-                                 }
-                                 if (req.HasHeader(kInferenceHeaderContentLength)) {
-                                   call.json_part = req.Header(kInferenceHeaderContentLength);
-                                 }
-                                 call.body = [&body](char* buf, size_t cap) {
-                                   return body.Read(buf, cap);
-                                 };
-                                 auto answer = svc->Infer(call);
-                                 if (!answer.ok()) return Refusal(answer.status(), retry);
-                                 Response r;
-                                 r.status = 200;
-                                 r.body = std::move(answer->body);
-                                 if (answer->json_length) {
-                                   r.headers.emplace_back(kInferenceHeaderContentLength,
-                                                          std::to_string(*answer->json_length));
-                                   r.content_type = "application/octet-stream";
-                                 }
-                                 return r;
-                               }));
+    routes.push_back(MakeRoute(
+        "POST", model + "/infer", o.max_body_bytes, false,
+        [svc, retry](const Request& req, Body& body) -> Response {
+          WorkerService::InferCall call;
+          call.model = req.captures[0];
+          call.version = req.captures.size() > 1 ? req.captures[1] : "";
+          if (req.content_length) {
+            call.body_size = *req.content_length;
+          } else if (!req.chunked) {
+            call.body_size = 0;
+          }
+          if (req.HasHeader(kInferenceHeaderContentLength)) {
+            call.json_part = req.Header(kInferenceHeaderContentLength);
+          }
+          call.body = [&body](char* buf, size_t cap) { return body.Read(buf, cap); };
+          auto answer = svc->Infer(call);
+          if (!answer.ok()) return Refusal(answer.status(), retry);
+          std::shared_ptr<InferResponseStream> stream = std::move(answer->body);
+          Response r;
+          r.status = 200;
+          if (auto json_length = stream->json_length()) {
+            r.headers.emplace_back(kInferenceHeaderContentLength, std::to_string(*json_length));
+            r.content_type = "application/octet-stream";
+          }
+          if (stream->size() <= kWholeAnswerBytes) {
+            r.body.resize(static_cast<size_t>(stream->size()));
+            auto n = stream->Read(0, r.body.data(), r.body.size());
+            if (!n.ok()) return Refusal(n.status(), retry);
+            if (*n != r.body.size()) {
+              return Refusal(Status::Internal("infer response: short"), retry);
+            }
+            return r;
+          }
+          // Written as the connection takes it: the outputs' text never exists whole.
+          r.stream_length = stream->size();
+          r.stream = [stream](uint64_t offset, char* buf, size_t cap) {
+            return stream->Read(offset, buf, cap);
+          };
+          return r;
+        }));
+    // The wait for a slot, then the run (body reads are not counted).
+    routes.back().deadline_ms = o.queue_timeout_ms + o.infer_deadline_ms;
   }
   routes.push_back(MakeRoute("GET", "/metrics", 0, true, [metrics](const Request&, Body&) {
     return Response::Text(200, metrics(), "text/plain; version=0.0.4");
@@ -183,6 +211,8 @@ std::vector<net::Route> AdminRoutes(WorkerService* svc, const std::string& token
   routes.push_back(
       MakeRoute("POST", "/v1/admin/checkpoint", kAdminBodyLimit, false,
                 guarded([svc](const std::string& b) { return svc->SwapCheckpoint(b); })));
+  // Loading a large checkpoint and waiting for the runs inside the cell may take minutes.
+  routes.back().deadline_ms = 10 * 60 * 1000;
   return routes;
 }
 
@@ -218,9 +248,10 @@ Result<std::unique_ptr<Frontend>> Frontend::Create(
   serving.handler_threads =
       o.http_threads > 0 ? o.http_threads : std::max(8, 4 * o.max_concurrency);
   KILN_ASSIGN_OR_RETURN(
-      f->serving_, net::HttpServer::Create(serving, ServingRoutes(f->service_.get(), o, [self] {
-                                             return self->MetricsText();
-                                           })));
+      f->serving_, net::HttpServer::Create(
+                       serving, ServingRoutes(
+                                    f->service_.get(), o, [self] { return self->MetricsText(); },
+                                    [self] { return self->stuck(); })));
   if (o.admin.port >= 0) {
     net::ServerOptions admin = ListenerOptions(o, "worker admin");
     admin.bind = o.admin.bind;
@@ -247,19 +278,37 @@ bool Frontend::tls() const { return serving_->tls(); }
 void Frontend::Stop() {
   std::call_once(stop_once_, [this] {
     if (!service_) return;
+    // Requests waiting for a slot are answered 503 draining; the listeners then stop accepting,
+    // close idle connections, answer requests no handler has taken 503 draining, and wait for
+    // the handlers running and the answers streaming to finish.
     service_->BeginDrain();
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.drain_timeout_ms);
-    while (service_->in_flight() > 0 && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-    if (service_->in_flight() > 0) {
+    auto left = [&deadline] {
+      return static_cast<int>(std::max<int64_t>(
+          0, std::chrono::duration_cast<std::chrono::milliseconds>(deadline -
+                                                                   std::chrono::steady_clock::now())
+                 .count()));
+    };
+    bool drained = !serving_ || serving_->Drain(left());
+    if (admin_) drained = admin_->Drain(left()) && drained;
+    if (!drained) {
       KILN_LOG(WARNING) << "worker front: " << service_->in_flight()
-                        << " request(s) still running after the drain timeout";
+                        << " request(s) still running after the drain timeout of "
+                        << options_.drain_timeout_ms << " ms; closing their connections";
     }
     if (admin_) admin_->Stop();
     if (serving_) serving_->Stop();
   });
+}
+
+uint64_t Frontend::stuck() const {
+  return (serving_ ? serving_->stuck() : 0) + (admin_ ? admin_->stuck() : 0);
+}
+
+uint64_t Frontend::abandoned_handlers() const {
+  return (serving_ ? serving_->stats().handlers_abandoned : 0) +
+         (admin_ ? admin_->stats().handlers_abandoned : 0);
 }
 
 Status Frontend::ReloadTls() {

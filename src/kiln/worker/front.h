@@ -25,9 +25,11 @@
 // Retry-After and {"error": "<token>", "detail": "<message>"}. No exception leaves a handler.
 //
 // Concurrency: at most `max_concurrency` infer requests run at once; more wait (their bodies
-// unread) for up to `queue_timeout_ms`, then get 503 `overloaded`. Stop() drains: new infer
-// requests get 503 `draining`, requests already admitted finish (up to `drain_timeout_ms`), then
-// the listeners close.
+// unread) for up to `queue_timeout_ms`, then get 503 `overloaded`. Every handler has a deadline
+// (infer: queue_timeout_ms + infer_deadline_ms); while one runs past it, /v2/health/live and
+// /v2/health/ready answer 503 `handlers_stuck`. Stop() drains: requests waiting for a slot or a
+// handler get 503 `draining` with Retry-After, requests already running finish and their answers
+// go out whole (up to `drain_timeout_ms`), idle connections close, then the listeners stop.
 #pragma once
 
 #include <cstddef>
@@ -60,8 +62,11 @@ struct FrontendOptions {
   int port = 0;                  // 0 = pick a free port (see Frontend::port())
   int max_concurrency = 4;       // infer requests run at once (>= 1); EndpointSpec::max_concurrency
   int queue_timeout_ms = 30000;  // how long a request over the limit waits before 503
-  int http_threads = 0;          // handler threads; 0 = max(8, 4 * max_concurrency)
-  int retry_after_s = 1;         // the Retry-After value on every 503
+  // An infer handler's deadline beyond its wait for a slot (body reads not counted): past it the
+  // request is answered 503 handler_deadline and the worker reports itself stuck.
+  int infer_deadline_ms = 120000;
+  int http_threads = 0;   // handler threads; 0 = max(8, 4 * max_concurrency)
+  int retry_after_s = 1;  // the Retry-After value on every 503
   int drain_timeout_ms = 30000;
   size_t max_body_bytes = size_t{1} << 30;
   std::string model_version = "1";
@@ -102,6 +107,10 @@ class Frontend {
   bool tls() const;
   // Graceful drain (see above); idempotent.
   void Stop();
+  // Handlers running past their deadline now (the health routes report them).
+  uint64_t stuck() const;
+  // Handlers still running when Stop() gave up on them: the process should exit at once.
+  uint64_t abandoned_handlers() const;
   // Re-reads the TLS certificate and key of both listeners now.
   Status ReloadTls();
 

@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <charconv>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <istream>
@@ -1135,55 +1137,194 @@ Status CheckInputsAgainstGraph(const Graph& graph, const TensorMap& inputs) {
   return Status::OK();
 }
 
-Result<EncodedInferResponse> EncodeInferResponse(const std::string& model_name,
-                                                 const std::string& model_version,
-                                                 const InferRequest& request,
-                                                 const TensorMap& outputs,
-                                                 const InferOutcome& outcome) {
+// ---------------------------------------------------------------------------------------------
+// The streamed response.
+
+namespace {
+
+// Element `i` of `t` as JSON text, exactly as nlohmann::json writes the value ElementsAsJson
+// makes of it (its shortest round-trip form for floats, null for NaN and infinities); at most 32
+// bytes.
+size_t FormatElement(const Tensor& t, int64_t i, char* out) {
+  char* const end = out + 32;
+  auto real = [&](double d) -> size_t {
+    if (!std::isfinite(d)) {
+      std::memcpy(out, "null", 4);
+      return 4;
+    }
+    return static_cast<size_t>(nlohmann::detail::to_chars(out, end, d) - out);
+  };
+  auto integer = [&](auto v) { return static_cast<size_t>(std::to_chars(out, end, v).ptr - out); };
+  switch (t.dtype()) {
+    case DType::kFloat32:
+      return real(static_cast<double>(t.data<float>()[i]));
+    case DType::kFloat16:
+      return real(static_cast<double>(HalfToFloat(t.data<uint16_t>()[i])));
+    case DType::kFloat64:
+      return real(t.data<double>()[i]);
+    case DType::kBool:
+      if (t.data<uint8_t>()[i] != 0) {
+        std::memcpy(out, "true", 4);
+        return 4;
+      }
+      std::memcpy(out, "false", 5);
+      return 5;
+    case DType::kUInt64:
+      return integer(t.data<uint64_t>()[i]);
+    default:
+      return integer(t.GetAsInt64(i));
+  }
+}
+
+}  // namespace
+
+// Text, an output's elements as JSON (comma-separated, no brackets), or an output's raw bytes.
+struct InferResponseStream::Segment {
+  enum class Kind { kText, kElements, kBytes } kind = Kind::kText;
+  std::string text;
+  const Tensor* tensor = nullptr;  // points into outputs_
+  uint64_t size = 0;
+};
+
+InferResponseStream::~InferResponseStream() = default;
+
+Result<std::unique_ptr<InferResponseStream>> InferResponseStream::Create(
+    const std::string& model_name, const std::string& model_version, const InferRequest& request,
+    TensorMap outputs, const InferOutcome& outcome) {
   std::vector<std::string> names = request.requested_outputs;
   if (names.empty()) {
     for (const auto& [name, t] : outputs) names.push_back(name);
   }
-  json j = json::object();
-  j["model_name"] = model_name;
-  j["model_version"] = model_version;
-  if (!request.id.empty()) j["id"] = request.id;
-  json outs = json::array();
-  std::string binary;
   for (const std::string& name : names) {
-    auto it = outputs.find(name);
-    if (it == outputs.end()) {
+    if (!outputs.count(name)) {
       std::string have;
       for (const auto& [n, t] : outputs) have += (have.empty() ? "" : ", ") + n;
       return Status::InvalidArgument("output " + Quote(name) +
                                      " is not an output of the model (outputs: " + have + ")");
     }
-    const Tensor& t = it->second;
-    json o = json::object();
-    o["name"] = name;
-    o["shape"] = t.shape();
-    o["datatype"] = KServeDatatype(t.dtype());
-    if (request.binary_data_output || request.binary_outputs.count(name)) {
-      o["parameters"] = json{{"binary_data_size", t.nbytes()}};
-      binary.append(static_cast<const char*>(t.raw_data()), t.nbytes());
-    } else {
-      o["data"] = KServeJsonData(t);
+  }
+  std::unique_ptr<InferResponseStream> r(new InferResponseStream());
+  r->outputs_ = std::move(outputs);
+  std::string text = "{";
+  if (!request.id.empty()) text += "\"id\":" + JsonText(request.id) + ",";
+  text += "\"model_name\":" + JsonText(model_name) +
+          ",\"model_version\":" + JsonText(model_version) + ",\"outputs\":[";
+  std::vector<const Tensor*> binary;
+  for (size_t i = 0; i < names.size(); ++i) {
+    const std::string& name = names[i];
+    const Tensor& t = r->outputs_.at(name);
+    if (i > 0) text += ",";
+    text += "{";
+    const bool as_binary = request.binary_data_output || request.binary_outputs.count(name);
+    if (!as_binary) {
+      text += "\"data\":[";
+      r->segments_.push_back(Segment{Segment::Kind::kText, std::move(text), nullptr, 0});
+      text.clear();
+      // The elements' text is counted here once and written again as it is read.
+      uint64_t size = t.numel() > 0 ? static_cast<uint64_t>(t.numel() - 1) : 0;
+      char scratch[48];
+      for (int64_t e = 0; e < t.numel(); ++e) size += FormatElement(t, e, scratch);
+      r->segments_.push_back(Segment{Segment::Kind::kElements, "", &t, size});
+      text += "],";
     }
-    outs.push_back(std::move(o));
+    text += "\"datatype\":" + JsonText(KServeDatatype(t.dtype())) + ",\"name\":" + JsonText(name);
+    if (as_binary) {
+      text += ",\"parameters\":" + JsonText(json{{"binary_data_size", t.nbytes()}});
+      binary.push_back(&t);
+    }
+    text += ",\"shape\":" + JsonText(json(t.shape())) + "}";
   }
-  j["outputs"] = std::move(outs);
-  j["parameters"] = json{{"serving_mode", outcome.serving_mode},
-                         {"served_cell_ref", outcome.served_cell_ref},
-                         {"fallback_reason", outcome.fallback_reason},
-                         {"fallback_detail", outcome.fallback_detail},
-                         {"duration_ms", outcome.duration_ms}};
+  text += "],\"parameters\":" +
+          JsonText(json{{"serving_mode", outcome.serving_mode},
+                        {"served_cell_ref", outcome.served_cell_ref},
+                        {"fallback_reason", outcome.fallback_reason},
+                        {"fallback_detail", outcome.fallback_detail},
+                        {"duration_ms", outcome.duration_ms}}) +
+          "}";
+  r->segments_.push_back(Segment{Segment::Kind::kText, std::move(text), nullptr, 0});
+  for (Segment& seg : r->segments_) {
+    if (seg.kind == Segment::Kind::kText) seg.size = seg.text.size();
+    r->size_ += seg.size;
+  }
+  if (request.binary_data_output || !request.binary_outputs.empty()) {
+    r->json_length_ = static_cast<size_t>(r->size_);
+    for (const Tensor* t : binary) {
+      r->segments_.push_back(Segment{Segment::Kind::kBytes, "", t, t->nbytes()});
+      r->size_ += t->nbytes();
+    }
+  }
+  return r;
+}
+
+Result<size_t> InferResponseStream::Read(uint64_t offset, char* buf, size_t cap) {
+  if (offset != at_) {
+    return Status::Internal("infer response: read at byte " + std::to_string(offset) +
+                            " after byte " + std::to_string(at_) + "; reads are sequential");
+  }
+  size_t n = 0;
+  while (n < cap && segment_ < segments_.size()) {
+    const Segment& seg = segments_[segment_];
+    if (seg.kind != Segment::Kind::kElements) {
+      const char* src = seg.kind == Segment::Kind::kText
+                            ? seg.text.data()
+                            : static_cast<const char*>(seg.tensor->raw_data());
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(cap - n, seg.size - in_segment_));
+      std::memcpy(buf + n, src + in_segment_, take);
+      n += take;
+      in_segment_ += take;
+    } else if (pending_at_ < pending_len_) {
+      const size_t take = std::min(cap - n, pending_len_ - pending_at_);
+      std::memcpy(buf + n, pending_ + pending_at_, take);
+      n += take;
+      pending_at_ += take;
+      in_segment_ += take;
+    } else if (element_ < seg.tensor->numel()) {
+      // An element (and the comma before it) straight into `buf` when it fits, else through
+      // `pending_`.
+      char* out = cap - n >= sizeof(pending_) ? buf + n : pending_;
+      size_t len = 0;
+      if (element_ > 0) out[len++] = ',';
+      len += FormatElement(*seg.tensor, element_, out + len);
+      ++element_;
+      if (out == pending_) {
+        pending_len_ = len;
+        pending_at_ = 0;
+      } else {
+        n += len;
+        in_segment_ += len;
+      }
+    }
+    if (in_segment_ == seg.size &&
+        (seg.kind != Segment::Kind::kElements ||
+         (element_ == seg.tensor->numel() && pending_at_ == pending_len_))) {
+      ++segment_;
+      in_segment_ = 0;
+      element_ = 0;
+      pending_len_ = pending_at_ = 0;
+    } else if (in_segment_ > seg.size) {
+      return Status::Internal("infer response: an output's text outgrew its count");
+    }
+  }
+  at_ += n;
+  return n;
+}
+
+Result<EncodedInferResponse> EncodeInferResponse(const std::string& model_name,
+                                                 const std::string& model_version,
+                                                 const InferRequest& request,
+                                                 const TensorMap& outputs,
+                                                 const InferOutcome& outcome) {
+  KILN_ASSIGN_OR_RETURN(auto stream, InferResponseStream::Create(model_name, model_version, request,
+                                                                 outputs, outcome));
   EncodedInferResponse r;
-  r.body = JsonText(j);
-  const bool any_binary = request.binary_data_output || !request.binary_outputs.empty();
-  if (any_binary) {
-    r.json_length = r.body.size();
-    r.body += binary;
+  r.body.resize(static_cast<size_t>(stream->size()));
+  size_t at = 0;
+  while (at < r.body.size()) {
+    KILN_ASSIGN_OR_RETURN(size_t n, stream->Read(at, r.body.data() + at, r.body.size() - at));
+    if (n == 0) return Status::Internal("infer response: ended before its length");
+    at += n;
   }
+  r.json_length = stream->json_length();
   return r;
 }
 

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <set>
@@ -120,11 +121,48 @@ struct EncodedInferResponse {
   std::optional<size_t> json_length;
 };
 
-// Encodes {"model_name", "model_version", "id", "outputs": [{"name", "shape", "datatype",
-// "data" | "parameters": {"binary_data_size"}}], "parameters": {"serving_mode",
-// "served_cell_ref", "fallback_reason", "fallback_detail", "duration_ms"}}. Outputs: the
-// requested ones in request order, else all of `outputs` by name. InvalidArgument names a
-// requested output the model did not produce.
+// An infer response written as the transport pulls it: {"id", "model_name", "model_version",
+// "outputs": [{"data" | "parameters": {"binary_data_size"}, "datatype", "name", "shape"}],
+// "parameters": {"duration_ms", "fallback_detail", "fallback_reason", "served_cell_ref",
+// "serving_mode"}} (keys in that order, compact, numbers as nlohmann::json writes them, NaN and
+// infinities as null), then the binary outputs' bytes. Outputs: the requested ones in request
+// order, else all of `outputs` by name. The text of each output's "data" is produced element by
+// element from its tensor as the bytes are read, so an answer never exists whole as text: it
+// costs its output tensors and a few KiB. Creating it counts the text once (for the length the
+// transport sends first).
+class InferResponseStream {
+ public:
+  // InvalidArgument names a requested output the model did not produce.
+  static Result<std::unique_ptr<InferResponseStream>> Create(const std::string& model_name,
+                                                             const std::string& model_version,
+                                                             const InferRequest& request,
+                                                             TensorMap outputs,
+                                                             const InferOutcome& outcome);
+  ~InferResponseStream();
+  uint64_t size() const { return size_; }
+  // Set when some output is binary: the JSON part's length (Inference-Header-Content-Length).
+  std::optional<size_t> json_length() const { return json_length_; }
+  // Writes up to `cap` bytes from `offset` into `buf` and returns how many (0 at the end).
+  // Reads are sequential: `offset` must be where the previous read ended.
+  Result<size_t> Read(uint64_t offset, char* buf, size_t cap);
+
+ private:
+  struct Segment;
+  InferResponseStream() = default;
+  TensorMap outputs_;
+  std::vector<Segment> segments_;
+  uint64_t size_ = 0;
+  std::optional<size_t> json_length_;
+  // Read position: the segment, bytes of it written, the next element, a half-written element.
+  uint64_t at_ = 0;
+  size_t segment_ = 0;
+  uint64_t in_segment_ = 0;
+  int64_t element_ = 0;
+  char pending_[48] = {};
+  size_t pending_len_ = 0, pending_at_ = 0;
+};
+
+// The whole response as one string: InferResponseStream's bytes (for tests and small answers).
 Result<EncodedInferResponse> EncodeInferResponse(const std::string& model_name,
                                                  const std::string& model_version,
                                                  const InferRequest& request,

@@ -163,6 +163,8 @@ FrontendOptions FrontendOptionsFrom(const WorkerConfig& a, const Manifest& m, Ev
   fo.listener.insecure_http = a.insecure_http;
   fo.listener.max_connections_per_client = a.max_conns_per_client;
   fo.max_body_bytes = static_cast<size_t>(std::max(1, a.max_body_mb)) << 20;
+  fo.drain_timeout_ms = a.drain_timeout_ms;
+  fo.infer_deadline_ms = a.infer_deadline_ms;
   fo.admin.port = a.admin_port;
   fo.admin.bind = a.admin_bind;
   fo.checkpoint_dir = a.checkpoint_dir;
@@ -256,6 +258,14 @@ Status ServeUntilStopped(const WorkerConfig& a, const Manifest& m, Frontend& fro
   std::printf("kiln worker: signal %d, draining %d in-flight request(s)\n", sig, front.in_flight());
   std::fflush(stdout);
   front.Stop();
+  if (const uint64_t abandoned = front.abandoned_handlers(); abandoned > 0) {
+    // Their threads still use the targets: exit without destroying anything under them.
+    std::printf("kiln worker: %llu request handler(s) never returned; exiting without cleanup\n",
+                static_cast<unsigned long long>(abandoned));
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(1);
+  }
   return Status::OK();
 }
 

@@ -36,6 +36,8 @@ struct WorkerConfig {
   bool insecure_http = false;
   int max_conns_per_client = 1024;
   int max_body_mb = 1024;
+  int drain_timeout_ms = 30000;    // on SIGTERM, how long running requests may take to finish
+  int infer_deadline_ms = 120000;  // an infer handler's deadline beyond its wait for a slot
   int admin_port = -1;
   std::string admin_bind = "127.0.0.1";
   std::string admin_token_file;

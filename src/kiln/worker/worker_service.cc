@@ -183,6 +183,7 @@ HttpRefusal WorkerHttpStatus(const Status& s) {
     return {413, false};
   }
   if (s.Is(net::kBodyTimeout)) return {408, false};
+  if (s.Is(net::kHeadersTooLarge)) return {431, false};
   if (s.Is(net::kUnauthenticated)) return {401, false};
   if (s.Is(kRefusalCheckpointPathRefused) || s.Is(kRefusalCheckpointSwapDisabled)) {
     return {403, false};
@@ -428,12 +429,15 @@ Result<WorkerService::InferAnswer> WorkerService::InferInSlot(const InferCall& c
   const auto start = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(ServeResult served, t.target->Serve(parsed.inputs, call.model));
   const double ms = MsSince(start);
+  // The inputs are done with: the answer that streams out holds only the outputs.
+  parsed.inputs.clear();
   InferOutcome outcome{served.serving_mode, served.served_cell_ref, served.fallback_reason,
                        served.fallback_detail, served.duration_ms};
-  KILN_ASSIGN_OR_RETURN(auto encoded, EncodeInferResponse(call.model, options_.model_version,
-                                                          parsed, served.outputs, outcome));
+  KILN_ASSIGN_OR_RETURN(auto stream,
+                        InferResponseStream::Create(call.model, options_.model_version, parsed,
+                                                    std::move(served.outputs), outcome));
   metrics_->Served(call.model, served, ms);
-  return InferAnswer{std::move(encoded.body), encoded.json_length};
+  return InferAnswer{std::move(stream)};
 }
 
 std::string WorkerService::MetricsText() const {

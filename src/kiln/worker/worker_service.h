@@ -103,8 +103,9 @@ class WorkerService {
     ByteSource body;
   };
   struct InferAnswer {
-    std::string body;
-    std::optional<size_t> json_length;  // set when some output is binary
+    // The response, written as the transport pulls it (it holds the output tensors, not their
+    // text); its json_length() is set when some output is binary.
+    std::unique_ptr<InferResponseStream> body;
   };
   // A refusal is also counted in the metrics under its HTTP status.
   Result<InferAnswer> Infer(const InferCall& call);
