@@ -930,7 +930,9 @@ class EntryEmitter {
     const int64_t rank = static_cast<int64_t>(s.size());
     const std::string X = B(k.inputs[0]);
     const std::string scale = B(k.inputs[1]);
-    const bool has_bias = k.inputs.size() > 2;
+    // The node's own bias input: a LayerNormalization may have none, and the kernel's inputs
+    // after the node's are its epilogue's operands.
+    const bool has_bias = k.node.HasInput(2);
     const std::string bias = has_bias ? B(k.inputs[2]) : "";
     const float eps = k.node.GetFloat("epsilon", 1e-5f);
     const bool layer = k.node.op_type == "LayerNormalization";
