@@ -37,6 +37,7 @@ struct BenchArgs {
   bool mint_only = false;       // put the class's cell into the local store and stop
   bool sgemm_peak = false;
   std::string label;  // engine name of the compiled row (default kiln_compiled)
+  std::vector<std::string> disabled_passes;  // bisecting a slow or wrong cell
 };
 
 using Clock = std::chrono::steady_clock;
@@ -186,8 +187,8 @@ Status DoBench(const BenchArgs& a) {
   // (compile, gate, fence), which is timed apart (`--mint-only` does just that, so a measuring
   // process's peak memory holds no proof runs).
   const auto bind = Clock::now();
-  KILN_ASSIGN_OR_RETURN(LocalCell cell,
-                        LocalCellForClass(graph, weights, cls, "local/bench", a.threads));
+  KILN_ASSIGN_OR_RETURN(LocalCell cell, LocalCellForClass(graph, weights, cls, "local/bench",
+                                                          a.threads, {}, a.disabled_passes));
   const double setup_ms = MsSince(bind);
   if (a.mint_only) {
     std::printf("%s %s: cell %s (%s, %.0f ms)\n", model.c_str(), spec.c_str(), cell.ref.c_str(),
@@ -228,6 +229,8 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--mint-only", a->mint_only,
                 "mint the class's cell into the local store, then stop");
   cmd->add_option("--label", a->label, "engine name of the compiled row (e.g. kiln_compiled_v4)");
+  cmd->add_option("--disable-pass", a->disabled_passes,
+                  "compile without this pass (repeatable), past the local store: for bisecting");
   cmd->add_flag("--sgemm-peak", a->sgemm_peak,
                 "time the kernel library's SGEMM (2048^3) at --threads instead of a model");
   cmd->callback([=] {
