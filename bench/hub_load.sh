@@ -32,6 +32,7 @@ cat >"$WORK/tokens.json" <<JSON
 {"tokens":[{"name":"bench-ci","role":"publisher","tier":"platform","sha256":"$(sha $PUB)"},
            {"name":"bench-worker","role":"worker","sha256":"$(sha $WORKER)"}]}
 JSON
+chmod 600 "$WORK/tokens.json"  # the hub refuses a tokens file others may read
 KEY=$("$MAKE_CELL" "$WORK/cell.tar" "bench-$$-$RANDOM")
 
 run_backend() {

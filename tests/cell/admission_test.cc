@@ -4,7 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/sha256.h"
 #include "tests/cell/cell_fixtures.h"
 
 namespace kiln {
@@ -198,6 +201,60 @@ TEST(AdmissionTest, ImplausibleSharedObjectOrMissingSourceIsRefused) {
                 StatusCode::kInvalidArgument, "1507 bytes, over the bound of 1000");
   ExpectRefusal(AdmitCell(with([](CellFiles& f) { f.source.clear(); }), "", 0, Policy()),
                 "source_missing", StatusCode::kInvalidArgument, "source/cell.cc");
+}
+
+// The hub admits a stored cell in pieces (AdmitArchive), never holding its bytes: on every cell,
+// good or broken in any of the ways above, it says exactly what AdmitBytes says, and for a good
+// one where each member lies and the digests a receipt states.
+TEST(AdmissionTest, AdmittingInPiecesAgreesWithAdmittingBytes) {
+  auto with = [](auto edit) {
+    CellFiles f = SampleFiles();
+    edit(f);
+    return PackCell(f).value();
+  };
+  CellMetadata unproven = SampleMetadata();
+  unproven.fence.constant_table_complete = false;
+  const std::vector<std::string> cells = {
+      SampleCellBytes(),
+      "not a tar",
+      SampleCellBytes() + "trailing",
+      WithMetadataText("{"),
+      WithMetadataText(SerializeMetadata(unproven).value()),
+      with([](CellFiles& f) { f.shared_object.clear(); }),
+      with([](CellFiles& f) { f.shared_object = "#!/bin/sh\n"; }),
+      with([](CellFiles& f) { f.source.clear(); }),
+      SampleCellBytes().substr(0, 1000),
+  };
+  const BytesPolicy policy{SampleMetadata().key};
+  for (size_t i = 0; i < cells.size(); ++i) {
+    const std::string& bytes = cells[i];
+    for (const std::string& digest : {std::string(), CellDigest(bytes), CellDigest("other")}) {
+      for (uint64_t size : {uint64_t{0}, uint64_t{bytes.size()}, uint64_t{bytes.size() + 1}}) {
+        Result<AdmittedCell> whole = AdmitBytes(bytes, digest, size, policy);
+        // Pieces of 7 bytes: no read lines up with a header or a member.
+        ArchiveReader in_sevens = [&bytes](uint64_t offset, char* out, size_t len) {
+          return ReadFromBytes(bytes)(offset, out, std::min<size_t>(len, 7));
+        };
+        Result<AdmittedLayout> pieces = AdmitArchive(in_sevens, bytes.size(), digest, size, policy);
+        ASSERT_EQ(whole.ok(), pieces.ok()) << "cell " << i << ": " << whole.status().ToString()
+                                           << " vs " << pieces.status().ToString();
+        if (!whole.ok()) {
+          EXPECT_EQ(whole.status().token(), pieces.status().token()) << "cell " << i;
+          EXPECT_EQ(whole.status().message(), pieces.status().message()) << "cell " << i;
+          continue;
+        }
+        EXPECT_EQ(pieces->digest, whole->digest);
+        EXPECT_EQ(pieces->metadata.key, whole->metadata.key);
+        EXPECT_EQ(pieces->so_digest, "sha256:" + Sha256Hex(whole->files.shared_object));
+        EXPECT_EQ(pieces->source_digest, "sha256:" + Sha256Hex(whole->files.source));
+        EXPECT_EQ(bytes.substr(pieces->layout.source.offset, pieces->layout.source.size),
+                  whole->files.source);
+        EXPECT_EQ(bytes.substr(pieces->layout.shared_object.offset,
+                               pieces->layout.shared_object.size),
+                  whole->files.shared_object);
+      }
+    }
+  }
 }
 
 TEST(AdmissionTest, RefusalTokenIsAFieldThatSurvivesContext) {

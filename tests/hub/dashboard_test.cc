@@ -108,7 +108,7 @@ class HubDashboardTest : public ::testing::TestWithParam<std::string> {
     std::filesystem::create_directories(root_ + "/data");
     std::filesystem::create_directories(root_ + "/browser");
     ASSERT_TRUE(
-        WriteFileAtomic(
+        WriteSecretFileAtomic(
             root_ + "/tokens.json",
             TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", "", {"*"}},
                             {Sha256Hex(kDashWorker), "worker-dash", "worker", "", "", {"*"}},

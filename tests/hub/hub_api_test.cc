@@ -58,7 +58,7 @@ class HubApiTest : public ::testing::TestWithParam<std::string> {
     root_ = ::testing::TempDir() + "/kiln_hub_api_" + GetParam() + "_" + Nonce();
     std::filesystem::remove_all(root_);
     std::filesystem::create_directories(root_ + "/data");
-    ASSERT_TRUE(WriteFileAtomic(root_ + "/tokens.json", TokensFileText(Tokens())).ok());
+    ASSERT_TRUE(WriteSecretFileAtomic(root_ + "/tokens.json", TokensFileText(Tokens())).ok());
     hub_ = std::make_unique<HubProcess>(root_ + "/data", db_,
                                         std::vector<std::string>{"--rebuild", "off"});
     ASSERT_TRUE(hub_->Start());
@@ -566,7 +566,7 @@ TEST_P(HubApiTest, RemovedAndRevokedTokensAreDead) {
   std::vector<TokenRow> with_temp = Tokens();
   with_temp.push_back({Sha256Hex(secret), "temp-" + Nonce(), "publisher", "org", "acme", {}});
   auto restart_with = [&](const std::vector<TokenRow>& tokens) {
-    if (!WriteFileAtomic(root_ + "/tokens.json", TokensFileText(tokens)).ok()) {
+    if (!WriteSecretFileAtomic(root_ + "/tokens.json", TokensFileText(tokens)).ok()) {
       return ::testing::AssertionFailure() << "cannot write the tokens file";
     }
     hub_->Kill(SIGTERM);
@@ -601,11 +601,11 @@ INSTANTIATE_TEST_SUITE_P(Backends, HubApiTest, ::testing::Values("sqlite", "post
 TEST(HubCli, PublishAndResolveWithTrustedJwks) {
   const std::string root = ::testing::TempDir() + "/kiln_hub_cli_" + Nonce();
   std::filesystem::create_directories(root + "/data");
-  ASSERT_TRUE(
-      WriteFileAtomic(root + "/tokens.json",
-                      TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", "", {}},
-                                      {Sha256Hex(kWorker), "w", "worker", "", "", {}}}))
-          .ok());
+  ASSERT_TRUE(WriteSecretFileAtomic(
+                  root + "/tokens.json",
+                  TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", "", {}},
+                                  {Sha256Hex(kWorker), "w", "worker", "", "", {}}}))
+                  .ok());
   HubProcess hub(root + "/data", "", {"--rebuild", "off"});
   ASSERT_TRUE(hub.Start());
   const CellMetadata m = MakeMetadata(Graph("cli"));

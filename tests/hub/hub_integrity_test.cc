@@ -42,7 +42,7 @@ class HubIntegrityTest : public ::testing::Test {
         {Sha256Hex(kWorker), "worker-1", "worker", "", "", {}},
         {Sha256Hex(kAdmin), "admin", "admin", "", "", {}},
     };
-    ASSERT_TRUE(WriteFileAtomic(root_ + "/tokens.json", TokensFileText(tokens)).ok());
+    ASSERT_TRUE(WriteSecretFileAtomic(root_ + "/tokens.json", TokensFileText(tokens)).ok());
   }
   void TearDown() override {
     if (!HasFailure()) std::filesystem::remove_all(root_);

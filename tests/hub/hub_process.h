@@ -81,6 +81,7 @@ class ReservedPort {
 
 inline constexpr const char* kPlatform = "tok-platform-publisher";
 inline constexpr const char* kAcme = "tok-acme-publisher";
+inline constexpr const char* kBeta = "tok-beta-publisher";
 inline constexpr const char* kWorker = "tok-worker";
 inline constexpr const char* kAdmin = "tok-admin";
 

@@ -3,10 +3,12 @@
 #include "src/kiln/hub/receipt.h"
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 
 #include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/file.h"
 
 namespace kiln {
 namespace {
@@ -178,7 +180,7 @@ TEST(SigningKeyRing, PersistsAndRotationKeepsOldReceiptsVerifiable) {
   const ReceiptClaims c = SampleClaims();
   const std::string old_receipt = SignReceipt(c, *(*ring)->Current()).value();
 
-  auto kid2 = (*ring)->Rotate();
+  auto kid2 = (*ring)->Rotate(1800000000);
   ASSERT_TRUE(kid2.ok());
   EXPECT_NE(*kid2, kid1);
   EXPECT_EQ((*ring)->Current()->kid(), *kid2);
@@ -193,6 +195,103 @@ TEST(SigningKeyRing, PersistsAndRotationKeepsOldReceiptsVerifiable) {
   EXPECT_EQ((*again)->Current()->kid(), *kid2);
   EXPECT_EQ((*again)->PublicKeys().size(), 2u);
   EXPECT_TRUE(VerifyReceipt(old_receipt, (*again)->PublicKeys(), ExpectedOf(c)).ok());
+  std::filesystem::remove_all(dir);
+}
+
+// Rotation retires the key it replaces: what that key signed before the instant still verifies,
+// what it signs after is refused (a leaked key cannot issue fresh receipts or lists), on every
+// verifier that reads the hub's key set, and across a restart of the ring.
+TEST(SigningKeyRing, RotationRetiresTheOldKeyForWhatItSignsLater) {
+  const std::string dir = ::testing::TempDir() + "/kiln_keyring_retire_test";
+  std::filesystem::remove_all(dir);
+  auto ring = SigningKeyRing::OpenOrCreate(dir);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  const auto old_key = (*ring)->Current();
+  constexpr int64_t kRotatedAt = 1800000000;
+  ASSERT_TRUE((*ring)->Rotate(kRotatedAt).ok());
+
+  ReceiptClaims before = SampleClaims();
+  before.iat = kRotatedAt - 10;
+  ReceiptClaims after = SampleClaims();
+  after.iat = kRotatedAt + 1;
+  const PublicKeySet keys = PublicKeySet::FromJwks((*ring)->Jwks()).value();
+  ASSERT_EQ(keys.NotAfter(old_key->kid()), kRotatedAt);
+  EXPECT_FALSE(keys.NotAfter((*ring)->Current()->kid()).has_value());
+  EXPECT_TRUE(VerifyReceipt(SignReceipt(before, *old_key).value(), keys, ExpectedOf(before)).ok());
+  const ReceiptVerdict forged =
+      VerifyReceipt(SignReceipt(after, *old_key).value(), keys, ExpectedOf(after));
+  EXPECT_EQ(forged.token, kReceiptKeyRetired) << forged.message;
+  // The new key signs after the instant as it likes.
+  EXPECT_TRUE(
+      VerifyReceipt(SignReceipt(after, *(*ring)->Current()).value(), keys, ExpectedOf(after)).ok());
+
+  // Revocation lists: a fresh list from the old key is refused; one it signed in time is not.
+  RevocationList list;
+  list.max_age_s = 300;
+  list.iat = kRotatedAt + 5;
+  auto late =
+      VerifyRevocationList(SignRevocationList(list, *old_key).value(), keys, kRotatedAt + 6);
+  ASSERT_FALSE(late.ok());
+  EXPECT_TRUE(late.status().Is(kRevocationsKeyRetired)) << late.status().ToString();
+  list.iat = kRotatedAt - 5;
+  EXPECT_TRUE(
+      VerifyRevocationList(SignRevocationList(list, *old_key).value(), keys, kRotatedAt).ok());
+
+  // Pulled back to the leak: only ever earlier. The current key cannot be retired; an unknown
+  // one is not found.
+  ASSERT_TRUE((*ring)->Retire(old_key->kid(), kRotatedAt - 100).ok());
+  ASSERT_TRUE((*ring)->Retire(old_key->kid(), kRotatedAt + 100).ok());
+  EXPECT_EQ((*ring)->PublicKeys().NotAfter(old_key->kid()), kRotatedAt - 100);
+  EXPECT_FALSE((*ring)->Retire((*ring)->Current()->kid(), 1).ok());
+  EXPECT_EQ((*ring)->Retire("0123456789abcdef", 1).code(), StatusCode::kNotFound);
+
+  // Persisted: a restarted ring knows.
+  ring->reset();
+  auto again = SigningKeyRing::OpenOrCreate(dir);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->PublicKeys().NotAfter(old_key->kid()), kRotatedAt - 100);
+  std::filesystem::remove_all(dir);
+}
+
+// A verifier with fixed anchors takes a hub's retirements (trust can only shrink that way) but
+// never its keys; one that trusts the hub's set takes both.
+TEST(PublicKeySet, TighteningTakesRetirementsOnlyAndOnlyEarlier) {
+  const SigningKey a = SigningKey::Generate().value();
+  const SigningKey b = SigningKey::Generate().value();
+  PublicKeySet anchors = Trust(a);
+  PublicKeySet hub;
+  ASSERT_TRUE(hub.AddRaw(a.raw_public()).ok());
+  ASSERT_TRUE(hub.AddRaw(b.raw_public()).ok());
+  hub.Retire(a.kid(), 500);
+  EXPECT_EQ(anchors.TightenFrom(hub), 1);
+  EXPECT_FALSE(anchors.Has(b.kid()));
+  EXPECT_EQ(anchors.NotAfter(a.kid()), 500);
+  PublicKeySet later;
+  ASSERT_TRUE(later.AddRaw(a.raw_public()).ok());
+  later.Retire(a.kid(), 900);
+  EXPECT_EQ(anchors.TightenFrom(later), 0);
+  EXPECT_EQ(anchors.NotAfter(a.kid()), 500);
+  PublicKeySet all;
+  ASSERT_TRUE(all.AddAll(hub).ok());
+  EXPECT_TRUE(all.Has(b.kid()));
+  EXPECT_EQ(all.NotAfter(a.kid()), 500);
+}
+
+// A private key others may read is a key that may have leaked: the ring will not sign with it.
+TEST(SigningKeyRing, ARingWhosePrivateKeyOthersCanReadIsRefused) {
+  const std::string dir = ::testing::TempDir() + "/kiln_keyring_mode_test";
+  std::filesystem::remove_all(dir);
+  auto ring = SigningKeyRing::OpenOrCreate(dir);
+  ASSERT_TRUE(ring.ok()) << ring.status().ToString();
+  const std::string key = dir + "/signing/" + (*ring)->Current()->kid() + ".key";
+  struct stat st {};
+  ASSERT_EQ(::stat(key.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  ring->reset();
+  ASSERT_EQ(::chmod(key.c_str(), 0644), 0);
+  auto refused = SigningKeyRing::OpenOrCreate(dir);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(refused.status().Is(kRefusalInsecurePermissions)) << refused.status().ToString();
   std::filesystem::remove_all(dir);
 }
 

@@ -25,13 +25,15 @@ using hub_testing::MakeMetadata;
 class ScriptedBuilder final : public CellBuilder {
  public:
   const std::string& name() const override { return name_; }
-  Result<RebuildAttestation> Rebuild(const CellMetadata& metadata,
-                                     const CellFiles& files) override {
+  Result<RebuildAttestation> Rebuild(const CellMetadata& metadata, const PublishedMembers& members,
+                                     const RebuildRequester& who) override {
     ++calls;
+    last_requester = who;
     if (!refusal.ok()) return refusal;
-    return RebuildAttestation{name_, MemberDigest(files.source), MemberDigest(files.shared_object),
+    return RebuildAttestation{name_, members.source.digest, members.shared_object.digest,
                               "scripted", 1};
   }
+  RebuildRequester last_requester;
   Status refusal;
   int calls = 0;
 

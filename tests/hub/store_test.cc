@@ -172,6 +172,38 @@ TEST_P(StoreTest, IntentsArePerPublisher) {
   EXPECT_TRUE(store_->GetIntent(i.key, i.digest, "acme-ci").value().has_value());
 }
 
+// A publisher's storage: the bytes of every cell row it wrote, and its intents no cell completes
+// (the quota's inputs); another publisher's rows count for that one alone.
+TEST_P(StoreTest, PublisherUsageCountsCellsAndOpenIntents) {
+  const std::string me = "usage-" + Nonce();
+  EXPECT_EQ(store_->GetPublisherUsage(me).value().cell_bytes, 0u);
+  CellRow stored = Cell(Key("u1"), Digest("u1"), "r");
+  stored.publisher = me;
+  stored.size = 1000;
+  ASSERT_TRUE(store_->InsertCellIfAbsent(stored).ok());
+  // Its intent, completed by that row, is not open; another intent is.
+  ASSERT_TRUE(store_->PutIntent({stored.key, stored.digest, 1000, "root/m", "", "", me, 5}).ok());
+  ASSERT_TRUE(store_->PutIntent({Key("u2"), Digest("u2"), 300, "root/m", "", "", me, 5}).ok());
+  ASSERT_TRUE(
+      store_->PutIntent({Key("u3"), Digest("u3"), 700, "root/m", "", "", "other-" + me, 5}).ok());
+  auto usage = store_->GetPublisherUsage(me).value();
+  EXPECT_EQ(usage.cell_bytes, 1000u);
+  ASSERT_EQ(usage.open_intents.size(), 1u);
+  EXPECT_EQ(usage.open_intents[0].digest, Digest("u2"));
+  EXPECT_EQ(usage.open_intents[0].size, 300u);
+}
+
+// Re-signing replaces a row's receipt only while the row still holds those bytes.
+TEST_P(StoreTest, UpdateReceiptTouchesOnlyTheRowOfThoseBytes) {
+  const std::string k = Key("resign");
+  ASSERT_TRUE(store_->InsertCellIfAbsent(Cell(k, Digest("r1"), "old")).ok());
+  EXPECT_FALSE(store_->UpdateReceipt(k, "root/m", Digest("other"), "new").value());
+  EXPECT_FALSE(store_->UpdateReceipt(k, "acme/m", Digest("r1"), "new").value());
+  EXPECT_EQ(store_->GetCell(k, "root/m").value()->receipt, "old");
+  EXPECT_TRUE(store_->UpdateReceipt(k, "root/m", Digest("r1"), "new").value());
+  EXPECT_EQ(store_->GetCell(k, "root/m").value()->receipt, "new");
+}
+
 TEST_P(StoreTest, RevocationsAreStickyAndListed) {
   RevocationRow r{Key("rv"), Digest("rv"), "cell_fault on fleet", "admin", 7};
   ASSERT_TRUE(store_->Revoke(r).ok());

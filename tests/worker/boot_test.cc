@@ -125,7 +125,7 @@ class Boot : public ::testing::Test {
            {"sha256", Sha256Hex(kPlatform)}},
           {{"name", "worker-1"}, {"role", "worker"}, {"sha256", Sha256Hex(kWorker)}},
           {{"name", "ops"}, {"role", "admin"}, {"sha256", Sha256Hex(hub_testing::kAdmin)}}}}};
-    ASSERT_TRUE(WriteFileAtomic(root_ + "/hub/tokens.json", tokens.dump(2)).ok());
+    ASSERT_TRUE(WriteSecretFileAtomic(root_ + "/hub/tokens.json", tokens.dump(2)).ok());
     hub_ = std::make_unique<HubProcess>(root_ + "/hub/data", "", extra);
     ASSERT_TRUE(hub_->Start());
     PublishAnswer p = hub_->Client(kPlatform)->Publish(m_->mint.tar, {});

@@ -34,7 +34,7 @@ class Forwarder : public ::testing::Test {
     ASSERT_TRUE(MakeDirs(root_ + "/hub/data").ok());
     nlohmann::json tokens = {
         {"tokens", {{{"name", "worker-1"}, {"role", "worker"}, {"sha256", Sha256Hex(kWorker)}}}}};
-    ASSERT_TRUE(WriteFileAtomic(root_ + "/hub/tokens.json", tokens.dump(2)).ok());
+    ASSERT_TRUE(WriteSecretFileAtomic(root_ + "/hub/tokens.json", tokens.dump(2)).ok());
     hub_ = std::make_unique<HubProcess>(root_ + "/hub/data", "");
   }
   void TearDown() override {

@@ -14,9 +14,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -95,8 +97,8 @@ class Hub {
  public:
   explicit Hub(std::string root) : root_(std::move(root)), process_(root_ + "/data", "") {}
   // Tokens: kPlatform (a platform publisher, which `kiln publish` and the minting workers use),
-  // kAcme (a tenant: publisher of tier org "acme"), kWorker and kAdmin. The platform publisher
-  // and the worker hold every release.
+  // kAcme and kBeta (two tenants: publishers of tier org "acme" and "beta"), kWorker and kAdmin.
+  // The platform publisher and the worker hold every release.
   static ::testing::AssertionResult WriteTokens(const std::string& path) {
     nlohmann::json tokens = {
         {"tokens",
@@ -110,12 +112,17 @@ class Hub {
            {"tier", "org"},
            {"org", "acme"},
            {"sha256", Sha256Hex(hub_testing::kAcme)}},
+          {{"name", "beta-ci"},
+           {"role", "publisher"},
+           {"tier", "org"},
+           {"org", "beta"},
+           {"sha256", Sha256Hex(hub_testing::kBeta)}},
           {{"name", "worker"},
            {"role", "worker"},
            {"releases", {"*"}},
            {"sha256", Sha256Hex(hub_testing::kWorker)}},
           {{"name", "ops"}, {"role", "admin"}, {"sha256", Sha256Hex(hub_testing::kAdmin)}}}}};
-    if (!WriteFileAtomic(path, tokens.dump(2)).ok()) {
+    if (!WriteSecretFileAtomic(path, tokens.dump(2)).ok()) {
       return ::testing::AssertionFailure() << "cannot write " << path;
     }
     return ::testing::AssertionSuccess();
@@ -553,6 +560,65 @@ class Worker {
 
 // A test with its own temporary root (/tmp/kiln-<test>-XXXXXX), removed after a test that
 // passed (kept for a look after one that failed).
+// A fake hub between a worker and a real one: it passes every request through except those
+// `answer` answers itself (a JSON body; nullopt passes the request on), and counts blob
+// downloads.
+class FakeHub {
+ public:
+  using Answer = std::function<std::optional<std::string>(const httplib::Request&)>;
+  // Answers /v1/revocations with `body`, passes everything else on.
+  static Answer Revocations(std::string body) {
+    return [body = std::move(body)](const httplib::Request& req) -> std::optional<std::string> {
+      if (req.path == "/v1/revocations") return body;
+      return std::nullopt;
+    };
+  }
+  FakeHub(int hub_port, Answer answer) : hub_("127.0.0.1", hub_port), answer_(std::move(answer)) {
+    hub_.set_read_timeout(20, 0);
+    auto serve = [this](const httplib::Request& req, httplib::Response& res) {
+      if (std::optional<std::string> own = answer_(req)) {
+        res.set_content(*own, "application/json");
+        return;
+      }
+      if (req.path.rfind("/v1/blobs/", 0) == 0) ++blobs_;
+      httplib::Headers headers;
+      for (const auto& [k, v] : req.headers) {
+        if (k == "Authorization" || k == "Range") headers.emplace(k, v);
+      }
+      auto up = req.method == "GET" ? hub_.Get(req.target, headers)
+                                    : hub_.Post(req.target, headers, req.body,
+                                                req.get_header_value("Content-Type"));
+      if (!up) {
+        res.status = 502;
+        return;
+      }
+      res.status = up->status;
+      res.set_content(up->body, up->get_header_value("Content-Type"));
+    };
+    server_.Get(".*", serve);
+    server_.Post(".*", serve);
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    while (!server_.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ~FakeHub() {
+    server_.stop();
+    thread_.join();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+  int blob_requests() const { return blobs_.load(); }
+  // The real hub, for an answer that rewrites what it says.
+  httplib::Client& real() { return hub_; }
+
+ private:
+  httplib::Client hub_;
+  Answer answer_;
+  httplib::Server server_;
+  int port_ = 0;
+  std::thread thread_;
+  std::atomic<int> blobs_{0};
+};
+
 class MachinesTest : public ::testing::Test {
  protected:
   void SetUp() override {

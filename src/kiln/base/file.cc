@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -179,10 +180,13 @@ Result<std::string> KilnCacheRoot() {
       "kiln cache: neither KILN_CACHE_DIR nor HOME is set; set one to place the cache");
 }
 
-Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability) {
+namespace {
+
+Status WriteFileAtomicWithMode(const std::string& path, std::string_view bytes,
+                               Durability durability, mode_t mode) {
   std::random_device rd;
   const std::string tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(rd());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode);
   if (fd < 0) return Errno("cannot create", tmp);
   size_t off = 0;
   while (off < bytes.size()) {
@@ -213,6 +217,46 @@ Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durabili
   if (dfd >= 0) {
     ::fsync(dfd);  // best effort: the rename is already visible
     ::close(dfd);
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status WriteFileAtomic(const std::string& path, std::string_view bytes, Durability durability) {
+  return WriteFileAtomicWithMode(path, bytes, durability, 0644);
+}
+
+Status WriteSecretFileAtomic(const std::string& path, std::string_view bytes) {
+  return WriteFileAtomicWithMode(path, bytes, Durability::kDurable, 0600);
+}
+
+Status CheckSecretFile(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return Status::NotFound("file '" + path + "' does not exist");
+    return Errno("cannot stat", path);
+  }
+  char mode[8];
+  std::snprintf(mode, sizeof(mode), "%04o", static_cast<unsigned>(st.st_mode & 07777));
+  if (!S_ISREG(st.st_mode)) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalInsecurePermissions,
+                           "'" + path +
+                               "' holds a secret and must be a regular file, not a link "
+                               "or another kind of file");
+  }
+  if ((st.st_mode & 0066) != 0) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalInsecurePermissions,
+                           "'" + path + "' holds a secret but has mode " + mode +
+                               ": its group or other users may read or write it; run "
+                               "'chmod 600 " +
+                               path + "'");
+  }
+  if (st.st_uid != ::geteuid()) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalInsecurePermissions,
+                           "'" + path + "' holds a secret but belongs to uid " +
+                               std::to_string(st.st_uid) + ", not to this user (uid " +
+                               std::to_string(::geteuid()) + ")");
   }
   return Status::OK();
 }

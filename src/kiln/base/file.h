@@ -30,6 +30,16 @@ enum class Durability { kDurable, kScratch };
 Status WriteFileAtomic(const std::string& path, std::string_view bytes,
                        Durability durability = Durability::kDurable);
 
+// WriteFileAtomic for a file only this user may read or write (mode 0600 from its creation, so no
+// other user can open it in between): tokens, signing keys, a database's identity.
+Status WriteSecretFileAtomic(const std::string& path, std::string_view bytes);
+
+// Whether the file at `path` is this user's secret: a regular file (not a link) that neither its
+// group nor others may read or write. OK, or InvalidArgument with token `insecure_permissions`
+// naming the path, its mode and the fix. NotFound when it does not exist.
+Status CheckSecretFile(const std::string& path);
+inline constexpr const char* kRefusalInsecurePermissions = "insecure_permissions";
+
 // Creates `path` and its parents (like mkdir -p). OK if it already exists as a directory.
 Status MakeDirs(const std::string& path);
 

@@ -2,9 +2,12 @@
 #include "src/kiln/cell/admission.h"
 
 #include <algorithm>
+#include <functional>
 #include <optional>
+#include <vector>
 
 #include "src/kiln/base/canonical_json.h"
+#include "src/kiln/base/sha256.h"
 #include "src/kiln/cell/key.h"
 #include "src/kiln/identity/toolchain.h"
 
@@ -55,6 +58,89 @@ std::optional<std::string> FirstDifference(const Json& cell, const Json& here,
 
 }  // namespace
 
+namespace {
+
+// What the checks after unpacking need to know of the two large members.
+struct MemberFacts {
+  uint64_t shared_object_size = 0;
+  std::string shared_object_head;  // its first (up to) 4 bytes
+  uint64_t source_size = 0;
+};
+
+// Steps 2-4 of AdmitBytes on an unpacked (or indexed) cell whose bytes hash to `digest`.
+Result<CellMetadata> CheckMembers(const std::string& metadata_json, const MemberFacts& facts,
+                                  const std::string& digest, const BytesPolicy& policy) {
+  // 2. Metadata: shape, then the key restated from it (law 3).
+  Result<CellMetadata> metadata = ParseMetadata(metadata_json, "metadata.json");
+  if (!metadata.ok()) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalMetadataInvalid,
+                  metadata.status().message());
+  }
+  Result<std::string> restated = RestateKey(*metadata);
+  if (!restated.ok()) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalKeyMismatch, restated.status().message());
+  }
+  if (*restated != policy.expected_key) {
+    return Refuse(
+        StatusCode::kInvalidArgument, kRefusalKeyMismatch,
+        "cell restates to key '" + *restated + "', expected '" + policy.expected_key + "'");
+  }
+
+  // 3. The evidence a mint records: a mint seals only cells whose fence proof passed, so metadata
+  // that says otherwise was not minted by kiln's strict path, whatever its key says.
+  const FenceFlags& f = metadata->fence;
+  if (!f.checkpoint_free || !f.perturbed_checkpoint_matched || !f.constant_table_complete) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalFenceUnproven,
+                  std::string("metadata records fence checkpoint_free=") +
+                      (f.checkpoint_free ? "true" : "false") + " perturbed_checkpoint_matched=" +
+                      (f.perturbed_checkpoint_matched ? "true" : "false") +
+                      " constant_table_complete=" + (f.constant_table_complete ? "true" : "false") +
+                      "; every flag must be true");
+  }
+
+  // 4. The members a loader and a provenance check need: a plausible shared object, a source.
+  if (facts.shared_object_size == 0) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSharedObjectInvalid,
+                  "cell.so of " + digest + " is 0 bytes, expected a shared object");
+  }
+  if (facts.shared_object_size > policy.max_shared_object_bytes) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSharedObjectInvalid,
+                  "cell.so of " + digest + " is " + std::to_string(facts.shared_object_size) +
+                      " bytes, over the bound of " +
+                      std::to_string(policy.max_shared_object_bytes));
+  }
+  if (facts.shared_object_head.size() < 4 || facts.shared_object_head.compare(0, 4,
+                                                                              "\x7f"
+                                                                              "ELF") != 0) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSharedObjectInvalid,
+                  "cell.so of " + digest + " does not start with the ELF magic \\x7fELF");
+  }
+  if (facts.source_size == 0) {
+    return Refuse(StatusCode::kInvalidArgument, kRefusalSourceMissing,
+                  "source/cell.cc of " + digest +
+                      " is empty; the shared object cannot be checked against its source");
+  }
+  return std::move(metadata).value();
+}
+
+// Streams `span` of the archive to `sink` in pieces of at most `chunk` bytes.
+Status ReadSpan(const ArchiveReader& read_at, const MemberSpan& span, std::vector<char>& buf,
+                const std::function<void(std::string_view)>& sink) {
+  for (uint64_t done = 0; done < span.size;) {
+    const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), span.size - done));
+    KILN_ASSIGN_OR_RETURN(size_t n, read_at(span.offset + done, buf.data(), want));
+    if (n == 0) {
+      return Status::IOError("the archive ended at offset " + std::to_string(span.offset + done) +
+                             " inside a member");
+    }
+    sink(std::string_view(buf.data(), n));
+    done += n;
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
 Result<AdmittedCell> AdmitBytes(std::string_view tar_bytes, const std::string& expected_digest,
                                 uint64_t expected_size, const BytesPolicy& policy) {
   // 1. Bytes: size, then digest, then the archive itself.
@@ -74,59 +160,58 @@ Result<AdmittedCell> AdmitBytes(std::string_view tar_bytes, const std::string& e
     return Refuse(StatusCode::kCorruption, kRefusalCellCorrupt, files.status().message());
   }
   out.files = std::move(*files);
+  const MemberFacts facts{out.files.shared_object.size(), out.files.shared_object.substr(0, 4),
+                          out.files.source.size()};
+  KILN_ASSIGN_OR_RETURN(out.metadata,
+                        CheckMembers(out.files.metadata_json, facts, out.digest, policy));
+  return out;
+}
 
-  // 2. Metadata: shape, then the key restated from it (law 3).
-  Result<CellMetadata> metadata = ParseMetadata(out.files.metadata_json, "metadata.json");
-  if (!metadata.ok()) {
-    return Refuse(StatusCode::kInvalidArgument, kRefusalMetadataInvalid,
-                  metadata.status().message());
-  }
-  out.metadata = std::move(*metadata);
-  Result<std::string> restated = RestateKey(out.metadata);
-  if (!restated.ok()) {
-    return Refuse(StatusCode::kInvalidArgument, kRefusalKeyMismatch, restated.status().message());
-  }
-  if (*restated != policy.expected_key) {
+Result<AdmittedLayout> AdmitArchive(const ArchiveReader& read_at, uint64_t total,
+                                    const std::string& expected_digest, uint64_t expected_size,
+                                    const BytesPolicy& policy) {
+  // 1. Bytes: size, then the digest over one streamed pass, then the archive's headers.
+  if (expected_size != 0 && total != expected_size) {
     return Refuse(
-        StatusCode::kInvalidArgument, kRefusalKeyMismatch,
-        "cell restates to key '" + *restated + "', expected '" + policy.expected_key + "'");
+        StatusCode::kCorruption, kRefusalSizeMismatch,
+        "cell is " + std::to_string(total) + " bytes, expected " + std::to_string(expected_size));
   }
-
-  // 3. The evidence a mint records: a mint seals only cells whose fence proof passed, so metadata
-  // that says otherwise was not minted by kiln's strict path, whatever its key says.
-  const FenceFlags& f = out.metadata.fence;
-  if (!f.checkpoint_free || !f.perturbed_checkpoint_matched || !f.constant_table_complete) {
-    return Refuse(StatusCode::kInvalidArgument, kRefusalFenceUnproven,
-                  std::string("metadata records fence checkpoint_free=") +
-                      (f.checkpoint_free ? "true" : "false") + " perturbed_checkpoint_matched=" +
-                      (f.perturbed_checkpoint_matched ? "true" : "false") +
-                      " constant_table_complete=" + (f.constant_table_complete ? "true" : "false") +
-                      "; every flag must be true");
+  std::vector<char> buf(1 << 20);
+  AdmittedLayout out;
+  {
+    Sha256 whole;
+    KILN_RETURN_IF_ERROR(ReadSpan(read_at, MemberSpan{0, total}, buf,
+                                  [&](std::string_view piece) { whole.Update(piece); }));
+    out.digest = "sha256:" + whole.FinalHex();
   }
-
-  // 4. The members a loader and a provenance check need: a plausible shared object, a source.
-  const std::string& so = out.files.shared_object;
-  if (so.empty()) {
-    return Refuse(StatusCode::kInvalidArgument, kRefusalSharedObjectInvalid,
-                  "cell.so of " + out.digest + " is 0 bytes, expected a shared object");
+  if (!expected_digest.empty() && out.digest != expected_digest) {
+    return Refuse(StatusCode::kCorruption, kRefusalDigestMismatch,
+                  "cell bytes hash to " + out.digest + ", expected " + expected_digest);
   }
-  if (so.size() > policy.max_shared_object_bytes) {
-    return Refuse(StatusCode::kInvalidArgument, kRefusalSharedObjectInvalid,
-                  "cell.so of " + out.digest + " is " + std::to_string(so.size()) +
-                      " bytes, over the bound of " +
-                      std::to_string(policy.max_shared_object_bytes));
+  Result<CellLayout> layout = IndexCell(read_at, total, "cell " + out.digest);
+  if (!layout.ok()) {
+    if (layout.status().code() != StatusCode::kCorruption) return layout.status();
+    return Refuse(StatusCode::kCorruption, kRefusalCellCorrupt, layout.status().message());
   }
-  if (so.size() < 4 || so.compare(0, 4,
-                                  "\x7f"
-                                  "ELF") != 0) {
-    return Refuse(StatusCode::kInvalidArgument, kRefusalSharedObjectInvalid,
-                  "cell.so of " + out.digest + " does not start with the ELF magic \\x7fELF");
-  }
-  if (out.files.source.empty()) {
-    return Refuse(StatusCode::kInvalidArgument, kRefusalSourceMissing,
-                  "source/cell.cc of " + out.digest +
-                      " is empty; the shared object cannot be checked against its source");
-  }
+  out.layout = *layout;
+  // The members: the metadata kept, the two large ones hashed as they stream past.
+  std::string metadata_json;
+  KILN_RETURN_IF_ERROR(ReadSpan(read_at, out.layout.metadata, buf,
+                                [&](std::string_view piece) { metadata_json.append(piece); }));
+  MemberFacts facts{out.layout.shared_object.size, "", out.layout.source.size};
+  Sha256 so_hash, source_hash;
+  KILN_RETURN_IF_ERROR(
+      ReadSpan(read_at, out.layout.shared_object, buf, [&](std::string_view piece) {
+        if (facts.shared_object_head.size() < 4) {
+          facts.shared_object_head.append(piece.substr(0, 4 - facts.shared_object_head.size()));
+        }
+        so_hash.Update(piece);
+      }));
+  KILN_RETURN_IF_ERROR(ReadSpan(read_at, out.layout.source, buf,
+                                [&](std::string_view piece) { source_hash.Update(piece); }));
+  out.so_digest = "sha256:" + so_hash.FinalHex();
+  out.source_digest = "sha256:" + source_hash.FinalHex();
+  KILN_ASSIGN_OR_RETURN(out.metadata, CheckMembers(metadata_json, facts, out.digest, policy));
   return out;
 }
 

@@ -87,6 +87,24 @@ struct AdmittedCell {
   std::string digest;  // CellDigest of the admitted bytes, always computed
 };
 
+// A cell admitted where its bytes lie (the hub's blob store at publish): the checks of AdmitBytes
+// with the same tokens, over an archive read in pieces, so that no more than its metadata and a
+// buffer is ever in memory whatever the cell's size. Where each member lies, and the digests of
+// the two large ones (as receipts state them), are returned for a reader that needs their bytes.
+struct AdmittedLayout {
+  CellMetadata metadata;
+  std::string digest;         // CellDigest of the admitted bytes
+  CellLayout layout;          // where each member lies in the archive
+  std::string so_digest;      // "sha256:<hex>" of cell.so
+  std::string source_digest;  // "sha256:<hex>" of source/cell.cc
+};
+
+// AdmitBytes on an archive of `total` bytes read through `read_at`. A failure to read is passed
+// on as it is (not a refusal of the cell).
+Result<AdmittedLayout> AdmitArchive(const ArchiveReader& read_at, uint64_t total,
+                                    const std::string& expected_digest, uint64_t expected_size,
+                                    const BytesPolicy& policy);
+
 // The policy of this machine for `expected_key`: the sm level it executes (DetectSmLevel) and
 // its toolchain block (LocalToolchain). Fails only when no toolchain can be named here (no
 // compiler found); a worker then cannot judge a cell's toolchain and adopts nothing.

@@ -26,13 +26,14 @@ struct MemberSpec {
   const char* name;
   uint64_t max_bytes;
   std::string CellFiles::*field;
+  MemberSpan CellLayout::*span;
 };
 
 // The members of a cell, in archive order.
 constexpr std::array<MemberSpec, 3> kMembers = {{
-    {"metadata.json", kMaxMetadataBytes, &CellFiles::metadata_json},
-    {"cell.so", kMaxSharedObjectBytes, &CellFiles::shared_object},
-    {"source/cell.cc", kMaxSourceBytes, &CellFiles::source},
+    {"metadata.json", kMaxMetadataBytes, &CellFiles::metadata_json, &CellLayout::metadata},
+    {"cell.so", kMaxSharedObjectBytes, &CellFiles::shared_object, &CellLayout::shared_object},
+    {"source/cell.cc", kMaxSourceBytes, &CellFiles::source, &CellLayout::source},
 }};
 
 // Writes `value` as `width - 1` zero-padded octal digits and a NUL.
@@ -184,33 +185,55 @@ Result<std::string> PackCell(const CellFiles& files) {
   return out;
 }
 
-Result<CellFiles> UnpackCell(std::string_view tar_bytes, const std::string& what) {
-  const auto* data = reinterpret_cast<const unsigned char*>(tar_bytes.data());
-  const size_t total = tar_bytes.size();
+Result<CellLayout> IndexCell(const ArchiveReader& read_at, uint64_t total,
+                             const std::string& what) {
   auto corrupt = [&](const std::string& msg) { return Status::Corruption(what + ": " + msg); };
+  // Reads exactly `n` bytes at `at` (the caller checked they are inside the archive).
+  auto read_exact = [&](uint64_t at, unsigned char* out, size_t n) -> Status {
+    size_t got = 0;
+    while (got < n) {
+      KILN_ASSIGN_OR_RETURN(size_t k,
+                            read_at(at + got, reinterpret_cast<char*>(out) + got, n - got));
+      if (k == 0) {
+        return Status::IOError(what + ": the archive ended at offset " + std::to_string(at + got) +
+                               " though it is " + std::to_string(total) + " bytes long");
+      }
+      got += k;
+    }
+    return Status::OK();
+  };
 
-  CellFiles files;
+  CellLayout layout;
   std::array<bool, kMembers.size()> seen{};
-  size_t off = 0;
+  std::array<unsigned char, kBlock> header{};
+  const unsigned char* h = header.data();
+  uint64_t off = 0;
   while (true) {
     if (total - off < kBlock) {
       return corrupt("truncated archive: " + std::to_string(total - off) +
                      " bytes left at offset " + std::to_string(off) +
                      " where a 512-byte header or end block was expected");
     }
-    const unsigned char* h = data + off;
+    KILN_RETURN_IF_ERROR(read_exact(off, header.data(), kBlock));
     if (AllZero(h, kBlock)) {
       // End of archive: a second zero block, then nothing but zero bytes.
       if (total - off - kBlock < kBlock) {
         return corrupt("truncated archive: the end-of-archive marker at offset " +
                        std::to_string(off) + " has one zero block, expected two");
       }
-      const size_t tail = off + kBlock;
-      if (!AllZero(data + tail, total - tail)) {
-        const size_t bad = static_cast<size_t>(
-            std::find_if(data + tail, data + total, [](unsigned char c) { return c != 0; }) - data);
-        return corrupt("non-zero trailing data at offset " + std::to_string(bad) +
-                       " after the end-of-archive marker at offset " + std::to_string(off));
+      std::array<unsigned char, 64 * 1024> tail{};
+      for (uint64_t at = off + kBlock; at < total;) {
+        const size_t n = static_cast<size_t>(std::min<uint64_t>(tail.size(), total - at));
+        KILN_RETURN_IF_ERROR(read_exact(at, tail.data(), n));
+        if (!AllZero(tail.data(), n)) {
+          const uint64_t bad =
+              at + static_cast<uint64_t>(std::find_if(tail.data(), tail.data() + n,
+                                                      [](unsigned char c) { return c != 0; }) -
+                                         tail.data());
+          return corrupt("non-zero trailing data at offset " + std::to_string(bad) +
+                         " after the end-of-archive marker at offset " + std::to_string(off));
+        }
+        at += n;
       }
       break;
     }
@@ -269,20 +292,39 @@ Result<CellFiles> UnpackCell(std::string_view tar_bytes, const std::string& what
       return corrupt("oversize member " + shown + ": header claims " + std::to_string(size) +
                      " bytes, limit " + std::to_string(kMembers[index].max_bytes));
     }
-    const size_t body = off + kBlock;
+    const uint64_t body = off + kBlock;
     const uint64_t padded = size + Padding(size);  // size <= 1 GiB, no overflow
     if (total - body < padded) {
       return corrupt("truncated archive: member " + shown + " claims " + std::to_string(size) +
                      " bytes at offset " + std::to_string(body) + " but the archive has " +
                      std::to_string(total - body) + " left");
     }
-    (files.*kMembers[index].field)
-        .assign(reinterpret_cast<const char*>(data + body), static_cast<size_t>(size));
-    off = body + static_cast<size_t>(padded);
+    layout.*kMembers[index].span = MemberSpan{body, size};
+    off = body + padded;
   }
 
   for (size_t i = 0; i < kMembers.size(); ++i) {
     if (!seen[i]) return corrupt("missing member '" + std::string(kMembers[i].name) + "'");
+  }
+  return layout;
+}
+
+ArchiveReader ReadFromBytes(std::string_view bytes) {
+  return [bytes](uint64_t offset, char* out, size_t len) -> Result<size_t> {
+    if (offset >= bytes.size()) return size_t{0};
+    const size_t n = std::min<size_t>(len, bytes.size() - static_cast<size_t>(offset));
+    std::memcpy(out, bytes.data() + offset, n);
+    return n;
+  };
+}
+
+Result<CellFiles> UnpackCell(std::string_view tar_bytes, const std::string& what) {
+  KILN_ASSIGN_OR_RETURN(CellLayout layout,
+                        IndexCell(ReadFromBytes(tar_bytes), tar_bytes.size(), what));
+  CellFiles files;
+  for (const MemberSpec& m : kMembers) {
+    const MemberSpan& span = layout.*m.span;
+    (files.*m.field).assign(tar_bytes.data() + span.offset, static_cast<size_t>(span.size));
   }
   return files;
 }

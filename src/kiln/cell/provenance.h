@@ -23,9 +23,12 @@
 //                        named), so it cannot rebuild it
 //   rebuild_failed       the compiler refused the source or did not run
 //   rebuild_mismatch     the rebuilt shared object differs from the published one
+//   include_refused      the source asks for a file or an assembler the builder does not allow
 #pragma once
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "src/kiln/base/status.h"
 
@@ -39,5 +42,29 @@ inline constexpr const char* kRefusalRebuildMismatch = "rebuild_mismatch";
 // OK when `rebuilt` equals `published` byte for byte; else rebuild_mismatch naming both sizes,
 // both digests and the first differing offset.
 Status CompareRebuild(const std::string& published, const std::string& rebuilt);
+
+// What a published source may bring into its build: kiln's code generator includes nothing but
+// the C library's headers in angle brackets, so the hub's builder refuses anything else before a
+// compiler runs (`include_refused`, naming the line of the source, never the file it asked for):
+//   - #include not in the form `#include <name>` with a relative name without `..` (a quoted
+//     name, an absolute path, a name computed by a macro), and #include_next, #import, #embed;
+//   - `#pragma GCC dependency` and `__has_include` (they read or probe files), `_Pragma` (a pragma
+//     built by a macro), and inline assembly (`asm`, which can read a file at assembly time with
+//     .incbin or .include).
+// Comments, string and character literals (raw ones too) are skipped; `%:` counts as `#`; a
+// backslash-newline continues a line.
+inline constexpr const char* kRefusalIncludeRefused = "include_refused";
+Status CheckSourceDirectives(std::string_view source);
+
+// The same policy after macro expansion, on the preprocessor's output for `source_path`: every
+// file the preprocessor entered (its line markers) is the source itself or lies under one of
+// `system_dirs`, and no line of the source itself holds inline assembly. include_refused naming
+// the path or the line; nothing of any file's bytes.
+Status CheckPreprocessed(std::string_view preprocessed, const std::string& source_path,
+                         const std::vector<std::string>& system_dirs);
+
+// A compiler's diagnostics reduced to what a publisher may be shown: the line of `source_path`
+// where the first error is, never the text (a diagnostic can quote any file the compiler read).
+std::string ReduceDiagnostics(std::string_view compiler_output, const std::string& source_path);
 
 }  // namespace kiln

@@ -234,7 +234,7 @@ Status RunFleetDemo(std::string examples, bool keep) {
                                     {"tier", "platform"},
                                     {"sha256", Sha256Hex(token)}}}}};
   KILN_RETURN_IF_ERROR(MakeDirs(root + "/hub"));
-  KILN_RETURN_IF_ERROR(WriteFileAtomic(root + "/tokens.json", tokens.dump(2)));
+  KILN_RETURN_IF_ERROR(WriteSecretFileAtomic(root + "/tokens.json", tokens.dump(2)));
   const int hub_port = FreePort();
   Child hub;
   KILN_RETURN_IF_ERROR(

@@ -259,6 +259,20 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
                   "address-space limit of each rebuild process, MiB (default 4096)");
   cmd->add_option("--builder-parallel", args->options.sandbox.parallel_compiles,
                   "compiler processes per rebuild (default 2)");
+  cmd->add_option("--builder-concurrent", args->options.sandbox.concurrent,
+                  "rebuilds at once; one slot is kept for the platform's publishes (default 2)");
+  cmd->add_option("--builder-per-publisher", args->options.sandbox.per_share,
+                  "rebuilds one tenant org may run at once (default 1)");
+  cmd->add_option("--builder-queue", args->options.sandbox.max_waiting,
+                  "rebuilds one publisher may have waiting; more are answered 503 builder_busy "
+                  "(default 4)");
+  cmd->add_option("--max-cell-entries", args->options.max_cell_entries,
+                  "entries a published cell may hold (default 256)");
+  cmd->add_option("--org-quota-bytes", args->options.org_quota_bytes,
+                  "bytes of cells an org publisher may keep on the hub unless its token says "
+                  "otherwise (default 16 GiB; 0: no limit)");
+  cmd->add_option("--platform-quota-bytes", args->options.platform_quota_bytes,
+                  "the same for platform publishers (default 0: no limit)");
   cmd->add_option("--revocation-max-age", args->options.revocation_max_age_s,
                   "seconds an adopter may rely on a signed revocation list (default 300)");
   cmd->add_option("--blob-grace", args->options.blob_grace_s,

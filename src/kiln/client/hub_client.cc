@@ -394,10 +394,7 @@ Status HubClient::AddHubKeys(PublicKeySet* trusted) {
                            "fetching the hub's key set: " + jwks.message);
   }
   KILN_ASSIGN_OR_RETURN(PublicKeySet fetched, PublicKeySet::FromJwks(jwks.body));
-  for (const auto& [id, raw] : fetched.keys()) {
-    if (!trusted->Has(id)) KILN_RETURN_IF_ERROR(trusted->AddRaw(raw));
-  }
-  return Status::OK();
+  return trusted->AddAll(fetched);
 }
 
 ReceiptVerdict HubClient::VerifyReceipt(const ResolveAnswer& answer, PublicKeySet* trusted) {
@@ -421,13 +418,9 @@ ReceiptVerdict HubClient::VerifyReceipt(const ResolveAnswer& answer, PublicKeySe
     v.message += "; the hub's refetched key set is refused: " + fetched.status().message();
     return v;
   }
-  for (const auto& [id, raw] : fetched->keys()) {
-    if (!trusted->Has(id)) {
-      if (Status s = trusted->AddRaw(raw); !s.ok()) {
-        v.message += "; a refetched key is refused: " + s.message();
-        return v;
-      }
-    }
+  if (Status s = trusted->AddAll(*fetched); !s.ok()) {
+    v.message += "; a refetched key is refused: " + s.message();
+    return v;
   }
   ReceiptVerdict again = VerifyResolvedReceipt(answer, *trusted);
   if (again.token == "receipt_unknown_kid") {

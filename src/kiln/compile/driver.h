@@ -25,6 +25,14 @@ class CompilerDriver {
   // Links objects into a shared object (no undefined symbols besides libc/libm).
   virtual Status LinkShared(const std::vector<std::string>& objects, const std::string& so_path,
                             const std::string& work_dir) = 0;
+  // Runs only the preprocessor over `source_path` as CompileObject would compile it (same flags,
+  // -march, defines), and returns its output: what the hub's builder checks before it compiles a
+  // published source (cell/provenance.h CheckPreprocessed). Errors carry the compiler's stderr.
+  virtual Result<std::string> Preprocess(const std::string& source_path, const std::string& sm,
+                                         const std::vector<std::string>& defines,
+                                         const std::string& work_dir) = 0;
+  // The directories the compiler searches for `#include <...>`, in its order.
+  virtual Result<std::vector<std::string>> SystemIncludeDirs(const std::string& work_dir) = 0;
 };
 
 std::unique_ptr<CompilerDriver> MakeSystemCompilerDriver(const Toolchain& toolchain);

@@ -67,7 +67,8 @@ Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std
     };
     TokenRow row{get("sha256"), get("name"), get("role"), get("tier"), get("org"), {}};
     for (const auto& [field, _] : t.items()) {
-      static const char* kKnown[] = {"sha256", "name", "role", "tier", "org", "releases"};
+      static const char* kKnown[] = {"sha256", "name",     "role",       "tier",
+                                     "org",    "releases", "quota_bytes"};
       if (std::none_of(std::begin(kKnown), std::end(kKnown),
                        [&f = field](const char* k) { return f == k; })) {
         return Status::InvalidArgument(where + ": unknown field '" + field + "'");
@@ -86,6 +87,14 @@ Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std
         }
         row.releases.push_back(r.get<std::string>());
       }
+    }
+    if (auto it = t.find("quota_bytes"); it != t.end()) {
+      if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+        return Status::InvalidArgument(where +
+                                       ": quota_bytes must be a non-negative integer (0: no "
+                                       "limit)");
+      }
+      row.quota_bytes = it->get<int64_t>();
     }
     if (row.token_sha256.size() != 64 ||
         !std::all_of(row.token_sha256.begin(), row.token_sha256.end(),
@@ -129,6 +138,7 @@ std::string TokensFileText(const std::vector<TokenRow>& rows) {
     if (!r.tier.empty()) t["tier"] = r.tier;
     if (!r.org.empty()) t["org"] = r.org;
     if (!r.releases.empty()) t["releases"] = r.releases;
+    if (r.quota_bytes >= 0) t["quota_bytes"] = r.quota_bytes;
     tokens.push_back(t);
   }
   return nlohmann::json{{"tokens", tokens}}.dump(2) + "\n";

@@ -27,6 +27,8 @@ struct Principal {
   std::string tier;  // platform | org (publishers; admins act as platform)
   std::string org;   // tier org publishers; workers scoped to one org ("" = every family)
   std::vector<std::string> releases;  // release grants (TokenRow::releases)
+  std::string token_sha256;           // which token: re-checked before anything is signed
+  int64_t quota_bytes = -1;           // TokenRow::quota_bytes
 };
 
 // Whether `p` may read cells, receipts and blobs of `family`: admins, platform publishers and

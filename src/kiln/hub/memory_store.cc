@@ -66,6 +66,15 @@ class MemoryStore final : public HubStore {
     return out;
   }
 
+  Result<bool> UpdateReceipt(const std::string& key, const std::string& family,
+                             const std::string& digest, const std::string& receipt) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cells_.find({key, family});
+    if (it == cells_.end() || it->second.digest != digest) return false;
+    it->second.receipt = receipt;
+    return true;
+  }
+
   Status PutIntent(const IntentRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
     intents_[{row.key, row.digest, row.publisher}] = row;
@@ -100,6 +109,22 @@ class MemoryStore final : public HubStore {
       }
     }
     return n;
+  }
+
+  Result<PublisherUsage> GetPublisherUsage(const std::string& publisher) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    PublisherUsage usage;
+    for (const auto& [id, c] : cells_) {
+      if (c.publisher == publisher) usage.cell_bytes += c.size;
+    }
+    for (const auto& [k, row] : intents_) {
+      if (row.publisher != publisher) continue;
+      const bool completed = std::any_of(cells_.begin(), cells_.end(), [&](const auto& c) {
+        return c.second.key == row.key && c.second.digest == row.digest;
+      });
+      if (!completed) usage.open_intents.push_back(row);
+    }
+    return usage;
   }
 
   Status Revoke(const RevocationRow& row) override {

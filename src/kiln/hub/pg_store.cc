@@ -244,6 +244,18 @@ class PostgresStore final : public HubStore {
     return out;
   }
 
+  Result<bool> UpdateReceipt(const std::string& key, const std::string& family,
+                             const std::string& digest, const std::string& receipt) override {
+    bool changed = false;
+    KILN_RETURN_IF_ERROR(Do("update receipt", [&](pqxx::transaction_base& w) {
+      changed = w.exec_params(
+                     "UPDATE cells SET receipt = $1 WHERE key = $2 AND family = $3 AND digest = $4",
+                     receipt, key, family, digest)
+                    .affected_rows() == 1;
+    }));
+    return changed;
+  }
+
   Status PutIntent(const IntentRow& i) override {
     return Do("put intent", [&](pqxx::transaction_base& w) {
       w.exec_params(
@@ -292,6 +304,24 @@ class PostgresStore final : public HubStore {
           w.exec_params("DELETE FROM intents WHERE created_at < $1", before).affected_rows());
     }));
     return n;
+  }
+  Result<PublisherUsage> GetPublisherUsage(const std::string& publisher) override {
+    PublisherUsage usage;
+    KILN_RETURN_IF_ERROR(Do(
+        "publisher usage",
+        [&](pqxx::transaction_base& w) {
+          auto total = w.exec_params(
+              "SELECT COALESCE(SUM(size), 0)::BIGINT FROM cells WHERE publisher = $1", publisher);
+          usage.cell_bytes = static_cast<uint64_t>(I(total[0][0]));
+          auto r = w.exec_params(std::string("SELECT ") + kIntentCols +
+                                     " FROM intents i WHERE publisher = $1 AND NOT EXISTS "
+                                     "(SELECT 1 FROM cells c WHERE c.key = i.key AND c.digest = "
+                                     "i.digest)",
+                                 publisher);
+          for (const auto& row : r) usage.open_intents.push_back(ReadIntent(row));
+        },
+        true));
+    return usage;
   }
 
   Status Revoke(const RevocationRow& v) override {

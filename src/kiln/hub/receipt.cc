@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <mutex>
@@ -14,6 +15,7 @@
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
+#include "src/kiln/base/log.h"
 #include "src/kiln/base/sha256.h"
 
 namespace kiln {
@@ -320,6 +322,35 @@ const std::string* PublicKeySet::Find(const std::string& kid) const {
   return it == keys_.end() ? nullptr : &it->second;
 }
 
+void PublicKeySet::Retire(const std::string& kid, int64_t not_after) {
+  auto [it, inserted] = not_after_.emplace(kid, not_after);
+  if (!inserted) it->second = std::min(it->second, not_after);
+}
+
+std::optional<int64_t> PublicKeySet::NotAfter(const std::string& kid) const {
+  auto it = not_after_.find(kid);
+  if (it == not_after_.end()) return std::nullopt;
+  return it->second;
+}
+
+Status PublicKeySet::AddAll(const PublicKeySet& other) {
+  for (const auto& [kid, raw] : other.keys_) {
+    if (!Has(kid)) KILN_RETURN_IF_ERROR(AddRaw(raw));
+  }
+  TightenFrom(other);
+  return Status::OK();
+}
+
+int PublicKeySet::TightenFrom(const PublicKeySet& other) {
+  int tightened = 0;
+  for (const auto& [kid, not_after] : other.not_after_) {
+    const std::optional<int64_t> known = NotAfter(kid);
+    if (!known || not_after < *known) ++tightened;
+    Retire(kid, not_after);
+  }
+  return tightened;
+}
+
 namespace {
 
 Status AddJwk(const nlohmann::json& jwk, PublicKeySet* set) {
@@ -341,6 +372,13 @@ Status AddJwk(const nlohmann::json& jwk, PublicKeySet* set) {
   if (!kid.empty() && kid != KeyIdOf(raw)) {
     return Status::InvalidArgument("JWK: kid '" + kid + "' does not name its key (expected '" +
                                    KeyIdOf(raw) + "')");
+  }
+  if (auto na = jwk.find("not_after"); na != jwk.end()) {
+    if (!na->is_number_integer() || na->get<int64_t>() < 0) {
+      return Status::InvalidArgument("JWK '" + KeyIdOf(raw) +
+                                     "': not_after must be a non-negative integer (unix seconds)");
+    }
+    set->Retire(KeyIdOf(raw), na->get<int64_t>());
   }
   return set->AddRaw(raw);
 }
@@ -385,12 +423,10 @@ Result<PublicKeySet> PublicKeySet::FromText(std::string_view text, const std::st
 nlohmann::json PublicKeySet::ToJwks() const {
   nlohmann::json keys = nlohmann::json::array();
   for (const auto& [kid, raw] : keys_) {
-    keys.push_back({{"kty", "OKP"},
-                    {"crv", "Ed25519"},
-                    {"x", Base64UrlEncode(raw)},
-                    {"kid", kid},
-                    {"alg", "EdDSA"},
-                    {"use", "sig"}});
+    nlohmann::json jwk{{"kty", "OKP"}, {"crv", "Ed25519"}, {"x", Base64UrlEncode(raw)},
+                       {"kid", kid},   {"alg", "EdDSA"},   {"use", "sig"}};
+    if (const auto na = NotAfter(kid)) jwk["not_after"] = *na;
+    keys.push_back(std::move(jwk));
   }
   return nlohmann::json{{"keys", keys}};
 }
@@ -484,6 +520,11 @@ ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
   VerifiedJws& v = std::get<VerifiedJws>(verified);
   auto claims = ClaimsFromJson(v.payload);
   if (!claims.ok()) return Refuse("receipt_malformed", claims.status().message());
+  if (const auto not_after = trusted.NotAfter(v.kid); not_after && claims->iat > *not_after) {
+    return Refuse(kReceiptKeyRetired, "receipt issued at " + std::to_string(claims->iat) +
+                                          " is signed by key '" + v.kid +
+                                          "', which was retired at " + std::to_string(*not_after));
+  }
   auto mismatch = [&](const char* name, const std::string& got, const std::string& want) {
     return Refuse("receipt_claim_mismatch", std::string("receipt claim '") + name + "' is '" + got +
                                                 "', expected '" + want + "'");
@@ -555,6 +596,12 @@ Result<RevocationList> VerifyRevocationList(std::string_view jws, const PublicKe
   }
   list.iat = p["iat"].get<int64_t>();
   list.max_age_s = p["max_age_s"].get<int64_t>();
+  if (const auto not_after = trusted.NotAfter(v.kid); not_after && list.iat > *not_after) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRevocationsKeyRetired,
+                           "revocation list issued at " + std::to_string(list.iat) +
+                               " is signed by key '" + v.kid + "', which was retired at " +
+                               std::to_string(*not_after));
+  }
   for (size_t i = 0; i < p["revocations"].size(); ++i) {
     const nlohmann::json& r = p["revocations"][i];
     const std::string where = "revocations[" + std::to_string(i) + "]";
@@ -596,13 +643,18 @@ SigningKeyRing::~SigningKeyRing() = default;
 namespace {
 
 Status PersistKey(const std::string& signing_dir, const SigningKey& key) {
-  const std::string priv_path = signing_dir + "/" + key.kid() + ".key";
-  KILN_RETURN_IF_ERROR(WriteFileAtomic(priv_path, key.raw_private()));
-  if (::chmod(priv_path.c_str(), 0600) != 0) {
-    return Status::IOError("chmod 0600 '" + priv_path + "' failed");
-  }
-  KILN_RETURN_IF_ERROR(WriteFileAtomic(signing_dir + "/" + key.kid() + ".pub", key.raw_public()));
-  return WriteFileAtomic(signing_dir + "/current", key.kid() + "\n");
+  KILN_RETURN_IF_ERROR(
+      WriteSecretFileAtomic(signing_dir + "/" + key.kid() + ".key", key.raw_private()));
+  return WriteFileAtomic(signing_dir + "/" + key.kid() + ".pub", key.raw_public());
+}
+
+Status PersistCurrent(const std::string& signing_dir, const std::string& kid) {
+  return WriteFileAtomic(signing_dir + "/current", kid + "\n");
+}
+
+Status PersistRetirement(const std::string& signing_dir, const std::string& kid,
+                         int64_t not_after) {
+  return WriteFileAtomic(signing_dir + "/" + kid + ".not_after", std::to_string(not_after) + "\n");
 }
 
 }  // namespace
@@ -613,17 +665,41 @@ Result<std::unique_ptr<SigningKeyRing>> SigningKeyRing::OpenOrCreate(const std::
   std::unique_ptr<SigningKeyRing> ring(new SigningKeyRing());
   ring->dir_ = signing_dir;
   ring->state_ = std::make_unique<State>();
+  if (::chmod(signing_dir.c_str(), 0700) != 0) {
+    return Status::IOError("chmod 0700 '" + signing_dir + "' failed");
+  }
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator(signing_dir, ec)) {
-    if (entry.path().extension() != ".pub") continue;
-    KILN_ASSIGN_OR_RETURN(std::string raw, ReadFile(entry.path().string()));
-    KILN_RETURN_IF_ERROR(ring->state_->all.AddRaw(raw).WithContext(entry.path().string()));
+    const std::string path = entry.path().string();
+    if (entry.path().extension() == ".key") {
+      // A private key others can read is a key that may have leaked: refuse to sign with any.
+      KILN_RETURN_IF_ERROR(CheckSecretFile(path));
+    } else if (entry.path().extension() == ".pub") {
+      KILN_ASSIGN_OR_RETURN(std::string raw, ReadFile(path));
+      KILN_RETURN_IF_ERROR(ring->state_->all.AddRaw(raw).WithContext(path));
+    } else if (entry.path().extension() == ".not_after") {
+      KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+      char* end = nullptr;
+      const long long not_after = std::strtoll(text.c_str(), &end, 10);
+      if (end == text.c_str() || not_after < 0) {
+        return Status::Corruption("'" + path + "' does not hold a retirement instant");
+      }
+      ring->state_->all.Retire(entry.path().stem().string(), not_after);
+    }
   }
   if (ec) return Status::IOError("listing '" + signing_dir + "': " + ec.message());
   auto current = ReadFile(signing_dir + "/current");
   if (current.ok()) {
     std::string kid = *current;
     while (!kid.empty() && (kid.back() == '\n' || kid.back() == ' ')) kid.pop_back();
+    if (const auto retired = ring->state_->all.NotAfter(kid)) {
+      // A rotation that stopped between retiring this key and naming its successor: finish it.
+      KILN_LOG(WARNING) << "hub: signing key " << kid << " is named current but was retired at "
+                        << *retired << "; rotating to a new key";
+      KILN_ASSIGN_OR_RETURN(std::string fresh, ring->Rotate(*retired));
+      (void)fresh;
+      return ring;
+    }
     KILN_ASSIGN_OR_RETURN(std::string priv, ReadFile(signing_dir + "/" + kid + ".key"));
     KILN_ASSIGN_OR_RETURN(SigningKey key, SigningKey::FromRawPrivate(priv));
     if (key.kid() != kid) {
@@ -634,7 +710,7 @@ Result<std::unique_ptr<SigningKeyRing>> SigningKeyRing::OpenOrCreate(const std::
     ring->state_->current = std::make_shared<const SigningKey>(std::move(key));
     return ring;
   }
-  KILN_ASSIGN_OR_RETURN(std::string kid, ring->Rotate());
+  KILN_ASSIGN_OR_RETURN(std::string kid, ring->Rotate(0));
   (void)kid;
   return ring;
 }
@@ -649,14 +725,39 @@ PublicKeySet SigningKeyRing::PublicKeys() const {
   return state_->all;
 }
 
-Result<std::string> SigningKeyRing::Rotate() {
+Result<std::string> SigningKeyRing::Rotate(int64_t now) {
   KILN_ASSIGN_OR_RETURN(SigningKey key, SigningKey::Generate());
-  KILN_RETURN_IF_ERROR(PersistKey(dir_, key));
   std::lock_guard<std::mutex> lock(state_->mu);
+  // On disk in this order: the new key, the old key's retirement, `current` naming the new key.
+  // A crash in between leaves either the old key current and live, or it current but retired,
+  // which OpenOrCreate finishes by rotating; never a retired key signing.
+  KILN_RETURN_IF_ERROR(PersistKey(dir_, key));
+  if (state_->current) {
+    const std::string& old_kid = state_->current->kid();
+    const int64_t at = std::min(now, state_->all.NotAfter(old_kid).value_or(now));
+    KILN_RETURN_IF_ERROR(PersistRetirement(dir_, old_kid, at));
+    state_->all.Retire(old_kid, at);
+  }
+  KILN_RETURN_IF_ERROR(PersistCurrent(dir_, key.kid()));
   KILN_RETURN_IF_ERROR(state_->all.AddRaw(key.raw_public()));
   const std::string kid = key.kid();
   state_->current = std::make_shared<const SigningKey>(std::move(key));
   return kid;
+}
+
+Status SigningKeyRing::Retire(const std::string& kid, int64_t not_after) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  if (!state_->all.Has(kid)) {
+    return Status::NotFound("signing key '" + kid + "' was never this hub's");
+  }
+  if (state_->current && state_->current->kid() == kid) {
+    return Status::InvalidArgument("signing key '" + kid +
+                                   "' is current; rotate to a new key before retiring it");
+  }
+  const int64_t at = std::min(not_after, state_->all.NotAfter(kid).value_or(not_after));
+  KILN_RETURN_IF_ERROR(PersistRetirement(dir_, kid, at));
+  state_->all.Retire(kid, at);
+  return Status::OK();
 }
 
 }  // namespace kiln

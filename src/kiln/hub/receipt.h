@@ -18,8 +18,13 @@
 //   {"iat":<unix s>,"max_age_s":<s>,"revocations":[{"digest","key","reason","revoked_at"}…]}
 // so an adopter can tell a list the hub signed a moment ago from a stripped or replayed one.
 // Key id: the first 16 hex of SHA-256 of the raw 32-byte public key. A JWKS lists every public
-// key the hub ever signed with (rotation never drops one), as {"kty":"OKP","crv":"Ed25519",
-// "x":<base64url raw key>,"kid":…,"alg":"EdDSA","use":"sig"}.
+// key the hub ever signed with, as {"kty":"OKP","crv":"Ed25519","x":<base64url raw key>,"kid":…,
+// "alg":"EdDSA","use":"sig"}, and a retired key also with "not_after":<unix s>: rotation retires
+// the key it replaces at that instant, so a receipt or a revocation list whose iat is later than
+// its key's not_after is refused (`<kind>_key_retired`) even though its signature verifies. A
+// leaked key can still sign statements dated before its retirement; re-signing every stored
+// receipt with the new key (docs/trust.md) lets an operator pull not_after back to the leak, or
+// to 0, without leaving a genuine cell unverifiable.
 #pragma once
 
 #include <cstdint>
@@ -96,11 +101,25 @@ class SigningKey {
 // "first 16 hex of SHA-256(raw public key)".
 std::string KeyIdOf(std::string_view raw_public);
 
-// Public keys trusted to verify receipts, by key id.
+// Public keys trusted to verify receipts, by key id, each with its retirement instant if it has
+// one.
 class PublicKeySet {
  public:
   // Adds a raw 32-byte Ed25519 public key; its kid is computed.
   Status AddRaw(std::string_view raw_public);
+  // Retires `kid` at `not_after` (unix seconds): statements it signed with a later iat are
+  // refused. Retirement only tightens: an earlier instant already known is kept. A kid not in the
+  // set is remembered too, so a key added later arrives retired.
+  void Retire(const std::string& kid, int64_t not_after);
+  // The instant `kid` was retired at, or nullopt while it is live.
+  std::optional<int64_t> NotAfter(const std::string& kid) const;
+  // Adds every key of `other` and takes its retirements.
+  Status AddAll(const PublicKeySet& other);
+  // Takes the retirements of `other` without adding any key: how a verifier with fixed anchors
+  // learns that a hub retired one of them (it can only lose trust this way, never gain it).
+  // Returns how many retirements were new or earlier than what this set knew.
+  int TightenFrom(const PublicKeySet& other);
+  const std::map<std::string, int64_t>& retired() const { return not_after_; }
   // Parses a JWKS document ({"keys":[…]}); every key must be OKP/Ed25519 and its kid must equal
   // KeyIdOf(x) (a kid that lies about its key is refused).
   static Result<PublicKeySet> FromJwks(const nlohmann::json& jwks);
@@ -114,7 +133,8 @@ class PublicKeySet {
   const std::map<std::string, std::string>& keys() const { return keys_; }
 
  private:
-  std::map<std::string, std::string> keys_;  // kid -> raw public key
+  std::map<std::string, std::string> keys_;   // kid -> raw public key
+  std::map<std::string, int64_t> not_after_;  // kid -> retirement instant (unix s)
 };
 
 // The JWS compact serialization of `claims` signed by `key`.
@@ -134,6 +154,7 @@ struct ExpectedClaims {
 //   receipt_alg_refused    header alg is not "EdDSA" (e.g. "none", "HS256")
 //   receipt_unknown_kid    no trusted key has the header's kid
 //   receipt_bad_signature  the Ed25519 signature does not verify (bytes altered or foreign key)
+//   receipt_key_retired    the signing key was retired before the receipt's iat
 //   receipt_claim_mismatch a claim differs from `expected` (message names claim and both values)
 struct ReceiptVerdict {
   std::string token;
@@ -169,6 +190,8 @@ inline constexpr const char* kRevocationsAlgRefused = "revocations_alg_refused";
 inline constexpr const char* kRevocationsUnknownKid = "revocations_unknown_kid";
 inline constexpr const char* kRevocationsBadSignature = "revocations_bad_signature";
 inline constexpr const char* kRevocationsStale = "revocations_stale";
+inline constexpr const char* kRevocationsKeyRetired = "revocations_key_retired";
+inline constexpr const char* kReceiptKeyRetired = "receipt_key_retired";
 
 // Clock skew tolerated between a hub and an adopter when judging iat (seconds).
 inline constexpr int64_t kRevocationClockSkewS = 300;
@@ -176,17 +199,19 @@ inline constexpr int64_t kRevocationClockSkewS = 300;
 Result<std::string> SignRevocationList(const RevocationList& list, const SigningKey& key);
 
 // Verifies a signed list: JWS shape, typ "kiln-revocations", EdDSA, a trusted kid, the signature,
-// the claims; then freshness at `now`: iat no more than kRevocationClockSkewS in the future, and
-// now - iat within min(list max_age_s, max_age_cap_s) (cap 0 = the list's own). Refusals carry
-// the tokens above; an empty `jws` is revocations_unsigned.
+// the claims, a signing key not retired before the list's iat; then freshness at `now`: iat no more
+// than kRevocationClockSkewS in the future, and now - iat within min(list max_age_s, max_age_cap_s)
+// (cap 0 = the list's own). Refusals carry the tokens above; an empty `jws` is
+// revocations_unsigned.
 Result<RevocationList> VerifyRevocationList(std::string_view jws, const PublicKeySet& trusted,
                                             int64_t now, int64_t max_age_cap_s = 0);
 
 // The hub's signing keys, persisted under `dir`:
 //   dir/signing/current          the kid of the active key
-//   dir/signing/<kid>.key        raw 32-byte private key (mode 0600)
+//   dir/signing/<kid>.key        raw 32-byte private key (mode 0600; refused at open otherwise)
 //   dir/signing/<kid>.pub        raw 32-byte public key (kept forever: old receipts stay
 //   verifiable)
+//   dir/signing/<kid>.not_after  the retirement instant of a key that is no longer current
 // Thread-safe: Current() and Jwks() may be called from any thread while Rotate() runs.
 class SigningKeyRing {
  public:
@@ -201,8 +226,12 @@ class SigningKeyRing {
   // Every public key, current and retired.
   PublicKeySet PublicKeys() const;
   nlohmann::json Jwks() const { return PublicKeys().ToJwks(); }
-  // Generates a new key, persists it, makes it current. Returns the new kid.
-  Result<std::string> Rotate();
+  // Generates a new key, persists it, makes it current, and retires the key it replaces at
+  // `now` (unix seconds). Returns the new kid.
+  Result<std::string> Rotate(int64_t now);
+  // Retires `kid` at `not_after` (only ever earlier than a retirement already recorded). The
+  // current key cannot be retired: rotate first. NotFound for a kid this ring never held.
+  Status Retire(const std::string& kid, int64_t not_after);
 
  private:
   SigningKeyRing() = default;

@@ -4,10 +4,15 @@
 // the HttpServer has already refused a Content-Length over that limit with 413, body unread.
 #include "src/kiln/hub/server.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <thread>
 
@@ -27,9 +32,11 @@ constexpr uint64_t kEventsBodyLimit = 16 << 20;
 
 net::Response Send(const Reply& r) {
   if (!r.html.empty()) return net::Response::Text(r.status, r.html, "text/html; charset=utf-8");
-  return net::Response::Text(r.status,
-                             r.body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
-                             "application/json");
+  net::Response res = net::Response::Text(
+      r.status, r.body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace),
+      "application/json");
+  if (r.retry_after_s > 0) res.headers.emplace_back("Retry-After", std::to_string(r.retry_after_s));
+  return res;
 }
 
 // The Reply for a body that could not be read whole.
@@ -233,6 +240,13 @@ static std::vector<net::Route> HubRoutes(HubService* s, uint64_t max_blob_bytes)
   routes.push_back(
       route("POST", "/v1/admin/rotate-key", kJsonBodyLimit,
             authed([s](const Principal& p, const Request&) { return s->RotateKey(p); })));
+  routes.push_back(route("POST", "/v1/admin/keys/retire", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->RetireKey(p, b);
+                         })));
+  routes.push_back(
+      route("POST", "/v1/admin/receipts/resign", kJsonBodyLimit,
+            authed([s](const Principal& p, const Request&) { return s->ResignReceipts(p); })));
   routes.push_back(route("POST", "/v1/releases", kJsonBodyLimit,
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->CreateRelease(p, b);
@@ -254,6 +268,18 @@ static std::vector<net::Route> HubRoutes(HubService* s, uint64_t max_blob_bytes)
               return s->QueryEvents(p, req.query);
             })));
   return routes;
+}
+
+// Creates `path` empty with mode 0600 unless it exists: SQLite then keeps that mode for the
+// database and gives it to its -wal and -shm files.
+static Status CreatePrivately(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    ::close(fd);
+    return Status::OK();
+  }
+  if (errno == EEXIST) return Status::OK();
+  return Status::IOError("hub: cannot create '" + path + "': " + std::strerror(errno));
 }
 
 int DbPoolSize(const HubOptions& options) {
@@ -292,7 +318,14 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   KILN_RETURN_IF_ERROR(MakeDirs(options.data_dir));
   std::unique_ptr<HubStore> store;
   if (options.db_url.empty()) {
-    KILN_ASSIGN_OR_RETURN(store, OpenSqliteStore(options.data_dir + "/hub.sqlite"));
+    const std::string db = options.data_dir + "/hub.sqlite";
+    KILN_RETURN_IF_ERROR(CreatePrivately(db));
+    KILN_ASSIGN_OR_RETURN(store, OpenSqliteStore(db));
+    // SQLite gives its -wal, -shm and our .id side file the database's own mode; check them all.
+    for (const char* suffix : {"", "-wal", "-shm", ".id"}) {
+      Status secret = CheckSecretFile(db + suffix);
+      if (!secret.ok() && secret.code() != StatusCode::kNotFound) return secret;
+    }
   } else if (options.db_url.rfind("postgresql://", 0) == 0 ||
              options.db_url.rfind("postgres://", 0) == 0) {
     KILN_ASSIGN_OR_RETURN(store, OpenPostgresStore(options.db_url, DbPoolSize(options)));
@@ -312,12 +345,14 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
     }
     KILN_ASSIGN_OR_RETURN(std::string admin, GenerateToken());
     TokenRow row{Sha256Hex(admin), "admin", "admin", "", "", {}};
-    KILN_RETURN_IF_ERROR(WriteFileAtomic(tokens_path, TokensFileText({row})));
+    KILN_RETURN_IF_ERROR(WriteSecretFileAtomic(tokens_path, TokensFileText({row})));
     if (first_start) {
       first_start->created_tokens_file = true;
       first_start->admin_token = admin;
     }
   }
+  // The tokens file names who may sign what: a copy others can read or write is refused.
+  KILN_RETURN_IF_ERROR(CheckSecretFile(tokens_path));
   KILN_ASSIGN_OR_RETURN(std::string tokens_text, ReadFile(tokens_path));
   KILN_ASSIGN_OR_RETURN(auto tokens, ParseTokensFile(tokens_text, tokens_path));
 
@@ -331,6 +366,9 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   service_options.revocation_max_age_s = options.revocation_max_age_s;
   service_options.blob_grace_s = options.blob_grace_s;
   service_options.max_shared_object_bytes = options.max_shared_object_bytes;
+  service_options.max_cell_entries = options.max_cell_entries;
+  service_options.org_quota_bytes = options.org_quota_bytes;
+  service_options.platform_quota_bytes = options.platform_quota_bytes;
   std::unique_ptr<HubServer> hub(new HubServer());
   hub->options_ = options;
   hub->service_ = std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys),

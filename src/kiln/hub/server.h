@@ -20,6 +20,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -40,6 +41,7 @@ struct Reply {
   int status = 200;
   nlohmann::json body = nlohmann::json::object();
   std::string html;
+  int retry_after_s = 0;  // > 0: a Retry-After header (a refusal that a later try may pass)
 
   static Reply Json(int status, nlohmann::json body) { return Reply{status, std::move(body), ""}; }
   // {"error":token,"message":message} merged with `extra`.
@@ -67,6 +69,14 @@ struct HubServiceOptions {
   int64_t blob_grace_s = 24 * 3600;
   // The largest cell.so a publish may carry (AdmitBytes' bound).
   uint64_t max_shared_object_bytes = kDefaultMaxSharedObjectBytes;
+  // The most entries (shape classes) a published cell may hold: every entry is a compile for
+  // the builder, so a cell of thousands would hold it for minutes (refused too_many_entries).
+  size_t max_cell_entries = 256;
+  // What a publisher may keep on the hub (cells stored and being uploaded), unless its token
+  // says otherwise (TokenRow::quota_bytes); 0 = no limit. Checked at intent and at upload:
+  // quota_exceeded (413).
+  uint64_t org_quota_bytes = 16ull << 30;
+  uint64_t platform_quota_bytes = 0;
 };
 
 // What one garbage collection pass removed.
@@ -116,6 +126,13 @@ class HubService {
   Reply RevokeToken(const Principal& p, std::string_view body);
   Reply Jwks();
   Reply RotateKey(const Principal& p);
+  // POST /v1/admin/keys/retire {"kid", "not_after"}: pulls a retired key's not-after back (to
+  // when it leaked, say); receipts and lists it signed later are refused by every verifier.
+  Reply RetireKey(const Principal& p, std::string_view body);
+  // POST /v1/admin/receipts/resign: every stored receipt not signed by the current key is signed
+  // again by it (same claims), so a retired key can be pulled back to 0 without leaving a
+  // genuine cell unverifiable.
+  Reply ResignReceipts(const Principal& p);
   Reply CreateRelease(const Principal& p, std::string_view body);
   Reply ReleaseObligations(const Principal& p, const std::string& release);
   Reply SettleObligation(const Principal& p, std::string_view body);
@@ -138,6 +155,8 @@ class HubService {
 
  private:
   int64_t Now() const;
+  uint64_t QuotaOf(const Principal& p) const;
+  std::optional<Reply> CheckQuota(const Principal& p, const std::string& digest, uint64_t adding);
   std::unique_ptr<HubStore> store_;
   std::unique_ptr<BlobStore> blobs_;
   std::unique_ptr<SigningKeyRing> keys_;
@@ -148,6 +167,10 @@ class HubService {
   std::unique_ptr<TokenCache> token_cache_;
   struct Maintenance;
   std::unique_ptr<Maintenance> maintenance_;
+  // Blob digests a publish in this process is using (its rebuild, its upload): garbage
+  // collection never removes them. Counted: two publishes may hold one digest.
+  struct Pins;
+  std::unique_ptr<Pins> pins_;
 };
 
 struct HubOptions {
@@ -172,6 +195,9 @@ struct HubOptions {
   int64_t blob_grace_s = 24 * 3600;
   int gc_interval_s = 3600;
   uint64_t max_shared_object_bytes = kDefaultMaxSharedObjectBytes;
+  size_t max_cell_entries = 256;           // HubServiceOptions::max_cell_entries
+  uint64_t org_quota_bytes = 16ull << 30;  // HubServiceOptions::org_quota_bytes
+  uint64_t platform_quota_bytes = 0;       // HubServiceOptions::platform_quota_bytes
   // Every stored blob is re-hashed this often (0: never); a damaged one is quarantined.
   int blob_verify_interval_s = 3600;
   ReadyOptions ready;

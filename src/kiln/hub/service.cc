@@ -2,6 +2,9 @@
 // in server.cc; docs/hub-api.md documents each route, its bodies, status codes and error tokens.
 #include <chrono>
 #include <condition_variable>
+#include <limits>
+#include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -187,6 +190,93 @@ struct HubService::Maintenance {
   std::thread thread;
 };
 
+struct HubService::Pins {
+  std::mutex mu;
+  std::map<std::string, int> digests;             // digest -> publishes holding it
+  std::map<std::string, uint64_t> uploading;      // publisher -> bytes of uploads in flight
+  std::map<std::string, std::mutex> quota_locks;  // publisher -> serializes its quota checks
+
+  bool Held(const std::string& digest) {
+    std::lock_guard<std::mutex> lock(mu);
+    return digests.count(digest) != 0;
+  }
+  std::mutex& QuotaLock(const std::string& publisher) {
+    std::lock_guard<std::mutex> lock(mu);
+    return quota_locks[publisher];
+  }
+};
+
+namespace {
+
+// Holds a digest against garbage collection for the life of a publish step.
+class DigestPin {
+ public:
+  DigestPin(std::mutex& mu, std::map<std::string, int>& held, std::string digest)
+      : mu_(mu), held_(held), digest_(std::move(digest)) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++held_[digest_];
+  }
+  ~DigestPin() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--held_[digest_] <= 0) held_.erase(digest_);
+  }
+  DigestPin(const DigestPin&) = delete;
+  DigestPin& operator=(const DigestPin&) = delete;
+
+ private:
+  std::mutex& mu_;
+  std::map<std::string, int>& held_;
+  std::string digest_;
+};
+
+// Bytes an upload in flight counts against its publisher's quota until it ends, however it ends.
+class UploadReservation {
+ public:
+  UploadReservation(std::mutex& mu, std::map<std::string, uint64_t>& uploading,
+                    std::string publisher, uint64_t bytes)
+      : mu_(mu), uploading_(uploading), publisher_(std::move(publisher)), bytes_(bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uploading_[publisher_] += bytes_;
+  }
+  ~UploadReservation() {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = uploading_.find(publisher_);
+    if (it == uploading_.end()) return;
+    it->second -= std::min(it->second, bytes_);
+    if (it->second == 0) uploading_.erase(it);
+  }
+  UploadReservation(const UploadReservation&) = delete;
+  UploadReservation& operator=(const UploadReservation&) = delete;
+
+ private:
+  std::mutex& mu_;
+  std::map<std::string, uint64_t>& uploading_;
+  std::string publisher_;
+  uint64_t bytes_;
+};
+
+// A published member read from the stored blob in pieces (builder.h).
+PublishedMember StoredMember(std::shared_ptr<BlobReader> reader, MemberSpan span,
+                             std::string digest) {
+  PublishedMember m;
+  m.size = span.size;
+  m.digest = std::move(digest);
+  m.read = [reader, span](const std::function<Status(std::string_view)>& sink) -> Status {
+    std::vector<char> buf(1 << 20);
+    for (uint64_t done = 0; done < span.size;) {
+      const size_t want = static_cast<size_t>(std::min<uint64_t>(buf.size(), span.size - done));
+      KILN_ASSIGN_OR_RETURN(size_t n, reader->ReadAt(span.offset + done, buf.data(), want));
+      if (n == 0) return Status::IOError("the stored blob ended inside a member");
+      KILN_RETURN_IF_ERROR(sink(std::string_view(buf.data(), n)));
+      done += n;
+    }
+    return Status::OK();
+  };
+  return m;
+}
+
+}  // namespace
+
 HubService::HubService(std::unique_ptr<HubStore> store, std::unique_ptr<BlobStore> blobs,
                        std::unique_ptr<SigningKeyRing> keys, std::function<int64_t()> now,
                        HubServiceOptions options)
@@ -195,7 +285,8 @@ HubService::HubService(std::unique_ptr<HubStore> store, std::unique_ptr<BlobStor
       keys_(std::move(keys)),
       now_(std::move(now)),
       options_(std::move(options)),
-      token_cache_(std::make_unique<TokenCache>()) {}
+      token_cache_(std::make_unique<TokenCache>()),
+      pins_(std::make_unique<Pins>()) {}
 
 HubService::~HubService() {
   if (maintenance_) {
@@ -262,7 +353,9 @@ std::variant<Principal, Reply> HubService::Authenticate(const std::string& heade
   if (*revoked) {
     return Reply::Error(401, "unauthenticated", "the bearer token was revoked");
   }
-  Principal p{t.name, t.role, t.role == "admin" ? "platform" : t.tier, t.org, t.releases};
+  Principal p{t.name,       t.role,     t.role == "admin" ? "platform" : t.tier,
+              t.org,        t.releases, t.token_sha256,
+              t.quota_bytes};
   std::lock_guard<std::mutex> lock(token_cache_->mu);
   if (token_cache_->entries.size() > 10000) token_cache_->entries.clear();
   token_cache_->entries[hash] = {p, now + kTokenCacheSeconds};
@@ -387,6 +480,42 @@ Reply HubService::ResolveCell(const Principal& p, const std::string& key,
                            {"receipt", c.receipt}});
 }
 
+// The storage quota of `p` in bytes; 0 = no limit.
+uint64_t HubService::QuotaOf(const Principal& p) const {
+  if (p.quota_bytes >= 0) return static_cast<uint64_t>(p.quota_bytes);
+  return p.tier == "org" ? options_.org_quota_bytes : options_.platform_quota_bytes;
+}
+
+// Whether `p` may keep `adding` more bytes (a publish of `digest`): what its cell rows hold, what
+// its other open intents have uploaded, and what it is uploading now, plus `adding`, within its
+// quota. nullopt when it may; else the 413 quota_exceeded answer.
+std::optional<Reply> HubService::CheckQuota(const Principal& p, const std::string& digest,
+                                            uint64_t adding) {
+  const uint64_t quota = QuotaOf(p);
+  if (quota == 0) return std::nullopt;
+  auto usage = store_->GetPublisherUsage(p.name);
+  if (!usage.ok()) return Reply::FromStatus(usage.status());
+  uint64_t used = usage->cell_bytes;
+  std::set<std::string> counted;
+  for (const IntentRow& i : usage->open_intents) {
+    // Another publish's upload that arrived: its bytes are on disk until it completes or is
+    // collected. This publish's own intent is what `adding` counts.
+    if (i.digest != digest && counted.insert(i.digest).second && blobs_->Has(i.digest)) {
+      used += i.size;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(pins_->mu);
+    if (auto it = pins_->uploading.find(p.name); it != pins_->uploading.end()) used += it->second;
+  }
+  if (used + adding <= quota) return std::nullopt;
+  return Reply::Error(413, "quota_exceeded",
+                      "publisher '" + p.name + "' keeps " + std::to_string(used) +
+                          " bytes on this hub; " + std::to_string(adding) + " more would pass " +
+                          "its quota of " + std::to_string(quota) + " bytes",
+                      {{"quota_bytes", quota}, {"used_bytes", used}, {"adding_bytes", adding}});
+}
+
 // POST /v1/publish/intent
 Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
   if (!HasRole(p, {"publisher"})) return Forbidden(p, "publish");
@@ -456,6 +585,10 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
   }
   intent.publisher = p.name;
   intent.created_at = Now();
+  if (!blobs_->Has(intent.digest)) {
+    std::lock_guard<std::mutex> quota_lock(pins_->QuotaLock(p.name));
+    if (auto over = CheckQuota(p, intent.digest, intent.size)) return *over;
+  }
   if (Status s = store_->PutIntent(intent); !s.ok()) return Reply::FromStatus(s);
   nlohmann::json answer{{"upload", "/v1/blobs/" + intent.digest},
                         {"have_blob", blobs_->Has(intent.digest)}};
@@ -489,6 +622,19 @@ Reply HubService::UploadBlob(const Principal& p, const std::string& digest,
       return Reply::FromStatus(intact);
     }
   }
+  // The quota again, now with the uploads in flight: the bytes this upload may write are held
+  // against it until the upload ends, and given back at once if it is abandoned (the writer
+  // deletes its partial bytes when it goes).
+  std::optional<UploadReservation> reservation;
+  {
+    std::lock_guard<std::mutex> quota_lock(pins_->QuotaLock(p.name));
+    if (auto over = CheckQuota(p, digest, (*intent)->size)) {
+      read_body([](std::string_view) { return false; });
+      return *over;
+    }
+    reservation.emplace(pins_->mu, pins_->uploading, p.name, (*intent)->size);
+  }
+  DigestPin pin(pins_->mu, pins_->digests, digest);
   auto writer = blobs_->BeginWrite(digest, (*intent)->size);
   if (!writer.ok()) return Reply::FromStatus(writer.status());
   Status append_status;
@@ -556,24 +702,40 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
         "key " + key + " is already owned in family " + c.family + " by " + c.digest,
         {{"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
   }
-  // 3. The bytes, verified at upload.
+  // 3. The bytes, verified at upload, held against garbage collection until this publish ends:
+  // in this process by a pin, across hubs sharing the store by the intent made young again.
   if (!blobs_->Has(digest)) {
     return Reply::Error(
         409, "blob_missing",
         "blob " + digest + " has not been uploaded (PUT " + "/v1/blobs/" + digest + ")");
   }
-  auto bytes = blobs_->ReadAll(digest);
-  if (!bytes.ok()) return Reply::FromStatus(bytes.status());
+  DigestPin pin(pins_->mu, pins_->digests, digest);
+  IntentRow touched = intent;
+  touched.created_at = Now();
+  if (Status s = store_->PutIntent(touched); !s.ok()) return Reply::FromStatus(s);
+  auto opened = blobs_->Open(digest);
+  if (!opened.ok()) return Reply::FromStatus(opened.status());
+  std::shared_ptr<BlobReader> reader = std::move(opened).value();
   // 4. The admission a worker runs on the bytes, with the worker's tokens: size, digest, the
   // archive, the metadata, the key restated by kiln's one function (law 3), the fence proof the
   // mint recorded (law 2), a plausible shared object, a source (law 13: evidence to publish).
-  auto admitted =
-      AdmitBytes(*bytes, digest, intent.size, BytesPolicy{key, options_.max_shared_object_bytes});
+  // Read in pieces where the blob lies: a cell of any size costs the hub its metadata and a
+  // buffer, never its bytes.
+  auto admitted = AdmitArchive(
+      [reader](uint64_t offset, char* out, size_t len) { return reader->ReadAt(offset, out, len); },
+      reader->size(), digest, intent.size, BytesPolicy{key, options_.max_shared_object_bytes});
   if (!admitted.ok()) {
     const Status& s = admitted.status();
+    if (s.token().empty() && s.code() == StatusCode::kIOError) return Reply::FromStatus(s);
     return Reply::Error(422, s.token().empty() ? "cell_corrupt" : s.token(), s.message());
   }
   const CellMetadata& meta = admitted->metadata;
+  if (meta.entries.size() > options_.max_cell_entries) {
+    return Reply::Error(422, "too_many_entries",
+                        "cell " + key + " holds " + std::to_string(meta.entries.size()) +
+                            " entries; this hub rebuilds cells of at most " +
+                            std::to_string(options_.max_cell_entries));
+  }
   // 5. Family: the metadata's, the intent's, and one this publisher may write.
   if (meta.family != intent.family) {
     return Reply::Error(422, "family_mismatch",
@@ -587,7 +749,12 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
   // toolchain (provenance.h), rebuilt in the builder's sandbox.
   RebuildAttestation attestation;
   if (options_.builder) {
-    auto rebuilt = options_.builder->Rebuild(meta, admitted->files);
+    const PublishedMembers members{
+        StoredMember(reader, admitted->layout.source, admitted->source_digest),
+        StoredMember(reader, admitted->layout.shared_object, admitted->so_digest)};
+    const bool platform = p.tier != "org";
+    const RebuildRequester who{p.name, platform ? p.name : "org:" + p.org, platform};
+    auto rebuilt = options_.builder->Rebuild(meta, members, who);
     if (!rebuilt.ok()) {
       const Status& s = rebuilt.status();
       KILN_LOG(WARNING) << "hub: rebuild of " << key << "@" << digest << " by " << p.name
@@ -595,9 +762,35 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
       if (s.Is(kRefusalBuilderUnavailable)) {
         return Reply::Error(503, kRefusalBuilderUnavailable, s.message());
       }
+      if (s.Is(kRefusalBuilderBusy)) {
+        Reply busy = Reply::Error(503, kRefusalBuilderBusy, s.message());
+        busy.retry_after_s = 5;
+        return busy;
+      }
       return Reply::Error(422, s.token().empty() ? kRefusalRebuildFailed : s.token(), s.message());
     }
     attestation = *rebuilt;
+  }
+  // 6b. What may have changed while the rebuild ran: the token revoked (no receipt for it), the
+  // bytes removed.
+  if (!p.token_sha256.empty()) {
+    auto token_revoked = store_->IsTokenRevoked(p.token_sha256);
+    if (!token_revoked.ok()) return Reply::FromStatus(token_revoked.status());
+    if (*token_revoked) {
+      {
+        std::lock_guard<std::mutex> lock(token_cache_->mu);
+        token_cache_->entries.erase(p.token_sha256);
+      }
+      KILN_LOG(WARNING) << "hub: publish of " << key << "@" << digest << " by " << p.name
+                        << " refused: the token was revoked while it ran";
+      return Reply::Error(401, "unauthenticated",
+                          "the bearer token was revoked while this publish ran; nothing was "
+                          "signed");
+    }
+  }
+  if (!blobs_->Has(digest)) {
+    return Reply::Error(409, "blob_missing",
+                        "blob " + digest + " was removed while this publish ran; upload it again");
   }
   // 7. Sign, then store first-writer-wins within the family.
   ReceiptClaims claims;
@@ -610,8 +803,8 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
   claims.org = claims.tier == "org" ? p.org : "";
   claims.release = intent.release;
   claims.iat = Now();
-  claims.source_digest = MemberDigest(admitted->files.source);
-  claims.so_digest = MemberDigest(admitted->files.shared_object);
+  claims.source_digest = admitted->source_digest;
+  claims.so_digest = admitted->so_digest;
   claims.builder = attestation.builder;
   auto signing_key = keys_->Current();
   auto receipt = SignReceipt(claims, *signing_key);
@@ -794,10 +987,75 @@ Reply HubService::Jwks() { return Reply::Json(200, keys_->Jwks()); }
 // POST /v1/admin/rotate-key
 Reply HubService::RotateKey(const Principal& p) {
   if (p.role != "admin") return Forbidden(p, "rotate the signing key");
-  auto kid = keys_->Rotate();
+  const std::string retired = keys_->Current()->kid();
+  auto kid = keys_->Rotate(Now());
   if (!kid.ok()) return Reply::FromStatus(kid.status());
-  KILN_LOG(INFO) << "hub: signing key rotated to " << *kid << " by " << p.name;
-  return Reply::Json(200, {{"kid", *kid}, {"jwks", keys_->Jwks()}});
+  KILN_LOG(INFO) << "hub: signing key rotated to " << *kid << " by " << p.name << "; " << retired
+                 << " retired";
+  return Reply::Json(200, {{"kid", *kid}, {"retired", retired}, {"jwks", keys_->Jwks()}});
+}
+
+// POST /v1/admin/keys/retire
+Reply HubService::RetireKey(const Principal& p, std::string_view body) {
+  if (p.role != "admin") return Forbidden(p, "retire signing keys");
+  auto parsed = ParseBody(body, "retire key");
+  if (auto* r = std::get_if<Reply>(&parsed)) return *r;
+  const auto& j = std::get<nlohmann::json>(parsed);
+  std::string bad;
+  const std::string kid = Str(j, "kid", &bad);
+  if (!bad.empty()) return Reply::Error(400, "bad_request", "retire key: " + bad);
+  const auto na = j.find("not_after");
+  if (na == j.end() || !na->is_number_integer() || na->get<int64_t>() < 0) {
+    return Reply::Error(400, "bad_request",
+                        "retire key: 'not_after' must be a non-negative integer (unix seconds)");
+  }
+  Status s = keys_->Retire(kid, na->get<int64_t>());
+  if (s.code() == StatusCode::kNotFound) return Reply::Error(404, "not_found", s.message());
+  if (s.code() == StatusCode::kInvalidArgument)
+    return Reply::Error(409, "key_current", s.message());
+  if (!s.ok()) return Reply::FromStatus(s);
+  KILN_LOG(INFO) << "hub: signing key " << kid << " retired at " << na->get<int64_t>() << " by "
+                 << p.name;
+  return Reply::Json(200, {{"kid", kid},
+                           {"not_after", keys_->PublicKeys().NotAfter(kid).value_or(0)},
+                           {"jwks", keys_->Jwks()}});
+}
+
+// POST /v1/admin/receipts/resign
+Reply HubService::ResignReceipts(const Principal& p) {
+  if (p.role != "admin") return Forbidden(p, "re-sign receipts");
+  auto rows = store_->ListCells(std::numeric_limits<int>::max());
+  if (!rows.ok()) return Reply::FromStatus(rows.status());
+  const auto current = keys_->Current();
+  // The hub's own keys without their retirements: a receipt is re-signed only if one of them
+  // really signed it (a row altered in the store is not laundered into a fresh signature).
+  const PublicKeySet ring = keys_->PublicKeys();
+  PublicKeySet own;
+  for (const auto& [kid, raw] : ring.keys()) own.AddRaw(raw).IgnoreError();
+  int resigned = 0, current_already = 0;
+  nlohmann::json refused = nlohmann::json::array();
+  for (const CellRow& c : *rows) {
+    const ReceiptVerdict v = VerifyReceipt(c.receipt, own, {c.key, c.digest, c.size, c.family});
+    if (!v.ok()) {
+      refused.push_back({{"key", c.key}, {"family", c.family}, {"error", v.token}});
+      continue;
+    }
+    if (v.kid == current->kid()) {
+      ++current_already;
+      continue;
+    }
+    auto receipt = SignReceipt(v.claims, *current);
+    if (!receipt.ok()) return Reply::FromStatus(receipt.status());
+    auto changed = store_->UpdateReceipt(c.key, c.family, c.digest, *receipt);
+    if (!changed.ok()) return Reply::FromStatus(changed.status());
+    if (*changed) ++resigned;
+  }
+  KILN_LOG(INFO) << "hub: " << resigned << " receipt(s) re-signed with " << current->kid() << " by "
+                 << p.name;
+  return Reply::Json(200, {{"kid", current->kid()},
+                           {"resigned", resigned},
+                           {"current_already", current_already},
+                           {"refused", refused}});
 }
 
 // POST /v1/releases
@@ -1050,6 +1308,7 @@ Result<CollectedGarbage> HubService::CollectGarbage() {
   KILN_ASSIGN_OR_RETURN(auto blobs, blobs_->ListStored());
   for (const auto& b : blobs) {
     if (b.stored_at >= horizon) continue;  // young: its publish may still complete
+    if (pins_->Held(b.digest)) continue;   // a publish in this process is using it
     KILN_ASSIGN_OR_RETURN(auto cells, store_->CellsWithDigest(b.digest));
     if (!cells.empty()) continue;
     KILN_ASSIGN_OR_RETURN(auto intent, store_->FindIntentByDigest(b.digest, ""));

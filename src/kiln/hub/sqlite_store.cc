@@ -286,7 +286,7 @@ class SqliteStore final : public HubStore {
       s.Bind(id);
       KILN_RETURN_IF_ERROR(s.Run("write store id"));
     }
-    return WriteFileAtomic(side, id + "\n");
+    return WriteSecretFileAtomic(side, id + "\n");
   }
 
   Result<CellInsert> InsertCellIfAbsent(const CellRow& row) override {
@@ -345,6 +345,15 @@ class SqliteStore final : public HubStore {
     return out;
   }
 
+  Result<bool> UpdateReceipt(const std::string& key, const std::string& family,
+                             const std::string& digest, const std::string& receipt) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, "UPDATE cells SET receipt = ? WHERE key = ? AND family = ? AND digest = ?");
+    s.Bind(receipt).Bind(key).Bind(family).Bind(digest);
+    KILN_RETURN_IF_ERROR(s.Run("update receipt"));
+    return sqlite3_changes(db_) == 1;
+  }
+
   Status PutIntent(const IntentRow& r) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
@@ -378,6 +387,24 @@ class SqliteStore final : public HubStore {
     s.Bind(before);
     KILN_RETURN_IF_ERROR(s.Run("delete old intents"));
     return sqlite3_changes(db_);
+  }
+  Result<PublisherUsage> GetPublisherUsage(const std::string& publisher) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    PublisherUsage usage;
+    {
+      Stmt s(db_, "SELECT COALESCE(SUM(size), 0) FROM cells WHERE publisher = ?");
+      s.Bind(publisher);
+      const int rc = s.Step();
+      if (rc != SQLITE_ROW) return s.Error("publisher usage", rc);
+      usage.cell_bytes = static_cast<uint64_t>(s.Int(0));
+    }
+    Stmt s(db_,
+           "SELECT key, digest, size, family, release, target, publisher, created_at FROM intents "
+           "i WHERE publisher = ? AND NOT EXISTS (SELECT 1 FROM cells c WHERE c.key = i.key AND "
+           "c.digest = i.digest)");
+    s.Bind(publisher);
+    KILN_ASSIGN_OR_RETURN(usage.open_intents, All<IntentRow>(s, ReadIntent, "publisher intents"));
+    return usage;
   }
 
   Status Revoke(const RevocationRow& r) override {

@@ -77,6 +77,9 @@ struct TokenRow {
   // Releases whose obligations this token may settle or discharge; "*" = every release. Admins
   // hold every release whatever this says.
   std::vector<std::string> releases;
+  // Publishers: the most bytes of cells this token may keep on the hub (stored and being
+  // uploaded); -1 = the hub's default for its tier (HubServiceOptions), 0 = no limit.
+  int64_t quota_bytes = -1;
 };
 
 // A token revoked by an admin: dead at once and at every later start, even if the tokens file
@@ -185,6 +188,10 @@ class HubStore {
   }
   // Newest first.
   virtual Result<std::vector<CellRow>> ListCells(int limit) = 0;
+  // Replaces the receipt of the row (key, family) if its bytes are still `digest` (re-signing
+  // after a key rotation). Returns whether a row changed.
+  virtual Result<bool> UpdateReceipt(const std::string& key, const std::string& family,
+                                     const std::string& digest, const std::string& receipt) = 0;
 
   // --- intents ------------------------------------------------------------------------------
   // Records or replaces row.publisher's intent for (key, digest); other publishers' intents for
@@ -199,6 +206,14 @@ class HubStore {
   // Deletes intents created before `before` (unix seconds): abandoned publishes. Returns how
   // many.
   virtual Result<int> DeleteIntentsBefore(int64_t before) = 0;
+  // What `publisher` keeps on the hub, for its storage quota: the bytes of every cell row it
+  // wrote (revoked ones too: their bytes stay), and its intents that no cell row of the same
+  // (key, digest) completes yet.
+  struct PublisherUsage {
+    uint64_t cell_bytes = 0;
+    std::vector<IntentRow> open_intents;
+  };
+  virtual Result<PublisherUsage> GetPublisherUsage(const std::string& publisher) = 0;
 
   // --- revocations --------------------------------------------------------------------------
   // Idempotent: a second revocation of (key, digest) keeps the first row.

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "src/kiln/base/file.h"
 #include "src/kiln/base/sm_levels.h"
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/compile/driver.h"
@@ -75,6 +76,9 @@ Status CheckSourceProvenance(const Graph& graph, const CellMetadata& metadata,
 
 Result<std::string> RebuildSharedObject(const std::string& source, const CellMetadata& metadata,
                                         const std::string& work_dir, int parallel_compiles) {
+  // The directives as written first: a source that asks for a file is refused whatever else is
+  // true of its cell.
+  KILN_RETURN_IF_ERROR(CheckSourceDirectives(source));
   Result<Toolchain> toolchain = LocalToolchain();
   if (!toolchain.ok()) {
     return Status::Refused(StatusCode::kInvalidArgument, kRefusalRebuildUnavailable,
@@ -88,14 +92,42 @@ Result<std::string> RebuildSharedObject(const std::string& source, const CellMet
                            "this machine cannot rebuild " + metadata.key + ": " + same.message());
   }
   auto driver = MakeSystemCompilerDriver(*toolchain);
+  KILN_RETURN_IF_ERROR(CheckRebuildSource(source, metadata, *driver, work_dir));
   Result<std::string> so =
       BuildSharedObject(source, metadata.entries.size(), metadata.sm, metadata.key, *driver,
                         work_dir, std::max(1, parallel_compiles), nullptr);
   if (!so.ok()) {
+    // The compiler's own words can quote any file it read: only a line number leaves.
     return Status::Refused(StatusCode::kInvalidArgument, kRefusalRebuildFailed,
-                           "rebuilding " + metadata.key + ": " + so.status().message());
+                           "rebuilding " + metadata.key + ": " +
+                               ReduceDiagnostics(so.status().message(), work_dir + "/cell.cc"));
   }
   return so;
+}
+
+Status CheckRebuildSource(const std::string& source, const CellMetadata& metadata,
+                          CompilerDriver& driver, const std::string& work_dir) {
+  KILN_RETURN_IF_ERROR(CheckSourceDirectives(source));
+  const std::string path = work_dir + "/cell.cc";
+  KILN_RETURN_IF_ERROR(WriteFileAtomic(path, source, Durability::kScratch));
+  Result<std::vector<std::string>> dirs = driver.SystemIncludeDirs(work_dir);
+  if (!dirs.ok()) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalRebuildUnavailable,
+                           "the toolchain's header directories: " + dirs.status().message());
+  }
+  // Every entry's view of the source (each is compiled with its own KILN_ENTRY), and the
+  // dispatch object's.
+  for (int64_t entry = -1; entry < static_cast<int64_t>(metadata.entries.size()); ++entry) {
+    Result<std::string> pre =
+        driver.Preprocess(path, metadata.sm, {"KILN_ENTRY=" + std::to_string(entry)}, work_dir);
+    if (!pre.ok()) {
+      return Status::Refused(
+          StatusCode::kInvalidArgument, kRefusalRebuildFailed,
+          "preprocessing " + metadata.key + ": " + ReduceDiagnostics(pre.status().message(), path));
+    }
+    KILN_RETURN_IF_ERROR(CheckPreprocessed(*pre, path, *dirs));
+  }
+  return Status::OK();
 }
 
 }  // namespace kiln

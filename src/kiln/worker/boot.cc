@@ -347,10 +347,7 @@ BootOutcome AdoptAtBoot(ServedTarget& target, const TargetSpec& spec,
             } else {
               PublicKeySet keys = ctx.hub_keys != nullptr ? *ctx.hub_keys : PublicKeySet();
               if (ctx.revocations != nullptr) {
-                const PublicKeySet watched = ctx.revocations->Keys();
-                for (const auto& [kid, raw] : watched.keys()) {
-                  if (!keys.Has(kid)) keys.AddRaw(raw).IgnoreError();
-                }
+                keys.AddAll(ctx.revocations->Keys()).IgnoreError();
               }
               v = ctx.hub != nullptr ? ctx.hub->VerifyReceipt(again, &keys)
                                      : VerifyResolvedReceipt(again, keys);

@@ -113,9 +113,7 @@ Result<RevocationList> RevocationWatch::Fetch(bool* transient) {
                                   transient, &jws);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& [kid, raw] : keys.keys()) {
-      if (!keys_.Has(kid)) keys_.AddRaw(raw).IgnoreError();
-    }
+    keys_.AddAll(keys).IgnoreError();
   }
   if (!list.ok()) return list.status();
   {

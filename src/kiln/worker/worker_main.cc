@@ -118,7 +118,7 @@ Status RunWorker(const WorkerConfig& a) {
       for (const std::string& path : m.hub->trust) {
         KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
         KILN_ASSIGN_OR_RETURN(PublicKeySet keys, PublicKeySet::FromText(text, path));
-        for (const auto& [kid, raw] : keys.keys()) KILN_RETURN_IF_ERROR(trust->AddRaw(raw));
+        KILN_RETURN_IF_ERROR(trust->AddAll(keys));
       }
     }
   }
