@@ -272,6 +272,151 @@ class VadLike(nn.Module):
         return out, h2, c2
 
 
+class ResBlock(nn.Module):
+    """A diffusion UNet's residual block: GroupNorm, SiLU, convolution, the time embedding added
+    per channel, again, and the skip (a 1x1 convolution when the width changes)."""
+
+    def __init__(self, cin, cout, tdim):
+        super().__init__()
+        self.n1 = nn.GroupNorm(8, cin)
+        self.c1 = nn.Conv2d(cin, cout, 3, padding=1)
+        self.t = nn.Linear(tdim, cout)
+        self.n2 = nn.GroupNorm(8, cout)
+        self.c2 = nn.Conv2d(cout, cout, 3, padding=1)
+        self.skip = nn.Conv2d(cin, cout, 1) if cin != cout else nn.Identity()
+
+    def forward(self, x, emb):
+        h = self.c1(F.silu(self.n1(x)))
+        h = h + self.t(emb)[:, :, None, None]
+        h = self.c2(F.silu(self.n2(h)))
+        return self.skip(x) + h
+
+
+class UNetDenoiser(nn.Module):
+    """A UNet-style denoiser as diffusion models write it: a sinusoidal timestep embedding through
+    an MLP, a condition vector projected to the same width and added to it before the SiLU
+    (Gemm(t) + Gemm(cond) -> SiLU: at batch 1 the condition's [1, 256] looks like a bias), residual
+    blocks that add the embedding per channel, a strided down path, a nearest up path with the
+    skip concatenated, and a GroupNorm/SiLU/conv head."""
+
+    def __init__(self, ch=32, tdim=256, cdim=64):
+        super().__init__()
+        self.ch = ch
+        self.t1 = nn.Linear(ch, tdim)
+        self.t2 = nn.Linear(tdim, tdim)
+        self.cond = nn.Linear(cdim, tdim)
+        self.inp = nn.Conv2d(4, ch, 3, padding=1)
+        self.d1 = ResBlock(ch, ch, tdim)
+        self.down = nn.Conv2d(ch, 2 * ch, 3, stride=2, padding=1)
+        self.mid = ResBlock(2 * ch, 2 * ch, tdim)
+        self.u1 = ResBlock(3 * ch, ch, tdim)
+        self.out_norm = nn.GroupNorm(8, ch)
+        self.out = nn.Conv2d(ch, 4, 3, padding=1)
+
+    def forward(self, latent, timestep, cond):
+        half = self.ch // 2
+        freqs = torch.exp(-math.log(10000.0) * torch.arange(half, dtype=torch.float32) / half)
+        args = timestep[:, None] * freqs[None, :]
+        temb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
+        emb = F.silu(self.t2(F.silu(self.t1(temb))) + self.cond(cond))
+        h0 = self.d1(self.inp(latent), emb)
+        h = self.mid(self.down(h0), emb)
+        h = F.interpolate(h, scale_factor=2.0, mode="nearest")
+        h = self.u1(torch.cat([h, h0], dim=1), emb)
+        return self.out(F.silu(self.out_norm(h)))
+
+
+class VadRateBranch(nn.Module):
+    """One sample rate's voice-activity stack: a strided Conv1d filterbank, a magnitude, a strided
+    Conv1d encoder that leaves one frame for this rate's window, the frame squeezed to an LSTM
+    step carrying (h, c), a Conv1d head. Given another rate's window the encoder leaves two
+    frames, the squeeze keeps the axis and the LSTM input gains a dim: that branch cannot run."""
+
+    def __init__(self, win):
+        super().__init__()
+        self.cut = win // 2 + 1
+        self.stft = nn.Conv1d(1, 2 * self.cut, win, stride=win // 4)
+        self.encoder = nn.Sequential(nn.Conv1d(self.cut, 64, 3, padding=1), nn.ReLU(),
+                                     nn.Conv1d(64, 64, 3, stride=2, padding=1), nn.ReLU(),
+                                     nn.Conv1d(64, 64, 3, stride=2, padding=1), nn.ReLU(),
+                                     nn.Conv1d(64, 64, 3, stride=2, padding=1), nn.ReLU())
+        self.lstm = nn.LSTM(64, 64)
+        self.head = nn.Conv1d(64, 1, 1)
+
+    def forward(self, x, h, c):
+        x = F.pad(x, (0, 64), mode="reflect")
+        s = self.stft(x.unsqueeze(1))
+        real, imag = s[:, :self.cut], s[:, self.cut:]
+        e = self.encoder(torch.sqrt(real * real + imag * imag))
+        out, (h2, c2) = self.lstm(e.squeeze(-1).unsqueeze(0), (h, c))
+        return torch.sigmoid(self.head(out[0].unsqueeze(-1))).squeeze(-1), h2, c2
+
+
+class VadIfLstm(nn.Module):
+    """Scripted like published voice-activity detectors: an If on the sample rate (a runtime
+    input) whose else-branch runs the 8 kHz stack, an LSTM that cannot be typed for the 16 kHz
+    frame the target serves (eager runs only the branch the rate takes)."""
+
+    def __init__(self):
+        super().__init__()
+        self.model16k = VadRateBranch(256)
+        self.model8k = VadRateBranch(128)
+
+    def forward(self, x, h, c, sr):
+        if bool(sr == 16000):
+            out, h2, c2 = self.model16k(x, h, c)
+        else:
+            out, h2, c2 = self.model8k(x, h, c)
+        return out, h2, c2
+
+
+def relu6_block(cin, cout, stride=1, groups=1, k=3):
+    return nn.Sequential(nn.Conv2d(cin, cout, k, stride, k // 2, groups=groups, bias=False),
+                         nn.BatchNorm2d(cout), nn.ReLU6())
+
+
+class Inverted(nn.Module):
+    def __init__(self, cin, cout, stride, expand=4):
+        super().__init__()
+        hid = cin * expand
+        self.body = nn.Sequential(relu6_block(cin, hid, k=1), relu6_block(hid, hid, stride, hid),
+                                  nn.Conv2d(hid, cout, 1, bias=False), nn.BatchNorm2d(cout))
+        self.residual = stride == 1 and cin == cout
+
+    def forward(self, x):
+        y = self.body(x)
+        return x + y if self.residual else y
+
+
+class LineDetector(nn.Module):
+    """A line-segment detector head in the shape of M-LSD: a MobileNetV2 encoder (ReLU6 is Clip
+    at every opset), a decoder that upsamples bilinearly and concatenates skips, a 3x3 head
+    wide enough for the kernel library's Winograd convolution, and the centre map's peaks found
+    by MaxPool and Equal. Its sample input carries NaN, +Inf and -Inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = relu6_block(4, 16, 2)
+        self.s1 = nn.Sequential(Inverted(16, 24, 2), Inverted(24, 24, 1))
+        self.s2 = nn.Sequential(Inverted(24, 32, 2), Inverted(32, 32, 1), Inverted(32, 32, 1))
+        self.s3 = nn.Sequential(Inverted(32, 64, 2), Inverted(64, 64, 1))
+        self.up1 = relu6_block(96, 64, k=1)
+        self.up2 = relu6_block(88, 64, k=1)
+        self.head = nn.Sequential(relu6_block(64, 64), nn.Conv2d(64, 9, 1))
+
+    def forward(self, image):
+        a = self.s1(self.stem(image))
+        b = self.s2(a)
+        c = self.s3(b)
+        c = F.interpolate(c, size=b.shape[2:], mode="bilinear", align_corners=True)
+        b = self.up1(torch.cat([b, c], 1))
+        b = F.interpolate(b, size=a.shape[2:], mode="bilinear", align_corners=True)
+        y = self.head(self.up2(torch.cat([a, b], 1)))
+        centre = torch.sigmoid(y[:, :1])
+        peaks = (F.max_pool2d(centre, 5, 1, 2) == centre).float()
+        return centre * peaks, y[:, 1:5], y[:, 5:]
+
+
 # --------------------------------------------------------------------------------------------
 # The model list.
 
@@ -298,6 +443,33 @@ def tokens(vocab, t, mask=False, pad=8):
             out["attention_mask"] = m
         return out
     return make
+
+
+def denoiser_inputs(batch, size):
+    def make(rng):
+        return {"latent": rng.standard_normal((batch, 4, size, size)).astype(np.float32),
+                "timestep": (rng.random(batch) * 1000).astype(np.float32),
+                "cond": rng.standard_normal((batch, 64)).astype(np.float32)}
+    return make
+
+
+def vad_inputs(rng):
+    return {"x": rng.standard_normal((1, 576)).astype(np.float32),
+            "h": np.zeros((1, 1, 64), dtype=np.float32),
+            "c": np.zeros((1, 1, 64), dtype=np.float32),
+            "sr": np.array(16000, dtype=np.int64)}
+
+
+def detector_inputs(size):
+    def make(rng):
+        x = rng.standard_normal((1, 4, size, size)).astype(np.float32)
+        # Broken pixels in a corner, as a camera or a bad crop delivers them: NaN, +Inf and -Inf
+        # spread through the receptive fields, and about 60% of every output stays finite.
+        x[0, 0, 0, 0] = np.nan
+        x[0, 1, 0, 1] = np.inf
+        x[0, 2, 1, 0] = -np.inf
+        return x
+    return lambda rng: {"image": make(rng)}
 
 
 class Spec:
@@ -351,6 +523,15 @@ MODELS = [
                       "c": np.zeros((1, 1, 64), dtype=np.float32)},
          opsets=(11, 13, 17), script=True, fast_opsets=(17,),
          outputs=["prob", "h_out", "c_out"]),
+    Spec("unet_denoiser", UNetDenoiser, denoiser_inputs(1, 32), opsets=(11, 13, 17),
+         fast_opsets=(17,), fast_inputs=denoiser_inputs(1, 16)),
+    Spec("unet_denoiser_b2", UNetDenoiser, denoiser_inputs(2, 32), opsets=(11, 13, 17),
+         fast_opsets=(13,), fast_inputs=denoiser_inputs(2, 16)),
+    Spec("vad_if_lstm", VadIfLstm, vad_inputs, opsets=(11, 13, 17), script=True,
+         fast_opsets=(13,), outputs=["prob", "h_out", "c_out"]),
+    Spec("line_detector", LineDetector, detector_inputs(128), opsets=(11, 13, 17),
+         unfused=(11,), fast_opsets=(11,),
+         outputs=["centre", "offsets", "displacement"]),
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -392,15 +573,30 @@ def torch_outputs(model, inputs):
     return [o.numpy() for o in out]
 
 
-def export(model, inputs, path, opset, fold, names, script):
+def export(model, inputs, path, opset, fold, names, script, outputs):
     args = to_torch(inputs)
     target = torch.jit.script(model) if script else model
     # EVAL runs the exporter's eval peephole, which fuses BatchNorm into the Conv before it;
     # PRESERVE (the module is in eval mode) keeps BatchNormalization nodes, as many published
     # models have them.
     mode = torch.onnx.TrainingMode.EVAL if fold else torch.onnx.TrainingMode.PRESERVE
-    torch.onnx.export(target, args, path, opset_version=opset, do_constant_folding=fold,
-                      input_names=list(inputs.keys()), output_names=names, training=mode)
+    try:
+        torch.onnx.export(target, args, path, opset_version=opset, do_constant_folding=fold,
+                          input_names=list(inputs.keys()), output_names=names, training=mode)
+    except Exception:  # noqa: BLE001 (the exporter's own checker, after writing the file)
+        # This torch's exporter leaves the outputs of a scripted If untyped (the graph's and its
+        # branches') and its checker then refuses the file it wrote; published models declare
+        # the graph's. Declare each graph output's element type from torch's own output, as
+        # those models do (ONNX lets a branch's outputs leave theirs out).
+        if not os.path.exists(path):
+            raise
+        m = onnx.load(path)
+        codes = {np.dtype("float32"): onnx.TensorProto.FLOAT,
+                 np.dtype("int64"): onnx.TensorProto.INT64}
+        for o, arr in zip(m.graph.output, outputs):
+            if not o.type.tensor_type.elem_type:
+                o.type.tensor_type.elem_type = codes[arr.dtype]
+        onnx.save(m, path)
 
 
 def float_tensors(path):
@@ -475,7 +671,7 @@ def export_one(spec, opset, fast, seed, d, stem, which):
     names = spec.outputs or [f"output{i}" if len(outs) > 1 else "output"
                              for i in range(len(outs))]
     export(model, inputs, os.path.join(d, stem + ".onnx"), opset, opset not in spec.unfused,
-           names, spec.script)
+           names, spec.script, outs)
     for i in range(len(outs)):
         np.save(os.path.join(d, f"torch_{which}_{i}.npy"), outs[i])
     return names
@@ -533,8 +729,16 @@ def rel_l2(got, want):
     want = np.asarray(want, dtype=np.float64)
     if got.shape != want.shape:
         return math.inf
-    if np.isnan(want).any() or np.isnan(got).any():
-        return 0.0 if np.array_equal(np.isnan(want), np.isnan(got)) else math.inf
+    # Non-finite values must sit at the same positions with the same value (NaN, +Inf, -Inf);
+    # the error is measured over the finite rest.
+    if not np.array_equal(np.isnan(want), np.isnan(got)):
+        return math.inf
+    infinite = np.isinf(want)
+    if not np.array_equal(infinite, np.isinf(got)) or not np.array_equal(want[infinite],
+                                                                         got[infinite]):
+        return math.inf
+    finite = np.isfinite(want)
+    want, got = want[finite], got[finite]
     n = np.linalg.norm(want)
     return float(np.linalg.norm(got - want) / (n if n > 0 else 1.0))
 
@@ -574,6 +778,9 @@ def check(kiln_bin, d, threads):
             want = np.load(os.path.join(d, f"torch_{which}_{i}.npy"))
             if not np.any(want):
                 raise Failure(f"torch's output '{n}' is all zero: comparing with it proves nothing")
+            if not np.isfinite(want).any():
+                raise Failure(f"torch's output '{n}' has no finite value: comparing with it "
+                              "proves little")
             worst = max(worst, rel_l2(got, want))
         return worst
 
@@ -611,8 +818,8 @@ def check(kiln_bin, d, threads):
         # Latency.
         spec = ";".join(f"{k}={list(np.load(os.path.join(d, 'sample', k + '.npy')).shape)}"
                         .replace(" ", "") for k in meta["inputs"])
-        out, _ = kiln([kiln_bin, "bench", model, "--class", spec, "--json", "--threads",
-                       str(threads), "--max-seconds", "5"], env)
+        out, _ = kiln([kiln_bin, "bench", model, "--class", spec, *inputs, "--json",
+                       "--threads", str(threads), "--max-seconds", "5"], env)
         lat = {}
         for line in out.splitlines():
             try:

@@ -235,6 +235,50 @@ TEST_F(CliCellTest, KeyMintInspectAndRunCompiled) {
   EXPECT_NE(again.text.find("local store hit"), std::string::npos) << again.text;
 }
 
+// Bisecting: mint, run --compile and bench each compile without a pass named by --disable-pass;
+// the cell is proven as always but not the cell its key names, so the local store neither
+// serves nor keeps one.
+TEST_F(CliCellTest, DisabledPassesCompileFromEveryEntryPointAndNothingIsStored) {
+  const std::string cells = cache_ + "/cells";
+  auto stored = [&] { return std::filesystem::exists(cells) && !std::filesystem::is_empty(cells); };
+  Output mint =
+      Kiln("mint --manifest " + kExamples + "/mlp/kiln.toml --disable-pass fuse-elementwise");
+  ASSERT_EQ(mint.exit_code, 0) << mint.text;
+  EXPECT_NE(mint.text.find("HEALTHY"), std::string::npos) << mint.text;
+  EXPECT_NE(mint.text.find("not stored: compiled without fuse-elementwise"), std::string::npos)
+      << mint.text;
+  EXPECT_FALSE(stored());
+  const std::string out_dir = "/tmp/kiln_cli_bisect_" + std::to_string(::getpid());
+  const std::string run = "run " + kExamples + "/mlp/model.onnx --checkpoint " + kExamples +
+                          "/mlp/checkpoint.safetensors --input x=" + kExamples +
+                          "/mlp/inputs/x.npy --out " + out_dir + " --compile";
+  Output bisect = Kiln(run + " --disable-pass fold-gemm-bias --disable-pass plan-layout");
+  ASSERT_EQ(bisect.exit_code, 0) << bisect.text;
+  EXPECT_NE(bisect.text.find("not stored"), std::string::npos) << bisect.text;
+  EXPECT_FALSE(stored());
+  auto got = ReadNpy(out_dir + "/logits.npy");
+  auto ref = ReadNpy(kExamples + "/mlp/outputs/logits.npy");
+  ASSERT_TRUE(got.ok() && ref.ok());
+  for (int64_t i = 0; i < ref->numel(); ++i)
+    EXPECT_NEAR(got->GetAsDouble(i), ref->GetAsDouble(i), 1e-4);
+  Output bench = Kiln("bench " + kExamples +
+                      "/mlp/model.onnx --class 'x=[4,64]' --engine compiled "
+                      "--runs 2 --warmup 0 --disable-pass fuse-library-epilogue");
+  ASSERT_EQ(bench.exit_code, 0) << bench.text;
+  EXPECT_FALSE(stored());
+  Output eager_only = Kiln("run " + kExamples + "/mlp/model.onnx --input x=" + kExamples +
+                           "/mlp/inputs/x.npy --out " + out_dir + " --disable-pass plan-layout");
+  EXPECT_NE(eager_only.exit_code, 0);
+  EXPECT_NE(eager_only.text.find("--disable-pass needs --compile"), std::string::npos)
+      << eager_only.text;
+  // The whole pipeline's cell is minted and stored afresh: nothing was left to hit.
+  Output whole = Kiln(run);
+  ASSERT_EQ(whole.exit_code, 0) << whole.text;
+  EXPECT_NE(whole.text.find("minted and stored"), std::string::npos) << whole.text;
+  EXPECT_TRUE(stored());
+  std::filesystem::remove_all(out_dir);
+}
+
 TEST_F(CliCellTest, RefusalsAreNamed) {
   Output bad_target = Kiln("mint --manifest " + kExamples + "/mlp/kiln.toml --target nope");
   EXPECT_EQ(bad_target.exit_code, 1);

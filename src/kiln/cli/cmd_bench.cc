@@ -19,6 +19,7 @@
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/identity/toolchain.h"
 #include "src/kiln/ops/dnnl_kernels.h"
+#include "src/kiln/tensor/npy.h"
 
 namespace kiln::cli {
 
@@ -38,6 +39,8 @@ struct BenchArgs {
   bool mint_only = false;       // put the class's cell into the local store and stop
   bool sgemm_peak = false;
   std::string label;  // engine name of the compiled row (default kiln_compiled)
+  std::vector<std::string> disabled_passes;  // bisecting a slow or wrong cell
+  std::vector<std::string> inputs;           // NAME=FILE.npy: these values, not probe values
 };
 
 // VmHWM / VmRSS of this process in MiB (0 when /proc is unreadable).
@@ -165,6 +168,24 @@ Status DoBench(const BenchArgs& a) {
   }
   KILN_ASSIGN_OR_RETURN(TensorMap inputs,
                         ProbeInputs(probe_spec, Lane::kExported, 99, ProbeIntBounds(*graph, cls)));
+  // Given values replace the probe's: a model may run only for some values (an If whose other
+  // branch cannot run at this class's shapes, an index that must stay in range).
+  for (const std::string& item : a.inputs) {
+    const size_t eq = item.find('=');
+    const std::string name = eq == std::string::npos ? item : item.substr(0, eq);
+    auto it = inputs.find(name);
+    if (eq == std::string::npos || it == inputs.end()) {
+      return Status::InvalidArgument("--input '" + item +
+                                     "' must be NAME=FILE.npy for a graph input");
+    }
+    auto t = ReadNpy(item.substr(eq + 1));
+    if (!t.ok()) return t.status().WithContext("input '" + name + "'");
+    if (t->dtype() != it->second.dtype() || t->shape() != it->second.shape()) {
+      return Status::InvalidArgument("--input '" + name + "' is " + t->TypeString() +
+                                     ", the class says " + it->second.TypeString());
+    }
+    it->second = std::move(t).value();
+  }
 
   const std::string model = ModelName(a.model), spec = ClassSpec(cls);
   if (run_eager) {
@@ -182,8 +203,8 @@ Status DoBench(const BenchArgs& a) {
   // (compile, gate, fence), which is timed apart (`--mint-only` does just that, so a measuring
   // process's peak memory holds no proof runs).
   const auto bind = Clock::Real()->Now();
-  KILN_ASSIGN_OR_RETURN(LocalCell cell,
-                        LocalCellForClass(graph, weights, cls, "local/bench", a.threads));
+  KILN_ASSIGN_OR_RETURN(LocalCell cell, LocalCellForClass(graph, weights, cls, "local/bench",
+                                                          a.threads, {}, a.disabled_passes));
   const double setup_ms = MsSince(bind);
   if (a.mint_only) {
     std::printf("%s %s: cell %s (%s, %.0f ms)\n", model.c_str(), spec.c_str(), cell.ref.c_str(),
@@ -221,6 +242,10 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
   cmd->add_flag("--mint-only", a->mint_only,
                 "mint the class's cell into the local store, then stop");
   cmd->add_option("--label", a->label, "engine name of the compiled row (e.g. kiln_compiled_v4)");
+  cmd->add_option("--input", a->inputs,
+                  "NAME=FILE.npy: run with these values instead of probe values (repeatable)");
+  cmd->add_option("--disable-pass", a->disabled_passes,
+                  "compile without this pass (repeatable), past the local store: for bisecting");
   cmd->add_flag("--sgemm-peak", a->sgemm_peak,
                 "time the kernel library's SGEMM (2048^3) at --threads instead of a model");
   cmd->callback([=] {

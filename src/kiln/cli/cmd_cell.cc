@@ -63,8 +63,10 @@ std::string ClassSpec(const ShapeClass& c) {
 
 Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,
                                     const ShapeClass& shape_class, const std::string& family,
-                                    int num_threads, const Samples& samples) {
+                                    int num_threads, const Samples& samples,
+                                    const std::vector<std::string>& disabled_passes) {
   MintRequest r;
+  r.compile.disabled_passes = disabled_passes;
   r.graph = std::move(graph);
   r.weights = weights;
   r.samples = samples;
@@ -131,7 +133,17 @@ Status DoMint(const Args& a) {
   std::printf("%s\n", result->ref.c_str());
   std::printf("  gate   %s\n  fence  %s\n", result->gate.Summary().c_str(),
               result->fence.Summary().c_str());
-  std::printf("  stored %s/%s\n  stage      ms\n", root.c_str(), result->key.c_str());
+  if (result->stored) {
+    std::printf("  stored %s/%s\n", root.c_str(), result->key.c_str());
+  } else {
+    std::string skipped;
+    for (const std::string& p : DisabledPasses(r.compile)) skipped += " " + p;
+    std::printf(
+        "  not stored: compiled without%s (bisecting; the local store keeps only cells "
+        "of the whole pipeline)\n",
+        skipped.c_str());
+  }
+  std::printf("  stage      ms\n");
   double total = 0;
   for (const StageTime& s : result->stages) {
     std::printf("  %-8s %8.1f\n", s.stage.c_str(), s.ms);
@@ -211,7 +223,8 @@ void AddCellCommands(CLI::App& app, int* exit_code) {
                    "then kills its process group)");
   mint->add_option("--dump-ir", args->dump_ir, "write the IR after every pass to this file");
   mint->add_option("--disable-pass", args->disabled_passes,
-                   "skip a compiler pass by name, for bisecting (repeatable)");
+                   "skip a compiler pass by name, for bisecting (repeatable); the cell is "
+                   "proven but not stored");
   mint->callback([=] {
     if (!args->child.empty()) {
       *exit_code = RunMintChild(args->child, args->parent_alive_fd);

@@ -22,6 +22,7 @@ struct RunArgs {
   std::string out_dir;
   bool compile = false;
   int threads = 1;
+  std::vector<std::string> disabled_passes;
 };
 
 Status DoRun(const RunArgs& a) {
@@ -53,11 +54,15 @@ Status DoRun(const RunArgs& a) {
   if (a.compile) {
     ShapeClass c;
     for (const auto& [name, t] : inputs) c[name] = t.shape();
-    KILN_ASSIGN_OR_RETURN(LocalCell cell,
-                          LocalCellForClass(shared, bound ? *bound : GraphWeights(*shared), c,
-                                            "local/run", a.threads, Samples{inputs}));
+    KILN_ASSIGN_OR_RETURN(
+        LocalCell cell,
+        LocalCellForClass(shared, bound ? *bound : GraphWeights(*shared), c, "local/run", a.threads,
+                          Samples{inputs}, a.disabled_passes));
     std::printf("cell: %s (%s, %.0f ms)\n", cell.ref.c_str(),
-                cell.store_hit ? "local store hit" : "minted and stored", cell.ms);
+                cell.store_hit              ? "local store hit"
+                : a.disabled_passes.empty() ? "minted and stored"
+                                            : "minted without the disabled passes, not stored",
+                cell.ms);
     KILN_ASSIGN_OR_RETURN(outputs, cell.cell->Run(0, inputs));
     mode = "aot_cell";
   } else {
@@ -93,7 +98,14 @@ void AddRunCommand(CLI::App& app, int* exit_code) {
       "--compile", args->compile,
       "compile the graph for these input shapes (through the local store) and run the cell");
   cmd->add_option("--threads", args->threads, "threads for the kernel library");
+  cmd->add_option("--disable-pass", args->disabled_passes,
+                  "with --compile: skip a compiler pass by name, for bisecting (repeatable); the "
+                  "cell is minted past the local store and not kept");
   cmd->callback([=] {
+    if (!args->disabled_passes.empty() && !args->compile) {
+      *exit_code = ReportError("run", Status::InvalidArgument("--disable-pass needs --compile"));
+      return;
+    }
     Status s = DoRun(*args);
     *exit_code = s.ok() ? 0 : ReportError("run", s);
   });

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "src/kiln/manifest/manifest.h"
 #include "src/kiln/mint/mint.h"
@@ -18,9 +19,11 @@ std::string ClassSpec(const ShapeClass& c);
 
 // The cell for one shape class of `graph` bound to `weights`, from the local store (minted and
 // stored on a miss), admitted and armed: what `run --compile`, `bench` and `demo` serve from.
-// A mint probes `samples` beside its synthetic probes.
+// A mint probes `samples` beside its synthetic probes. `disabled_passes` (bisecting) compiles
+// without them, past the store (mint/mint.h CompileThroughStore).
 Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,
                                     const ShapeClass& shape_class, const std::string& family,
-                                    int num_threads, const Samples& samples = {});
+                                    int num_threads, const Samples& samples = {},
+                                    const std::vector<std::string>& disabled_passes = {});
 
 }  // namespace kiln::cli

@@ -172,8 +172,10 @@ class EntryEmitter {
             EmitPreparedMatmul(mm_plans_[k]);
           } else if (kern.kind == Kernel::Kind::kMatMul) {
             KILN_RETURN_IF_ERROR(EmitMatMul(kern));
+            EmitBiasAdd(kern);
           } else {
             KILN_RETURN_IF_ERROR(EmitGemm(kern));
+            EmitBiasAdd(kern);
           }
           KILN_RETURN_IF_ERROR(EmitEpilogue(kern));
           break;
@@ -522,10 +524,12 @@ class EntryEmitter {
       N = trans_w ? b[0] : b[1];
       const bool has_c = n.HasInput(2) && beta != 0.0f;
       if (has_c) {
-        // C as a per-column bias is the library's bias; anything else keeps the generic path.
+        // C as a per-column bias is the library's bias; anything else keeps the generic path,
+        // and so does a C beside a folded bias (one call takes one bias; fold-gemm-bias never
+        // folds one into a Gemm with C).
         const TensorType& ct = Buf(k.inputs[2]).type;
         if (beta != 1.0f || ct.shape.empty() || ct.shape.back() != N ||
-            NumElements(ct.shape) != N) {
+            NumElements(ct.shape) != N || bias >= 0) {
           return plan;
         }
         bias = k.inputs[2];
@@ -552,6 +556,18 @@ class EntryEmitter {
       << ", 0, 0}";
     plan.desc = d.str();
     return plan;
+  }
+
+  // A bias fold-gemm-bias moved out of the epilogue, added after a product the library ran
+  // without it (the unprepared paths): the epilogue reads result + bias either way.
+  void EmitBiasAdd(const Kernel& k) {
+    if (k.bias < 0) return;
+    const int64_t n = Buf(k.outputs[0]).type.shape.back();
+    const int64_t rows = NumElements(Buf(k.outputs[0]).type.shape) / n;
+    const std::string y = B(k.outputs[0]), b = B(k.inputs[static_cast<size_t>(k.bias)]);
+    os_ << "    for (int64_t i = 0; i < " << Lit(rows) << "; ++i)\n"
+        << "      for (int64_t j = 0; j < " << Lit(n) << "; ++j) " << y << "[i * " << Lit(n)
+        << " + j] += " << b << "[j];\n";
   }
 
   void EmitPreparedMatmul(const MatmulPlan& m) {
@@ -914,7 +930,9 @@ class EntryEmitter {
     const int64_t rank = static_cast<int64_t>(s.size());
     const std::string X = B(k.inputs[0]);
     const std::string scale = B(k.inputs[1]);
-    const bool has_bias = k.inputs.size() > 2;
+    // The node's own bias input: a LayerNormalization may have none, and the kernel's inputs
+    // after the node's are its epilogue's operands.
+    const bool has_bias = k.node.HasInput(2);
     const std::string bias = has_bias ? B(k.inputs[2]) : "";
     const float eps = k.node.GetFloat("epsilon", 1e-5f);
     const bool layer = k.node.op_type == "LayerNormalization";

@@ -115,7 +115,14 @@ bool FuseOnce(Program& p) {
         if (rit == readers.end()) continue;
         for (size_t r : rit->second) ok = ok && r >= ki;
       }
-      // Views of P's outputs are read through their root: covered by Readers.
+      // Views of P's outputs are read through their root: covered by Readers. K itself must
+      // read P's outputs directly: a view of one (an Identity, a Dropout, a Reshape in between)
+      // would read bytes the merged loop writes only as it goes.
+      for (int kin : K.inputs) {
+        if (kin < 0 || p.buffers[static_cast<size_t>(kin)].alias_of < 0) continue;
+        const int root = p.Root(kin);
+        for (int o : P.outputs) ok = ok && root != o;
+      }
       if (!ok) continue;
       Merge(p, pi, ki, readers);
       return true;

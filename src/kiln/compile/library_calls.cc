@@ -23,8 +23,25 @@ int64_t OutputColumns(const Program& p, const Kernel& k) {
   return s.empty() ? 1 : s.back();
 }
 
-// Folds epilogue expr 0 = Add(result, inputs[j]) into the call when inputs[j] is a column vector
-// and nothing else reads the raw result.
+// What fold-gemm-bias may move into the library call, and why (the rules passes.h states):
+// - the operand is bound data, a weight or a structural constant: the same N values for every
+//   row of every run by construction. A tensor computed at run time stays in the epilogue even
+//   when its shape is a vector ([1, N] at batch 1 looks exactly like a bias);
+// - the call has no bias of its own: a Gemm's C is the library's bias (the emitter passes it
+//   there), and one call takes one bias, so a Gemm with C keeps its add in the epilogue;
+// - the operand is a vector of N values along the output's last axis.
+bool FoldableBias(const Program& p, const Kernel& k, size_t j) {
+  if (k.kind == Kernel::Kind::kGemm && k.node.HasInput(2) && k.node.GetFloat("beta", 1.0f) != 0) {
+    return false;
+  }
+  const Buffer& b = p.buffers[static_cast<size_t>(k.inputs[j])];
+  const Buffer::Kind bound = p.buffers[static_cast<size_t>(p.Root(b.id))].kind;
+  if (bound != Buffer::Kind::kWeight && bound != Buffer::Kind::kConst) return false;
+  return IsColumnVector(b.type, OutputColumns(p, k));
+}
+
+// Folds epilogue expr 0 = Add(result, inputs[j]) into the call when FoldableBias allows it and
+// nothing else reads the raw result.
 bool FoldBias(const Program& p, Kernel& k) {
   if (k.epilogue.empty() || k.bias >= 0) return false;
   const Expr& e = k.epilogue[0];
@@ -39,9 +56,7 @@ bool FoldBias(const Program& p, Kernel& k) {
   }
   if (other >= -1 || other == INT32_MIN) return false;  // another expr, or the result itself
   const size_t j = static_cast<size_t>(-other - 2);
-  if (!IsColumnVector(p.buffers[static_cast<size_t>(k.inputs[j])].type, OutputColumns(p, k))) {
-    return false;
-  }
+  if (!FoldableBias(p, k, j)) return false;
   for (size_t x = 1; x < k.epilogue.size(); ++x) {
     for (int o : k.epilogue[x].operands) {
       if (o == -1) return false;

@@ -135,7 +135,12 @@ bool IsIntegerNearestResize(const Program& p, const Node& n, int64_t opset,
   if (n.GetString("mode", "nearest") != "nearest") return false;
   const std::string ctm = n.GetString("coordinate_transformation_mode", "half_pixel");
   const std::string nm = n.GetString("nearest_mode", "round_prefer_floor");
-  if (!(ctm == "half_pixel" || ctm == "pytorch_half_pixel" ||
+  // Output o = q f + r reads source q when: half-pixel centres ((o + 1/2) / f - 1/2 = q +
+  // (r + 1/2) / f - 1/2, strictly within half a pixel of q) are rounded to the nearest, either
+  // way at ties (there are none); asymmetric ones (o / f = q + r / f) are floored. Half-pixel
+  // centres floored or ceiled move to q - 1 or q + 1 for some r.
+  const bool rounded = nm == "round_prefer_floor" || nm == "round_prefer_ceil";
+  if (!(((ctm == "half_pixel" || ctm == "pytorch_half_pixel") && rounded) ||
         (ctm == "asymmetric" && nm == "floor"))) {
     return false;
   }

@@ -77,18 +77,6 @@ const std::vector<PassDef>& EntryPasses() {
 // The cell-level pass after every entry's pipeline.
 constexpr const char* kEmitPass = "emit-cpp";
 
-std::vector<std::string> Disabled(const CompileOptions& options) {
-  std::vector<std::string> out = options.disabled_passes;
-  if (const char* env = std::getenv("KILN_DISABLE_PASSES")) {
-    std::stringstream ss(env);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      if (!item.empty()) out.push_back(item);
-    }
-  }
-  return out;
-}
-
 std::string GraphText(const Graph& g) {
   std::ostringstream os;
   for (const ValueInfo& in : g.inputs) {
@@ -116,14 +104,34 @@ const std::vector<std::string>& PassNames() {
   return kNames;
 }
 
-Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, int index,
-                             const CompileOptions& options, std::vector<PassTiming>* timings) {
-  const std::vector<std::string> disabled = Disabled(options);
-  for (const std::string& d : disabled) {
-    if (std::find(PassNames().begin(), PassNames().end(), d) == PassNames().end()) {
-      return Status::InvalidArgument("cannot disable unknown pass '" + d + "'");
+std::vector<std::string> DisabledPasses(const CompileOptions& options) {
+  std::vector<std::string> out = options.disabled_passes;
+  if (const char* env = std::getenv("KILN_DISABLE_PASSES")) {
+    std::stringstream ss(env);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+      if (!item.empty()) out.push_back(item);
     }
   }
+  return out;
+}
+
+Status CheckPassNames(const std::vector<std::string>& names) {
+  for (const std::string& d : names) {
+    if (std::find(PassNames().begin(), PassNames().end(), d) == PassNames().end()) {
+      std::string known;
+      for (const std::string& p : PassNames()) known += (known.empty() ? "" : ", ") + p;
+      return Status::InvalidArgument("cannot disable unknown pass '" + d + "' (passes: " + known +
+                                     ")");
+    }
+  }
+  return Status::OK();
+}
+
+Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, int index,
+                             const CompileOptions& options, std::vector<PassTiming>* timings) {
+  const std::vector<std::string> disabled = DisabledPasses(options);
+  KILN_RETURN_IF_ERROR(CheckPassNames(disabled));
   auto is_disabled = [&](const std::string& name) {
     return std::find(disabled.begin(), disabled.end(), name) != disabled.end();
   };

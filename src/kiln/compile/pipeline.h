@@ -34,6 +34,15 @@ struct PassTiming {
 // The ordered pass list, for docs and `--disable-pass` validation.
 const std::vector<std::string>& PassNames();
 
+// The passes a compile skips: options.disabled_passes, then KILN_DISABLE_PASSES=a,b. A cell
+// compiled with any of them skipped is not the cell its key names (its source is not what the
+// code generator makes of the graph, so no worker's provenance check would accept it): it is for
+// bisecting, and the local store never keeps one (mint/mint.h).
+std::vector<std::string> DisabledPasses(const CompileOptions& options);
+
+// InvalidArgument naming the first of `names` that is no pass of PassNames().
+Status CheckPassNames(const std::vector<std::string>& names);
+
 // Runs the graph and program passes for one shape class.
 Result<Program> CompileEntry(const Graph& graph, const ShapeClass& shape_class, int index,
                              const CompileOptions& options, std::vector<PassTiming>* timings);

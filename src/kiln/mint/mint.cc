@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/clock.h"
@@ -196,8 +197,10 @@ Result<MintResult> MintCell(const MintRequest& req) {
 
 Result<MintResult> MintAndStore(const MintRequest& request, LocalStore& store) {
   KILN_ASSIGN_OR_RETURN(MintResult result, MintCell(request));
+  if (!DisabledPasses(request.compile).empty()) return result;
   KILN_RETURN_IF_ERROR(
       store.Put(result.key, result.tar, CellOrigin{CellOrigin::Kind::kMinted, ""}));
+  result.stored = true;
   return result;
 }
 
@@ -207,7 +210,11 @@ Result<LocalCell> CompileThroughStore(const MintRequest& request, LocalStore& st
   LocalCell out;
   KILN_ASSIGN_OR_RETURN(KeyAxes axes, DeriveKeyAxes(*request.graph, request.envelope, request.sm));
   KILN_ASSIGN_OR_RETURN(std::string key, KeyFromAxes(axes));
-  KILN_ASSIGN_OR_RETURN(auto hit, store.Get(key));
+  const bool bisecting = !DisabledPasses(request.compile).empty();
+  std::optional<StoredCell> hit;
+  if (!bisecting) {
+    KILN_ASSIGN_OR_RETURN(hit, store.Get(key));
+  }
   std::string bytes;
   if (hit) {
     out.store_hit = true;

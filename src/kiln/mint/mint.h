@@ -64,6 +64,10 @@ struct MintResult {
   FenceReport fence;
   std::vector<StageTime> stages;
   std::vector<PassTiming> passes;
+  // MintAndStore: whether the local store kept the cell. Never when passes were disabled
+  // (compile/pipeline.h DisabledPasses): such a cell is for bisecting, not the cell its key
+  // names.
+  bool stored = false;
 };
 
 // A cell's entries as its own describe JSON reports them (kiln_cell_describe), with the shape
@@ -78,12 +82,14 @@ Result<Samples> ReadSamples(const std::vector<std::map<std::string, std::string>
 // `fence_refused`, `unmeasurable`; gate.h) and names the worst entry.
 Result<MintResult> MintCell(const MintRequest& request);
 
-// Mints and, only if the mint succeeded, stores the sealed bytes in `store` (a refused cell
-// leaves nothing behind).
+// Mints and, only if the mint succeeded and no pass was disabled, stores the sealed bytes in
+// `store` (a refused cell leaves nothing behind).
 Result<MintResult> MintAndStore(const MintRequest& request, LocalStore& store);
 
 // `kiln run --compile` and benchmarks: the cell for (graph, envelope) from the local store, or
-// minted and stored on a miss; admitted (law 4) and armed with `weights`.
+// minted and stored on a miss; admitted (law 4) and armed with `weights`. With passes disabled
+// the store is neither read nor written: the cell is minted (gate and fence as always) and
+// loaded from the bytes just proven.
 struct LocalCell {
   std::unique_ptr<ArmedCell> cell;
   std::string ref;

@@ -100,9 +100,23 @@ Result<std::vector<TensorType>> InferIf(const OpContext& ctx) {
     return runner->InferBody(cond ? *then_g : *else_g, {}, {});
   }
   auto then_t = runner->InferBody(*then_g, {}, {});
-  if (!then_t.ok()) return then_t.status().WithContext(ctx.where() + " then_branch");
   auto else_t = runner->InferBody(*else_g, {}, {});
-  if (!else_t.ok()) return else_t.status().WithContext(ctx.where() + " else_branch");
+  // A branch whose types depend on data makes the If's types depend on data.
+  if (!then_t.ok() && IsValueDependent(then_t.status())) {
+    return then_t.status().WithContext(ctx.where() + " then_branch");
+  }
+  if (!else_t.ok() && IsValueDependent(else_t.status())) {
+    return else_t.status().WithContext(ctx.where() + " else_branch");
+  }
+  // A branch that cannot run at these shapes (an exported model's branch for another input
+  // size: a voice detector's 8 kHz front end given a 16 kHz frame) is refused by eager whenever
+  // it is taken, so the If has the types of the branch that can run. Only both failing is an
+  // error.
+  if (!then_t.ok() && !else_t.ok()) {
+    return then_t.status().WithContext(ctx.where() + " then_branch");
+  }
+  if (!then_t.ok()) return else_t;
+  if (!else_t.ok()) return then_t;
   for (size_t k = 0; k < then_t->size() && k < else_t->size(); ++k) {
     if (!((*then_t)[k] == (*else_t)[k])) {
       return Status::Refused(StatusCode::kUnimplemented, kRefusalValueDependent,

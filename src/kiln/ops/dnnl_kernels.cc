@@ -179,7 +179,25 @@ struct ConvPrimitive {
   std::optional<Reorder> src_reorder, wei_reorder, dst_reorder;
   std::optional<Reorder> dst_in_reorder;  // epilogue sum: the residual into the blocked dst
   bool activation_in_primitive = false;   // else RunConv2d applies it (ApplyPostOp) afterwards
+  bool winograd = false;  // the library's Winograd kernel (layout 4, when it has one)
 };
+
+// Winograd's transforms add and subtract neighbouring inputs before anything is multiplied, so
+// an infinity becomes inf - inf = NaN across its whole tile, and a NaN reaches outputs whose
+// windows never held it. docs/design.md's rule (a non-finite input reaches exactly the outputs
+// whose sums hold it) is the direct kernel's, so Winograd runs only on operands this moderate,
+// where no transform can overflow either; anything else (NaN, infinities, |v| >= 2^40) runs the
+// direct kernel. One comparison per element: a NaN fails it too.
+bool WinogradSafe(const float* v, int64_t n) {
+  constexpr float kBound = 1099511627776.0f;  // 2^40
+  for (int64_t i = 0; i < n; i += 4096) {
+    const int64_t end = std::min(n, i + 4096);
+    bool ok = true;
+    for (int64_t j = i; j < end; ++j) ok &= std::fabs(v[j]) < kBound;
+    if (!ok) return false;
+  }
+  return true;
+}
 
 using ConvKey = std::tuple<Conv2dParams, bool /*has_bias*/, int /*threads*/>;
 
@@ -286,6 +304,7 @@ std::shared_ptr<const ConvPrimitive> CreateConv(const Conv2dParams& p, bool has_
       attr.set_post_ops(ops);
       dnnl::convolution_forward::primitive_desc probe(wd, attr, CpuEngine());
       desc = wd;
+      cp->winograd = true;
     } catch (const dnnl::error&) {
     }
   }
@@ -510,6 +529,9 @@ class PreparedConv2d {
   bool conv_scratchpad = false;  // the convolution itself takes a scratchpad argument
   // kConv* order: the caller's x and y, the bias, the convolution's scratchpad.
   std::unique_ptr<ArgSets> args;
+  // A Winograd convolution's direct twin on the same NHWC buffers, for inputs WinogradSafe
+  // refuses (null otherwise).
+  PreparedConv2dPtr direct;
 };
 
 enum { kConvX = 0, kConvY, kConvBias, kConvScratch };
@@ -531,6 +553,17 @@ Result<PreparedConv2dPtr> PrepareConv2d(const Conv2dParams& p, const float* w, b
     c->has_bias = has_bias;
     c->threads = num_threads;
     c->cp = CreateConv(p, has_bias, epi);
+    if (c->cp->winograd) {
+      Conv2dParams direct = p;
+      direct.layout = 3;  // NHWC, the direct kernel
+      const int64_t wn = p.K * (p.C / p.group) * p.R * p.S;
+      if (!WinogradSafe(w, wn)) {  // weights past the bound: the direct kernel only
+        c->p = direct;
+        c->cp = CreateConv(direct, has_bias, epi);
+      } else {
+        KILN_ASSIGN_OR_RETURN(c->direct, PrepareConv2d(direct, w, has_bias, epi, num_threads));
+      }
+    }
     const ConvPrimitive& cp = *c->cp;
     const dnnl::engine& eng = CpuEngine();
     dnnl::memory user_w(cp.user_wei, eng, const_cast<float*>(w));
@@ -565,6 +598,9 @@ Result<PreparedConv2dPtr> PrepareConv2d(const Conv2dParams& p, const float* w, b
 Status RunConv2d(const PreparedConv2d& c, const float* x, const float* bias, float* y) {
   if (c.has_bias && bias == nullptr) {
     return Status::InvalidArgument(ShapeOf(c.p) + ": bias expected");
+  }
+  if (c.direct && !WinogradSafe(x, c.p.N * c.p.C * c.p.H * c.p.W)) {
+    return RunConv2d(*c.direct, x, bias, y);
   }
   try {
     ScopedThreads threads(c.threads);
@@ -840,6 +876,12 @@ Status Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float 
 Status Conv2d(const Conv2dParams& p, const float* x, const float* w, const float* bias, float* y,
               int num_threads) {
   KILN_RETURN_IF_ERROR(ValidateConv(p));
+  if (p.layout == 4 && !(WinogradSafe(x, p.N * p.C * p.H * p.W) &&
+                         WinogradSafe(w, p.K * (p.C / p.group) * p.R * p.S))) {
+    Conv2dParams direct = p;
+    direct.layout = 3;  // NHWC, the direct kernel
+    return Conv2d(direct, x, w, bias, y, num_threads);
+  }
   const std::string what = ShapeOf(p);
   try {
     ScopedThreads threads(num_threads);

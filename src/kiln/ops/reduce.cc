@@ -420,7 +420,9 @@ Status DispatchFloatInt(const OpContext& ctx, DType t, Fn&& fn) {
 
 // ---------------------------------------------------------------------------------------------
 // ArgMax / ArgMin: int64 index of the extreme along `axis` (default 0); ties give the first index
-// unless select_last_index=1 (opset 12). NaN is never selected over a number.
+// unless select_last_index=1 (opset 12). NaN is the extreme, as max and min propagate it
+// (numpy.argmax/argmin): a slice holding one gives the first NaN's index (the last with
+// select_last_index).
 
 Status CheckArg(const Node& node, int64_t opset) {
   KILN_RETURN_IF_ERROR(CheckArity(node, 1, 1));
@@ -464,10 +466,16 @@ Status RunArg(const OpContext& ctx, std::vector<Tensor>& outputs) {
       for (int64_t i = 0; i < v.inner; ++i) {
         const T* row = px + o * v.dim * v.inner + i;
         int64_t best = -1;
+        bool nan = false;
         for (int64_t j = 0; j < v.dim; ++j) {
           const T x = row[j * v.inner];
           if constexpr (std::is_floating_point_v<T>) {
-            if (std::isnan(x)) continue;
+            if (std::isnan(x)) {
+              if (!nan || last) best = j;
+              nan = true;
+              continue;
+            }
+            if (nan) continue;
           }
           if (best < 0) {
             best = j;
@@ -477,7 +485,7 @@ Status RunArg(const OpContext& ctx, std::vector<Tensor>& outputs) {
           const bool better = kMax ? (x > b || (last && x == b)) : (x < b || (last && x == b));
           if (better) best = j;
         }
-        py[o * v.inner + i] = best < 0 ? 0 : best;  // all NaN: index 0
+        py[o * v.inner + i] = best;
       }
     }
     return Status::OK();
@@ -537,7 +545,8 @@ Status RunCumSum(const OpContext& ctx, std::vector<Tensor>& outputs) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Hardmax: 1 at the first maximum of each slice, 0 elsewhere. The slices are those of Softmax
+// Hardmax: 1 at the first maximum of each slice (its first NaN, as ArgMax), 0 elsewhere. The
+// slices are those of Softmax
 // (SoftmaxShape): before opset 13 the input is flattened to 2-D at `axis` (default 1), from 13
 // the slice runs along `axis` (default -1).
 
@@ -554,7 +563,10 @@ Status RunHardmax(const OpContext& ctx, std::vector<Tensor>& outputs) {
       int64_t best = -1;
       for (int64_t j = 0; j < g.dim; ++j) {
         const float v = px[base + j * g.inner];
-        if (std::isnan(v)) continue;
+        if (std::isnan(v)) {
+          best = j;
+          break;
+        }
         if (best < 0 || v > px[base + best * g.inner]) best = j;
       }
       if (best >= 0) py[base + best * g.inner] = 1.0f;
