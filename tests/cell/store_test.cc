@@ -120,7 +120,9 @@ TEST_F(StoreTest, GetRacingPutNeverBreaksIt) {
       while (!done.load()) {
         Result<std::optional<StoredCell>> got = other.Get(key_);
         EXPECT_TRUE(got.ok()) << got.status().ToString();
-        if (got.ok() && got->has_value()) EXPECT_EQ((*got)->bytes, bytes_);
+        if (got.ok() && got->has_value()) {
+          EXPECT_EQ((*got)->bytes, bytes_);
+        }
       }
     });
     Status put = writer.Put(key_, bytes_, kMinted);
