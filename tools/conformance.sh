@@ -37,7 +37,8 @@ export KILN_CACHE_DIR="${KILN_CACHE_DIR:-$(mktemp -d /tmp/kiln-conformance-cache
 args+=(--skip-file tests/conformance/skip.txt)
 if [ "$update" = 1 ]; then
   exec "$dir/tests/kiln_conformance" --cases "$cases" --update --report docs/conformance.md \
-    --baseline tests/conformance/baseline.txt --cli "$dir/kiln" \
+    --baseline tests/conformance/baseline.txt --explanations tests/conformance/explanations.txt \
+    --cli "$dir/kiln" \
     --jobs "${KILN_CONFORMANCE_JOBS:-2}" ${args[@]+"${args[@]}"}
 fi
 exec "$dir/tests/kiln_conformance" --cases "$cases" --baseline tests/conformance/baseline.txt \

@@ -417,6 +417,34 @@ class LineDetector(nn.Module):
         return centre * peaks, y[:, 1:5], y[:, 5:]
 
 
+class Detections(nn.Module):
+    """A torchvision detector on one image: its boxes, scores and labels (as many as it keeps:
+    NonMaxSuppression inside an If decides how many). `calibrate` runs the backbone alone, since
+    the detector proper wants targets in training mode."""
+
+    def __init__(self, detector):
+        super().__init__()
+        self.detector = detector
+
+    def forward(self, image):
+        out = self.detector([image[0]])[0]
+        return out["boxes"], out["scores"], out["labels"]
+
+    def calibrate(self, image):
+        self.detector.backbone(image)
+
+
+class FlowLast(nn.Module):
+    """An optical-flow model on an image pair: its last (finest) flow estimate."""
+
+    def __init__(self, flow):
+        super().__init__()
+        self.flow = flow
+
+    def forward(self, image1, image2):
+        return self.flow(image1, image2)[-1]
+
+
 # --------------------------------------------------------------------------------------------
 # The model list.
 
@@ -426,6 +454,33 @@ def tv(name, **kw):
         import torchvision.models as m
         return getattr(m, name)(weights=None, **kw)
     return build
+
+
+def tv_video(name):
+    def build():
+        import torchvision.models.video as m
+        return getattr(m, name)(weights=None)
+    return build
+
+
+def ssdlite():
+    import torchvision.models.detection as m
+    return Detections(m.ssdlite320_mobilenet_v3_large(weights=None, weights_backbone=None))
+
+
+def raft_small():
+    import torchvision.models.optical_flow as m
+    return FlowLast(m.raft_small(weights=None))
+
+
+def video(frames, size):
+    return lambda rng: {"video": rng.standard_normal((1, 3, frames, size, size))
+                        .astype(np.float32)}
+
+
+def image_pair(size):
+    return lambda rng: {"image1": rng.standard_normal((1, 3, size, size)).astype(np.float32),
+                        "image2": rng.standard_normal((1, 3, size, size)).astype(np.float32)}
 
 
 def image(size):
@@ -474,7 +529,8 @@ def detector_inputs(size):
 
 class Spec:
     def __init__(self, name, build, inputs, opsets=(9, 11, 13, 17), unfused=(11,),
-                 script=False, fast_opsets=None, fast_inputs=None, outputs=None):
+                 script=False, fast_opsets=None, fast_inputs=None, outputs=None,
+                 detections=False):
         self.name = name
         self.build = build
         self.inputs = inputs
@@ -484,6 +540,9 @@ class Spec:
         self.fast_opsets = fast_opsets or ()
         self.fast_inputs = fast_inputs or inputs
         self.outputs = outputs
+        # Outputs are detections (boxes, scores, labels, one row each): compared as a set of
+        # rows, since two detections whose scores agree to float rounding may come in either order.
+        self.detections = detections
 
 
 MODELS = [
@@ -532,6 +591,13 @@ MODELS = [
     Spec("line_detector", LineDetector, detector_inputs(128), opsets=(11, 13, 17),
          unfused=(11,), fast_opsets=(11,),
          outputs=["centre", "offsets", "displacement"]),
+    # 3-D convolutions over an 8-frame clip.
+    Spec("mc3_18", tv_video("mc3_18"), video(8, 112), opsets=(17,)),
+    # NonMaxSuppression inside an If, TopK, GatherND; as many detections as it keeps.
+    Spec("ssdlite320", ssdlite, image(320), opsets=(17,), unfused=(),
+         outputs=["boxes", "scores", "labels"], detections=True),
+    # GridSample (opset 16 on) over a correlation pyramid, twelve refinement steps.
+    Spec("raft_small", raft_small, image_pair(128), opsets=(17,), unfused=()),
 ]
 
 # --------------------------------------------------------------------------------------------
@@ -556,7 +622,7 @@ def seeded(spec, seed, calib_inputs):
             for _ in range(3):
                 batch = {k: torch.randn((2,) + v.shape[1:], generator=g) if v.dtype == np.float32
                          else torch.from_numpy(v) for k, v in calib_inputs.items()}
-                model(*batch.values())
+                (model.calibrate if hasattr(model, "calibrate") else model)(*batch.values())
     model.eval()
     return model
 
@@ -713,6 +779,7 @@ def make(spec, opset, fast, work):
                     f"envelope = [{{ {env} }}]\nsamples = [{{ {sample} }}]\n")
     with open(os.path.join(d, "meta.json"), "w") as f:
         json.dump({"outputs": names, "inputs": list(inputs), "fold": fold,
+                   "detections": spec.detections,
                    "ops": sorted({n.op_type for n in onnx.load(os.path.join(d, "model.onnx"))
                                   .graph.node})}, f)
     with open(done, "w") as f:
@@ -741,6 +808,19 @@ def rel_l2(got, want):
     want, got = want[finite], got[finite]
     n = np.linalg.norm(want)
     return float(np.linalg.norm(got - want) / (n if n > 0 else 1.0))
+
+
+def detection_rows(outputs):
+    """Detections (boxes [n, 4], then per-row outputs [n]) in one canonical row order: by label,
+    then box; each output reordered alike."""
+    boxes = np.asarray(outputs[0], dtype=np.float64)
+    if boxes.ndim != 2 or any(np.asarray(o).shape[:1] != boxes.shape[:1] for o in outputs):
+        return outputs
+    keys = [np.round(boxes[:, j], 3) for j in range(boxes.shape[1] - 1, -1, -1)]
+    if len(outputs) > 2:
+        keys.append(np.asarray(outputs[2]))
+    order = np.lexsort(keys)
+    return [np.asarray(o)[order] for o in outputs]
 
 
 def safe_name(name):
@@ -772,17 +852,18 @@ def check(kiln_bin, d, threads):
     model = os.path.join(d, "model.onnx")
 
     def compare(out_dir, which):
-        worst = 0.0
+        gots, wants = [], []
         for i, n in enumerate(meta["outputs"]):
-            got = np.load(os.path.join(out_dir, safe_name(n) + ".npy"))
-            want = np.load(os.path.join(d, f"torch_{which}_{i}.npy"))
-            if not np.any(want):
+            gots.append(np.load(os.path.join(out_dir, safe_name(n) + ".npy")))
+            wants.append(np.load(os.path.join(d, f"torch_{which}_{i}.npy")))
+            if not np.any(wants[-1]):
                 raise Failure(f"torch's output '{n}' is all zero: comparing with it proves nothing")
-            if not np.isfinite(want).any():
+            if not np.isfinite(wants[-1]).any():
                 raise Failure(f"torch's output '{n}' has no finite value: comparing with it "
                               "proves little")
-            worst = max(worst, rel_l2(got, want))
-        return worst
+        if meta.get("detections"):
+            gots, wants = detection_rows(gots), detection_rows(wants)
+        return max(rel_l2(g, w) for g, w in zip(gots, wants))
 
     try:
         # Two initialisations, one key (law 1).

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <iterator>
@@ -82,7 +83,7 @@ TEST_F(StoreTest, CorruptCellOnDiskIsDeletedAndMissed) {
   EXPECT_TRUE(store.Get(key_).value().has_value());
 }
 
-TEST_F(StoreTest, MalformedRefOrHalfEntryIsDeletedAndMissed) {
+TEST_F(StoreTest, MalformedRefOrRefWithoutBytesIsDeletedAndMissed) {
   LocalStore store(dir_);
   ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
   ASSERT_TRUE(WriteFileAtomic(dir_ + "/" + key_ + "/ref", "sha256:nothex").ok());
@@ -90,9 +91,46 @@ TEST_F(StoreTest, MalformedRefOrHalfEntryIsDeletedAndMissed) {
   EXPECT_FALSE(Exists(dir_ + "/" + key_));
 
   ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
-  ASSERT_EQ(::unlink((dir_ + "/" + key_ + "/ref").c_str()), 0);
+  ASSERT_EQ(::unlink((dir_ + "/" + key_ + "/cell.tar").c_str()), 0);
   EXPECT_FALSE(store.Get(key_).value().has_value());
   EXPECT_FALSE(Exists(dir_ + "/" + key_));
+}
+
+// Bytes whose ref is not written yet are what a Put looks like until its last rename: a miss
+// that Get leaves in place, and the next Put completes the entry.
+TEST_F(StoreTest, BytesWithoutRefAreAMissLeftInPlace) {
+  LocalStore store(dir_);
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
+  ASSERT_EQ(::unlink((dir_ + "/" + key_ + "/ref").c_str()), 0);
+  EXPECT_FALSE(store.Get(key_).value().has_value());
+  EXPECT_TRUE(Exists(dir_ + "/" + key_ + "/cell.tar"));
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
+  EXPECT_TRUE(store.Get(key_).value().has_value());
+}
+
+// Two `kiln run --compile` of one graph at once (the conformance runner's twin cases, run two at
+// a time) share a key: one process's lookup must never break the other's Put.
+TEST_F(StoreTest, GetRacingPutNeverBreaksIt) {
+  for (int i = 0; i < 40; ++i) {
+    LocalStore writer(dir_);
+    ASSERT_TRUE(writer.Remove(key_).ok());
+    std::atomic<bool> done{false};
+    std::thread reader([&] {
+      LocalStore other(dir_);
+      while (!done.load()) {
+        Result<std::optional<StoredCell>> got = other.Get(key_);
+        EXPECT_TRUE(got.ok()) << got.status().ToString();
+        if (got.ok() && got->has_value()) {
+          EXPECT_EQ((*got)->bytes, bytes_);
+        }
+      }
+    });
+    Status put = writer.Put(key_, bytes_, kMinted);
+    done = true;
+    reader.join();
+    ASSERT_TRUE(put.ok()) << "iteration " << i << ": " << put.ToString();
+    EXPECT_TRUE(writer.Get(key_).value().has_value());
+  }
 }
 
 TEST_F(StoreTest, UnreadableEntryIsDeletedAndMissed) {

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -96,9 +97,14 @@ struct BaselineDiff {
 BaselineDiff DiffBaseline(const std::vector<CaseResult>& results,
                           const std::set<std::string>& baseline, bool compiled_ran);
 
-// docs/conformance.md: summary, then per op passed/failed/excluded per mode with every
-// exclusion's reason and every failure's case name. `generator` names the case source.
-std::string RenderReport(const std::vector<CaseResult>& results, const std::string& generator);
+// docs/conformance.md: the share of all cases passing each mode, a per-op table, then every
+// case that does not pass in some mode with its reason, and the explanation `explanations`
+// holds for it (case name -> why). `generator` names the case source.
+std::string RenderReport(const std::vector<CaseResult>& results, const std::string& generator,
+                         const std::map<std::string, std::string>& explanations = {});
+// tests/conformance/explanations.txt: "CASE<TAB>explanation" lines ('#' comments), the words a
+// remaining failure's reason needs. A missing file is an empty map.
+Result<std::map<std::string, std::string>> ReadExplanations(const std::string& path);
 
 // Summary numbers (also printed by the tool and the test).
 struct Summary {

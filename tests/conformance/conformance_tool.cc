@@ -3,7 +3,8 @@
 // docs/conformance.md and tests/conformance/baseline.txt. tools/conformance.sh drives it.
 //
 // Usage: kiln_conformance --cases DIR [--update] [--report PATH] [--baseline PATH]
-//                         [--eager-only] [--batch N] [--filter SUBSTRING] [--verbose]
+//                         [--explanations PATH] [--eager-only] [--batch N] [--filter SUBSTRING]
+//                         [--verbose]
 //                         [--skip CASE]... [--skip-file PATH] [--cli KILN [--jobs N]]
 // --cli also runs every case through the command line (`KILN run` and `KILN run --compile`, the
 // case's inputs as .npy files), N processes at a time, as a user would; the report then leads
@@ -28,7 +29,8 @@ namespace {
 int Usage(const std::string& why) {
   std::cerr << "kiln_conformance: " << why
             << "\nusage: kiln_conformance --cases DIR [--update] [--report PATH] "
-               "[--baseline PATH] [--eager-only] [--batch N] [--filter SUBSTRING] [--verbose] "
+               "[--baseline PATH] [--explanations PATH] [--eager-only] [--batch N] "
+               "[--filter SUBSTRING] [--verbose] "
                "[--skip CASE]... [--skip-file PATH] [--cli KILN [--jobs N]]\n";
   return 2;
 }
@@ -37,7 +39,7 @@ int Usage(const std::string& why) {
 
 int main(int argc, char** argv) {
   using namespace kiln::conformance;
-  std::string cases_dir, report_path, baseline_path, filter;
+  std::string cases_dir, report_path, baseline_path, filter, explanations_path;
   bool update = false;
   RunOptions options;
   for (int i = 1; i < argc; ++i) {
@@ -54,6 +56,8 @@ int main(int argc, char** argv) {
       if (!value(&report_path)) return Usage("--report needs a path");
     } else if (a == "--baseline") {
       if (!value(&baseline_path)) return Usage("--baseline needs a path");
+    } else if (a == "--explanations") {
+      if (!value(&explanations_path)) return Usage("--explanations needs a path");
     } else if (a == "--filter") {
       if (!value(&filter)) return Usage("--filter needs a substring");
     } else if (a == "--batch") {
@@ -124,7 +128,9 @@ int main(int argc, char** argv) {
     const std::string generator = "the " + std::to_string(results.size()) +
                                   " node cases of python3-onnx's case generators "
                                   "(tests/conformance/generate_cases.py)";
-    auto s = kiln::WriteFileAtomic(report_path, RenderReport(results, generator));
+    auto explanations = ReadExplanations(explanations_path);
+    if (!explanations.ok()) return Usage(explanations.status().ToString());
+    auto s = kiln::WriteFileAtomic(report_path, RenderReport(results, generator, *explanations));
     if (s.ok()) s = kiln::WriteFileAtomic(baseline_path, RenderBaseline(results));
     if (!s.ok()) return Usage(s.ToString());
     std::cout << "conformance: wrote " << report_path << " and " << baseline_path << "\n";
@@ -132,7 +138,9 @@ int main(int argc, char** argv) {
   }
   if (!report_path.empty()) {  // a report of this run alone (the baseline is left as it is)
     const std::string generator = std::to_string(results.size()) + " node cases";
-    auto s = kiln::WriteFileAtomic(report_path, RenderReport(results, generator));
+    auto explanations = ReadExplanations(explanations_path);
+    if (!explanations.ok()) return Usage(explanations.status().ToString());
+    auto s = kiln::WriteFileAtomic(report_path, RenderReport(results, generator, *explanations));
     if (!s.ok()) return Usage(s.ToString());
   }
   if (baseline_path.empty()) return 0;

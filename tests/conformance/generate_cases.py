@@ -4,7 +4,9 @@
 Run at test time, never committed: the cases come from the installed python3-onnx's own case
 generators (onnx.backend.test.case.node.collect_testcases, what `backend-test-tools
 generate-data` writes), in the same layout: OUT/<case>/model.onnx and
-OUT/<case>/test_data_set_N/{input,output}_K.pb (TensorProto). It also writes OUT/index.tsv, one
+OUT/<case>/test_data_set_N/{input,output}_K.pb (a TensorProto, or a SequenceProto or
+OptionalProto for a value of that type, as generate-data writes them). It also writes
+OUT/index.tsv, one
 line per case: name, op under test, opset, rtol, atol. The op of an "_expanded" case (the op's
 function body inlined) is the op of its twin, so both count for that op.
 
@@ -29,6 +31,30 @@ warnings.filterwarnings("ignore")
 from onnx import numpy_helper  # noqa: E402
 import onnx  # noqa: E402
 from onnx.backend.test.case import node as node_cases  # noqa: E402
+
+
+def to_proto(value, info):
+    """The proto generate-data writes for `value` of the declared type `info.type`."""
+    t = info.type
+    if t.HasField("sequence_type"):
+        return numpy_helper.from_list(list(value), info.name)
+    if t.HasField("optional_type"):
+        inner = t.optional_type.elem_type
+        dtype = (onnx.OptionalProto.SEQUENCE if inner.HasField("sequence_type")
+                 else onnx.OptionalProto.TENSOR)
+        return numpy_helper.from_optional(value, info.name, dtype)
+    if isinstance(value, onnx.TensorProto):  # a case that built its tensor itself
+        proto = onnx.TensorProto()
+        proto.CopyFrom(value)
+        proto.name = info.name
+        return proto
+    proto = numpy_helper.from_array(np.asarray(value), info.name)
+    # numpy has no bfloat16: the cases hold its bits as uint16 where the model declares
+    # BFLOAT16; the proto says what the bits are.
+    if (t.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
+            and proto.data_type == onnx.TensorProto.UINT16):
+        proto.data_type = onnx.TensorProto.BFLOAT16
+    return proto
 
 
 def main() -> int:
@@ -66,14 +92,8 @@ def main() -> int:
                                         ("output", outputs, case.model.graph.output)):
                 for j, value in enumerate(values):
                     path = os.path.join(data_dir, f"{kind}_{j}.pb")
-                    if not infos[j].type.HasField("tensor_type"):
-                        # Sequences, maps and optionals: the runner excludes the case by the
-                        # model's declared type, so an empty marker file is enough.
-                        open(path + ".non_tensor", "wb").close()
-                        continue
                     with open(path, "wb") as f:
-                        f.write(numpy_helper.from_array(np.asarray(value),
-                                                        infos[j].name).SerializeToString())
+                        f.write(to_proto(value, infos[j]).SerializeToString())
         lines.append(f"{case.name}\t{op}\t{opset}\t{case.rtol!r}\t{case.atol!r}\n")
     with open(os.path.join(tmp, "index.tsv"), "w") as f:
         f.write(f"# onnx {onnx.__version__} node cases: name, op, opset, rtol, atol\n")

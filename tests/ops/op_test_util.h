@@ -84,15 +84,21 @@ inline Result<std::vector<Tensor>> RunOp(Node node, const std::vector<Tensor>& i
   for (size_t i = 0; i < node.inputs.size(); ++i) {
     const bool p = i < inputs.size() && inputs[i].valid();
     present.push_back(p);
-    types.push_back(p ? TensorType{inputs[i].dtype(), inputs[i].shape()} : TensorType{});
+    types.push_back(p ? TypeOf(inputs[i]) : TensorType{});
     values.push_back(p ? &inputs[i] : nullptr);
   }
   auto apply = [&](const PreparedNode* state) -> Result<std::vector<Tensor>> {
+    KILN_RETURN_IF_ERROR(CheckValueKinds(*def, node, types));  // as the interpreter does
     OpContext ctx(node, opset, types, values, present);
     ctx.set_prepared(state);
     KILN_ASSIGN_OR_RETURN(std::vector<TensorType> out_types, def->infer(ctx));
+    KILN_RETURN_IF_ERROR(CheckValueKinds(*def, node, out_types));
     std::vector<Tensor> outs;
     for (const TensorType& t : out_types) {
+      if (t.kind != ValueKind::kTensor) {  // a sequence or optional: run assigns it
+        outs.emplace_back();
+        continue;
+      }
       KILN_ASSIGN_OR_RETURN(Tensor o, Tensor::Empty(t.dtype, t.shape));
       outs.push_back(std::move(o));
     }

@@ -497,8 +497,28 @@ TEST(ShapeIdentityDropout, Cases) {
        {Iota({2}), F32({2}, {1, 1})},
        7},
   });
-  ExpectError(MakeNode("Dropout", 3), {Iota({3}), F32({}, {0.5f}), Bool({}, {1})}, 13,
-              StatusCode::kUnimplemented, {"Dropout 'n0'", "training_mode"});
+  ExpectError(MakeNode("Dropout", 3), {Iota({3}), F32({}, {1.0f}), Bool({}, {1})}, 13,
+              StatusCode::kInvalidArgument, {"Dropout 'n0'", "outside [0, 1)"});
+}
+
+// Training mode drops each element with probability `ratio` and scales the rest by
+// 1 / (1 - ratio), the mask saying which were kept; a seeded node draws the same every run.
+TEST(ShapeDropout, TrainingModeDropsAndScales) {
+  const Tensor x = F32({400}, std::vector<float>(400, 2.0f));
+  Node n = MakeNode("Dropout", 3, 2, {{"seed", IntAttr(3)}});
+  auto a = RunOp(n, {x, F32({}, {0.75f}), Bool({}, {1})}, 13);
+  auto b = RunOp(n, {x, F32({}, {0.75f}), Bool({}, {1})}, 13);
+  ASSERT_TRUE(a.ok() && b.ok()) << a.status().ToString();
+  int64_t kept = 0;
+  for (int64_t i = 0; i < 400; ++i) {
+    const float y = (*a)[0].data<float>()[i];
+    const bool m = (*a)[1].data<uint8_t>()[i] != 0;
+    ASSERT_TRUE(m ? y == 8.0f : y == 0.0f) << i << ": " << y;
+    kept += m;
+  }
+  EXPECT_GT(kept, 60);  // about 100 of 400 kept
+  EXPECT_LT(kept, 140);
+  EXPECT_EQ((*a)[1].ToInt64Vector(), (*b)[1].ToInt64Vector());
 }
 
 TEST(ShapeRange, Cases) {

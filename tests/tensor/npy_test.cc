@@ -175,7 +175,7 @@ TEST(NpyTest, RefusesUnsupportedLayoutsAsUnimplemented) {
       {"{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", "fortran_order"},
       {"{'descr': '>f4', 'fortran_order': False, 'shape': (6,), }", "big-endian"},
       {"{'descr': '<c8', 'fortran_order': False, 'shape': (3,), }", "'<c8'"},
-      {"{'descr': '<U2', 'fortran_order': False, 'shape': (3,), }", "'<U2'"},
+      {"{'descr': '<M8', 'fortran_order': False, 'shape': (3,), }", "'<M8'"},
       {"{'descr': [('a', '<f4')], 'fortran_order': False, 'shape': (6,), }", "structured"},
   };
   for (const auto& c : cases) {

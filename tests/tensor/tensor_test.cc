@@ -24,12 +24,20 @@ TEST(DTypeTest, SizesNamesAndClasses) {
     bool is_float;
   };
   const Case cases[] = {
-      {DType::kFloat32, 4, "float32", true, true}, {DType::kFloat16, 2, "float16", true, true},
-      {DType::kInt64, 8, "int64", false, false},   {DType::kInt32, 4, "int32", false, false},
-      {DType::kInt8, 1, "int8", true, false},      {DType::kUInt8, 1, "uint8", true, false},
-      {DType::kBool, 1, "bool", false, false},     {DType::kFloat64, 8, "float64", true, true},
-      {DType::kInt16, 2, "int16", false, false},   {DType::kUInt16, 2, "uint16", false, false},
-      {DType::kUInt32, 4, "uint32", false, false}, {DType::kUInt64, 8, "uint64", false, false},
+      {DType::kFloat32, 4, "float32", true, true},
+      {DType::kFloat16, 2, "float16", true, true},
+      {DType::kInt64, 8, "int64", false, false},
+      {DType::kInt32, 4, "int32", false, false},
+      {DType::kInt8, 1, "int8", true, false},
+      {DType::kUInt8, 1, "uint8", true, false},
+      {DType::kBool, 1, "bool", false, false},
+      {DType::kFloat64, 8, "float64", true, true},
+      {DType::kInt16, 2, "int16", false, false},
+      {DType::kUInt16, 2, "uint16", false, false},
+      {DType::kUInt32, 4, "uint32", false, false},
+      {DType::kUInt64, 8, "uint64", false, false},
+      {DType::kBFloat16, 2, "bfloat16", true, true},
+      {DType::kString, sizeof(std::string), "string", false, false},
   };
   static_assert(sizeof(cases) / sizeof(cases[0]) == kDTypeCount);
   for (const Case& c : cases) {
@@ -53,7 +61,7 @@ TEST(DTypeTest, SizesNamesAndClasses) {
 // The wider integers: exact reads, integer casts that wrap like C++, float casts that truncate
 // and saturate (also at the top of uint64, which a double cannot hold exactly).
 // The one ONNX element-type table: every kiln DType has exactly one code, named by ONNX's
-// names; codes without a DType (STRING, BFLOAT16, out of range) map to nothing.
+// names; codes without a DType (COMPLEX64, the float8s, out of range) map to nothing.
 TEST(DTypeTest, OnnxElementTypesMapOneToOne) {
   std::set<DType> seen;
   for (int64_t code = -1; code < 30; ++code) {
@@ -65,8 +73,10 @@ TEST(DTypeTest, OnnxElementTypesMapOneToOne) {
   EXPECT_EQ(DTypeFromOnnxElemType(1), DType::kFloat32);
   EXPECT_EQ(DTypeFromOnnxElemType(11), DType::kFloat64);
   EXPECT_EQ(DTypeFromOnnxElemType(13), DType::kUInt64);
-  EXPECT_FALSE(DTypeFromOnnxElemType(8).has_value());   // STRING
-  EXPECT_FALSE(DTypeFromOnnxElemType(16).has_value());  // BFLOAT16
+  EXPECT_EQ(DTypeFromOnnxElemType(8), DType::kString);
+  EXPECT_EQ(DTypeFromOnnxElemType(16), DType::kBFloat16);
+  EXPECT_FALSE(DTypeFromOnnxElemType(14).has_value());  // COMPLEX64
+  EXPECT_FALSE(DTypeFromOnnxElemType(17).has_value());  // FLOAT8E4M3FN
   EXPECT_STREQ(OnnxElemTypeName(16), "BFLOAT16");
   EXPECT_STREQ(OnnxElemTypeName(999), "unknown");
   EXPECT_EQ(SupportedOnnxElemTypes().rfind("1 FLOAT, 10 FLOAT16, ", 0), 0u);

@@ -82,8 +82,8 @@ TEST(KServeCodec, TypedRefusals) {
   ExpectRefused(R"({"inputs":{}})", "no \"inputs\" array");
   ExpectRefused(R"({"inputs":[{"name":"x","shape":[3],"datatype":"FP32","data":[1,2]}]})",
                 "input 'x' has 2 data elements; shape [3] needs 3");
-  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"BF16","data":[1]}]})",
-                "input 'x': datatype \"BF16\" is not supported");
+  ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"FP8","data":[1]}]})",
+                "input 'x': datatype \"FP8\" is not supported");
   ExpectRefused(R"({"inputs":[{"name":"x","shape":[2],"datatype":"FP32","data":[1,"a"]}]})",
                 "input 'x' data[1] is \"a\"; FP32 expects a number");
   ExpectRefused(R"({"inputs":[{"name":"x","shape":[1],"datatype":"INT8","data":[300]}]})",

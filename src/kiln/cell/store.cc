@@ -66,6 +66,11 @@ Lookup ReadEntry(const std::string& tar_path, const std::string& ref_path) {
   const bool ref_absent = !ref.ok() && ref.status().code() == StatusCode::kNotFound;
   const bool tar_absent = !tar.ok() && tar.status().code() == StatusCode::kNotFound;
   if (ref_absent && tar_absent) return out;  // a plain miss
+  // Bytes without a ref are how every Put looks until its last rename (another process may be
+  // minting this key right now): a miss, left for that Put (or the next) to complete. Deleting
+  // it would pull the directory from under the Put (two `kiln run --compile` of one graph at once
+  // failed that way).
+  if (ref_absent && tar.ok()) return out;
   out.kind = Lookup::Kind::kCorrupt;
   if (ref_absent || tar_absent) {
     out.reason =
@@ -128,9 +133,19 @@ Status LocalStore::Put(const std::string& key, std::string_view tar_bytes,
   // Bytes and origin first, ref last: until the ref names these bytes a reader finds a mismatch
   // (a miss), never a hit on bytes it has not verified; an origin names its digest, so one left
   // by another Put reads as unknown.
-  KILN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kTarName, tar_bytes));
-  KILN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kOriginName, o.dump()));
-  return WriteFileAtomic(dir + "/" + kRefName, digest);
+  auto write = [&]() -> Status {
+    KILN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kTarName, tar_bytes));
+    KILN_RETURN_IF_ERROR(WriteFileAtomic(dir + "/" + kOriginName, o.dump()));
+    return WriteFileAtomic(dir + "/" + kRefName, digest);
+  };
+  Status written = write();
+  std::error_code ec;
+  if (!written.ok() && !std::filesystem::exists(dir, ec)) {
+    // Another process removed the entry meanwhile (a Get that found it corrupt): write it again.
+    KILN_RETURN_IF_ERROR(MakeDirs(dir));
+    written = write();
+  }
+  return written;
 }
 
 Result<std::optional<StoredCell>> LocalStore::Get(const std::string& key) {

@@ -52,7 +52,9 @@ struct StoredCell {
 // Threads: every method may be called from any thread concurrently, on one object or many.
 // Concurrent Puts of one key are safe: each writes its own temp file and the last rename wins
 // (by law 15 both hold the same bytes). A Get racing a Put of the same key sees the old entry,
-// the new one, or a miss; never a mix reported as a hit, because Get re-hashes what it read.
+// the new one, or a miss; never a mix reported as a hit, because Get re-hashes what it read, and
+// it never deletes the bytes of a Put in progress (bytes whose ref is not written yet are a
+// miss), so the racing Put completes.
 class LocalStore {
  public:
   // REQUIRES: root is a directory path (need not exist yet; Put creates it).
@@ -72,8 +74,10 @@ class LocalStore {
 
   // Looks `key` up and re-verifies the digest of the bytes on disk against the recorded ref.
   // Returns the cell on a verified hit and nullopt on a miss. A corrupt entry (bytes that do not
-  // hash to the ref, a malformed ref, an unreadable file, half an entry) is deleted, logged as a
-  // warning and reported as a miss, so the caller fetches a fresh copy instead of failing.
+  // hash to the ref, a malformed ref, an unreadable file, a ref without bytes) is deleted,
+  // logged as a warning and reported as a miss, so the caller fetches a fresh copy instead of
+  // failing. Bytes without a ref (a Put in progress, or one that died) are a miss and left in
+  // place: the next Put of the key replaces them.
   // InvalidArgument if `key` is malformed. The caller owns the returned bytes.
   Result<std::optional<StoredCell>> Get(const std::string& key);
 

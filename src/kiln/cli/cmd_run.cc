@@ -1,4 +1,6 @@
-// `kiln run MODEL.onnx --input name=x.npy ... --out DIR`: one eager run, outputs as .npy files.
+// `kiln run MODEL.onnx --input name=x.npy ... --out DIR`: one eager run, outputs as .npy files
+// (sequences as directories of them, optionals holding none as NAME.none: tensor/npy.h
+// ReadValue/WriteValue).
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -7,6 +9,7 @@
 #include "src/kiln/base/file.h"
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/cli/target_util.h"
+#include "src/kiln/compile/packed_boundary.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/tensor/npy.h"
@@ -43,7 +46,12 @@ Status DoRun(const RunArgs& a) {
     }
     const std::string name = spec.substr(0, eq);
     if (inputs.count(name)) return Status::InvalidArgument("--input '" + name + "' given twice");
-    auto t = ReadNpy(spec.substr(eq + 1));
+    // The graph says how to read the path: a tensor's .npy, a sequence's directory, an
+    // optional's value or "none". A name the graph lacks is read as a tensor and refused by
+    // the input check with the graph's input names.
+    const ValueInfo* declared = shared->FindInput(name);
+    auto t = declared ? ReadValue(spec.substr(eq + 1), declared->kind, declared->dtype)
+                      : ReadNpy(spec.substr(eq + 1));
     if (!t.ok()) return t.status().WithContext("input '" + name + "'");
     inputs[name] = std::move(t).value();
   }
@@ -52,18 +60,26 @@ Status DoRun(const RunArgs& a) {
   std::string mode = "eager";
   const auto start = std::chrono::steady_clock::now();
   if (a.compile) {
+    // Sequences, optionals and string tensors at the graph's edge cross the cell packed into
+    // bytes; the nodes that read them run in the cell's dynamic region, on the host.
+    KILN_ASSIGN_OR_RETURN(PackedBoundary boundary, PackBoundary(*shared));
+    const bool packed = !boundary.inputs.empty() || !boundary.outputs.empty();
+    auto cell_graph = packed ? std::make_shared<const Graph>(boundary.graph) : shared;
+    KILN_ASSIGN_OR_RETURN(TensorMap cell_inputs, PackInputs(boundary, inputs));
     ShapeClass c;
-    for (const auto& [name, t] : inputs) c[name] = t.shape();
+    for (const auto& [name, t] : cell_inputs) c[name] = t.shape();
     KILN_ASSIGN_OR_RETURN(
         LocalCell cell,
-        LocalCellForClass(shared, bound ? *bound : GraphWeights(*shared), c, "local/run", a.threads,
-                          Samples{inputs}, a.disabled_passes));
-    std::printf("cell: %s (%s, %.0f ms)\n", cell.ref.c_str(),
+        LocalCellForClass(cell_graph, bound ? *bound : GraphWeights(*shared), c, "local/run",
+                          a.threads, Samples{cell_inputs}, a.disabled_passes));
+    std::printf("cell: %s (%s, %.0f ms)%s\n", cell.ref.c_str(),
                 cell.store_hit              ? "local store hit"
                 : a.disabled_passes.empty() ? "minted and stored"
                                             : "minted without the disabled passes, not stored",
-                cell.ms);
-    KILN_ASSIGN_OR_RETURN(outputs, cell.cell->Run(0, inputs));
+                cell.ms,
+                packed ? "; sequence, optional and string values cross it packed into bytes" : "");
+    KILN_ASSIGN_OR_RETURN(TensorMap cell_outputs, cell.cell->Run(0, cell_inputs));
+    KILN_ASSIGN_OR_RETURN(outputs, UnpackOutputs(boundary, cell_outputs));
     mode = "aot_cell";
   } else {
     KILN_ASSIGN_OR_RETURN(outputs, interp.Run(inputs, bound, &stats));
@@ -71,8 +87,7 @@ Status DoRun(const RunArgs& a) {
   const double ms = MsSince(start);
   KILN_RETURN_IF_ERROR(MakeDirs(a.out_dir));
   for (const auto& [name, t] : outputs) {
-    const std::string path = a.out_dir + "/" + SafeFileName(name) + ".npy";
-    KILN_RETURN_IF_ERROR(WriteNpy(path, t));
+    KILN_ASSIGN_OR_RETURN(std::string path, WriteValue(a.out_dir, SafeFileName(name), t));
     std::printf("%-24s %-22s -> %s\n", name.c_str(), t.TypeString().c_str(), path.c_str());
   }
   if (a.compile) {
@@ -92,8 +107,13 @@ void AddRunCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("model", args->model, "ONNX model file")->required();
   cmd->add_option("--checkpoint", args->checkpoint,
                   "safetensors file whose tensors replace the model's weights by name");
-  cmd->add_option("--input", args->inputs, "NAME=FILE.npy, once per graph input");
-  cmd->add_option("--out", args->out_dir, "directory for <output name>.npy files")->required();
+  cmd->add_option("--input", args->inputs,
+                  "NAME=FILE.npy, once per graph input (a sequence: NAME=DIR of 0.npy, 1.npy, ...; "
+                  "an optional holding none: NAME=none)");
+  cmd->add_option("--out", args->out_dir,
+                  "directory for <output name>.npy files (a sequence: <name>/0.npy ...; an "
+                  "optional holding none: <name>.none)")
+      ->required();
   cmd->add_flag(
       "--compile", args->compile,
       "compile the graph for these input shapes (through the local store) and run the cell");

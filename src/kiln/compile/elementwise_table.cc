@@ -40,6 +40,7 @@ const char* CType(DType t) {
     case DType::kFloat32:
       return "float";
     case DType::kFloat16:
+    case DType::kBFloat16:
       return "uint16_t";
     case DType::kInt64:
       return "int64_t";
@@ -61,6 +62,8 @@ const char* CType(DType t) {
       return "uint32_t";
     case DType::kUInt64:
       return "uint64_t";
+    case DType::kString:
+      return "void";  // never fused nor held in a cell's own buffers
   }
   return "void";
 }

@@ -15,6 +15,9 @@ namespace {
 bool IsAliasOp(const Node& n) {
   static const std::set<std::string> kOps = {"Reshape", "Squeeze",  "Unsqueeze",
                                              "Flatten", "Identity", "Dropout"};
+  // A Dropout given a training_mode input may drop (and then scales): its reference kernel
+  // decides from the value.
+  if (n.op_type == "Dropout" && n.HasInput(2)) return false;
   return n.domain.empty() && kOps.count(n.op_type) && !n.outputs.empty() &&
          (n.outputs.size() == 1 || n.outputs[1].empty());
 }

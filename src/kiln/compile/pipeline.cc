@@ -184,6 +184,19 @@ Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, 
 Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
                                  const std::string& graph_digest, const CompileOptions& options,
                                  std::vector<PassTiming>* timings, std::vector<Program>* programs) {
+  // A cell's signature is buffers of fixed-size elements; a sequence, an optional or a string
+  // tensor at the graph's edge is served eager (inside the graph they run in the dynamic
+  // region, on the host).
+  for (const auto* list : {&graph.inputs, &graph.outputs}) {
+    for (const ValueInfo& v : *list) {
+      if (v.kind != ValueKind::kTensor || v.dtype == DType::kString) {
+        return Status::Unimplemented(
+            "graph " + std::string(list == &graph.inputs ? "input" : "output") + " '" + v.name +
+            "' is a " + (v.kind != ValueKind::kTensor ? ValueKindName(v.kind) : "string tensor") +
+            "; a cell takes and returns tensors of fixed-size elements");
+      }
+    }
+  }
   std::vector<Program> entries;
   for (size_t i = 0; i < envelope.classes.size(); ++i) {
     KILN_ASSIGN_OR_RETURN(

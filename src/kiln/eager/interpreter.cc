@@ -68,7 +68,7 @@ class Interpreter::BodyRunner : public SubgraphRunner, public OuterScope {
   bool Lookup(const std::string& name, TensorType* type, const Tensor** known) const override {
     const Tensor* t = scope_.Find(name);
     if (t == nullptr) return false;
-    *type = TensorType{t->dtype(), t->shape()};
+    *type = TypeOf(*t);
     *known = IsWeightDType(t->dtype()) ? nullptr : t;
     return true;
   }
@@ -143,6 +143,18 @@ Status Interpreter::CheckInputs(const TensorMap& inputs) const {
     }
     const Tensor& t = it->second;
     if (!t.valid()) return Status::InvalidArgument("input '" + v.name + "' holds no tensor");
+    if (t.kind() != v.kind) {
+      return Status::InvalidArgument("input '" + v.name + "' is " + t.TypeString() +
+                                     ", expected a " + ValueKindName(v.kind) + " of " +
+                                     DTypeName(v.dtype));
+    }
+    if (!t.is_tensor()) {
+      if (t.dtype() != v.dtype) {
+        return Status::InvalidArgument("input '" + v.name + "' is " + t.TypeString() +
+                                       ", expected elements of dtype " + DTypeName(v.dtype));
+      }
+      continue;
+    }
     const InputMismatch m = MatchInput(g, v.name, t.dtype(), t.shape());
     switch (m.kind) {
       case InputMismatch::Kind::kNone:
@@ -205,10 +217,11 @@ Status Interpreter::Execute(const Plans& plans, const Graph& g, Scope& scope,
         present.push_back(false);
         continue;
       }
-      types.push_back({t->dtype(), t->shape()});
+      types.push_back(TypeOf(*t));
       values.push_back(t);
       present.push_back(true);
     }
+    KILN_RETURN_IF_ERROR(CheckValueKinds(*step.def, n, types));
     OpContext ctx(n, step.opset, std::move(types), std::move(values), std::move(present));
     ctx.set_prepared(step.prepared.get());
     ctx.set_budget(budget);
@@ -235,11 +248,16 @@ Status Interpreter::Execute(const Plans& plans, const Graph& g, Scope& scope,
                                 std::to_string(out_types->size()) + " outputs, node has " +
                                 std::to_string(n.outputs.size()));
       }
+      KILN_RETURN_IF_ERROR(CheckValueKinds(*step.def, n, *out_types));
       outs.reserve(out_types->size());
       // Each output's size is checked (and charged) before it is allocated: a shape computed
       // from a request's values is refused here, by node and output, never allocated wrapped.
       for (size_t k = 0; k < out_types->size(); ++k) {
         const TensorType& t = (*out_types)[k];
+        if (t.kind != ValueKind::kTensor) {  // a sequence or optional: run assigns it
+          outs.emplace_back();
+          continue;
+        }
         auto o = Tensor::Empty(t.dtype, t.shape, budget);
         if (!o.ok()) {
           const std::string out = k < n.outputs.size() ? n.outputs[k] : std::to_string(k);
@@ -252,6 +270,13 @@ Status Interpreter::Execute(const Plans& plans, const Graph& g, Scope& scope,
       if (!s.ok()) {
         if (s.message().rfind(n.op_type, 0) == 0) return s;  // already names the node
         return s.WithContext(n.Describe());
+      }
+      for (size_t k = 0; k < n.outputs.size(); ++k) {
+        if (step.def->values && !n.outputs[k].empty() && !(TypeOf(outs[k]) == (*out_types)[k])) {
+          return Status::Internal(n.Describe() + ": output " + std::to_string(k) + " is " +
+                                  outs[k].TypeString() + ", its shape function said " +
+                                  (*out_types)[k].ToString());
+        }
       }
     }
     for (size_t k = 0; k < n.outputs.size(); ++k) {

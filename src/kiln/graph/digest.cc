@@ -36,10 +36,19 @@ nlohmann::json ValueInfoJson(const ValueInfo& v) {
   }
   nlohmann::json j = {{"name", v.name}, {"dtype", v.has_type ? DTypeName(v.dtype) : "unknown"}};
   j["shape"] = v.has_shape ? dims : nlohmann::json("unknown");
+  // Written only for sequences and optionals, so tensor-only graphs keep their digests.
+  if (v.kind != ValueKind::kTensor) j["kind"] = ValueKindName(v.kind);
   return j;
 }
 
 std::string TensorBytesHash(const Tensor& t) {
+  if (t.dtype() == DType::kString) {  // each element's length, then its bytes
+    std::string bytes;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      bytes += std::to_string(t.str(i).size()) + ":" + t.str(i);
+    }
+    return Sha256Hex(bytes);
+  }
   return Sha256Hex(std::string_view(static_cast<const char*>(t.raw_data()), t.nbytes()));
 }
 
@@ -64,8 +73,8 @@ class Digester {
     nlohmann::json constants = nlohmann::json::array();
     for (const auto& [name, t] : g.initializers) {  // std::map: sorted by name
       if (g.IsWeight(name)) {
-        nlohmann::json j = {{"name", name}, {"dtype", DTypeName(t.dtype())},
-                            {"shape", ShapeJson(t.shape())}};
+        nlohmann::json j = {
+            {"name", name}, {"dtype", DTypeName(t.dtype())}, {"shape", ShapeJson(t.shape())}};
         id[name] = "w:" + Sha256Hex(j.dump());
         weights.push_back(j);
       } else {
@@ -125,10 +134,10 @@ class Digester {
       outputs.push_back(j);
     }
     nlohmann::json opsets = nlohmann::json::object();
-    for (const auto& [domain, version] : g.opsets) opsets[domain.empty() ? "ai.onnx" : domain] = version;
-    return nlohmann::json{{"inputs", inputs},       {"outputs", outputs},
-                          {"weights", weights},     {"constants", constants},
-                          {"nodes", node_ids},      {"opsets", opsets}};
+    for (const auto& [domain, version] : g.opsets)
+      opsets[domain.empty() ? "ai.onnx" : domain] = version;
+    return nlohmann::json{{"inputs", inputs},       {"outputs", outputs}, {"weights", weights},
+                          {"constants", constants}, {"nodes", node_ids},  {"opsets", opsets}};
   }
 
  private:
@@ -137,17 +146,27 @@ class Digester {
     nlohmann::json j;
     j["kind"] = AttributeKindName(a.kind);
     switch (a.kind) {
-      case Attribute::Kind::kFloat: j["v"] = FloatBits(a.f); break;
-      case Attribute::Kind::kInt: j["v"] = a.i; break;
-      case Attribute::Kind::kString: j["v"] = a.s; break;
+      case Attribute::Kind::kFloat:
+        j["v"] = FloatBits(a.f);
+        break;
+      case Attribute::Kind::kInt:
+        j["v"] = a.i;
+        break;
+      case Attribute::Kind::kString:
+        j["v"] = a.s;
+        break;
       case Attribute::Kind::kFloats: {
         nlohmann::json v = nlohmann::json::array();
         for (float f : a.floats) v.push_back(FloatBits(f));
         j["v"] = v;
         break;
       }
-      case Attribute::Kind::kInts: j["v"] = a.ints; break;
-      case Attribute::Kind::kStrings: j["v"] = a.strings; break;
+      case Attribute::Kind::kInts:
+        j["v"] = a.ints;
+        break;
+      case Attribute::Kind::kStrings:
+        j["v"] = a.strings;
+        break;
       case Attribute::Kind::kTensor:
         // An attribute tensor is part of the node (ConstantOfShape's fill value): hashed by bits.
         j["v"] = {{"dtype", DTypeName(a.t.dtype())},
@@ -168,6 +187,9 @@ class Digester {
         j["v"] = v;
         break;
       }
+      case Attribute::Kind::kType:
+        j["v"] = {{"kind", ValueKindName(a.type_kind)}, {"dtype", DTypeName(a.type_dtype)}};
+        break;
     }
     return j;
   }
@@ -185,7 +207,8 @@ Result<nlohmann::json> GraphFacts(const Graph& graph) {
   } catch (const nlohmann::json::exception& e) {
     return Status::InvalidArgument("graph '" + graph.name +
                                    "': a name or string attribute is not valid UTF-8, so the graph "
-                                   "cannot be digested (" + e.what() + ")");
+                                   "cannot be digested (" +
+                                   e.what() + ")");
   }
 }
 

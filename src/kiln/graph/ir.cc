@@ -25,6 +25,8 @@ const char* AttributeKindName(Attribute::Kind kind) {
       return "strings";
     case Attribute::Kind::kGraphs:
       return "graphs";
+    case Attribute::Kind::kType:
+      return "type";
   }
   return "?";
 }

@@ -25,8 +25,22 @@ namespace kiln {
 struct Graph;
 
 struct Attribute {
-  enum class Kind { kFloat, kInt, kString, kTensor, kGraph, kFloats, kInts, kStrings, kGraphs };
+  // kType: a type (Optional's `type`): a value kind and its element dtype.
+  enum class Kind {
+    kFloat,
+    kInt,
+    kString,
+    kTensor,
+    kGraph,
+    kFloats,
+    kInts,
+    kStrings,
+    kGraphs,
+    kType
+  };
   Kind kind = Kind::kInt;
+  ValueKind type_kind = ValueKind::kTensor;  // kType only
+  DType type_dtype = DType::kFloat32;        // kType only
   float f = 0;
   int64_t i = 0;
   std::string s;
@@ -83,6 +97,8 @@ struct ValueInfo {
   // subgraph leave it out): its type is the one its binding gives it (a Loop's carried value, a
   // Scan slice, what the body computes). A top-level graph always declares its types.
   bool has_type = true;
+  // A tensor, or a sequence or optional (then dtype is its elements' and there is no shape).
+  ValueKind kind = ValueKind::kTensor;
   std::string ShapeString() const;  // "[batch,3,224,224]" or "[?]" when unknown
 };
 

@@ -114,22 +114,22 @@ struct Importer {
     const std::string path = (options.base_dir.empty() ? "." : options.base_dir) + "/" + location;
     auto file = MappedFile::Open(path);
     if (!file.ok()) {
-      return Status(file.status().code(), what + ": " + obj + ": external data file: " +
-                                              file.status().message());
+      return Status(file.status().code(),
+                    what + ": " + obj + ": external data file: " + file.status().message());
     }
     const int64_t need = NumElements(shape) * static_cast<int64_t>(DTypeSize(dtype));
     if (length < 0) length = need;
     if (length != need) {
-      return Error(StatusCode::kCorruption, obj + ": external data length " +
-                                                std::to_string(length) + " != " +
-                                                std::to_string(need) + " bytes for its shape");
+      return Error(StatusCode::kCorruption,
+                   obj + ": external data length " + std::to_string(length) +
+                       " != " + std::to_string(need) + " bytes for its shape");
     }
     const auto size = static_cast<int64_t>((*file)->size());
     if (offset > size || length > size - offset) {
-      return Error(StatusCode::kCorruption,
-                   obj + ": external data [" + std::to_string(offset) + ", " +
-                       std::to_string(offset + length) + ") is outside '" + path + "' (" +
-                       std::to_string(size) + " bytes)");
+      return Error(StatusCode::kCorruption, obj + ": external data [" + std::to_string(offset) +
+                                                ", " + std::to_string(offset + length) +
+                                                ") is outside '" + path + "' (" +
+                                                std::to_string(size) + " bytes)");
     }
     return Tensor::FromBytes(dtype, shape, (*file)->data() + offset, static_cast<size_t>(length));
   }
@@ -151,16 +151,24 @@ struct Importer {
     if (count * static_cast<int64_t>(DTypeSize(dtype)) > kMaxTensorBytes) {
       return Error(StatusCode::kCorruption, obj + " has an implausibly large shape");
     }
+    if (dtype == DType::kString) {
+      // Strings travel in string_data only (never raw or external bytes).
+      if (tp.string_data_size() != count) {
+        return Error(StatusCode::kCorruption, obj + " (string" + ShapeToString(shape) + ") holds " +
+                                                  std::to_string(tp.string_data_size()) +
+                                                  " strings, expected " + std::to_string(count));
+      }
+      return Tensor::Strings(shape, {tp.string_data().begin(), tp.string_data().end()});
+    }
     if (tp.data_location() == onnx::TensorProto::EXTERNAL) {
       return ReadExternal(tp, dtype, shape, obj);
     }
     const size_t nbytes = static_cast<size_t>(count) * DTypeSize(dtype);
     if (tp.has_raw_data()) {
       if (tp.raw_data().size() != nbytes) {
-        return Error(StatusCode::kCorruption,
-                     obj + " (" + DTypeName(dtype) + ShapeToString(shape) + ") has " +
-                         std::to_string(tp.raw_data().size()) + " raw bytes, expected " +
-                         std::to_string(nbytes));
+        return Error(StatusCode::kCorruption, obj + " (" + DTypeName(dtype) + ShapeToString(shape) +
+                                                  ") has " + std::to_string(tp.raw_data().size()) +
+                                                  " raw bytes, expected " + std::to_string(nbytes));
       }
       return Tensor::FromBytes(dtype, shape, tp.raw_data().data(), nbytes);
     }
@@ -203,6 +211,7 @@ struct Importer {
         std::copy(tp.double_data().begin(), tp.double_data().end(), t.data<double>());
         break;
       case DType::kFloat16:
+      case DType::kBFloat16:
         if (tp.int32_data_size() != count) return mismatch(tp.int32_data_size());
         for (int64_t i = 0; i < count; ++i) {
           t.data<uint16_t>()[i] = static_cast<uint16_t>(tp.int32_data(static_cast<int>(i)));
@@ -233,6 +242,8 @@ struct Importer {
       case DType::kUInt64:
         std::copy(tp.uint64_data().begin(), tp.uint64_data().end(), t.data<uint64_t>());
         break;
+      case DType::kString:  // read above
+        break;
     }
     return t;
   }
@@ -256,8 +267,38 @@ struct Importer {
       if (untyped) return out;
     }
     if (!vi.type().has_tensor_type()) {
-      return Error(StatusCode::kUnimplemented,
-                   obj + " is not a tensor (sequence/map/optional values are not supported)");
+      // Sequences of tensors and optionals of a tensor or of such a sequence (ValueKind); maps,
+      // sparse tensors and deeper nestings are not.
+      const onnx::TypeProto* t = &vi.type();
+      bool optional = false;
+      if (t->has_optional_type()) {
+        optional = true;
+        t = &t->optional_type().elem_type();
+      }
+      bool sequence = false;
+      if (t->has_sequence_type()) {
+        sequence = true;
+        t = &t->sequence_type().elem_type();
+      }
+      if (!t->has_tensor_type() || (!optional && !sequence)) {
+        return Error(StatusCode::kUnimplemented,
+                     obj +
+                         " is not a tensor, a sequence of tensors or an optional of either "
+                         "(map, sparse and nested values are not supported)");
+      }
+      out.kind = optional ? (sequence ? ValueKind::kOptionalSequence : ValueKind::kOptionalTensor)
+                          : ValueKind::kSequence;
+      const int32_t elem = t->tensor_type().elem_type();
+      if (elem == onnx::TensorProto::UNDEFINED) {
+        if (!subgraph) {
+          return Error(StatusCode::kInvalidArgument,
+                       obj + " declares no element type for its " + ValueKindName(out.kind));
+        }
+        out.has_type = false;
+        return out;
+      }
+      KILN_ASSIGN_OR_RETURN(out.dtype, MapDType(elem, obj));
+      return out;
     }
     const auto& tt = vi.type().tensor_type();
     if (out.has_type) {
@@ -285,13 +326,23 @@ struct Importer {
     const std::string obj = node.Describe() + " attribute '" + ap.name() + "'";
     if (!ap.ref_attr_name().empty()) {
       return Error(StatusCode::kUnimplemented,
-                   obj + " refers to a function attribute; model-local functions are not "
-                         "supported");
+                   obj +
+                       " refers to a function attribute; model-local functions are not "
+                       "supported");
     }
     switch (ap.type()) {
-      case onnx::AttributeProto::FLOAT: a.kind = Attribute::Kind::kFloat; a.f = ap.f(); break;
-      case onnx::AttributeProto::INT: a.kind = Attribute::Kind::kInt; a.i = ap.i(); break;
-      case onnx::AttributeProto::STRING: a.kind = Attribute::Kind::kString; a.s = ap.s(); break;
+      case onnx::AttributeProto::FLOAT:
+        a.kind = Attribute::Kind::kFloat;
+        a.f = ap.f();
+        break;
+      case onnx::AttributeProto::INT:
+        a.kind = Attribute::Kind::kInt;
+        a.i = ap.i();
+        break;
+      case onnx::AttributeProto::STRING:
+        a.kind = Attribute::Kind::kString;
+        a.s = ap.s();
+        break;
       case onnx::AttributeProto::FLOATS:
         a.kind = Attribute::Kind::kFloats;
         a.floats.assign(ap.floats().begin(), ap.floats().end());
@@ -323,10 +374,21 @@ struct Importer {
         }
         break;
       }
+      case onnx::AttributeProto::TYPE_PROTO: {
+        // A value type, as a ValueInfo carries it.
+        onnx::ValueInfoProto vi;
+        vi.set_name(ap.name());
+        *vi.mutable_type() = ap.tp();
+        KILN_ASSIGN_OR_RETURN(ValueInfo v, ConvertValueInfo(vi, obj));
+        a.kind = Attribute::Kind::kType;
+        a.type_kind = v.kind;
+        a.type_dtype = v.dtype;
+        break;
+      }
       default:
-        return Error(StatusCode::kUnimplemented,
-                     obj + " has attribute type " + std::to_string(ap.type()) +
-                         " (sparse tensors and type protos are not supported)");
+        return Error(StatusCode::kUnimplemented, obj + " has attribute type " +
+                                                     std::to_string(ap.type()) +
+                                                     " (sparse tensors are not supported)");
     }
     return a;
   }
@@ -415,8 +477,9 @@ struct Importer {
     return Status::OK();
   }
 
-  Result<Graph> ConvertGraph(const onnx::GraphProto& gp, const std::map<std::string, int64_t>& opsets,
-                             bool top_level, const std::set<std::string>& outer = {}) const {
+  Result<Graph> ConvertGraph(const onnx::GraphProto& gp,
+                             const std::map<std::string, int64_t>& opsets, bool top_level,
+                             const std::set<std::string>& outer = {}) const {
     Graph g;
     g.name = gp.name();
     g.opsets = opsets;
@@ -426,7 +489,8 @@ struct Importer {
     }
     for (const auto& tp : gp.initializer()) {
       if (tp.name().empty()) {
-        return Error(StatusCode::kCorruption, "graph '" + gp.name() + "' has an unnamed initializer");
+        return Error(StatusCode::kCorruption,
+                     "graph '" + gp.name() + "' has an unnamed initializer");
       }
       KILN_ASSIGN_OR_RETURN(Tensor t, ConvertTensor(tp, "initializer '" + tp.name() + "'"));
       if (!g.initializers.emplace(tp.name(), std::move(t)).second) {
@@ -632,10 +696,13 @@ struct Importer {
       const std::string domain = os.domain() == "ai.onnx" ? "" : os.domain();
       opsets[domain] = os.version();
     }
-    if (!opsets.count("")) {
+    // A model may import only another domain (the training optimizers of
+    // ai.onnx.preview.training); a node of a domain the model does not import is refused by
+    // name below. A model that imports nothing at all predates opset_import (IR < 3): opset 1.
+    if (opsets.empty()) {
       if (model.ir_version() >= 3) {
         return Error(StatusCode::kInvalidArgument,
-                     "model imports no default-domain opset (opset_import lacks ai.onnx)");
+                     "model imports no opset (opset_import is empty)");
       }
       opsets[""] = 1;
     }

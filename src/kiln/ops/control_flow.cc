@@ -54,6 +54,10 @@ Status Deliver(const OpContext& ctx, size_t k, const Tensor& value, std::vector<
                                    value.TypeString() + " at run time, the plan expected " +
                                    outputs[k].TypeString());
   }
+  if (!value.is_tensor() || value.dtype() == DType::kString) {
+    outputs[k] = value;  // not plain bytes: the immutable handle itself
+    return Status::OK();
+  }
   if (value.nbytes() > 0) std::memcpy(outputs[k].raw_data(), value.raw_data(), value.nbytes());
   return Status::OK();
 }
@@ -296,6 +300,11 @@ Status RunLoop(const OpContext& ctx, std::vector<Tensor>& outputs) {
     }
     for (size_t k = 0; k < scans; ++k) {
       const Tensor& v = (*out)[1 + carried + k];
+      if (!v.is_tensor() || v.dtype() == DType::kString) {
+        return Status::Unimplemented(ctx.where() + ": scan output " + std::to_string(k) + " is " +
+                                     v.TypeString() +
+                                     "; kiln stacks tensors of fixed-size elements only");
+      }
       if (!scanned[k].empty() &&
           (v.dtype() != scanned[k][0].dtype() || v.shape() != scanned[k][0].shape())) {
         return Status::InvalidArgument(ctx.where() + ": scan output " + std::to_string(k) + " is " +
@@ -785,9 +794,12 @@ Status RunScan8(const OpContext& ctx, std::vector<Tensor>& outputs) {
 std::vector<OpDef> ControlFlowOpDefs() {
   std::vector<OpDef> defs;
   // One definition from opset 1: If-11 only relaxed branch output shapes, Loop-11/13/16 and
-  // If-13/16 only widened the type constraints (sequences, optionals), which kiln does not take.
+  // If-13/16 only widened the type constraints to sequences and optionals, which If and Loop
+  // pass through (Deliver); If passes string tensors on too.
   defs.push_back({"If", "", 1, INT64_MAX, CheckIf, InferIf, RunIf});
+  defs.back().values = defs.back().strings = true;
   defs.push_back({"Loop", "", 1, INT64_MAX, CheckLoop, InferLoop, RunLoop});
+  defs.back().values = true;
   // Scan-8 (batch axis, sequence_lens) is a different op; Scan-9/11/16 share one form.
   defs.push_back({"Scan", "", 8, 8, CheckScan8, InferScan8, RunScan8});
   defs.push_back({"Scan", "", 9, INT64_MAX, CheckScan, InferScan, RunScan});

@@ -21,7 +21,7 @@ namespace {
 using namespace nn;
 
 // ---------------------------------------------------------------------------------------------
-// Conv: 1-D and 2-D, NCHW, weights [K, C/group, kernel...], optional bias [K], via oneDNN.
+// Conv: 1-D to 3-D, NC[D]HW, weights [K, C/group, kernel...], optional bias [K], via oneDNN.
 
 Status CheckConv(const Node& node, int64_t /*opset*/) {
   KILN_RETURN_IF_ERROR(CheckArity(node, 2, 3));
@@ -62,10 +62,10 @@ Result<ConvGeometry> ConvShapes(const OpContext& ctx) {
     return Status::InvalidArgument(where + ": X " + ShapeToString(x) +
                                    " must have rank >= 3 ([N, C, spatial...])");
   }
-  if (x.size() > 4) {
+  if (x.size() > 5) {
     return Status::Unimplemented(where + ": " + std::to_string(x.size() - 2) +
                                  "-D convolution (X rank " + std::to_string(x.size()) +
-                                 ") is not supported (supported: 1-D and 2-D, X rank 3 or 4)");
+                                 ") is not supported (supported: 1-D to 3-D, X rank 3 to 5)");
   }
   if (w.size() != x.size()) {
     return Status::InvalidArgument(where + ": W " + ShapeToString(w) + " has rank " +
@@ -115,6 +115,26 @@ Result<ConvGeometry> ConvShapes(const OpContext& ctx) {
     p.dil_w = win.dilations[0];
     p.pad_l = pads[0];
     p.pad_r = pads[1];
+  } else if (in_spatial.size() == 3) {  // 3-D: depth, height, width
+    p.three_d = true;
+    p.D = in_spatial[0];
+    p.H = in_spatial[1];
+    p.W = in_spatial[2];
+    p.T = kernel[0];
+    p.R = kernel[1];
+    p.S = kernel[2];
+    p.stride_d = win.strides[0];
+    p.stride_h = win.strides[1];
+    p.stride_w = win.strides[2];
+    p.dil_d = win.dilations[0];
+    p.dil_h = win.dilations[1];
+    p.dil_w = win.dilations[2];
+    p.pad_f = pads[0];
+    p.pad_t = pads[1];
+    p.pad_l = pads[2];
+    p.pad_k = pads[3];
+    p.pad_b = pads[4];
+    p.pad_r = pads[5];
   } else {
     p.H = in_spatial[0];
     p.W = in_spatial[1];

@@ -114,6 +114,11 @@ void Execute(const dnnl::primitive& prim, const dnnl::memory::desc& scratchpad_m
 
 std::string ShapeOf(const Conv2dParams& p) {
   auto s = [](int64_t v) { return std::to_string(v); };
+  if (p.three_d) {
+    return "Conv3d(x=[" + s(p.N) + "," + s(p.C) + "," + s(p.D) + "," + s(p.H) + "," + s(p.W) +
+           "], w=[" + s(p.K) + "," + s(p.group > 0 ? p.C / p.group : p.C) + "," + s(p.T) + "," +
+           s(p.R) + "," + s(p.S) + "], group=" + s(p.group) + ")";
+  }
   return "Conv2d(x=[" + s(p.N) + "," + s(p.C) + "," + s(p.H) + "," + s(p.W) + "], w=[" + s(p.K) +
          "," + s(p.group > 0 ? p.C / p.group : p.C) + "," + s(p.R) + "," + s(p.S) +
          "], group=" + s(p.group) + ")";
@@ -143,6 +148,12 @@ Status ValidateConv(const Conv2dParams& p) {
       {"dil_h", p.dil_h, 1},
       {"dil_w", p.dil_w, 1},
       {"group", p.group, 1},
+      {"D", p.D, 1},
+      {"T", p.T, 1},
+      {"stride_d", p.stride_d, 1},
+      {"pad_f", p.pad_f, 0},
+      {"pad_k", p.pad_k, 0},
+      {"dil_d", p.dil_d, 1},
   };
   for (const Field& f : fields) {
     if (f.value < f.min) {
@@ -158,7 +169,10 @@ Status ValidateConv(const Conv2dParams& p) {
     return Status::InvalidArgument(what + ": group=" + std::to_string(p.group) +
                                    " does not divide " + std::to_string(p.K) + " output channels");
   }
-  if (p.OutH() < 1 || p.OutW() < 1) {
+  if (p.three_d && p.layout >= 3) {
+    return Status::InvalidArgument(what + ": channels-last layouts are 2-D only");
+  }
+  if (p.OutH() < 1 || p.OutW() < 1 || p.OutD() < 1) {
     return Status::InvalidArgument(what + ": output would be empty (" + std::to_string(p.OutH()) +
                                    "x" + std::to_string(p.OutW()) +
                                    "); the dilated kernel is larger than the padded input");
@@ -211,7 +225,7 @@ using ConvKey = std::tuple<Conv2dParams, bool /*has_bias*/, int /*threads*/>;
 bool PreferBlockedLayout(const Conv2dParams& p) {
   if (p.layout == 1) return true;
   if (p.layout >= 2) return false;
-  return p.group > 1 || p.R * p.S > 1;
+  return p.group > 1 || p.R * p.S * p.T > 1;
 }
 
 // Whether a kiln_post_op code runs as one of oneDNN's eltwise post-ops, applied to the output
@@ -263,11 +277,20 @@ std::shared_ptr<const ConvPrimitive> CreateConv(const Conv2dParams& p, bool has_
   using dt = dnnl::memory::data_type;
   using tag = dnnl::memory::format_tag;
   using dims = dnnl::memory::dims;
-  const dims src{p.N, p.C, p.H, p.W};
-  const dims dst{p.N, p.K, p.OutH(), p.OutW()};
+  // 3-D: NCDHW activations, [K, C/g, T, R, S] weights, depth first in every window vector.
+  const bool d3 = p.three_d;
+  const dims src = d3 ? dims{p.N, p.C, p.D, p.H, p.W} : dims{p.N, p.C, p.H, p.W};
+  const dims dst =
+      d3 ? dims{p.N, p.K, p.OutD(), p.OutH(), p.OutW()} : dims{p.N, p.K, p.OutH(), p.OutW()};
   // ONNX weights [K, C/g, R, S] have the same bytes as oneDNN's goihw [g, K/g, C/g, R, S].
-  const dims wei = p.group == 1 ? dims{p.K, p.C, p.R, p.S}
-                                : dims{p.group, p.K / p.group, p.C / p.group, p.R, p.S};
+  dims wei = p.group == 1 ? dims{p.K, p.C, p.R, p.S}
+                          : dims{p.group, p.K / p.group, p.C / p.group, p.R, p.S};
+  if (d3) wei.insert(wei.end() - 2, p.T);
+  const dims strides = d3 ? dims{p.stride_d, p.stride_h, p.stride_w} : dims{p.stride_h, p.stride_w};
+  const dims dilations =
+      d3 ? dims{p.dil_d - 1, p.dil_h - 1, p.dil_w - 1} : dims{p.dil_h - 1, p.dil_w - 1};
+  const dims pad_begin = d3 ? dims{p.pad_f, p.pad_t, p.pad_l} : dims{p.pad_t, p.pad_l};
+  const dims pad_end = d3 ? dims{p.pad_k, p.pad_b, p.pad_r} : dims{p.pad_b, p.pad_r};
   auto cp = std::make_shared<ConvPrimitive>();
   // NHWC: the caller's activations are channels-last already (the compiler planned them so
   // through the graph), and the primitive runs on them as they are; with Winograd (layout 4)
@@ -275,9 +298,12 @@ std::shared_ptr<const ConvPrimitive> CreateConv(const Conv2dParams& p, bool has_
   // one for this convolution (else the direct one runs on NHWC).
   const bool wino = p.layout == 4;
   const bool nhwc = p.layout == 3 || wino;
-  cp->user_src = dnnl::memory::desc(src, dt::f32, nhwc ? tag::nhwc : tag::nchw);
-  cp->user_dst = dnnl::memory::desc(dst, dt::f32, nhwc ? tag::nhwc : tag::nchw);
-  cp->user_wei = dnnl::memory::desc(wei, dt::f32, p.group == 1 ? tag::oihw : tag::goihw);
+  const tag act = d3 ? tag::ncdhw : (nhwc ? tag::nhwc : tag::nchw);
+  cp->user_src = dnnl::memory::desc(src, dt::f32, act);
+  cp->user_dst = dnnl::memory::desc(dst, dt::f32, act);
+  cp->user_wei = dnnl::memory::desc(
+      wei, dt::f32,
+      d3 ? (p.group == 1 ? tag::oidhw : tag::goidhw) : (p.group == 1 ? tag::oihw : tag::goihw));
   if (has_bias) cp->bias = dnnl::memory::desc({p.K}, dt::f32, tag::x);
 
   const bool blocked = !nhwc && PreferBlockedLayout(p);
@@ -289,8 +315,7 @@ std::shared_ptr<const ConvPrimitive> CreateConv(const Conv2dParams& p, bool has_
   dnnl::convolution_forward::desc desc(
       dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_direct,
       pick(src, cp->user_src), blocked || nhwc ? any(wei) : cp->user_wei, cp->bias,
-      pick(dst, cp->user_dst), {p.stride_h, p.stride_w}, {p.dil_h - 1, p.dil_w - 1},
-      {p.pad_t, p.pad_l}, {p.pad_b, p.pad_r});
+      pick(dst, cp->user_dst), strides, dilations, pad_begin, pad_end);
   if (wino) {
     dnnl::convolution_forward::desc wd(
         dnnl::prop_kind::forward_inference, dnnl::algorithm::convolution_winograd, any(src),
@@ -658,7 +683,8 @@ Status RunConv2d(const PreparedConv2d& c, const float* x, const float* bias, flo
     return ErrorFromException(ShapeOf(c.p));
   }
   if (c.cp->activation_in_primitive) return Status::OK();
-  return ApplyPostOp(c.epi.post_op, y, c.p.N * c.p.K * c.p.OutH() * c.p.OutW(), c.threads);
+  return ApplyPostOp(c.epi.post_op, y, c.p.N * c.p.K * c.p.OutD() * c.p.OutH() * c.p.OutW(),
+                     c.threads);
 }
 
 // ---- prepared matmul ------------------------------------------------------------------------
@@ -836,6 +862,12 @@ int64_t Conv2dParams::OutW() const {
   return (W + pad_l + pad_r - ((S - 1) * dil_w + 1)) / stride_w + 1;
 }
 
+int64_t Conv2dParams::OutD() const {
+  if (!three_d) return 1;
+  if (stride_d <= 0) return 0;
+  return (D + pad_f + pad_k - ((T - 1) * dil_d + 1)) / stride_d + 1;
+}
+
 Status Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
              int64_t ldc, int num_threads) {
@@ -1008,7 +1040,7 @@ Status ApplyPostOp(int post_op, float* y, int64_t n, int num_threads) {
 
 Status Conv2dFused(const Conv2dParams& p, const float* x, const float* w, const float* bias,
                    float* y, const ConvEpilogue& epi, int num_threads) {
-  const int64_t n = p.N * p.K * p.OutH() * p.OutW();
+  const int64_t n = p.N * p.K * p.OutD() * p.OutH() * p.OutW();
   if (!epi.sum) {
     KILN_RETURN_IF_ERROR(Conv2d(p, x, w, bias, y, num_threads));
     return ApplyPostOp(epi.post_op, y, n, num_threads);

@@ -1,4 +1,4 @@
-// oneDNN-backed float32 kernels: row-major SGEMM and 2-D convolution (ops layer).
+// oneDNN-backed float32 kernels: row-major SGEMM and 1-D to 3-D convolution (ops layer).
 //
 // The eager interpreter's MatMul/Gemm/Conv kernels (ops/matmul.cc, ops/conv.cc) call these, and so
 // do compiled cells, through the runtime's host services (runtime/host.cc), which is why they sit
@@ -29,7 +29,8 @@ Status Sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float 
              int64_t ldc, int num_threads = 0);
 
 // One 2-D convolution: geometry plus grouping. A 1-D convolution is H = R = 1 with unit
-// stride/dilation and zero pads along H.
+// stride/dilation and zero pads along H. A 3-D one (NCDHW) sets the depth fields too; left at
+// their defaults they make no depth, and the 2-D primitive runs.
 struct Conv2dParams {
   int64_t N = 1, C = 1, H = 1, W = 1;  // input, NCHW
   int64_t K = 1;                       // output channels
@@ -38,6 +39,9 @@ struct Conv2dParams {
   int64_t pad_t = 0, pad_l = 0, pad_b = 0, pad_r = 0;
   int64_t dil_h = 1, dil_w = 1;  // ONNX convention: 1 = dense kernel
   int64_t group = 1;             // divides C and K
+  // Depth (3-D convolutions): input depth, kernel depth, stride, front/back pads, dilation.
+  int64_t D = 1, T = 1, stride_d = 1, pad_f = 0, pad_k = 0, dil_d = 1;
+  bool three_d = false;  // the depth fields apply: X is NCDHW, W is [K, C/group, T, R, S]
   // kiln_conv_layout: 0 auto (PreferBlockedLayout), 1 blocked, 2 plain NCHW, 3 NHWC: x, y
   // (and a summed residual) are channels-last in the caller's memory, 4 as 3 with the library's
   // Winograd kernel where it has one for the geometry.
@@ -46,6 +50,7 @@ struct Conv2dParams {
   // Output extents: (H + pad_t + pad_b - ((R - 1) * dil_h + 1)) / stride_h + 1, likewise W.
   int64_t OutH() const;
   int64_t OutW() const;
+  int64_t OutD() const;  // 1 unless three_d
   auto operator<=>(const Conv2dParams&) const = default;
 };
 

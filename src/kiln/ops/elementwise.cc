@@ -27,6 +27,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "src/kiln/ops/kernel_util.h"
 #include "src/kiln/ops/registry.h"
 
 namespace kiln {
@@ -553,7 +554,8 @@ struct MaxOp {
 template <typename List = ArithTypes8>
 Result<std::vector<TensorType>> InferArith(const OpContext& ctx) {
   KILN_ASSIGN_OR_RETURN(TensorType t, BroadcastOperands(ctx, /*same_dtype=*/true));
-  if (t.dtype != DType::kFloat16) {  // float16 runs through float32 (RunArithHalf)
+  // float16 and bfloat16 run through float32 (RunArithHalf)
+  if (t.dtype != DType::kFloat16 && t.dtype != DType::kBFloat16) {
     KILN_RETURN_IF_ERROR(RequireDType(ctx, t.dtype, List{}));
   }
   return std::vector<TensorType>{t};
@@ -573,8 +575,8 @@ Status CheckNoZeroDivisor(const OpContext& ctx, const Tensor& b) {
   return Status::OK();
 }
 
-// float16 operands: each result is computed in float32 and rounded once to float16, which for
-// + - * / min max is the correctly rounded float16 result.
+// float16 and bfloat16 operands: each result is computed in float32 and rounded once to the
+// output's type, which for + - * / min max is the correctly rounded result.
 template <typename Op>
 Status RunArithHalf(const OpContext& ctx, Tensor& out) {
   auto fn = [](float a, float b) { return Op::template Apply<float>(a, b); };
@@ -586,7 +588,7 @@ Status RunArithHalf(const OpContext& ctx, Tensor& out) {
     KILN_ASSIGN_OR_RETURN(Tensor b, operand.CastTo(DType::kFloat32));
     BinaryKernel<float, float>(acc, b, acc, fn);
   }
-  KILN_ASSIGN_OR_RETURN(Tensor half, acc.CastTo(DType::kFloat16));
+  KILN_ASSIGN_OR_RETURN(Tensor half, acc.CastTo(out.dtype()));
   std::memcpy(out.raw_data(), half.raw_data(), out.nbytes());
   return Status::OK();
 }
@@ -595,7 +597,9 @@ Status RunArithHalf(const OpContext& ctx, Tensor& out) {
 template <typename Op, typename List = ArithTypes8>
 Status RunArith(const OpContext& ctx, std::vector<Tensor>& outputs) {
   Tensor& out = outputs[0];
-  if (ctx.in(0).dtype() == DType::kFloat16) return RunArithHalf<Op>(ctx, out);
+  if (ctx.in(0).dtype() == DType::kFloat16 || ctx.in(0).dtype() == DType::kBFloat16) {
+    return RunArithHalf<Op>(ctx, out);
+  }
   return Dispatch(ctx, ctx.in(0).dtype(), List{}, [&]<typename T>() -> Status {
     auto fn = [](T a, T b) { return Op::template Apply<T>(a, b); };
     const Tensor& a = ctx.in(0);
@@ -1086,11 +1090,8 @@ Result<std::vector<TensorType>> InferCast(const OpContext& ctx) {
 
 Status RunCast(const OpContext& ctx, std::vector<Tensor>& outputs) {
   KILN_ASSIGN_OR_RETURN(DType to, CastTarget(ctx.node()));
-  KILN_ASSIGN_OR_RETURN(Tensor converted, ctx.in(0).CastTo(to));
-  // Fill the preallocated output rather than replace it: the caller owns its placement.
-  if (converted.nbytes())
-    std::memcpy(outputs[0].raw_data(), converted.raw_data(), converted.nbytes());
-  return Status::OK();
+  KILN_ASSIGN_OR_RETURN(Tensor converted, kernel::CastForOp(ctx.in(0), to, ctx.opset()));
+  return kernel::Deliver(converted, outputs[0]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1210,6 +1211,8 @@ std::vector<OpDef> ElementwiseOpDefs() {
   for (const ElementwiseOp& op : kOps) {
     defs.push_back(
         OpDef{op.op_type, "", op.since_version, op.until_version, op.check, op.infer, op.run});
+    // Cast converts to and from text (numbers print as the shortest decimal that reads back).
+    if (std::string(op.op_type) == "Cast") defs.back().strings = true;
   }
   return defs;
 }

@@ -1079,7 +1079,7 @@ Status RunEinsum(const OpContext& ctx, std::vector<Tensor>& outputs) {
 }
 
 // The family's catalogue, one row per op and opset range.
-inline constexpr size_t kIndexOpCount = 11;
+inline constexpr size_t kIndexOpCount = 12;
 
 }  // namespace
 
@@ -1089,6 +1089,8 @@ std::vector<OpDef> IndexOpDefs() {
        RunGatherElements},
       {"ScatterElements", "", 11, INT64_MAX, CheckScatter, InferScatterElements,
        RunScatterElements},
+      // Scatter (opset 9-10) is ScatterElements under its first name.
+      {"Scatter", "", 9, 10, CheckScatter, InferScatterElements, RunScatterElements},
       {"GatherND", "", 11, INT64_MAX, CheckGatherND, InferGatherND, RunGatherND},
       {"ScatterND", "", 11, INT64_MAX, CheckScatter, InferScatterND, RunScatterND},
       {"NonZero", "", 9, INT64_MAX, CheckNonZero, InferNonZero, RunNonZero},

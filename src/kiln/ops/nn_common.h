@@ -1,7 +1,7 @@
 // Helpers shared by the neural-network op families (ops layer, internal to ops/): attribute
 // getters with defaults, dtype and shape requirements, numpy broadcasting of a parameter, and the
-// sliding-window geometry that Conv and the pools share. Included by matmul.cc, conv.cc, pool.cc
-// and norm.cc only.
+// sliding-window geometry that Conv and the pools share. Included by matmul.cc, conv.cc, pool.cc,
+// norm.cc and vision.cc only.
 #pragma once
 
 #include <algorithm>

@@ -88,13 +88,27 @@ Status RequireChannelsFirst(const OpContext& ctx, size_t min_rank) {
 }
 
 // BatchNormalization, inference form: y = (x - mean) / sqrt(var + eps) * scale + B per channel.
+// Training form (training_mode=1, opset 14+): the statistics are the batch's own (mean and
+// population variance over every dim but the channel's), and the optional outputs 1 and 2 are
+// the running statistics, input_mean * momentum + batch_mean * (1 - momentum) (likewise var).
 Status CheckBatchNorm(const Node& node, int64_t opset) {
   KILN_RETURN_IF_ERROR(CheckArity(node, 5, 5, 5));
   KILN_RETURN_IF_ERROR(CheckEpsilon(node));
   KILN_ASSIGN_OR_RETURN(int64_t training, IntOr(node, "training_mode", 0));
-  if (training != 0) {
-    return Status::Unimplemented(node.Describe() + ": training_mode=" + std::to_string(training) +
-                                 " is not supported (inference only)");
+  if (training != 0 && training != 1) {
+    return Status::InvalidArgument(node.Describe() + ": training_mode=" + std::to_string(training) +
+                                   " must be 0 or 1");
+  }
+  if (training == 1) {
+    if (opset < 14) {
+      return Status::InvalidArgument(node.Describe() + ": training_mode exists from opset 14");
+    }
+    if (node.outputs.size() > 3) {
+      return Status::InvalidArgument(node.Describe() + ": has " +
+                                     std::to_string(node.outputs.size()) +
+                                     " outputs, expected 1 to 3 (Y, running_mean, running_var)");
+    }
+    return FloatOr(node, "momentum", 0.9f).status();
   }
   KILN_ASSIGN_OR_RETURN(int64_t spatial, IntOr(node, "spatial", 1));
   if (opset < 9 && spatial != 1) {
@@ -119,6 +133,9 @@ Result<std::vector<TensorType>> InferBatchNorm(const OpContext& ctx) {
     KILN_RETURN_IF_ERROR(RequireVector(ctx, i, roles[i], C, "one per channel of X"));
   }
   std::vector<TensorType> out{ctx.type(0)};
+  if (ctx.node().GetInt("training_mode", 0) == 1) {
+    for (size_t i = 1; i < ctx.node().outputs.size(); ++i) out.push_back(ctx.type(2 + i));
+  }
   return out;
 }
 
@@ -134,11 +151,39 @@ Status RunBatchNorm(const OpContext& ctx, std::vector<Tensor>& outputs) {
   const float* bias = ctx.in(2).data<float>();
   const float* mean = ctx.in(3).data<float>();
   const float* var = ctx.in(4).data<float>();
+  const bool training = ctx.node().GetInt("training_mode", 0) == 1;
+  std::vector<double> stat_mean(mean, mean + C), stat_var(var, var + C);
+  if (training) {
+    for (int64_t c = 0; c < C; ++c) {
+      double sum = 0, sq = 0;
+      for (int64_t n = 0; n < N; ++n) {
+        const float* x = xt.data<float>() + (n * C + c) * plane;
+        for (int64_t i = 0; i < plane; ++i) sum += x[i];
+      }
+      const double count = static_cast<double>(N * plane);
+      const double m = count > 0 ? sum / count : 0.0;
+      for (int64_t n = 0; n < N; ++n) {
+        const float* x = xt.data<float>() + (n * C + c) * plane;
+        for (int64_t i = 0; i < plane; ++i) sq += (x[i] - m) * (x[i] - m);
+      }
+      stat_mean[c] = m;
+      stat_var[c] = count > 0 ? sq / count : 0.0;
+    }
+    const double momentum = ctx.node().GetFloat("momentum", 0.9f);
+    for (size_t k = 1; k < outputs.size() && k < 3; ++k) {
+      const float* running = k == 1 ? mean : var;
+      const std::vector<double>& batch = k == 1 ? stat_mean : stat_var;
+      float* o = outputs[k].data<float>();
+      for (int64_t c = 0; c < C; ++c) {
+        o[c] = static_cast<float>(running[c] * momentum + batch[c] * (1.0 - momentum));
+      }
+    }
+  }
   // Folded per channel into y = x * a + b.
   std::vector<double> a(static_cast<size_t>(C)), b(static_cast<size_t>(C));
   for (int64_t c = 0; c < C; ++c) {
-    a[c] = scale[c] / std::sqrt(static_cast<double>(var[c]) + eps);
-    b[c] = bias[c] - mean[c] * a[c];
+    a[c] = scale[c] / std::sqrt(stat_var[c] + eps);
+    b[c] = bias[c] - stat_mean[c] * a[c];
   }
   const float* x = xt.data<float>();
   float* y = outputs[0].data<float>();

@@ -33,13 +33,31 @@ Result<const Tensor*> OpContext::RequireValue(size_t i, const std::string& role)
 
 bool IsValueDependent(const Status& s) { return s.Is(kRefusalValueDependent); }
 
+Status CheckValueKinds(const OpDef& def, const Node& node, const std::vector<TensorType>& types) {
+  for (size_t i = 0; i < types.size(); ++i) {
+    if (types[i].kind != ValueKind::kTensor && !def.values) {
+      return Status::Unimplemented(node.Describe() + ": input or output " + std::to_string(i) +
+                                   " is a " + ValueKindName(types[i].kind) + "; " + node.op_type +
+                                   " takes tensors only");
+    }
+    if (types[i].dtype == DType::kString && !def.strings) {
+      return Status::Unimplemented(node.Describe() + ": input or output " + std::to_string(i) +
+                                   " is a string tensor; " + node.op_type +
+                                   " does not take strings");
+    }
+  }
+  return Status::OK();
+}
+
 const OpRegistry& OpRegistry::Global() {
   static const OpRegistry* registry = [] {
     auto* r = new OpRegistry();
     // The catalogue, family by family in this order; each family file only lists its OpDefs.
-    for (auto family : {ElementwiseOpDefs, ReduceOpDefs, MatMulOpDefs, ConvOpDefs, PoolOpDefs,
-                        NormOpDefs, ShapeOpDefs, QuantOpDefs, RecurrentOpDefs, ResizeOpDefs,
-                        IndexOpDefs, ControlFlowOpDefs}) {
+    for (auto family :
+         {ElementwiseOpDefs, ReduceOpDefs,      MatMulOpDefs,   ConvOpDefs,      PoolOpDefs,
+          NormOpDefs,        ShapeOpDefs,       QuantOpDefs,    RecurrentOpDefs, ResizeOpDefs,
+          IndexOpDefs,       ControlFlowOpDefs, MathOpDefs,     LossOpDefs,      SignalOpDefs,
+          VisionOpDefs,      TensorOpDefs,      TrainingOpDefs, RandomOpDefs,    SequenceOpDefs}) {
       for (OpDef& def : family()) r->Register(std::move(def));
     }
     return r;
@@ -77,10 +95,10 @@ Result<const OpDef*> OpRegistry::Find(const std::string& domain, const std::stri
                                " is not supported (supported opsets: " + ranges + ")");
 }
 
-std::vector<std::string> OpRegistry::OpTypes() const {
+std::vector<std::string> OpRegistry::OpTypes(bool all_domains) const {
   std::set<std::string> names;
   for (const auto& [key, list] : defs_) {
-    if (key.first.empty()) names.insert(key.second);
+    if (key.first.empty() || all_domains) names.insert(key.second);
   }
   return {names.begin(), names.end()};
 }

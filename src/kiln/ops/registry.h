@@ -40,12 +40,27 @@
 
 namespace kiln {
 
+// The type of a value an op reads or writes: a tensor's dtype and shape, or (kind other than
+// kTensor) a sequence's or optional's element dtype, its shape unused.
 struct TensorType {
   DType dtype = DType::kFloat32;
   Shape shape;
-  bool operator==(const TensorType& o) const { return dtype == o.dtype && shape == o.shape; }
-  std::string ToString() const { return std::string(DTypeName(dtype)) + ShapeToString(shape); }
+  ValueKind kind = ValueKind::kTensor;
+  bool operator==(const TensorType& o) const {
+    return dtype == o.dtype && shape == o.shape && kind == o.kind;
+  }
+  std::string ToString() const {
+    if (kind != ValueKind::kTensor) {
+      return std::string(ValueKindName(kind)) + "<" + DTypeName(dtype) + ">";
+    }
+    return std::string(DTypeName(dtype)) + ShapeToString(shape);
+  }
 };
+// The type of a value (its kind, dtype and, for a tensor, shape).
+inline TensorType TypeOf(const Tensor& t) {
+  return t.is_tensor() ? TensorType{t.dtype(), t.shape(), ValueKind::kTensor}
+                       : TensorType{t.dtype(), {}, t.kind()};
+}
 
 // How an op that owns subgraphs (If, Loop) reaches the engine walking the graph around it: the
 // interpreter runs a body eagerly, static shape inference infers it, the runtime host runs it for
@@ -154,6 +169,15 @@ struct OpDef {
   InferFn infer = nullptr;            // required
   RunFn run = nullptr;                // required
   PrepareFn prepare = nullptr;        // optional: absent means infer/run read attributes
+  // The op draws random values (Bernoulli, RandomUniform, ...). kiln seeds every draw, so eager
+  // and a cell agree on them; another runtime's draws differ, so comparisons across runtimes
+  // check such an op's outputs by their support, dtype and shape, never by value.
+  bool nondeterministic = false;
+  // The op reads or writes sequences and optionals (ValueKind), or string tensors. Engines
+  // refuse such a value at any other op by name, before its infer runs: every other kernel
+  // reads dense bytes.
+  bool values = false;
+  bool strings = false;
 };
 
 // Builds `T` (a PreparedNode) with `parse`, for OpDef::prepare: `PrepareWith<ConvAttrs,
@@ -185,8 +209,9 @@ class OpRegistry {
   // its domain and opset and what is supported.
   Result<const OpDef*> Find(const std::string& domain, const std::string& op_type,
                             int64_t opset) const;
-  // Sorted "op_type" names for the default domain, for `kiln info` and docs.
-  std::vector<std::string> OpTypes() const;
+  // Sorted "op_type" names for the default domain, for `kiln info` and docs; with
+  // `all_domains`, the op types of every domain (ai.onnx.preview.training's optimizers too).
+  std::vector<std::string> OpTypes(bool all_domains = false) const;
 
  private:
   std::map<std::pair<std::string, std::string>, std::vector<OpDef>> defs_;
@@ -206,6 +231,21 @@ std::vector<OpDef> RecurrentOpDefs();    // ops/recurrent.cc: LSTM, GRU, RNN
 std::vector<OpDef> ResizeOpDefs();       // ops/resize.cc: Resize, Upsample
 std::vector<OpDef> IndexOpDefs();        // ops/index_ops.cc: gather/scatter, Einsum...
 std::vector<OpDef> ControlFlowOpDefs();  // ops/control_flow.cc: If, Loop, Scan
+std::vector<OpDef> MathOpDefs();         // ops/math_ops.cc: trigonometry, IsInf, BitShift, Det
+std::vector<OpDef> LossOpDefs();         // ops/loss.cc: NegativeLogLikelihood, SoftmaxCrossEntropy
+std::vector<OpDef> SignalOpDefs();       // ops/signal.cc: DFT, STFT, windows, MelWeightMatrix
+std::vector<OpDef> VisionOpDefs();       // ops/vision.cc: GridSample, RoiAlign, NMS, LRN...
+std::vector<OpDef> TensorOpDefs();       // ops/tensor_ops.cc: Compress, Unique, CastLike...
+std::vector<OpDef> TrainingOpDefs();     // ops/training.cc: Adagrad, Momentum, Adam
+std::vector<OpDef> RandomOpDefs();       // ops/random.cc: Bernoulli, RandomUniform...
+std::vector<OpDef> SequenceOpDefs();     // ops/sequence.cc: Sequence*, Optional*
+
+// kiln's own ops, never in a user's model: a sequence, optional or string value packed into a
+// uint8 vector where it crosses a compiled cell's boundary, and back (tensor/packed_value.h).
+// UnpackValue's attributes `kind` (a ValueKind) and `dtype` (a DType name) say what it holds.
+inline constexpr const char* kInternalDomain = "ai.kiln.internal";
+inline constexpr const char* kPackValueOp = "PackValue";
+inline constexpr const char* kUnpackValueOp = "UnpackValue";
 
 // The refusal token by which infer says an output's type depends on an input's value that is not
 // known (RequireValue's "must be a constant known before run", and the data-dependent refusals of
@@ -214,6 +254,11 @@ std::vector<OpDef> ControlFlowOpDefs();  // ops/control_flow.cc: If, Loop, Scan
 inline constexpr const char* kRefusalValueDependent = "value_dependent";
 // True when `s` carries kRefusalValueDependent.
 bool IsValueDependent(const Status& s);
+
+// Unimplemented naming the node when one of `types` (its inputs' or outputs') is a sequence or
+// optional and the op does not take them (OpDef::values), or a string tensor and the op does not
+// take strings (OpDef::strings). Every engine checks this before the op's infer and after it.
+Status CheckValueKinds(const OpDef& def, const Node& node, const std::vector<TensorType>& types);
 
 // Helpers shared by family files.
 // Unary/binary ops that keep the (broadcast) shape and dtype of input 0 / inputs.

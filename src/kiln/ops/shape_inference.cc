@@ -64,7 +64,7 @@ class StaticRunner : public SubgraphRunner {
 Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const OuterScope* outer,
                                   bool tolerate_dynamic) {
   for (const auto& [name, t] : g.initializers) {
-    out.types[name] = TensorType{t.dtype(), t.shape()};
+    out.types[name] = TypeOf(t);
     if (!g.IsWeight(name)) out.known[name] = t;
   }
 
@@ -127,6 +127,7 @@ Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const Outer
         all_known = false;
       }
     }
+    KILN_RETURN_IF_ERROR(CheckValueKinds(*def, n, types));
     OpContext ctx(n, opset, types, values, present);
     InferredScope scope(out, outer);
     StaticRunner runner(&scope);
@@ -139,6 +140,20 @@ Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const Outer
         continue;
       }
       return inferred.status();
+    }
+    KILN_RETURN_IF_ERROR(CheckValueKinds(*def, n, *inferred));
+    if (tolerate_dynamic) {
+      // Sequences, optionals and strings are not plain bytes: a compiled cell computes them on
+      // the host, in its dynamic region (with every node that reads them).
+      bool host_value = false;
+      for (size_t k = 0; k < n.outputs.size() && k < inferred->size(); ++k) {
+        const TensorType& t = (*inferred)[k];
+        host_value = host_value || t.kind != ValueKind::kTensor || t.dtype == DType::kString;
+      }
+      if (host_value) {
+        mark_dynamic(n);
+        continue;
+      }
     }
     if (inferred->size() < n.outputs.size()) {
       return Status::Internal(n.Describe() + ": shape function returned " +
@@ -175,6 +190,10 @@ Result<InferredGraph> InferScoped(const Graph& g, InferredGraph out, const Outer
     if (all_known && !owns_subgraphs && OutputsStructural(*inferred)) {
       std::vector<Tensor> results;
       for (const TensorType& t : *inferred) {
+        if (t.kind != ValueKind::kTensor) {  // assigned by run (OpDef::values)
+          results.emplace_back();
+          continue;
+        }
         KILN_ASSIGN_OR_RETURN(Tensor r, Tensor::Empty(t.dtype, t.shape));
         results.push_back(std::move(r));
       }
@@ -238,6 +257,10 @@ Result<InferredGraph> InferShapes(const Graph& g, const std::map<std::string, Sh
     }
   }
   for (const ValueInfo& v : g.inputs) {
+    if (v.kind != ValueKind::kTensor) {  // a sequence or optional: no shape to specialize
+      out.types[v.name] = TensorType{v.dtype, {}, v.kind};
+      continue;
+    }
     auto it = input_shapes.find(v.name);
     Shape shape;
     if (it != input_shapes.end()) {

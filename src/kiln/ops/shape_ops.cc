@@ -1,6 +1,6 @@
 // Shape and data-movement op family (ops layer): Reshape, Transpose, Concat, Split, Slice,
 // Gather, Squeeze, Unsqueeze, Flatten, Expand, Pad, Shape, Size, Constant, ConstantOfShape,
-// Identity, Dropout (inference), Range, Tile. Resize and Upsample live in resize.cc.
+// Identity, Dropout, Range, Tile. Resize and Upsample live in resize.cc.
 //
 // These kernels move bytes, so they work on every dtype through DTypeSize; only Range and the
 // fill values of Pad/ConstantOfShape look at element types. Every op registers one OpDef whose
@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "src/kiln/ops/kernel_util.h"
 #include "src/kiln/ops/plans.h"
 #include "src/kiln/ops/registry.h"
 
@@ -167,6 +168,18 @@ Result<std::vector<TensorType>> Single(DType dtype, Shape shape) {
 // Identity): only the shape differs, and infer decided it.
 Status RunCopyInput0(const OpContext& ctx, std::vector<Tensor>& outputs) {
   CopyWhole(ctx.in(0), outputs[0]);
+  return Status::OK();
+}
+
+// Identity: bytes are copied into the caller's buffer; a value that is not plain bytes (a
+// sequence, an optional, a string tensor) is passed on as the same immutable handle.
+Status RunIdentity(const OpContext& ctx, std::vector<Tensor>& outputs) {
+  const Tensor& x = ctx.in(0);
+  if (!x.is_tensor() || x.dtype() == DType::kString) {
+    outputs[0] = x;
+    return Status::OK();
+  }
+  CopyWhole(x, outputs[0]);
   return Status::OK();
 }
 
@@ -969,37 +982,41 @@ Status RunConstantOfShape(const OpContext& ctx, std::vector<Tensor>& outputs) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Dropout, inference only: output 0 copies the input, the optional mask is all true (bool from
-// opset 10, the input dtype before). From opset 12 `ratio` and `training_mode` are inputs; a true
-// training_mode would need randomness, so it is Unimplemented.
+// Dropout: output 0 copies the input and the optional mask is all true (bool from opset 10, the
+// input dtype before), unless training_mode (an input from opset 12) is true with a ratio above
+// 0: then each element is kept with probability 1 - ratio and scaled by 1 / (1 - ratio), the
+// mask saying which were kept. Those draws come from kernel::Rng seeded by the node (attribute
+// `seed`, else kiln's default), the same on every run and in a cell's host call.
 
 Status CheckDropout(const Node& node, int64_t opset) {
   return CheckArity(node, 1, opset >= 12 ? 3 : 1, 2);
 }
 
-// A training_mode input must be known (a constant, or any value at run time): a compiled cell
-// that could not see a runtime `true` would silently run the inference form. Training with a
-// ratio of 0 drops nothing (exporters write it for attention dropout 0.0): it is the inference
-// form too. The ratio is structural (graph/ir.h IsShapeInput), so a compiled cell knows it.
-Status RejectTraining(const OpContext& ctx) {
-  if (ctx.opset() < 12 || !ctx.present(2)) return Status::OK();
+// The ratio when training_mode is true and drops something, else 0 (the inference form). A
+// training_mode input must be known (a constant, or any value at run time): a compiled cell
+// that could not see a runtime `true` would silently run the inference form. The ratio is
+// structural (graph/ir.h IsShapeInput), so a compiled cell knows it.
+Result<double> TrainingRatio(const OpContext& ctx) {
+  if (ctx.opset() < 12 || !ctx.present(2)) return 0.0;
   KILN_ASSIGN_OR_RETURN(const Tensor* mode, ctx.RequireValue(2, "training_mode"));
-  if (mode->numel() > 0 && mode->GetAsInt64(0) != 0) {
-    double ratio = 0.5;  // the default
-    if (ctx.present(1)) {
-      KILN_ASSIGN_OR_RETURN(const Tensor* r, ctx.RequireValue(1, "ratio"));
-      if (r->numel() > 0) ratio = r->GetAsDouble(0);
-    }
-    if (ratio == 0.0) return Status::OK();
-    return Status::Unimplemented(ctx.where() + ": training_mode=true with ratio " +
-                                 std::to_string(ratio) +
-                                 " is not implemented (kiln runs Dropout for inference only)");
+  if (mode->numel() == 0 || mode->GetAsInt64(0) == 0) return 0.0;
+  double ratio = 0.5;  // the default
+  if (ctx.present(1)) {
+    KILN_ASSIGN_OR_RETURN(const Tensor* r, ctx.RequireValue(1, "ratio"));
+    if (r->numel() > 0) ratio = r->GetAsDouble(0);
   }
-  return Status::OK();
+  if (!(ratio >= 0.0 && ratio < 1.0)) {
+    return Status::InvalidArgument(ctx.where() + ": ratio " + std::to_string(ratio) +
+                                   " is outside [0, 1)");
+  }
+  return ratio;
 }
 
 Result<std::vector<TensorType>> InferDropout(const OpContext& ctx) {
-  KILN_RETURN_IF_ERROR(RejectTraining(ctx));
+  KILN_ASSIGN_OR_RETURN(double ratio, TrainingRatio(ctx));
+  if (ratio > 0.0 && !kernel::IsFloatLike(ctx.type(0).dtype)) {
+    return UnsupportedDType(ctx, ctx.type(0).dtype, "float32, float64, float16, bfloat16");
+  }
   std::vector<TensorType> types = {ctx.type(0)};
   if (ctx.node().outputs.size() > 1) {
     types.push_back({ctx.opset() >= 10 ? DType::kBool : ctx.type(0).dtype, ctx.type(0).shape});
@@ -1008,7 +1025,20 @@ Result<std::vector<TensorType>> InferDropout(const OpContext& ctx) {
 }
 
 Status RunDropout(const OpContext& ctx, std::vector<Tensor>& outputs) {
-  KILN_RETURN_IF_ERROR(RejectTraining(ctx));
+  KILN_ASSIGN_OR_RETURN(double ratio, TrainingRatio(ctx));
+  if (ratio > 0.0) {
+    kernel::Rng rng(kernel::NodeSeed(ctx.node()));
+    std::vector<double> x = kernel::ToDoubles(ctx.in(0));
+    std::vector<uint8_t> keep(x.size());
+    const double scale = 1.0 / (1.0 - ratio);
+    for (size_t i = 0; i < x.size(); ++i) {
+      keep[i] = rng.Uniform() >= ratio ? 1 : 0;
+      x[i] = keep[i] ? x[i] * scale : 0.0;
+    }
+    KILN_RETURN_IF_ERROR(kernel::StoreDoubles(x, outputs[0]));
+    if (outputs.size() > 1) std::memcpy(outputs[1].raw_data(), keep.data(), keep.size());
+    return Status::OK();
+  }
   CopyWhole(ctx.in(0), outputs[0]);
   if (outputs.size() > 1) {
     Tensor& mask = outputs[1];
@@ -1139,8 +1169,9 @@ std::vector<OpDef> ShapeOpDefs() {
   defs.push_back({"Constant", "", 1, INT64_MAX, CheckConstant, InferConstant, RunConstant});
   defs.push_back({"ConstantOfShape", "", 9, INT64_MAX, CheckInputs<1, 1>, InferConstantOfShape,
                   RunConstantOfShape});
-  defs.push_back(
-      {"Identity", "", 1, INT64_MAX, CheckInputs<1, 1>, InferSameAsInput0, RunCopyInput0});
+  // Identity passes any value on: sequences, optionals and strings too.
+  defs.push_back({"Identity", "", 1, INT64_MAX, CheckInputs<1, 1>, InferSameAsInput0, RunIdentity});
+  defs.back().values = defs.back().strings = true;
   defs.push_back({"Dropout", "", 1, INT64_MAX, CheckDropout, InferDropout, RunDropout});
   defs.push_back({"Range", "", 11, INT64_MAX, CheckInputs<3, 3>, InferRange, RunRange});
   return defs;

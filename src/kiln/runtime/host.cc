@@ -51,6 +51,11 @@ Result<nlohmann::json> GraphJson(const Graph& g);
 Result<Graph> GraphFromJson(const nlohmann::json& j);
 
 nlohmann::json TensorJson(const Tensor& t) {
+  if (t.dtype() == DType::kString) {
+    std::vector<std::string> values;
+    for (int64_t i = 0; i < t.numel(); ++i) values.push_back(t.str(i));
+    return {{"dtype", DTypeName(t.dtype())}, {"shape", t.shape()}, {"data", values}};
+  }
   std::vector<double> values;
   for (int64_t i = 0; i < t.numel(); ++i) values.push_back(t.GetAsDouble(i));
   return {{"dtype", DTypeName(t.dtype())}, {"shape", t.shape()}, {"data", values}};
@@ -58,6 +63,10 @@ nlohmann::json TensorJson(const Tensor& t) {
 
 Result<Tensor> TensorFromJson(const nlohmann::json& v) {
   KILN_ASSIGN_OR_RETURN(DType dt, DTypeFromName(v.at("dtype").get<std::string>()));
+  if (dt == DType::kString) {
+    return Tensor::Strings(v.at("shape").get<Shape>(),
+                           v.at("data").get<std::vector<std::string>>());
+  }
   KILN_ASSIGN_OR_RETURN(Tensor f, Tensor::FromVector<float>(v.at("shape").get<Shape>(),
                                                             v.at("data").get<std::vector<float>>())
                                       .CastTo(dt));
@@ -98,6 +107,9 @@ Result<nlohmann::json> AttrJson(const Attribute& a) {
       KILN_ASSIGN_OR_RETURN(j["v"], GraphJson(*a.g));
       break;
     }
+    case Attribute::Kind::kType:
+      j["v"] = {{"kind", static_cast<int>(a.type_kind)}, {"dtype", DTypeName(a.type_dtype)}};
+      break;
     case Attribute::Kind::kGraphs: {
       j["v"] = nlohmann::json::array();
       for (const auto& g : a.graphs) {
@@ -118,6 +130,7 @@ nlohmann::json ValueInfoJson(const ValueInfo& v) {
   // Written only when false, so the specs of graphs whose subgraphs declare every type (all
   // before untyped subgraph values were accepted) keep their bytes.
   if (!v.has_type) j["has_type"] = false;
+  if (v.kind != ValueKind::kTensor) j["kind"] = static_cast<int>(v.kind);  // likewise
   return j;
 }
 
@@ -126,6 +139,12 @@ Result<ValueInfo> ValueInfoFromJson(const nlohmann::json& j) {
   v.name = j.at("name").get<std::string>();
   KILN_ASSIGN_OR_RETURN(v.dtype, DTypeFromName(j.at("dtype").get<std::string>()));
   v.has_type = j.value("has_type", true);
+  const int kind = j.value("kind", 0);
+  if (kind < 0 || kind > static_cast<int>(ValueKind::kOptionalSequence)) {
+    return Status::InvalidArgument("node spec: value '" + v.name + "' has kind " +
+                                   std::to_string(kind));
+  }
+  v.kind = static_cast<ValueKind>(kind);
   v.has_shape = j.at("has_shape").get<bool>();
   for (const auto& d : j.at("dims")) v.dims.push_back(Dim{d.get<int64_t>(), ""});
   return v;
@@ -200,6 +219,15 @@ Result<Attribute> AttrFromJson(const std::string& name, const nlohmann::json& j)
     a.kind = Attribute::Kind::kGraph;
     KILN_ASSIGN_OR_RETURN(Graph g, GraphFromJson(v));
     a.g = std::make_shared<Graph>(std::move(g));
+  } else if (kind == "type") {
+    a.kind = Attribute::Kind::kType;
+    const int k = v.at("kind").get<int>();
+    if (k < 0 || k > static_cast<int>(ValueKind::kOptionalSequence)) {
+      return Status::InvalidArgument("node spec: attribute '" + name + "' has value kind " +
+                                     std::to_string(k));
+    }
+    a.type_kind = static_cast<ValueKind>(k);
+    KILN_ASSIGN_OR_RETURN(a.type_dtype, DTypeFromName(v.at("dtype").get<std::string>()));
   } else if (kind == "graphs") {
     a.kind = Attribute::Kind::kGraphs;
     for (const auto& gj : v) {

@@ -8,36 +8,68 @@ namespace kiln {
 
 size_t DTypeSize(DType t) {
   switch (t) {
-    case DType::kFloat32: return 4;
-    case DType::kFloat16: return 2;
-    case DType::kInt64: return 8;
-    case DType::kInt32: return 4;
-    case DType::kInt8: return 1;
-    case DType::kUInt8: return 1;
-    case DType::kBool: return 1;
-    case DType::kFloat64: return 8;
-    case DType::kInt16: return 2;
-    case DType::kUInt16: return 2;
-    case DType::kUInt32: return 4;
-    case DType::kUInt64: return 8;
+    case DType::kFloat32:
+      return 4;
+    case DType::kFloat16:
+      return 2;
+    case DType::kInt64:
+      return 8;
+    case DType::kInt32:
+      return 4;
+    case DType::kInt8:
+      return 1;
+    case DType::kUInt8:
+      return 1;
+    case DType::kBool:
+      return 1;
+    case DType::kFloat64:
+      return 8;
+    case DType::kInt16:
+      return 2;
+    case DType::kUInt16:
+      return 2;
+    case DType::kUInt32:
+      return 4;
+    case DType::kUInt64:
+      return 8;
+    case DType::kBFloat16:
+      return 2;
+    case DType::kString:
+      return sizeof(std::string);
   }
   return 0;
 }
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kFloat32: return "float32";
-    case DType::kFloat16: return "float16";
-    case DType::kInt64: return "int64";
-    case DType::kInt32: return "int32";
-    case DType::kInt8: return "int8";
-    case DType::kUInt8: return "uint8";
-    case DType::kBool: return "bool";
-    case DType::kFloat64: return "float64";
-    case DType::kInt16: return "int16";
-    case DType::kUInt16: return "uint16";
-    case DType::kUInt32: return "uint32";
-    case DType::kUInt64: return "uint64";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat16:
+      return "float16";
+    case DType::kInt64:
+      return "int64";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt8:
+      return "int8";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kBool:
+      return "bool";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kInt16:
+      return "int16";
+    case DType::kUInt16:
+      return "uint16";
+    case DType::kUInt32:
+      return "uint32";
+    case DType::kUInt64:
+      return "uint64";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kString:
+      return "string";
   }
   return "?";
 }
@@ -50,7 +82,7 @@ Result<DType> DTypeFromName(const std::string& name) {
   return Status::InvalidArgument(
       "unknown dtype '" + name +
       "': expected one of float32 float16 int64 int32 int8 uint8 bool float64 int16 uint16 "
-      "uint32 uint64");
+      "uint32 uint64 bfloat16 string");
 }
 
 namespace {
@@ -61,9 +93,10 @@ struct OnnxElemType {
 };
 // The ONNX TensorProto.DataType numbers kiln has a DType for.
 constexpr OnnxElemType kOnnxElemTypes[] = {
-    {1, DType::kFloat32}, {10, DType::kFloat16}, {7, DType::kInt64},   {6, DType::kInt32},
-    {3, DType::kInt8},    {2, DType::kUInt8},    {9, DType::kBool},    {11, DType::kFloat64},
-    {5, DType::kInt16},   {4, DType::kUInt16},   {12, DType::kUInt32}, {13, DType::kUInt64},
+    {1, DType::kFloat32},   {10, DType::kFloat16}, {7, DType::kInt64},   {6, DType::kInt32},
+    {3, DType::kInt8},      {2, DType::kUInt8},    {9, DType::kBool},    {11, DType::kFloat64},
+    {5, DType::kInt16},     {4, DType::kUInt16},   {12, DType::kUInt32}, {13, DType::kUInt64},
+    {16, DType::kBFloat16}, {8, DType::kString},
 };
 
 }  // namespace
@@ -99,11 +132,27 @@ const std::string& SupportedOnnxElemTypes() {
 
 bool IsWeightDType(DType t) {
   return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kFloat64 ||
-         t == DType::kInt8 || t == DType::kUInt8;
+         t == DType::kBFloat16 || t == DType::kInt8 || t == DType::kUInt8;
 }
 
 bool IsFloatDType(DType t) {
-  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kFloat64;
+  return t == DType::kFloat32 || t == DType::kFloat16 || t == DType::kFloat64 ||
+         t == DType::kBFloat16;
+}
+
+uint16_t FloatToBFloat16(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40u);  // NaN
+  const uint32_t rounding = 0x7fffu + ((x >> 16) & 1u);
+  return static_cast<uint16_t>((x + rounding) >> 16);
+}
+
+float BFloat16ToFloat(uint16_t b) {
+  const uint32_t x = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
 }
 
 uint16_t FloatToHalf(float f) {
@@ -117,7 +166,7 @@ uint16_t FloatToHalf(float f) {
   }
   int32_t e = static_cast<int32_t>(exp) - 127 + 15;
   if (e >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
-  if (e <= 0) {                                                   // subnormal or zero
+  if (e <= 0) {                                                 // subnormal or zero
     if (e < -10) return static_cast<uint16_t>(sign);
     mant |= 0x800000u;
     const uint32_t shift = static_cast<uint32_t>(14 - e);

@@ -5,14 +5,17 @@
 // padded with spaces and a newline, then the raw element bytes.
 #include "src/kiln/tensor/npy.h"
 
+#include <algorithm>
 #include <bit>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <optional>
 #include <vector>
 
 #include "src/kiln/base/file.h"
+#include "src/kiln/base/utf8.h"
 
 namespace kiln {
 
@@ -38,7 +41,7 @@ struct PyValue {
   std::string str;
   bool boolean = false;
   int64_t integer = 0;
-  std::vector<PyValue> items;                            // tuple / list
+  std::vector<PyValue> items;  // tuple / list
   // Dict entries, in file order. A named struct, not std::pair<std::string, PyValue>: clang
   // rejects a pair of the still-incomplete PyValue as the element of a member vector.
   std::vector<PyEntry> entries;
@@ -261,14 +264,80 @@ struct DescrEntry {
   const char* write_descr;
 };
 constexpr DescrEntry kDescrs[] = {
-    {'f', '4', DType::kFloat32, "<f4"}, {'f', '2', DType::kFloat16, "<f2"},
-    {'i', '8', DType::kInt64, "<i8"},   {'i', '4', DType::kInt32, "<i4"},
-    {'i', '1', DType::kInt8, "|i1"},    {'u', '1', DType::kUInt8, "|u1"},
-    {'b', '1', DType::kBool, "|b1"},    {'f', '8', DType::kFloat64, "<f8"},
-    {'i', '2', DType::kInt16, "<i2"},   {'u', '2', DType::kUInt16, "<u2"},
-    {'u', '4', DType::kUInt32, "<u4"},  {'u', '8', DType::kUInt64, "<u8"},
+    {'f', '4', DType::kFloat32, "<f4"},
+    {'f', '2', DType::kFloat16, "<f2"},
+    {'i', '8', DType::kInt64, "<i8"},
+    {'i', '4', DType::kInt32, "<i4"},
+    {'i', '1', DType::kInt8, "|i1"},
+    {'u', '1', DType::kUInt8, "|u1"},
+    {'b', '1', DType::kBool, "|b1"},
+    {'f', '8', DType::kFloat64, "<f8"},
+    {'i', '2', DType::kInt16, "<i2"},
+    {'u', '2', DType::kUInt16, "<u2"},
+    {'u', '4', DType::kUInt32, "<u4"},
+    {'u', '8', DType::kUInt64, "<u8"},
+    // numpy has no bfloat16: arrays of ml_dtypes' bfloat16 save as two-byte voids.
+    {'V', '2', DType::kBFloat16, "<V2"},
 };
-static_assert(sizeof(kDescrs) / sizeof(kDescrs[0]) == kDTypeCount, "one descr per DType");
+// Every DType but string, whose descr carries its width ('<U5': UTF-32, five code points).
+static_assert(sizeof(kDescrs) / sizeof(kDescrs[0]) == kDTypeCount - 1, "one descr per DType");
+
+// The width in code points of a numpy unicode descr ('<U5', '|U0'), or -1 when `descr` is not one.
+int64_t UnicodeWidth(const std::string& descr) {
+  if (descr.size() < 3 || descr[1] != 'U' ||
+      (descr[0] != '<' && descr[0] != '|' && descr[0] != '=')) {
+    return -1;
+  }
+  int64_t n = 0;
+  for (size_t i = 2; i < descr.size(); ++i) {
+    if (descr[i] < '0' || descr[i] > '9' || n > (int64_t{1} << 40)) return -1;
+    n = n * 10 + (descr[i] - '0');
+  }
+  return n;
+}
+
+void AppendUtf8(uint32_t cp, std::string& out) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xc0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xe0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  } else {
+    out += static_cast<char>(0xf0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3f));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3f));
+    out += static_cast<char>(0x80 | (cp & 0x3f));
+  }
+}
+
+// The code points of `s` read as UTF-8; a byte that does not start a well-formed sequence stands
+// for itself (so any bytes survive a write, as Latin-1).
+std::vector<uint32_t> CodePoints(const std::string& s) {
+  std::vector<uint32_t> cps;
+  for (size_t i = 0; i < s.size();) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    const size_t len = b < 0x80         ? 1
+                       : (b >> 5) == 6  ? 2
+                       : (b >> 4) == 14 ? 3
+                       : (b >> 3) == 30 ? 4
+                                        : 0;
+    if (len > 1 && i + len <= s.size() && IsValidUtf8(std::string_view(s).substr(i, len))) {
+      uint32_t cp = b & (0xff >> (len + 1));
+      for (size_t k = 1; k < len; ++k)
+        cp = (cp << 6) | (static_cast<unsigned char>(s[i + k]) & 0x3f);
+      cps.push_back(cp);
+      i += len;
+    } else {
+      cps.push_back(b);
+      ++i;
+    }
+  }
+  return cps;
+}
 
 Result<DType> DTypeFromDescr(const std::string& descr, const std::string& prefix) {
   if (descr.size() == 3) {
@@ -284,7 +353,7 @@ Result<DType> DTypeFromDescr(const std::string& descr, const std::string& prefix
   }
   return Status::Unimplemented(
       prefix + "dtype '" + descr +
-      "' is not supported (expected one of <f4 <f2 <i8 <i4 |i1 |u1 |b1 <f8 <i2 <u2 <u4 <u8)");
+      "' is not supported (expected one of <f4 <f2 <i8 <i4 |i1 |u1 |b1 <f8 <i2 <u2 <u4 <u8 <V2)");
 }
 
 const char* DescrOf(DType t) {
@@ -370,7 +439,11 @@ Result<Tensor> ParseNpy(std::string_view bytes, const std::string& what) {
     return Status::Corruption(prefix + "'descr' is " + KindName(descr->kind) +
                               ", expected a string");
   }
-  KILN_ASSIGN_OR_RETURN(DType dtype, DTypeFromDescr(descr->str, prefix));
+  const int64_t unicode_width = UnicodeWidth(descr->str);
+  DType dtype = DType::kString;
+  if (unicode_width < 0) {
+    KILN_ASSIGN_OR_RETURN(dtype, DTypeFromDescr(descr->str, prefix));
+  }
   if (fortran->kind != PyValue::Kind::kBool) {
     return Status::Corruption(prefix + "'fortran_order' is " + KindName(fortran->kind) +
                               ", expected True or False");
@@ -380,7 +453,8 @@ Result<Tensor> ParseNpy(std::string_view bytes, const std::string& what) {
                               ", expected a tuple of integers");
   }
   Shape shape;
-  const size_t elem_size = DTypeSize(dtype);
+  const size_t elem_size =
+      unicode_width >= 0 ? static_cast<size_t>(unicode_width) * 4 : DTypeSize(dtype);
   uint64_t numel = 1;
   bool overflow = false;
   for (const PyValue& d : shape_value->items) {
@@ -426,6 +500,27 @@ Result<Tensor> ParseNpy(std::string_view bytes, const std::string& what) {
       }
     }
   }
+  if (dtype == DType::kString) {
+    // UTF-32LE code points, NUL-padded to the width (numpy strips trailing NULs on read).
+    KILN_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(DType::kString, std::move(shape)));
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      std::string s;
+      const uint8_t* e = data + static_cast<size_t>(i) * elem_size;
+      size_t used = static_cast<size_t>(unicode_width);
+      while (used > 0 && ReadLE(e + (used - 1) * 4, 4) == 0) --used;
+      for (size_t k = 0; k < used; ++k) {
+        const uint32_t cp = ReadLE(e + k * 4, 4);
+        if (cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff)) {
+          return Status::Corruption(prefix + "string element " + std::to_string(i) +
+                                    " holds code point " + std::to_string(cp) +
+                                    ", which is not a Unicode scalar value");
+        }
+        AppendUtf8(cp, s);
+      }
+      t.str(i) = std::move(s);
+    }
+    return t;
+  }
   return Tensor::FromBytes(dtype, std::move(shape), data, available);
 }
 
@@ -435,7 +530,7 @@ Result<Tensor> ReadNpy(const std::string& path) {
 }
 
 std::string SerializeNpy(const Tensor& tensor) {
-  KILN_CHECK(tensor.valid());
+  KILN_CHECK(tensor.valid() && tensor.is_tensor());
   std::string shape = "(";
   for (size_t i = 0; i < tensor.shape().size(); ++i) {
     if (i) shape += ", ";
@@ -443,8 +538,19 @@ std::string SerializeNpy(const Tensor& tensor) {
   }
   if (tensor.shape().size() == 1) shape += ",";
   shape += ")";
-  std::string header = std::string("{'descr': '") + DescrOf(tensor.dtype()) +
-                       "', 'fortran_order': False, 'shape': " + shape + ", }";
+  // Strings: UTF-32LE code points, each element NUL-padded to the longest (at least one).
+  std::vector<std::vector<uint32_t>> text;
+  size_t width = 1;
+  if (tensor.dtype() == DType::kString) {
+    for (int64_t i = 0; i < tensor.numel(); ++i) {
+      text.push_back(CodePoints(tensor.str(i)));
+      width = std::max(width, text.back().size());
+    }
+  }
+  const std::string descr =
+      tensor.dtype() == DType::kString ? "<U" + std::to_string(width) : DescrOf(tensor.dtype());
+  std::string header =
+      std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
   // Same bytes as np.save: growth room for the first dim, then pad so the data starts 64-aligned
   // (a full 64 spaces when already aligned, as numpy does), ending in a newline.
   if (!tensor.shape().empty()) {
@@ -466,6 +572,15 @@ std::string SerializeNpy(const Tensor& tensor) {
   const uint32_t hlen = static_cast<uint32_t>(header.size());
   for (int i = 0; i < len_bytes; ++i) out += static_cast<char>((hlen >> (8 * i)) & 0xff);
   out += header;
+  if (tensor.dtype() == DType::kString) {
+    for (const std::vector<uint32_t>& cps : text) {
+      for (size_t k = 0; k < width; ++k) {
+        const uint32_t cp = k < cps.size() ? cps[k] : 0;
+        for (int b = 0; b < 4; ++b) out += static_cast<char>((cp >> (8 * b)) & 0xff);
+      }
+    }
+    return out;
+  }
   if (tensor.nbytes() > 0) {
     out.append(static_cast<const char*>(tensor.raw_data()), tensor.nbytes());
   }
@@ -476,7 +591,101 @@ Status WriteNpy(const std::string& path, const Tensor& tensor) {
   if (!tensor.valid()) {
     return Status::InvalidArgument("cannot write npy '" + path + "': the tensor is empty/invalid");
   }
+  if (!tensor.is_tensor()) {
+    return Status::InvalidArgument("cannot write npy '" + path + "': " + tensor.TypeString() +
+                                   " is not a tensor");
+  }
   return WriteFileAtomic(path, SerializeNpy(tensor));
+}
+
+namespace {
+
+Result<Tensor> ReadSequenceDir(const std::string& path, DType elem) {
+  std::error_code ec;
+  if (!std::filesystem::is_directory(path, ec)) {
+    return Status::InvalidArgument("'" + path +
+                                   "' is not a directory (a sequence is a directory of 0.npy, "
+                                   "1.npy, ...)");
+  }
+  std::map<int64_t, std::string> files;
+  for (const auto& entry : std::filesystem::directory_iterator(path, ec)) {
+    const std::string name = entry.path().filename().string();
+    const size_t dot = name.find('.');
+    const std::string stem = name.substr(0, dot);
+    if (dot == std::string::npos || name.substr(dot) != ".npy" || stem.empty() ||
+        stem.find_first_not_of("0123456789") != std::string::npos || stem.size() > 9) {
+      return Status::InvalidArgument("sequence directory '" + path + "' holds '" + name +
+                                     "'; expected only 0.npy, 1.npy, ...");
+    }
+    files[std::stoll(stem)] = entry.path().string();
+  }
+  if (ec) return Status::IOError("cannot list '" + path + "': " + ec.message());
+  std::vector<Tensor> items;
+  for (const auto& [index, file] : files) {
+    if (index != static_cast<int64_t>(items.size())) {
+      return Status::InvalidArgument("sequence directory '" + path + "' lacks " +
+                                     std::to_string(items.size()) + ".npy");
+    }
+    KILN_ASSIGN_OR_RETURN(Tensor t, ReadNpy(file));
+    if (t.dtype() != elem) {
+      return Status::InvalidArgument("'" + file + "' is " + t.TypeString() +
+                                     ", the sequence holds " + DTypeName(elem));
+    }
+    items.push_back(std::move(t));
+  }
+  return Tensor::Sequence(elem, std::move(items));
+}
+
+}  // namespace
+
+Result<Tensor> ReadValue(const std::string& path, ValueKind kind, DType elem) {
+  switch (kind) {
+    case ValueKind::kTensor:
+      return ReadNpy(path);
+    case ValueKind::kSequence:
+      return ReadSequenceDir(path, elem);
+    case ValueKind::kOptionalTensor:
+    case ValueKind::kOptionalSequence: {
+      const ValueKind inner =
+          kind == ValueKind::kOptionalSequence ? ValueKind::kSequence : ValueKind::kTensor;
+      std::error_code ec;
+      const bool is_none_file = path.size() > 5 && path.substr(path.size() - 5) == ".none" &&
+                                std::filesystem::is_regular_file(path, ec);
+      if (path == kNoneValuePath || is_none_file) return Tensor::Optional(inner, elem, Tensor());
+      KILN_ASSIGN_OR_RETURN(Tensor v, ReadValue(path, inner, elem));
+      return Tensor::Optional(inner, elem, std::move(v));
+    }
+  }
+  return Status::Internal("ReadValue: unknown value kind");
+}
+
+Result<std::string> WriteValue(const std::string& dir, const std::string& name,
+                               const Tensor& value) {
+  switch (value.kind()) {
+    case ValueKind::kTensor: {
+      const std::string path = dir + "/" + name + ".npy";
+      KILN_RETURN_IF_ERROR(WriteNpy(path, value));
+      return path;
+    }
+    case ValueKind::kSequence: {
+      const std::string path = dir + "/" + name;
+      std::error_code ec;
+      std::filesystem::remove_all(path, ec);
+      KILN_RETURN_IF_ERROR(MakeDirs(path));
+      for (size_t i = 0; i < value.items().size(); ++i) {
+        KILN_RETURN_IF_ERROR(WriteNpy(path + "/" + std::to_string(i) + ".npy", value.items()[i]));
+      }
+      return path;
+    }
+    case ValueKind::kOptionalTensor:
+    case ValueKind::kOptionalSequence: {
+      if (!value.items().empty()) return WriteValue(dir, name, value.items()[0]);
+      const std::string path = dir + "/" + name + ".none";
+      KILN_RETURN_IF_ERROR(WriteFileAtomic(path, ""));
+      return path;
+    }
+  }
+  return Status::Internal("WriteValue: unknown value kind");
 }
 
 }  // namespace kiln

@@ -27,15 +27,17 @@ struct DTypeToken {
   DType dtype;
 };
 constexpr DTypeToken kDTypeTokens[] = {
-    {"F32", DType::kFloat32}, {"F16", DType::kFloat16}, {"I64", DType::kInt64},
-    {"I32", DType::kInt32},   {"I8", DType::kInt8},     {"U8", DType::kUInt8},
-    {"BOOL", DType::kBool},   {"F64", DType::kFloat64}, {"I16", DType::kInt16},
-    {"U16", DType::kUInt16},  {"U32", DType::kUInt32},  {"U64", DType::kUInt64},
+    {"F32", DType::kFloat32},   {"F16", DType::kFloat16}, {"I64", DType::kInt64},
+    {"I32", DType::kInt32},     {"I8", DType::kInt8},     {"U8", DType::kUInt8},
+    {"BOOL", DType::kBool},     {"F64", DType::kFloat64}, {"I16", DType::kInt16},
+    {"U16", DType::kUInt16},    {"U32", DType::kUInt32},  {"U64", DType::kUInt64},
+    {"BF16", DType::kBFloat16},
 };
-static_assert(sizeof(kDTypeTokens) / sizeof(kDTypeTokens[0]) == kDTypeCount,
+// Every DType but string: the format holds fixed-size elements only.
+static_assert(sizeof(kDTypeTokens) / sizeof(kDTypeTokens[0]) == kDTypeCount - 1,
               "one safetensors token per DType");
 // Valid in the format, not (yet) in kiln.
-constexpr const char* kUnsupportedTokens[] = {"BF16", "F8_E4M3", "F8_E5M2"};
+constexpr const char* kUnsupportedTokens[] = {"F8_E4M3", "F8_E5M2"};
 
 const char* TokenOf(DType t) {
   for (const DTypeToken& e : kDTypeTokens) {
@@ -274,6 +276,10 @@ Result<std::string> SerializeSafetensors(const std::map<std::string, Tensor>& te
     }
     if (!t.valid()) {
       return Status::InvalidArgument("safetensors: tensor '" + name + "' is empty/invalid");
+    }
+    if (!t.is_tensor() || t.dtype() == DType::kString) {
+      return Status::InvalidArgument("safetensors: '" + name + "' is " + t.TypeString() +
+                                     "; the format holds tensors of fixed-size elements only");
     }
     header[name] = {{"dtype", TokenOf(t.dtype())},
                     {"shape", t.shape()},

@@ -2,6 +2,7 @@
 #include "src/kiln/tensor/tensor.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -69,17 +70,35 @@ Result<int64_t> NormalizeAxis(int64_t axis, int64_t rank, const std::string& wha
   return axis < 0 ? axis + rank : axis;
 }
 
+const char* ValueKindName(ValueKind kind) {
+  switch (kind) {
+    case ValueKind::kTensor:
+      return "tensor";
+    case ValueKind::kSequence:
+      return "sequence";
+    case ValueKind::kOptionalTensor:
+      return "optional tensor";
+    case ValueKind::kOptionalSequence:
+      return "optional sequence";
+  }
+  return "?";
+}
+
 namespace {
 struct AlignedFree {
   void operator()(void* p) const { std::free(p); }
 };
-// Frees and refunds the budget the storage was charged to.
-struct BudgetedFree {
+// Destroys a string tensor's `strings` elements, frees the storage, and refunds the budget it
+// was charged to (if any).
+struct StorageFree {
+  int64_t strings = 0;
   std::shared_ptr<MemoryBudget> budget;
-  int64_t charged;
+  int64_t charged = 0;
   void operator()(void* p) const {
+    auto* s = static_cast<std::string*>(p);
+    for (int64_t i = 0; i < strings; ++i) s[i].~basic_string();
     std::free(p);
-    budget->Refund(charged);
+    if (budget) budget->Refund(charged);
   }
 };
 }  // namespace
@@ -106,13 +125,58 @@ Result<Tensor> Tensor::Empty(DType dtype, Shape shape,
                                      " bytes for tensor " + t.TypeString());
   }
   std::memset(p, 0, alloc);
-  if (budget) {
-    t.storage_ = std::shared_ptr<void>(p, BudgetedFree{budget, static_cast<int64_t>(alloc)});
+  if (dtype == DType::kString || budget) {
+    int64_t n = 0;
+    if (dtype == DType::kString) {
+      n = t.numel();
+      auto* s = static_cast<std::string*>(p);
+      for (int64_t i = 0; i < n; ++i) new (&s[i]) std::string();
+    }
+    t.storage_ = std::shared_ptr<void>(p, StorageFree{n, budget, static_cast<int64_t>(alloc)});
   } else {
     t.storage_ = std::shared_ptr<void>(p, AlignedFree());
   }
   t.data_ = p;
   return t;
+}
+
+Result<Tensor> Tensor::Strings(Shape shape, const std::vector<std::string>& values) {
+  KILN_ASSIGN_OR_RETURN(Tensor t, Empty(DType::kString, std::move(shape)));
+  KILN_CHECK(static_cast<int64_t>(values.size()) == t.numel());
+  for (size_t i = 0; i < values.size(); ++i) t.str(static_cast<int64_t>(i)) = values[i];
+  return t;
+}
+
+Tensor Tensor::Sequence(DType elem, std::vector<Tensor> items) {
+  Tensor t;
+  t.dtype_ = elem;
+  t.shape_ = {0};
+  t.kind_ = ValueKind::kSequence;
+  t.items_ = std::make_shared<const std::vector<Tensor>>(std::move(items));
+  return t;
+}
+
+Tensor Tensor::Optional(ValueKind inner, DType elem, Tensor value) {
+  Tensor t;
+  t.dtype_ = elem;
+  t.shape_ = {0};
+  t.kind_ =
+      inner == ValueKind::kSequence ? ValueKind::kOptionalSequence : ValueKind::kOptionalTensor;
+  std::vector<Tensor> items;
+  if (value.valid()) items.push_back(std::move(value));
+  t.items_ = std::make_shared<const std::vector<Tensor>>(std::move(items));
+  return t;
+}
+
+ValueKind Tensor::inner_kind() const {
+  switch (kind_) {
+    case ValueKind::kOptionalTensor:
+      return ValueKind::kTensor;
+    case ValueKind::kOptionalSequence:
+      return ValueKind::kSequence;
+    default:
+      return kind_;
+  }
 }
 
 Tensor Tensor::View(DType dtype, Shape shape, std::shared_ptr<const void> owner, const void* data) {
@@ -125,6 +189,10 @@ Tensor Tensor::View(DType dtype, Shape shape, std::shared_ptr<const void> owner,
 }
 
 Result<Tensor> Tensor::FromBytes(DType dtype, Shape shape, const void* bytes, size_t nbytes) {
+  if (dtype == DType::kString) {
+    return Status::InvalidArgument("a string tensor " + ShapeToString(shape) +
+                                   " cannot be made from raw bytes");
+  }
   KILN_ASSIGN_OR_RETURN(Tensor t, Empty(dtype, std::move(shape)));
   if (t.nbytes() != nbytes) {
     return Status::InvalidArgument("tensor " + t.TypeString() + " needs " +
@@ -135,9 +203,28 @@ Result<Tensor> Tensor::FromBytes(DType dtype, Shape shape, const void* bytes, si
   return t;
 }
 
-Result<Tensor> Tensor::Clone() const { return FromBytes(dtype_, shape_, data_, nbytes()); }
+Result<Tensor> Tensor::Clone() const {
+  if (kind_ != ValueKind::kTensor) {
+    std::vector<Tensor> items;
+    for (const Tensor& item : *items_) {
+      KILN_ASSIGN_OR_RETURN(Tensor c, item.Clone());
+      items.push_back(std::move(c));
+    }
+    if (kind_ == ValueKind::kSequence) return Sequence(dtype_, std::move(items));
+    return Optional(inner_kind(), dtype_, items.empty() ? Tensor() : std::move(items[0]));
+  }
+  if (dtype_ == DType::kString) {
+    KILN_ASSIGN_OR_RETURN(Tensor t, Empty(dtype_, shape_));
+    for (int64_t i = 0; i < numel(); ++i) t.str(i) = str(i);
+    return t;
+  }
+  return FromBytes(dtype_, shape_, data_, nbytes());
+}
 
 Result<Tensor> Tensor::Reshaped(Shape shape) const {
+  if (kind_ != ValueKind::kTensor) {
+    return Status::InvalidArgument("cannot reshape " + TypeString() + ": not a tensor");
+  }
   KILN_ASSIGN_OR_RETURN(const int64_t n, CheckedNumElements(shape));
   if (n != numel()) {
     return Status::InvalidArgument("cannot reshape " + TypeString() + " to " +
@@ -174,6 +261,10 @@ double Tensor::GetAsDouble(int64_t i) const {
       return data<uint32_t>()[i];
     case DType::kUInt64:
       return static_cast<double>(data<uint64_t>()[i]);
+    case DType::kBFloat16:
+      return BFloat16ToFloat(data<uint16_t>()[i]);
+    case DType::kString:
+      return std::strtod(str(i).c_str(), nullptr);
   }
   return 0;
 }
@@ -214,7 +305,22 @@ std::vector<int64_t> Tensor::ToInt64Vector() const {
 }
 
 std::string Tensor::TypeString() const {
-  return std::string(DTypeName(dtype_)) + ShapeToString(shape_);
+  switch (kind_) {
+    case ValueKind::kTensor:
+      return std::string(DTypeName(dtype_)) + ShapeToString(shape_);
+    case ValueKind::kSequence:
+      return std::string("sequence<") + DTypeName(dtype_) + ">(" + std::to_string(items_->size()) +
+             " items)";
+    case ValueKind::kOptionalTensor:
+    case ValueKind::kOptionalSequence: {
+      const std::string inner = kind_ == ValueKind::kOptionalSequence
+                                    ? std::string("sequence<") + DTypeName(dtype_) + ">"
+                                    : std::string(DTypeName(dtype_));
+      return "optional<" + inner + ">(" + (items_->empty() ? "none" : items_->at(0).TypeString()) +
+             ")";
+    }
+  }
+  return "?";
 }
 
 namespace {
@@ -246,13 +352,43 @@ void CastLoop(const Tensor& in, To* out) {
   }
 }
 
+// Element i as text: the shortest decimal that reads back to the same value of its own type
+// (what numpy's str() gives a float32), integers in decimal, bools as 1 or 0.
+std::string ElementText(const Tensor& t, int64_t i) {
+  char buf[64];
+  std::to_chars_result r{};
+  switch (t.dtype()) {
+    case DType::kString:
+      return t.str(i);
+    case DType::kFloat64:
+      r = std::to_chars(buf, buf + sizeof(buf), t.data<double>()[i]);
+      break;
+    case DType::kFloat32:
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      r = std::to_chars(buf, buf + sizeof(buf), static_cast<float>(t.GetAsDouble(i)));
+      break;
+    case DType::kUInt64:
+      return std::to_string(t.data<uint64_t>()[i]);
+    default:
+      return std::to_string(t.GetAsInt64(i));
+  }
+  return std::string(buf, r.ptr);
+}
+
 }  // namespace
 
 Result<Tensor> Tensor::CastTo(DType to) const {
+  if (kind_ != ValueKind::kTensor) {
+    return Status::InvalidArgument("cannot cast " + TypeString() + ": not a tensor");
+  }
   if (to == dtype_) return Clone();
   KILN_ASSIGN_OR_RETURN(Tensor out, Empty(to, shape_));
   const int64_t n = numel();
   switch (to) {
+    case DType::kString:
+      for (int64_t i = 0; i < n; ++i) out.str(i) = ElementText(*this, i);
+      break;
     case DType::kFloat32:
       CastLoop(*this, out.data<float>());
       break;
@@ -288,6 +424,11 @@ Result<Tensor> Tensor::CastTo(DType to) const {
     case DType::kUInt64:
       CastLoop(*this, out.data<uint64_t>());
       break;
+    case DType::kBFloat16: {
+      uint16_t* o = out.data<uint16_t>();
+      for (int64_t i = 0; i < n; ++i) o[i] = FloatToBFloat16(static_cast<float>(GetAsDouble(i)));
+      break;
+    }
     case DType::kBool: {
       uint8_t* o = out.data<uint8_t>();
       for (int64_t i = 0; i < n; ++i) o[i] = GetAsDouble(i) != 0.0 ? 1 : 0;

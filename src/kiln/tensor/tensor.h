@@ -5,6 +5,17 @@
 // else (an mmap'ed safetensors file, a protobuf buffer) kept alive through `owner`.
 // Invariant: nbytes() == numel() * DTypeSize(dtype()), and data is at least 64-byte aligned when
 // kiln allocated it.
+//
+// A Tensor is also the handle of ONNX's non-tensor values, so that every map of values (the
+// interpreter's scope, a run's inputs and outputs) carries them unchanged: a sequence of tensors
+// (ValueKind::kSequence) and an optional tensor or sequence (kOptionalTensor,
+// kOptionalSequence). Such a value holds no bytes (numel() == 0, raw_data() == nullptr); its
+// dtype() is its elements' dtype and items() its elements (an optional's zero or one value).
+// Code that reads bytes works on kind() == kTensor only: ops say whether they take other kinds
+// (OpDef::values), and the interpreter refuses the rest by name.
+//
+// String tensors (DType::kString) hold std::string elements: Empty() constructs them, the last
+// handle destroys them, Clone() copies them, and FromBytes/View refuse them.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +30,11 @@
 namespace kiln {
 
 using Shape = std::vector<int64_t>;
+
+// What a value is: a dense tensor, or one of ONNX's non-tensor values (see Tensor).
+enum class ValueKind : uint8_t { kTensor, kSequence, kOptionalTensor, kOptionalSequence };
+// "tensor", "sequence", "optional tensor", "optional sequence".
+const char* ValueKindName(ValueKind kind);
 
 // Product of dims (1 for a scalar). REQUIRES: all dims >= 0 and the product fits int64 (the shape
 // of a tensor that exists); a shape computed from values is counted with CheckedNumElements
@@ -56,8 +72,28 @@ class Tensor {
   static Tensor Scalar(T value) {
     return FromVector<T>({}, std::vector<T>{value});
   }
+  // A string tensor holding `values` (row-major). REQUIRES: values.size() == NumElements(shape).
+  static Result<Tensor> Strings(Shape shape, const std::vector<std::string>& values);
+  // A sequence of `items`, each a tensor of dtype `elem` (an empty sequence still has one).
+  // REQUIRES: every item is a kTensor of dtype `elem`.
+  static Tensor Sequence(DType elem, std::vector<Tensor> items);
+  // An optional of `inner` (kTensor or kSequence) elements of dtype `elem`, holding `value`
+  // or, when `value` is invalid, none. REQUIRES: a valid value has that kind and dtype.
+  static Tensor Optional(ValueKind inner, DType elem, Tensor value);
 
-  bool valid() const { return data_ != nullptr || (storage_ && numel() == 0); }
+  bool valid() const {
+    return data_ != nullptr || (storage_ && numel() == 0) || kind_ != ValueKind::kTensor;
+  }
+  ValueKind kind() const { return kind_; }
+  bool is_tensor() const { return kind_ == ValueKind::kTensor; }
+  // A sequence's elements, or an optional's value (empty when it holds none).
+  // REQUIRES: !is_tensor().
+  const std::vector<Tensor>& items() const { return *items_; }
+  // The kind an optional holds (kTensor or kSequence); kind() itself otherwise.
+  ValueKind inner_kind() const;
+  // A string element. REQUIRES: dtype() == kString.
+  const std::string& str(int64_t i) const { return data<std::string>()[i]; }
+  std::string& str(int64_t i) { return data<std::string>()[i]; }
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
   int64_t rank() const { return static_cast<int64_t>(shape_.size()); }
@@ -87,7 +123,7 @@ class Tensor {
   int64_t GetAsInt64(int64_t i) const;
   // All elements as int64 (any integer or bool dtype); for structural constants (shapes, axes).
   std::vector<int64_t> ToInt64Vector() const;
-  // "float32[1,3,8,8]"
+  // "float32[1,3,8,8]"; "sequence<float32>(2 items)", "optional<float32>(none)".
   std::string TypeString() const;
 
  private:
@@ -95,6 +131,8 @@ class Tensor {
   Shape shape_;
   std::shared_ptr<const void> storage_;  // keeps data_ alive
   const void* data_ = nullptr;
+  ValueKind kind_ = ValueKind::kTensor;
+  std::shared_ptr<const std::vector<Tensor>> items_;  // non-tensor kinds only
 };
 
 template <typename T>

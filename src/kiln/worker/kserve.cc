@@ -77,15 +77,18 @@ Status StoreElementAt(const json& v, Tensor& t, int64_t i, const WhereFn& where)
       t.data<double>()[i] = v.get<double>();
       return Status::OK();
     case DType::kFloat32:
-    case DType::kFloat16: {
+    case DType::kFloat16:
+    case DType::kBFloat16: {
       if (!v.is_number()) return bad("a number");
       const double d = v.get<double>();
-      const double limit = dt == DType::kFloat32 ? FLT_MAX : 65504.0;
+      const double limit = dt == DType::kFloat16 ? 65504.0 : FLT_MAX;
       if (!(d >= -limit && d <= limit)) return bad("a number within its range");
       if (dt == DType::kFloat32) {
         t.data<float>()[i] = static_cast<float>(d);
-      } else {
+      } else if (dt == DType::kFloat16) {
         t.data<uint16_t>()[i] = FloatToHalf(static_cast<float>(d));
+      } else {
+        t.data<uint16_t>()[i] = FloatToBFloat16(static_cast<float>(d));
       }
       return Status::OK();
     }
@@ -132,6 +135,10 @@ Status StoreElementAt(const json& v, Tensor& t, int64_t i, const WhereFn& where)
       if (!v.is_boolean()) return bad("true or false");
       t.data<uint8_t>()[i] = v.get<bool>() ? 1 : 0;
       return Status::OK();
+    case DType::kString:
+      if (!v.is_string()) return bad("a string");
+      t.str(i) = v.get<std::string>();
+      return Status::OK();
   }
   return Status::InvalidArgument(where() + ": unsupported dtype");
 }
@@ -150,6 +157,12 @@ nlohmann::json KServeJsonData(const Tensor& t) {
         break;
       case DType::kFloat16:
         arr.emplace_back(static_cast<double>(HalfToFloat(t.data<uint16_t>()[i])));
+        break;
+      case DType::kBFloat16:
+        arr.emplace_back(static_cast<double>(BFloat16ToFloat(t.data<uint16_t>()[i])));
+        break;
+      case DType::kString:
+        arr.emplace_back(t.str(i));
         break;
       case DType::kFloat64:
         arr.emplace_back(t.data<double>()[i]);
@@ -202,6 +215,10 @@ const char* KServeDatatype(DType dtype) {
       return "UINT32";
     case DType::kUInt64:
       return "UINT64";
+    case DType::kBFloat16:
+      return "BF16";
+    case DType::kString:
+      return "BYTES";
   }
   return "?";
 }
@@ -209,13 +226,13 @@ const char* KServeDatatype(DType dtype) {
 Result<DType> DTypeFromKServe(const std::string& datatype) {
   for (DType t : {DType::kFloat32, DType::kFloat16, DType::kInt64, DType::kInt32, DType::kInt8,
                   DType::kUInt8, DType::kBool, DType::kFloat64, DType::kInt16, DType::kUInt16,
-                  DType::kUInt32, DType::kUInt64}) {
+                  DType::kUInt32, DType::kUInt64, DType::kBFloat16}) {
     if (datatype == KServeDatatype(t)) return t;
   }
   std::string shown = datatype.size() > 40 ? datatype.substr(0, 37) + "..." : datatype;
   return Status::InvalidArgument("datatype \"" + shown +
                                  "\" is not supported; expected one of FP32, FP16, INT64, INT32, "
-                                 "INT8, UINT8, BOOL, FP64, INT16, UINT16, UINT32, UINT64");
+                                 "INT8, UINT8, BOOL, FP64, INT16, UINT16, UINT32, UINT64, BF16");
 }
 
 Result<size_t> ParseInferenceHeaderLength(const std::string& value, size_t body_size) {
