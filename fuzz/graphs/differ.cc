@@ -13,8 +13,8 @@
 #include <set>
 #include <sstream>
 
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/base/file.h"
-#include "src/kiln/cell/loader.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/identity/toolchain.h"
@@ -255,8 +255,7 @@ void CompileAndRun(const std::vector<FuzzGraph>& graphs, const std::vector<Prepa
       fail_all(Outcome::kRunFailed, "arm: " + armed.status().ToString());
       return;
     }
-    CellRunError err;
-    auto got = (*armed)->Run(0, inputs, &err);
+    auto got = (*armed)->Run(0, inputs);
     if (!got.ok()) {
       fail_all(Outcome::kRunFailed,
                "run on " + std::to_string(threads) + " threads: " + got.status().ToString());

@@ -14,8 +14,8 @@
 #include <limits>
 #include <random>
 
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/base/file.h"
-#include "src/kiln/cell/loader.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/mint/mint.h"
@@ -448,8 +448,7 @@ TEST(NaNRule, EveryOpFollowsItEagerAndCompiled) {
   for (int threads : {1, 2}) {
     auto armed = ArmedCell::Arm(*lib, *entries, GraphWeights(*graph), Lane::kIntake, "", threads);
     ASSERT_TRUE(armed.ok()) << armed.status().ToString();
-    CellRunError err;
-    auto got = (*armed)->Run(0, inputs, &err);
+    auto got = (*armed)->Run(0, inputs);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     for (const Case& k : cases) {
       const Tensor& w = want->at(k.name);

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <random>
 
+#include "src/kiln/arm/loader.h"
 #include "src/kiln/base/file.h"
-#include "src/kiln/cell/loader.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/eager/interpreter.h"
 #include "src/kiln/graph/onnx_import.h"
@@ -67,8 +67,7 @@ void MintAndCompare(std::shared_ptr<const Graph> graph, const Envelope& env,
     std::string mismatch;
     const int entry = (*cell)->Admit(in, &mismatch);
     ASSERT_GE(entry, 0) << mismatch;
-    CellRunError err;
-    auto got = (*cell)->Run(entry, in, &err);
+    auto got = (*cell)->Run(entry, in);
     ASSERT_TRUE(got.ok()) << got.status().ToString();
     auto want = eager->Run(in);
     ASSERT_TRUE(want.ok()) << want.status().ToString();
