@@ -17,7 +17,7 @@
 #include <utility>
 
 #include "src/kiln/base/file.h"
-#include "src/kiln/worker/kserve.h"
+#include "src/kiln/tensor/memory_budget.h"
 
 namespace kiln {
 
@@ -457,15 +457,15 @@ Result<Envelope> Parser::ParseEnvelope(const toml::table& target, const std::str
         }
         shape.push_back(v);
       }
-      // A class whose input no request can carry (kserve.h: at most kKServeMaxElements elements
+      // A class whose input no request can carry (at most kMaxRequestInputElements elements
       // per input) is refused here by name, before a mint sizes a probe or a cell plans memory
       // from it; a product past int64 never wraps into a small one.
       const Result<int64_t> count = CheckedNumElements(shape);
-      if (!count.ok() || *count > kKServeMaxElements) {
+      if (!count.ok() || *count > kMaxRequestInputElements) {
         return Error(&dn, ip + " is " + ShapeToString(shape) + ", " +
                               (count.ok() ? std::to_string(*count) + " elements"
                                           : std::string("more elements than int64 counts")) +
-                              "; expected at most " + std::to_string(kKServeMaxElements) +
+                              "; expected at most " + std::to_string(kMaxRequestInputElements) +
                               " elements (the most one infer request may carry per input)");
       }
       cls.emplace(input, std::move(shape));

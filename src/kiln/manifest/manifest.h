@@ -96,7 +96,7 @@ struct TargetSpec {
                                           // (`mandatory_lane_needs_a_cell`)
   Envelope envelope;  // required, non-empty; classes in declaration order, no duplicates,
                       // every class names the same inputs, every dim >= 0, and no input of
-                      // more elements than one request may carry (kKServeMaxElements)
+                      // more elements than one request may carry (kMaxRequestInputElements)
   NumericsSpec numerics;
   // Sample inputs (optional): each maps every graph input to a .npy file (resolved like every
   // path). The mint's numerics gate and fence probe each sample on the entry whose class it

@@ -32,6 +32,11 @@ using Shape = std::vector<int64_t>;
 // The refusal token of a request whose tensors would not fit (see the header comment).
 inline constexpr const char* kRefusalRequestTooLarge = "request_too_large";
 
+// The most elements one input of a request may carry, whatever it arrives in: the worker's KServe
+// reader refuses more, and a manifest refuses a shape class that declares more (no request could
+// ever fill it).
+inline constexpr int64_t kMaxRequestInputElements = int64_t{1} << 32;
+
 // `request_too_large` with `detail`; InvalidArgument.
 Status RequestTooLarge(std::string_view detail);
 

@@ -49,7 +49,7 @@ inline constexpr const char* kInferenceHeaderContentLength = "Inference-Header-C
 // Limits that keep a hostile body from costing more than its size.
 inline constexpr int kKServeMaxJsonDepth = 64;  // nesting of [ and { in the JSON part
 inline constexpr int kKServeMaxRank = 16;       // dims per input shape
-inline constexpr int64_t kKServeMaxElements = int64_t{1} << 32;  // elements per input
+inline constexpr int64_t kKServeMaxElements = kMaxRequestInputElements;  // elements per input
 
 // "FP32", "FP16", "INT64", "INT32", "INT8", "UINT8", "BOOL", "FP64".
 const char* KServeDatatype(DType dtype);
