@@ -4,15 +4,44 @@
 #include "src/kiln/base/subprocess.h"
 
 #include <gtest/gtest.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
+
+#include "src/kiln/base/signals.h"
 
 namespace kiln {
 namespace {
+
+// A serving process blocks its stop signals for its sigwait; a mask survives exec, so a child
+// that inherited it would ignore the SIGTERM meant to stop it. Run in a thread of its own, so the
+// blocked mask stays there.
+TEST(Subprocess, AChildStartsWithNoSignalBlockedWhateverItsParentBlocks) {
+  std::string out;
+  std::thread([&] {
+    BlockStopSignals();
+    auto rc = RunProcess({"/bin/sh", "-c", "grep SigBlk /proc/$$/status"}, &out);
+    ASSERT_TRUE(rc.ok()) << rc.status().ToString();
+  }).join();
+  EXPECT_NE(out.find("SigBlk:\t0000000000000000"), std::string::npos) << out;
+}
+
+TEST(Signals, AStopSignalIsSeenPendingWhileBlocked) {
+  std::thread([] {
+    const sigset_t set = BlockStopSignals();
+    EXPECT_FALSE(StopSignalPending(set));
+    ASSERT_EQ(::pthread_kill(::pthread_self(), SIGTERM), 0);
+    EXPECT_TRUE(StopSignalPending(set));
+    EXPECT_EQ(WaitForStopSignal(set, nullptr), SIGTERM);  // consumed, never delivered
+    EXPECT_FALSE(StopSignalPending(set));
+  }).join();
+}
 
 TEST(Subprocess, CapturesStdoutAndStderrAndReturnsTheExitCode) {
   std::string out;

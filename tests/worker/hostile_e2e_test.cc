@@ -4,7 +4,7 @@
 // compiles and no byte of them comes back; a token revoked while its publish rebuilds gets no
 // receipt; garbage collection never takes a blob a rebuild holds; two tenants holding the builder
 // never make the platform wait; a key retired by rotation signs nothing a worker trusts, and
-// re-signed receipts outlive it.
+// re-signed receipts outlive it; a worker with a hub drains on SIGTERM, never killed by it.
 #include <dirent.h>
 #include <gtest/gtest.h>
 #include <httplib.h>
@@ -405,6 +405,27 @@ TEST_F(Hostile, ARetiredKeySignsNothingAWorkerTrusts) {
   ASSERT_TRUE(w.Start());
   ASSERT_TRUE(w.WaitForRow("boot_adopt", "hit", 10000)) << w.Log();
   EXPECT_EQ(w.Stop(), 0);
+}
+
+// A worker with a hub runs background threads (event forwarding, publishing, minting, adopt
+// retries, revocation polls). A SIGTERM must reach the one thread that drains, whichever thread
+// the kernel picks: a thread started before the stop signals were blocked would take it with the
+// default action and kill the worker mid-answer.
+TEST_F(Hostile, AWorkerWithAHubDrainsOnSigtermWhicheverThreadTheSignalMeets) {
+  Hub hub(root_ + "/hub");
+  ASSERT_TRUE(hub.Start());
+  std::string ref;
+  ASSERT_TRUE(hub.MintAndPublish(root_ + "/platform", "mlp", &ref));
+  ManifestOptions o;
+  o.hub_url = hub.url();
+  o.hub_extra = "revocation_poll_s = 1\n";
+  for (int i = 0; i < 3; ++i) {
+    Worker w(root_ + "/w" + std::to_string(i), Manifest(o));
+    ASSERT_TRUE(w.Start());
+    ASSERT_TRUE(w.WaitForRow("boot_adopt", "hit", 10000)) << w.Log();
+    EXPECT_EQ(w.Stop(), 0) << w.Log();
+    EXPECT_NE(w.Log().find("draining"), std::string::npos) << w.Log();
+  }
 }
 
 }  // namespace

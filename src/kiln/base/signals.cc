@@ -15,6 +15,16 @@ sigset_t BlockStopSignals() {
   return set;
 }
 
+bool StopSignalPending(const sigset_t& set) {
+  sigset_t pending;
+  sigemptyset(&pending);
+  if (sigpending(&pending) != 0) return false;
+  for (int sig : {SIGINT, SIGTERM}) {
+    if (sigismember(&set, sig) == 1 && sigismember(&pending, sig) == 1) return true;
+  }
+  return false;
+}
+
 int WaitForStopSignal(const sigset_t& set, const std::function<void()>& on_hup) {
   while (true) {
     int sig = 0;

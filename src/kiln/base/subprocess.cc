@@ -2,6 +2,7 @@
 #include "src/kiln/base/subprocess.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -12,6 +13,31 @@
 extern char** environ;
 
 namespace kiln {
+
+namespace {
+
+// A child starts with no signal blocked: a serving process blocks its stop signals for its
+// sigwait (base/signals.h), and a mask survives exec, so without this a child would ignore the
+// SIGTERM that stops it.
+class UnblockedSignals {
+ public:
+  UnblockedSignals() {
+    posix_spawnattr_init(&attr_);
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&attr_, &none);
+    posix_spawnattr_setflags(&attr_, POSIX_SPAWN_SETSIGMASK);
+  }
+  ~UnblockedSignals() { posix_spawnattr_destroy(&attr_); }
+  UnblockedSignals(const UnblockedSignals&) = delete;
+  UnblockedSignals& operator=(const UnblockedSignals&) = delete;
+  const posix_spawnattr_t* get() const { return &attr_; }
+
+ private:
+  posix_spawnattr_t attr_;
+};
+
+}  // namespace
 
 Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output,
                        const std::string& cwd) {
@@ -30,7 +56,8 @@ Result<int> RunProcess(const std::vector<std::string>& argv, std::string* output
   posix_spawn_file_actions_adddup2(&actions, pipefd[1], 2);
   if (!cwd.empty()) posix_spawn_file_actions_addchdir_np(&actions, cwd.c_str());
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const UnblockedSignals attr;
+  const int rc = ::posix_spawn(&pid, args[0], &actions, attr.get(), args.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   ::close(pipefd[1]);
   if (rc != 0) {
@@ -78,7 +105,8 @@ Result<pid_t> SpawnWithLog(const std::vector<std::string>& argv,
                                    0644);
   posix_spawn_file_actions_adddup2(&actions, 1, 2);
   pid_t pid = -1;
-  const int rc = ::posix_spawn(&pid, args[0], &actions, nullptr, args.data(), env.data());
+  const UnblockedSignals attr;
+  const int rc = ::posix_spawn(&pid, args[0], &actions, attr.get(), args.data(), env.data());
   posix_spawn_file_actions_destroy(&actions);
   if (rc != 0) {
     return Status::ResourceExhausted("cannot start '" + argv[0] + "': " + std::strerror(rc));

@@ -236,10 +236,7 @@ Result<Booted> BootTarget(const TargetSpec& spec, const BootWiring& w) {
 
 // Serves until SIGTERM or SIGINT (SIGHUP re-reads the TLS certificate), then stops the front end.
 Status ServeUntilStopped(const WorkerConfig& a, const Manifest& m, Frontend& front,
-                         RevocationWatch* revocations) {
-  // Block the stop signals (and SIGHUP, the TLS reload) before any thread starts, so only sigwait
-  // below receives them.
-  const sigset_t stop = BlockStopSignals();
+                         RevocationWatch* revocations, const sigset_t& stop) {
   KILN_RETURN_IF_ERROR(front.Start());
   if (revocations != nullptr) revocations->Start();
   std::printf("kiln worker: endpoint '%s' serving on %s://%s:%d (KServe v2)\n",
@@ -272,6 +269,10 @@ Status ServeUntilStopped(const WorkerConfig& a, const Manifest& m, Frontend& fro
 }  // namespace
 
 Status RunWorker(const WorkerConfig& a) {
+  // The stop signals (and SIGHUP, the TLS reload) are blocked before any thread starts, so every
+  // thread inherits the mask and only the sigwait of ServeUntilStopped receives them: a SIGTERM
+  // meant to drain can never land on a background thread and kill the process outright.
+  const sigset_t stop = BlockStopSignals();
   // The machine facts every cell key and admission compare against (the compiler's identity
   // costs a process spawn and a file hash, the sm level a cpuid) are learned once per process.
   // Learn them while the manifest, graphs and checkpoints load, not inside the first adopt;
@@ -369,13 +370,22 @@ Status RunWorker(const WorkerConfig& a) {
     front_targets[spec.name] = FrontendTarget{b.target.get(), b.graph};
     by_name[spec.name] = b.target.get();
     booted.push_back(std::move(b));
+    if (StopSignalPending(stop)) {
+      // Nothing is served yet, so nothing is in flight: stop before the next target's boot.
+      std::printf("kiln worker: stop signal during boot; exiting before serving\n");
+      std::fflush(stdout);
+      adopter.Stop();
+      if (revocations) revocations->Stop();
+      minter.Stop();
+      return Status::OK();
+    }
   }
   KILN_RETURN_IF_ERROR(ApplyTestSwitchesFromEnv(by_name));
 
   KILN_ASSIGN_OR_RETURN(
       auto front, Frontend::Create(FrontendOptionsFrom(a, m, &events, admin_token, forwarder.get()),
                                    std::move(front_targets), m.function_to_target));
-  KILN_RETURN_IF_ERROR(ServeUntilStopped(a, m, *front, revocations.get()));
+  KILN_RETURN_IF_ERROR(ServeUntilStopped(a, m, *front, revocations.get(), stop));
   adopter.Stop();
   if (revocations) revocations->Stop();
   minter.Stop();
