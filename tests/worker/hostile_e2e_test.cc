@@ -19,6 +19,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "src/kiln/base/file.h"
 #include "src/kiln/cell/metadata.h"
@@ -287,7 +288,9 @@ TEST_F(Hostile, TenantsHoldingTheBuilderNeverMakeThePlatformWait) {
       answers[i] = complete(i);
       ++tenants_done;
     });
-    if (i == 0) ASSERT_TRUE(WaitForRebuild(hub.pid(), 60000));
+    if (i == 0) {
+      ASSERT_TRUE(WaitForRebuild(hub.pid(), 60000));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
   HubAnswer busy = complete(3);
@@ -407,6 +410,27 @@ TEST_F(Hostile, ARetiredKeySignsNothingAWorkerTrusts) {
   EXPECT_EQ(w.Stop(), 0);
 }
 
+// The threads of `pid` that do not block `sig`, each as "tid name".
+std::vector<std::string> ThreadsNotBlocking(pid_t pid, int sig) {
+  std::vector<std::string> open;
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  DIR* d = ::opendir(tasks.c_str());
+  if (d == nullptr) return {"cannot read " + tasks};
+  while (dirent* e = ::readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream in(tasks + "/" + e->d_name + "/status");
+    std::string line, name;
+    uint64_t blocked = 0;
+    while (std::getline(in, line)) {
+      if (line.rfind("Name:", 0) == 0) name = line.substr(6);
+      if (line.rfind("SigBlk:", 0) == 0) blocked = std::stoull(line.substr(8), nullptr, 16);
+    }
+    if ((blocked & (uint64_t{1} << (sig - 1))) == 0) open.push_back(e->d_name + (" " + name));
+  }
+  ::closedir(d);
+  return open;
+}
+
 // A worker with a hub runs background threads (event forwarding, publishing, minting, adopt
 // retries, revocation polls). A SIGTERM must reach the one thread that drains, whichever thread
 // the kernel picks: a thread started before the stop signals were blocked would take it with the
@@ -423,6 +447,13 @@ TEST_F(Hostile, AWorkerWithAHubDrainsOnSigtermWhicheverThreadTheSignalMeets) {
     Worker w(root_ + "/w" + std::to_string(i), Manifest(o));
     ASSERT_TRUE(w.Start());
     ASSERT_TRUE(w.WaitForRow("boot_adopt", "hit", 10000)) << w.Log();
+    // Every thread but the main one blocks SIGTERM, so the kernel can only hand it to the main
+    // thread's sigwait (which, while it waits, shows the signals it waits for as unblocked).
+    const std::vector<std::string> open = ThreadsNotBlocking(w.pid(), SIGTERM);
+    std::string names;
+    for (const std::string& t : open) names += " [" + t + "]";
+    EXPECT_TRUE(open.size() == 1 && open[0].rfind(std::to_string(w.pid()) + " ", 0) == 0)
+        << "threads that would take SIGTERM's default action:" << names;
     EXPECT_EQ(w.Stop(), 0) << w.Log();
     EXPECT_NE(w.Log().find("draining"), std::string::npos) << w.Log();
   }
