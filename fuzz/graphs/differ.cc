@@ -58,6 +58,10 @@ int OnnxElem(DType t) {
       return TensorProto::UINT8;
     case DType::kBool:
       return TensorProto::BOOL;
+    case DType::kBFloat16:
+      return TensorProto::BFLOAT16;
+    case DType::kString:
+      return TensorProto::STRING;
   }
   return TensorProto::UNDEFINED;
 }

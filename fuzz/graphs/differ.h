@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "fuzz/graphs/graph_gen.h"
-#include "src/kiln/cell/gate.h"
+#include "src/kiln/arm/gate.h"
 
 namespace kiln::graph_fuzz {
 

@@ -121,7 +121,9 @@ RuleFn RowReduce(bool max) {
         m = max ? NanMax(m, v) : NanMin(m, v);
       }
       ASSERT_EQ(Class(out.GetAsDouble(r)), Class(m)) << "row " << r;
-      if (Class(m) == 0) ASSERT_EQ(out.GetAsDouble(r), m) << "row " << r;
+      if (Class(m) == 0) {
+        ASSERT_EQ(out.GetAsDouble(r), m) << "row " << r;
+      }
     }
   };
 }
@@ -172,7 +174,9 @@ RuleFn Windowed(int64_t k, int64_t stride, int64_t pad, bool all_channels, bool 
             if (max_pool) {
               ASSERT_EQ(Class(got), Class(m))
                   << "output [" << n << "," << c << "," << y << "," << x << "] is " << got;
-              if (Class(m) == 0) ASSERT_EQ(got, m);
+              if (Class(m) == 0) {
+                ASSERT_EQ(got, m);
+              }
             } else {
               ASSERT_EQ(!std::isfinite(got), non_finite)
                   << "output [" << n << "," << c << "," << y << "," << x << "] is " << got;
@@ -461,10 +465,13 @@ TEST(NaNRule, EveryOpFollowsItEagerAndCompiled) {
             << k.name << " on " << threads << " threads [" << i << "]: eager "
             << ClassName(Class(e)) << " " << e << ", cell " << a;
         non_finite += Class(e) != 0;
-        if (Class(e) == 0)
+        if (Class(e) == 0) {
           ASSERT_NEAR(a, e, 1e-4 * (1 + std::fabs(e))) << k.name << " [" << i << "]";
+        }
       }
-      if (!k.to_float) EXPECT_GT(non_finite, 0) << k.name << ": no non-finite output";
+      if (!k.to_float) {
+        EXPECT_GT(non_finite, 0) << k.name << ": no non-finite output";
+      }
     }
   }
 }

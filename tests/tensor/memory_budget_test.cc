@@ -120,7 +120,9 @@ TEST(MemoryBudget, DefaultIsAShareOfTheMachine) {
   EXPECT_GE(one, int64_t{64} << 20);
   EXPECT_LE(one, usable);
   EXPECT_GE(one, four);
-  if (usable / 8 > (int64_t{64} << 20)) EXPECT_EQ(four, usable / 2 / 4);
+  if (usable / 8 > (int64_t{64} << 20)) {
+    EXPECT_EQ(four, usable / 2 / 4);
+  }
 }
 
 }  // namespace
