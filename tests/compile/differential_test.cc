@@ -1840,9 +1840,11 @@ const std::vector<Case>& FamilyDCases() {
       {"RoiAlign",
        {F({1, 2, 6, 6}), CF({2, 4}, {0.5f, 0.5f, 4.0f, 3.0f, 1.0f, 0.0f, 5.5f, 5.0f}), C({0, 0})},
        All(Int("output_height", 2), Int("output_width", 3))},
+      // Strides 2: a [4, 4] output, so every index is inside it (default strides 1 give [3, 3],
+      // where 9 and 14 are refused as out of range).
       {"MaxUnpool",
        {F({1, 1, 2, 2}), Shaped(C({0, 3, 9, 14}), {1, 1, 2, 2})},
-       Ints("kernel_shape", {2, 2})},
+       All(Ints("kernel_shape", {2, 2}), Ints("strides", {2, 2}))},
       {"LRN", {F({1, 5, 3, 3})}, Int("size", 3)},
       {"LpPool", {F({1, 2, 5, 5})}, All(Ints("kernel_shape", {2, 2}), Int("p", 3))},
       {"GlobalLpPool", {F({1, 3, 4, 4})}},
