@@ -284,7 +284,7 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
   if (!policy.ok()) return abort(kMintArmRefused, policy.status().ToString(), false);
   auto admitted = AdmitCell(*bytes, report.digest, bytes->size(), *policy);
   if (!admitted.ok()) {
-    const std::string& token = admitted.status().token();
+    const std::string token = admitted.status().token();
     return abort(token.empty() ? kMintArmRefused : token, admitted.status().ToString(), false);
   }
   const std::string ref = CellRef(job->key, admitted->digest);
@@ -322,7 +322,7 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
     if (!proof.ok()) {
       // The proof's own token (a weight the fence cannot measure is its own refusal, never
       // reported as a baked one); a run that failed outright refuses the stage it failed in.
-      const std::string& token = proof.status().token();
+      const std::string token = proof.status().token();
       return abort(!token.empty() ? token
                    : gate_passed  ? kRefusalFence
                                   : kRefusalNumerics,
