@@ -1203,6 +1203,22 @@ struct HttpServer::Impl {
   bool started = false;
   int port = 0;
 
+  // Stops accepting (on the strand) and returns every open session, for Stop to abort and Drain
+  // to drain.
+  std::vector<std::shared_ptr<SessionBase>> CloseAcceptorAndTakeSessions() {
+    asio::post(*strand, [this] {
+      beast::error_code ec;
+      acceptor->close(ec);
+      reload_timer->cancel();
+    });
+    std::vector<std::shared_ptr<SessionBase>> open;
+    std::lock_guard<std::mutex> lock(shared->conn_mu);
+    for (auto& [id, weak] : shared->sessions) {
+      if (auto s = weak.lock()) open.push_back(std::move(s));
+    }
+    return open;
+  }
+
   void Accept() {
     acceptor->async_accept(
         asio::make_strand(shared->ioc), [this](beast::error_code ec, tcp::socket socket) {
@@ -1443,18 +1459,7 @@ void HttpServer::Stop() {
     auto& shared = impl.shared;
     shared->stopping.store(true);
     if (!impl.started) return;
-    asio::post(*impl.strand, [&impl] {
-      beast::error_code ec;
-      impl.acceptor->close(ec);
-      impl.reload_timer->cancel();
-    });
-    std::vector<std::shared_ptr<SessionBase>> open;
-    {
-      std::lock_guard<std::mutex> lock(shared->conn_mu);
-      for (auto& [id, weak] : shared->sessions) {
-        if (auto s = weak.lock()) open.push_back(std::move(s));
-      }
-    }
+    std::vector<std::shared_ptr<SessionBase>> open = impl.CloseAcceptorAndTakeSessions();
     for (auto& s : open) s->Abort();
     open.clear();
     // Handlers still running finish (their reads fail, their answers go nowhere); one that does
@@ -1488,19 +1493,7 @@ bool HttpServer::Drain(int timeout_ms) {
   const auto until = Clock::now() + std::chrono::milliseconds(std::max(0, timeout_ms));
   if (!shared->draining.exchange(true)) {
     KILN_LOG(INFO) << shared->options.name << ": draining";
-    asio::post(*impl.strand, [&impl] {
-      beast::error_code ec;
-      impl.acceptor->close(ec);
-      impl.reload_timer->cancel();
-    });
-    std::vector<std::shared_ptr<SessionBase>> open;
-    {
-      std::lock_guard<std::mutex> lock(shared->conn_mu);
-      for (auto& [id, weak] : shared->sessions) {
-        if (auto s = weak.lock()) open.push_back(std::move(s));
-      }
-    }
-    for (auto& s : open) s->Drain();
+    for (auto& s : impl.CloseAcceptorAndTakeSessions()) s->Drain();
   }
   std::unique_lock<std::mutex> lock(shared->conn_mu);
   return shared->sessions_cv.wait_until(lock, until, [&] { return shared->sessions.empty(); });
