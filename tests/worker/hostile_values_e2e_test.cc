@@ -31,15 +31,6 @@ constexpr int64_t k2p40 = int64_t{1} << 40;
 // 3037000500^2 is just past INT64_MAX: the element count itself overflows.
 constexpr int64_t kSqrtPastInt64 = 3037000500;
 
-// A field of /proc/<pid>/status in kB (VmRSS, VmHWM), or -1.
-long StatusKb(pid_t pid, const std::string& field) {
-  const std::string text =
-      hub_testing::ValueOr(ReadFile("/proc/" + std::to_string(pid) + "/status"), std::string());
-  const size_t at = text.find(field + ":");
-  if (at == std::string::npos) return -1;
-  return std::stol(text.substr(at + field.size() + 1));
-}
-
 // One input of an infer body.
 json Input(const std::string& name, const std::string& datatype, std::vector<int64_t> shape,
            json data) {

@@ -31,20 +31,6 @@ double MsSince(Clock::time_point t) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
 }
 
-// A field of /proc/<pid>/status in kB (VmRSS, VmHWM), or -1.
-long StatusKb(pid_t pid, const std::string& field) {
-  const std::string text =
-      hub_testing::ValueOr(ReadFile("/proc/" + std::to_string(pid) + "/status"), std::string());
-  const size_t at = text.find(field + ":");
-  if (at == std::string::npos) return -1;
-  return std::stol(text.substr(at + field.size() + 1));
-}
-
-double Percentile(std::vector<double> v, double p) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
-}
-
 // The mlp example's reference input as a JSON infer body.
 std::string MlpBody() {
   auto x = ReadNpy(ExampleDir("mlp") + "inputs/x.npy");

@@ -205,6 +205,21 @@ struct ManifestOptions {
   std::string extra;       // TOML appended last
 };
 
+// A field of /proc/<pid>/status in kB (VmRSS, VmHWM), or -1.
+inline long StatusKb(pid_t pid, const std::string& field) {
+  const std::string text =
+      hub_testing::ValueOr(ReadFile("/proc/" + std::to_string(pid) + "/status"), std::string());
+  const size_t at = text.find(field + ":");
+  if (at == std::string::npos) return -1;
+  return std::stol(text.substr(at + field.size() + 1));
+}
+
+// The `p` quantile (0..1) of `v` by rank; 0 for none.
+inline double Percentile(std::vector<double> v, double p) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
 // The manifest of examples/<example> with absolute paths and the options' changes.
 inline std::string Manifest(const ManifestOptions& o) {
   const std::string dir = ExampleDir(o.example);
