@@ -170,7 +170,7 @@ std::string FormatExpr(const Expr& e, const std::vector<std::string>& a) {
   if (op == "Where") return "(" + a[0] + " ? " + a[1] + " : " + a[2] + ")";
   if (op == "Cast") {
     if (e.dtype == DType::kBool) return "(uint8_t)(" + a[0] + " != 0)";
-    if (e.dtype == DType::kFloat32) return "(float)(" + a[0] + ")";
+    if (e.dtype == DType::kFloat32) return "kiln_to_float(" + a[0] + ")";
     return std::string("kiln_cast_") + CType(e.dtype) + "((double)(" + a[0] + "))";
   }
   if (op == "Not") return "(uint8_t)(!" + a[0] + ")";

@@ -137,6 +137,16 @@ static inline int32_t kiln_cast_int32_t(double v) {
   return (int32_t)v;
 }
 static inline uint8_t kiln_cast_uint8_t(double v) { return (uint8_t)(v != 0.0); }
+// Cast to float. An integer converts to +0.0 for zero, never -0.0, but at -O3 with
+// -fno-trapping-math and SSE4.1 GCC rewrites float(int(x)) into trunc(x), which keeps x's sign:
+// trunc(-0.07) is -0.0, and Pow(that, -1) turned +inf into -inf. GCC also drops a `+ 0.0f` there,
+// believing an int-to-float result is never -0.0; choosing the zero on the integer side is what
+// survives the rewrite. The float overload passes -0.0 through, as ONNX's float->float Cast does.
+static inline float kiln_to_float(float v) { return v; }
+static inline float kiln_to_float(double v) { return (float)v; }
+static inline float kiln_to_float(int64_t v) { return v == 0 ? 0.0f : (float)v; }
+static inline float kiln_to_float(int32_t v) { return v == 0 ? 0.0f : (float)v; }
+static inline float kiln_to_float(uint8_t v) { return (float)v; }
 
 // Row reductions on GCC vector types, so they are SIMD at every -march level without
 // -ffast-math (a scalar accumulator is a serial chain the compiler may not reorder). The vector
