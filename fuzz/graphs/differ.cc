@@ -546,9 +546,12 @@ Status SaveCase(const FuzzGraph& g, const std::string& dir, const std::string& n
   std::ostringstream readme;
   readme << "graph " << g.name << " (" << CountNodes(g.model.graph()) << " nodes, opset "
          << (g.model.opset_import_size() ? g.model.opset_import(0).version() : 0) << ")\n"
-         << note << "\n\nReplay: build/fuzz/graph_fuzz --replay " << dir
-         << "\nMint it (the sample is these inputs): build/kiln mint --manifest " << dir
-         << "/kiln.toml [--disable-pass NAME]\n";
+         << note << "\n\nReplay: build/fuzz/graph_fuzz --replay " << dir << "\n";
+  // A manifest's envelope names at least one input, so a graph of weights alone only replays.
+  if (!g.inputs.empty()) {
+    readme << "Mint it (the sample is these inputs): build/kiln mint --manifest " << dir
+           << "/kiln.toml [--disable-pass NAME]\n";
+  }
   return WriteFileAtomic(dir + "/README.txt", readme.str());
 }
 
@@ -560,6 +563,8 @@ Result<FuzzGraph> LoadCase(const std::string& dir) {
     return Status::InvalidArgument(dir + "/model.onnx: not an ONNX model");
   }
   std::error_code ec;
+  // git keeps no empty directory: a reproducer shrunk to a graph without inputs has none.
+  if (!std::filesystem::exists(dir + "/inputs", ec)) return g;
   for (const auto& e : std::filesystem::directory_iterator(dir + "/inputs", ec)) {
     if (e.path().extension() != ".npy") continue;
     KILN_ASSIGN_OR_RETURN(Tensor t, ReadNpy(e.path().string()));
