@@ -410,7 +410,7 @@ Status RunFleetDemo(std::string examples, bool keep) {
     if (!publish_at_hub) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   std::printf(
-      "          %lld event rows reached the hub (org demo, read with the workers' worker "
+      "          %lld event rows reached the hub (org demo, read with the workers' own "
       "token)%s\n",
       static_cast<long long>(hub_rows), publish_at_hub ? ", A's publish among them" : "");
   const bool ok = lifecycle && publish_at_hub;
