@@ -41,9 +41,9 @@ struct Principal {
                      // platform, org-scoped workers org
   std::string org;   // tier org writers; workers scoped to one org ("" = unscoped)
   std::vector<std::string> families = {};  // TokenRow::families: exact families it may write
-  std::vector<std::string> releases;  // release grants (TokenRow::releases)
-  std::string token_sha256;           // which token: re-checked before anything is signed
-  int64_t quota_bytes = -1;           // TokenRow::quota_bytes
+  std::vector<std::string> releases;       // release grants (TokenRow::releases)
+  std::string token_sha256;                // which token: re-checked before anything is signed
+  int64_t quota_bytes = -1;                // TokenRow::quota_bytes
 };
 
 // Whether `p` may read cells, receipts and blobs of `family`: admins, platform publishers and
