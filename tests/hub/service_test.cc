@@ -308,6 +308,34 @@ TEST_F(ServiceTest, AnOrgWorkerPublishesReportsAndSettlesWithinItsOrgOnly) {
   EXPECT_NE(svc_->Dashboard(As("admin-token")).html.find("beta-only"), std::string::npos);
 }
 
+// A tenant's publish discharges the obligations of its own org's releases only, even when two
+// orgs' releases owe the same key and its token holds every release name; a release belongs to
+// one org.
+TEST_F(ServiceTest, AnOrgPublishDischargesOnlyItsOwnOrgsObligations) {
+  const CellMetadata m = MakeMetadata(Graph(42), "acme/micro-mlp");
+  const auto declare = [&](const std::string& name, const std::string& org) {
+    return svc_->CreateRelease(
+        As("admin-token"),
+        nlohmann::json{{"name", name},
+                       {"org", org},
+                       {"targets", {{{"target", "denoiser"}, {"sm", "x"}, {"key", m.key}}}}}
+            .dump());
+  };
+  ASSERT_EQ(declare("owed-acme", "acme").status, 200);
+  ASSERT_EQ(declare("owed-beta", "beta").status, 200);
+  Reply conflict = declare("owed-beta", "acme");
+  EXPECT_EQ(conflict.status, 409);
+  EXPECT_EQ(conflict.body["error"], "release_org_mismatch");
+  Reply done = Publish(As("acme-fleet-token"), MakeCell(m));
+  ASSERT_EQ(done.status, 200) << done.body.dump();
+  EXPECT_EQ(done.body["discharged"], 1);
+  const auto state = [&](const char* token, const char* release) {
+    return svc_->ReleaseObligations(As(token), release).body["obligations"][0]["state"];
+  };
+  EXPECT_EQ(state("acme-fleet-token", "owed-acme"), "discharged");
+  EXPECT_EQ(state("beta-fleet-token", "owed-beta"), "owed");
+}
+
 TEST_F(ServiceTest, TenantMayNotWritePlatformOrOtherOrgFamilies) {
   // At intent time.
   const CellMetadata root = MakeMetadata(Graph(6), "root/micro-mlp");

@@ -843,10 +843,25 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
         200, {{"already", true}, {"key", key}, {"digest", digest}, {"receipt", owner->receipt}});
   }
   // 8. Obligations owed this key (or this release's target slot) are discharged, in the
-  // releases this publisher holds.
+  // releases this publisher holds, and for an org-scoped token only its own org's releases (a
+  // release belongs to one org: CreateRelease).
   int discharged = 0;
   std::vector<std::string> scopes;
-  if (HoldsRelease(p, "*")) {
+  if (const std::optional<std::string> org = RowScope(p); org.has_value()) {
+    auto all = store_->ListAllObligations();
+    if (!all.ok()) {
+      KILN_LOG(WARNING) << "hub: cell " << key
+                        << " stored but listing obligations failed: " << all.status().ToString();
+    } else {
+      std::set<std::string> releases;
+      for (const ObligationRow& o : *all) {
+        if (o.org == *org && o.state == "owed" && HoldsRelease(p, o.release)) {
+          releases.insert(o.release);
+        }
+      }
+      scopes.assign(releases.begin(), releases.end());
+    }
+  } else if (HoldsRelease(p, "*")) {
     scopes = {"*"};
   } else {
     scopes = p.releases;
@@ -1120,6 +1135,17 @@ Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
                         "release '" + name +
                             "': 'targets' must be a "
                             "non-empty array");
+  }
+  // A release belongs to one org: its obligations are that org's rows, and the releases an
+  // org's publish discharges are picked by name.
+  auto existing = store_->ListObligations(name);
+  if (!existing.ok()) return Reply::FromStatus(existing.status());
+  for (const ObligationRow& o : *existing) {
+    if (o.org != org) {
+      return Reply::Error(
+          409, "release_org_mismatch",
+          "release '" + name + "' was declared for org '" + o.org + "', not '" + org + "'");
+    }
   }
   std::vector<ObligationRow> rows;
   for (size_t i = 0; i < targets->size(); ++i) {
