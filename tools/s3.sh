@@ -11,18 +11,21 @@
 #                           authenticated request has succeeded.
 #   tools/s3.sh stop DIR    stops the daemons this script started under DIR (by their pid files)
 #                           and deletes DIR.
+#   tools/s3.sh restart DIR stop, then start (what the CTest fixture runs: a cluster left by a
+#                           killed test run is replaced, not reused).
+# Exit 3 from start: the packages are not installed (CTest reports the fixture as skipped).
 #
 # Needs the packages `tools/deps.sh --s3` installs. Ceph's own authentication between daemons is
 # cephx with one keyring under DIR (mode 600); every daemon listens on 127.0.0.1 only.
 set -euo pipefail
 
 usage() {
-  echo "usage: tools/s3.sh start|stop DIR" >&2
+  echo "usage: tools/s3.sh start|stop|restart DIR" >&2
   exit 2
 }
 [ $# -eq 2 ] || usage
 cmd=$1
-DIR=$2
+DIR=$(realpath -m "$2")
 
 kill_daemons() {
   local pids=()
@@ -30,7 +33,8 @@ kill_daemons() {
     [ -f "$f" ] || continue
     local pid
     pid=$(cat "$f")
-    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then
+    # Only a daemon of this cluster: a stale pid file must not name someone else's process.
+    if [ -n "$pid" ] && grep -qF "$DIR/ceph.conf" "/proc/$pid/cmdline" 2>/dev/null; then
       kill "$pid" 2>/dev/null || true
       pids+=("$pid")
     fi
@@ -80,7 +84,6 @@ start() {
     exit 2
   fi
   mkdir -p "$DIR"/{run,log,mon.a,mgr.x,osd.0}
-  DIR=$(cd "$DIR" && pwd)
   local fsid mon_port rgw_port conf
   fsid=$(python3 -c "import uuid; print(uuid.uuid4())")
   mon_port=$(free_port)
@@ -186,5 +189,11 @@ case "$cmd" in
     start
     ;;
   stop) stop ;;
+  restart)
+    stop
+    trap 'rc=$?; if [ $rc -ne 0 ]; then kill_daemons; tail -n 20 "$DIR/log/setup.log" >&2 || true
+      echo "s3.sh: start failed; logs in $DIR/log" >&2; fi' EXIT
+    start
+    ;;
   *) usage ;;
 esac
