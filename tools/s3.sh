@@ -40,7 +40,7 @@ kill_daemons() {
     fi
   done
   for pid in "${pids[@]}"; do
-    for _ in $(seq 1 50); do
+    for _ in $(seq 1 20); do
       kill -0 "$pid" 2>/dev/null || break
       sleep 0.1
     done
