@@ -1,9 +1,13 @@
 // End-to-end test of the hub's dashboard (GET /) as a person sees it: a real `kiln hub` process
 // with real rows (a published cell, a release's obligations discharged and settled, worker
 // events), opened in headless Chromium (Debian `chromium`, installed by tools/deps.sh), whose
-// rendered DOM must show every row. Without Chromium the test fails, unless KILN_SKIP_BROWSER=1
+// rendered DOM must show every row. The page needs a bearer token, which a browser started from
+// the command line cannot send, so the test fetches it with the admin's token and Chromium renders
+// the fetched page from a file; the refusals without a token and the scoping by org are checked
+// on the raw answers. Without Chromium the test fails, unless KILN_SKIP_BROWSER=1
 // (then it skips). The browser is $KILN_CHROMIUM if set, else chromium on the PATH.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <sys/wait.h>
 
 #include <array>
@@ -85,6 +89,7 @@ int RowsWith(const std::vector<std::string>& rows, const std::vector<std::string
 // A worker token of this test's own: on PostgreSQL the tokens table is shared by every hub on the
 // database, and another suite's hub naming the common worker token would rename this one's rows.
 constexpr char kDashWorker[] = "tok-worker-dashboard-only";
+constexpr char kDashTenant[] = "tok-acme-worker-dashboard-only";
 
 class HubDashboardTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -112,6 +117,7 @@ class HubDashboardTest : public ::testing::TestWithParam<std::string> {
             root_ + "/tokens.json",
             TokensFileText({{Sha256Hex(kPlatform), "ci", "publisher", "platform", "", {"*"}},
                             {Sha256Hex(kDashWorker), "worker-dash", "worker", "", "", {"*"}},
+                            {Sha256Hex(kDashTenant), "acme-dash", "worker", "", "acme", {}},
                             {Sha256Hex(kAdmin), "admin", "admin", "", "", {}}}))
             .ok());
     hub_ = std::make_unique<HubProcess>(root_ + "/data", db_,
@@ -135,6 +141,16 @@ class HubDashboardTest : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(status, 0) << cmd << "\n"
                          << hub_testing::ValueOr(ReadFile(root_ + "/chromium.log"), std::string());
     return dom;
+  }
+
+  // GET / with `token` ("" = none): (HTTP status, body).
+  std::pair<int, std::string> Fetch(const std::string& token) {
+    httplib::Client http(hub_->url());
+    http.set_read_timeout(30, 0);
+    if (!token.empty()) http.set_bearer_token_auth(token);
+    auto r = http.Get("/");
+    if (!r) return {0, "no answer: " + httplib::to_string(r.error())};
+    return {r->status, r->body};
   }
 
   std::string chromium_, root_, db_;
@@ -177,7 +193,20 @@ TEST_P(HubDashboardTest, ChromiumShowsCellsObligationsWorkersAndEvents) {
                                                        {"detail", detail}}}))
                   .ok());
 
-  const std::string dom = DumpDom(hub_->url() + "/");
+  // Without a token the page is refused; a token sees its own org's rows (the untenanted ones for
+  // this unscoped worker), the admin every row.
+  EXPECT_EQ(Fetch("").first, 401);
+  auto [status, page] = Fetch(kAdmin);
+  ASSERT_EQ(status, 200) << page;
+  ASSERT_TRUE(WriteFileAtomic(root_ + "/dashboard.html", page).ok());
+  auto [tenant_status, tenant_page] = Fetch(kDashTenant);
+  ASSERT_EQ(tenant_status, 200) << tenant_page;
+  EXPECT_NE(tenant_page.find(m.key), std::string::npos) << "a platform cell any tenant may adopt";
+  for (const char* cls : {"obligation", "worker", "event"}) {
+    EXPECT_TRUE(Rows(tenant_page, cls).empty()) << "the platform's " << cls << " rows";
+  }
+  EXPECT_EQ(tenant_page.find(detail), std::string::npos);
+  const std::string dom = DumpDom("file://" + root_ + "/dashboard.html");
   ASSERT_FALSE(dom.empty());
   // Chromium parsed and rendered the page: its DOM has the tbody the served HTML leaves out.
   EXPECT_NE(dom.find("<tbody>"), std::string::npos) << dom.substr(0, 2000);

@@ -84,6 +84,9 @@ inline constexpr const char* kAcme = "tok-acme-publisher";
 inline constexpr const char* kBeta = "tok-beta-publisher";
 inline constexpr const char* kWorker = "tok-worker";
 inline constexpr const char* kAdmin = "tok-admin";
+// Least-privilege worker tokens of two tenants (tests/worker/worker_process.h's hub lists them).
+inline constexpr const char* kAcmeFleet = "tok-acme-fleet-worker";
+inline constexpr const char* kBetaFleet = "tok-beta-fleet-worker";
 
 // Result<T> has no value_or; logs only.
 template <typename T>

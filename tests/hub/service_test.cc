@@ -69,6 +69,15 @@ class ServiceTest : public ::testing::Test {
         {Sha256Hex("other-worker-token"), "w2", "worker", "", "", {}},
         {Sha256Hex("acme-worker-token"), "acme-w", "worker", "", "acme", {}},
         {Sha256Hex("admin-token"), "admin", "admin", "", "", {}},
+        // Least-privilege fleet tokens: two tenants' workers, one narrowed to one family.
+        {Sha256Hex("acme-fleet-token"),
+         "acme-fleet",
+         "worker",
+         "",
+         "acme",
+         {"*"},
+         {"acme/micro-mlp"}},
+        {Sha256Hex("beta-fleet-token"), "beta-fleet", "worker", "", "beta", {"*"}},
     };
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
@@ -229,6 +238,104 @@ TEST_F(ServiceTest, WorkerMayNotPublishNorAdminister) {
   EXPECT_EQ(svc_->RotateKey(As("platform-token")).body["error"], "forbidden");
 }
 
+// A tenant's worker token runs the fleet loop alone: it publishes the cells it minted into its
+// own granted family (signed tier org), reports events and settles its org's obligations; it
+// never writes another org's or the platform's families, never administers, and never reads
+// another org's rows.
+TEST_F(ServiceTest, AnOrgWorkerPublishesReportsAndSettlesWithinItsOrgOnly) {
+  const Principal acme = As("acme-fleet-token");
+  const CellMetadata own = MakeMetadata(Graph(40), "acme/micro-mlp");
+  const std::string cell = MakeCell(own);
+  Reply done = Publish(acme, cell);
+  ASSERT_EQ(done.status, 200) << done.body.dump();
+  auto verdict = VerifyReceipt(done.body["receipt"].get<std::string>(), svc_->keys().PublicKeys(),
+                               {own.key, CellDigest(cell), cell.size(), own.family});
+  ASSERT_TRUE(verdict.ok()) << verdict.token;
+  EXPECT_EQ(verdict.claims.tier, "org");
+  EXPECT_EQ(verdict.claims.org, "acme");
+  for (const char* family : {"beta/micro-mlp", "root/micro-mlp", "acme/not-granted"}) {
+    Reply r = Publish(acme, MakeCell(MakeMetadata(Graph(41), family)));
+    EXPECT_EQ(r.status, 403) << family;
+    EXPECT_EQ(r.body["error"], "family_forbidden") << family;
+  }
+  EXPECT_EQ(svc_->Revoke(acme, "{}").body["error"], "forbidden");
+  EXPECT_EQ(svc_->RevokeToken(acme, "{}").body["error"], "forbidden");
+  EXPECT_EQ(svc_->RotateKey(acme).body["error"], "forbidden");
+  EXPECT_EQ(svc_->CreateRelease(acme, "{}").body["error"], "forbidden");
+
+  // Events: each org's rows carry its org; each token reads its own org's.
+  ASSERT_EQ(svc_->PostEvents(acme, R"([{"kind":"boot_adopt","phase":"hit"}])").status, 200);
+  ASSERT_EQ(
+      svc_->PostEvents(As("beta-fleet-token"), R"([{"kind":"boot_adopt","detail":"beta-only"}])")
+          .status,
+      200);
+  Reply mine = svc_->QueryEvents(acme, {});
+  ASSERT_EQ(mine.body["events"].size(), 1u) << mine.body.dump();
+  EXPECT_EQ(mine.body["events"][0]["org"], "acme");
+  EXPECT_EQ(svc_->QueryEvents(acme, {{"org", "beta"}}).body["error"], "scope_forbidden");
+  EXPECT_EQ(svc_->QueryEvents(As("admin-token"), {}).body["events"].size(), 2u);
+  EXPECT_EQ(svc_->QueryEvents(As("admin-token"), {{"org", "beta"}}).body["events"].size(), 1u);
+  // An unscoped worker reads no tenant's rows.
+  EXPECT_TRUE(svc_->QueryEvents(As("worker-token"), {}).body["events"].empty());
+
+  // Obligations: a release declared for beta is beta's; acme holds "*" and still cannot touch it.
+  const auto release = [&](const std::string& name, const std::string& org) {
+    return svc_
+        ->CreateRelease(
+            As("admin-token"),
+            nlohmann::json{
+                {"name", name}, {"org", org}, {"targets", {{{"target", "denoiser"}, {"sm", "x"}}}}}
+                .dump())
+        .status;
+  };
+  ASSERT_EQ(release("r-beta", "beta"), 200);
+  ASSERT_EQ(release("r-acme", "acme"), 200);
+  const std::string settle_beta = R"({"release":"r-beta","target":"denoiser","sm":"x",)"
+                                  R"("token":"no_export_declaration"})";
+  EXPECT_EQ(svc_->ReleaseObligations(acme, "r-beta").body["error"], "scope_forbidden");
+  EXPECT_EQ(svc_->SettleObligation(acme, settle_beta).body["error"], "scope_forbidden");
+  Reply settled = svc_->SettleObligation(
+      acme, R"({"release":"r-acme","target":"denoiser","sm":"x","token":"no_export_declaration"})");
+  ASSERT_EQ(settled.status, 200) << settled.body.dump();
+  EXPECT_EQ(settled.body["obligation"]["org"], "acme");
+  EXPECT_EQ(svc_->SettleObligation(As("beta-fleet-token"), settle_beta).status, 200);
+
+  // The dashboard shows a token its own org's rows only.
+  const std::string page = svc_->Dashboard(acme).html;
+  EXPECT_NE(page.find("r-acme"), std::string::npos);
+  EXPECT_EQ(page.find("r-beta"), std::string::npos);
+  EXPECT_EQ(page.find("beta-only"), std::string::npos);
+  EXPECT_NE(svc_->Dashboard(As("admin-token")).html.find("beta-only"), std::string::npos);
+}
+
+// A tenant's publish discharges the obligations of its own org's releases only, even when two
+// orgs' releases owe the same key and its token holds every release name; a release belongs to
+// one org.
+TEST_F(ServiceTest, AnOrgPublishDischargesOnlyItsOwnOrgsObligations) {
+  const CellMetadata m = MakeMetadata(Graph(42), "acme/micro-mlp");
+  const auto declare = [&](const std::string& name, const std::string& org) {
+    return svc_->CreateRelease(
+        As("admin-token"),
+        nlohmann::json{{"name", name},
+                       {"org", org},
+                       {"targets", {{{"target", "denoiser"}, {"sm", "x"}, {"key", m.key}}}}}
+            .dump());
+  };
+  ASSERT_EQ(declare("owed-acme", "acme").status, 200);
+  ASSERT_EQ(declare("owed-beta", "beta").status, 200);
+  Reply conflict = declare("owed-beta", "acme");
+  EXPECT_EQ(conflict.status, 409);
+  EXPECT_EQ(conflict.body["error"], "release_org_mismatch");
+  Reply done = Publish(As("acme-fleet-token"), MakeCell(m));
+  ASSERT_EQ(done.status, 200) << done.body.dump();
+  EXPECT_EQ(done.body["discharged"], 1);
+  const auto state = [&](const char* token, const char* release) {
+    return svc_->ReleaseObligations(As(token), release).body["obligations"][0]["state"];
+  };
+  EXPECT_EQ(state("acme-fleet-token", "owed-acme"), "discharged");
+  EXPECT_EQ(state("beta-fleet-token", "owed-beta"), "owed");
+}
+
 TEST_F(ServiceTest, TenantMayNotWritePlatformOrOtherOrgFamilies) {
   // At intent time.
   const CellMetadata root = MakeMetadata(Graph(6), "root/micro-mlp");
@@ -369,7 +476,7 @@ TEST_F(ServiceTest, EventsAreStoredFilteredAndShownEscapedOnTheDashboard) {
   EXPECT_EQ(refused.body["error"], "worker_mismatch");
   EXPECT_TRUE(svc_->QueryEvents(As("worker-token"), {{"worker", "w2"}}).body["events"].empty());
 
-  Reply page = svc_->Dashboard();
+  Reply page = svc_->Dashboard(As("admin-token"));
   EXPECT_NE(page.html.find(m.key), std::string::npos);
   EXPECT_NE(page.html.find("&lt;script&gt;"), std::string::npos);
   EXPECT_EQ(page.html.find("<script>"), std::string::npos);

@@ -301,9 +301,9 @@ TEST_P(StoreTest, EventsFilterAndAdoptionCounts) {
   f.worker = w1;
   f.since_ts = 1500;
   EXPECT_EQ(store_->QueryEvents(f).value().size(), 1u);
-  EXPECT_EQ(store_->AdoptedCount(k).value(), 2);
+  EXPECT_EQ(store_->AdoptedCount(k, std::nullopt).value(), 2);
   bool saw = false;
-  const auto workers = store_->ListWorkers().value();
+  const auto workers = store_->ListWorkers(std::nullopt).value();
   for (const auto& w : workers) saw |= (w.worker == w1 && w.events == 2);
   EXPECT_TRUE(saw);
 }
@@ -335,6 +335,46 @@ TEST_P(StoreTest, EventFieldsRoundTrip) {
   EXPECT_EQ(got[0].fn, "mlp-fn");
   EXPECT_EQ(got[0].stages, e.stages);
   EXPECT_EQ(got[0].detail, e.detail);
+}
+
+// Events and obligations keep the org they were written for, and every read of fleet rows can be
+// held to one org: the hub's tenants see their own rows only.
+TEST_P(StoreTest, EventsAndObligationsCarryTheirOrg) {
+  const std::string acme = "acme" + Nonce(), beta = "beta" + Nonce();
+  const std::string w = "wo-" + Nonce();
+  const std::string k = Key("org");
+  StoredEvent a{0, w, 1, "boot_adopt", "hit", k, 1, "", 1000, {}, {}, {}, {}};
+  a.org = acme;
+  StoredEvent b = a;
+  b.seq = 2;
+  b.org = beta;
+  ASSERT_TRUE(store_->InsertEvents({a, b}).ok());
+  EventFilter f;
+  f.worker = w;
+  EXPECT_EQ(store_->QueryEvents(f).value().size(), 2u);
+  f.org = acme;
+  const auto mine = store_->QueryEvents(f).value();
+  ASSERT_EQ(mine.size(), 1u);
+  EXPECT_EQ(mine[0].org, acme);
+  EXPECT_EQ(mine[0].seq, 1);
+  f.org = "";
+  EXPECT_TRUE(store_->QueryEvents(f).value().empty());
+  EXPECT_EQ(store_->AdoptedCount(k, acme).value(), 1);
+  EXPECT_EQ(store_->AdoptedCount(k, "nobody" + Nonce()).value(), 0);
+  const auto workers = store_->ListWorkers(beta).value();
+  ASSERT_EQ(workers.size(), 1u);
+  EXPECT_EQ(workers[0].events, 1);
+
+  const std::string rel = "rel-org-" + Nonce();
+  ObligationRow o;
+  o.release = rel, o.target = "denoiser", o.sm = "x86-64-v3", o.org = acme;
+  ASSERT_EQ(store_->AddObligations({o}).value(), 1);
+  const auto listed = store_->ListObligations(rel).value();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].org, acme);
+  auto settled = store_->SettleObligation(rel, "denoiser", "x86-64-v3", "t", 5).value();
+  ASSERT_TRUE(settled.has_value());
+  EXPECT_EQ(settled->org, acme);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, StoreTest, ::testing::Values("memory", "sqlite", "postgresql"));
@@ -384,6 +424,52 @@ PRAGMA user_version = 2;
   EXPECT_EQ(rows[0].stages, fresh.stages);
   s->reset();
   auto again = OpenSqliteStore(path);  // a second open finds version 3 and changes nothing
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  EXPECT_EQ((*again)->QueryEvents(EventFilter{}).value().size(), 2u);
+  std::filesystem::remove_all(dir);
+}
+
+// A version-3 database (events and obligations without an org) gains the org columns on open; its
+// rows are kept as untenanted (org ""), which no tenant's read returns.
+TEST(SqliteMigration, VersionThreeRowsGainAnEmptyOrg) {
+  const std::string dir = ::testing::TempDir() + "/kiln_sqlite_migration3_" + Nonce();
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/hub.sqlite";
+  const std::string v3 = R"sql(
+CREATE TABLE obligations (
+  release TEXT NOT NULL, target TEXT NOT NULL, sm TEXT NOT NULL, key TEXT NOT NULL,
+  state TEXT NOT NULL, cell_digest TEXT NOT NULL, updated_at INTEGER NOT NULL,
+  PRIMARY KEY (release, target, sm));
+INSERT INTO obligations VALUES ('r', 'denoiser', 'x86-64-v3', '', 'owed', '', 1);
+CREATE TABLE events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, worker TEXT NOT NULL, seq INTEGER NOT NULL,
+  kind TEXT NOT NULL, phase TEXT NOT NULL, key TEXT NOT NULL, duration_ms REAL NOT NULL,
+  detail TEXT NOT NULL, ts INTEGER NOT NULL, target TEXT NOT NULL DEFAULT '',
+  ref TEXT NOT NULL DEFAULT '', fn TEXT NOT NULL DEFAULT '', stages TEXT NOT NULL DEFAULT '');
+INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts)
+  VALUES ('w', 1, 'boot_adopt', 'hit', 'K', 1.5, 'old', 10);
+PRAGMA user_version = 3;
+)sql";
+  ASSERT_TRUE(WriteSqlite(path, v3));
+  auto s = OpenSqliteStore(path);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  StoredEvent fresh{0, "w", 2, "boot_adopt", "miss", "K", 2, "new", 20, "", "", "", ""};
+  fresh.org = "acme";
+  ASSERT_TRUE((*s)->InsertEvents({fresh}).ok());
+  const auto rows = (*s)->QueryEvents(EventFilter{}).value();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[1].detail, "old");
+  EXPECT_EQ(rows[1].org, "");
+  EXPECT_EQ(rows[0].org, "acme");
+  EventFilter acme;
+  acme.org = "acme";
+  EXPECT_EQ((*s)->QueryEvents(acme).value().size(), 1u);
+  const auto obligations = (*s)->ListObligations("r").value();
+  ASSERT_EQ(obligations.size(), 1u);
+  EXPECT_EQ(obligations[0].org, "");
+  EXPECT_EQ(obligations[0].state, "owed");
+  s->reset();
+  auto again = OpenSqliteStore(path);  // a second open finds version 4 and changes nothing
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ((*again)->QueryEvents(EventFilter{}).value().size(), 2u);
   std::filesystem::remove_all(dir);

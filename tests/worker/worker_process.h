@@ -98,7 +98,9 @@ class Hub {
   explicit Hub(std::string root) : root_(std::move(root)), process_(root_ + "/data", "") {}
   // Tokens: kPlatform (a platform publisher, which `kiln publish` and the minting workers use),
   // kAcme and kBeta (two tenants: publishers of tier org "acme" and "beta"), kWorker and kAdmin.
-  // The platform publisher and the worker hold every release.
+  // The platform publisher and the worker hold every release. kAcmeFleet and kBetaFleet are the
+  // least-privilege fleet tokens: workers of org "acme" (which may write only "acme/mlp") and
+  // "beta", each granted every release.
   static ::testing::AssertionResult WriteTokens(const std::string& path) {
     nlohmann::json tokens = {
         {"tokens",
@@ -121,6 +123,17 @@ class Hub {
            {"role", "worker"},
            {"releases", {"*"}},
            {"sha256", Sha256Hex(hub_testing::kWorker)}},
+          {{"name", "acme-fleet"},
+           {"role", "worker"},
+           {"org", "acme"},
+           {"families", {"acme/mlp"}},
+           {"releases", {"*"}},
+           {"sha256", Sha256Hex(hub_testing::kAcmeFleet)}},
+          {{"name", "beta-fleet"},
+           {"role", "worker"},
+           {"org", "beta"},
+           {"releases", {"*"}},
+           {"sha256", Sha256Hex(hub_testing::kBetaFleet)}},
           {{"name", "ops"}, {"role", "admin"}, {"sha256", Sha256Hex(hub_testing::kAdmin)}}}}};
     if (!WriteSecretFileAtomic(path, tokens.dump(2)).ok()) {
       return ::testing::AssertionFailure() << "cannot write " << path;
@@ -170,6 +183,7 @@ class Hub {
     httplib::Client http(url());
     if (!process_.ca().empty()) http.set_ca_cert_path(process_.ca().c_str());
     http.set_read_timeout(30, 0);
+    http.set_bearer_token_auth(hub_testing::kAdmin);  // the dashboard is not public
     auto r = http.Get("/");
     for (int i = 0; i < 5 && (!r || r->status != 200); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));

@@ -221,12 +221,16 @@ Status RunFleetDemo(std::string examples, bool keep) {
       "kiln demo: an embedded hub and two workers (A, B) on micro-diffusion, on loopback\n");
   std::printf("workdir:   %s%s\n\n", root.c_str(), keep ? " (kept)" : " (removed at the end)");
 
-  // 1. The hub, with one platform publisher token for both workers.
+  // 1. The hub, with one least-privilege token for both workers: role worker, org "demo", and the
+  // one family they export. It publishes what they mint, reports their events and reads their
+  // org's rows; it cannot revoke, rotate the signing key, or write or read anything else.
   KILN_ASSIGN_OR_RETURN(std::string token, GenerateToken());
+  const std::string family = "demo/micro-diffusion";
   const nlohmann::json tokens = {{"tokens",
                                   {{{"name", "demo-workers"},
-                                    {"role", "publisher"},
-                                    {"tier", "platform"},
+                                    {"role", "worker"},
+                                    {"org", "demo"},
+                                    {"families", {family}},
                                     {"sha256", Sha256Hex(token)}}}}};
   KILN_RETURN_IF_ERROR(MakeDirs(root + "/hub"));
   KILN_RETURN_IF_ERROR(WriteSecretFileAtomic(root + "/tokens.json", tokens.dump(2)));
@@ -241,8 +245,16 @@ Status RunFleetDemo(std::string examples, bool keep) {
   std::printf("hub       http://127.0.0.1:%d  (SQLite + blob directory, Ed25519 receipts)\n",
               hub_port);
 
-  // 2. One manifest per machine: the example's, with absolute paths and the hub.
+  // 2. One manifest per machine: the example's, with absolute paths, the demo org's family and
+  // the hub.
   KILN_ASSIGN_OR_RETURN(std::string manifest, ReadFile(ex + "/kiln.toml"));
+  const std::string platform_family = "\"root/micro-diffusion\"";
+  if (const size_t at = manifest.find(platform_family); at != std::string::npos) {
+    manifest.replace(at, platform_family.size(), "\"" + family + "\"");
+  } else {
+    return Status::InvalidArgument(ex + "/kiln.toml: no export family " + platform_family +
+                                   " to give the demo's org");
+  }
   for (const char* rel : {"model.onnx", "checkpoint.safetensors"}) {
     const std::string from = std::string("\"") + rel + "\"";
     const size_t at = manifest.find(from);
@@ -371,13 +383,37 @@ Status RunFleetDemo(std::string examples, bool keep) {
       eager_med, cell_med, cell_med > 0 ? eager_med / cell_med : 0.0);
   std::printf("          mint %.0f ms on A vs adopt %.1f ms on B (%.0fx shorter)\n", mint_ms,
               adopt_ms, adopt_ms > 0 ? mint_ms / adopt_ms : 0.0);
-  const bool ok = first_a.mode == "eager" && switched.mode == "aot_cell" &&
-                  published.value("phase", "") == "published" &&
-                  b_boot_row.value("phase", "") == "hit" && first_b.mode == "aot_cell" &&
-                  after.mode == "aot_cell" && after.ref == first_b.ref && swap_err < 1e-3 &&
-                  moved > 1e-4;
+  const bool lifecycle = first_a.mode == "eager" && switched.mode == "aot_cell" &&
+                         published.value("phase", "") == "published" &&
+                         b_boot_row.value("phase", "") == "hit" && first_b.mode == "aot_cell" &&
+                         after.mode == "aot_cell" && after.ref == first_b.ref && swap_err < 1e-3 &&
+                         moved > 1e-4;
   const int a_exit = a.Stop();
   const int b_exit = b.Stop();
+  // The workers' event rows reached the hub (their forwarders post in batches and flush as they
+  // drain), counted there with the workers' own token, which reads the demo org's rows only;
+  // A's publish among them.
+  auto hub_reader = HttpTo(hub_port, token);
+  int64_t hub_rows = 0;
+  bool publish_at_hub = false;
+  for (int i = 0; i < 100 && !publish_at_hub; ++i) {
+    HubAnswer rows = hub_reader->Call("GET", "/v1/events?limit=10000");
+    hub_rows = 0;
+    if (rows.ok() && rows.body.contains("events")) {
+      for (const auto& e : rows.body["events"]) {
+        if (e.value("org", "") != "demo") continue;
+        ++hub_rows;
+        publish_at_hub |=
+            e.value("kind", "") == "self_mint_publish" && e.value("phase", "") == "published";
+      }
+    }
+    if (!publish_at_hub) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::printf(
+      "          %lld event rows reached the hub (org demo, read with the workers' own "
+      "token)%s\n",
+      static_cast<long long>(hub_rows), publish_at_hub ? ", A's publish among them" : "");
+  const bool ok = lifecycle && publish_at_hub;
   hub.Stop();
   std::printf("          workers drained and exited %d, %d; whole demo %.1f s\n", a_exit, b_exit,
               MsSince(demo_start) / 1000.0);

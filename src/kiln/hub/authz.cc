@@ -26,8 +26,7 @@ bool HasRole(const Principal& p, std::initializer_list<const char*> roles) {
 }
 
 bool MayRead(const Principal& p, const std::string& family) {
-  if (p.role == "admin") return true;
-  if (p.role == "publisher" && p.tier == "platform") return true;
+  if (p.role == "admin" || p.tier == "platform") return true;
   if (p.org.empty()) return p.role == "worker";
   const std::string ns = family.substr(0, family.find('/'));
   return ns == p.org || ns == "root";
@@ -39,16 +38,110 @@ bool HoldsRelease(const Principal& p, const std::string& release) {
                      [&](const std::string& r) { return r == "*" || r == release; });
 }
 
+const char* ActionName(Action action) {
+  switch (action) {
+    case Action::kPublish:
+      return "publish cells";
+    case Action::kReportEvents:
+      return "post events";
+    case Action::kSettle:
+      return "settle obligations";
+    case Action::kReportDamage:
+      return "report blob damage";
+    case Action::kRevokeCells:
+      return "revoke cells";
+    case Action::kRevokeTokens:
+      return "revoke tokens";
+    case Action::kManageKeys:
+      return "manage signing keys";
+    case Action::kDeclareRelease:
+      return "declare releases";
+  }
+  return "?";
+}
+
+Status Authorize(const Principal& p, Action action) {
+  if (p.role == "admin") return Status::OK();
+  bool allowed = false;
+  switch (action) {
+    case Action::kPublish:
+      // A worker publishes only with a write tier: org-scoped, or granted platform.
+      allowed =
+          p.role == "publisher" || (p.role == "worker" && (!p.tier.empty() || !p.families.empty()));
+      break;
+    case Action::kReportEvents:
+    case Action::kSettle:
+      allowed = p.role == "worker";
+      break;
+    case Action::kReportDamage:
+      allowed = p.role == "worker" || p.role == "publisher";
+      break;
+    case Action::kRevokeCells:
+    case Action::kRevokeTokens:
+    case Action::kManageKeys:
+    case Action::kDeclareRelease:
+      allowed = false;
+      break;
+  }
+  if (allowed) return Status::OK();
+  std::string why;
+  if (action == Action::kPublish && p.role == "worker") {
+    why =
+        " (an unscoped worker token has no org to publish into; give its row an org, tier "
+        "platform, or the platform families it may write)";
+  }
+  return Status::Refused(
+      StatusCode::kInvalidArgument, kRefusalForbidden,
+      "principal '" + p.name + "' with role '" + p.role + "' may not " + ActionName(action) + why);
+}
+
+namespace {
+
+bool Lists(const std::vector<std::string>& families, const std::string& family) {
+  return std::find(families.begin(), families.end(), family) != families.end();
+}
+
+}  // namespace
+
 Status CheckFamilyWrite(const Principal& p, const std::string& family) {
-  if (p.role == "admin") {
-    if (!IsWellFormedFamily(family)) return CheckTierWrites(p.name, "platform", "", family);
-    return Status::OK();
+  if (!IsWellFormedFamily(family)) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalBadFamily,
+                           CheckTierWrites(p.name, "platform", "", family).message());
   }
-  if (p.role != "publisher") {
-    return Status::InvalidArgument("principal '" + p.name + "' with role '" + p.role +
-                                   "' has no publisher tier and may not write '" + family + "'");
+  if (p.role == "admin") return Status::OK();
+  if (Status s = Authorize(p, Action::kPublish); !s.ok()) return s;
+  if (!p.families.empty() && !Lists(p.families, family)) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalFamilyForbidden,
+                           "principal '" + p.name + "' may write only the families its token " +
+                               "lists, and '" + family + "' is not one of them");
   }
-  return CheckTierWrites(p.name, p.tier, p.org, family);
+  // A platform family listed by name in the token's row is an explicit platform grant.
+  const std::string tier =
+      family.compare(0, 5, "root/") == 0 && Lists(p.families, family) ? "platform" : p.tier;
+  Status s = CheckTierWrites(p.name, tier, p.org, family);
+  if (s.ok()) return s;
+  return Status::Refused(StatusCode::kInvalidArgument, kRefusalFamilyForbidden, s.message());
+}
+
+std::string WriteTier(const Principal& p, const std::string& family) {
+  if (p.role == "admin" || p.tier == "platform") return "platform";
+  if (family.compare(0, 5, "root/") == 0 && Lists(p.families, family)) return "platform";
+  return p.tier;
+}
+
+std::string RowOrg(const Principal& p) {
+  if (p.role == "admin" || p.tier == "platform") return "";
+  return p.org;
+}
+
+std::optional<std::string> RowScope(const Principal& p) {
+  if (p.role == "admin" || p.tier == "platform") return std::nullopt;
+  return p.org;
+}
+
+bool MayReadRow(const Principal& p, const std::string& row_org) {
+  const std::optional<std::string> scope = RowScope(p);
+  return !scope.has_value() || *scope == row_org;
 }
 
 Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std::string& what) {
@@ -67,8 +160,8 @@ Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std
     };
     TokenRow row{get("sha256"), get("name"), get("role"), get("tier"), get("org"), {}};
     for (const auto& [field, _] : t.items()) {
-      static const char* kKnown[] = {"sha256", "name",     "role",       "tier",
-                                     "org",    "releases", "quota_bytes"};
+      static const char* kKnown[] = {"sha256", "name",     "role",        "tier",
+                                     "org",    "releases", "quota_bytes", "families"};
       if (std::none_of(std::begin(kKnown), std::end(kKnown),
                        [&f = field](const char* k) { return f == k; })) {
         return Status::InvalidArgument(where + ": unknown field '" + field + "'");
@@ -86,6 +179,19 @@ Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std
                                          "one-line string");
         }
         row.releases.push_back(r.get<std::string>());
+      }
+    }
+    if (auto it = t.find("families"); it != t.end()) {
+      if (!it->is_array()) {
+        return Status::InvalidArgument(where + ": families must be an array of family names");
+      }
+      for (const auto& f : *it) {
+        if (!f.is_string() || !IsWellFormedFamily(f.get<std::string>())) {
+          return Status::InvalidArgument(where + ": families holds '" +
+                                         (f.is_string() ? f.get<std::string>() : f.dump()) +
+                                         "', not a '<namespace>/<name>' family");
+        }
+        row.families.push_back(f.get<std::string>());
       }
     }
     if (auto it = t.find("quota_bytes"); it != t.end()) {
@@ -121,6 +227,14 @@ Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std
       return Status::InvalidArgument(where + ": a platform publisher has no org, got '" + row.org +
                                      "'");
     }
+    if (row.role == "worker" && !row.tier.empty() && row.tier != "platform" && row.tier != "org") {
+      return Status::InvalidArgument(where + ": worker tier '" + row.tier +
+                                     "' is not platform or org (or absent)");
+    }
+    if (row.role == "worker" && row.tier == "platform" && !row.org.empty()) {
+      return Status::InvalidArgument(where + ": a platform-tier worker has no org, got '" +
+                                     row.org + "'");
+    }
     if (row.role == "worker" && !row.org.empty() &&
         (row.org == "root" || !IsWellFormedFamily(row.org + "/x"))) {
       return Status::InvalidArgument(where + ": a worker's org scopes its reads to '<org>/…'; '" +
@@ -138,6 +252,7 @@ std::string TokensFileText(const std::vector<TokenRow>& rows) {
     if (!r.tier.empty()) t["tier"] = r.tier;
     if (!r.org.empty()) t["org"] = r.org;
     if (!r.releases.empty()) t["releases"] = r.releases;
+    if (!r.families.empty()) t["families"] = r.families;
     if (r.quota_bytes >= 0) t["quota_bytes"] = r.quota_bytes;
     tokens.push_back(t);
   }

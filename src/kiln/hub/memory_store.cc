@@ -236,14 +236,16 @@ class MemoryStore final : public HubStore {
       if (!f.kind.empty() && it->kind != f.kind) continue;
       if (!f.phase.empty() && it->phase != f.phase) continue;
       if (it->ts < f.since_ts) continue;
+      if (f.org.has_value() && it->org != *f.org) continue;
       out.push_back(*it);
     }
     return out;
   }
-  Result<std::vector<WorkerSummary>> ListWorkers() override {
+  Result<std::vector<WorkerSummary>> ListWorkers(const std::optional<std::string>& org) override {
     std::lock_guard<std::mutex> lock(mu_);
     std::map<std::string, WorkerSummary> by_worker;
     for (const auto& e : events_) {
+      if (org.has_value() && e.org != *org) continue;
       auto& w = by_worker[e.worker];
       w.worker = e.worker;
       w.last_ts = std::max(w.last_ts, e.ts);
@@ -253,10 +255,12 @@ class MemoryStore final : public HubStore {
     for (auto& [k, w] : by_worker) out.push_back(w);
     return out;
   }
-  Result<int64_t> AdoptedCount(const std::string& key) override {
+  Result<int64_t> AdoptedCount(const std::string& key,
+                               const std::optional<std::string>& org) override {
     std::lock_guard<std::mutex> lock(mu_);
     std::set<std::string> workers;
     for (const auto& e : events_) {
+      if (org.has_value() && e.org != *org) continue;
       if ((e.key == key || e.key.rfind(key + "@", 0) == 0) && e.kind == "boot_adopt" &&
           (e.phase == "hit" || e.phase == "local_hit")) {
         workers.insert(e.worker);

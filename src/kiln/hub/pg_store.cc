@@ -21,7 +21,8 @@ namespace {
 // digest, publisher), remembered token revocations; tokens live in each hub's tokens file. The
 // statements are idempotent, so a database of version 1 is brought forward by running them (the
 // primary keys are replaced in place; the rows are kept). Event rows' structured fields (target,
-// ref, fn, stages) are added to an older events table the same way, with "" for old rows.
+// ref, fn, stages) are added to an older events table the same way, with "" for old rows, and so
+// is the org that events and obligations carry (authz.h), with "" (untenanted) for old rows.
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
   key TEXT NOT NULL, digest TEXT NOT NULL, size BIGINT NOT NULL, family TEXT NOT NULL,
@@ -63,15 +64,19 @@ ALTER TABLE events ADD COLUMN IF NOT EXISTS target TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN IF NOT EXISTS ref TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN IF NOT EXISTS fn TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN IF NOT EXISTS stages TEXT NOT NULL DEFAULT '';
+ALTER TABLE events ADD COLUMN IF NOT EXISTS org TEXT NOT NULL DEFAULT '';
+ALTER TABLE obligations ADD COLUMN IF NOT EXISTS org TEXT NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
+CREATE INDEX IF NOT EXISTS events_org ON events(org);
 )sql";
 
 constexpr const char* kCellCols =
     "key, digest, size, family, publisher, tier, release, receipt, created_at";
 constexpr const char* kIntentCols =
     "key, digest, size, family, release, target, publisher, created_at";
-constexpr const char* kObligationCols = "release, target, sm, key, state, cell_digest, updated_at";
+constexpr const char* kObligationCols =
+    "release, target, sm, key, state, cell_digest, updated_at, org";
 // Resolve's hot path, prepared once per connection: the cell and its revocation in one round
 // trip, planned once.
 constexpr const char* kResolveStatement = "kiln_resolve";
@@ -80,7 +85,7 @@ constexpr const char* kResolveSql =
     "c.created_at, r.reason, r.revoked_by, r.revoked_at FROM cells c LEFT JOIN revocations r "
     "ON r.key = c.key AND r.digest = c.digest WHERE c.key = $1 AND c.family = $2";
 constexpr const char* kEventCols =
-    "id, worker, seq, kind, phase, key, duration_ms, detail, ts, target, ref, fn, stages";
+    "id, worker, seq, kind, phase, key, duration_ms, detail, ts, target, ref, fn, stages, org";
 
 std::string S(const pqxx::field& f) { return f.is_null() ? std::string() : f.as<std::string>(); }
 int64_t I(const pqxx::field& f) { return f.is_null() ? 0 : f.as<int64_t>(); }
@@ -122,6 +127,7 @@ ObligationRow ReadObligation(const pqxx::row& r) {
   o.state = S(r[4]);
   o.cell_digest = S(r[5]);
   o.updated_at = I(r[6]);
+  o.org = S(r[7]);
   return o;
 }
 StoredEvent ReadEvent(const pqxx::row& r) {
@@ -138,6 +144,7 @@ StoredEvent ReadEvent(const pqxx::row& r) {
   e.target = S(r[9]);
   e.ref = S(r[10]);
   e.fn = S(r[11]);
+  e.org = S(r[13]);
   e.stages = S(r[12]);
   return e;
 }
@@ -401,9 +408,9 @@ class PostgresStore final : public HubStore {
       created = 0;
       for (const auto& o : rows) {
         auto r = w.exec_params(
-            "INSERT INTO obligations (release, target, sm, key, state, cell_digest, updated_at) "
-            "VALUES ($1,$2,$3,$4,$5,$6,$7) ON CONFLICT (release, target, sm) DO NOTHING",
-            o.release, o.target, o.sm, o.key, o.state, o.cell_digest, o.updated_at);
+            "INSERT INTO obligations (release, target, sm, key, state, cell_digest, updated_at, "
+            "org) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (release, target, sm) DO NOTHING",
+            o.release, o.target, o.sm, o.key, o.state, o.cell_digest, o.updated_at, o.org);
         created += static_cast<int>(r.affected_rows());
       }
     }));
@@ -473,9 +480,9 @@ class PostgresStore final : public HubStore {
       for (const auto& e : rows) {
         w.exec_params(
             "INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts, target, "
-            "ref, fn, stages) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12)",
+            "ref, fn, stages, org) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9,$10,$11,$12,$13)",
             e.worker, e.seq, e.kind, e.phase, e.key, e.duration_ms, e.detail, e.ts, e.target, e.ref,
-            e.fn, e.stages);
+            e.fn, e.stages, e.org);
       }
     });
   }
@@ -487,34 +494,39 @@ class PostgresStore final : public HubStore {
           auto r = w.exec_params(std::string("SELECT ") + kEventCols +
                                      " FROM events WHERE ($1 = '' OR worker = $1) AND "
                                      "($2 = '' OR kind = $2) AND ($3 = '' OR phase = $3) AND "
-                                     "ts >= $4 ORDER BY id DESC LIMIT $5",
-                                 f.worker, f.kind, f.phase, f.since_ts, f.limit);
+                                     "ts >= $4 AND (NOT $6 OR org = $7) ORDER BY id DESC "
+                                     "LIMIT $5",
+                                 f.worker, f.kind, f.phase, f.since_ts, f.limit, f.org.has_value(),
+                                 f.org.value_or(""));
           for (const auto& row : r) out.push_back(ReadEvent(row));
         },
         true));
     return out;
   }
-  Result<std::vector<WorkerSummary>> ListWorkers() override {
+  Result<std::vector<WorkerSummary>> ListWorkers(const std::optional<std::string>& org) override {
     std::vector<WorkerSummary> out;
     KILN_RETURN_IF_ERROR(Do(
         "list workers",
         [&](pqxx::transaction_base& w) {
-          auto r = w.exec(
-              "SELECT worker, MAX(ts), COUNT(*) FROM events GROUP BY worker ORDER BY worker");
+          auto r = w.exec_params(
+              "SELECT worker, MAX(ts), COUNT(*) FROM events WHERE (NOT $1 OR org = $2) GROUP BY "
+              "worker ORDER BY worker",
+              org.has_value(), org.value_or(""));
           for (const auto& row : r) out.push_back(WorkerSummary{S(row[0]), I(row[1]), I(row[2])});
         },
         true));
     return out;
   }
-  Result<int64_t> AdoptedCount(const std::string& key) override {
+  Result<int64_t> AdoptedCount(const std::string& key,
+                               const std::optional<std::string>& org) override {
     int64_t n = 0;
     KILN_RETURN_IF_ERROR(Do(
         "adopted count",
         [&](pqxx::transaction_base& w) {
           auto r = w.exec_params(
               "SELECT COUNT(DISTINCT worker) FROM events WHERE kind = 'boot_adopt' AND phase IN "
-              "('hit', 'local_hit') AND (key = $1 OR key LIKE $1 || '@%')",
-              key);
+              "('hit', 'local_hit') AND (key = $1 OR key LIKE $1 || '@%') AND (NOT $2 OR org = $3)",
+              key, org.has_value(), org.value_or(""));
           n = I(r[0][0]);
         },
         true));

@@ -182,8 +182,9 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http,
                          [s](const Request&, Body&) { return Send(s->Jwks()); }));
   routes.push_back(route("GET", "/v1/revocations", 0,
                          [s](const Request&, Body&) { return Send(s->Revocations()); }));
-  routes.push_back(
-      route("GET", "/", 0, [s](const Request&, Body&) { return Send(s->Dashboard()); }));
+  // The dashboard shows fleet rows, so it needs a token and shows only what that token reads.
+  routes.push_back(route(
+      "GET", "/", 0, authed([s](const Principal& p, const Request&) { return s->Dashboard(p); })));
   routes.push_back(
       route("GET", "/v1/cells/{}", 0, authed([s](const Principal& p, const Request& req) {
               auto family = req.query.find("family");

@@ -138,7 +138,7 @@ class HubService {
   Reply SettleObligation(const Principal& p, std::string_view body);
   Reply PostEvents(const Principal& p, std::string_view body);
   Reply QueryEvents(const Principal& p, const std::map<std::string, std::string>& query);
-  Reply Dashboard();
+  Reply Dashboard(const Principal& p);
   // Blob download: the reader, or a Reply (400 bad_digest, 404 not_found, 403).
   std::variant<std::unique_ptr<BlobReader>, Reply> OpenBlob(const Principal& p,
                                                             const std::string& digest);

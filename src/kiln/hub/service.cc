@@ -50,14 +50,21 @@ constexpr const char* kRevokedField = "revoked";
 
 constexpr int64_t kTokenCacheSeconds = 10;
 
-Reply Forbidden(const Principal& p, const std::string& what) {
-  return Reply::Error(403, "forbidden",
-                      "principal '" + p.name + "' with role '" + p.role + "' may not " + what);
+// The answer to a refused authorization rule (authz.h): its token, 400 for a malformed family,
+// 403 otherwise.
+Reply Refusal(const Status& s) {
+  return Reply::Error(s.Is(kRefusalBadFamily) ? 400 : 403, s.token(), s.message());
 }
 
 Reply RevokedReply(const RevocationRow& r) {
   return Reply::Error(410, kRefusalRevoked, r.key + "@" + r.digest + " was revoked: " + r.reason,
                       {{"key", r.key}, {"digest", r.digest}, {"reason", r.reason}});
+}
+
+// A row of another org (an event, an obligation) asked for by name.
+Reply OrgForbidden(const Principal& p, const std::string& what) {
+  return Reply::Error(403, "scope_forbidden",
+                      "principal '" + p.name + "' (org '" + p.org + "') may not read " + what);
 }
 
 Reply ScopeForbidden(const Principal& p, const std::string& family) {
@@ -129,7 +136,8 @@ nlohmann::json ObligationJson(const ObligationRow& o) {
           {"key", o.key},
           {"state", o.state},
           {"cell_digest", o.cell_digest},
-          {"updated_at", o.updated_at}};
+          {"updated_at", o.updated_at},
+          {"org", o.org}};
 }
 
 nlohmann::json EventJson(const StoredEvent& e) {
@@ -150,7 +158,8 @@ nlohmann::json EventJson(const StoredEvent& e) {
           {"target", e.target},
           {"ref", e.ref},
           {"fn", e.fn},
-          {"stages", stages}};
+          {"stages", stages},
+          {"org", e.org}};
 }
 
 // A posted row's `stages`: absent or null = none; else an array of at most 64
@@ -363,9 +372,11 @@ std::variant<Principal, Reply> HubService::Authenticate(const std::string& heade
   if (*revoked) {
     return Reply::Error(401, net::kUnauthenticated, "the bearer token was revoked");
   }
-  Principal p{t.name,       t.role,     t.role == "admin" ? "platform" : t.tier,
-              t.org,        t.releases, t.token_sha256,
-              t.quota_bytes};
+  // An org-scoped worker writes as its org; platform only when its row says so.
+  std::string tier = t.tier;
+  if (t.role == "admin") tier = "platform";
+  if (t.role == "worker" && tier.empty() && !t.org.empty()) tier = "org";
+  Principal p{t.name, t.role, tier, t.org, t.families, t.releases, t.token_sha256, t.quota_bytes};
   std::lock_guard<std::mutex> lock(token_cache_->mu);
   if (token_cache_->entries.size() > 10000) token_cache_->entries.clear();
   token_cache_->entries[hash] = {p, now + kTokenCacheSeconds};
@@ -440,7 +451,7 @@ Reply HubService::VerifyBlobs() {
 // POST /v1/blobs/{digest}/verify: a worker whose download did not hash to the digest it asked for
 // says so; the hub re-reads its copy at once instead of waiting for the schedule.
 Reply HubService::ReportBlobMismatch(const Principal& p, const std::string& digest) {
-  if (!HasRole(p, {"worker", "publisher"})) return Forbidden(p, "report blob damage");
+  if (Status s = Authorize(p, Action::kReportDamage); !s.ok()) return Refusal(s);
   if (!IsWellFormedDigest(digest)) {
     return Reply::Error(400, "bad_digest", "digest '" + digest + "' is not sha256:<64 hex>");
   }
@@ -528,7 +539,7 @@ std::optional<Reply> HubService::CheckQuota(const Principal& p, const std::strin
 
 // POST /v1/publish/intent
 Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
-  if (!HasRole(p, {"publisher"})) return Forbidden(p, "publish");
+  if (Status s = Authorize(p, Action::kPublish); !s.ok()) return Refusal(s);
   auto parsed = ParseBody(body, "publish intent");
   if (auto* r = std::get_if<Reply>(&parsed)) return *r;
   const auto& j = std::get<nlohmann::json>(parsed);
@@ -558,11 +569,7 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
                             " exceeds what a cell may hold here (its shared object at most " +
                             std::to_string(options_.max_shared_object_bytes) + " bytes)");
   }
-  if (Status s = CheckFamilyWrite(p, intent.family); !s.ok()) {
-    return Reply::Error(IsWellFormedFamily(intent.family) ? 403 : 400,
-                        IsWellFormedFamily(intent.family) ? "family_forbidden" : "bad_family",
-                        s.message());
-  }
+  if (Status s = CheckFamilyWrite(p, intent.family); !s.ok()) return Refusal(s);
   // A revoked (key, digest) never comes back, whoever publishes it.
   auto revoked = store_->GetRevocation(intent.key, intent.digest);
   if (!revoked.ok()) return Reply::FromStatus(revoked.status());
@@ -609,7 +616,7 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
 // PUT /v1/blobs/{digest}
 Reply HubService::UploadBlob(const Principal& p, const std::string& digest,
                              const BodyReader& read_body) {
-  if (!HasRole(p, {"publisher"})) return Forbidden(p, "upload blobs");
+  if (Status s = Authorize(p, Action::kPublish); !s.ok()) return Refusal(s);
   if (!IsWellFormedDigest(digest)) {
     return Reply::Error(400, "bad_digest", "digest '" + digest + "' is not sha256:<64 hex>");
   }
@@ -671,7 +678,7 @@ Reply HubService::UploadBlob(const Principal& p, const std::string& digest,
 
 // POST /v1/publish/complete
 Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
-  if (!HasRole(p, {"publisher"})) return Forbidden(p, "publish");
+  if (Status s = Authorize(p, Action::kPublish); !s.ok()) return Refusal(s);
   auto parsed = ParseBody(body, "publish complete");
   if (auto* r = std::get_if<Reply>(&parsed)) return *r;
   const auto& j = std::get<nlohmann::json>(parsed);
@@ -752,9 +759,8 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
                         "metadata.json family '" + meta.family + "' differs from the intent's '" +
                             intent.family + "'");
   }
-  if (Status s = CheckFamilyWrite(p, meta.family); !s.ok()) {
-    return Reply::Error(403, "family_forbidden", s.message());
-  }
+  if (Status s = CheckFamilyWrite(p, meta.family); !s.ok()) return Refusal(s);
+  const std::string write_tier = WriteTier(p, meta.family);
   // 6. The rebuild: the shared object must be what its source builds to with the pinned
   // toolchain (provenance.h), rebuilt in the builder's sandbox.
   RebuildAttestation attestation;
@@ -762,7 +768,7 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
     const PublishedMembers members{
         StoredMember(reader, admitted->layout.source, admitted->source_digest),
         StoredMember(reader, admitted->layout.shared_object, admitted->so_digest)};
-    const bool platform = p.tier != "org";
+    const bool platform = write_tier != "org";
     const RebuildRequester who{p.name, platform ? p.name : "org:" + p.org, platform};
     auto rebuilt =
         RebuildOnce(digest, [&] { return options_.builder->Rebuild(meta, members, who); });
@@ -810,7 +816,7 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
   claims.size = intent.size;
   claims.family = meta.family;
   claims.publisher = p.name;
-  claims.tier = p.tier.empty() ? "platform" : p.tier;
+  claims.tier = write_tier;
   claims.org = claims.tier == "org" ? p.org : "";
   claims.release = intent.release;
   claims.iat = Now();
@@ -837,10 +843,25 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
         200, {{"already", true}, {"key", key}, {"digest", digest}, {"receipt", owner->receipt}});
   }
   // 8. Obligations owed this key (or this release's target slot) are discharged, in the
-  // releases this publisher holds.
+  // releases this publisher holds, and for an org-scoped token only its own org's releases (a
+  // release belongs to one org: CreateRelease).
   int discharged = 0;
   std::vector<std::string> scopes;
-  if (HoldsRelease(p, "*")) {
+  if (const std::optional<std::string> org = RowScope(p); org.has_value()) {
+    auto all = store_->ListAllObligations();
+    if (!all.ok()) {
+      KILN_LOG(WARNING) << "hub: cell " << key
+                        << " stored but listing obligations failed: " << all.status().ToString();
+    } else {
+      std::set<std::string> releases;
+      for (const ObligationRow& o : *all) {
+        if (o.org == *org && o.state == "owed" && HoldsRelease(p, o.release)) {
+          releases.insert(o.release);
+        }
+      }
+      scopes.assign(releases.begin(), releases.end());
+    }
+  } else if (HoldsRelease(p, "*")) {
     scopes = {"*"};
   } else {
     scopes = p.releases;
@@ -946,7 +967,7 @@ Reply HubService::Revocations() {
 
 // POST /v1/admin/revoke
 Reply HubService::Revoke(const Principal& p, std::string_view body) {
-  if (p.role != "admin") return Forbidden(p, "revoke cells");
+  if (Status s = Authorize(p, Action::kRevokeCells); !s.ok()) return Refusal(s);
   auto parsed = ParseBody(body, "revoke");
   if (auto* r = std::get_if<Reply>(&parsed)) return *r;
   const auto& j = std::get<nlohmann::json>(parsed);
@@ -970,7 +991,7 @@ Reply HubService::Revoke(const Principal& p, std::string_view body) {
 
 // POST /v1/admin/tokens/revoke
 Reply HubService::RevokeToken(const Principal& p, std::string_view body) {
-  if (p.role != "admin") return Forbidden(p, "revoke tokens");
+  if (Status s = Authorize(p, Action::kRevokeTokens); !s.ok()) return Refusal(s);
   auto parsed = ParseBody(body, "token revoke");
   if (auto* r = std::get_if<Reply>(&parsed)) return *r;
   const auto& j = std::get<nlohmann::json>(parsed);
@@ -1018,7 +1039,7 @@ Reply HubService::Jwks() { return Reply::Json(200, keys_->Jwks()); }
 
 // POST /v1/admin/rotate-key
 Reply HubService::RotateKey(const Principal& p) {
-  if (p.role != "admin") return Forbidden(p, "rotate the signing key");
+  if (Status s = Authorize(p, Action::kManageKeys); !s.ok()) return Refusal(s);
   const std::string retired = keys_->Current()->kid();
   auto kid = keys_->Rotate(Now());
   if (!kid.ok()) return Reply::FromStatus(kid.status());
@@ -1029,7 +1050,7 @@ Reply HubService::RotateKey(const Principal& p) {
 
 // POST /v1/admin/keys/retire
 Reply HubService::RetireKey(const Principal& p, std::string_view body) {
-  if (p.role != "admin") return Forbidden(p, "retire signing keys");
+  if (Status s = Authorize(p, Action::kManageKeys); !s.ok()) return Refusal(s);
   auto parsed = ParseBody(body, "retire key");
   if (auto* r = std::get_if<Reply>(&parsed)) return *r;
   const auto& j = std::get<nlohmann::json>(parsed);
@@ -1055,7 +1076,7 @@ Reply HubService::RetireKey(const Principal& p, std::string_view body) {
 
 // POST /v1/admin/receipts/resign
 Reply HubService::ResignReceipts(const Principal& p) {
-  if (p.role != "admin") return Forbidden(p, "re-sign receipts");
+  if (Status s = Authorize(p, Action::kManageKeys); !s.ok()) return Refusal(s);
   auto rows = store_->ListCells(std::numeric_limits<int>::max());
   if (!rows.ok()) return Reply::FromStatus(rows.status());
   const auto current = keys_->Current();
@@ -1092,7 +1113,7 @@ Reply HubService::ResignReceipts(const Principal& p) {
 
 // POST /v1/releases
 Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
-  if (p.role != "admin") return Forbidden(p, "declare releases");
+  if (Status s = Authorize(p, Action::kDeclareRelease); !s.ok()) return Refusal(s);
   auto parsed = ParseBody(body, "release");
   if (auto* r = std::get_if<Reply>(&parsed)) return *r;
   const auto& j = std::get<nlohmann::json>(parsed);
@@ -1101,12 +1122,30 @@ Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
   if (!bad.empty() || name.empty()) {
     return Reply::Error(400, "bad_request", "release: 'name' must be a non-empty string");
   }
+  // The tenant whose fleet owes these cells: its tokens see and settle the obligations.
+  const std::string org = Str(j, "org", &bad);
+  if (!bad.empty() || (!org.empty() && (org == "root" || !IsWellFormedFamily(org + "/x")))) {
+    return Reply::Error(400, "bad_request",
+                        "release '" + name + "': 'org' must be an org name other than 'root', " +
+                            "got '" + org + "'");
+  }
   auto targets = j.find("targets");
   if (targets == j.end() || !targets->is_array() || targets->empty()) {
     return Reply::Error(400, "bad_request",
                         "release '" + name +
                             "': 'targets' must be a "
                             "non-empty array");
+  }
+  // A release belongs to one org: its obligations are that org's rows, and the releases an
+  // org's publish discharges are picked by name.
+  auto existing = store_->ListObligations(name);
+  if (!existing.ok()) return Reply::FromStatus(existing.status());
+  for (const ObligationRow& o : *existing) {
+    if (o.org != org) {
+      return Reply::Error(
+          409, "release_org_mismatch",
+          "release '" + name + "' was declared for org '" + o.org + "', not '" + org + "'");
+    }
   }
   std::vector<ObligationRow> rows;
   for (size_t i = 0; i < targets->size(); ++i) {
@@ -1140,6 +1179,7 @@ Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
       o.sm = s;
       o.key = key;
       o.updated_at = Now();
+      o.org = org;
       rows.push_back(o);
     }
   }
@@ -1173,13 +1213,16 @@ Reply HubService::ReleaseObligations(const Principal& p, const std::string& rele
     return Reply::Error(404, "not_found", "release '" + release + "' has no obligations");
   }
   nlohmann::json list = nlohmann::json::array();
-  for (const auto& o : *all) list.push_back(ObligationJson(o));
+  for (const auto& o : *all) {
+    if (MayReadRow(p, o.org)) list.push_back(ObligationJson(o));
+  }
+  if (list.empty()) return OrgForbidden(p, "the obligations of release '" + release + "'");
   return Reply::Json(200, {{"release", release}, {"obligations", list}});
 }
 
 // POST /v1/obligations/settle
 Reply HubService::SettleObligation(const Principal& p, std::string_view body) {
-  if (!HasRole(p, {"worker"})) return Forbidden(p, "settle obligations");
+  if (Status s = Authorize(p, Action::kSettle); !s.ok()) return Refusal(s);
   auto parsed = ParseBody(body, "settle");
   if (auto* r = std::get_if<Reply>(&parsed)) return *r;
   const auto& j = std::get<nlohmann::json>(parsed);
@@ -1197,6 +1240,15 @@ Reply HubService::SettleObligation(const Principal& p, std::string_view body) {
     return Reply::Error(403, "release_forbidden",
                         "principal '" + p.name + "' holds no grant for release '" + release +
                             "' and may not settle its obligations");
+  }
+  // A grant settles its own org's obligations only, whatever release names it holds.
+  auto owed = store_->ListObligations(release);
+  if (!owed.ok()) return Reply::FromStatus(owed.status());
+  for (const ObligationRow& o : *owed) {
+    if (o.target == target && o.sm == sm && !MayReadRow(p, o.org)) {
+      return OrgForbidden(
+          p, "obligation (" + release + ", " + target + ", " + sm + ") of org '" + o.org + "'");
+    }
   }
   auto row = store_->SettleObligation(release, target, sm, token, Now());
   if (!row.ok()) return Reply::FromStatus(row.status());
@@ -1216,7 +1268,7 @@ Reply HubService::SettleObligation(const Principal& p, std::string_view body) {
 
 // POST /v1/events
 Reply HubService::PostEvents(const Principal& p, std::string_view body) {
-  if (!HasRole(p, {"worker"})) return Forbidden(p, "post events");
+  if (Status s = Authorize(p, Action::kReportEvents); !s.ok()) return Refusal(s);
   auto j = ParseJson(body, "events body");
   if (!j.ok()) return Reply::Error(400, "bad_request", j.status().message());
   const nlohmann::json* rows = &*j;
@@ -1273,6 +1325,7 @@ Reply HubService::PostEvents(const Principal& p, std::string_view body) {
       return Reply::Error(400, "bad_request", where + ": seq, duration_ms and ts must be numbers");
     }
     if (e.ts == 0) e.ts = now_ms;
+    e.org = RowOrg(p);
     out.push_back(std::move(e));
   }
   if (Status s = store_->InsertEvents(out); !s.ok()) return Reply::FromStatus(s);
@@ -1289,6 +1342,13 @@ Reply HubService::QueryEvents(const Principal& p, const std::map<std::string, st
   f.worker = get("worker");
   f.kind = get("kind");
   f.phase = get("phase");
+  // Only the rows of the caller's org; an admin or platform-tier token may name one org.
+  f.org = RowScope(p);
+  if (q.count("org") > 0) {
+    if (!MayReadRow(p, get("org")))
+      return OrgForbidden(p, "the events of org '" + get("org") + "'");
+    f.org = get("org");
+  }
   try {
     if (!get("since").empty()) f.since_ts = std::stoll(get("since"));
     if (!get("limit").empty()) f.limit = std::stoi(get("limit"));
@@ -1320,7 +1380,7 @@ std::variant<std::unique_ptr<BlobReader>, Reply> HubService::OpenBlob(const Prin
     if (!cells.ok()) return Reply::FromStatus(cells.status());
     for (const CellRow& c : *cells) readable = readable || MayRead(p, c.family);
   }
-  if (!readable && HasRole(p, {"publisher"})) {
+  if (!readable && Authorize(p, Action::kPublish).ok()) {
     auto own = store_->FindIntentByDigest(digest, p.name);
     if (!own.ok()) return Reply::FromStatus(own.status());
     readable = own->has_value();
@@ -1374,14 +1434,17 @@ void HubService::StartMaintenance(int interval_s) {
 }
 
 // GET /
-Reply HubService::Dashboard() {
+Reply HubService::Dashboard(const Principal& p) {
+  const std::optional<std::string> scope = RowScope(p);
   std::ostringstream h;
   h << "<!doctype html>\n<html><head><meta charset=\"utf-8\"><title>kiln hub</title>"
        "<style>body{font-family:sans-serif;margin:1.5em}table{border-collapse:collapse;"
        "margin-bottom:2em}td,th{border:1px solid #ccc;padding:.25em .5em;font-size:90%;"
        "text-align:left}code{font-size:90%}</style></head><body>\n"
-    << "<h1>kiln hub</h1>\n<p>store: " << HtmlEscape(store_->Describe())
-    << " &middot; signing key: <code>" << HtmlEscape(keys_->Current()->kid()) << "</code></p>\n";
+    << "<h1>kiln hub</h1>\n<p>as: " << HtmlEscape(p.name)
+    << (scope.has_value() ? " (org '" + HtmlEscape(*scope) + "')" : std::string(" (every org)"))
+    << " &middot; store: " << HtmlEscape(store_->Describe()) << " &middot; signing key: <code>"
+    << HtmlEscape(keys_->Current()->kid()) << "</code></p>\n";
   auto fail = [&](const Status& s) {
     h << "<p class=\"error\">unavailable: " << HtmlEscape(s.ToString()) << "</p>\n";
   };
@@ -1391,7 +1454,8 @@ Reply HubService::Dashboard() {
   auto cells = store_->ListCells(200);
   if (cells.ok()) {
     for (const auto& c : *cells) {
-      auto adopted = store_->AdoptedCount(c.key);
+      if (!MayRead(p, c.family)) continue;
+      auto adopted = store_->AdoptedCount(c.key, scope);
       auto revoked = store_->GetRevocation(c.key, c.digest);
       h << "<tr class=\"cell\"><td><code>" << HtmlEscape(c.key) << "</code></td><td>"
         << HtmlEscape(c.family) << "</td><td>" << c.size << "</td><td>" << HtmlEscape(c.publisher)
@@ -1408,6 +1472,7 @@ Reply HubService::Dashboard() {
   auto obligations = store_->ListAllObligations();
   if (obligations.ok()) {
     for (const auto& o : *obligations) {
+      if (!MayReadRow(p, o.org)) continue;
       h << "<tr class=\"obligation\"><td>" << HtmlEscape(o.release) << "</td><td>"
         << HtmlEscape(o.target) << "</td><td>" << HtmlEscape(o.sm) << "</td><td><code>"
         << HtmlEscape(o.key) << "</code></td><td>" << HtmlEscape(o.state) << "</td></tr>\n";
@@ -1418,7 +1483,7 @@ Reply HubService::Dashboard() {
 
   h << "<h2>Workers</h2>\n<table id=\"workers\"><tr><th>worker</th><th>events</th>"
        "<th>last event (unix ms)</th></tr>\n";
-  auto workers = store_->ListWorkers();
+  auto workers = store_->ListWorkers(scope);
   if (workers.ok()) {
     for (const auto& w : *workers) {
       h << "<tr class=\"worker\"><td>" << HtmlEscape(w.worker) << "</td><td>" << w.events
@@ -1432,6 +1497,7 @@ Reply HubService::Dashboard() {
        "<th>kind</th><th>phase</th><th>key</th><th>ms</th><th>detail</th></tr>\n";
   EventFilter f;
   f.limit = 50;
+  f.org = scope;
   auto events = store_->QueryEvents(f);
   if (events.ok()) {
     for (const auto& e : *events) {

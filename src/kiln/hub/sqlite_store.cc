@@ -23,8 +23,9 @@ namespace {
 
 // Schema version 3: cells are owned per (key, family), intents per (key, digest, publisher),
 // admin-revoked tokens are remembered (the tokens themselves are each hub's tokens file), and an
-// event row keeps its target, ref, fn and stages as columns.
-constexpr int kSchemaVersion = 3;
+// event row keeps its target, ref, fn and stages as columns. Version 4: events and obligations
+// carry the org of the token that wrote them (authz.h).
+constexpr int kSchemaVersion = 4;
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
   key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
@@ -45,14 +46,16 @@ CREATE TABLE IF NOT EXISTS revoked_tokens (
 CREATE TABLE IF NOT EXISTS obligations (
   release TEXT NOT NULL, target TEXT NOT NULL, sm TEXT NOT NULL, key TEXT NOT NULL,
   state TEXT NOT NULL, cell_digest TEXT NOT NULL, updated_at INTEGER NOT NULL,
-  PRIMARY KEY (release, target, sm));
+  org TEXT NOT NULL DEFAULT '', PRIMARY KEY (release, target, sm));
 CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, worker TEXT NOT NULL, seq INTEGER NOT NULL,
   kind TEXT NOT NULL, phase TEXT NOT NULL, key TEXT NOT NULL, duration_ms REAL NOT NULL,
   detail TEXT NOT NULL, ts INTEGER NOT NULL, target TEXT NOT NULL DEFAULT '',
-  ref TEXT NOT NULL DEFAULT '', fn TEXT NOT NULL DEFAULT '', stages TEXT NOT NULL DEFAULT '');
+  ref TEXT NOT NULL DEFAULT '', fn TEXT NOT NULL DEFAULT '', stages TEXT NOT NULL DEFAULT '',
+  org TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
+CREATE INDEX IF NOT EXISTS events_org ON events(org);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 )sql";
 
@@ -85,6 +88,13 @@ ALTER TABLE events ADD COLUMN ref TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN fn TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN stages TEXT NOT NULL DEFAULT '';
 )sql";
+
+// From version 3 (or older): event and obligation rows gain their org; old rows are untenanted
+// (""), which an admin or a platform-tier token reads and no tenant's token does.
+constexpr const char* kMigrateEventsTo4 =
+    "ALTER TABLE events ADD COLUMN org TEXT NOT NULL DEFAULT '';";
+constexpr const char* kMigrateObligationsTo4 =
+    "ALTER TABLE obligations ADD COLUMN org TEXT NOT NULL DEFAULT '';";
 
 // SQLite's primary result codes that mean the file itself is damaged (not busy, not full).
 bool IsDamage(int rc) {
@@ -189,6 +199,7 @@ ObligationRow ReadObligation(const Stmt& s) {
   r.state = s.Text(4);
   r.cell_digest = s.Text(5);
   r.updated_at = s.Int(6);
+  r.org = s.Text(7);
   return r;
 }
 StoredEvent ReadEvent(const Stmt& s) {
@@ -206,6 +217,7 @@ StoredEvent ReadEvent(const Stmt& s) {
   r.ref = s.Text(10);
   r.fn = s.Text(11);
   r.stages = s.Text(12);
+  r.org = s.Text(13);
   return r;
 }
 
@@ -468,10 +480,10 @@ class SqliteStore final : public HubStore {
     int created = 0;
     for (const auto& r : rows) {
       Stmt s(db_,
-             "INSERT INTO obligations (release, target, sm, key, state, cell_digest, updated_at) "
-             "VALUES (?,?,?,?,?,?,?) ON CONFLICT(release, target, sm) DO NOTHING");
+             "INSERT INTO obligations (release, target, sm, key, state, cell_digest, updated_at, "
+             "org) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(release, target, sm) DO NOTHING");
       s.Bind(r.release).Bind(r.target).Bind(r.sm).Bind(r.key).Bind(r.state).Bind(r.cell_digest);
-      s.Bind(r.updated_at);
+      s.Bind(r.updated_at).Bind(r.org);
       Status st = s.Run("add obligation");
       if (!st.ok()) {
         Exec("ROLLBACK", "rollback").IgnoreError();
@@ -485,7 +497,7 @@ class SqliteStore final : public HubStore {
   Result<std::vector<ObligationRow>> ListObligations(const std::string& release) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
-           "SELECT release, target, sm, key, state, cell_digest, updated_at FROM obligations "
+           "SELECT release, target, sm, key, state, cell_digest, updated_at, org FROM obligations "
            "WHERE release = ? ORDER BY target, sm");
     s.Bind(release);
     return All<ObligationRow>(s, ReadObligation, "list obligations");
@@ -493,7 +505,7 @@ class SqliteStore final : public HubStore {
   Result<std::vector<ObligationRow>> ListAllObligations() override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
-           "SELECT release, target, sm, key, state, cell_digest, updated_at FROM obligations "
+           "SELECT release, target, sm, key, state, cell_digest, updated_at, org FROM obligations "
            "ORDER BY release, target, sm");
     return All<ObligationRow>(s, ReadObligation, "list obligations");
   }
@@ -525,7 +537,7 @@ class SqliteStore final : public HubStore {
       KILN_RETURN_IF_ERROR(s.Run("settle obligation"));
     }
     Stmt s(db_,
-           "SELECT release, target, sm, key, state, cell_digest, updated_at FROM obligations "
+           "SELECT release, target, sm, key, state, cell_digest, updated_at, org FROM obligations "
            "WHERE release = ? AND target = ? AND sm = ?");
     s.Bind(release).Bind(target).Bind(sm);
     return One<ObligationRow>(s, ReadObligation, "get obligation");
@@ -537,9 +549,10 @@ class SqliteStore final : public HubStore {
     for (const auto& r : rows) {
       Stmt s(db_,
              "INSERT INTO events (worker, seq, kind, phase, key, duration_ms, detail, ts, target, "
-             "ref, fn, stages) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
+             "ref, fn, stages, org) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
       s.Bind(r.worker).Bind(r.seq).Bind(r.kind).Bind(r.phase).Bind(r.key).Bind(r.duration_ms);
       s.Bind(r.detail).Bind(r.ts).Bind(r.target).Bind(r.ref).Bind(r.fn).Bind(r.stages);
+      s.Bind(r.org);
       Status st = s.Run("insert event");
       if (!st.ok()) {
         Exec("ROLLBACK", "rollback").IgnoreError();
@@ -552,16 +565,20 @@ class SqliteStore final : public HubStore {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
            "SELECT id, worker, seq, kind, phase, key, duration_ms, detail, ts, target, ref, fn, "
-           "stages FROM events WHERE "
+           "stages, org FROM events WHERE "
            "(? = '' OR worker = ?) AND (? = '' OR kind = ?) AND (? = '' OR phase = ?) AND ts >= ? "
-           "ORDER BY id DESC LIMIT ?");
+           "AND (? = 0 OR org = ?) ORDER BY id DESC LIMIT ?");
     s.Bind(f.worker).Bind(f.worker).Bind(f.kind).Bind(f.kind).Bind(f.phase).Bind(f.phase);
-    s.Bind(f.since_ts).Bind(static_cast<int64_t>(f.limit));
+    s.Bind(f.since_ts).Bind(static_cast<int64_t>(f.org.has_value())).Bind(f.org.value_or(""));
+    s.Bind(static_cast<int64_t>(f.limit));
     return All<StoredEvent>(s, ReadEvent, "query events");
   }
-  Result<std::vector<WorkerSummary>> ListWorkers() override {
+  Result<std::vector<WorkerSummary>> ListWorkers(const std::optional<std::string>& org) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Stmt s(db_, "SELECT worker, MAX(ts), COUNT(*) FROM events GROUP BY worker ORDER BY worker");
+    Stmt s(db_,
+           "SELECT worker, MAX(ts), COUNT(*) FROM events WHERE (? = 0 OR org = ?) GROUP BY worker "
+           "ORDER BY worker");
+    s.Bind(static_cast<int64_t>(org.has_value())).Bind(org.value_or(""));
     return All<WorkerSummary>(
         s,
         [](const Stmt& s) {
@@ -569,12 +586,13 @@ class SqliteStore final : public HubStore {
         },
         "list workers");
   }
-  Result<int64_t> AdoptedCount(const std::string& key) override {
+  Result<int64_t> AdoptedCount(const std::string& key,
+                               const std::optional<std::string>& org) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
            "SELECT COUNT(DISTINCT worker) FROM events WHERE kind = 'boot_adopt' AND phase IN "
-           "('hit', 'local_hit') AND (key = ? OR key LIKE ? || '@%')");
-    s.Bind(key).Bind(key);
+           "('hit', 'local_hit') AND (key = ? OR key LIKE ? || '@%') AND (? = 0 OR org = ?)");
+    s.Bind(key).Bind(key).Bind(static_cast<int64_t>(org.has_value())).Bind(org.value_or(""));
     const int rc = s.Step();
     if (rc != SQLITE_ROW) return s.Error("adopted count", rc);
     return s.Int(0);
@@ -610,8 +628,13 @@ class SqliteStore final : public HubStore {
     Status st;
     if (version < kSchemaVersion) {
       if (has_table("cells") && version < 2) st = Exec(kMigrateFrom1, "migrate schema 1 to 2");
-      if (st.ok() && has_table("events")) {
+      if (st.ok() && has_table("events") && version < 3) {
         st = Exec(kMigrateEventsTo3, "migrate events to schema 3");
+      }
+      if (st.ok() && has_table("events"))
+        st = Exec(kMigrateEventsTo4, "migrate events to schema 4");
+      if (st.ok() && has_table("obligations")) {
+        st = Exec(kMigrateObligationsTo4, "migrate obligations to schema 4");
       }
     }
     if (st.ok()) st = Exec(kSchema, "create schema");

@@ -77,6 +77,9 @@ struct TokenRow {
   // Releases whose obligations this token may settle or discharge; "*" = every release. Admins
   // hold every release whatever this says.
   std::vector<std::string> releases;
+  // The exact families this token may write; empty = every family its tier allows. A platform
+  // family ("root/…") listed here is an explicit grant to write it as tier platform.
+  std::vector<std::string> families = {};
   // Publishers: the most bytes of cells this token may keep on the hub (stored and being
   // uploaded); -1 = the hub's default for its tier (HubServiceOptions), 0 = no limit.
   int64_t quota_bytes = -1;
@@ -100,6 +103,7 @@ struct ObligationRow {
   std::string state = "owed";
   std::string cell_digest;  // set when discharged
   int64_t updated_at = 0;
+  std::string org = {};  // the tenant the release was declared for ("" = the platform's)
 };
 
 // A worker's event row as the hub keeps it. Not the worker's EventRow (worker/events.h): the
@@ -122,6 +126,7 @@ struct StoredEvent {
   // Named stages of duration_ms in order, as canonical JSON [{"stage":..,"ms":..},..] ("[]" or
   // "" when none); the service checked its shape before it stored it.
   std::string stages;
+  std::string org = {};  // the org of the token that posted it ("" = platform or unscoped)
 };
 
 struct EventFilter {
@@ -130,6 +135,7 @@ struct EventFilter {
   std::string phase;
   int64_t since_ts = 0;  // ts >= since_ts
   int limit = 100;
+  std::optional<std::string> org = {};  // rows of exactly this org; nullopt: every org
 };
 
 // A cell row and its revocation, if any: everything a resolve reads.
@@ -257,9 +263,12 @@ class HubStore {
   virtual Status InsertEvents(const std::vector<StoredEvent>& rows) = 0;
   // Newest first, at most filter.limit rows.
   virtual Result<std::vector<StoredEvent>> QueryEvents(const EventFilter& filter) = 0;
-  virtual Result<std::vector<WorkerSummary>> ListWorkers() = 0;
-  // How many distinct workers reported adopting `key` (kind boot_adopt, phase hit|local_hit).
-  virtual Result<int64_t> AdoptedCount(const std::string& key) = 0;
+  // Workers that posted rows of `org` (nullopt: of every org).
+  virtual Result<std::vector<WorkerSummary>> ListWorkers(const std::optional<std::string>& org) = 0;
+  // How many distinct workers of `org` (nullopt: of every org) reported adopting `key` (kind
+  // boot_adopt, phase hit|local_hit).
+  virtual Result<int64_t> AdoptedCount(const std::string& key,
+                                       const std::optional<std::string>& org) = 0;
 };
 
 // Opens (creating the schema if needed) the SQLite store at `path`.
