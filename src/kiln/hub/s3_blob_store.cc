@@ -193,7 +193,11 @@ class S3Client {
     const std::string detail = "s3 " + what + " " + Name(key) + ": HTTP " +
                                std::to_string(r.status) + (code.empty() ? "" : " " + code) +
                                ", expected " + expected;
-    if (r.status == 403) return Status::Refused(StatusCode::kIOError, kRefusalS3Denied, detail);
+    if (r.status == 403) {
+      return Status::Refused(StatusCode::kIOError, kRefusalS3Denied,
+                             detail + " (the store refused the key or the signature: check " +
+                                 "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY and AWS_REGION)");
+    }
     return Status::Refused(StatusCode::kIOError, kRefusalS3BadResponse, detail);
   }
 
