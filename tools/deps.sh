@@ -3,8 +3,11 @@
 # each is here). Idempotent: apt runs only when something is missing. Needs root (or sudo).
 # `deps.sh --tests` adds what the test suite needs beyond the build: python3-torch and
 # python3-torchvision, which make the real-model corpus at test time (tools/corpus.py), and
-# clang-format, for CI's format gate (tools/check_format.sh); the demo (tools/demo.sh) does not
-# pay for them. KILN_WITH_PYTHON=1 does the same (regenerating examples/). `deps.sh --list` prints
+# clang-format, for CI's format gate (tools/check_format.sh), and the S3 object store the hub's
+# S3 blob backend is tested against; the demo (tools/demo.sh) does not pay for them.
+# `deps.sh --s3` installs only that object store: Ceph's radosgw on a one-node cluster (monitor,
+# manager, OSD; tools/s3.sh starts it) and awscli, the independent client the tests check the
+# bucket with. KILN_WITH_PYTHON=1 does the same (regenerating examples/). `deps.sh --list` prints
 # every package, test ones included, and installs nothing (tools/check_install_steps.py checks
 # every path a build found against it).
 set -euo pipefail
@@ -19,16 +22,18 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   python3 python3-numpy python3-onnx
 )
-TEST_PACKAGES=(python3-torch python3-torchvision clang-format)
+S3_PACKAGES=(ceph-mon ceph-mgr ceph-osd ceph-common radosgw awscli)
+TEST_PACKAGES=(python3-torch python3-torchvision clang-format "${S3_PACKAGES[@]}")
 case "${1:-}" in
   --list)
     printf '%s\n' "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"
     exit 0
     ;;
   --tests) PACKAGES+=("${TEST_PACKAGES[@]}") ;;
+  --s3) PACKAGES=("${S3_PACKAGES[@]}") ;;
   "") ;;
   *)
-    echo "deps.sh: unknown argument '$1' (expected --tests or --list)" >&2
+    echo "deps.sh: unknown argument '$1' (expected --tests, --s3 or --list)" >&2
     exit 2
     ;;
 esac

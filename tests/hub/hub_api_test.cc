@@ -1,7 +1,9 @@
 // End-to-end tests of the hub as users run it: real `kiln hub` processes on loopback, driven
 // through kiln's own HubClient (and raw sockets where a client would be too polite), on SQLite
 // and — when KILN_TEST_PG_URL is set (tools/pg.sh) — on PostgreSQL with two hub processes
-// sharing one database. The binary is $KILN_HUB_BINARY if set, else the built `kiln`.
+// sharing one database; and with `--blobs s3://…` on the radosgw CTest starts (tools/s3.sh), the
+// same suite with cell bytes in an S3 bucket, checked from outside with awscli. The binary is
+// $KILN_HUB_BINARY if set, else the built `kiln`.
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -19,6 +22,7 @@
 #include <fstream>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "src/kiln/base/canonical_json.h"
@@ -27,8 +31,10 @@
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/hub/authz.h"
+#include "src/kiln/hub/s3_blob_store.h"
 #include "tests/hub/hub_fixtures.h"
 #include "tests/hub/hub_process.h"
+#include "tests/hub/s3_test_env.h"
 
 namespace kiln {
 namespace {
@@ -55,12 +61,28 @@ class HubApiTest : public ::testing::TestWithParam<std::string> {
       }
       db_ = url;
     }
+    std::vector<std::string> args = {"--rebuild", "off"};
+    if (GetParam() == "s3") {
+      KILN_REQUIRE_S3(env);
+      // The hub reads these from its environment, as an operator would set them.
+      for (const char* name :
+           {"KILN_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}) {
+        ::setenv(name, env->at(name).c_str(), 1);
+      }
+      S3Location loc =
+          S3LocationFromUrl("s3://" + env->at("KILN_S3_BUCKET") + "/hub-api-" +
+                            ::testing::UnitTest::GetInstance()->current_test_info()->name() + "-" +
+                            Nonce())
+              .value();
+      s3_url_ = "s3://" + loc.bucket + "/" + loc.prefix;
+      s3_ = OpenS3BlobStore(loc).value();
+      args.insert(args.end(), {"--blobs", s3_url_});
+    }
     root_ = ::testing::TempDir() + "/kiln_hub_api_" + GetParam() + "_" + Nonce();
     std::filesystem::remove_all(root_);
     std::filesystem::create_directories(root_ + "/data");
     ASSERT_TRUE(WriteSecretFileAtomic(root_ + "/tokens.json", TokensFileText(Tokens())).ok());
-    hub_ = std::make_unique<HubProcess>(root_ + "/data", db_,
-                                        std::vector<std::string>{"--rebuild", "off"});
+    hub_ = std::make_unique<HubProcess>(root_ + "/data", db_, args);
     ASSERT_TRUE(hub_->Start());
   }
   void TearDown() override {
@@ -93,7 +115,10 @@ class HubApiTest : public ::testing::TestWithParam<std::string> {
     return c->Call("POST", "/v1/publish/complete",
                    nlohmann::json{{"key", m.key}, {"digest", digest}}.dump());
   }
+  // Uploads in progress: temp files on disk; staging objects and unfinished multipart uploads
+  // in the bucket on S3.
   int TempFiles() {
+    if (s3_) return s3_->TempFileCount();
     int n = 0;
     for (auto it = std::filesystem::directory_iterator(root_ + "/data/blobs/tmp");
          it != std::filesystem::directory_iterator(); ++it) {
@@ -107,8 +132,28 @@ class HubApiTest : public ::testing::TestWithParam<std::string> {
     return PublicKeySet::FromJwks(a.body).value();
   }
 
+  // Every blob the hub stores, each checked to hash to its name.
+  std::vector<std::string> StoredBlobs() {
+    std::vector<std::string> out;
+    if (s3_) {
+      const std::vector<std::string> listed = s3_->List().value();
+      for (const std::string& d : listed) {
+        EXPECT_EQ("sha256:" + Sha256Hex(s3_->ReadAll(d).value()), d);
+        out.push_back(d);
+      }
+      return out;
+    }
+    for (auto& e : std::filesystem::directory_iterator(root_ + "/data/blobs/sha256")) {
+      EXPECT_EQ(Sha256File(e.path().string()).value(), e.path().filename().string());
+      out.push_back("sha256:" + e.path().filename().string());
+    }
+    return out;
+  }
+
   std::string root_, db_;
   std::unique_ptr<HubProcess> hub_;
+  std::unique_ptr<BlobStore> s3_;  // the hub's bucket and prefix, seen from the test
+  std::string s3_url_;
 };
 
 TEST_P(HubApiTest, PublishResolveVerifyAndFetchWithResume) {
@@ -412,10 +457,9 @@ TEST_P(HubApiTest, ThirtyTwoConcurrentPublishersOfOneKeyLeaveOneRow) {
   // Exactly one row: the receipt the store holds is the one everybody saw, and it verifies.
   EXPECT_TRUE(VerifyResolvedReceipt(owner, Trusted()).ok());
   EXPECT_EQ(TempFiles(), 0);
-  // Every stored blob is whole: its name is its hash.
-  for (auto& e : std::filesystem::directory_iterator(root_ + "/data/blobs/sha256")) {
-    EXPECT_EQ(Sha256File(e.path().string()).value(), e.path().filename().string());
-  }
+  // Every stored blob is whole (its name is its hash), and the owner's is among them.
+  const std::vector<std::string> blobs = StoredBlobs();
+  EXPECT_NE(std::find(blobs.begin(), blobs.end(), owner.digest), blobs.end());
 }
 
 // Opens a raw connection and sends the headers and the first half of an upload, then stops.
@@ -449,18 +493,27 @@ TEST_P(HubApiTest, KillDashNineMidUploadLeavesNoPartialRowOrBlob) {
           .ok());
   const int fd = SendHalfAnUpload(hub_->port(), digest, cell);
   ASSERT_GE(fd, 0);
-  // Wait until the hub is streaming the upload into its temp file.
-  for (int i = 0; i < 100 && TempFiles() == 0; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  if (s3_) {
+    // Below the part size the S3 writer holds the bytes until Commit: the bucket has nothing
+    // of this upload, staged or visible, before or after the kill.
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    hub_->Kill(SIGKILL);
+    ::close(fd);
+    EXPECT_EQ(TempFiles(), 0);
+    ASSERT_TRUE(hub_->Start());
+  } else {
+    // Wait until the hub is streaming the upload into its temp file.
+    for (int i = 0; i < 100 && TempFiles() == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    EXPECT_EQ(TempFiles(), 1);
+    hub_->Kill(SIGKILL);
+    ::close(fd);
+    EXPECT_EQ(TempFiles(), 1) << "the killed hub leaves its temp file";
+    ASSERT_TRUE(hub_->Start());
+    EXPECT_EQ(TempFiles(), 0) << "restart removes partial uploads";
   }
-  EXPECT_EQ(TempFiles(), 1);
-  hub_->Kill(SIGKILL);
-  ::close(fd);
-  EXPECT_EQ(TempFiles(), 1) << "the killed hub leaves its temp file";
-
-  ASSERT_TRUE(hub_->Start());
-  EXPECT_EQ(TempFiles(), 0) << "restart removes partial uploads";
-  EXPECT_FALSE(std::filesystem::exists(root_ + "/data/blobs/sha256/" + digest.substr(7)));
+  EXPECT_TRUE(StoredBlobs().empty());
   auto worker = hub_->Client(kWorker);
   EXPECT_EQ(worker->Resolve(m.key, m.family).kind, ResolveAnswer::Kind::kMiss);
   // The upload can be redone from the start.
@@ -595,7 +648,42 @@ TEST_P(HubApiTest, RemovedAndRevokedTokensAreDead) {
   EXPECT_TRUE(hub_->Client(kAcme)->Call("GET", "/v1/events?limit=1").ok());
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, HubApiTest, ::testing::Values("sqlite", "postgresql"));
+// awscli, a client kiln did not write, lists the bucket after three publishes (one of them a
+// republish): one content-addressed object per cell under sha256/, nothing left under staging/.
+TEST_P(HubApiTest, BucketSeenByAwscliHoldsOneObjectPerCell) {
+  if (!s3_) GTEST_SKIP() << "S3 only";
+  std::set<std::string> digests;
+  for (const char* name : {"aws-a", "aws-b"}) {
+    const CellMetadata m = MakeMetadata(Graph(name));
+    const std::string cell = MakeCell(m);
+    PublishAnswer p = hub_->Client(kPlatform)->Publish(cell, {});
+    ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
+    digests.insert(p.digest);
+    if (digests.size() == 1) {
+      ASSERT_TRUE(hub_->Client(kPlatform)->Publish(cell, {}).ok());
+    }
+  }
+  const std::string listing = root_ + "/aws-ls.txt";
+  const std::string cmd = "HOME='" + root_ +
+                          "' /usr/bin/aws --endpoint-url \"$KILN_S3_ENDPOINT\" " +
+                          "s3 ls --recursive '" + s3_url_ + "' > '" + listing + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  auto text_or = ReadFile(listing);
+  ASSERT_TRUE(text_or.ok()) << text_or.status().ToString();
+  ASSERT_EQ(rc, 0) << *text_or;
+  const std::string text = *text_or;
+  const std::string prefix = s3_url_.substr(s3_url_.find('/', 5) + 1);
+  std::set<std::string> seen;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    const std::string key = line.substr(line.rfind(' ') + 1);
+    ASSERT_EQ(key.rfind(prefix + "sha256/", 0), 0u) << "unexpected object: " << line;
+    seen.insert("sha256:" + key.substr(prefix.size() + 7));
+  }
+  EXPECT_EQ(seen, digests) << text;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, HubApiTest, ::testing::Values("sqlite", "postgresql", "s3"));
 
 // The CLI as a user types it: kiln publish, kiln resolve --trust.
 TEST(HubCli, PublishAndResolveWithTrustedJwks) {

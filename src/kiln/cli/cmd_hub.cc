@@ -237,6 +237,10 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--bind", args->options.bind, "address to listen on");
   cmd->add_option("--db", args->options.db_url,
                   "postgresql://… to share one database between hubs (default: SQLite in --data)");
+  cmd->add_option("--blobs", args->options.blobs,
+                  "s3://bucket/prefix to keep cell bytes in an S3 object store shared by hubs "
+                  "(KILN_S3_ENDPOINT, AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION); "
+                  "default: DATA/blobs");
   cmd->add_option("--tokens", args->options.tokens_file,
                   "tokens file (default: DATA/tokens.json, created with an admin token)");
   cmd->add_option("--threads", args->options.threads,

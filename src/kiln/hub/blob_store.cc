@@ -48,43 +48,6 @@ namespace {
 
 std::string Errno() { return std::strerror(errno); }
 
-// Shared verification state of both writers.
-class VerifyingSink {
- public:
-  VerifyingSink(std::string digest, uint64_t expected)
-      : digest_(std::move(digest)), expected_(expected) {}
-  Status Count(std::string_view bytes) {
-    received_ += bytes.size();
-    if (received_ > expected_) {
-      refusal_ = "size_mismatch";
-      return Status::InvalidArgument("blob " + digest_ + ": more than the declared " +
-                                     std::to_string(expected_) + " bytes arrived");
-    }
-    sha_.Update(bytes);
-    return Status::OK();
-  }
-  Status Verify() {
-    if (received_ != expected_) {
-      refusal_ = "size_mismatch";
-      return Status::InvalidArgument("blob " + digest_ + ": " + std::to_string(received_) +
-                                     " bytes arrived, declared " + std::to_string(expected_));
-    }
-    const std::string got = "sha256:" + sha_.FinalHex();
-    if (got != digest_) {
-      refusal_ = "digest_mismatch";
-      return Status::InvalidArgument("blob " + digest_ + ": the bytes hash to " + got);
-    }
-    return Status::OK();
-  }
-  std::string refusal_;
-
- protected:
-  std::string digest_;
-  uint64_t expected_;
-  uint64_t received_ = 0;
-  Sha256 sha_;
-};
-
 // --- disk -----------------------------------------------------------------------------------
 
 class FdReader final : public BlobReader {
@@ -440,5 +403,9 @@ Result<std::unique_ptr<BlobStore>> OpenDiskBlobStore(const std::string& root) {
 }
 
 std::unique_ptr<BlobStore> NewMemoryBlobStore() { return std::make_unique<MemoryBlobStore>(); }
+
+std::unique_ptr<BlobReader> NewFdBlobReader(int fd, uint64_t size) {
+  return std::make_unique<FdReader>(fd, size);
+}
 
 }  // namespace kiln

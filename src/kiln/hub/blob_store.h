@@ -10,7 +10,9 @@
 //                              hand edit): moved out of sha256/ so it is never served again, kept
 //                              for a post-mortem. The next upload of that digest repairs it.
 //
-// Implementations: disk (NewDiskBlobStore) and memory (NewMemoryBlobStore, for unit tests).
+// Implementations: disk (OpenDiskBlobStore), S3 (OpenS3BlobStore, s3_blob_store.h: the same
+// contracts on an object store shared by hub replicas) and memory (NewMemoryBlobStore, for unit
+// tests).
 // Every method may be called from any thread; concurrent uploads of one digest each write their
 // own temp file and the first rename wins (the bytes are equal by construction).
 #pragma once
@@ -21,6 +23,7 @@
 #include <string_view>
 #include <vector>
 
+#include "src/kiln/base/sha256.h"
 #include "src/kiln/base/status.h"
 
 namespace kiln {
@@ -50,6 +53,44 @@ class BlobWriter {
   virtual const std::string& refusal() const = 0;
 };
 
+// What every writer checks while bytes stream in and at Commit: never more than the declared
+// size, then exactly that size and the declared SHA-256. refusal_ holds the failure's token.
+class VerifyingSink {
+ public:
+  VerifyingSink(std::string digest, uint64_t expected)
+      : digest_(std::move(digest)), expected_(expected) {}
+  Status Count(std::string_view bytes) {
+    received_ += bytes.size();
+    if (received_ > expected_) {
+      refusal_ = "size_mismatch";
+      return Status::InvalidArgument("blob " + digest_ + ": more than the declared " +
+                                     std::to_string(expected_) + " bytes arrived");
+    }
+    sha_.Update(bytes);
+    return Status::OK();
+  }
+  Status Verify() {
+    if (received_ != expected_) {
+      refusal_ = "size_mismatch";
+      return Status::InvalidArgument("blob " + digest_ + ": " + std::to_string(received_) +
+                                     " bytes arrived, declared " + std::to_string(expected_));
+    }
+    const std::string got = "sha256:" + sha_.FinalHex();
+    if (got != digest_) {
+      refusal_ = "digest_mismatch";
+      return Status::InvalidArgument("blob " + digest_ + ": the bytes hash to " + got);
+    }
+    return Status::OK();
+  }
+  std::string refusal_;
+
+ protected:
+  std::string digest_;
+  uint64_t expected_;
+  uint64_t received_ = 0;
+  Sha256 sha_;
+};
+
 class BlobStore {
  public:
   BlobStore() = default;
@@ -65,7 +106,8 @@ class BlobStore {
   virtual Result<std::unique_ptr<BlobReader>> Open(const std::string& digest) = 0;
   // The whole blob in memory (unpacking a cell at publish time).
   Result<std::string> ReadAll(const std::string& digest);
-  // How many upload temp files exist now (tests: no partial blob after a crash).
+  // How many upload temp files exist now (tests: no partial blob after a crash); -1 when they
+  // cannot be counted (S3: the bucket listing failed).
   virtual int TempFileCount() = 0;
 
   // Re-reads a stored blob and checks that it still hashes to its digest. OK when intact;
@@ -97,5 +139,7 @@ bool IsWellFormedDigest(const std::string& digest);
 // Creates `root` if needed and deletes every leftover temp file under root/tmp.
 Result<std::unique_ptr<BlobStore>> OpenDiskBlobStore(const std::string& root);
 std::unique_ptr<BlobStore> NewMemoryBlobStore();
+// A reader over an open file descriptor of `size` bytes; takes ownership of `fd`.
+std::unique_ptr<BlobReader> NewFdBlobReader(int fd, uint64_t size);
 
 }  // namespace kiln

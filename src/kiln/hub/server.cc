@@ -20,6 +20,7 @@
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/log.h"
 #include "src/kiln/base/sha256.h"
+#include "src/kiln/hub/s3_blob_store.h"
 #include "src/kiln/net/http_server.h"
 
 namespace kiln {
@@ -371,7 +372,13 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   } else {
     return Status::InvalidArgument("hub: --db '" + options.db_url + "' is not a postgresql:// URL");
   }
-  KILN_ASSIGN_OR_RETURN(auto blobs, OpenDiskBlobStore(options.data_dir + "/blobs"));
+  std::unique_ptr<BlobStore> blobs;
+  if (options.blobs.empty()) {
+    KILN_ASSIGN_OR_RETURN(blobs, OpenDiskBlobStore(options.data_dir + "/blobs"));
+  } else {
+    KILN_ASSIGN_OR_RETURN(S3Location s3, S3LocationFromUrl(options.blobs));
+    KILN_ASSIGN_OR_RETURN(blobs, OpenS3BlobStore(s3));
+  }
   KILN_ASSIGN_OR_RETURN(auto keys, SigningKeyRing::OpenOrCreate(options.data_dir));
 
   // Tokens: the file is the source of truth at start; a missing default file is created with a

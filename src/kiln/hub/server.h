@@ -177,8 +177,11 @@ class HubService {
 };
 
 struct HubOptions {
-  std::string data_dir;     // created if missing: hub.sqlite, blobs/, signing/, tokens.json
-  std::string db_url;       // "postgresql://…" or empty for SQLite under data_dir
+  std::string data_dir;  // created if missing: hub.sqlite, blobs/, signing/, tokens.json
+  std::string db_url;    // "postgresql://…" or empty for SQLite under data_dir
+  // "s3://bucket/prefix" (endpoint and credentials from the environment: s3_blob_store.h) or
+  // empty for the disk store under data_dir/blobs.
+  std::string blobs;
   std::string tokens_file;  // default data_dir/tokens.json
   std::string bind = "127.0.0.1";
   int port = 8470;   // 0: any free port (see HubServer::port())
