@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "src/kiln/base/backoff.h"
 #include "src/kiln/base/log.h"
 
 namespace kiln {
@@ -49,9 +50,10 @@ void Adopter::Apply(const BootOutcome& out, ServedTarget& target, const TargetSp
   if (out.phase == kBootKeyUnderivable || out.key.empty()) return;
   if (out.retryable) {
     target.SetStoredPosture(out.phase);
-    const int64_t delay =
-        std::min<int64_t>(static_cast<int64_t>(options_.retry_initial_ms) << std::min(attempt, 20),
-                          options_.retry_max_ms);
+    // Jittered: a fleet that lost its hub together does not come back to it together.
+    const int64_t delay = JitteredBackoff(std::chrono::milliseconds(options_.retry_initial_ms),
+                                          std::chrono::milliseconds(options_.retry_max_ms), attempt)
+                              .count();
     KILN_LOG(INFO) << "worker: target '" << spec.name << "' adoption refused (" << out.phase
                    << ", the hub could not be asked); retrying in " << delay << " ms";
     std::lock_guard<std::mutex> lock(mu_);

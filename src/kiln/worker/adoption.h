@@ -7,8 +7,9 @@
 //   meanwhile a retryable refusal (the hub was down, timed out, answered 5xx; the revocation list
 //   could not be fetched)                         eager with the refusal as posture token, and the
 //   adoption
-//                                       is retried in the background with backoff: 1 s, 2 s, 4 s …
-//                                       up to the manifest's hub.adopt_retry_max_s, until it ends
+//                                       is retried in the background with jittered backoff: steps
+//                                       of 1 s, 2 s, 4 s …, each wait drawn from [step/2, step] up
+//                                       to the manifest's hub.adopt_retry_max_s, until it ends
 //                                       otherwise
 //   any other refusal (the hub's cell refused for its receipt, scope, provenance, bytes, source,
 //   or revoked)                         the lane's ordinary miss policy: the refusal becomes the

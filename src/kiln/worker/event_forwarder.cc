@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "src/kiln/base/backoff.h"
 #include "src/kiln/base/log.h"
 
 namespace kiln {
@@ -100,6 +101,7 @@ void EventForwarder::Loop() {
   const auto interval = std::chrono::duration_cast<Clock::duration>(
       std::chrono::duration<double>(options_.flush_interval_s));
   double backoff_s = 0;
+  int failures_in_a_row = 0;
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
     // Wait for a full batch, the flush interval, or the stop; after a failure, for the backoff.
@@ -143,6 +145,7 @@ void EventForwarder::Loop() {
                 " row(s) as malformed (" + answer.token + ": " + answer.message + "); dropped");
       }
       backoff_s = 0;
+      failures_in_a_row = 0;
       continue;
     }
     if (stats_.failures++ == 0 || stats_.last_error.empty()) {
@@ -150,8 +153,15 @@ void EventForwarder::Loop() {
               "); rows stay queued and are retried");
     }
     stats_.last_error = answer.token + ": " + answer.message;
-    backoff_s = backoff_s == 0 ? options_.initial_backoff_s
-                               : std::min(backoff_s * 2, options_.max_backoff_s);
+    // Jittered, so a fleet's forwarders do not retry a returning hub in one wave.
+    backoff_s =
+        static_cast<double>(
+            JitteredBackoff(
+                std::chrono::milliseconds(static_cast<int64_t>(options_.initial_backoff_s * 1000)),
+                std::chrono::milliseconds(static_cast<int64_t>(options_.max_backoff_s * 1000)),
+                failures_in_a_row++)
+                .count()) /
+        1000.0;
   }
 }
 

@@ -34,7 +34,8 @@ struct EventForwarderOptions {
   size_t max_queued = 100000;       // rows kept while the hub is unreachable
   size_t max_batch = 500;           // rows per POST (the hub takes at most 10000)
   double flush_interval_s = 0.5;    // a partial batch waits at most this long
-  double initial_backoff_s = 0.25;  // after the first failed POST; doubles per failure
+  double initial_backoff_s = 0.25;  // the step after the first failed POST; doubles per
+                                    // failure, each wait drawn from [step/2, step]
   double max_backoff_s = 10;
 };
 

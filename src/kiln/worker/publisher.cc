@@ -5,6 +5,8 @@
 #include <chrono>
 #include <utility>
 
+#include "src/kiln/base/backoff.h"
+
 namespace kiln {
 namespace {
 
@@ -114,7 +116,6 @@ void Publisher::Emit(const char* kind, const std::string& phase, double ms, cons
 }
 
 void Publisher::Work(const Job& job) {
-  int delay = options_.backoff_initial_ms;
   std::string last_token;
   for (int attempt = 1;; ++attempt) {
     std::string token, message;
@@ -171,8 +172,11 @@ void Publisher::Work(const Job& job) {
                message + "\"; the cell is kept in the local store");
       last_token = token;
     }
-    if (!Backoff(delay)) return;
-    delay = std::min(delay * 2, options_.backoff_max_ms);
+    // Jittered, so a fleet's publishers do not retry a returning hub in one wave.
+    const auto delay =
+        JitteredBackoff(std::chrono::milliseconds(options_.backoff_initial_ms),
+                        std::chrono::milliseconds(options_.backoff_max_ms), attempt - 1);
+    if (!Backoff(static_cast<int>(delay.count()))) return;
   }
 }
 

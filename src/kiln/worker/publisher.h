@@ -8,9 +8,10 @@
 //     the hub discharges the release's obligation.
 //     - success, or the hub already holding these bytes   -> `self_mint_publish` (`published` |
 //       `already_published`), duration = enqueue to done, detail attempts=N
-//     - a transport failure (hub down, timeout, 5xx)     -> kept local, retried with exponential
-//       backoff until the hub answers; one `self_mint_publish_failed` row (phase = the token,
-//       detail `retrying`) when the failures start and whenever the token changes
+//     - a transport failure (hub down, timeout, 5xx)     -> kept local, retried with jittered
+//       exponential backoff (base/backoff.h) until the hub answers; one `self_mint_publish_failed`
+//       row (phase = the token, detail `retrying`) when the failures start and whenever the token
+//       changes
 //     - a typed refusal (4xx: unauthorized, tier, key_taken, ...) -> terminal: the cell stays
 //       local and keeps serving; `self_mint_publish_failed` phase = the token, detail `terminal`
 //   settle: a deterministic refusal to mint for a release's target is reported
