@@ -23,6 +23,19 @@
 
 namespace kiln {
 
+Result<std::string> DigestOfReader(BlobReader& reader) {
+  Sha256 sha;
+  std::string buf(1 << 20, '\0');
+  uint64_t at = 0;
+  while (at < reader.size()) {
+    KILN_ASSIGN_OR_RETURN(size_t n, reader.ReadAt(at, buf.data(), buf.size()));
+    if (n == 0) break;
+    sha.Update(std::string_view(buf.data(), n));
+    at += n;
+  }
+  return "sha256:" + sha.FinalHex();
+}
+
 bool IsWellFormedDigest(const std::string& digest) {
   if (digest.size() != 7 + 64 || digest.compare(0, 7, "sha256:") != 0) return false;
   for (size_t i = 7; i < digest.size(); ++i) {
@@ -212,16 +225,7 @@ class DiskBlobStore final : public BlobStore {
 
   Status Verify(const std::string& digest) override {
     KILN_ASSIGN_OR_RETURN(auto reader, Open(digest));
-    Sha256 sha;
-    std::string buf(1 << 20, '\0');
-    uint64_t at = 0;
-    while (at < reader->size()) {
-      KILN_ASSIGN_OR_RETURN(size_t n, reader->ReadAt(at, buf.data(), buf.size()));
-      if (n == 0) break;
-      sha.Update(std::string_view(buf.data(), n));
-      at += n;
-    }
-    const std::string got = "sha256:" + sha.FinalHex();
+    KILN_ASSIGN_OR_RETURN(const std::string got, DigestOfReader(*reader));
     if (got == digest) return Status::OK();
     // Moved, not deleted: the bytes are evidence. A rename is atomic, so a concurrent download
     // either has the file open already (and its reader sees the damaged bytes, which the worker's
@@ -234,7 +238,7 @@ class DiskBlobStore final : public BlobStore {
       return Status::IOError("quarantine blob " + digest + ": " + Errno());
     }
     KILN_LOG(ERROR) << "blob store " << root_ << ": blob " << digest << " hashes to " << got << " ("
-                    << at << " bytes); quarantined as " << to;
+                    << reader->size() << " bytes); quarantined as " << to;
     return Status::Refused(StatusCode::kCorruption, kRefusalBlobCorrupt,
                            "blob " + digest + " hashes to " + got + "; quarantined as " + to +
                                "; a republish of the cell repairs it");

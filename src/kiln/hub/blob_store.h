@@ -41,6 +41,10 @@ class BlobReader {
 
 // One upload. Append streams bytes; Commit verifies and publishes; destroying an uncommitted
 // writer deletes its temp bytes. Not thread-safe: one thread drives one writer.
+// "sha256:<hex>" of every byte `reader` holds, read in 1 MiB pieces: what Verify compares with a
+// blob's name on every backend.
+Result<std::string> DigestOfReader(BlobReader& reader);
+
 class BlobWriter {
  public:
   virtual ~BlobWriter() = default;

@@ -499,16 +499,7 @@ class S3BlobStore final : public BlobStore {
 
   Status Verify(const std::string& digest) override {
     KILN_ASSIGN_OR_RETURN(auto reader, Open(digest));
-    Sha256 sha;
-    std::string buf(1 << 20, '\0');
-    uint64_t at = 0;
-    while (at < reader->size()) {
-      KILN_ASSIGN_OR_RETURN(size_t n, reader->ReadAt(at, buf.data(), buf.size()));
-      if (n == 0) break;
-      sha.Update(std::string_view(buf.data(), n));
-      at += n;
-    }
-    const std::string got = "sha256:" + sha.FinalHex();
+    KILN_ASSIGN_OR_RETURN(const std::string got, DigestOfReader(*reader));
     if (got == digest) return Status::OK();
     // Copied aside, then deleted: the bytes stay as evidence and are never served again.
     const std::string key = FinalKey(digest);
