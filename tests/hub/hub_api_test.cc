@@ -829,8 +829,8 @@ TEST_P(HubApiTest, MetricsCountRequestsByRoutePatternForAScraperToken) {
 INSTANTIATE_TEST_SUITE_P(Backends, HubApiTest, ::testing::Values("sqlite", "postgresql", "s3"));
 
 // One publish per key (docs/fleet.md "One publish per key"): 32 publishers, each with its own
-// token, race one (key, family) on a hub over PostgreSQL with its blobs on radosgw. The first
-// intent claims the key; the others wait (publish_in_progress, retried with jittered backoff)
+// token, race one (key, family) on two hub processes sharing PostgreSQL and a radosgw bucket. The
+// first intent claims the key; the others wait (publish_in_progress, retried with jittered backoff)
 // and then see its cell. Four byte variants among them: the winner's seven twins end "already",
 // the 24 others key_taken with the winner's receipt. Exactly one cell row, and exactly one
 // object in the bucket as awscli lists it: no loser uploaded a byte.
@@ -859,6 +859,10 @@ TEST(HubOnePublishPerKey, ThirtyTwoPublishersOnPostgresAndS3LeaveOneRowAndOneBlo
   ASSERT_TRUE(WriteSecretFileAtomic(root + "/tokens.json", TokensFileText(tokens)).ok());
   HubProcess hub(root + "/data", pg, {"--rebuild", "off", "--blobs", s3_url});
   ASSERT_TRUE(hub.Start());
+  // A second hub process on the same database and bucket: half the publishers go through it, so
+  // the claim is contested across processes.
+  HubProcess second(root + "/data", pg, {"--rebuild", "off", "--blobs", s3_url});
+  ASSERT_TRUE(second.Start());
 
   const CellMetadata m = MakeMetadata(Graph("one-publish"));
   std::vector<std::string> cells(kPublishers);
@@ -868,7 +872,7 @@ TEST(HubOnePublishPerKey, ThirtyTwoPublishersOnPostgresAndS3LeaveOneRowAndOneBlo
   std::atomic<int> ready{0};
   for (int i = 0; i < kPublishers; ++i) {
     threads.emplace_back([&, i] {
-      auto client = hub.Client("tok-racer-" + std::to_string(i));
+      auto client = (i % 2 ? second : hub).Client("tok-racer-" + std::to_string(i));
       ready++;
       while (ready.load() < kPublishers) std::this_thread::yield();
       answers[i] = client->Publish(cells[i], {});
@@ -917,6 +921,7 @@ TEST(HubOnePublishPerKey, ThirtyTwoPublishersOnPostgresAndS3LeaveOneRowAndOneBlo
   ASSERT_EQ(objects.size(), 1u) << text;
   EXPECT_EQ(objects[0].substr(objects[0].rfind('/') + 1), owner.digest.substr(7)) << text;
   hub.Kill(SIGTERM);
+  second.Kill(SIGTERM);
   if (!::testing::Test::HasFailure()) std::filesystem::remove_all(root);
 }
 
