@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 #include <sstream>
@@ -32,6 +33,7 @@
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/hub/authz.h"
 #include "src/kiln/hub/s3_blob_store.h"
+#include "src/kiln/hub/store.h"
 #include "tests/hub/hub_fixtures.h"
 #include "tests/hub/hub_process.h"
 #include "tests/hub/s3_test_env.h"
@@ -50,6 +52,76 @@ using hub_testing::kWorker;
 using hub_testing::MakeCell;
 using hub_testing::MakeMetadata;
 using hub_testing::Nonce;
+
+// A scraper's token: role metrics, GET /metrics only.
+constexpr const char* kScraper = "tok-metrics-scraper";
+
+// One plain HTTP/1.1 GET on loopback (Connection: close): the status and the body as sent. For
+// answers that are not JSON (HubClient parses every answer as JSON).
+std::pair<int, std::string> RawGet(int port, const std::string& path, const std::string& token) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  timeval tv{10, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
+    ::close(fd);
+    return {-1, "connect failed"};
+  }
+  std::string req = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n";
+  if (!token.empty()) req += "Authorization: Bearer " + token + "\r\n";
+  req += "\r\n";
+  if (::send(fd, req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) {
+    ::close(fd);
+    return {-1, "send failed"};
+  }
+  std::string got;
+  char buf[16384];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof(buf), 0)) > 0;) got.append(buf, n);
+  ::close(fd);
+  const size_t head_end = got.find("\r\n\r\n");
+  if (got.rfind("HTTP/1.1 ", 0) != 0 || head_end == std::string::npos) return {-1, got};
+  return {std::stoi(got.substr(9, 3)), got.substr(head_end + 4)};
+}
+
+// Prometheus text: sample values by series ("name{labels}"), and a check that every sample's
+// family has its HELP and TYPE lines before it.
+std::map<std::string, double> ParseExposition(const std::string& text, std::string* error) {
+  std::map<std::string, double> out;
+  std::set<std::string> help, typed;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("# HELP ", 0) == 0) {
+      help.insert(line.substr(7, line.find(' ', 7) - 7));
+      continue;
+    }
+    if (line.rfind("# TYPE ", 0) == 0) {
+      const std::string name = line.substr(7, line.find(' ', 7) - 7);
+      if (help.count(name) == 0) *error += "TYPE before HELP: " + name + "\n";
+      typed.insert(name);
+      continue;
+    }
+    if (line.empty() || line[0] == '#') continue;
+    const size_t sp = line.rfind(' ');
+    const std::string series = line.substr(0, sp);
+    std::string family = series.substr(0, series.find('{'));
+    if (typed.count(family) == 0) {
+      for (const std::string sfx : {"_bucket", "_sum", "_count"}) {
+        if (family.size() > sfx.size() &&
+            family.compare(family.size() - sfx.size(), sfx.size(), sfx) == 0 &&
+            typed.count(family.substr(0, family.size() - sfx.size())) != 0) {
+          family = family.substr(0, family.size() - sfx.size());
+        }
+      }
+    }
+    if (typed.count(family) == 0) *error += "sample without TYPE: " + line + "\n";
+    const std::string value = line.substr(sp + 1);
+    out[series] = value == "+Inf" ? 1e308 : std::stod(value);
+  }
+  return out;
+}
 
 class HubApiTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -95,6 +167,7 @@ class HubApiTest : public ::testing::TestWithParam<std::string> {
         {Sha256Hex(kAcme), "acme-ci", "publisher", "org", "acme", {}},
         {Sha256Hex(kWorker), "worker-1", "worker", "", "", {"*"}},
         {Sha256Hex(kAdmin), "admin", "admin", "", "", {}},
+        {Sha256Hex(kScraper), "scraper", "metrics", "", "", {}},
     };
   }
   // Intent, upload and complete, each answer kept: the answer of the step that refused.
@@ -683,7 +756,174 @@ TEST_P(HubApiTest, BucketSeenByAwscliHoldsOneObjectPerCell) {
   EXPECT_EQ(seen, digests) << text;
 }
 
+// GET /metrics on a real hub: a metrics token reads it (and nothing else), a worker token does
+// not; requests are counted by route pattern (never the raw path), their durations land in a
+// cumulative histogram, blob bytes moved and stored are counted, and the counters move by exactly
+// the requests made between two scrapes.
+TEST_P(HubApiTest, MetricsCountRequestsByRoutePatternForAScraperToken) {
+  EXPECT_EQ(RawGet(hub_->port(), "/metrics", "").first, 401);
+  EXPECT_EQ(RawGet(hub_->port(), "/metrics", kWorker).first, 403);
+  HubAnswer cell_read = hub_->Client(kScraper)->Call(
+      "GET", "/v1/cells/ck1-" + std::string(56, 'a') + "?family=root/m");
+  EXPECT_EQ(cell_read.http_status, 403) << "a metrics token reads no cell";
+  EXPECT_EQ(cell_read.token, kRefusalForbidden);
+
+  const CellMetadata m = MakeMetadata(Graph("metrics"));
+  const std::string cell = MakeCell(m);
+  PublishAnswer p = hub_->Client(kPlatform)->Publish(cell, {});
+  ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
+  const std::string dest = root_ + "/fetched.tar";
+  ASSERT_TRUE(hub_->Client(kWorker)->FetchBlob(p.digest, dest).ok());
+
+  auto [status, text] = RawGet(hub_->port(), "/metrics", kScraper);
+  ASSERT_EQ(status, 200) << text;
+  std::string format_errors;
+  std::map<std::string, double> first = ParseExposition(text, &format_errors);
+  EXPECT_EQ(format_errors, "");
+  EXPECT_EQ(
+      first[R"(kiln_hub_requests_total{method="POST",route="/v1/publish/intent",code="200"})"], 1);
+  EXPECT_EQ(first[R"(kiln_hub_requests_total{method="PUT",route="/v1/blobs/{}",code="200"})"], 1);
+  EXPECT_EQ(first[R"(kiln_hub_requests_total{method="GET",route="/v1/cells/{}",code="403"})"], 1);
+  EXPECT_GE(first["kiln_hub_blob_bytes_uploaded_total"], cell.size());
+  EXPECT_GE(first["kiln_hub_blob_bytes_downloaded_total"], cell.size());
+  EXPECT_GE(first["kiln_hub_blob_bytes_stored"], cell.size());
+  EXPECT_GE(first["kiln_hub_blobs_stored"], 1);
+  EXPECT_EQ(first[R"(kiln_http_connections_open{listener="hub"})"] >= 1, true);
+  EXPECT_EQ(first.count(R"(kiln_http_queue_depth{listener="hub"})"), 1u);
+  EXPECT_EQ(first.count("kiln_hub_builder_running"), 1u);
+  const std::string backend = db_.empty() ? "sqlite" : "postgresql";
+  EXPECT_GE(first[R"(kiln_hub_db_pool_size{backend=")" + backend + "\"}"], 1);
+  // Bounded labels: the key and the digest never appear, only route patterns.
+  EXPECT_EQ(text.find(m.key), std::string::npos);
+  EXPECT_EQ(text.find(p.digest.substr(7)), std::string::npos);
+
+  for (int i = 0; i < 3; ++i) {
+    ResolveAnswer r = hub_->Client(kWorker)->Resolve(m.key, m.family);
+    ASSERT_EQ(r.kind, ResolveAnswer::Kind::kFound) << r.message;
+  }
+  auto [status2, text2] = RawGet(hub_->port(), "/metrics", kScraper);
+  ASSERT_EQ(status2, 200);
+  std::map<std::string, double> second = ParseExposition(text2, &format_errors);
+  const std::string resolved =
+      R"(kiln_hub_requests_total{method="GET",route="/v1/cells/{}",code="200"})";
+  EXPECT_EQ(second[resolved] - first[resolved], 3);
+  const std::string route = R"(method="GET",route="/v1/cells/{}")";
+  const double count = second["kiln_hub_request_duration_seconds_count{" + route + "}"];
+  EXPECT_EQ(count, 4) << "three resolves and the metrics token's refused read";
+  EXPECT_EQ(second["kiln_hub_request_duration_seconds_bucket{" + route + ",le=\"+Inf\"}"], count);
+  double previous = 0;
+  int buckets = 0;
+  std::istringstream lines(text2);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("kiln_hub_request_duration_seconds_bucket{" + route, 0) != 0) continue;
+    const double v = std::stod(line.substr(line.rfind(' ') + 1));
+    EXPECT_GE(v, previous) << line;
+    previous = v;
+    ++buckets;
+  }
+  EXPECT_GT(buckets, 2);
+  // The scrape itself is counted under its pattern.
+  EXPECT_GE(second[R"(kiln_hub_requests_total{method="GET",route="/metrics",code="200"})"], 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, HubApiTest, ::testing::Values("sqlite", "postgresql", "s3"));
+
+// One publish per key (docs/fleet.md "One publish per key"): 32 publishers, each with its own
+// token, race one (key, family) on two hub processes sharing PostgreSQL and a radosgw bucket. The
+// first intent claims the key; the others wait (publish_in_progress, retried with jittered backoff)
+// and then see its cell. Four byte variants among them: the winner's seven twins end "already",
+// the 24 others key_taken with the winner's receipt. Exactly one cell row, and exactly one
+// object in the bucket as awscli lists it: no loser uploaded a byte.
+TEST(HubOnePublishPerKey, ThirtyTwoPublishersOnPostgresAndS3LeaveOneRowAndOneBlob) {
+  const char* pg = std::getenv("KILN_TEST_PG_URL");
+  if (pg == nullptr || *pg == '\0') GTEST_SKIP() << "KILN_TEST_PG_URL is not set (tools/pg.sh)";
+  KILN_REQUIRE_S3(env);
+  for (const char* name :
+       {"KILN_S3_ENDPOINT", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_REGION"}) {
+    ::setenv(name, env->at(name).c_str(), 1);
+  }
+  const std::string s3_url = "s3://" + env->at("KILN_S3_BUCKET") + "/one-publish-" + Nonce();
+  const std::string root = ::testing::TempDir() + "/kiln_one_publish_" + Nonce();
+  std::filesystem::remove_all(root);
+  std::filesystem::create_directories(root + "/data");
+  constexpr int kPublishers = 32;
+  std::vector<TokenRow> tokens = {{Sha256Hex(kWorker), "worker-1", "worker", "", "", {"*"}}};
+  for (int i = 0; i < kPublishers; ++i) {
+    tokens.push_back({Sha256Hex("tok-racer-" + std::to_string(i)),
+                      "racer-" + std::to_string(i),
+                      "publisher",
+                      "platform",
+                      "",
+                      {"*"}});
+  }
+  ASSERT_TRUE(WriteSecretFileAtomic(root + "/tokens.json", TokensFileText(tokens)).ok());
+  HubProcess hub(root + "/data", pg, {"--rebuild", "off", "--blobs", s3_url});
+  ASSERT_TRUE(hub.Start());
+  // A second hub process on the same database and bucket: half the publishers go through it, so
+  // the claim is contested across processes.
+  HubProcess second(root + "/data", pg, {"--rebuild", "off", "--blobs", s3_url});
+  ASSERT_TRUE(second.Start());
+
+  const CellMetadata m = MakeMetadata(Graph("one-publish"));
+  std::vector<std::string> cells(kPublishers);
+  for (int i = 0; i < kPublishers; ++i) cells[i] = MakeCell(m, "variant " + std::to_string(i % 4));
+  std::vector<PublishAnswer> answers(kPublishers);
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  for (int i = 0; i < kPublishers; ++i) {
+    threads.emplace_back([&, i] {
+      auto client = (i % 2 ? second : hub).Client("tok-racer-" + std::to_string(i));
+      ready++;
+      while (ready.load() < kPublishers) std::this_thread::yield();
+      answers[i] = client->Publish(cells[i], {});
+    });
+  }
+  for (auto& t : threads) t.join();
+
+  ResolveAnswer owner = hub.Client(kWorker)->Resolve(m.key, m.family);
+  ASSERT_EQ(owner.kind, ResolveAnswer::Kind::kFound) << owner.message;
+  int published = 0, already = 0, taken = 0;
+  for (int i = 0; i < kPublishers; ++i) {
+    const PublishAnswer& a = answers[i];
+    if (a.ok()) {
+      EXPECT_EQ(a.digest, owner.digest) << i;
+      EXPECT_EQ(a.receipt, owner.receipt) << i;
+      (a.already ? already : published)++;
+    } else {
+      EXPECT_EQ(a.token, "key_taken") << i << ": " << a.message;
+      EXPECT_EQ(a.receipt, owner.receipt) << i;
+      EXPECT_NE(CellDigest(cells[i]), owner.digest) << i;
+      ++taken;
+    }
+  }
+  EXPECT_EQ(published, 1);
+  EXPECT_EQ(already, kPublishers / 4 - 1);
+  EXPECT_EQ(taken, kPublishers - kPublishers / 4);
+  // One row in the database, read by the test's own connection.
+  auto store = OpenPostgresStore(pg, 1);
+  ASSERT_TRUE(store.ok()) << store.status().ToString();
+  auto rows = (*store)->ListCellsForKey(m.key);
+  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_EQ((*rows)[0].digest, owner.digest);
+  // One object in the bucket, listed by awscli.
+  const std::string listing = root + "/aws-ls.txt";
+  const std::string cmd = "HOME='" + root + "' /usr/bin/aws --endpoint-url \"$KILN_S3_ENDPOINT\" " +
+                          "s3 ls --recursive '" + s3_url + "/' > '" + listing + "' 2>&1";
+  const int rc = std::system(cmd.c_str());
+  const std::string text = ReadFile(listing).value();
+  ASSERT_EQ(rc, 0) << text;
+  std::vector<std::string> objects;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (!line.empty()) objects.push_back(line.substr(line.rfind(' ') + 1));
+  }
+  ASSERT_EQ(objects.size(), 1u) << text;
+  EXPECT_EQ(objects[0].substr(objects[0].rfind('/') + 1), owner.digest.substr(7)) << text;
+  hub.Kill(SIGTERM);
+  second.Kill(SIGTERM);
+  if (!::testing::Test::HasFailure()) std::filesystem::remove_all(root);
+}
 
 // The CLI as a user types it: kiln publish, kiln resolve --trust.
 TEST(HubCli, PublishAndResolveWithTrustedJwks) {

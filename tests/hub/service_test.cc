@@ -735,5 +735,78 @@ TEST_F(ServiceTest, UnreferencedBlobsAreCollectedAfterTheGracePeriod) {
   EXPECT_TRUE(svc_->blobs().Has(CellDigest(cell)));
 }
 
+// An intent claims its (key, family) before any upload: while one publisher's claim is live,
+// another's intent is refused publish_in_progress (with Retry-After, no intent, so no upload);
+// the holder's own retries pass; once it completes, the others see its cell (already for the
+// same bytes, key_taken for others). A claim that expires (a dead publisher) is taken over, and
+// a publish refused for good frees the scope at once.
+TEST_F(ServiceTest, APublishClaimsItsKeyBeforeAnyUpload) {
+  int64_t clock = 1700000000;
+  Make(nullptr, [&clock] { return clock; });
+  std::vector<TokenRow> tokens = Tokens();
+  tokens.push_back({Sha256Hex("platform-token-2"), "ci2", "publisher", "platform", "", {"*"}});
+  ASSERT_TRUE(svc_->InstallTokens(tokens).ok());
+  const Principal a = As("platform-token"), b = As("platform-token-2");
+  const CellMetadata m = MakeMetadata(Graph(41));
+  const std::string cell_a = MakeCell(m, "a"), cell_b = MakeCell(m, "b");
+  const std::string da = CellDigest(cell_a), db = CellDigest(cell_b);
+
+  ASSERT_EQ(Intent(a, m.key, da, cell_a.size(), m.family).status, 200);
+  Reply busy = Intent(b, m.key, db, cell_b.size(), m.family);
+  EXPECT_EQ(busy.status, 409);
+  EXPECT_EQ(busy.body["error"], kRefusalPublishInProgress);
+  EXPECT_GT(busy.retry_after_s, 0);
+  EXPECT_FALSE(busy.body.contains("upload"));
+  EXPECT_EQ(Upload(b, db, cell_b).body["error"], "no_intent") << "a refused intent records none";
+  // The same bytes from b: still a's turn.
+  EXPECT_EQ(Intent(b, m.key, da, cell_a.size(), m.family).body["error"], kRefusalPublishInProgress);
+  // The holder's retry of its own intent passes.
+  ASSERT_EQ(Intent(a, m.key, da, cell_a.size(), m.family).status, 200);
+  ASSERT_EQ(Upload(a, da, cell_a).status, 200);
+  ASSERT_EQ(Complete(a, m.key, da).status, 200);
+  // Completed: the claim is gone and the cell answers.
+  EXPECT_EQ(Intent(b, m.key, db, cell_b.size(), m.family).body["error"], "key_taken");
+  Reply already = Intent(b, m.key, da, cell_a.size(), m.family);
+  EXPECT_EQ(already.status, 200);
+  EXPECT_EQ(already.body["already"], true);
+  EXPECT_EQ(svc_->blobs().Has(db), false);
+
+  // A publisher that went silent: its claim expires and another takes the scope over; the first
+  // one's late upload is then refused, so the scope still gets one blob.
+  const CellMetadata m2 = MakeMetadata(Graph(42));
+  const std::string c2a = MakeCell(m2, "a"), c2b = MakeCell(m2, "b");
+  ASSERT_EQ(Intent(a, m2.key, CellDigest(c2a), c2a.size(), m2.family).status, 200);
+  clock += 299;
+  EXPECT_EQ(Intent(b, m2.key, CellDigest(c2b), c2b.size(), m2.family).status, 409);
+  clock += 1;
+  ASSERT_EQ(Intent(b, m2.key, CellDigest(c2b), c2b.size(), m2.family).status, 200);
+  Reply late = Upload(a, CellDigest(c2a), c2a);
+  EXPECT_EQ(late.status, 409);
+  EXPECT_EQ(late.body["error"], kRefusalPublishInProgress);
+  EXPECT_FALSE(svc_->blobs().Has(CellDigest(c2a)));
+  ASSERT_EQ(Upload(b, CellDigest(c2b), c2b).status, 200);
+  ASSERT_EQ(Complete(b, m2.key, CellDigest(c2b)).status, 200);
+
+  // A publish refused for good (its size was a lie) frees the scope at once.
+  const CellMetadata m3 = MakeMetadata(Graph(43));
+  const std::string c3 = MakeCell(m3);
+  ASSERT_EQ(Intent(a, m3.key, CellDigest(c3), c3.size() + 1, m3.family).status, 200);
+  EXPECT_EQ(Upload(a, CellDigest(c3), c3).status, 422);
+  EXPECT_EQ(Complete(a, m3.key, CellDigest(c3)).status, 409) << "blob_missing keeps the claim";
+  EXPECT_EQ(Intent(b, m3.key, CellDigest(c3), c3.size(), m3.family).status, 409);
+  CellMetadata fence = MakeMetadata(Graph(44));
+  fence.fence.perturbed_checkpoint_matched = false;
+  const std::string c4 = MakeCell(fence);
+  EXPECT_EQ(Publish(a, c4).status, 422);
+  EXPECT_EQ(Intent(b, fence.key, CellDigest(c4), c4.size(), fence.family).status, 200)
+      << "a terminal refusal at complete released the claim";
+  // Expired claims are collected.
+  clock += 1000;
+  auto collected = svc_->CollectGarbage();
+  ASSERT_TRUE(collected.ok());
+  EXPECT_EQ(collected->claims, 2);
+  ASSERT_EQ(Intent(b, m3.key, CellDigest(c3), c3.size(), m3.family).status, 200);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -172,6 +172,77 @@ TEST_P(StoreTest, IntentsArePerPublisher) {
   EXPECT_TRUE(store_->GetIntent(i.key, i.digest, "acme-ci").value().has_value());
 }
 
+// A claim on (key, family): the first publisher holds it, another is told who holds it, the
+// holder refreshes it, an expired one is taken over, and a release frees it for the next. Claims
+// are per (key, family): another family of the same key is free.
+TEST_P(StoreTest, PublishClaimsHoldRefreshExpireAndRelease) {
+  const std::string k = Key("claim");
+  const PublishClaim a{k, "root/m", "pub-a", Digest("ca"), 100};
+  auto first = store_->ClaimPublish(a, 50).value();
+  EXPECT_TRUE(first.ours);
+  EXPECT_EQ(first.holder.publisher, "pub-a");
+  // Another publisher, while a's claim is live: refused, told a holds it until 100.
+  auto other = store_->ClaimPublish({k, "root/m", "pub-b", Digest("cb"), 120}, 60).value();
+  EXPECT_FALSE(other.ours);
+  EXPECT_EQ(other.holder.publisher, "pub-a");
+  EXPECT_EQ(other.holder.digest, Digest("ca"));
+  EXPECT_EQ(other.holder.expires_at, 100);
+  // Another family of the same key is another scope.
+  EXPECT_TRUE(store_->ClaimPublish({k, "root/n", "pub-b", Digest("cb"), 120}, 60).value().ours);
+  // The holder refreshes its own claim (its retries keep working).
+  auto again = store_->ClaimPublish({k, "root/m", "pub-a", Digest("ca2"), 200}, 90).value();
+  EXPECT_TRUE(again.ours);
+  EXPECT_EQ(again.holder.expires_at, 200);
+  EXPECT_FALSE(store_->ClaimPublish({k, "root/m", "pub-b", Digest("cb"), 300}, 150).value().ours);
+  // Expired (expires_at <= now): taken over.
+  auto taken = store_->ClaimPublish({k, "root/m", "pub-b", Digest("cb"), 400}, 200).value();
+  EXPECT_TRUE(taken.ours);
+  EXPECT_EQ(taken.holder.publisher, "pub-b");
+  // Only the holder's release drops it.
+  EXPECT_FALSE(store_->ReleasePublishClaim(k, "root/m", "pub-a").value());
+  EXPECT_FALSE(store_->ClaimPublish({k, "root/m", "pub-a", Digest("ca"), 500}, 210).value().ours);
+  EXPECT_TRUE(store_->ReleasePublishClaim(k, "root/m", "pub-b").value());
+  EXPECT_TRUE(store_->ClaimPublish({k, "root/m", "pub-a", Digest("ca"), 500}, 210).value().ours);
+  // Garbage collection removes expired claims only.
+  EXPECT_GE(store_->DeleteExpiredPublishClaims(400).value(), 1);  // root/n's (120)
+  EXPECT_TRUE(store_->ClaimPublish({k, "root/n", "pub-c", Digest("cc"), 900}, 400).value().ours);
+  EXPECT_FALSE(store_->ClaimPublish({k, "root/m", "pub-c", Digest("cc"), 900}, 400).value().ours);
+}
+
+// 32 publishers racing one (key, family), half through a second handle on the same database
+// (another hub process's view): exactly one holds the claim, and every other is told it is that
+// one.
+TEST_P(StoreTest, ConcurrentClaimsHaveExactlyOneHolder) {
+  std::unique_ptr<HubStore> second;
+  if (GetParam() == "sqlite") {
+    second = OpenSqliteStore(dir_ + "/hub.sqlite").value();
+  } else if (GetParam() == "postgresql") {
+    second = OpenPostgresStore(std::getenv("KILN_TEST_PG_URL"), 4).value();
+  }
+  const std::string k = Key("claim-race");
+  constexpr int kPublishers = 32;
+  std::vector<std::thread> threads;
+  std::vector<std::string> holders(kPublishers);
+  std::atomic<int> ours{0};
+  for (int i = 0; i < kPublishers; ++i) {
+    threads.emplace_back([&, i] {
+      HubStore& store = (second && i % 2 == 1) ? *second : *store_;
+      const std::string me = "racer-" + std::to_string(i);
+      auto r = store.ClaimPublish({k, "root/m", me, Digest("r" + std::to_string(i)), 1000}, 10);
+      if (!r.ok()) {
+        holders[i] = "error: " + r.status().ToString();
+        return;
+      }
+      if (r->ours) ++ours;
+      holders[i] = r->holder.publisher;
+      if (r->ours && r->holder.publisher != me) holders[i] = "ours but held by " + holders[i];
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ours.load(), 1);
+  for (const auto& h : holders) EXPECT_EQ(h, holders[0]);
+}
+
 // A publisher's storage: the bytes of every cell row it wrote, and its intents no cell completes
 // (the quota's inputs); another publisher's rows count for that one alone.
 TEST_P(StoreTest, PublisherUsageCountsCellsAndOpenIntents) {

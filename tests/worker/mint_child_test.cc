@@ -95,6 +95,8 @@ TEST(Publisher, RetriesTransportFailuresOnlyAndTypedRefusalsAreTerminal) {
   EXPECT_TRUE(IsTransientHubFailure("hub_unreachable", 0));
   EXPECT_TRUE(IsTransientHubFailure("hub_timeout", 0));
   EXPECT_TRUE(IsTransientHubFailure("internal", 503));
+  // Another publisher's claim on the key outlived the client's wait: later, the key is settled.
+  EXPECT_TRUE(IsTransientHubFailure(kHubPublishInProgress, 409));
   EXPECT_FALSE(IsTransientHubFailure("forbidden", 403));
   EXPECT_FALSE(IsTransientHubFailure("key_taken", 409));
   EXPECT_FALSE(IsTransientHubFailure("unauthenticated", 401));

@@ -288,6 +288,9 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
                   "otherwise (default 16 GiB; 0: no limit)");
   cmd->add_option("--platform-quota-bytes", args->options.platform_quota_bytes,
                   "the same for platform publishers (default 0: no limit)");
+  cmd->add_option("--publish-claim-ttl", args->options.publish_claim_ttl_s,
+                  "seconds a publisher's claim on a key lives after each step of its publish; "
+                  "others' intents for the key wait meanwhile (default 300)");
   cmd->add_option("--revocation-max-age", args->options.revocation_max_age_s,
                   "seconds an adopter may rely on a signed revocation list (default 300)");
   cmd->add_option("--blob-grace", args->options.blob_grace_s,

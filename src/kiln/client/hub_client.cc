@@ -14,6 +14,7 @@
 #include <set>
 #include <thread>
 
+#include "src/kiln/base/backoff.h"
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/sha256.h"
@@ -211,6 +212,20 @@ ResolveAnswer HubClient::Resolve(const std::string& key, const std::string& fami
   return r;
 }
 
+HubAnswer HubClient::PublishIntentWaiting(const std::string& intent, int wait_ms) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  constexpr int kMaxAttempts = 64;
+  for (int attempt = 0;; ++attempt) {
+    HubAnswer a = Call("POST", "/v1/publish/intent", intent);
+    if (a.token != kHubPublishInProgress || attempt + 1 >= kMaxAttempts) return a;
+    // Jittered: the publishers that lost one race do not all come back in the same instant.
+    const auto delay =
+        JitteredBackoff(std::chrono::milliseconds(250), std::chrono::milliseconds(4000), attempt);
+    if (std::chrono::steady_clock::now() + delay > deadline) return a;
+    std::this_thread::sleep_for(delay);
+  }
+}
+
 PublishAnswer HubClient::Publish(std::string_view cell_tar, const PublishOptions& options) {
   PublishAnswer out;
   auto refuse = [&](const HubAnswer& a) {
@@ -242,7 +257,7 @@ PublishAnswer HubClient::Publish(std::string_view cell_tar, const PublishOptions
                         {"family", options.family.empty() ? meta->family : options.family}};
   if (!options.release.empty()) intent["release"] = options.release;
   if (!options.target.empty()) intent["target"] = options.target;
-  HubAnswer a = Call("POST", "/v1/publish/intent", intent.dump());
+  HubAnswer a = PublishIntentWaiting(intent.dump(), options.claim_wait_ms);
   if (!a.ok()) return refuse(a);
   if (a.body.value("already", false)) {
     out.already = true;

@@ -80,10 +80,18 @@ struct ResolveAnswer {
 };
 const char* ResolveKindName(ResolveAnswer::Kind kind);  // "found" | "miss" | "refused"
 
+// The hub's refusal of an intent while another publisher publishes the same key and family
+// (the hub's kRefusalPublishInProgress; one word on the wire).
+inline constexpr const char* kHubPublishInProgress = "publish_in_progress";
+
 struct PublishOptions {
   std::string release;
   std::string target;
   std::string family;  // default: the family in the cell's metadata
+  // While another publisher holds the key (publish_in_progress), the intent is retried with
+  // jittered backoff for at most this long (and at most 64 times); then that refusal is the
+  // answer. 0: no retry.
+  int claim_wait_ms = 120000;
 };
 
 struct PublishAnswer {
@@ -138,6 +146,9 @@ class HubClient {
 
  private:
   HubClient() = default;
+  // POST /v1/publish/intent, retried while the hub answers publish_in_progress (at most
+  // `wait_ms` and 64 tries, jittered backoff between).
+  HubAnswer PublishIntentWaiting(const std::string& intent, int wait_ms);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -210,9 +210,16 @@ Result<std::vector<TokenRow>> ParseTokensFile(const std::string& text, const std
                                      "SHA-256; the token itself is never stored)");
     }
     if (row.name.empty()) return Status::InvalidArgument(where + ": name is empty");
-    if (row.role != "publisher" && row.role != "worker" && row.role != "admin") {
+    if (row.role != "publisher" && row.role != "worker" && row.role != "admin" &&
+        row.role != kRoleMetrics) {
       return Status::InvalidArgument(where + ": role '" + row.role +
-                                     "' is not publisher, worker or admin");
+                                     "' is not publisher, worker, admin or metrics");
+    }
+    if (row.role == kRoleMetrics &&
+        (!row.tier.empty() || !row.org.empty() || !row.families.empty() || !row.releases.empty())) {
+      return Status::InvalidArgument(where +
+                                     ": a metrics token reads /metrics only; it takes no "
+                                     "tier, org, families or releases");
     }
     if (row.role == "publisher" && row.tier != "platform" && row.tier != "org") {
       return Status::InvalidArgument(where + ": publisher tier '" + row.tier +

@@ -7,6 +7,8 @@
 //     it is granted, and publishes the cells it minted itself: an org-scoped worker into
 //     "<org>/…" (tier org); platform families "root/…" only when its row says tier "platform".
 //   - `admin`: everything, plus revoke, releases, key rotation, token revocation.
+//   - `metrics`: GET /metrics and nothing else (a scraper's token: it reads no cell, blob, event
+//     or fleet row). The HTTP binding refuses it on every other route.
 // Reads of cells and blobs accept any role within its scope. A writer has a tier: `platform` may
 // write any family; `org` (a tenant) only families "<org>/…", never "root/…". A row's optional
 // `families` narrows what it may write to exactly those families.
@@ -60,6 +62,9 @@ std::string BearerToken(const std::string& authorization_header);
 
 // Whether `p` holds one of the roles (admin holds every role).
 bool HasRole(const Principal& p, std::initializer_list<const char*> roles);
+
+// The role of a scraper's token (see the header comment).
+inline constexpr const char* kRoleMetrics = "metrics";
 
 // The refusal tokens of the rules below (the hub answers them as 403, bad_family as 400).
 inline constexpr const char* kRefusalForbidden = "forbidden";

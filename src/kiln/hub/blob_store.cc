@@ -207,7 +207,8 @@ class DiskBlobStore final : public BlobStore {
       if (!IsWellFormedDigest("sha256:" + name)) continue;
       struct stat st {};
       if (::stat(it->path().c_str(), &st) != 0) continue;  // removed meanwhile
-      out.push_back({"sha256:" + name, static_cast<int64_t>(st.st_mtime)});
+      out.push_back(
+          {"sha256:" + name, static_cast<int64_t>(st.st_mtime), static_cast<uint64_t>(st.st_size)});
     }
     if (ec) return Status::IOError("listing '" + root_ + "/sha256': " + ec.message());
     return out;
@@ -366,7 +367,10 @@ class MemoryBlobStore final : public BlobStore {
   Result<std::vector<Stored>> ListStored() override {
     std::lock_guard<std::mutex> lock(blobs_->mu);
     std::vector<Stored> out;
-    for (const auto& [digest, at] : blobs_->stored_at) out.push_back({digest, at});
+    for (const auto& [digest, at] : blobs_->stored_at) {
+      auto it = blobs_->blobs.find(digest);
+      out.push_back({digest, at, it == blobs_->blobs.end() ? 0 : it->second->size()});
+    }
     return out;
   }
   Status Remove(const std::string& digest) override {

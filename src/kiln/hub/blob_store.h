@@ -128,6 +128,7 @@ class BlobStore {
   struct Stored {
     std::string digest;
     int64_t stored_at = 0;
+    uint64_t size = 0;  // bytes (the hub's /metrics sums them)
   };
   virtual Result<std::vector<Stored>> ListStored() = 0;
   // Deletes a stored blob; OK if it is not there. A reader already open keeps its bytes.

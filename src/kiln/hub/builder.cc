@@ -394,6 +394,11 @@ class BuildQueue {
     Grant();
   }
 
+  BuilderLoad Load() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return BuilderLoad{static_cast<int>(waiting_.size()), running_, slots_};
+  }
+
  private:
   // REQUIRES: mu_ held.
   void Grant() {
@@ -438,7 +443,7 @@ class BuildQueue {
   }
 
   const int slots_, tenant_slots_, per_share_, max_waiting_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::list<Ticket*> waiting_;  // oldest first
   int running_ = 0, running_tenant_ = 0;
@@ -461,6 +466,7 @@ class SandboxedBuilder final : public CellBuilder {
   }
 
   const std::string& name() const override { return o_.name; }
+  BuilderLoad Load() const override { return queue_.Load(); }
 
   Result<RebuildAttestation> Rebuild(const CellMetadata& metadata, const PublishedMembers& members,
                                      const RebuildRequester& who) override {

@@ -81,9 +81,18 @@ struct RebuildRequester {
   bool platform = false;  // a platform-tier publish (admins publish as the platform)
 };
 
+// What a builder holds now, for the hub's /metrics.
+struct BuilderLoad {
+  int waiting = 0;  // rebuilds queued for a slot
+  int running = 0;  // rebuilds holding a slot
+  int slots = 0;    // rebuilds that may run at once
+};
+
 class CellBuilder {
  public:
   virtual ~CellBuilder() = default;
+  // Its queue now; a builder with no queue reports zeros. Any thread.
+  virtual BuilderLoad Load() const { return {}; }
   // The name receipts state as `builder`.
   virtual const std::string& name() const = 0;
   // Rebuilds `members.source` as `metadata` describes and compares the result with

@@ -97,6 +97,28 @@ class MemoryStore final : public HubStore {
     }
     return std::optional<IntentRow>();
   }
+  Result<PublishClaimResult> ClaimPublish(const PublishClaim& claim, int64_t now) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, fresh] = claims_.try_emplace({claim.key, claim.family}, claim);
+    if (!fresh && (it->second.publisher == claim.publisher || it->second.expires_at <= now)) {
+      it->second = claim;
+      fresh = true;
+    }
+    return PublishClaimResult{it->second, fresh};
+  }
+  Result<bool> ReleasePublishClaim(const std::string& key, const std::string& family,
+                                   const std::string& publisher) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = claims_.find({key, family});
+    if (it == claims_.end() || it->second.publisher != publisher) return false;
+    claims_.erase(it);
+    return true;
+  }
+  Result<int> DeleteExpiredPublishClaims(int64_t now) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(
+        std::erase_if(claims_, [now](const auto& kv) { return kv.second.expires_at <= now; }));
+  }
   Result<int> DeleteIntentsBefore(int64_t before) override {
     std::lock_guard<std::mutex> lock(mu_);
     int n = 0;
@@ -275,6 +297,7 @@ class MemoryStore final : public HubStore {
   std::vector<std::pair<std::string, std::string>> order_;        // insertion order
   std::map<std::tuple<std::string, std::string, std::string>, IntentRow> intents_;
   std::map<std::pair<std::string, std::string>, RevocationRow> revocations_;
+  std::map<std::pair<std::string, std::string>, PublishClaim> claims_;  // by (key, family)
   std::map<std::string, RevokedTokenRow> revoked_tokens_;
   std::map<std::tuple<std::string, std::string, std::string>, ObligationRow> obligations_;
   std::vector<StoredEvent> events_;

@@ -69,6 +69,9 @@ ALTER TABLE obligations ADD COLUMN IF NOT EXISTS org TEXT NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
 CREATE INDEX IF NOT EXISTS events_org ON events(org);
+CREATE TABLE IF NOT EXISTS publish_claims (
+  key TEXT NOT NULL, family TEXT NOT NULL, publisher TEXT NOT NULL, digest TEXT NOT NULL,
+  expires_at BIGINT NOT NULL, PRIMARY KEY (key, family));
 )sql";
 
 constexpr const char* kCellCols =
@@ -303,6 +306,57 @@ class PostgresStore final : public HubStore {
         },
         true));
     return out;
+  }
+  Result<PublishClaimResult> ClaimPublish(const PublishClaim& claim, int64_t now) override {
+    PublishClaimResult out;
+    KILN_RETURN_IF_ERROR(Do("claim publish", [&](pqxx::transaction_base& w) {
+      // The primary key serialises racing claims: the conditional upsert writes (RETURNING a row)
+      // only for the first claimer, the holder itself, or over an expired claim; the others read
+      // the holder. A holder released between the two statements leaves no row: claim again.
+      for (int attempt = 0; attempt < 3; ++attempt) {
+        auto ins = w.exec_params(
+            "INSERT INTO publish_claims (key, family, publisher, digest, expires_at) VALUES "
+            "($1,$2,$3,$4,$5) ON CONFLICT (key, family) DO UPDATE SET publisher = "
+            "EXCLUDED.publisher, digest = EXCLUDED.digest, expires_at = EXCLUDED.expires_at "
+            "WHERE publish_claims.publisher = EXCLUDED.publisher OR publish_claims.expires_at "
+            "<= $6 RETURNING key",
+            claim.key, claim.family, claim.publisher, claim.digest, claim.expires_at, now);
+        if (!ins.empty()) {
+          out = PublishClaimResult{claim, true};
+          return;
+        }
+        auto r = w.exec_params(
+            "SELECT key, family, publisher, digest, expires_at FROM publish_claims WHERE key = $1 "
+            "AND family = $2",
+            claim.key, claim.family);
+        if (!r.empty()) {
+          out = PublishClaimResult{
+              PublishClaim{S(r[0][0]), S(r[0][1]), S(r[0][2]), S(r[0][3]), I(r[0][4])}, false};
+          return;
+        }
+      }
+      throw std::runtime_error("the publish claim kept vanishing between claim and read");
+    }));
+    return out;
+  }
+  Result<bool> ReleasePublishClaim(const std::string& key, const std::string& family,
+                                   const std::string& publisher) override {
+    bool dropped = false;
+    KILN_RETURN_IF_ERROR(Do("release publish claim", [&](pqxx::transaction_base& w) {
+      dropped = w.exec_params(
+                     "DELETE FROM publish_claims WHERE key = $1 AND family = $2 AND publisher = $3",
+                     key, family, publisher)
+                    .affected_rows() == 1;
+    }));
+    return dropped;
+  }
+  Result<int> DeleteExpiredPublishClaims(int64_t now) override {
+    int n = 0;
+    KILN_RETURN_IF_ERROR(Do("delete expired publish claims", [&](pqxx::transaction_base& w) {
+      n = static_cast<int>(
+          w.exec_params("DELETE FROM publish_claims WHERE expires_at <= $1", now).affected_rows());
+    }));
+    return n;
   }
   Result<int> DeleteIntentsBefore(int64_t before) override {
     int n = 0;
@@ -588,6 +642,11 @@ class PostgresStore final : public HubStore {
     return Status::IOError(std::string("postgresql: ") + what + ": retries exhausted");
   }
 
+  PoolStats Pool() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return PoolStats{pool_size_, open_, open_ - static_cast<int>(idle_.size())};
+  }
+
   // Throws (inside Do) when a new connection cannot be made.
   std::unique_ptr<pqxx::connection> Acquire() {
     std::unique_lock<std::mutex> lock(mu_);
@@ -622,7 +681,7 @@ class PostgresStore final : public HubStore {
 
   std::string url_;
   int pool_size_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::unique_ptr<pqxx::connection>> idle_;
   int open_ = 0;

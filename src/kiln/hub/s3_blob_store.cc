@@ -474,9 +474,9 @@ class S3BlobStore final : public BlobStore {
   Result<std::vector<Stored>> ListStored() override {
     KILN_ASSIGN_OR_RETURN(auto keys, ListKeys(prefix_ + "sha256/"));
     std::vector<Stored> out;
-    for (const auto& [key, at] : keys) {
-      const std::string digest = "sha256:" + key.substr(prefix_.size() + 7);
-      if (IsWellFormedDigest(digest)) out.push_back({digest, at});
+    for (const Listed& l : keys) {
+      const std::string digest = "sha256:" + l.key.substr(prefix_.size() + 7);
+      if (IsWellFormedDigest(digest)) out.push_back({digest, l.modified, l.size});
     }
     return out;
   }
@@ -539,8 +539,13 @@ class S3BlobStore final : public BlobStore {
   }
 
   // Every key under `prefix` with its LastModified time (ListObjectsV2, all pages).
-  Result<std::vector<std::pair<std::string, int64_t>>> ListKeys(const std::string& prefix) {
-    std::vector<std::pair<std::string, int64_t>> out;
+  struct Listed {
+    std::string key;
+    int64_t modified = 0;  // unix seconds
+    uint64_t size = 0;
+  };
+  Result<std::vector<Listed>> ListKeys(const std::string& prefix) {
+    std::vector<Listed> out;
     std::string token;
     for (int page = 0;; ++page) {
       Query q = {{"list-type", "2"}, {"prefix", prefix}};
@@ -561,7 +566,13 @@ class S3BlobStore final : public BlobStore {
               StatusCode::kIOError, kRefusalS3BadResponse,
               "s3 list " + s3_->Name(prefix) + ": an entry without a Key under the prefix");
         }
-        out.emplace_back(*key, modified ? ParseIsoTime(*modified) : 0);
+        auto size = XmlText(entry, "Size");
+        uint64_t bytes = 0;
+        if (size && !size->empty() && size->size() <= 19 &&
+            size->find_first_not_of("0123456789") == std::string::npos) {
+          bytes = std::stoull(*size);
+        }
+        out.push_back({*key, modified ? ParseIsoTime(*modified) : 0, bytes});
         at = end;
       }
       if (XmlText(r.body, "IsTruncated").value_or("false") != "true") break;

@@ -98,6 +98,41 @@ std::optional<ByteRange> ParseRange(const std::string& header, uint64_t size, bo
   return r;
 }
 
+// The caller of a route other than /metrics: a metrics token is refused there, so a scraper's
+// credential reads counters and nothing of the fleet.
+std::variant<Principal, Reply> AuthenticateRoute(HubService* s, const net::Request& req) {
+  auto who = s->Authenticate(req.Header("Authorization"));
+  if (const auto* p = std::get_if<Principal>(&who); p != nullptr && p->role == kRoleMetrics) {
+    return Reply::Error(403, kRefusalForbidden,
+                        "token '" + p->name + "' has role metrics: it may read GET /metrics only");
+  }
+  return who;
+}
+
+// Each route's handler timed and counted under its pattern, and the bytes of streamed answers
+// counted as they go out.
+void Instrument(std::vector<net::Route>* routes, HubMetrics* m) {
+  for (net::Route& r : *routes) {
+    r.handler = [m, inner = std::move(r.handler), method = r.method, pattern = r.pattern](
+                    const net::Request& req, net::Body& body) {
+      const auto start = std::chrono::steady_clock::now();
+      net::Response res = inner(req, body);
+      m->ObserveRequest(
+          method, pattern, res.status,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+      if (res.stream && pattern == "/v1/blobs/{}") {
+        res.stream = [m, stream = std::move(res.stream)](uint64_t offset, char* buf,
+                                                         size_t cap) -> Result<size_t> {
+          Result<size_t> n = stream(offset, buf, cap);
+          if (n.ok()) m->AddBytesDownloaded(*n);
+          return n;
+        };
+      }
+      return res;
+    };
+  }
+}
+
 }  // namespace
 
 struct HubServer::Http {
@@ -119,7 +154,7 @@ struct RouteDeadlines {
 };
 
 // The routes: each authenticates (where it is not public) before it reads its body.
-static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http,
+static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http, HubMetrics* metrics,
                                          uint64_t max_blob_bytes, const RouteDeadlines& deadlines) {
   using net::Body;
   using net::Request;
@@ -127,7 +162,7 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http,
   // `fn(principal, request)` after authentication; 401 before the body is read otherwise.
   auto authed = [s](auto fn) {
     return [s, fn](const Request& req, Body&) -> Response {
-      auto who = s->Authenticate(req.Header("Authorization"));
+      auto who = AuthenticateRoute(s, req);
       if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
       return Send(fn(std::get<Principal>(who), req));
     };
@@ -135,7 +170,7 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http,
   // The same for a route with a JSON body of at most `limit` bytes.
   auto authed_body = [s](uint64_t limit, auto fn) {
     return [s, fn, limit](const Request& req, Body& body) -> Response {
-      auto who = s->Authenticate(req.Header("Authorization"));
+      auto who = AuthenticateRoute(s, req);
       if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
       auto text = body.ReadAll(limit);
       if (!text.ok()) return Send(BodyFailure(text.status()));
@@ -178,6 +213,23 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http,
     }
     return Send(r);
   }));
+  // Prometheus text for an admin or a metrics token (docs/hub-api.md "Metrics"). A handler
+  // thread, not the event loop: some gauges ask the store or the object store.
+  routes.push_back(route("GET", "/metrics", 0, [s, http, metrics](const Request& req, Body&) {
+    auto who = s->Authenticate(req.Header("Authorization"));
+    if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
+    const Principal& p = std::get<Principal>(who);
+    if (p.role != "admin" && p.role != kRoleMetrics) {
+      return Send(Reply::Error(403, kRefusalForbidden,
+                               "token '" + p.name + "' has role " + p.role +
+                                   "; GET /metrics needs role metrics or admin"));
+    }
+    MetricsWriter w;
+    metrics->Write(&w);
+    std::string text = w.Text();
+    if (http->server) text += net::StatsMetricsText({{"hub", http->server->stats()}});
+    return Response::Text(200, std::move(text), "text/plain; version=0.0.4; charset=utf-8");
+  }));
   routes.push_back(route("GET", "/.well-known/jwks.json", 0,
                          [s](const Request&, Body&) { return Send(s->Jwks()); }));
   routes.push_back(route("GET", "/v1/revocations", 0,
@@ -201,30 +253,32 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http,
                          })));
   routes.back().deadline_ms = deadlines.complete_ms;
   routes.push_back(
-      route("PUT", "/v1/blobs/{}", max_blob_bytes, [s](const Request& req, Body& body) -> Response {
-        auto who = s->Authenticate(req.Header("Authorization"));
-        if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
-        Status failure;
-        BodyReader reader = [&](const std::function<bool(std::string_view)>& sink) {
-          char buf[64 * 1024];
-          while (true) {
-            auto n = body.Read(buf, sizeof(buf));
-            if (!n.ok()) {
-              failure = n.status();
-              return false;
-            }
-            if (*n == 0) return true;
-            if (!sink({buf, *n})) return true;
-          }
-        };
-        Reply reply = s->UploadBlob(std::get<Principal>(who), req.captures[0], reader);
-        // The transport's reason beats the service's generic "incomplete".
-        if (!failure.ok() && reply.status == 400) reply = BodyFailure(failure);
-        return Send(reply);
-      }));
+      route("PUT", "/v1/blobs/{}", max_blob_bytes,
+            [s, metrics](const Request& req, Body& body) -> Response {
+              auto who = AuthenticateRoute(s, req);
+              if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
+              Status failure;
+              BodyReader reader = [&](const std::function<bool(std::string_view)>& sink) {
+                char buf[64 * 1024];
+                while (true) {
+                  auto n = body.Read(buf, sizeof(buf));
+                  if (!n.ok()) {
+                    failure = n.status();
+                    return false;
+                  }
+                  if (*n == 0) return true;
+                  metrics->AddBytesUploaded(*n);
+                  if (!sink({buf, *n})) return true;
+                }
+              };
+              Reply reply = s->UploadBlob(std::get<Principal>(who), req.captures[0], reader);
+              // The transport's reason beats the service's generic "incomplete".
+              if (!failure.ok() && reply.status == 400) reply = BodyFailure(failure);
+              return Send(reply);
+            }));
   routes.back().deadline_ms = deadlines.upload_ms;
   routes.push_back(route("GET", "/v1/blobs/{}", 0, [s](const Request& req, Body&) -> Response {
-    auto who = s->Authenticate(req.Header("Authorization"));
+    auto who = AuthenticateRoute(s, req);
     if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
     auto opened = s->OpenBlob(std::get<Principal>(who), req.captures[0]);
     if (auto* r = std::get_if<Reply>(&opened)) return Send(*r);
@@ -307,6 +361,7 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http,
       route("GET", "/v1/events", 0, authed([s](const Principal& p, const Request& req) {
               return s->QueryEvents(p, req.query);
             })));
+  Instrument(&routes, metrics);
   return routes;
 }
 
@@ -415,6 +470,7 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   service_options.max_cell_entries = options.max_cell_entries;
   service_options.org_quota_bytes = options.org_quota_bytes;
   service_options.platform_quota_bytes = options.platform_quota_bytes;
+  service_options.publish_claim_ttl_s = options.publish_claim_ttl_s;
   std::unique_ptr<HubServer> hub(new HubServer());
   hub->options_ = options;
   hub->service_ = std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys),
@@ -445,8 +501,10 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
                                            1000));
   KILN_ASSIGN_OR_RETURN(
       hub->http_->server,
-      net::HttpServer::Create(so, HubRoutes(hub->service_.get(), hub->http_.get(),
-                                            options.max_blob_bytes + 1, deadlines)));
+      net::HttpServer::Create(so,
+                              HubRoutes(hub->service_.get(), hub->http_.get(), hub->metrics_.get(),
+                                        options.max_blob_bytes + 1, deadlines)));
+  hub->RegisterGauges();
   hub->port_ = hub->http_->server->port();
   if (options.blob_verify_interval_s > 0) {
     hub->verifier_ = std::thread([h = hub.get()] { h->VerifyBlobsOnSchedule(); });
@@ -456,6 +514,70 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
                  << tokens.size() << " token(s), listening on " << hub->scheme() << "://"
                  << options.bind << ":" << hub->port_;
   return hub;
+}
+
+void HubServer::RegisterGauges() {
+  HubMetrics& m = *metrics_;
+  HubService* s = service_.get();
+  using Samples = std::vector<std::pair<MetricLabels, double>>;
+  m.RegisterGauge("kiln_hub_builder_waiting", "Rebuilds queued for a builder slot.", [s] {
+    const BuilderLoad l = s->builder_load();
+    return Samples{{{}, static_cast<double>(l.waiting)}};
+  });
+  m.RegisterGauge("kiln_hub_builder_running", "Rebuilds running now.", [s] {
+    const BuilderLoad l = s->builder_load();
+    return Samples{{{}, static_cast<double>(l.running)}};
+  });
+  m.RegisterGauge("kiln_hub_builder_slots", "Rebuilds that may run at once (0: no builder).", [s] {
+    const BuilderLoad l = s->builder_load();
+    return Samples{{{}, static_cast<double>(l.slots)}};
+  });
+  const std::string backend =
+      s->store().Describe().rfind("sqlite", 0) == 0 ? "sqlite" : s->store().Describe();
+  m.RegisterGauge("kiln_hub_db_pool_size",
+                  "Database connections the store may hold (SQLite and memory: 1).", [s, backend] {
+                    return Samples{{{{"backend", backend}}, double(s->store().Pool().size)}};
+                  });
+  m.RegisterGauge("kiln_hub_db_pool_open", "Database connections open now.", [s, backend] {
+    return Samples{{{{"backend", backend}}, double(s->store().Pool().open)}};
+  });
+  m.RegisterGauge("kiln_hub_db_pool_in_use",
+                  "Database connections a call is using now (PostgreSQL; 0 where not measured).",
+                  [s, backend] {
+                    return Samples{{{{"backend", backend}}, double(s->store().Pool().in_use)}};
+                  });
+  // Listing every blob costs a directory scan or a paged bucket listing: once a minute at most.
+  struct StoredCache {
+    std::mutex mu;
+    std::chrono::steady_clock::time_point at;
+    bool valid = false;
+    double blobs = 0, bytes = 0;
+  };
+  auto cache = std::make_shared<StoredCache>();
+  auto stored = [s, cache](bool bytes) {
+    std::lock_guard<std::mutex> lock(cache->mu);
+    const auto now = std::chrono::steady_clock::now();
+    if (!cache->valid || now - cache->at > std::chrono::seconds(60)) {
+      auto listed = s->blobs().ListStored();
+      if (listed.ok()) {
+        cache->blobs = static_cast<double>(listed->size());
+        cache->bytes = 0;
+        for (const auto& b : *listed) cache->bytes += static_cast<double>(b.size);
+        cache->valid = true;
+        cache->at = now;
+      } else {
+        KILN_LOG(WARNING) << "hub: /metrics could not list stored blobs: "
+                          << listed.status().ToString();
+      }
+    }
+    if (!cache->valid) return Samples{};
+    return Samples{{{}, bytes ? cache->bytes : cache->blobs}};
+  };
+  m.RegisterGauge("kiln_hub_blobs_stored", "Blobs in the blob store (refreshed once a minute).",
+                  [stored] { return stored(false); });
+  m.RegisterGauge("kiln_hub_blob_bytes_stored",
+                  "Bytes of the blobs in the blob store (refreshed once a minute).",
+                  [stored] { return stored(true); });
 }
 
 std::string HubServer::scheme() const {

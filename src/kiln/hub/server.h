@@ -30,6 +30,7 @@
 #include "src/kiln/hub/authz.h"
 #include "src/kiln/hub/blob_store.h"
 #include "src/kiln/hub/builder.h"
+#include "src/kiln/hub/metrics.h"
 #include "src/kiln/hub/store.h"
 #include "src/kiln/net/http_server.h"
 #include "src/kiln/receipt/receipt.h"
@@ -77,12 +78,21 @@ struct HubServiceOptions {
   // quota_exceeded (413).
   uint64_t org_quota_bytes = 16ull << 30;
   uint64_t platform_quota_bytes = 0;
+  // How long a publisher's claim on (key, family) lives after each step of its publish (intent,
+  // upload, complete), so that one publisher uploads while the others wait, and a publisher that
+  // died frees the scope this long after its last step (store.h PublishClaim).
+  int64_t publish_claim_ttl_s = 300;
 };
+
+// The refusal of a publish intent while another publisher's claim on (key, family) is live
+// (409, with Retry-After): retry later and see "already" (or key_taken) once it completes.
+inline constexpr const char* kRefusalPublishInProgress = "publish_in_progress";
 
 // What one garbage collection pass removed.
 struct CollectedGarbage {
   int intents = 0;
   int blobs = 0;
+  int claims = 0;  // expired publish claims
 };
 
 // What /v1/ready demands beyond reachability.
@@ -149,6 +159,10 @@ class HubService {
   void StartMaintenance(int interval_s);
 
   void set_ready_options(const ReadyOptions& o) { ready_options_ = o; }
+  // The builder's queue now (zeros without a builder), for /metrics.
+  BuilderLoad builder_load() const {
+    return options_.builder ? options_.builder->Load() : BuilderLoad{};
+  }
   HubStore& store() { return *store_; }
   BlobStore& blobs() { return *blobs_; }
   SigningKeyRing& keys() { return *keys_; }
@@ -157,6 +171,15 @@ class HubService {
   int64_t Now() const;
   uint64_t QuotaOf(const Principal& p) const;
   std::optional<Reply> CheckQuota(const Principal& p, const std::string& digest, uint64_t adding);
+  // Claims (or refreshes) p's claim on (key, family) for `digest`: nullopt when p holds it now,
+  // else the 409 publish_in_progress (or a store failure) to answer.
+  std::optional<Reply> ClaimPublish(const Principal& p, const std::string& key,
+                                    const std::string& family, const std::string& digest);
+  // Drops p's claim on (key, family) (logged, never fatal: an unreleased claim expires).
+  void ReleasePublishClaim(const Principal& p, const std::string& key, const std::string& family);
+  // PublishComplete's work; *intent is set once p's intent is found.
+  Reply CompletePublish(const Principal& p, std::string_view body,
+                        std::optional<IntentRow>* intent);
   // `rebuild`'s verdict on `digest`, run once however many publishes of those bytes ask at once.
   Result<RebuildAttestation> RebuildOnce(
       const std::string& digest, const std::function<Result<RebuildAttestation>()>& rebuild);
@@ -204,6 +227,7 @@ struct HubOptions {
   size_t max_cell_entries = 256;           // HubServiceOptions::max_cell_entries
   uint64_t org_quota_bytes = 16ull << 30;  // HubServiceOptions::org_quota_bytes
   uint64_t platform_quota_bytes = 0;       // HubServiceOptions::platform_quota_bytes
+  int64_t publish_claim_ttl_s = 300;       // HubServiceOptions::publish_claim_ttl_s
   // On SIGTERM (Stop()): how long requests being handled may take to finish and send their answer
   // before the listener cuts what is left.
   int drain_timeout_ms = 30000;
@@ -236,6 +260,8 @@ class HubServer {
   // "https" with TLS, else "http".
   std::string scheme() const;
   HubService& service() { return *service_; }
+  // What GET /metrics shows; a part of the hub adds its gauges here (HubMetrics::RegisterGauge).
+  HubMetrics& metrics() { return *metrics_; }
   // Serves until Stop(); returns when the listener closes.
   Status Serve();
   // Drains (HubOptions::drain_timeout_ms: handlers running finish and their answers go out
@@ -250,11 +276,14 @@ class HubServer {
 
  private:
   HubServer() = default;
+  // The gauges of the listener, the builder, the store's pool and the blob store.
+  void RegisterGauges();
   // Runs VerifyBlobs every options_.blob_verify_interval_s until Stop().
   void VerifyBlobsOnSchedule();
   HubOptions options_;
   int port_ = 0;
   std::unique_ptr<HubService> service_;
+  std::unique_ptr<HubMetrics> metrics_ = std::make_unique<HubMetrics>();
   std::unique_ptr<Http> http_;
   std::mutex verify_mu_;
   std::condition_variable verify_cv_;

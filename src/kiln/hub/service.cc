@@ -602,11 +602,20 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
   }
   intent.publisher = p.name;
   intent.created_at = Now();
+  // The scope is this publisher's before a byte is uploaded: racing publishers wait on the one
+  // that claimed it instead of each uploading a blob that only one complete can keep.
+  if (auto busy = ClaimPublish(p, intent.key, intent.family, intent.digest)) return *busy;
   if (!blobs_->Has(intent.digest)) {
     std::lock_guard<std::mutex> quota_lock(pins_->QuotaLock(p.name));
-    if (auto over = CheckQuota(p, intent.digest, intent.size)) return *over;
+    if (auto over = CheckQuota(p, intent.digest, intent.size)) {
+      ReleasePublishClaim(p, intent.key, intent.family);
+      return *over;
+    }
   }
-  if (Status s = store_->PutIntent(intent); !s.ok()) return Reply::FromStatus(s);
+  if (Status s = store_->PutIntent(intent); !s.ok()) {
+    ReleasePublishClaim(p, intent.key, intent.family);
+    return Reply::FromStatus(s);
+  }
   nlohmann::json answer{{"upload", "/v1/blobs/" + intent.digest},
                         {"have_blob", blobs_->Has(intent.digest)}};
   if (repair) answer["repair"] = true;
@@ -627,6 +636,12 @@ Reply HubService::UploadBlob(const Principal& p, const std::string& digest,
     return Reply::Error(404, "no_intent",
                         "publisher '" + p.name + "' declared no intent for " + digest +
                             "; POST /v1/publish/intent first");
+  }
+  // The claim again, made young for the upload; one that expired and went to another publisher
+  // stops this upload, so a scope's racing publishers store one blob.
+  if (auto busy = ClaimPublish(p, (*intent)->key, (*intent)->family, digest)) {
+    read_body([](std::string_view) { return false; });
+    return *busy;
   }
   if (blobs_->Has(digest)) {
     // Already here and intact: nothing to store. Damaged: Verify quarantined it; store these.
@@ -676,8 +691,52 @@ Reply HubService::UploadBlob(const Principal& p, const std::string& digest,
   return Reply::Json(200, {{"stored", true}, {"digest", digest}, {"size", (*intent)->size}});
 }
 
-// POST /v1/publish/complete
+// POST /v1/publish/complete. The claim ends with the publish: once a cell row owns the scope
+// (or the publish was refused for good) other publishers' intents see it. A 5xx or blob_missing
+// leaves the claim for this publisher's retry.
 Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
+  std::optional<IntentRow> intent;
+  Reply r = CompletePublish(p, body, &intent);
+  const std::string token = r.body.is_object() ? r.body.value("error", std::string()) : "";
+  if (intent.has_value() && r.status < 500 && token != "blob_missing") {
+    ReleasePublishClaim(p, intent->key, intent->family);
+  }
+  return r;
+}
+
+std::optional<Reply> HubService::ClaimPublish(const Principal& p, const std::string& key,
+                                              const std::string& family,
+                                              const std::string& digest) {
+  const int64_t now = Now();
+  auto claim =
+      store_->ClaimPublish(PublishClaim{key, family, p.name, digest,
+                                        now + std::max<int64_t>(1, options_.publish_claim_ttl_s)},
+                           now);
+  if (!claim.ok()) return Reply::FromStatus(claim.status());
+  if (claim->ours) return std::nullopt;
+  const PublishClaim& h = claim->holder;
+  Reply busy =
+      Reply::Error(409, kRefusalPublishInProgress,
+                   "publisher '" + h.publisher + "' is publishing key " + key + " in family " +
+                       family + " (its claim lives " + std::to_string(h.expires_at - now) +
+                       " s more); retry, and see its cell once it completes",
+                   {{"key", key}, {"family", family}, {"claim_expires_in_s", h.expires_at - now}});
+  busy.retry_after_s = 1;
+  return busy;
+}
+
+void HubService::ReleasePublishClaim(const Principal& p, const std::string& key,
+                                     const std::string& family) {
+  auto released = store_->ReleasePublishClaim(key, family, p.name);
+  if (!released.ok()) {
+    KILN_LOG(WARNING) << "hub: releasing " << p.name << "'s publish claim on " << key << " in "
+                      << family
+                      << " failed (it expires on its own): " << released.status().ToString();
+  }
+}
+
+Reply HubService::CompletePublish(const Principal& p, std::string_view body,
+                                  std::optional<IntentRow>* intent_out) {
   if (Status s = Authorize(p, Action::kPublish); !s.ok()) return Refusal(s);
   auto parsed = ParseBody(body, "publish complete");
   if (auto* r = std::get_if<Reply>(&parsed)) return *r;
@@ -701,6 +760,12 @@ Reply HubService::PublishComplete(const Principal& p, std::string_view body) {
         "publisher '" + p.name + "' has no publish intent for " + key + "@" + digest);
   }
   const IntentRow intent = **intent_r;
+  *intent_out = intent;
+  // Young again for the rebuild. Lost to another publisher (this one's expired): go on; the
+  // first-writer-wins insert below still decides.
+  if (auto busy = ClaimPublish(p, key, intent.family, digest); busy && busy->status >= 500) {
+    return *busy;
+  }
   auto revoked = store_->GetRevocation(key, digest);
   if (!revoked.ok()) return Reply::FromStatus(revoked.status());
   if (revoked->has_value()) return RevokedReply(**revoked);
@@ -1397,6 +1462,7 @@ Result<CollectedGarbage> HubService::CollectGarbage() {
   CollectedGarbage out;
   const int64_t horizon = Now() - options_.blob_grace_s;
   KILN_ASSIGN_OR_RETURN(out.intents, store_->DeleteIntentsBefore(horizon));
+  KILN_ASSIGN_OR_RETURN(out.claims, store_->DeleteExpiredPublishClaims(Now()));
   KILN_ASSIGN_OR_RETURN(auto blobs, blobs_->ListStored());
   for (const auto& b : blobs) {
     if (b.stored_at >= horizon) continue;  // young: its publish may still complete

@@ -57,6 +57,9 @@ CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
 CREATE INDEX IF NOT EXISTS events_org ON events(org);
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS publish_claims (
+  key TEXT NOT NULL, family TEXT NOT NULL, publisher TEXT NOT NULL, digest TEXT NOT NULL,
+  expires_at INTEGER NOT NULL, PRIMARY KEY (key, family));
 )sql";
 
 // From version 1 (one owner per key, one intent per (key, digest)): the primary keys change, so
@@ -392,6 +395,52 @@ class SqliteStore final : public HubStore {
            "WHERE digest = ? AND (? = '' OR publisher = ?) ORDER BY created_at DESC LIMIT 1");
     s.Bind(digest).Bind(publisher).Bind(publisher);
     return One<IntentRow>(s, ReadIntent, "find intent");
+  }
+  Result<PublishClaimResult> ClaimPublish(const PublishClaim& claim, int64_t now) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool ours = false;
+    {
+      // One statement: the claim is taken, refreshed or left to its live holder atomically, even
+      // against another process writing the same file.
+      Stmt s(db_,
+             "INSERT INTO publish_claims (key, family, publisher, digest, expires_at) VALUES "
+             "(?,?,?,?,?) ON CONFLICT(key, family) DO UPDATE SET publisher = excluded.publisher, "
+             "digest = excluded.digest, expires_at = excluded.expires_at WHERE "
+             "publish_claims.publisher = excluded.publisher OR publish_claims.expires_at <= ?");
+      s.Bind(claim.key).Bind(claim.family).Bind(claim.publisher).Bind(claim.digest);
+      s.Bind(claim.expires_at).Bind(now);
+      KILN_RETURN_IF_ERROR(s.Run("claim publish"));
+      ours = sqlite3_changes(db_) == 1;
+    }
+    Stmt s(db_,
+           "SELECT key, family, publisher, digest, expires_at FROM publish_claims WHERE key = ? "
+           "AND family = ?");
+    s.Bind(claim.key).Bind(claim.family);
+    const int rc = s.Step();
+    if (rc != SQLITE_ROW) {
+      if (rc == SQLITE_DONE) {
+        return Status::Internal("sqlite: the publish claim on '" + claim.key + "' in family '" +
+                                claim.family + "' vanished after it was written");
+      }
+      return s.Error("read publish claim", rc);
+    }
+    PublishClaim holder{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4)};
+    return PublishClaimResult{std::move(holder), ours};
+  }
+  Result<bool> ReleasePublishClaim(const std::string& key, const std::string& family,
+                                   const std::string& publisher) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, "DELETE FROM publish_claims WHERE key = ? AND family = ? AND publisher = ?");
+    s.Bind(key).Bind(family).Bind(publisher);
+    KILN_RETURN_IF_ERROR(s.Run("release publish claim"));
+    return sqlite3_changes(db_) == 1;
+  }
+  Result<int> DeleteExpiredPublishClaims(int64_t now) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, "DELETE FROM publish_claims WHERE expires_at <= ?");
+    s.Bind(now);
+    KILN_RETURN_IF_ERROR(s.Run("delete expired publish claims"));
+    return sqlite3_changes(db_);
   }
   Result<int> DeleteIntentsBefore(int64_t before) override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -57,6 +57,25 @@ struct IntentRow {
   int64_t created_at = 0;
 };
 
+// A publisher's claim on (key, family) from its intent until its complete: while it is live (not
+// expired) no other publisher gets an intent for that scope, so racing publishers upload one blob
+// between them, not one each. It expires on its own (a publisher that died frees the scope), and
+// its holder refreshes it at each step of its publish.
+struct PublishClaim {
+  std::string key;
+  std::string family;
+  std::string publisher;   // token name
+  std::string digest;      // what the holder declared it would upload
+  int64_t expires_at = 0;  // unix seconds; the claim is live while now < expires_at
+};
+
+// The outcome of ClaimPublish: the claim that holds (key, family) afterwards, and whether it is
+// the caller's.
+struct PublishClaimResult {
+  PublishClaim holder;
+  bool ours = false;
+};
+
 struct RevocationRow {
   std::string key;
   std::string digest;
@@ -169,6 +188,16 @@ class HubStore {
   // quick_check over the whole file. Any thread.
   virtual Status CheckIntegrity() { return Status::OK(); }
 
+  // Its connections, for the hub's /metrics: how many it may hold, how many are open, and how
+  // many a call is using now. A store with no pool (memory; SQLite's one connection, whose
+  // statements take turns) reports size 1, open 1 and in_use 0 (not measured). Any thread.
+  struct PoolStats {
+    int size = 1;
+    int open = 1;
+    int in_use = 0;
+  };
+  virtual PoolStats Pool() const { return {}; }
+
   // --- cells --------------------------------------------------------------------------------
   // Inserts `row` unless a live row owns its (key, family): a row with no revocation is never
   // overwritten, one whose (key, digest) is revoked is replaced (revoking frees the key for its
@@ -220,6 +249,20 @@ class HubStore {
     std::vector<IntentRow> open_intents;
   };
   virtual Result<PublisherUsage> GetPublisherUsage(const std::string& publisher) = 0;
+
+  // --- publish claims ------------------------------------------------------------------------
+  // Claims (key, family) for claim.publisher until claim.expires_at, unless another publisher's
+  // claim live at `now` (expires_at > now) holds it. The holder's own claim is refreshed (digest
+  // and expiry replaced); an expired one is taken over. Returns the claim that holds afterwards
+  // and whether it is the caller's. Atomic across hub processes sharing a database: of racing
+  // callers exactly one gets `ours`.
+  virtual Result<PublishClaimResult> ClaimPublish(const PublishClaim& claim, int64_t now) = 0;
+  // Drops `publisher`'s claim on (key, family); another publisher's claim is untouched. Returns
+  // whether a claim was dropped.
+  virtual Result<bool> ReleasePublishClaim(const std::string& key, const std::string& family,
+                                           const std::string& publisher) = 0;
+  // Deletes claims expired at `now` (expires_at <= now). Returns how many.
+  virtual Result<int> DeleteExpiredPublishClaims(int64_t now) = 0;
 
   // --- revocations --------------------------------------------------------------------------
   // Idempotent: a second revocation of (key, digest) keeps the first row.

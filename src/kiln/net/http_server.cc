@@ -170,6 +170,12 @@ class HandlerPool {
   }
   ~HandlerPool() { Stop(0); }
 
+  // Jobs waiting for a thread now.
+  size_t Queued() const {
+    std::lock_guard<std::mutex> lock(state_->mu);
+    return state_->queue.size();
+  }
+
   // False when the queue is full or the pool is stopping.
   bool TrySubmit(std::function<void()> job) {
     {
@@ -1522,6 +1528,7 @@ ServerStats HttpServer::stats() const {
   st.handlers_stuck = s.handlers_stuck.load();
   st.evicted_idle = s.evicted_idle.load();
   st.handlers_abandoned = s.handlers_abandoned.load();
+  st.queued = s.pool ? s.pool->Queued() : 0;
   return st;
 }
 
@@ -1569,6 +1576,8 @@ std::string StatsMetricsText(const std::vector<std::pair<std::string, ServerStat
       {"kiln_http_handlers_stuck", "gauge",
        "Handlers past their deadline and still running (health reports these).",
        &ServerStats::handlers_stuck},
+      {"kiln_http_queue_depth", "gauge", "Requests waiting for a handler thread now.",
+       &ServerStats::queued},
       {"kiln_http_evicted_idle_total", "counter",
        "Idle connections closed at the connection cap to make room for another address.",
        &ServerStats::evicted_idle},

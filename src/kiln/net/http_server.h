@@ -220,6 +220,7 @@ struct ServerStats {
   uint64_t handlers_stuck = 0;             // gauge: handlers past their deadline, still running
   uint64_t evicted_idle = 0;               // idle connections closed to make room at the cap
   uint64_t handlers_abandoned = 0;         // handlers still running when Stop() gave up on them
+  uint64_t queued = 0;                     // gauge: requests waiting for a handler thread
 };
 
 class HttpServer {

@@ -20,6 +20,8 @@ int64_t NowMs() {
 
 bool IsTransientHubFailure(const std::string& token, int http_status) {
   if (IsHubTransportToken(token) || token == kHubBadResponse) return true;
+  // Another publisher holds the key still: its complete (or its claim's expiry) frees it.
+  if (token == kHubPublishInProgress) return true;
   // A 5xx is the hub's trouble, not a verdict on the cell. Anything else with no HTTP status
   // (bad_cell, io_error) is this side's and would fail again the same way: terminal.
   return http_status >= 500;

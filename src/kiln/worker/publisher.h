@@ -87,7 +87,8 @@ class Publisher {
 };
 
 // True when a hub answer is a transport failure worth retrying (unreachable, timeout, a bad or
-// 5xx response), false for a typed refusal or a local failure (bad_cell, io_error).
+// 5xx response) or publish_in_progress (another publisher holds the key; its complete or its
+// claim's expiry frees it), false for a typed refusal or a local failure (bad_cell, io_error).
 bool IsTransientHubFailure(const std::string& token, int http_status);
 
 }  // namespace kiln
