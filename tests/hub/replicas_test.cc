@@ -247,6 +247,14 @@ TEST_F(ReplicasTest, ReplicasAgreeOnKeysTokensAndRotationWithoutSharedFiles) {
     ASSERT_EQ(::pclose(out), 0) << cmd;
     while (!db_token.empty() && db_token.back() == '\n') db_token.pop_back();
     ASSERT_EQ(db_token.rfind("kiln_", 0), 0u) << "printed: " << db_token;
+    // A row the tokens file would refuse is refused here too, and a database that is not
+    // PostgreSQL is named.
+    for (const std::string& bad :
+         {"--db '" + db_ + "' --name x --role superuser", std::string("--db sqlite:///x --name x "
+                                                                      "--role worker")}) {
+      const std::string refused = hub_testing::Binary() + " hub-token " + bad + " >/dev/null 2>&1";
+      EXPECT_NE(std::system(refused.c_str()), 0) << refused;
+    }
   }
   for (int i = 0; i < kReplicas; ++i) {
     ResolveAnswer hit = hubs_[i]->Client(db_token)->Resolve(key, family);
