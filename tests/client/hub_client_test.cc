@@ -1,15 +1,19 @@
 // Tests of the hub client (src/kiln/client/hub_client.h) that need no hub: a hub that is down or
 // silent is a typed refusal, never a miss; trusted keys load from files and literals; offline
-// receipt verification of resolve answers. The client against a real hub: tests/hub/hub_api_test.
+// receipt verification of resolve answers; reads retried through a gateway's 502/503/504, writes
+// not. The client against a real hub: tests/hub/hub_api_test.
 #include "src/kiln/client/hub_client.h"
 
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <thread>
 
 #include "src/kiln/base/file.h"
 
@@ -58,6 +62,73 @@ TEST(HubClient, SilentHubTimesOutAsARefusal) {
   EXPECT_EQ(r.kind, ResolveAnswer::Kind::kRefused);
   EXPECT_EQ(r.token, "hub_timeout") << r.message;
   EXPECT_LT(s, 5.0);
+}
+
+// A gateway in front of hub replicas: answers `bad_status` to the first `failures` requests,
+// then 200 {"found":false}; counts every request by method.
+class FlakyGateway {
+ public:
+  FlakyGateway(int failures, int bad_status) : failures_(failures), bad_status_(bad_status) {
+    auto answer = [this](const httplib::Request& req, httplib::Response& res) {
+      const int n = ++(req.method == "GET" ? gets_ : posts_);
+      if (n <= failures_) {
+        res.status = bad_status_;
+        res.set_content("<html>no server is available</html>", "text/html");
+      } else {
+        res.set_content(R"({"found":false})", "application/json");
+      }
+    };
+    server_.Get(".*", answer);
+    server_.Post(".*", answer);
+    port_ = server_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread([this] { server_.listen_after_bind(); });
+    for (int i = 0; i < 200 && !server_.is_running(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  }
+  ~FlakyGateway() {
+    server_.stop();
+    thread_.join();
+  }
+  int port() const { return port_; }
+  int gets() const { return gets_; }
+  int posts() const { return posts_; }
+
+ private:
+  int failures_, bad_status_;
+  httplib::Server server_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<int> gets_{0}, posts_{0};
+};
+
+TEST(HubClient, ReadsRetryThroughAGatewaysBadAnswersWithinABound) {
+  for (int status : {502, 503, 504}) {
+    FlakyGateway gw(/*failures=*/2, status);
+    ResolveAnswer r = ClientFor(gw.port(), 5)->Resolve("ck1-" + std::string(56, 'a'), "root/x");
+    EXPECT_EQ(r.kind, ResolveAnswer::Kind::kMiss) << status << ": " << r.token << " " << r.message;
+    EXPECT_EQ(gw.gets(), 3) << status;
+  }
+  // A gateway that never recovers: the first try and get_retries more, then its refusal, within
+  // the backoff's bound (4 waits of at most 100, 200, 400, 800 ms).
+  FlakyGateway down(/*failures=*/1000, 503);
+  auto client = ClientFor(down.port(), 5);
+  const auto start = std::chrono::steady_clock::now();
+  ResolveAnswer r = client->Resolve("ck1-" + std::string(56, 'a'), "root/x");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.kind, ResolveAnswer::Kind::kRefused);
+  EXPECT_EQ(r.http_status, 503);
+  EXPECT_EQ(down.gets(), 1 + HubClientOptions{}.get_retries);
+  EXPECT_LT(s, 3.0);
+  EXPECT_GT(s, 0.7);  // at least half of each step: jitter never draws near zero
+}
+
+TEST(HubClient, WritesAreNotRepeatedOnAGatewaysBadAnswer) {
+  FlakyGateway gw(/*failures=*/1, 502);
+  HubAnswer a = ClientFor(gw.port(), 5)->Call("POST", "/v1/publish/complete", "{}");
+  EXPECT_FALSE(a.ok());
+  EXPECT_EQ(a.http_status, 502);
+  EXPECT_EQ(gw.posts(), 1);
 }
 
 TEST(HubClient, RefusesNonHttpUrls) {

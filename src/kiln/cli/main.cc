@@ -57,6 +57,7 @@ int main(int argc, char** argv) {
   kiln::cli::AddPublishCommand(app, &exit_code);
   kiln::cli::AddResolveCommand(app, &exit_code);
   kiln::cli::AddRebuildCommand(app, &exit_code);
+  kiln::cli::AddHubTokenCommand(app, &exit_code);
   kiln::cli::AddWorkerCommand(app, &exit_code);
   try {
     app.parse(argc, argv);

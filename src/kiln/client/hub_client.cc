@@ -45,6 +45,21 @@ void SetTimeout(double seconds, const std::function<void(time_t, time_t)>& set) 
   set(static_cast<time_t>(s), static_cast<time_t>(std::fmod(s, 1.0) * 1e6));
 }
 
+// Whether a read's outcome is worth another try: a connection refused, one reset before the
+// answer (it failed in under half the I/O timeout: a replica that died, not a silent one, which
+// a retry would only wait for again), or a gateway's 502/503/504 (a replica that died, or none
+// healthy). A hub's own refusals are answers.
+bool RetryableRead(const httplib::Result& res, std::chrono::steady_clock::duration took,
+                   double io_timeout_s) {
+  if (!res) {
+    const auto e = res.error();
+    if (e == httplib::Error::Connection) return true;
+    const bool reset = std::chrono::duration<double>(took).count() < io_timeout_s / 2;
+    return reset && (e == httplib::Error::Read || e == httplib::Error::Write);
+  }
+  return res->status == 502 || res->status == 503 || res->status == 504;
+}
+
 HubAnswer Transport(const httplib::Error err, const std::string& url, const std::string& path) {
   HubAnswer a;
   const bool timeout = err == httplib::Error::ConnectionTimeout || err == httplib::Error::Read ||
@@ -150,6 +165,7 @@ HubAnswer HubClient::Call(const std::string& method, const std::string& path,
            : method == "PUT" ? http.Put(path, impl_->Headers(), body, content_type)
                              : http.Post(path, impl_->Headers(), body, content_type);
   };
+  auto started = std::chrono::steady_clock::now();
   httplib::Result res = send();
   // A connection the server dropped before answering (a reused keep-alive connection it closed,
   // or a reset under a burst of connections) gets one fresh retry. Every hub route is idempotent
@@ -157,7 +173,32 @@ HubAnswer HubClient::Call(const std::string& method, const std::string& path,
   // bytes), so a retry can never publish twice.
   if (!res && (res.error() == httplib::Error::Read || res.error() == httplib::Error::Write)) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    started = std::chrono::steady_clock::now();
     res = send();
+  }
+  if (method == "GET") {
+    // Replicas behind a load balancer: the replica a read went to may die under it (the balancer
+    // answers 502, or 503 while it has no healthy replica; a direct connection fails). A read
+    // changes nothing, so it is tried again, after a jittered wait (base/backoff.h) so that a
+    // fleet that lost one replica does not return in one wave.
+    for (int attempt = 0; attempt < impl_->options.get_retries &&
+                          RetryableRead(res, std::chrono::steady_clock::now() - started,
+                                        impl_->options.io_timeout_s);
+         ++attempt) {
+      auto wait = JitteredBackoff(std::chrono::milliseconds(impl_->options.retry_initial_ms),
+                                  std::chrono::milliseconds(impl_->options.retry_max_ms), attempt);
+      if (res && res->status == 503) {
+        // A Retry-After the hub asked for, within what this client waits at most.
+        const long after_s = std::atol(res->get_header_value("Retry-After").c_str());
+        if (after_s > 0) {
+          wait = std::max(wait, std::min(std::chrono::milliseconds(after_s * 1000),
+                                         std::chrono::milliseconds(impl_->options.retry_max_ms)));
+        }
+      }
+      std::this_thread::sleep_for(wait);
+      started = std::chrono::steady_clock::now();
+      res = send();
+    }
   }
   if (!res) return Transport(res.error(), impl_->options.url, path);
   return FromResponse(*res, impl_->options.url, path);

@@ -56,6 +56,14 @@ struct HubClientOptions {
   bool insecure_http = false;
   double connect_timeout_s = 3;
   double io_timeout_s = 30;  // read and write, per socket operation
+  // GET calls (resolve, receipts, JWKS, any GET through Call) whose connection was refused or
+  // reset before an answer, or that got a gateway's 502/503/504, are tried again up to this many
+  // times (a silent hub that let the I/O timeout pass is not), after jittered waits
+  // (base/backoff.h) of at most retry_max_ms each, from retry_initial_ms doubling: at most 1.5 s in
+  // all with the defaults.
+  int get_retries = 4;
+  int retry_initial_ms = 100;
+  int retry_max_ms = 1000;
 };
 
 // The outcome of one call. `token` is empty on success; otherwise the hub's error token or a

@@ -17,9 +17,11 @@
 #include <limits>
 #include <thread>
 
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/log.h"
 #include "src/kiln/base/sha256.h"
+#include "src/kiln/hub/pg_shared.h"
 #include "src/kiln/hub/s3_blob_store.h"
 #include "src/kiln/net/http_server.h"
 
@@ -412,6 +414,7 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   if (options.data_dir.empty()) return Status::InvalidArgument("hub: --data DIR is required");
   KILN_RETURN_IF_ERROR(MakeDirs(options.data_dir));
   std::unique_ptr<HubStore> store;
+  const bool shared = !options.db_url.empty();
   if (options.db_url.empty()) {
     const std::string db = options.data_dir + "/hub.sqlite";
     KILN_RETURN_IF_ERROR(CreatePrivately(db));
@@ -434,7 +437,16 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
     KILN_ASSIGN_OR_RETURN(S3Location s3, S3LocationFromUrl(options.blobs));
     KILN_ASSIGN_OR_RETURN(blobs, OpenS3BlobStore(s3));
   }
-  KILN_ASSIGN_OR_RETURN(auto keys, SigningKeyRing::OpenOrCreate(options.data_dir));
+  // Replicas sharing a database share its keyring (pg_shared.h); a data dir's file keys from
+  // before are carried into it. One hub alone keeps its keys under data_dir/signing/.
+  std::unique_ptr<KeyRing> keys;
+  if (shared) {
+    SharedKeyRingOptions ko;
+    ko.import_dir = options.data_dir;
+    KILN_ASSIGN_OR_RETURN(keys, OpenPostgresKeyRing(options.db_url, ko));
+  } else {
+    KILN_ASSIGN_OR_RETURN(keys, SigningKeyRing::OpenOrCreate(options.data_dir));
+  }
 
   // Tokens: the file is the source of truth at start; a missing default file is created with a
   // fresh admin token that is shown once and never stored in clear.
@@ -475,9 +487,16 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   hub->options_ = options;
   hub->service_ = std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys),
                                                nullptr, std::move(service_options));
-  // The file is the truth at every start: a token removed from it is dead, and a token an admin
+  // One hub: the file is the truth at every start, so a token removed from it is dead. Replicas
+  // sharing a database: the file's tokens are added to (or replace by hash) the shared set every
+  // replica reads, and a token leaves that set only by revocation. Either way a token an admin
   // revoked stays dead even while the file still lists it.
   KILN_ASSIGN_OR_RETURN(auto skipped, hub->service_->InstallTokens(tokens));
+  if (shared) {
+    KILN_ASSIGN_OR_RETURN(auto shared_tokens, OpenPostgresTokens(options.db_url));
+    KILN_RETURN_IF_ERROR(shared_tokens->Upsert(tokens, Clock::Real()->UnixSeconds()));
+    hub->service_->ShareTokens(std::move(shared_tokens));
+  }
   for (const auto& name : skipped) {
     KILN_LOG(WARNING) << "hub: token '" << name << "' in " << tokens_path
                       << " was revoked by an admin and stays dead; remove it from the file";

@@ -1,4 +1,4 @@
-// The hub: routes over a HubStore, a BlobStore and a SigningKeyRing (hub layer; docs/design.md §9,
+// The hub: routes over a HubStore, a BlobStore and a KeyRing (hub layer; docs/design.md §9,
 // docs/hub-api.md is the wire reference).
 //
 // Two parts. HubService holds every route as a plain method (principal + parsed inputs in, Reply
@@ -36,6 +36,8 @@
 #include "src/kiln/receipt/receipt.h"
 
 namespace kiln {
+
+class SharedTokens;  // pg_shared.h
 
 // One route's answer. `html` non-empty means a text/html page instead of `body`.
 struct Reply {
@@ -104,7 +106,7 @@ class HubService {
  public:
   // `now` returns unix seconds (tests pass a fixed clock); defaults to the system clock.
   HubService(std::unique_ptr<HubStore> store, std::unique_ptr<BlobStore> blobs,
-             std::unique_ptr<SigningKeyRing> keys, std::function<int64_t()> now = nullptr,
+             std::unique_ptr<KeyRing> keys, std::function<int64_t()> now = nullptr,
              HubServiceOptions options = {});
   ~HubService();
   HubService(const HubService&) = delete;
@@ -120,6 +122,9 @@ class HubService {
   // leaving out any token an admin revoked; returns the names left out. Authenticate knows no
   // token before this is called.
   Result<std::vector<std::string>> InstallTokens(const std::vector<TokenRow>& tokens);
+  // Hub replicas sharing a database: from now on a token is looked up in `tokens` (the set every
+  // replica shares) instead of the set InstallTokens gave. Call before serving.
+  void ShareTokens(std::unique_ptr<SharedTokens> tokens);
 
   Reply Health();
   Reply Ready();
@@ -165,7 +170,7 @@ class HubService {
   }
   HubStore& store() { return *store_; }
   BlobStore& blobs() { return *blobs_; }
-  SigningKeyRing& keys() { return *keys_; }
+  KeyRing& keys() { return *keys_; }
 
  private:
   int64_t Now() const;
@@ -185,12 +190,18 @@ class HubService {
       const std::string& digest, const std::function<Result<RebuildAttestation>()>& rebuild);
   std::unique_ptr<HubStore> store_;
   std::unique_ptr<BlobStore> blobs_;
-  std::unique_ptr<SigningKeyRing> keys_;
+  std::unique_ptr<KeyRing> keys_;
   std::function<int64_t()> now_;
   HubServiceOptions options_;
   ReadyOptions ready_options_;
   struct TokenCache;
   std::unique_ptr<TokenCache> token_cache_;
+  // The token of `hash` (nullopt: none), from the shared set when there is one.
+  Result<std::optional<TokenRow>> FindToken(const std::string& hash);
+  // The live (unrevoked) tokens named `name`, or the one of hash `sha256` (one of them empty).
+  Result<std::vector<TokenRow>> LiveTokensMatching(const std::string& name,
+                                                   const std::string& sha256);
+  std::unique_ptr<SharedTokens> shared_tokens_;
   struct Maintenance;
   std::unique_ptr<Maintenance> maintenance_;
   // Blob digests a publish in this process is using (its rebuild, its upload): garbage

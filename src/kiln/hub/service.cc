@@ -17,6 +17,7 @@
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/provenance.h"
+#include "src/kiln/hub/pg_shared.h"
 #include "src/kiln/hub/server.h"
 #include "src/kiln/net/http_server.h"
 
@@ -296,7 +297,7 @@ PublishedMember StoredMember(std::shared_ptr<BlobReader> reader, MemberSpan span
 }  // namespace
 
 HubService::HubService(std::unique_ptr<HubStore> store, std::unique_ptr<BlobStore> blobs,
-                       std::unique_ptr<SigningKeyRing> keys, std::function<int64_t()> now,
+                       std::unique_ptr<KeyRing> keys, std::function<int64_t()> now,
                        HubServiceOptions options)
     : store_(std::move(store)),
       blobs_(std::move(blobs)),
@@ -337,6 +338,44 @@ Result<std::vector<std::string>> HubService::InstallTokens(const std::vector<Tok
   return skipped;
 }
 
+void HubService::ShareTokens(std::unique_ptr<SharedTokens> tokens) {
+  shared_tokens_ = std::move(tokens);
+  std::lock_guard<std::mutex> lock(token_cache_->mu);
+  token_cache_->entries.clear();
+}
+
+Result<std::optional<TokenRow>> HubService::FindToken(const std::string& hash) {
+  if (shared_tokens_) return shared_tokens_->Find(hash);
+  std::lock_guard<std::mutex> lock(token_cache_->mu);
+  auto it = token_cache_->tokens.find(hash);
+  if (it == token_cache_->tokens.end()) return std::optional<TokenRow>();
+  return std::optional<TokenRow>(it->second);
+}
+
+Result<std::vector<TokenRow>> HubService::LiveTokensMatching(const std::string& name,
+                                                             const std::string& sha256) {
+  std::vector<TokenRow> out;
+  if (!shared_tokens_) {
+    std::lock_guard<std::mutex> lock(token_cache_->mu);
+    for (const auto& [hash, t] : token_cache_->tokens) {
+      if (sha256.empty() ? t.name == name : hash == sha256) out.push_back(t);
+    }
+    return out;
+  }
+  std::vector<TokenRow> rows;
+  if (sha256.empty()) {
+    KILN_ASSIGN_OR_RETURN(rows, shared_tokens_->FindByName(name));
+  } else {
+    KILN_ASSIGN_OR_RETURN(auto row, shared_tokens_->Find(sha256));
+    if (row) rows.push_back(std::move(*row));
+  }
+  for (TokenRow& t : rows) {
+    KILN_ASSIGN_OR_RETURN(bool dead, store_->IsTokenRevoked(t.token_sha256));
+    if (!dead) out.push_back(std::move(t));
+  }
+  return out;
+}
+
 int64_t HubService::Now() const {
   if (now_) return now_();
   return std::chrono::duration_cast<std::chrono::seconds>(
@@ -357,15 +396,12 @@ std::variant<Principal, Reply> HubService::Authenticate(const std::string& heade
     auto it = token_cache_->entries.find(hash);
     if (it != token_cache_->entries.end() && it->second.second > now) return it->second.first;
   }
-  TokenRow t;
-  {
-    std::lock_guard<std::mutex> lock(token_cache_->mu);
-    auto it = token_cache_->tokens.find(hash);
-    if (it == token_cache_->tokens.end()) {
-      return Reply::Error(401, net::kUnauthenticated, "the bearer token is not known to this hub");
-    }
-    t = it->second;
+  auto found = FindToken(hash);
+  if (!found.ok()) return Reply::FromStatus(found.status());
+  if (!found->has_value()) {
+    return Reply::Error(401, net::kUnauthenticated, "the bearer token is not known to this hub");
   }
+  const TokenRow t = std::move(**found);
   // Revoked by an admin, here or through another hub sharing the database.
   auto revoked = store_->IsTokenRevoked(hash);
   if (!revoked.ok()) return Reply::FromStatus(revoked.status());
@@ -1069,15 +1105,10 @@ Reply HubService::RevokeToken(const Principal& p, std::string_view body) {
                         "token revoke: give exactly one of 'name' or 'sha256' (the token's "
                         "SHA-256, as in the tokens file)");
   }
+  auto matching = LiveTokensMatching(name, sha256);
+  if (!matching.ok()) return Reply::FromStatus(matching.status());
   std::vector<RevokedTokenRow> revoked;
-  {
-    std::lock_guard<std::mutex> lock(token_cache_->mu);
-    for (const auto& [hash, t] : token_cache_->tokens) {
-      if (sha256.empty() ? t.name == name : hash == sha256) {
-        revoked.push_back({hash, t.name, p.name, Now()});
-      }
-    }
-  }
+  for (const TokenRow& t : *matching) revoked.push_back({t.token_sha256, t.name, p.name, Now()});
   if (revoked.empty()) {
     return Reply::Error(
         404, "not_found",

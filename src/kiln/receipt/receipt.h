@@ -207,6 +207,32 @@ Result<std::string> SignRevocationList(const RevocationList& list, const Signing
 Result<RevocationList> VerifyRevocationList(std::string_view jws, const PublicKeySet& trusted,
                                             int64_t now, int64_t max_age_cap_s = 0);
 
+// A hub's signing keys as the routes use them: the key that signs now and every public key it
+// ever signed with (retired ones with their not_after). Two implementations: SigningKeyRing below
+// (files under the hub's data dir, one hub) and the PostgreSQL keyring of hub replicas sharing one
+// database (src/kiln/hub/pg_keyring.h). Thread-safe: any method from any thread.
+class KeyRing {
+ public:
+  KeyRing() = default;
+  virtual ~KeyRing() = default;
+  KeyRing(const KeyRing&) = delete;
+  KeyRing& operator=(const KeyRing&) = delete;
+
+  // The key new receipts are signed with; never null.
+  virtual std::shared_ptr<const SigningKey> Current() const = 0;
+  // Every public key, current and retired.
+  virtual PublicKeySet PublicKeys() const = 0;
+  nlohmann::json Jwks() const { return PublicKeys().ToJwks(); }
+  // Generates a new key, persists it, makes it current, and retires the key it replaces at
+  // `now` (unix seconds; a shared ring may retire it a little later, see its header). Returns the
+  // new kid.
+  virtual Result<std::string> Rotate(int64_t now) = 0;
+  // Retires `kid` at `not_after` (only ever earlier than a retirement already recorded). The
+  // current key cannot be retired: rotate first (InvalidArgument). NotFound for a kid this ring
+  // never held.
+  virtual Status Retire(const std::string& kid, int64_t not_after) = 0;
+};
+
 // The hub's signing keys, persisted under `dir`:
 //   dir/signing/current          the kid of the active key
 //   dir/signing/<kid>.key        raw 32-byte private key (mode 0600; refused at open otherwise)
@@ -214,25 +240,16 @@ Result<RevocationList> VerifyRevocationList(std::string_view jws, const PublicKe
 //   verifiable)
 //   dir/signing/<kid>.not_after  the retirement instant of a key that is no longer current
 // Thread-safe: Current() and Jwks() may be called from any thread while Rotate() runs.
-class SigningKeyRing {
+class SigningKeyRing final : public KeyRing {
  public:
   // Loads the ring from `dir`, generating and persisting a first key if there is none.
   static Result<std::unique_ptr<SigningKeyRing>> OpenOrCreate(const std::string& dir);
-  ~SigningKeyRing();
-  SigningKeyRing(const SigningKeyRing&) = delete;
-  SigningKeyRing& operator=(const SigningKeyRing&) = delete;
+  ~SigningKeyRing() override;
 
-  // The key new receipts are signed with.
-  std::shared_ptr<const SigningKey> Current() const;
-  // Every public key, current and retired.
-  PublicKeySet PublicKeys() const;
-  nlohmann::json Jwks() const { return PublicKeys().ToJwks(); }
-  // Generates a new key, persists it, makes it current, and retires the key it replaces at
-  // `now` (unix seconds). Returns the new kid.
-  Result<std::string> Rotate(int64_t now);
-  // Retires `kid` at `not_after` (only ever earlier than a retirement already recorded). The
-  // current key cannot be retired: rotate first. NotFound for a kid this ring never held.
-  Status Retire(const std::string& kid, int64_t not_after);
+  std::shared_ptr<const SigningKey> Current() const override;
+  PublicKeySet PublicKeys() const override;
+  Result<std::string> Rotate(int64_t now) override;
+  Status Retire(const std::string& kid, int64_t not_after) override;
 
  private:
   SigningKeyRing() = default;
