@@ -77,7 +77,16 @@ struct HubServiceOptions {
   // quota_exceeded (413).
   uint64_t org_quota_bytes = 16ull << 30;
   uint64_t platform_quota_bytes = 0;
+  // How long a mint lease holds without a heartbeat (docs/fleet.md "One mint per cold key");
+  // holders heartbeat every third of it.
+  int64_t mint_lease_ttl_ms = 60000;
+  // The clock of mint leases, unix milliseconds (tests pass their own); null: the system clock.
+  std::function<int64_t()> mint_lease_clock_ms = nullptr;
 };
+
+// The refusal token of a heartbeat or release whose lease no longer holds its (key, family):
+// released, or taken over by another holder after it expired.
+inline constexpr const char* kRefusalLeaseLost = "lease_lost";
 
 // What one garbage collection pass removed.
 struct CollectedGarbage {
@@ -139,6 +148,11 @@ class HubService {
   Reply PostEvents(const Principal& p, std::string_view body);
   Reply QueryEvents(const Principal& p, const std::map<std::string, std::string>& query);
   Reply Dashboard(const Principal& p);
+  // Mint leases (mint_lease.cc; docs/hub-api.md): POST /v1/mint-leases,
+  // /v1/mint-leases/heartbeat, /v1/mint-leases/release.
+  Reply AcquireMintLease(const Principal& p, std::string_view body);
+  Reply HeartbeatMintLease(const Principal& p, std::string_view body);
+  Reply ReleaseMintLease(const Principal& p, std::string_view body);
   // Blob download: the reader, or a Reply (400 bad_digest, 404 not_found, 403).
   std::variant<std::unique_ptr<BlobReader>, Reply> OpenBlob(const Principal& p,
                                                             const std::string& digest);
@@ -155,6 +169,7 @@ class HubService {
 
  private:
   int64_t Now() const;
+  int64_t LeaseNowMs() const;
   uint64_t QuotaOf(const Principal& p) const;
   std::optional<Reply> CheckQuota(const Principal& p, const std::string& digest, uint64_t adding);
   // `rebuild`'s verdict on `digest`, run once however many publishes of those bytes ask at once.
@@ -204,6 +219,7 @@ struct HubOptions {
   size_t max_cell_entries = 256;           // HubServiceOptions::max_cell_entries
   uint64_t org_quota_bytes = 16ull << 30;  // HubServiceOptions::org_quota_bytes
   uint64_t platform_quota_bytes = 0;       // HubServiceOptions::platform_quota_bytes
+  double mint_lease_ttl_s = 60;            // HubServiceOptions::mint_lease_ttl_ms, in seconds
   // On SIGTERM (Stop()): how long requests being handled may take to finish and send their answer
   // before the listener cuts what is left.
   int drain_timeout_ms = 30000;
