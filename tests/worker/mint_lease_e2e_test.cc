@@ -50,9 +50,9 @@ int Count(const Worker& w, const std::string& kind, const std::string& phase) {
 
 class MintLeaseEndToEnd : public MachinesTest {
  protected:
-  void StartHub() {
+  void StartHub(int ttl_s = kLeaseTtlS) {
     hub_ = std::make_unique<Hub>(root_ + "/hub");
-    hub_->process().AddArgs({"--mint-lease-ttl", std::to_string(kLeaseTtlS)});
+    hub_->process().AddArgs({"--mint-lease-ttl", std::to_string(ttl_s)});
     ASSERT_TRUE(hub_->Start());
   }
   // Waits until `w` serves its cell (a hit it adopted, or its own mint) and returns the ref.
@@ -163,6 +163,32 @@ TEST_F(MintLeaseEndToEnd, AHolderKilledMidMintIsTakenOverWithinTheLease) {
   EXPECT_EQ(hub_->CellRows(KeyOf(ref_b)), 1);
   EXPECT_EQ(b.Stop(), 0);
   EXPECT_EQ(c.Stop(), 0);
+}
+
+// A holder whose mint fails (the parent's strict gate refuses a gray-band cell) releases the
+// lease at once: with a 30 s TTL, a waiter mints well before the lease could have expired.
+TEST_F(MintLeaseEndToEnd, AFailedMintReleasesTheLeaseForTheNextWorker) {
+  constexpr int kLongTtlS = 30;
+  StartHub(kLongTtlS);
+  Worker a(root_ + "/a", FleetManifest(*hub_), {{"KILN_TEST_MINT_PERTURB", "gray"}});
+  ASSERT_TRUE(a.Start());
+  ASSERT_TRUE(a.WaitForRow("self_mint_started", "child", kMintWaitMs));
+  Worker b(root_ + "/b", FleetManifest(*hub_));
+  ASSERT_TRUE(b.Start());
+  Row held;
+  ASSERT_TRUE(b.WaitForRow("self_mint_skipped", "lease_held", kMintWaitMs, &held));
+  ASSERT_TRUE(a.WaitForRow("self_mint_abort", "", kMintWaitMs));
+  const auto aborted = std::chrono::steady_clock::now();
+  ASSERT_TRUE(b.WaitForRow("self_mint_started", "child", kMintWaitMs));
+  const double waited_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - aborted).count();
+  std::printf("mint lease after a failed mint: the next worker started %.0f ms after the abort\n",
+              waited_ms);
+  // The waiter's polls back off to 10 s at most; an unreleased lease would hold 30 s.
+  EXPECT_LT(waited_ms, kLongTtlS * 1000 / 2) << b.Log();
+  EXPECT_FALSE(WaitServing(b).empty());
+  EXPECT_EQ(a.Stop(), 0);
+  EXPECT_EQ(b.Stop(), 0);
 }
 
 // A worker whose token may not publish is refused the lease (403 forbidden): the lease only

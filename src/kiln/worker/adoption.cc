@@ -92,7 +92,7 @@ void Adopter::MintOrWait(const BootOutcome& out, ServedTarget& target, const Tar
     case LeaseAnswer::Kind::kGranted:
       if (!wait.holder.empty()) {
         KILN_LOG(INFO) << "worker: target '" << spec.name << "' took over the mint lease of "
-                       << out.key << " from " << wait.holder << " (its lease expired)";
+                       << out.key << " from " << wait.holder << " (released or expired)";
       }
       minter_->MintExported(out.key, MintBinding{&target, spec},
                             leases->Hold(out.key, family, lease));
