@@ -154,5 +154,35 @@ TEST_F(MintLeaseServiceTest, RefusalsAreTyped) {
   EXPECT_EQ(Heartbeat("never-granted").body["error"], kRefusalLeaseLost);
 }
 
+// The TTL is an operator's flag: a value no lease can work with refuses the start, naming it.
+TEST(MintLeaseOptions, ATtlOutOfRangeRefusesTheHubStart) {
+  const std::string dir = ::testing::TempDir() + "/kiln_mint_lease_ttl_test";
+  for (double ttl : {0.0, 0.1, 7200.0}) {
+    std::filesystem::remove_all(dir);
+    HubOptions o;
+    o.data_dir = dir;
+    o.port = 0;
+    o.rebuild = "off";
+    o.blob_verify_interval_s = 0;
+    o.mint_lease_ttl_s = ttl;
+    auto hub = HubServer::Open(o);
+    ASSERT_FALSE(hub.ok()) << ttl;
+    EXPECT_EQ(hub.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(hub.status().message().find("--mint-lease-ttl"), std::string::npos)
+        << hub.status().ToString();
+  }
+  std::filesystem::remove_all(dir);
+  HubOptions o;
+  o.data_dir = dir;
+  o.port = 0;
+  o.rebuild = "off";
+  o.blob_verify_interval_s = 0;
+  o.mint_lease_ttl_s = 1.5;
+  auto hub = HubServer::Open(o);
+  EXPECT_TRUE(hub.ok()) << hub.status().ToString();
+  hub = Status::Internal("closed");  // the server goes before its directory
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -99,7 +99,9 @@ void Adopter::MintOrWait(const BootOutcome& out, ServedTarget& target, const Tar
       return;
     case LeaseAnswer::Kind::kNoLease:
       KILN_LOG(INFO) << "worker: target '" << spec.name << "' mint lease of " << out.key
-                     << " not asked (" << lease.token << "); minting here";
+                     << (lease.transient ? " not asked: the hub could not be reached ("
+                                         : " refused by the hub (")
+                     << lease.token << "); minting here";
       minter_->MintExported(out.key, MintBinding{&target, spec});
       return;
     case LeaseAnswer::Kind::kPublished: {
