@@ -74,7 +74,9 @@ class MintLeaseEndToEnd : public MachinesTest {
 // wait (`self_mint_skipped lease_held`) serving eager, and adopt its published cell with a hit.
 // Exactly one mint child runs in the fleet, and the hub holds one row.
 TEST_F(MintLeaseEndToEnd, FourWorkersOnAColdKeyMintOnceAndAllServeTheCell) {
-  StartHub();
+  // A TTL that a loaded machine (the hub's rebuild, ASan) cannot miss by a late heartbeat: this
+  // case counts mints, so a spurious takeover would be a second one.
+  StartHub(5);
   std::vector<std::unique_ptr<Worker>> workers;
   for (int i = 0; i < 4; ++i) {
     workers.push_back(
