@@ -545,6 +545,70 @@ TEST_P(HubApiTest, ThirtyTwoConcurrentPublishersOfOneKeyLeaveOneRow) {
   EXPECT_NE(std::find(blobs.begin(), blobs.end(), owner.digest), blobs.end());
 }
 
+// Mint leases over HTTP: sixteen workers ask at once, split across two hub processes on one
+// PostgreSQL database (on SQLite, one hub); exactly one is granted and everyone is told that
+// holder. The holder heartbeats through one hub and releases through the other.
+TEST_P(HubApiTest, ConcurrentMintLeaseAsksAcrossHubsGrantExactlyOne) {
+  const CellMetadata m = MakeMetadata(Graph("lease16"));
+  std::unique_ptr<HubProcess> second;
+  if (!db_.empty()) {
+    second = std::make_unique<HubProcess>(root_ + "/data", db_,
+                                          std::vector<std::string>{"--rebuild", "off"});
+    ASSERT_TRUE(second->Start());
+  }
+  HubProcess& other = second ? *second : *hub_;
+  constexpr int kWorkers = 16;
+  std::vector<HubAnswer> answers(kWorkers);
+  std::vector<std::thread> threads;
+  std::atomic<int> ready{0};
+  for (int i = 0; i < kWorkers; ++i) {
+    threads.emplace_back([&, i] {
+      auto client = (i % 2 ? other : *hub_).Client(kPlatform);
+      ready++;
+      while (ready.load() < kWorkers) std::this_thread::yield();
+      answers[i] = client->Call(
+          "POST", "/v1/mint-leases",
+          nlohmann::json{{"key", m.key}, {"family", m.family}, {"holder", "w" + std::to_string(i)}}
+              .dump());
+    });
+  }
+  for (auto& t : threads) t.join();
+  int granted = 0;
+  std::string holder, lease;
+  for (int i = 0; i < kWorkers; ++i) {
+    ASSERT_TRUE(answers[i].ok()) << i << ": " << answers[i].message;
+    if (answers[i].body["granted"].get<bool>()) {
+      ++granted;
+      holder = answers[i].body["holder"];
+      lease = answers[i].body["lease"];
+    }
+  }
+  ASSERT_EQ(granted, 1);
+  for (const HubAnswer& a : answers) EXPECT_EQ(a.body["holder"], holder);
+
+  const nlohmann::json id = {{"key", m.key}, {"family", m.family}, {"lease", lease}};
+  HubAnswer beat = other.Client(kPlatform)->Call("POST", "/v1/mint-leases/heartbeat", id.dump());
+  EXPECT_TRUE(beat.ok()) << beat.message;
+  HubAnswer stranger = hub_->Client(kPlatform)->Call(
+      "POST", "/v1/mint-leases/heartbeat",
+      nlohmann::json{{"key", m.key}, {"family", m.family}, {"lease", "not-" + lease}}.dump());
+  EXPECT_EQ(stranger.http_status, 409);
+  EXPECT_EQ(stranger.token, "lease_lost");
+  HubAnswer released = hub_->Client(kPlatform)->Call("POST", "/v1/mint-leases/release", id.dump());
+  ASSERT_TRUE(released.ok()) << released.message;
+  EXPECT_TRUE(released.body["released"].get<bool>());
+  HubAnswer next = other.Client(kPlatform)->Call(
+      "POST", "/v1/mint-leases",
+      nlohmann::json{{"key", m.key}, {"family", m.family}, {"holder", "late"}}.dump());
+  EXPECT_TRUE(next.body.value("granted", false)) << next.body.dump();
+  // A token with no write tier may not ask.
+  HubAnswer reader = hub_->Client(kWorker)->Call(
+      "POST", "/v1/mint-leases",
+      nlohmann::json{{"key", m.key}, {"family", m.family}, {"holder", "r"}}.dump());
+  EXPECT_EQ(reader.http_status, 403);
+  EXPECT_EQ(reader.token, "forbidden");
+}
+
 // Opens a raw connection and sends the headers and the first half of an upload, then stops.
 int SendHalfAnUpload(int port, const std::string& digest, const std::string& bytes) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);

@@ -255,46 +255,6 @@ TEST_F(MintEndToEnd, HubDownDuringPublishPublishesAfterTheHubReturns) {
   EXPECT_EQ(w.Stop(), 0);
 }
 
-// Four workers miss the same key at once: each mints, each arms, and the hub holds one row
-// (first writer wins; the others' identical bytes answer `already`).
-TEST_F(MintEndToEnd, FourWorkersMissingOneKeyLeaveOneRowAtTheHubAndAllArm) {
-  Hub hub(root_ + "/hub");
-  ASSERT_TRUE(hub.Start());
-  std::vector<std::unique_ptr<Worker>> workers;
-  // Four children and four gates share two cores with the hub: a generous per-request timeout
-  // keeps publishes from timing out, and a retried timeout is tolerated below (it is the
-  // publisher's retry rule at work, not a failure).
-  ManifestOptions o = Publishing(hub);
-  o.hub_timeout_ms = 30000;
-  for (int i = 0; i < 4; ++i) {
-    workers.push_back(std::make_unique<Worker>(root_ + "/w" + std::to_string(i), OneClassMlp(o)));
-  }
-  for (auto& w : workers) ASSERT_TRUE(w->Start());
-  std::string ref;
-  int published = 0, already = 0;
-  for (auto& w : workers) {
-    Row row;
-    ASSERT_TRUE(w->WaitForRow("self_mint_publish", "", kMintWaitMs, &row));
-    (row.phase == "published" ? published : already)++;
-    const auto r = w->Infer("mlp", MlpInput());
-    EXPECT_EQ(r.mode(), "aot_cell") << r.body.dump();
-    if (ref.empty()) ref = r.ref();
-    EXPECT_EQ(r.ref(), ref) << "law 15: one key, one toolchain, the same bytes";
-    auto rows = w->RowsWithout(kServeRows);
-    rows.erase(std::remove_if(rows.begin(), rows.end(),
-                              [](const auto& r) {
-                                return r.kind == "self_mint_publish_failed" &&
-                                       r.phase == "hub_timeout";
-                              }),
-               rows.end());
-    EXPECT_EQ(rows, MissThenMinted("miss", {{"self_mint_publish", row.phase.c_str()}}));
-  }
-  EXPECT_EQ(published, 1);
-  EXPECT_EQ(already, 3);
-  EXPECT_EQ(hub.CellRows(KeyOf(ref)), 1);
-  for (auto& w : workers) EXPECT_EQ(w->Stop(), 0);
-}
-
 // Intake lane: no export declaration -> compiled here at boot, served jit_cell with an empty
 // served_cell_ref, one jit_compile row; nothing keyed, stored or published. A mandatory target
 // with no export declaration fails the boot; a mint over the memory budget is skipped.

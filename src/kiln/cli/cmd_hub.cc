@@ -281,6 +281,9 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--builder-queue", args->options.sandbox.max_waiting,
                   "rebuilds one publisher may have waiting; more are answered 503 builder_busy "
                   "(default 4)");
+  cmd->add_option("--mint-lease-ttl", args->options.mint_lease_ttl_s,
+                  "seconds a worker's mint lease holds without a heartbeat; others wait that "
+                  "long at most before taking over a dead minter's key (default 60)");
   cmd->add_option("--max-cell-entries", args->options.max_cell_entries,
                   "entries a published cell may hold (default 256)");
   cmd->add_option("--org-quota-bytes", args->options.org_quota_bytes,

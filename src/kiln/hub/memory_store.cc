@@ -291,6 +291,40 @@ class MemoryStore final : public HubStore {
     return static_cast<int64_t>(workers.size());
   }
 
+  Result<MintLeaseAcquire> AcquireMintLease(const MintLeaseRow& want, int64_t now_ms) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto [it, fresh] = leases_.try_emplace({want.key, want.family}, want);
+    bool granted = fresh;
+    if (!fresh && (it->second.expires_at_ms <= now_ms || it->second.holder == want.holder)) {
+      it->second = want;
+      granted = true;
+    }
+    return MintLeaseAcquire{it->second, granted};
+  }
+  Result<bool> ExtendMintLease(const std::string& key, const std::string& family,
+                               const std::string& lease, int64_t expires_at_ms) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = leases_.find({key, family});
+    if (it == leases_.end() || it->second.lease != lease) return false;
+    it->second.expires_at_ms = expires_at_ms;
+    return true;
+  }
+  Result<bool> ReleaseMintLease(const std::string& key, const std::string& family,
+                                const std::string& lease) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = leases_.find({key, family});
+    if (it == leases_.end() || it->second.lease != lease) return false;
+    leases_.erase(it);
+    return true;
+  }
+  Result<std::optional<MintLeaseRow>> GetMintLease(const std::string& key,
+                                                   const std::string& family) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = leases_.find({key, family});
+    if (it == leases_.end()) return std::optional<MintLeaseRow>();
+    return std::optional<MintLeaseRow>(it->second);
+  }
+
  private:
   std::mutex mu_;
   std::map<std::pair<std::string, std::string>, CellRow> cells_;  // by (key, family)
@@ -302,6 +336,7 @@ class MemoryStore final : public HubStore {
   std::map<std::tuple<std::string, std::string, std::string>, ObligationRow> obligations_;
   std::vector<StoredEvent> events_;
   int64_t next_event_id_ = 0;
+  std::map<std::pair<std::string, std::string>, MintLeaseRow> leases_;  // by (key, family)
 };
 
 }  // namespace

@@ -152,6 +152,18 @@ StoredEvent ReadEvent(const pqxx::row& r) {
   return e;
 }
 
+// Mint leases (store.h MintLeaseRow): a table of its own, created idempotently at every start.
+constexpr const char* kMintLeaseSchema = R"sql(
+CREATE TABLE IF NOT EXISTS mint_leases (
+  key TEXT NOT NULL, family TEXT NOT NULL, holder TEXT NOT NULL, lease TEXT NOT NULL,
+  acquired_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL, PRIMARY KEY (key, family));
+)sql";
+constexpr const char* kMintLeaseCols = "key, family, holder, lease, acquired_at_ms, expires_at_ms";
+
+MintLeaseRow ReadMintLease(const pqxx::row& r) {
+  return MintLeaseRow{S(r[0]), S(r[1]), S(r[2]), S(r[3]), I(r[4]), I(r[5])};
+}
+
 class PostgresStore final : public HubStore {
  public:
   PostgresStore(std::string url, int pool_size) : url_(std::move(url)), pool_size_(pool_size) {}
@@ -169,7 +181,68 @@ class PostgresStore final : public HubStore {
     return Do("create schema", [&](pqxx::transaction_base& w) {
       w.exec("SELECT pg_advisory_xact_lock(7394001)");  // one hub creates the schema at a time
       w.exec(kSchema);
+      w.exec(kMintLeaseSchema);
     });
+  }
+
+  // One INSERT … ON CONFLICT DO UPDATE … WHERE: PostgreSQL locks the conflicting row and
+  // re-checks the WHERE on its newest version, so of two hubs racing for a free (key, family)
+  // exactly one statement writes (RETURNING yields a row only to it).
+  Result<MintLeaseAcquire> AcquireMintLease(const MintLeaseRow& want, int64_t now_ms) override {
+    MintLeaseAcquire out;
+    KILN_RETURN_IF_ERROR(Do("acquire mint lease", [&](pqxx::transaction_base& w) {
+      auto ins = w.exec_params(
+          "INSERT INTO mint_leases (key, family, holder, lease, acquired_at_ms, expires_at_ms) "
+          "VALUES ($1,$2,$3,$4,$5,$6) ON CONFLICT (key, family) DO UPDATE SET holder = "
+          "EXCLUDED.holder, lease = EXCLUDED.lease, acquired_at_ms = EXCLUDED.acquired_at_ms, "
+          "expires_at_ms = EXCLUDED.expires_at_ms WHERE mint_leases.expires_at_ms <= $7 OR "
+          "mint_leases.holder = EXCLUDED.holder RETURNING lease",
+          want.key, want.family, want.holder, want.lease, want.acquired_at_ms, want.expires_at_ms,
+          now_ms);
+      out.granted = !ins.empty();
+      auto r = w.exec_params(std::string("SELECT ") + kMintLeaseCols +
+                                 " FROM mint_leases WHERE key = $1 AND family = $2",
+                             want.key, want.family);
+      if (r.empty()) throw std::runtime_error("mint lease row vanished after acquire");
+      out.owner = ReadMintLease(r[0]);
+    }));
+    return out;
+  }
+  Result<bool> ExtendMintLease(const std::string& key, const std::string& family,
+                               const std::string& lease, int64_t expires_at_ms) override {
+    bool changed = false;
+    KILN_RETURN_IF_ERROR(Do("extend mint lease", [&](pqxx::transaction_base& w) {
+      auto r = w.exec_params(
+          "UPDATE mint_leases SET expires_at_ms = $4 WHERE key = $1 AND family = $2 AND lease = $3",
+          key, family, lease, expires_at_ms);
+      changed = r.affected_rows() == 1;
+    }));
+    return changed;
+  }
+  Result<bool> ReleaseMintLease(const std::string& key, const std::string& family,
+                                const std::string& lease) override {
+    bool changed = false;
+    KILN_RETURN_IF_ERROR(Do("release mint lease", [&](pqxx::transaction_base& w) {
+      auto r =
+          w.exec_params("DELETE FROM mint_leases WHERE key = $1 AND family = $2 AND lease = $3",
+                        key, family, lease);
+      changed = r.affected_rows() == 1;
+    }));
+    return changed;
+  }
+  Result<std::optional<MintLeaseRow>> GetMintLease(const std::string& key,
+                                                   const std::string& family) override {
+    std::optional<MintLeaseRow> out;
+    KILN_RETURN_IF_ERROR(Do(
+        "get mint lease",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec_params(std::string("SELECT ") + kMintLeaseCols +
+                                     " FROM mint_leases WHERE key = $1 AND family = $2",
+                                 key, family);
+          if (!r.empty()) out = ReadMintLease(r[0]);
+        },
+        true));
+    return out;
   }
 
   Result<CellInsert> InsertCellIfAbsent(const CellRow& c) override {

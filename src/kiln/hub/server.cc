@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstring>
@@ -245,6 +246,18 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http, H
               return s->ResolveCell(p, req.captures[0],
                                     family == req.query.end() ? std::string() : family->second);
             })));
+  routes.push_back(route("POST", "/v1/mint-leases", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->AcquireMintLease(p, b);
+                         })));
+  routes.push_back(route("POST", "/v1/mint-leases/heartbeat", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->HeartbeatMintLease(p, b);
+                         })));
+  routes.push_back(route("POST", "/v1/mint-leases/release", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->ReleaseMintLease(p, b);
+                         })));
   routes.push_back(route("POST", "/v1/publish/intent", kJsonBodyLimit,
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->PublishIntent(p, b);
@@ -483,6 +496,12 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   service_options.org_quota_bytes = options.org_quota_bytes;
   service_options.platform_quota_bytes = options.platform_quota_bytes;
   service_options.publish_claim_ttl_s = options.publish_claim_ttl_s;
+  if (!(options.mint_lease_ttl_s >= 0.3 && options.mint_lease_ttl_s <= 3600)) {
+    return Status::InvalidArgument("hub: --mint-lease-ttl " +
+                                   std::to_string(options.mint_lease_ttl_s) +
+                                   " is not between 0.3 and 3600 seconds");
+  }
+  service_options.mint_lease_ttl_ms = std::llround(options.mint_lease_ttl_s * 1000);
   std::unique_ptr<HubServer> hub(new HubServer());
   hub->options_ = options;
   hub->service_ = std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys),

@@ -84,11 +84,20 @@ struct HubServiceOptions {
   // upload, complete), so that one publisher uploads while the others wait, and a publisher that
   // died frees the scope this long after its last step (store.h PublishClaim).
   int64_t publish_claim_ttl_s = 300;
+  // How long a mint lease holds without a heartbeat (docs/fleet.md "One mint per cold key");
+  // holders heartbeat every third of it.
+  int64_t mint_lease_ttl_ms = 60000;
+  // The clock of mint leases, unix milliseconds (tests pass their own); null: the system clock.
+  std::function<int64_t()> mint_lease_clock_ms = nullptr;
 };
 
 // The refusal of a publish intent while another publisher's claim on (key, family) is live
 // (409, with Retry-After): retry later and see "already" (or key_taken) once it completes.
 inline constexpr const char* kRefusalPublishInProgress = "publish_in_progress";
+
+// The refusal token of a heartbeat or release whose lease no longer holds its (key, family):
+// released, or taken over by another holder after it expired.
+inline constexpr const char* kRefusalLeaseLost = "lease_lost";
 
 // What one garbage collection pass removed.
 struct CollectedGarbage {
@@ -154,6 +163,11 @@ class HubService {
   Reply PostEvents(const Principal& p, std::string_view body);
   Reply QueryEvents(const Principal& p, const std::map<std::string, std::string>& query);
   Reply Dashboard(const Principal& p);
+  // Mint leases (mint_lease.cc; docs/hub-api.md): POST /v1/mint-leases,
+  // /v1/mint-leases/heartbeat, /v1/mint-leases/release.
+  Reply AcquireMintLease(const Principal& p, std::string_view body);
+  Reply HeartbeatMintLease(const Principal& p, std::string_view body);
+  Reply ReleaseMintLease(const Principal& p, std::string_view body);
   // Blob download: the reader, or a Reply (400 bad_digest, 404 not_found, 403).
   std::variant<std::unique_ptr<BlobReader>, Reply> OpenBlob(const Principal& p,
                                                             const std::string& digest);
@@ -174,6 +188,7 @@ class HubService {
 
  private:
   int64_t Now() const;
+  int64_t LeaseNowMs() const;
   uint64_t QuotaOf(const Principal& p) const;
   std::optional<Reply> CheckQuota(const Principal& p, const std::string& digest, uint64_t adding);
   // Claims (or refreshes) p's claim on (key, family) for `digest`: nullopt when p holds it now,
@@ -239,6 +254,7 @@ struct HubOptions {
   uint64_t org_quota_bytes = 16ull << 30;  // HubServiceOptions::org_quota_bytes
   uint64_t platform_quota_bytes = 0;       // HubServiceOptions::platform_quota_bytes
   int64_t publish_claim_ttl_s = 300;       // HubServiceOptions::publish_claim_ttl_s
+  double mint_lease_ttl_s = 60;            // HubServiceOptions::mint_lease_ttl_ms, in seconds
   // On SIGTERM (Stop()): how long requests being handled may take to finish and send their answer
   // before the listener cuts what is left.
   int drain_timeout_ms = 30000;

@@ -99,6 +99,14 @@ constexpr const char* kMigrateEventsTo4 =
 constexpr const char* kMigrateObligationsTo4 =
     "ALTER TABLE obligations ADD COLUMN org TEXT NOT NULL DEFAULT '';";
 
+// Mint leases (store.h MintLeaseRow) in a table of their own, created at every open: no rows of
+// an older schema change, so it needs no version step.
+constexpr const char* kMintLeaseSchema = R"sql(
+CREATE TABLE IF NOT EXISTS mint_leases (
+  key TEXT NOT NULL, family TEXT NOT NULL, holder TEXT NOT NULL, lease TEXT NOT NULL,
+  acquired_at_ms INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL, PRIMARY KEY (key, family));
+)sql";
+
 // SQLite's primary result codes that mean the file itself is damaged (not busy, not full).
 bool IsDamage(int rc) {
   const int primary = rc & 0xff;
@@ -647,7 +655,65 @@ class SqliteStore final : public HubStore {
     return s.Int(0);
   }
 
+  // One statement under mu_, and SQLite runs each statement in a transaction of its own that
+  // holds the database's write lock, so the take-over condition and the write are one step for
+  // every process sharing the file.
+  Result<MintLeaseAcquire> AcquireMintLease(const MintLeaseRow& want, int64_t now_ms) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    bool granted = false;
+    {
+      Stmt s(db_,
+             "INSERT INTO mint_leases (key, family, holder, lease, acquired_at_ms, expires_at_ms) "
+             "VALUES (?,?,?,?,?,?) ON CONFLICT(key, family) DO UPDATE SET holder = "
+             "excluded.holder, lease = excluded.lease, acquired_at_ms = excluded.acquired_at_ms, "
+             "expires_at_ms = excluded.expires_at_ms WHERE mint_leases.expires_at_ms <= ? OR "
+             "mint_leases.holder = excluded.holder");
+      s.Bind(want.key).Bind(want.family).Bind(want.holder).Bind(want.lease);
+      s.Bind(want.acquired_at_ms).Bind(want.expires_at_ms).Bind(now_ms);
+      KILN_RETURN_IF_ERROR(s.Run("acquire mint lease"));
+      granted = sqlite3_changes(db_) == 1;
+    }
+    KILN_ASSIGN_OR_RETURN(auto owner, GetMintLeaseLocked(want.key, want.family));
+    if (!owner) return Status::Internal("sqlite: mint lease of '" + want.key + "' vanished");
+    return MintLeaseAcquire{*owner, granted && owner->lease == want.lease};
+  }
+  Result<bool> ExtendMintLease(const std::string& key, const std::string& family,
+                               const std::string& lease, int64_t expires_at_ms) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "UPDATE mint_leases SET expires_at_ms = ? WHERE key = ? AND family = ? AND lease = ?");
+    s.Bind(expires_at_ms).Bind(key).Bind(family).Bind(lease);
+    KILN_RETURN_IF_ERROR(s.Run("extend mint lease"));
+    return sqlite3_changes(db_) == 1;
+  }
+  Result<bool> ReleaseMintLease(const std::string& key, const std::string& family,
+                                const std::string& lease) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_, "DELETE FROM mint_leases WHERE key = ? AND family = ? AND lease = ?");
+    s.Bind(key).Bind(family).Bind(lease);
+    KILN_RETURN_IF_ERROR(s.Run("release mint lease"));
+    return sqlite3_changes(db_) == 1;
+  }
+  Result<std::optional<MintLeaseRow>> GetMintLease(const std::string& key,
+                                                   const std::string& family) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return GetMintLeaseLocked(key, family);
+  }
+
  private:
+  Result<std::optional<MintLeaseRow>> GetMintLeaseLocked(const std::string& key,
+                                                         const std::string& family) {
+    Stmt s(db_,
+           "SELECT key, family, holder, lease, acquired_at_ms, expires_at_ms FROM mint_leases "
+           "WHERE key = ? AND family = ?");
+    s.Bind(key).Bind(family);
+    return One<MintLeaseRow>(
+        s,
+        [](const Stmt& s) {
+          return MintLeaseRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4), s.Int(5)};
+        },
+        "get mint lease");
+  }
   Result<std::optional<CellRow>> GetCellLocked(const std::string& key, const std::string& family) {
     Stmt s(
         db_,
@@ -739,6 +805,7 @@ Result<std::unique_ptr<HubStore>> OpenSqliteStore(const std::string& path) {
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA journal_mode=WAL", "enable WAL"));
   KILN_RETURN_IF_ERROR(store->Exec("PRAGMA synchronous=FULL", "set synchronous"));
   KILN_RETURN_IF_ERROR(store->Migrate());
+  KILN_RETURN_IF_ERROR(store->Exec(kMintLeaseSchema, "create mint lease table"));
   KILN_RETURN_IF_ERROR(store->CheckStoreId());
   return std::unique_ptr<HubStore>(std::move(store));
 }

@@ -169,6 +169,27 @@ struct WorkerSummary {
   int64_t events = 0;
 };
 
+// A mint lease (docs/fleet.md "One mint per cold key"): the one worker allowed to mint the cell
+// of (key, family) while no cell is published there. At most one row per (key, family); a row
+// whose expires_at_ms has passed is free for anyone to take over. Times are the calling hub's
+// clock in unix milliseconds (the store never reads its own clock), so hubs sharing a database
+// must keep their clocks within a small fraction of the lease TTL of each other (NTP does).
+struct MintLeaseRow {
+  std::string key;
+  std::string family;
+  std::string holder;  // who minted: the worker's name as it asked
+  std::string lease;   // the lease id: random, names this grant (a takeover gets a new one)
+  int64_t acquired_at_ms = 0;
+  int64_t expires_at_ms = 0;
+};
+
+// The outcome of an acquire: the row that holds (key, family) afterwards, and whether it is the
+// one this call asked for.
+struct MintLeaseAcquire {
+  MintLeaseRow owner;
+  bool granted = false;
+};
+
 // The refusal token of a store whose bytes are damaged (a malformed page, a truncated or replaced
 // database). Never answered as a miss.
 inline constexpr const char* kRefusalStoreCorrupt = "store_corrupt";
@@ -312,6 +333,25 @@ class HubStore {
   // boot_adopt, phase hit|local_hit).
   virtual Result<int64_t> AdoptedCount(const std::string& key,
                                        const std::optional<std::string>& org) = 0;
+
+  // --- mint leases --------------------------------------------------------------------------
+  // Writes `want` as the lease of (want.key, want.family) unless another lease there is live:
+  // no row, a row with expires_at_ms <= now_ms (its holder stopped heartbeating), or a row of the
+  // same holder (a restarted worker takes its own lease back at once) is replaced. Returns the
+  // row that holds the pair afterwards. Atomic across hub processes sharing a database: of two
+  // acquires racing for a free pair exactly one is granted.
+  virtual Result<MintLeaseAcquire> AcquireMintLease(const MintLeaseRow& want, int64_t now_ms) = 0;
+  // Moves the expiry of lease `lease` of (key, family) to expires_at_ms if that lease still
+  // holds the pair (even past its expiry, as long as nobody took it over). Returns whether it
+  // did; false means the lease was released or taken over.
+  virtual Result<bool> ExtendMintLease(const std::string& key, const std::string& family,
+                                       const std::string& lease, int64_t expires_at_ms) = 0;
+  // Deletes lease `lease` of (key, family) if it still holds the pair; another's lease is
+  // untouched. Returns whether a row went.
+  virtual Result<bool> ReleaseMintLease(const std::string& key, const std::string& family,
+                                        const std::string& lease) = 0;
+  virtual Result<std::optional<MintLeaseRow>> GetMintLease(const std::string& key,
+                                                           const std::string& family) = 0;
 };
 
 // Opens (creating the schema if needed) the SQLite store at `path`.

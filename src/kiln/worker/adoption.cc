@@ -3,9 +3,11 @@
 
 #include <algorithm>
 #include <chrono>
+#include <random>
 
 #include "src/kiln/base/backoff.h"
 #include "src/kiln/base/log.h"
+#include "src/kiln/worker/mint_lease.h"
 
 namespace kiln {
 
@@ -35,12 +37,12 @@ BootOutcome Adopter::AdoptNow(ServedTarget& target, const TargetSpec& spec,
 BootOutcome Adopter::Boot(ServedTarget& target, const TargetSpec& spec,
                           std::shared_ptr<const Graph> graph) {
   BootOutcome out = AdoptNow(target, spec, graph);
-  Apply(out, target, spec, graph, 0);
+  Apply(out, target, spec, graph, 0, LeaseWait());
   return out;
 }
 
 void Adopter::Apply(const BootOutcome& out, ServedTarget& target, const TargetSpec& spec,
-                    const std::shared_ptr<const Graph>& graph, int attempt) {
+                    const std::shared_ptr<const Graph>& graph, int attempt, LeaseWait wait) {
   if (out.adopted()) {
     target.SetStoredPosture("");
     return;
@@ -56,18 +58,90 @@ void Adopter::Apply(const BootOutcome& out, ServedTarget& target, const TargetSp
                               .count();
     KILN_LOG(INFO) << "worker: target '" << spec.name << "' adoption refused (" << out.phase
                    << ", the hub could not be asked); retrying in " << delay << " ms";
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    pending_.push_back({&target, spec, graph, attempt + 1,
-                        std::chrono::steady_clock::now() + std::chrono::milliseconds(delay)});
-    if (!thread_.joinable()) thread_ = std::thread([this] { RetryLoop(); });
-    cv_.notify_all();
+    Schedule(Pending{&target, spec, graph, attempt + 1, {}, wait}, delay);
     return;
   }
   // A miss, or a refusal of the hub's cell: the ordinary miss policy, mint where the lane
   // allows. The refusal stays the target's posture token (it says why there is no cell).
   if (!miss) target.SetStoredPosture(out.phase);
-  if (minter_ != nullptr) minter_->MintExported(out.key, MintBinding{&target, spec});
+  if (minter_ != nullptr) MintOrWait(out, target, spec, graph, attempt, std::move(wait));
+}
+
+void Adopter::Schedule(Pending p, int64_t delay_ms) {
+  p.due = std::chrono::steady_clock::now() + std::chrono::milliseconds(delay_ms);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
+  pending_.push_back(std::move(p));
+  if (!thread_.joinable()) thread_ = std::thread([this] { RetryLoop(); });
+  cv_.notify_all();
+}
+
+void Adopter::MintOrWait(const BootOutcome& out, ServedTarget& target, const TargetSpec& spec,
+                         const std::shared_ptr<const Graph>& graph, int attempt, LeaseWait wait) {
+  MintLeases* leases = options_.leases;
+  // Only a miss the hub answered asks for the lease: without a hub there is nobody to ask, a
+  // refusal of the hub's cell means a cell exists, and a mint of the key already running here is
+  // joined as ever.
+  if (leases == nullptr || out.phase != kBootMiss || minter_->IsMinting(out.key)) {
+    minter_->MintExported(out.key, MintBinding{&target, spec});
+    return;
+  }
+  const std::string& family = spec.export_spec->family;
+  const LeaseAnswer lease = leases->Acquire(out.key, family);
+  switch (lease.kind) {
+    case LeaseAnswer::Kind::kGranted:
+      if (!wait.holder.empty()) {
+        KILN_LOG(INFO) << "worker: target '" << spec.name << "' took over the mint lease of "
+                       << out.key << " from " << wait.holder << " (released or expired)";
+      }
+      minter_->MintExported(out.key, MintBinding{&target, spec},
+                            leases->Hold(out.key, family, lease));
+      return;
+    case LeaseAnswer::Kind::kNoLease:
+      KILN_LOG(INFO) << "worker: target '" << spec.name << "' mint lease of " << out.key
+                     << (lease.transient ? " not asked: the hub could not be reached ("
+                                         : " refused by the hub (")
+                     << lease.token << "); minting here";
+      minter_->MintExported(out.key, MintBinding{&target, spec});
+      return;
+    case LeaseAnswer::Kind::kPublished: {
+      // Published since the resolve: adopt it at once (a short jittered wait).
+      const int64_t delay =
+          JitteredBackoff(std::chrono::milliseconds(100),
+                          std::chrono::milliseconds(options_.lease_poll_max_ms), wait.polls)
+              .count();
+      ++wait.polls;
+      Schedule(Pending{&target, spec, graph, attempt, {}, std::move(wait)}, delay);
+      return;
+    }
+    case LeaseAnswer::Kind::kHeld:
+      break;
+  }
+  if (lease.holder != wait.holder && ctx_.events != nullptr) {
+    EventRow row;
+    row.kind = event_kind::kSelfMintSkipped;
+    row.phase = kMintLeaseHeld;
+    row.key = out.key;
+    row.target = spec.name;
+    row.detail = "key=" + out.key + " target=" + spec.name + " worker=" + ctx_.worker +
+                 " holder=" + lease.holder +
+                 " expires_in_ms=" + std::to_string(lease.expires_in_ms) + " waiting for its cell";
+    ctx_.events->Append(std::move(row));
+  }
+  target.SetStoredPosture(kPostureMintInProgress);
+  // The backoff's step, but never past the lease's expiry plus a jittered tenth of the TTL: a
+  // holder that died is taken over by one of the waiters within a TTL and a poll.
+  int64_t delay = JitteredBackoff(std::chrono::milliseconds(options_.lease_poll_initial_ms),
+                                  std::chrono::milliseconds(options_.lease_poll_max_ms), wait.polls)
+                      .count();
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  const int64_t spread = std::max<int64_t>(1, lease.ttl_ms / 10);
+  const int64_t at_expiry = std::max<int64_t>(0, lease.expires_in_ms) +
+                            std::uniform_int_distribution<int64_t>(1, spread)(rng);
+  delay = std::min(delay, at_expiry);
+  wait.holder = lease.holder;
+  ++wait.polls;
+  Schedule(Pending{&target, spec, graph, attempt, {}, std::move(wait)}, delay);
 }
 
 void Adopter::RetryLoop() {
@@ -87,7 +161,7 @@ void Adopter::RetryLoop() {
     pending_.erase(next);
     lock.unlock();
     BootOutcome out = AdoptNow(*job.target, job.spec, job.graph);
-    Apply(out, *job.target, job.spec, job.graph, job.attempt);
+    Apply(out, *job.target, job.spec, job.graph, job.attempt, std::move(job.wait));
     lock.lock();
   }
 }

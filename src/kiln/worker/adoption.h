@@ -17,6 +17,14 @@
 //                                       (a mint never arms a revoked digest)
 //   operator_eager_only, no_export_declaration, key_underivable: nothing
 // Every attempt emits its own boot_adopt row.
+//
+// With a hub's mint leases (AdopterOptions::leases; mint_lease.h) a `miss` asks for the key's
+// lease before it mints: granted, it mints holding the lease; held by another worker, the target
+// keeps its miss posture (eager, or a mandatory lane's refusal) and adoption is tried again after
+// a jittered wait of 0.5 s, 1 s, 2 s … up to lease_poll_max_ms, never past the holder's lease
+// expiry (so a dead holder's key is taken over within a TTL and a poll), until the cell appears
+// (adopted as any hit) or the lease is granted here. One `self_mint_skipped lease_held` row per
+// holder waited on. A hub that cannot be asked for the lease mints here as without one.
 #pragma once
 
 #include <condition_variable>
@@ -31,9 +39,14 @@
 
 namespace kiln {
 
+class MintLeases;
+
 struct AdopterOptions {
   int retry_initial_ms = 1000;
   int retry_max_ms = 30000;
+  MintLeases* leases = nullptr;  // not owned; null = no leases (no hub, or tests)
+  int lease_poll_initial_ms = 500;
+  int lease_poll_max_ms = 10000;
 };
 
 class Adopter {
@@ -53,17 +66,27 @@ class Adopter {
   void Stop();
 
  private:
+  // A wait on another worker's mint of the key (mint leases).
+  struct LeaseWait {
+    int polls = 0;       // polls so far: the backoff's attempt
+    std::string holder;  // the holder last seen ("" = none yet)
+  };
   struct Pending {
     ServedTarget* target;
     TargetSpec spec;
     std::shared_ptr<const Graph> graph;
     int attempt;
     std::chrono::steady_clock::time_point due;
+    LeaseWait wait = {};
   };
   BootOutcome AdoptNow(ServedTarget& target, const TargetSpec& spec,
                        const std::shared_ptr<const Graph>& graph);
   void Apply(const BootOutcome& out, ServedTarget& target, const TargetSpec& spec,
-             const std::shared_ptr<const Graph>& graph, int attempt);
+             const std::shared_ptr<const Graph>& graph, int attempt, LeaseWait wait);
+  // The miss policy with mint leases (see above); without them, MintExported.
+  void MintOrWait(const BootOutcome& out, ServedTarget& target, const TargetSpec& spec,
+                  const std::shared_ptr<const Graph>& graph, int attempt, LeaseWait wait);
+  void Schedule(Pending p, int64_t delay_ms);
   void RetryLoop();
 
   BootContext ctx_;

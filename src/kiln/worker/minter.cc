@@ -77,6 +77,7 @@ struct Minter::Job {
   std::string key;                    // "" for intake
   std::vector<MintBinding> bindings;  // guarded by Minter::mu_ until the job adopts
   std::string dir;                    // the mint's private directory
+  std::shared_ptr<void> lease;        // the fleet's mint lease of the key, if one was granted
   Clock::TimePoint started = Clock::Real()->Now();
 };
 
@@ -139,7 +140,13 @@ std::string Minter::MemoryShortfall(const ServedTarget& target) const {
          (options_.memory_budget_mb > 0 ? " (manifest mint.memory_budget_mb)" : " (MemAvailable)");
 }
 
-void Minter::MintExported(const std::string& key, MintBinding binding) {
+bool Minter::IsMinting(const std::string& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return running_.count(key) != 0;
+}
+
+void Minter::MintExported(const std::string& key, MintBinding binding,
+                          std::shared_ptr<void> lease) {
   const std::string target = binding.spec.name;
   std::shared_ptr<Job> job;
   bool quarantined = false;
@@ -152,6 +159,8 @@ void Minter::MintExported(const std::string& key, MintBinding binding) {
     } else if (auto it = running_.find(key); it != running_.end()) {
       // Same key, one mint: this target is armed from the same bytes.
       it->second->bindings.push_back(binding);
+      // The newest grant is the one the hub holds (a holder's own ask replaces its lease).
+      if (lease) it->second->lease = std::move(lease);
       binding.target->SetMintInProgress(true);
       Emit(event_kind::kSelfMintStarted, "joined", 0, key, "", target,
            "sharing the mint already running for this key");
@@ -171,6 +180,7 @@ void Minter::MintExported(const std::string& key, MintBinding binding) {
   job = std::make_shared<Job>();
   job->key = key;
   job->bindings.push_back(binding);
+  job->lease = std::move(lease);
   binding.target->SetMintInProgress(true);
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -178,8 +188,8 @@ void Minter::MintExported(const std::string& key, MintBinding binding) {
   }
   Emit(event_kind::kSelfMintStarted, "child", 0, key, "", target,
        "nice=" + std::to_string(options_.child_nice) +
-           " threads=" + std::to_string(options_.child_threads) +
-           " stall_window_ms=" + std::to_string(options_.stall_window_ms));
+           " threads=" + std::to_string(options_.child_threads) + " stall_window_ms=" +
+           std::to_string(options_.stall_window_ms) + (job->lease ? " lease=held" : " lease=none"));
   Launch(job, false);
 }
 
@@ -250,6 +260,7 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
       quarantined_.insert(job->key);
     }
     take_bindings();
+    job->lease.reset();  // released now: another worker may try
     std::error_code ec;
     std::filesystem::remove_all(job->dir, ec);  // the bytes are deleted: nothing to publish
     for (const MintBinding& b : bindings) {
@@ -355,7 +366,8 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
   std::filesystem::remove_all(job->dir, ec);
   // 5. Publish in the background (readiness never waits for it).
   if (put.ok() && options_.publisher != nullptr) {
-    options_.publisher->EnqueuePublish(job->key, first.spec.name, first.spec.export_spec->family);
+    options_.publisher->EnqueuePublish(job->key, first.spec.name, first.spec.export_spec->family,
+                                       job->lease);
   }
 }
 

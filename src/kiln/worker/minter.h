@@ -91,7 +91,12 @@ class Minter {
   Minter& operator=(const Minter&) = delete;
 
   // The miss policy for an exported target whose key missed (see above). Returns at once.
-  void MintExported(const std::string& key, MintBinding binding);
+  // `lease` (may be null): the fleet's mint lease of the key (mint_lease.h), held while the mint
+  // runs and then by the publish of its cell; dropped at once when the mint fails or is skipped.
+  void MintExported(const std::string& key, MintBinding binding,
+                    std::shared_ptr<void> lease = nullptr);
+  // Whether a mint of `key` runs in this process (a miss of it joins that mint).
+  bool IsMinting(const std::string& key);
   // The intake lane's compile for `binding` (see above). Returns at once.
   void CompileIntake(MintBinding binding);
 

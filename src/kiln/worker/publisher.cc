@@ -48,8 +48,9 @@ Publisher::~Publisher() {
 }
 
 void Publisher::EnqueuePublish(const std::string& key, const std::string& target,
-                               const std::string& family) {
+                               const std::string& family, std::shared_ptr<void> keep) {
   Job job;
+  job.keep = std::move(keep);
   job.key = key;
   job.target = target;
   job.family = family;
@@ -93,6 +94,7 @@ void Publisher::Loop() {
     busy_ = true;
     lock.unlock();
     Work(job);
+    job.keep.reset();  // before the queue looks idle: a waiter sees the lease released
     lock.lock();
     busy_ = false;
     cv_.notify_all();

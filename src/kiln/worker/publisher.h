@@ -53,8 +53,11 @@ class Publisher {
   Publisher(const Publisher&) = delete;
   Publisher& operator=(const Publisher&) = delete;
 
-  // Queues the stored cell `key` of `target` for publishing. Returns at once.
-  void EnqueuePublish(const std::string& key, const std::string& target, const std::string& family);
+  // Queues the stored cell `key` of `target` for publishing. Returns at once. `keep` (may be
+  // null) is held until the publish ends, published or refused, or is dropped unsent: the mint
+  // lease of the key (mint_lease.h), so no other worker mints it while its cell is on the way.
+  void EnqueuePublish(const std::string& key, const std::string& target, const std::string& family,
+                      std::shared_ptr<void> keep = nullptr);
   // Queues a terminal settlement of (release, target, sm) with `token` (needs a release).
   void EnqueueSettle(const std::string& target, const std::string& sm, const std::string& token);
 
@@ -66,6 +69,7 @@ class Publisher {
     bool settle = false;
     std::string key, target, family, sm, token;
     int64_t enqueued_ms = 0;
+    std::shared_ptr<void> keep;
   };
   explicit Publisher(PublisherOptions options, std::unique_ptr<HubClient> hub);
   void Loop();

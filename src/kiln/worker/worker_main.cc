@@ -27,6 +27,7 @@
 #include "src/kiln/worker/boot.h"
 #include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/front.h"
+#include "src/kiln/worker/mint_lease.h"
 #include "src/kiln/worker/minter.h"
 #include "src/kiln/worker/publisher.h"
 #include "src/kiln/worker/revocations.h"
@@ -54,6 +55,14 @@ Result<std::string> AdminToken(const WorkerConfig& a) {
 }
 
 // One hub client configuration for the three clients a worker holds (events, resolve, publish).
+// One name per worker process ("<endpoint>@<host>/<pid>"): the hub counts adoptions by distinct
+// worker, and a mint lease's holder is one process.
+std::string ProcessWorkerName(const Manifest& m) {
+  char host[256] = {};
+  ::gethostname(host, sizeof(host) - 1);
+  return m.endpoint.name + "@" + host + "/" + std::to_string(::getpid());
+}
+
 HubClientOptions HubOptionsFrom(const HubSpec& h) {
   HubClientOptions o;
   o.url = h.url;
@@ -88,9 +97,7 @@ Result<std::unique_ptr<EventForwarder>> StartForwarder(const Manifest& m, EventL
   KILN_ASSIGN_OR_RETURN(auto client, HubClient::Create(HubOptionsFrom(*m.hub)));
   EventForwarderOptions fwd;
   // One name per worker process: the hub counts adoptions by distinct worker.
-  char host[256] = {};
-  ::gethostname(host, sizeof(host) - 1);
-  fwd.worker = m.endpoint.name + "@" + host + "/" + std::to_string(::getpid());
+  fwd.worker = ProcessWorkerName(m);
   auto forwarder = std::make_unique<EventForwarder>(std::move(client), fwd);
   forwarder->Attach(events);  // before boot: boot_adopt rows reach the hub too
   return forwarder;
@@ -339,6 +346,16 @@ Status RunWorker(const WorkerConfig& a) {
         revocations, RevocationWatch::Create(RevocationOptionsFrom(m, trust.get(), root, &events)));
     ctx.revocations = revocations.get();
   }
+  // The fleet's mint leases: one worker mints a cold key, the others adopt its cell.
+  // Declared before the publisher and the minter: the holds they keep point at it.
+  std::unique_ptr<MintLeases> leases;
+  if (m.hub) {
+    MintLeaseOptions lo;
+    lo.hub = HubOptionsFrom(*m.hub);
+    lo.holder = ProcessWorkerName(m);
+    lo.worker = m.endpoint.name;
+    KILN_ASSIGN_OR_RETURN(leases, MintLeases::Create(lo, &events));
+  }
   std::unique_ptr<Publisher> publisher;
   if (m.hub) {
     PublisherOptions po;
@@ -357,6 +374,7 @@ Status RunWorker(const WorkerConfig& a) {
   // point at, whichever way this function returns.
   Minter minter(MinterOptionsFrom(a, m, ctx, publisher.get()));
   AdopterOptions ao;
+  ao.leases = leases.get();
   if (m.hub) ao.retry_max_ms = m.hub->adopt_retry_max_s * 1000;
   ao.retry_initial_ms = std::min(ao.retry_initial_ms, ao.retry_max_ms);
   // After the minter: its retries call into it, so it stops first.
