@@ -527,6 +527,11 @@ Adoption::Next Adoption::CheckSource() {
 }
 
 BootOutcome Adoption::ArmAndInstall(const AdmittedCell& admitted, const char* phase) {
+  if (!ctx_.load) {
+    // Every check passed; the caller asked for no load (BootContext::load).
+    out_.ref = out_.key + "@" + admitted.digest;
+    return Finish({phase, "ref=" + out_.ref + " load=skipped" + note_});
+  }
   LoadTimings load;
   auto dir = PrivateDirFor(ctx_, spec_.name);
   if (!dir.ok()) return Finish({kBootArmRefused, dir.status().ToString() + note_});

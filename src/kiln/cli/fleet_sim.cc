@@ -1,0 +1,559 @@
+// The fleet simulator: a bounded pool running simulated workers' boot-adopt (see fleet_sim.h).
+#include "src/kiln/cli/fleet_sim.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <pqxx/pqxx>
+#include <sstream>
+#include <thread>
+#include <utility>
+
+#include "src/kiln/base/backoff.h"
+#include "src/kiln/base/file.h"
+#include "src/kiln/client/hub_client.h"
+#include "src/kiln/graph/checkpoint.h"
+#include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/identity/toolchain.h"
+#include "src/kiln/manifest/manifest.h"
+#include "src/kiln/net/address.h"
+#include "src/kiln/worker/boot.h"
+#include "src/kiln/worker/event_forwarder.h"
+#include "src/kiln/worker/events.h"
+#include "src/kiln/worker/revocations.h"
+#include "src/kiln/worker/serving.h"
+
+namespace kiln::cli {
+namespace {
+
+using SteadyClock = std::chrono::steady_clock;
+
+double MsBetween(SteadyClock::time_point a, SteadyClock::time_point b) {
+  return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+// What every simulated worker reads and none writes.
+struct Fleet {
+  TargetSpec spec;
+  std::shared_ptr<const Graph> graph;
+  WeightMap weights;
+  std::unique_ptr<ServedTarget> target;  // never installed into: BootContext::load is off
+  HubClientOptions hub;
+  std::optional<PublicKeySet> trust;  // operator anchors; nullopt = the hub's own key set
+  std::string work_dir;
+};
+
+struct WorkerResult {
+  std::string name;
+  bool started = false;
+  std::string phase;  // the boot's phase, or kFleetSimNotStarted
+  std::string ref;
+  std::string detail;
+  double queue_ms = 0;
+  double boot_ms = 0;
+  double event_ms = 0;
+  std::string event_token;  // "" = the hub accepted the row
+  std::vector<std::pair<std::string, double>> stages;
+};
+
+// Posts the worker's rows as its forwarder would (instance = its name), retrying a transport
+// failure or a 5xx at most three times with jittered backoff, never past `deadline`. The refusal
+// token of the last attempt, or "".
+std::string PostRows(HubClient& client, const nlohmann::json& rows,
+                     SteadyClock::time_point deadline) {
+  std::string token;
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    HubAnswer a = client.PostEvents(rows);
+    if (a.ok()) return "";
+    token = a.token;
+    if (!IsHubTransportToken(a.token) && a.http_status < 500) break;
+    const auto wait =
+        JitteredBackoff(std::chrono::milliseconds(100), std::chrono::milliseconds(2000), attempt);
+    if (SteadyClock::now() + wait >= deadline) break;
+    std::this_thread::sleep_for(wait);
+  }
+  return token;
+}
+
+// One simulated worker's boot: fresh clients, key set, revocation list and blob directory.
+WorkerResult SimulateWorker(Fleet& fleet, const std::string& name,
+                            SteadyClock::time_point deadline) {
+  WorkerResult r;
+  r.name = name;
+  r.started = true;
+  HubClientOptions ho = fleet.hub;
+  // No request outlives the run by more than its own connect timeout.
+  const double left_s = std::chrono::duration<double>(deadline - SteadyClock::now()).count();
+  ho.io_timeout_s = std::max(0.5, std::min(ho.io_timeout_s, left_s));
+  auto client = HubClient::Create(ho);
+  RevocationWatchOptions ro;
+  ro.hub = ho;
+  if (fleet.trust) {
+    ro.anchors = *fleet.trust;
+    ro.use_anchors = true;
+  }
+  ro.worker = name;
+  auto watch = client.ok() ? RevocationWatch::Create(ro)
+                           : Result<std::unique_ptr<RevocationWatch>>(client.status());
+  if (!watch.ok()) {
+    r.phase = watch.status().token().empty() ? "setup_failed" : watch.status().token();
+    r.detail = watch.status().ToString();
+    return r;
+  }
+  EventLog log(16);
+  PublicKeySet hub_keys;
+  BootContext ctx;
+  ctx.hub = client->get();
+  ctx.trust = fleet.trust ? &*fleet.trust : nullptr;
+  ctx.hub_keys = &hub_keys;
+  ctx.revocations = watch->get();
+  ctx.events = &log;
+  ctx.private_dir = fleet.work_dir + "/" + name;
+  ctx.blob_cache_dir = ctx.private_dir + "/blobs";
+  ctx.worker = name;
+  ctx.load = false;
+  const BootOutcome out = AdoptAtBoot(*fleet.target, fleet.spec, fleet.graph, fleet.weights, ctx);
+  r.phase = out.phase;
+  r.ref = out.ref;
+  r.detail = out.detail;
+  r.boot_ms = out.duration_ms;
+  r.stages = out.stages;
+
+  // Extension point (fleet_sim.h): a cold-key mode acts on out.phase == kBootMiss here.
+
+  nlohmann::json rows = nlohmann::json::array();
+  for (const EventRow& row : log.Query(EventQuery{})) rows.push_back(HubEventRow(row, name));
+  const auto posting = SteadyClock::now();
+  r.event_token = PostRows(**client, rows, deadline);
+  r.event_ms = MsBetween(posting, SteadyClock::now());
+  std::error_code ec;
+  std::filesystem::remove_all(ctx.private_dir, ec);
+  return r;
+}
+
+// utime + stime of a process in seconds (/proc/<pid>/stat fields 14 and 15).
+Result<double> ProcessCpuSeconds(int pid) {
+  const std::string path = "/proc/" + std::to_string(pid) + "/stat";
+  auto text = ReadFile(path);
+  if (!text.ok()) {
+    return Status::InvalidArgument("--hub-pid " + std::to_string(pid) +
+                                   ": no such process (cannot read " + path + ")");
+  }
+  // The command name (field 2) may hold spaces and parentheses: fields 3.. follow the last ')'.
+  const size_t close = text->rfind(')');
+  if (close == std::string::npos) {
+    return Status::InvalidArgument(path + " does not look like /proc/<pid>/stat: no ')'");
+  }
+  std::istringstream rest(text->substr(close + 1));
+  std::vector<std::string> fields;
+  std::string f;
+  while (rest >> f && fields.size() < 13) fields.push_back(f);
+  if (fields.size() < 13) return Status::InvalidArgument(path + " has fewer than 15 fields");
+  const double ticks = static_cast<double>(::sysconf(_SC_CLK_TCK));
+  return (std::strtod(fields[11].c_str(), nullptr) + std::strtod(fields[12].c_str(), nullptr)) /
+         ticks;
+}
+
+// Samples the hub's database connections (pg_stat_activity of its database, this connection
+// excluded) until stopped. libpqxx throws; nothing leaves this class.
+class DbSampler {
+ public:
+  static Result<std::unique_ptr<DbSampler>> Create(const std::string& url, int poll_ms) {
+    std::unique_ptr<DbSampler> s(new DbSampler(poll_ms));
+    try {
+      s->conn_ = std::make_unique<pqxx::connection>(url);
+      KILN_RETURN_IF_ERROR(s->SampleOnce());
+    } catch (const std::exception& e) {
+      return Status::InvalidArgument(std::string("--db: cannot connect: ") + e.what());
+    }
+    return s;
+  }
+  ~DbSampler() { Stop(); }
+  void Start(SteadyClock::time_point until) {
+    thread_ = std::thread([this, until] {
+      while (!stop_.load() && SteadyClock::now() < until) {
+        SampleOnce().IgnoreError();
+        std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms_));
+      }
+      SampleOnce().IgnoreError();
+    });
+  }
+  void Stop() {
+    stop_ = true;
+    if (thread_.joinable()) thread_.join();
+  }
+  nlohmann::json Report() const {
+    return {{"peak_connections", peak_total_},
+            {"peak_active", peak_active_},
+            {"samples", samples_},
+            {"sample_errors", errors_},
+            {"poll_ms", poll_ms_}};
+  }
+
+ private:
+  explicit DbSampler(int poll_ms) : poll_ms_(poll_ms) {}
+  Status SampleOnce() {
+    try {
+      pqxx::nontransaction tx(*conn_);
+      pqxx::row row = tx.exec1(
+          "SELECT count(*), count(*) FILTER (WHERE state = 'active') FROM pg_stat_activity "
+          "WHERE datname = current_database() AND pid <> pg_backend_pid()");
+      peak_total_ = std::max(peak_total_, row[0].as<int64_t>());
+      peak_active_ = std::max(peak_active_, row[1].as<int64_t>());
+      ++samples_;
+      return Status::OK();
+    } catch (const std::exception& e) {
+      ++errors_;
+      return Status::IOError(std::string("pg_stat_activity: ") + e.what());
+    }
+  }
+  const int poll_ms_;
+  std::unique_ptr<pqxx::connection> conn_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+  int64_t peak_total_ = 0, peak_active_ = 0, samples_ = 0, errors_ = 0;
+};
+
+// Nearest-rank percentiles of `v` (sorted here), in ms.
+nlohmann::json Percentiles(std::vector<double> v) {
+  if (v.empty()) return {{"n", 0}};
+  std::sort(v.begin(), v.end());
+  auto at = [&](double p) {
+    const size_t rank = static_cast<size_t>(std::ceil(p * static_cast<double>(v.size())));
+    return v[std::min(v.size() - 1, rank == 0 ? 0 : rank - 1)];
+  };
+  double sum = 0;
+  for (double x : v) sum += x;
+  auto r2 = [](double x) { return std::round(x * 100) / 100; };
+  return {{"n", v.size()},       {"p50", r2(at(0.50))}, {"p90", r2(at(0.90))},
+          {"p99", r2(at(0.99))}, {"max", r2(v.back())}, {"mean", r2(sum / v.size())}};
+}
+
+Status CheckOptions(const FleetSimOptions& o) {
+  auto bad = [](const std::string& what, const std::string& value, const std::string& want) {
+    return Status::InvalidArgument("fleet-sim: " + what + " is " + value + "; expected " + want);
+  };
+  if (o.workers < 1 || o.workers > 100000) {
+    return bad("--workers", std::to_string(o.workers), "1..100000");
+  }
+  if (o.concurrency < 1 || o.concurrency > 4096) {
+    return bad("--concurrency", std::to_string(o.concurrency), "1..4096");
+  }
+  if (o.arrival == Arrival::kRamp && !(o.ramp_s > 0)) {
+    return bad("--ramp", std::to_string(o.ramp_s), "> 0 seconds with --arrival ramp");
+  }
+  if (!(o.timeout_s > 0)) return bad("--timeout", std::to_string(o.timeout_s), "> 0 seconds");
+  if (!(o.hub_timeout_s > 0)) {
+    return bad("--hub-timeout", std::to_string(o.hub_timeout_s), "> 0 seconds");
+  }
+  if (o.db_poll_ms < 5) return bad("--db-poll-ms", std::to_string(o.db_poll_ms), ">= 5");
+  return Status::OK();
+}
+
+// The manifest's target (the named one, or its only exported one), its graph and weights, the
+// shared serving wrapper, and the hub's client options.
+Result<Fleet> LoadFleet(const FleetSimOptions& o) {
+  KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(o.manifest));
+  Fleet fleet;
+  const TargetSpec* chosen = nullptr;
+  int exported = 0;
+  for (const TargetSpec& t : m.targets) {
+    if (t.exported()) ++exported;
+    if (o.target.empty() ? (t.exported() && chosen == nullptr) : t.name == o.target) chosen = &t;
+  }
+  if (chosen == nullptr || (o.target.empty() && exported != 1)) {
+    return Status::InvalidArgument(
+        "fleet-sim: manifest '" + o.manifest + "' has " +
+        (o.target.empty() ? std::to_string(exported) + " exported targets; name one with --target"
+                          : "no target '" + o.target + "'"));
+  }
+  if (!chosen->exported()) {
+    return Status::InvalidArgument("fleet-sim: target '" + chosen->name +
+                                   "' declares no export: workers adopt nothing for it");
+  }
+  fleet.spec = *chosen;
+  KILN_ASSIGN_OR_RETURN(Graph g, ImportOnnxFile(fleet.spec.graph));
+  fleet.graph = std::make_shared<const Graph>(std::move(g));
+  fleet.weights = GraphWeights(*fleet.graph);
+  if (!fleet.spec.checkpoint.empty()) {
+    KILN_ASSIGN_OR_RETURN(fleet.weights, LoadCheckpoint(*fleet.graph, fleet.spec.checkpoint));
+  }
+  ServedTargetOptions so;
+  so.name = fleet.spec.name;
+  so.lane_policy = fleet.spec.lane;
+  KILN_ASSIGN_OR_RETURN(fleet.target, ServedTarget::Create(so, fleet.graph, fleet.weights));
+
+  fleet.hub.url = !o.hub_url.empty() ? o.hub_url : (m.hub ? m.hub->url : "");
+  if (fleet.hub.url.empty()) {
+    return Status::InvalidArgument("fleet-sim: no hub: give --hub or a [hub] url in '" +
+                                   o.manifest + "'");
+  }
+  KILN_ASSIGN_OR_RETURN(net::HttpUrl url, net::ParseHttpUrl(fleet.hub.url));
+  if (!net::IsLoopbackHost(url.host) && !o.allow_non_loopback) {
+    return Status::Refused(StatusCode::kInvalidArgument, kRefusalFleetSimNotLoopback,
+                           "fleet-sim: hub '" + fleet.hub.url +
+                               "' is not on loopback; the simulator floods its hub, so say "
+                               "--allow-non-loopback to point it at another host");
+  }
+  fleet.hub.token = o.token;
+  if (fleet.hub.token.empty()) {
+    if (const char* env = std::getenv("KILN_HUB_TOKEN")) fleet.hub.token = env;
+  }
+  if (fleet.hub.token.empty() && m.hub) fleet.hub.token = m.hub->token;
+  fleet.hub.ca_file = !o.ca.empty() ? o.ca : (m.hub ? m.hub->ca : "");
+  fleet.hub.insecure_http = o.allow_non_loopback;
+  fleet.hub.io_timeout_s = o.hub_timeout_s;
+  fleet.hub.connect_timeout_s = std::min(o.hub_timeout_s, 3.0);
+  const std::vector<std::string>& trust =
+      !o.trust.empty() ? o.trust : (m.hub ? m.hub->trust : std::vector<std::string>());
+  if (!trust.empty()) {
+    PublicKeySet anchors;
+    for (const std::string& path : trust) {
+      KILN_ASSIGN_OR_RETURN(PublicKeySet keys, LoadTrustedKeys(path));
+      KILN_RETURN_IF_ERROR(anchors.AddAll(keys));
+    }
+    fleet.trust = std::move(anchors);
+  }
+  return fleet;
+}
+
+std::string WorkerName(const std::string& prefix, int i) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, "%05d", i + 1);
+  return prefix + "-" + buf;
+}
+
+// Runs the pool: worker i arrives at start + offset(i); each pool thread takes the next arrival
+// in order. Returns the concurrency actually reached (thread creation may fail).
+int RunPool(Fleet& fleet, const FleetSimOptions& o, SteadyClock::time_point start,
+            SteadyClock::time_point deadline, std::vector<WorkerResult>* results) {
+  std::atomic<int> next{0};
+  auto arrival = [&](int i) {
+    if (o.arrival == Arrival::kAll) return start;
+    const double offset_s = o.ramp_s * static_cast<double>(i) / static_cast<double>(o.workers);
+    return start + std::chrono::duration_cast<SteadyClock::duration>(
+                       std::chrono::duration<double>(offset_s));
+  };
+  auto loop = [&] {
+    for (int i = next.fetch_add(1); i < o.workers; i = next.fetch_add(1)) {
+      WorkerResult& r = (*results)[i];
+      r.name = WorkerName(o.prefix, i);
+      const auto due = arrival(i);
+      if (due < deadline) std::this_thread::sleep_until(due);
+      const auto now = SteadyClock::now();
+      if (now >= deadline) {
+        r.phase = kFleetSimNotStarted;
+        continue;
+      }
+      const double queued = MsBetween(due, now);
+      r = SimulateWorker(fleet, r.name, deadline);
+      r.queue_ms = std::max(0.0, queued);
+    }
+  };
+  std::vector<std::thread> pool;
+  const int want = std::min(o.concurrency, o.workers);
+  for (int t = 0; t < want; ++t) {
+    try {
+      pool.emplace_back(loop);
+    } catch (const std::system_error&) {
+      break;  // fewer threads: the report says how many ran
+    }
+  }
+  if (pool.empty()) loop();  // not even one thread: this one runs them all
+  for (std::thread& t : pool) t.join();
+  return std::max<int>(1, static_cast<int>(pool.size()));
+}
+
+nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
+                           const std::vector<WorkerResult>& results, int concurrency,
+                           double wall_s) {
+  nlohmann::json report;
+  std::map<std::string, int> phases, refusals, event_failures;
+  std::vector<double> boot, adopted_boot, queue, event;
+  std::map<std::string, std::vector<double>> stages;
+  int adopted = 0, not_started = 0, posted = 0;
+  std::string key, ref;
+  nlohmann::json workers = nlohmann::json::array();
+  for (const WorkerResult& r : results) {
+    ++phases[r.phase];
+    const bool ok = r.phase == kBootHit || r.phase == kBootLocalHit;
+    if (ok) {
+      ++adopted;
+      adopted_boot.push_back(r.boot_ms);
+      if (ref.empty()) ref = r.ref;
+    } else {
+      ++refusals[r.phase];
+    }
+    if (!r.started) {
+      ++not_started;
+    } else {
+      boot.push_back(r.boot_ms);
+      queue.push_back(r.queue_ms);
+      event.push_back(r.event_ms);
+      if (r.event_token.empty()) {
+        ++posted;
+      } else {
+        ++event_failures[r.event_token];
+      }
+      for (const auto& [stage, ms] : r.stages) stages[stage].push_back(ms);
+    }
+    workers.push_back({{"name", r.name},
+                       {"phase", r.phase},
+                       {"boot_ms", std::round(r.boot_ms * 100) / 100},
+                       {"queue_ms", std::round(r.queue_ms * 100) / 100},
+                       {"event", r.event_token.empty() ? "posted" : r.event_token}});
+  }
+  // The key: the ref's, else the first refusal's detail names it (key=...).
+  report["target"] = fleet.spec.name;
+  report["family"] = fleet.spec.export_spec->family;
+  report["ref"] = ref;
+  report["hub"] = fleet.hub.url;
+  report["workers"] = o.workers;
+  report["concurrency"] = {
+      {"pool_threads", concurrency},
+      {"bound", "at most " + std::to_string(concurrency) +
+                    " boots in flight; an arrived worker waits for a pool thread (queue_ms)"}};
+  report["arrival"] = o.arrival == Arrival::kAll ? "all" : "ramp";
+  report["ramp_s"] = o.arrival == Arrival::kAll ? 0.0 : o.ramp_s;
+  report["timeout_s"] = o.timeout_s;
+  report["adopted"] = adopted;
+  report["failed"] = o.workers - adopted;
+  report["not_started"] = not_started;
+  report["phases"] = phases;
+  report["refusals"] = refusals;
+  report["boot_ms"] = Percentiles(boot);
+  report["adopted_boot_ms"] = Percentiles(adopted_boot);
+  report["queue_ms"] = Percentiles(queue);
+  nlohmann::json st = nlohmann::json::object();
+  for (auto& [stage, v] : stages) st[stage] = Percentiles(v);
+  report["stages_ms"] = st;
+  report["events"] = {{"posted", posted},
+                      {"failed", static_cast<int>(boot.size()) - posted},
+                      {"failures", event_failures},
+                      {"post_ms", Percentiles(event)}};
+  report["wall_s"] = std::round(wall_s * 1000) / 1000;
+  report["boots_per_s"] =
+      wall_s > 0 ? std::round(static_cast<double>(boot.size()) / wall_s * 10) / 10 : 0.0;
+  report["per_worker"] = std::move(workers);
+  return report;
+}
+
+}  // namespace
+
+Result<nlohmann::json> RunFleetSim(const FleetSimOptions& o) {
+  KILN_RETURN_IF_ERROR(CheckOptions(o));
+  KILN_ASSIGN_OR_RETURN(Fleet fleet, LoadFleet(o));
+  // This machine's facts, learned once before the first boot as a worker does (worker_main.cc).
+  LocalToolchain().status().IgnoreError();
+  DetectSmLevel();
+
+  bool own_work_dir = false;
+  fleet.work_dir = o.work_dir;
+  if (fleet.work_dir.empty()) {
+    std::string tmpl = "/tmp/kiln-fleet-sim-XXXXXX";
+    if (::mkdtemp(tmpl.data()) == nullptr) {
+      return Status::IOError("fleet-sim: cannot make a work directory under /tmp");
+    }
+    fleet.work_dir = tmpl;
+    own_work_dir = true;
+  } else {
+    KILN_RETURN_IF_ERROR(MakeDirs(fleet.work_dir));
+  }
+
+  std::map<int, double> cpu_before;
+  for (int pid : o.hub_pids) {
+    KILN_ASSIGN_OR_RETURN(cpu_before[pid], ProcessCpuSeconds(pid));
+  }
+  std::unique_ptr<DbSampler> db;
+  if (!o.db_url.empty()) {
+    KILN_ASSIGN_OR_RETURN(db, DbSampler::Create(o.db_url, o.db_poll_ms));
+  }
+
+  const auto start = SteadyClock::now();
+  const auto deadline = start + std::chrono::duration_cast<SteadyClock::duration>(
+                                    std::chrono::duration<double>(o.timeout_s));
+  if (db) db->Start(deadline);
+  std::vector<WorkerResult> results(o.workers);
+  const int concurrency = RunPool(fleet, o, start, deadline, &results);
+  const double wall_s = MsBetween(start, SteadyClock::now()) / 1000;
+  if (db) db->Stop();
+
+  nlohmann::json report = BuildReport(o, fleet, results, concurrency, wall_s);
+  if (!o.hub_pids.empty()) {
+    nlohmann::json per = nlohmann::json::object();
+    double total = 0;
+    for (const auto& [pid, before] : cpu_before) {
+      auto after = ProcessCpuSeconds(pid);
+      if (!after.ok()) {
+        per[std::to_string(pid)] = "exited during the run";
+        continue;
+      }
+      per[std::to_string(pid)] = std::round((*after - before) * 100) / 100;
+      total += *after - before;
+    }
+    report["hub_cpu_s"] = {{"total", std::round(total * 100) / 100}, {"per_pid", per}};
+  }
+  if (db) report["db"] = db->Report();
+  if (own_work_dir) {
+    std::error_code ec;
+    std::filesystem::remove_all(fleet.work_dir, ec);
+  }
+  return report;
+}
+
+std::string FleetSimSummary(const nlohmann::json& r) {
+  auto pct = [](const nlohmann::json& p) {
+    if (p.value("n", 0) == 0) return std::string("-");
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "p50 %.1f  p90 %.1f  p99 %.1f  max %.1f ms (n=%d)",
+                  p["p50"].get<double>(), p["p90"].get<double>(), p["p99"].get<double>(),
+                  p["max"].get<double>(), p["n"].get<int>());
+    return std::string(buf);
+  };
+  std::ostringstream s;
+  s << "kiln fleet-sim: " << r["workers"].get<int>() << " workers, arrival "
+    << r["arrival"].get<std::string>();
+  if (r["arrival"] == "ramp") s << " over " << r["ramp_s"].get<double>() << " s";
+  s << ", " << r["concurrency"]["pool_threads"].get<int>() << " boots in flight at most, hub "
+    << r["hub"].get<std::string>() << "\n";
+  s << "  target " << r["target"].get<std::string>() << " (family "
+    << r["family"].get<std::string>() << ")"
+    << (r["ref"].get<std::string>().empty() ? "" : ", cell " + r["ref"].get<std::string>()) << "\n";
+  s << "  adopted " << r["adopted"].get<int>() << ", failed " << r["failed"].get<int>()
+    << " (not started " << r["not_started"].get<int>() << ") in " << r["wall_s"].get<double>()
+    << " s, " << r["boots_per_s"].get<double>() << " boots/s\n";
+  for (const auto& [token, n] : r["refusals"].items()) {
+    s << "    refused " << token << ": " << n.get<int>() << "\n";
+  }
+  s << "  boot      " << pct(r["boot_ms"]) << "\n";
+  s << "  queue     " << pct(r["queue_ms"]) << "\n";
+  for (const auto& [stage, p] : r["stages_ms"].items()) {
+    char name[32];
+    std::snprintf(name, sizeof name, "    %-12s", stage.c_str());
+    s << name << pct(p) << "\n";
+  }
+  s << "  events    posted " << r["events"]["posted"].get<int>() << ", failed "
+    << r["events"]["failed"].get<int>() << "; post " << pct(r["events"]["post_ms"]) << "\n";
+  if (r.contains("hub_cpu_s")) {
+    s << "  hub CPU   " << r["hub_cpu_s"]["total"].get<double>() << " s ("
+      << r["hub_cpu_s"]["per_pid"].dump() << ")\n";
+  }
+  if (r.contains("db")) {
+    s << "  database  peak " << r["db"]["peak_connections"].get<int64_t>() << " connections ("
+      << r["db"]["peak_active"].get<int64_t>() << " active), " << r["db"]["samples"].get<int64_t>()
+      << " samples\n";
+  }
+  return s.str();
+}
+
+}  // namespace kiln::cli
