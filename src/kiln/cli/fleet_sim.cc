@@ -58,6 +58,7 @@ struct WorkerResult {
   bool started = false;
   std::string phase;  // the boot's phase, or kFleetSimNotStarted
   std::string ref;
+  std::string cause;  // BootOutcome::cause
   std::string detail;
   double queue_ms = 0;
   double boot_ms = 0;
@@ -125,6 +126,7 @@ WorkerResult SimulateWorker(Fleet& fleet, const std::string& name,
   const BootOutcome out = AdoptAtBoot(*fleet.target, fleet.spec, fleet.graph, fleet.weights, ctx);
   r.phase = out.phase;
   r.ref = out.ref;
+  r.cause = out.cause;
   r.detail = out.detail;
   r.boot_ms = out.duration_ms;
   r.stages = out.stages;
@@ -378,7 +380,7 @@ nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
                            const std::vector<WorkerResult>& results, int concurrency,
                            double wall_s) {
   nlohmann::json report;
-  std::map<std::string, int> phases, refusals, event_failures;
+  std::map<std::string, int> phases, refusals, causes, event_failures;
   std::vector<double> boot, adopted_boot, queue, event;
   std::map<std::string, std::vector<double>> stages;
   int adopted = 0, not_started = 0, posted = 0;
@@ -393,6 +395,7 @@ nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
       if (ref.empty()) ref = r.ref;
     } else {
       ++refusals[r.phase];
+      if (!r.cause.empty()) ++causes[r.phase + ":" + r.cause];
     }
     if (!r.started) {
       ++not_started;
@@ -409,11 +412,11 @@ nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
     }
     workers.push_back({{"name", r.name},
                        {"phase", r.phase},
+                       {"cause", r.cause},
                        {"boot_ms", std::round(r.boot_ms * 100) / 100},
                        {"queue_ms", std::round(r.queue_ms * 100) / 100},
                        {"event", r.event_token.empty() ? "posted" : r.event_token}});
   }
-  // The key: the ref's, else the first refusal's detail names it (key=...).
   report["target"] = fleet.spec.name;
   report["family"] = fleet.spec.export_spec->family;
   report["ref"] = ref;
@@ -431,6 +434,7 @@ nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
   report["not_started"] = not_started;
   report["phases"] = phases;
   report["refusals"] = refusals;
+  report["refusal_causes"] = causes;
   report["boot_ms"] = Percentiles(boot);
   report["adopted_boot_ms"] = Percentiles(adopted_boot);
   report["queue_ms"] = Percentiles(queue);
@@ -534,6 +538,9 @@ std::string FleetSimSummary(const nlohmann::json& r) {
     << " s, " << r["boots_per_s"].get<double>() << " boots/s\n";
   for (const auto& [token, n] : r["refusals"].items()) {
     s << "    refused " << token << ": " << n.get<int>() << "\n";
+  }
+  for (const auto& [cause, n] : r["refusal_causes"].items()) {
+    s << "      of which " << cause << ": " << n.get<int>() << "\n";
   }
   s << "  boot      " << pct(r["boot_ms"]) << "\n";
   s << "  queue     " << pct(r["queue_ms"]) << "\n";

@@ -116,9 +116,15 @@ struct BootOutcome {
   std::string phase;
   // The installed cell on hit / local_hit; else null (also on a hit with BootContext::load off).
   std::shared_ptr<ArmedCell> cell;
-  std::string key;         // the derived key ("" when none was derived)
-  std::string ref;         // key@digest of the installed cell; "" otherwise
-  std::string detail;      // prose: the refusal's message, the resolve token
+  std::string key;     // the derived key ("" when none was derived)
+  std::string ref;     // key@digest of the installed (or, load off, admitted) cell
+  std::string detail;  // prose: the refusal's message, the resolve token
+  // The token a phase that wraps another refusal carries, as data: resolve_refused and
+  // resolve_key_mismatch the hub's or the transport's token (`revoked`, `hub_timeout`, ...),
+  // receipt_refused the receipt verdict's (`receipt_bad_signature`, ...) or
+  // receipt_claim_mismatch, fetch_refused the fetch's. "" for every other phase (whose token is
+  // the phase itself).
+  std::string cause;
   double duration_ms = 0;  // the whole call, measured
   // Where that time went, stage by stage in call order, so an operator can see which step of a
   // slow boot was slow: `stages` as data (the event row's `stages` field), `stages_ms` as the
