@@ -91,6 +91,7 @@ TEST_F(FleetSim, FiftyWorkersAdoptAndEachReportsToTheHub) {
     EXPECT_EQ(r["stages_ms"][stage]["n"], 50) << stage;
   }
   EXPECT_EQ(r["events"]["posted"], 50);
+  EXPECT_GT(r["sim_cpu_s"].get<double>(), 0.0);
   EXPECT_GE(r["hub_cpu_s"]["total"].get<double>(), 0.0);
   EXPECT_TRUE(r["hub_cpu_s"]["per_pid"].contains(std::to_string(hub.pid())));
 
@@ -105,6 +106,64 @@ TEST_F(FleetSim, FiftyWorkersAdoptAndEachReportsToTheHub) {
   EXPECT_EQ(rows.size(), 50u);
   EXPECT_EQ(workers.size(), 50u);
   EXPECT_TRUE(workers.count("worker/sim-00001") && workers.count("worker/sim-00050"));
+}
+
+// Runs `psql URL -c SQL`; its exit code and output.
+std::pair<int, std::string> Psql(const std::string& url, const std::string& sql) {
+  std::string out;
+  FILE* p = ::popen(("psql '" + url + "' -v ON_ERROR_STOP=1 -qc '" + sql + "' 2>&1").c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while (p && (n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+  const int status = p ? ::pclose(p) : -1;
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// On PostgreSQL (KILN_TEST_PG_URL, tools/pg.sh) the report says how many connections the hub
+// held to its database during the run, sampled from pg_stat_activity. The hub gets a database of
+// its own: the mlp cell's key is the same in every run, and a receipt another hub signed (with
+// another data directory's key) would be refused here.
+TEST_F(FleetSim, OnPostgresTheReportCountsTheHubsDatabaseConnections) {
+  const char* base = std::getenv("KILN_TEST_PG_URL");
+  if (base == nullptr || *base == '\0') {
+    GTEST_SKIP() << "KILN_TEST_PG_URL is not set; start PostgreSQL with tools/pg.sh";
+  }
+  const std::string db = "kiln_fleet_sim_" + std::to_string(::getpid());
+  auto made = Psql(base, "CREATE DATABASE " + db);
+  ASSERT_EQ(made.first, 0) << made.second;
+  const std::string server = std::string(base).substr(0, std::string(base).rfind('/'));
+  const std::string url = server + "/" + db;
+  struct Drop {
+    std::string base, db;
+    ~Drop() { Psql(base, "DROP DATABASE IF EXISTS " + db + " WITH (FORCE)"); }
+  } drop{base, db};
+  const char* pg = url.c_str();
+  ASSERT_TRUE(MakeDirs(root_ + "/pg/data").ok());
+  ASSERT_TRUE(Hub::WriteTokens(root_ + "/pg/tokens.json"));
+  hub_testing::HubProcess hub(root_ + "/pg/data", pg);
+  ASSERT_TRUE(hub.Start());
+  std::string ref;
+  ASSERT_TRUE(Mint(root_ + "/platform", "mlp", &ref));
+  auto pub = Kiln(root_ + "/platform", "publish " + root_ + "/platform/cells/" + KeyOf(ref) +
+                                           "/cell.tar --hub " + hub.url() + " --token " +
+                                           hub_testing::kPlatform);
+  ASSERT_EQ(pub.first, 0) << pub.second;
+  ASSERT_TRUE(WriteFileAtomic(ManifestPath(), Manifest(ManifestOptions{})).ok());
+  nlohmann::json r;
+  ASSERT_EQ(Run(hub.url(),
+                "--workers 20 --concurrency 4 --db " + std::string(pg) +
+                    " --db-poll-ms 10 --hub-pid " + std::to_string(hub.pid()),
+                &r),
+            0)
+      << output_;
+  EXPECT_EQ(r["adopted"], 20);
+  ASSERT_TRUE(r.contains("db")) << r.dump();
+  EXPECT_GE(r["db"]["peak_connections"].get<int>(), 1) << "the hub holds its pool open";
+  EXPECT_GE(r["db"]["samples"].get<int>(), 1);
+  EXPECT_EQ(r["db"]["sample_errors"], 0);
+  // A database that cannot be reached is refused before anything runs.
+  EXPECT_EQ(Run(hub.url(), "--workers 1 --db postgresql://postgres@127.0.0.1:1/none", &r), 1);
+  EXPECT_NE(output_.find("--db: cannot connect"), std::string::npos) << output_;
 }
 
 // A ramp spreads the arrivals: the last worker cannot start before the ramp's end.

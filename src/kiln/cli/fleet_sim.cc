@@ -1,6 +1,7 @@
 // The fleet simulator: a bounded pool running simulated workers' boot-adopt (see fleet_sim.h).
 #include "src/kiln/cli/fleet_sim.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -141,6 +142,15 @@ WorkerResult SimulateWorker(Fleet& fleet, const std::string& name,
   std::error_code ec;
   std::filesystem::remove_all(ctx.private_dir, ec);
   return r;
+}
+
+// This process's user + system CPU seconds so far: the simulator's own cost, which shares the
+// machine with a hub on loopback.
+double OwnCpuSeconds() {
+  rusage u{};
+  ::getrusage(RUSAGE_SELF, &u);
+  auto s = [](const timeval& t) { return static_cast<double>(t.tv_sec) + t.tv_usec / 1e6; };
+  return s(u.ru_utime) + s(u.ru_stime);
 }
 
 // utime + stime of a process in seconds (/proc/<pid>/stat fields 14 and 15).
@@ -483,6 +493,7 @@ Result<nlohmann::json> RunFleetSim(const FleetSimOptions& o) {
     KILN_ASSIGN_OR_RETURN(db, DbSampler::Create(o.db_url, o.db_poll_ms));
   }
 
+  const double own_cpu_before = OwnCpuSeconds();
   const auto start = SteadyClock::now();
   const auto deadline = start + std::chrono::duration_cast<SteadyClock::duration>(
                                     std::chrono::duration<double>(o.timeout_s));
@@ -493,6 +504,7 @@ Result<nlohmann::json> RunFleetSim(const FleetSimOptions& o) {
   if (db) db->Stop();
 
   nlohmann::json report = BuildReport(o, fleet, results, concurrency, wall_s);
+  report["sim_cpu_s"] = std::round((OwnCpuSeconds() - own_cpu_before) * 100) / 100;
   if (!o.hub_pids.empty()) {
     nlohmann::json per = nlohmann::json::object();
     double total = 0;
@@ -551,6 +563,7 @@ std::string FleetSimSummary(const nlohmann::json& r) {
   }
   s << "  events    posted " << r["events"]["posted"].get<int>() << ", failed "
     << r["events"]["failed"].get<int>() << "; post " << pct(r["events"]["post_ms"]) << "\n";
+  s << "  simulator CPU " << r["sim_cpu_s"].get<double>() << " s\n";
   if (r.contains("hub_cpu_s")) {
     s << "  hub CPU   " << r["hub_cpu_s"]["total"].get<double>() << " s ("
       << r["hub_cpu_s"]["per_pid"].dump() << ")\n";
