@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <thread>
 
 #include "src/kiln/base/file.h"
 #include "tests/worker/worker_process.h"
@@ -178,6 +179,36 @@ TEST_F(FleetSim, RampedArrivalsTakeTheRamp) {
   EXPECT_EQ(r["arrival"], "ramp");
   // Worker 10 arrives at 9/10 of the ramp.
   EXPECT_GE(r["wall_s"].get<double>(), 1.8);
+}
+
+// A hub that is down when the fleet boots: every worker's attempt is refused retryably, and the
+// worker attempts again after its backoff, as a worker's Adopter does; once the hub is back every
+// worker adopts, each after more than one attempt, and every attempt's row was posted.
+TEST_F(FleetSim, WorkersRetryAHubThatWasDownAndAdoptWhenItIsBack) {
+  Hub hub(root_ + "/hub");
+  std::string ref;
+  ASSERT_TRUE(StartHub(&hub, &ref));
+  const int port = hub.port();
+  hub.Stop();
+  nlohmann::json r;
+  int rc = -1;
+  std::thread fleet([&] {
+    rc = Run("http://127.0.0.1:" + std::to_string(port),
+             "--workers 10 --concurrency 4 --max-attempts 6 --hub-timeout 2", &r);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  ASSERT_TRUE(hub.Start(port));
+  fleet.join();
+  ASSERT_EQ(rc, 0) << output_;
+  EXPECT_EQ(r["adopted"], 10);
+  EXPECT_EQ(r["attempts"].count("1"), 0u) << r["attempts"].dump();
+  EXPECT_EQ(r["retried"].value("resolve_refused", 0), r["events"]["posted"].get<int>() - 10)
+      << r["retried"].dump();
+  EXPECT_GE(r["outcome_ms"]["p50"].get<double>(), 500.0) << "the backoff was waited";
+  const std::vector<nlohmann::json> rows = SimRows(hub);
+  int hits = 0;
+  for (const auto& row : rows) hits += row["phase"] == "hit";
+  EXPECT_EQ(hits, 10);
 }
 
 // A revoked cell: the hub refuses the resolve with `revoked`; no worker adopts, and every

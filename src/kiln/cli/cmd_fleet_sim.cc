@@ -66,6 +66,8 @@ void AddFleetSimCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--timeout", o.timeout_s,
                   "the whole run, in s: no boot starts after it (default 300)");
   cmd->add_option("--hub-timeout", o.hub_timeout_s, "per hub request, in s (default 30)");
+  cmd->add_option("--max-attempts", o.max_attempts,
+                  "attempts per worker when the hub could not be asked (1..100; default 5)");
   cmd->add_option("--prefix", o.prefix, "worker names: <prefix>-00001, ... (default sim)");
   cmd->add_option("--work-dir", o.work_dir,
                   "directory for the workers' blob caches (default: a fresh one, removed)");

@@ -8,14 +8,17 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <pqxx/pqxx>
+#include <queue>
 #include <sstream>
 #include <thread>
 #include <utility>
@@ -52,20 +55,28 @@ struct Fleet {
   HubClientOptions hub;
   std::optional<PublicKeySet> trust;  // operator anchors; nullopt = the hub's own key set
   std::string work_dir;
+  int retry_max_ms = 30000;  // the manifest's hub.adopt_retry_max_s
 };
 
 struct WorkerResult {
   std::string name;
   bool started = false;
-  std::string phase;  // the boot's phase, or kFleetSimNotStarted
+  std::string phase;  // the last attempt's phase, or kFleetSimNotStarted
   std::string ref;
   std::string cause;  // BootOutcome::cause
   std::string detail;
-  double queue_ms = 0;
-  double boot_ms = 0;
-  double event_ms = 0;
-  std::string event_token;  // "" = the hub accepted the row
-  std::vector<std::pair<std::string, double>> stages;
+  int attempts = 0;
+  bool retryable = false;   // the last attempt's refusal was transient (the deadline ended it)
+  double queue_ms = 0;      // arrival -> the first attempt's start
+  double boot_ms = 0;       // the last attempt's AdoptAtBoot
+  double outcome_ms = 0;    // the first attempt's start -> the last attempt's end, waits included
+  double event_ms = 0;      // the last attempt's row post
+  int events_posted = 0;    // rows the hub accepted
+  int events_unposted = 0;  // rows still unposted after the last attempt's post
+  std::string event_token;  // the newest failed post's token
+  std::vector<std::pair<std::string, double>> stages;  // the last attempt's
+  std::vector<std::string> retried;  // the phases of the attempts that were retried
+  SteadyClock::time_point first_start;
 };
 
 // Posts the worker's rows as its forwarder would (instance = its name), retrying a transport
@@ -87,17 +98,24 @@ std::string PostRows(HubClient& client, const nlohmann::json& rows,
   return token;
 }
 
-// One simulated worker's boot: fresh clients, key set, revocation list and blob directory.
-WorkerResult SimulateWorker(Fleet& fleet, const std::string& name,
-                            SteadyClock::time_point deadline) {
-  WorkerResult r;
-  r.name = name;
-  r.started = true;
+// What one simulated worker keeps between its attempts, as a worker process keeps its Adopter's
+// context: its clients (and their connections), the hub's key set as fetched, its revocation
+// list, its event log. Made at its first attempt, dropped at its outcome.
+struct SimWorker {
+  std::unique_ptr<HubClient> client;
+  std::unique_ptr<RevocationWatch> watch;
+  PublicKeySet hub_keys;
+  EventLog log{16};
+  uint64_t posted_seq = 0;  // rows up to this seq were posted
+};
+
+Status SetUpWorker(const Fleet& fleet, const std::string& name, SteadyClock::time_point deadline,
+                   SimWorker* w) {
   HubClientOptions ho = fleet.hub;
   // No request outlives the run by more than its own connect timeout.
   const double left_s = std::chrono::duration<double>(deadline - SteadyClock::now()).count();
   ho.io_timeout_s = std::max(0.5, std::min(ho.io_timeout_s, left_s));
-  auto client = HubClient::Create(ho);
+  KILN_ASSIGN_OR_RETURN(w->client, HubClient::Create(ho));
   RevocationWatchOptions ro;
   ro.hub = ho;
   if (fleet.trust) {
@@ -105,43 +123,59 @@ WorkerResult SimulateWorker(Fleet& fleet, const std::string& name,
     ro.use_anchors = true;
   }
   ro.worker = name;
-  auto watch = client.ok() ? RevocationWatch::Create(ro)
-                           : Result<std::unique_ptr<RevocationWatch>>(client.status());
-  if (!watch.ok()) {
-    r.phase = watch.status().token().empty() ? "setup_failed" : watch.status().token();
-    r.detail = watch.status().ToString();
-    return r;
-  }
-  EventLog log(16);
-  PublicKeySet hub_keys;
+  KILN_ASSIGN_OR_RETURN(w->watch, RevocationWatch::Create(ro));
+  return Status::OK();
+}
+
+// One boot-adopt attempt of a simulated worker and the post of its row. Returns whether the
+// attempt's refusal is one a worker retries (the hub could not be asked: adoption.h).
+bool AttemptBoot(Fleet& fleet, SimWorker& w, SteadyClock::time_point deadline, WorkerResult* r) {
+  ++r->attempts;
   BootContext ctx;
-  ctx.hub = client->get();
+  ctx.hub = w.client.get();
   ctx.trust = fleet.trust ? &*fleet.trust : nullptr;
-  ctx.hub_keys = &hub_keys;
-  ctx.revocations = watch->get();
-  ctx.events = &log;
-  ctx.private_dir = fleet.work_dir + "/" + name;
+  ctx.hub_keys = &w.hub_keys;
+  ctx.revocations = w.watch.get();
+  ctx.events = &w.log;
+  ctx.private_dir = fleet.work_dir + "/" + r->name;
   ctx.blob_cache_dir = ctx.private_dir + "/blobs";
-  ctx.worker = name;
+  ctx.worker = r->name;
   ctx.load = false;
   const BootOutcome out = AdoptAtBoot(*fleet.target, fleet.spec, fleet.graph, fleet.weights, ctx);
-  r.phase = out.phase;
-  r.ref = out.ref;
-  r.cause = out.cause;
-  r.detail = out.detail;
-  r.boot_ms = out.duration_ms;
-  r.stages = out.stages;
+  r->phase = out.phase;
+  r->ref = out.ref;
+  r->cause = out.cause;
+  r->detail = out.detail;
+  r->boot_ms = out.duration_ms;
+  r->stages = out.stages;
+  r->retryable = out.retryable;
 
   // Extension point (fleet_sim.h): a cold-key mode acts on out.phase == kBootMiss here.
 
+  // Rows a failed post left are posted with the next attempt's, as the forwarder's queue keeps
+  // them.
+  EventQuery since;
+  since.since_seq = w.posted_seq;
   nlohmann::json rows = nlohmann::json::array();
-  for (const EventRow& row : log.Query(EventQuery{})) rows.push_back(HubEventRow(row, name));
+  uint64_t newest = w.posted_seq;
+  for (const EventRow& row : w.log.Query(since)) {
+    rows.push_back(HubEventRow(row, r->name));
+    newest = std::max(newest, row.seq);
+  }
   const auto posting = SteadyClock::now();
-  r.event_token = PostRows(**client, rows, deadline);
-  r.event_ms = MsBetween(posting, SteadyClock::now());
+  const std::string token = PostRows(*w.client, rows, deadline);
+  r->event_ms = MsBetween(posting, SteadyClock::now());
+  if (token.empty()) {
+    r->events_posted += static_cast<int>(rows.size());
+    r->events_unposted = 0;
+    w.posted_seq = newest;
+  } else {
+    r->events_unposted = static_cast<int>(rows.size());
+    r->event_token = token;
+  }
   std::error_code ec;
   std::filesystem::remove_all(ctx.private_dir, ec);
-  return r;
+  return out.retryable;
 }
 
 // This process's user + system CPU seconds so far: the simulator's own cost, which shares the
@@ -268,6 +302,9 @@ Status CheckOptions(const FleetSimOptions& o) {
   if (!(o.hub_timeout_s > 0)) {
     return bad("--hub-timeout", std::to_string(o.hub_timeout_s), "> 0 seconds");
   }
+  if (o.max_attempts < 1 || o.max_attempts > 100) {
+    return bad("--max-attempts", std::to_string(o.max_attempts), "1..100");
+  }
   if (o.db_poll_ms < 5) return bad("--db-poll-ms", std::to_string(o.db_poll_ms), ">= 5");
   return Status::OK();
 }
@@ -322,6 +359,7 @@ Result<Fleet> LoadFleet(const FleetSimOptions& o) {
     if (const char* env = std::getenv("KILN_HUB_TOKEN")) fleet.hub.token = env;
   }
   if (fleet.hub.token.empty() && m.hub) fleet.hub.token = m.hub->token;
+  fleet.retry_max_ms = (m.hub ? m.hub->adopt_retry_max_s : HubSpec().adopt_retry_max_s) * 1000;
   fleet.hub.ca_file = !o.ca.empty() ? o.ca : (m.hub ? m.hub->ca : "");
   fleet.hub.insecure_http = o.allow_non_loopback;
   fleet.hub.io_timeout_s = o.hub_timeout_s;
@@ -345,53 +383,145 @@ std::string WorkerName(const std::string& prefix, int i) {
   return prefix + "-" + buf;
 }
 
-// Runs the pool: worker i arrives at start + offset(i); each pool thread takes the next arrival
-// in order. Returns the concurrency actually reached (thread creation may fail).
-int RunPool(Fleet& fleet, const FleetSimOptions& o, SteadyClock::time_point start,
-            SteadyClock::time_point deadline, std::vector<WorkerResult>* results) {
-  std::atomic<int> next{0};
-  auto arrival = [&](int i) {
-    if (o.arrival == Arrival::kAll) return start;
-    const double offset_s = o.ramp_s * static_cast<double>(i) / static_cast<double>(o.workers);
-    return start + std::chrono::duration_cast<SteadyClock::duration>(
-                       std::chrono::duration<double>(offset_s));
+// The pool: a queue of (due, worker) that every pool thread takes from in due order. Worker i
+// is first due at its arrival; an attempt refused retryably is due again after the worker's
+// jittered backoff (adoption.h: 1 s, 2 s, 4 s ... up to the manifest's hub.adopt_retry_max_s),
+// without holding a pool thread while it waits. A worker ends at an outcome that is not
+// retried, at its last allowed attempt, or at the deadline.
+class Pool {
+ public:
+  Pool(Fleet& fleet, const FleetSimOptions& o, SteadyClock::time_point start,
+       SteadyClock::time_point deadline, int retry_max_ms, std::vector<WorkerResult>* results)
+      : fleet_(fleet),
+        o_(o),
+        deadline_(deadline),
+        retry_max_ms_(retry_max_ms),
+        results_(*results),
+        workers_(o.workers) {
+    for (int i = 0; i < o.workers; ++i) {
+      results_[i].name = WorkerName(o.prefix, i);
+      SteadyClock::time_point due = start;
+      if (o.arrival == Arrival::kRamp) {
+        due += std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(
+            o.ramp_s * static_cast<double>(i) / static_cast<double>(o.workers)));
+      }
+      arrival_.push_back(due);
+      queue_.push({due, i});
+    }
+    pending_ = o.workers;
+  }
+
+  // Runs the pool; the concurrency reached (thread creation may fail).
+  int Run() {
+    std::vector<std::thread> threads;
+    const int want = std::min(o_.concurrency, o_.workers);
+    for (int t = 0; t < want; ++t) {
+      try {
+        threads.emplace_back([this] { Loop(); });
+      } catch (const std::system_error&) {
+        break;  // fewer threads: the report says how many ran
+      }
+    }
+    if (threads.empty()) Loop();  // not even one thread: this one runs them all
+    for (std::thread& t : threads) t.join();
+    return std::max<int>(1, static_cast<int>(threads.size()));
+  }
+
+ private:
+  struct Due {
+    SteadyClock::time_point due;
+    int index;
+    bool operator>(const Due& o) const { return due > o.due || (due == o.due && index > o.index); }
   };
-  auto loop = [&] {
-    for (int i = next.fetch_add(1); i < o.workers; i = next.fetch_add(1)) {
-      WorkerResult& r = (*results)[i];
-      r.name = WorkerName(o.prefix, i);
-      const auto due = arrival(i);
-      if (due < deadline) std::this_thread::sleep_until(due);
+
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (pending_ > 0) {
       const auto now = SteadyClock::now();
-      if (now >= deadline) {
-        r.phase = kFleetSimNotStarted;
+      if (now >= deadline_) {
+        // Nothing starts after the deadline: every queued worker ends as it stands.
+        while (!queue_.empty()) {
+          Finish(queue_.top().index);
+          queue_.pop();
+        }
+        cv_.notify_all();
+        if (pending_ > 0) cv_.wait_until(lock, deadline_ + std::chrono::hours(1));
         continue;
       }
-      const double queued = MsBetween(due, now);
-      r = SimulateWorker(fleet, r.name, deadline);
-      r.queue_ms = std::max(0.0, queued);
-    }
-  };
-  std::vector<std::thread> pool;
-  const int want = std::min(o.concurrency, o.workers);
-  for (int t = 0; t < want; ++t) {
-    try {
-      pool.emplace_back(loop);
-    } catch (const std::system_error&) {
-      break;  // fewer threads: the report says how many ran
+      if (queue_.empty() || queue_.top().due > now) {
+        const auto until = queue_.empty() ? deadline_ : std::min(queue_.top().due, deadline_);
+        cv_.wait_until(lock, until);
+        continue;
+      }
+      const int i = queue_.top().index;
+      queue_.pop();
+      lock.unlock();
+      const bool again = RunAttempt(i);
+      lock.lock();
+      if (again) {
+        const auto wait =
+            JitteredBackoff(std::chrono::milliseconds(std::min(1000, retry_max_ms_)),
+                            std::chrono::milliseconds(retry_max_ms_), results_[i].attempts - 1);
+        queue_.push({SteadyClock::now() + wait, i});
+      } else {
+        Finish(i);
+      }
+      cv_.notify_all();
     }
   }
-  if (pool.empty()) loop();  // not even one thread: this one runs them all
-  for (std::thread& t : pool) t.join();
-  return std::max<int>(1, static_cast<int>(pool.size()));
-}
+
+  // One attempt of worker i (outside the lock); true when it is to be retried.
+  bool RunAttempt(int i) {
+    WorkerResult& r = results_[i];
+    std::unique_ptr<SimWorker>& w = workers_[i];
+    const auto now = SteadyClock::now();
+    if (!r.started) {
+      r.started = true;
+      r.first_start = now;
+      r.queue_ms = std::max(0.0, MsBetween(arrival_[i], now));
+      w = std::make_unique<SimWorker>();
+      if (Status set = SetUpWorker(fleet_, r.name, deadline_, w.get()); !set.ok()) {
+        r.phase = set.token().empty() ? "setup_failed" : set.token();
+        r.detail = set.ToString();
+        w.reset();
+        return false;
+      }
+    } else {
+      r.retried.push_back(r.phase);
+    }
+    const bool retryable = AttemptBoot(fleet_, *w, deadline_, &r);
+    r.outcome_ms = MsBetween(r.first_start, SteadyClock::now());
+    return retryable && r.attempts < o_.max_attempts;
+  }
+
+  // Worker i's outcome is final: its state (clients, connections) goes. Under the lock.
+  void Finish(int i) {
+    if (!results_[i].started) results_[i].phase = kFleetSimNotStarted;
+    workers_[i].reset();
+    --pending_;
+  }
+
+  Fleet& fleet_;
+  const FleetSimOptions& o_;
+  const SteadyClock::time_point deadline_;
+  const int retry_max_ms_;
+  std::vector<WorkerResult>& results_;
+  std::vector<std::unique_ptr<SimWorker>> workers_;
+  std::vector<SteadyClock::time_point> arrival_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::priority_queue<Due, std::vector<Due>, std::greater<Due>> queue_;
+  int pending_ = 0;
+};
 
 nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
                            const std::vector<WorkerResult>& results, int concurrency,
                            double wall_s) {
   nlohmann::json report;
   std::map<std::string, int> phases, refusals, causes, event_failures;
-  std::vector<double> boot, adopted_boot, queue, event;
+  std::vector<double> boot, adopted_boot, queue, event, outcome;
+  std::map<std::string, int> retried_phases, attempts_hist;
+  int events_failed = 0;
   std::map<std::string, std::vector<double>> stages;
   int adopted = 0, not_started = 0, posted = 0;
   std::string key, ref;
@@ -413,11 +543,12 @@ nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
       boot.push_back(r.boot_ms);
       queue.push_back(r.queue_ms);
       event.push_back(r.event_ms);
-      if (r.event_token.empty()) {
-        ++posted;
-      } else {
-        ++event_failures[r.event_token];
-      }
+      outcome.push_back(r.outcome_ms);
+      posted += r.events_posted;
+      events_failed += r.events_unposted;
+      if (r.events_unposted > 0) event_failures[r.event_token] += r.events_unposted;
+      ++attempts_hist[std::to_string(r.attempts)];
+      for (const std::string& p : r.retried) ++retried_phases[p];
       for (const auto& [stage, ms] : r.stages) stages[stage].push_back(ms);
     }
     workers.push_back({{"name", r.name},
@@ -425,7 +556,9 @@ nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
                        {"cause", r.cause},
                        {"boot_ms", std::round(r.boot_ms * 100) / 100},
                        {"queue_ms", std::round(r.queue_ms * 100) / 100},
-                       {"event", r.event_token.empty() ? "posted" : r.event_token}});
+                       {"outcome_ms", std::round(r.outcome_ms * 100) / 100},
+                       {"attempts", r.attempts},
+                       {"events_posted", r.events_posted}});
   }
   report["target"] = fleet.spec.name;
   report["family"] = fleet.spec.export_spec->family;
@@ -446,13 +579,17 @@ nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
   report["refusals"] = refusals;
   report["refusal_causes"] = causes;
   report["boot_ms"] = Percentiles(boot);
+  report["outcome_ms"] = Percentiles(outcome);
+  report["attempts"] = attempts_hist;
+  report["retried"] = retried_phases;
+  report["max_attempts"] = o.max_attempts;
   report["adopted_boot_ms"] = Percentiles(adopted_boot);
   report["queue_ms"] = Percentiles(queue);
   nlohmann::json st = nlohmann::json::object();
   for (auto& [stage, v] : stages) st[stage] = Percentiles(v);
   report["stages_ms"] = st;
   report["events"] = {{"posted", posted},
-                      {"failed", static_cast<int>(boot.size()) - posted},
+                      {"failed", events_failed},
                       {"failures", event_failures},
                       {"post_ms", Percentiles(event)}};
   report["wall_s"] = std::round(wall_s * 1000) / 1000;
@@ -499,7 +636,7 @@ Result<nlohmann::json> RunFleetSim(const FleetSimOptions& o) {
                                     std::chrono::duration<double>(o.timeout_s));
   if (db) db->Start(deadline);
   std::vector<WorkerResult> results(o.workers);
-  const int concurrency = RunPool(fleet, o, start, deadline, &results);
+  const int concurrency = Pool(fleet, o, start, deadline, fleet.retry_max_ms, &results).Run();
   const double wall_s = MsBetween(start, SteadyClock::now()) / 1000;
   if (db) db->Stop();
 
@@ -556,6 +693,10 @@ std::string FleetSimSummary(const nlohmann::json& r) {
   }
   s << "  boot      " << pct(r["boot_ms"]) << "\n";
   s << "  queue     " << pct(r["queue_ms"]) << "\n";
+  s << "  outcome   " << pct(r["outcome_ms"]) << " (first attempt to last, retries included)\n";
+  for (const auto& [phase, n] : r["retried"].items()) {
+    s << "    retried after " << phase << ": " << n.get<int>() << "\n";
+  }
   for (const auto& [stage, p] : r["stages_ms"].items()) {
     char name[32];
     std::snprintf(name, sizeof name, "    %-12s", stage.c_str());

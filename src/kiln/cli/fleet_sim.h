@@ -14,13 +14,20 @@
 // shared between workers except the parsed graph, the manifest and this machine's facts (sm
 // level, toolchain), which a real worker also learns before its first adoption.
 //
-// Concurrency is bounded: `concurrency` pool threads run boots; worker i arrives at
-// start + i * ramp / workers (all at start without a ramp), and a pool thread takes the next
-// arrival in order and starts it no earlier than its arrival. `boot_ms` is AdoptAtBoot's own
-// measured span; `queue_ms` is how long an arrived worker waited for a pool thread (the
-// simulator's bound, not the hub's), so a run whose queue_ms is not near zero measured the pool
-// and should be rerun with more concurrency or a longer ramp. The row's post is timed apart
-// (`event_ms`): a real worker posts it in the background.
+// Retries, as a worker's Adopter does them (worker/adoption.h): an attempt refused because the
+// hub could not be asked (down, timeout, 5xx, its revocation list unreachable) is attempted again
+// after a jittered backoff (steps of 1 s, 2 s, 4 s ... each drawn from [step/2, step], up to the
+// manifest's hub.adopt_retry_max_s), with the same clients, key set and revocation list, at most
+// `max_attempts` times; every attempt posts its own row. Any other outcome is final.
+//
+// Concurrency is bounded: `concurrency` pool threads run attempts from one queue ordered by when
+// each is due; worker i arrives at start + i * ramp / workers (all at start without a ramp), a
+// retry is due at the end of its backoff, and a waiting worker holds no thread. `boot_ms` is the
+// last attempt's AdoptAtBoot span; `outcome_ms` runs from the first attempt's start to the last
+// one's end (backoff waits included); `queue_ms` is how long an arrived worker waited for a pool
+// thread (the simulator's bound, not the hub's), so a run whose queue_ms is not near zero
+// measured the pool and should be rerun with more concurrency or a longer ramp. The row's post
+// is timed apart (`events.post_ms`): a real worker posts it in the background.
 //
 // Bounds: at most `workers` boots; nothing starts after the deadline (start + timeout_s; such
 // workers count as `not_started`); every hub request has the client's timeouts, capped by the
@@ -60,9 +67,12 @@ struct FleetSimOptions {
   int workers = 100;     // 1..100000
   int concurrency = 64;  // boots in flight at once, 1..4096
   Arrival arrival = Arrival::kAll;
-  double ramp_s = 0;           // kRamp: arrivals spread evenly over this many seconds (> 0)
-  double timeout_s = 300;      // the whole run (> 0)
-  double hub_timeout_s = 30;   // per hub request (read/write); connect: min(this, 3 s)
+  double ramp_s = 0;          // kRamp: arrivals spread evenly over this many seconds (> 0)
+  double timeout_s = 300;     // the whole run (> 0)
+  double hub_timeout_s = 30;  // per hub request (read/write); connect: min(this, 3 s)
+  // Attempts per worker: a refusal a worker retries (the hub could not be asked: adoption.h) is
+  // attempted again after the worker's jittered backoff, at most this many times in all (1..100).
+  int max_attempts = 5;
   std::string prefix = "sim";  // worker names: <prefix>-00001 ...
   std::string work_dir;        // per-worker blob directories; "" = a fresh one under /tmp
   std::vector<int> hub_pids;   // hub processes whose CPU time the run is charged
