@@ -6,6 +6,10 @@
 #   bench/fleet_sim.sh [BUILD_DIR]          (default build/)
 #   env: KILN=path/to/kiln  WORKERS=1000  CONCURRENCY=64  ARRIVAL=all|ramp  RAMP=10  TIMEOUT=600
 #        JSON=report.json (default: under the work directory, printed)  HUB_THREADS=40
+#        HUB_ARGS="--max-conns-per-client 4096" (more `kiln hub` flags: every simulated worker
+#        dials from 127.0.0.1, so past ~500 boots in flight the hub's per-address connection cap,
+#        1024 by default, answers 503 too_many_connections where a real fleet's many addresses
+#        would not)
 #
 # Without HUB_URL it brings up what it measures, all on loopback: a PostgreSQL cluster
 # (tools/pg.sh, in $KILN_PG_DIR, default /tmp/kiln-pg-fleet), radosgw (tools/s3.sh, in
@@ -62,7 +66,7 @@ JSON
   HUB_URL="http://127.0.0.1:$port"
   KILN_LOG_LEVEL=warning "$KILN" hub --data "$WORK/data" --port "$port" --bind 127.0.0.1 \
     --tokens "$WORK/tokens.json" --threads "$HUB_THREADS" --db "$DB_URL" \
-    --blobs "s3://$KILN_S3_BUCKET/fleet-$$" >"$WORK/hub.log" 2>&1 &
+    --blobs "s3://$KILN_S3_BUCKET/fleet-$$" ${HUB_ARGS:-} >"$WORK/hub.log" 2>&1 &
   HUB_PID=$!
   HUB_PIDS="$HUB_PID"
   for _ in $(seq 100); do curl -sf "$HUB_URL/v1/health" >/dev/null && break; sleep 0.1; done

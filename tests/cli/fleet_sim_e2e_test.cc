@@ -202,7 +202,8 @@ TEST_F(FleetSim, WorkersRetryAHubThatWasDownAndAdoptWhenItIsBack) {
   ASSERT_EQ(rc, 0) << output_;
   EXPECT_EQ(r["adopted"], 10);
   EXPECT_EQ(r["attempts"].count("1"), 0u) << r["attempts"].dump();
-  EXPECT_EQ(r["retried"].value("resolve_refused", 0), r["events"]["posted"].get<int>() - 10)
+  EXPECT_EQ(r["retried"].value("resolve_refused:hub_unreachable", 0),
+            r["events"]["posted"].get<int>() - 10)
       << r["retried"].dump();
   EXPECT_GE(r["outcome_ms"]["p50"].get<double>(), 500.0) << "the backoff was waited";
   const std::vector<nlohmann::json> rows = SimRows(hub);

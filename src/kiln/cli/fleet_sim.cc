@@ -69,13 +69,13 @@ struct WorkerResult {
   bool retryable = false;   // the last attempt's refusal was transient (the deadline ended it)
   double queue_ms = 0;      // arrival -> the first attempt's start
   double boot_ms = 0;       // the last attempt's AdoptAtBoot
-  double outcome_ms = 0;    // the first attempt's start -> the last attempt's end, waits included
+  double outcome_ms = 0;    // the first attempt's start -> the last boot's end, waits included
   double event_ms = 0;      // the last attempt's row post
   int events_posted = 0;    // rows the hub accepted
   int events_unposted = 0;  // rows still unposted after the last attempt's post
   std::string event_token;  // the newest failed post's token
   std::vector<std::pair<std::string, double>> stages;  // the last attempt's
-  std::vector<std::string> retried;  // the phases of the attempts that were retried
+  std::vector<std::string> retried;  // phase (phase:cause) of each attempt that was retried
   SteadyClock::time_point first_start;
 };
 
@@ -142,6 +142,7 @@ bool AttemptBoot(Fleet& fleet, SimWorker& w, SteadyClock::time_point deadline, W
   ctx.worker = r->name;
   ctx.load = false;
   const BootOutcome out = AdoptAtBoot(*fleet.target, fleet.spec, fleet.graph, fleet.weights, ctx);
+  r->outcome_ms = MsBetween(r->first_start, SteadyClock::now());
   r->phase = out.phase;
   r->ref = out.ref;
   r->cause = out.cause;
@@ -487,10 +488,9 @@ class Pool {
         return false;
       }
     } else {
-      r.retried.push_back(r.phase);
+      r.retried.push_back(r.cause.empty() ? r.phase : r.phase + ":" + r.cause);
     }
     const bool retryable = AttemptBoot(fleet_, *w, deadline_, &r);
-    r.outcome_ms = MsBetween(r.first_start, SteadyClock::now());
     return retryable && r.attempts < o_.max_attempts;
   }
 
@@ -693,7 +693,8 @@ std::string FleetSimSummary(const nlohmann::json& r) {
   }
   s << "  boot      " << pct(r["boot_ms"]) << "\n";
   s << "  queue     " << pct(r["queue_ms"]) << "\n";
-  s << "  outcome   " << pct(r["outcome_ms"]) << " (first attempt to last, retries included)\n";
+  s << "  outcome   " << pct(r["outcome_ms"])
+    << " (first attempt's start to the last boot's end)\n";
   for (const auto& [phase, n] : r["retried"].items()) {
     s << "    retried after " << phase << ": " << n.get<int>() << "\n";
   }

@@ -24,10 +24,10 @@
 // each is due; worker i arrives at start + i * ramp / workers (all at start without a ramp), a
 // retry is due at the end of its backoff, and a waiting worker holds no thread. `boot_ms` is the
 // last attempt's AdoptAtBoot span; `outcome_ms` runs from the first attempt's start to the last
-// one's end (backoff waits included); `queue_ms` is how long an arrived worker waited for a pool
-// thread (the simulator's bound, not the hub's), so a run whose queue_ms is not near zero
-// measured the pool and should be rerun with more concurrency or a longer ramp. The row's post
-// is timed apart (`events.post_ms`): a real worker posts it in the background.
+// boot's end (backoff waits and earlier posts included); `queue_ms` is how long an arrived worker
+// waited for a pool thread (the simulator's bound, not the hub's), so a run whose queue_ms is not
+// near zero measured the pool and should be rerun with more concurrency or a longer ramp. The row's
+// post is timed apart (`events.post_ms`): a real worker posts it in the background.
 //
 // Bounds: at most `workers` boots; nothing starts after the deadline (start + timeout_s; such
 // workers count as `not_started`); every hub request has the client's timeouts, capped by the
