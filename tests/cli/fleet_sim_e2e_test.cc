@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <chrono>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -40,9 +41,12 @@ class FleetSim : public MachinesTest {
   int Run(const std::string& url, const std::string& args, nlohmann::json* report) {
     const std::string json = root_ + "/report.json";
     std::filesystem::remove(json);
-    auto [rc, out] = Kiln(root_ + "/sim", "fleet-sim --manifest " + ManifestPath() + " --hub " +
-                                              url + " --token " + kWorker + " --json " + json +
-                                              " --timeout 120 " + args);
+    // Every run is bounded: 120 s unless the case gives its own --timeout.
+    const std::string timeout =
+        args.find("--timeout ") == std::string::npos ? " --timeout 120 " : " ";
+    auto [rc, out] =
+        Kiln(root_ + "/sim", "fleet-sim --manifest " + ManifestPath() + " --hub " + url +
+                                 " --token " + kWorker + " --json " + json + timeout + args);
     output_ = out;
     auto text = ReadFile(json);
     *report = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
@@ -179,6 +183,26 @@ TEST_F(FleetSim, RampedArrivalsTakeTheRamp) {
   EXPECT_EQ(r["arrival"], "ramp");
   // Worker 10 arrives at 9/10 of the ramp.
   EXPECT_GE(r["wall_s"].get<double>(), 1.8);
+}
+
+// The run's deadline bounds it: arrivals ramped past it never start (counted `not_started`), and
+// the run ends at the deadline, not at the end of the ramp.
+TEST_F(FleetSim, NothingStartsAfterTheDeadline) {
+  Hub hub(root_ + "/hub");
+  std::string ref;
+  ASSERT_TRUE(StartHub(&hub, &ref));
+  nlohmann::json r;
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(Run(hub.url(), "--workers 10 --concurrency 2 --arrival ramp --ramp 40 --timeout 3", &r),
+            1)
+      << output_;
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_TRUE(r.is_object()) << output_;
+  // Arrivals at 0, 4, 8 ... s: only the first is due before the deadline.
+  EXPECT_EQ(r["adopted"], 1);
+  EXPECT_EQ(r["not_started"], 9);
+  EXPECT_EQ(r["refusals"], nlohmann::json({{"not_started", 9}}));
+  EXPECT_LT(took, 20.0) << "the run waited for the ramp instead of its deadline";
 }
 
 // A hub that is down when the fleet boots: every worker's attempt is refused retryably, and the
