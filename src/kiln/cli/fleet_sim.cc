@@ -524,7 +524,7 @@ nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
   int events_failed = 0;
   std::map<std::string, std::vector<double>> stages;
   int adopted = 0, not_started = 0, posted = 0;
-  std::string key, ref;
+  std::string ref;
   nlohmann::json workers = nlohmann::json::array();
   for (const WorkerResult& r : results) {
     ++phases[r.phase];
