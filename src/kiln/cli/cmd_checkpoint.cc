@@ -22,8 +22,7 @@ struct DeriveArgs {
 Status DoDerive(const DeriveArgs& a) {
   KILN_ASSIGN_OR_RETURN(Graph graph, ImportOnnxFile(a.model));
   KILN_ASSIGN_OR_RETURN(WeightMap weights, DeriveCheckpoint(graph, a.seed, a.scale));
-  KILN_RETURN_IF_ERROR(WriteSafetensors(
-      a.out, weights, {{"kiln.seed", std::to_string(a.seed)}}));
+  KILN_RETURN_IF_ERROR(WriteSafetensors(a.out, weights, {{"kiln.seed", std::to_string(a.seed)}}));
   std::printf("derived %zu weights (seed %llu, scale %g) -> %s\n", weights.size(),
               (unsigned long long)a.seed, a.scale, a.out.c_str());
   return Status::OK();

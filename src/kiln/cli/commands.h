@@ -22,6 +22,7 @@ void AddResolveCommand(CLI::App& app, int* exit_code);
 void AddRebuildCommand(CLI::App& app, int* exit_code);   // cmd_hub.cc
 void AddHubTokenCommand(CLI::App& app, int* exit_code);  // cmd_hub_token.cc
 void AddWorkerCommand(CLI::App& app, int* exit_code);    // cmd_worker.cc
+void AddFleetSimCommand(CLI::App& app, int* exit_code);  // cmd_fleet_sim.cc
 
 // Prints "kiln <cmd>: <code>: <message>" and returns 1.
 int ReportError(const std::string& cmd, const Status& status);

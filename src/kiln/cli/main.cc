@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   kiln::cli::AddRebuildCommand(app, &exit_code);
   kiln::cli::AddHubTokenCommand(app, &exit_code);
   kiln::cli::AddWorkerCommand(app, &exit_code);
+  kiln::cli::AddFleetSimCommand(app, &exit_code);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -195,8 +195,11 @@ class Adoption {
 
  private:
   struct Decision {
+    Decision(std::string phase_in, std::string detail_in, std::string cause_in = "")
+        : phase(std::move(phase_in)), detail(std::move(detail_in)), cause(std::move(cause_in)) {}
     std::string phase;
     std::string detail;
+    std::string cause;  // BootOutcome::cause
   };
   using Next = std::optional<Decision>;
   struct Step {
@@ -412,10 +415,10 @@ Adoption::Next Adoption::Resolve() {
           "token=" + answer_.token + " message=\"" + answer_.message + "\"" + note_;
       if (answer_.token == kRefusalResolveKeyMismatch ||
           answer_.token == kRefusalResolveScopeMismatch) {
-        return Decision{kBootResolveKeyMismatch, said};
+        return Decision{kBootResolveKeyMismatch, said, answer_.token};
       }
       out_.retryable = IsTransient(answer_.token, answer_.http_status);
-      return Decision{kBootResolveRefused, said};
+      return Decision{kBootResolveRefused, said, answer_.token};
     }
     case ResolveAnswer::Kind::kFound:
       break;
@@ -440,7 +443,8 @@ Adoption::Next Adoption::VerifyReceipt() {
   }
   if (!verdict_.ok()) {
     return Decision{kBootReceiptRefused,
-                    "token=" + verdict_.token + " message=\"" + verdict_.message + "\"" + note_};
+                    "token=" + verdict_.token + " message=\"" + verdict_.message + "\"" + note_,
+                    verdict_.token};
   }
   // 7. The publisher rule and the rebuild attestation, before a byte is fetched.
   if (Status scope = CheckScope(spec_, verdict_.claims.family, &verdict_.claims); !scope.ok()) {
@@ -467,7 +471,8 @@ Adoption::Next Adoption::Fetch() {
                                                              : std::string();
   if (Status made = root.ok() ? MakeDirs(cache_dir) : root.status(); !made.ok()) {
     return Decision{kBootFetchRefused,
-                    "token=cache_unwritable message=\"" + made.ToString() + "\"" + note_};
+                    "token=cache_unwritable message=\"" + made.ToString() + "\"" + note_,
+                    "cache_unwritable"};
   }
   const std::string blob_path = cache_dir + "/" + answer_.digest;
   std::optional<std::string> cached =
@@ -486,12 +491,14 @@ Adoption::Next Adoption::Fetch() {
     if (wrong_bytes) std::filesystem::remove(blob_path + ".part", ec);
     out_.retryable = IsTransient(fetched.token, fetched.http_status);
     return Decision{wrong_bytes ? fetched.token : std::string(kBootFetchRefused),
-                    "token=" + fetched.token + " message=\"" + fetched.message + "\"" + note_};
+                    "token=" + fetched.token + " message=\"" + fetched.message + "\"" + note_,
+                    fetched.token};
   }
   auto read = ReadFile(blob_path);
   if (!read.ok()) {
     return Decision{kBootFetchRefused,
-                    "token=cache_unreadable message=\"" + read.status().ToString() + "\"" + note_};
+                    "token=cache_unreadable message=\"" + read.status().ToString() + "\"" + note_,
+                    "cache_unreadable"};
   }
   bytes_ = std::move(read).value();
   return std::nullopt;
@@ -506,14 +513,17 @@ Adoption::Next Adoption::Admit() {
   }
   const ReceiptClaims& claims = verdict_.claims;
   if (!claims.family.empty() && admitted->metadata.family != claims.family) {
-    return Decision{kBootReceiptRefused, std::string("token=") + kRefusalReceiptClaimMismatch +
-                                             " message=\"family is '" + claims.family +
-                                             "' in the receipt, '" + admitted->metadata.family +
-                                             "' in the metadata\"" + note_};
+    return Decision{kBootReceiptRefused,
+                    std::string("token=") + kRefusalReceiptClaimMismatch +
+                        " message=\"family is '" + claims.family + "' in the receipt, '" +
+                        admitted->metadata.family + "' in the metadata\"" + note_,
+                    kRefusalReceiptClaimMismatch};
   }
   if (Status members = CheckMembers(claims, admitted->files); !members.ok()) {
-    return Decision{kBootReceiptRefused, std::string("token=") + kRefusalReceiptClaimMismatch +
-                                             " message=\"" + members.message() + "\"" + note_};
+    return Decision{kBootReceiptRefused,
+                    std::string("token=") + kRefusalReceiptClaimMismatch + " message=\"" +
+                        members.message() + "\"" + note_,
+                    kRefusalReceiptClaimMismatch};
   }
   admitted_ = *std::move(admitted);
   return std::nullopt;
@@ -527,6 +537,11 @@ Adoption::Next Adoption::CheckSource() {
 }
 
 BootOutcome Adoption::ArmAndInstall(const AdmittedCell& admitted, const char* phase) {
+  if (!ctx_.load) {
+    // Every check passed; the caller asked for no load (BootContext::load).
+    out_.ref = out_.key + "@" + admitted.digest;
+    return Finish({phase, "ref=" + out_.ref + " load=skipped" + note_});
+  }
   LoadTimings load;
   auto dir = PrivateDirFor(ctx_, spec_.name);
   if (!dir.ok()) return Finish({kBootArmRefused, dir.status().ToString() + note_});
@@ -585,6 +600,7 @@ BootOutcome Adoption::Finish(const Decision& decision) {
   // Every call ends here: one row, whatever the outcome.
   out_.phase = decision.phase;
   out_.detail = decision.detail;
+  out_.cause = decision.cause;
   if (pending_put_.valid()) {
     const Status put = pending_put_.get();
     out_.detail +=

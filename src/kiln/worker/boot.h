@@ -103,16 +103,29 @@ struct BootContext {
   std::string blob_cache_dir;  // fetched blobs by digest; "" = <private_dir>/blobs
   int threads = 1;             // compute threads of the armed cell
   std::string worker;          // this worker's name (prose only)
+  // false: every check of steps 1-11 runs as above, but step 13 does not: nothing is written
+  // where it could be dlopen'ed, nothing is loaded or installed, and a cell that passed every
+  // check ends `hit` (or `local_hit`) with no cell, its ref key@digest and `load=skipped` in the
+  // detail. For the fleet simulator (cli/fleet_sim.h), which runs the boot protocol of many
+  // workers in one process; a serving worker always loads.
+  bool load = true;
 };
 
 struct BootOutcome {
   // `hit` | `local_hit` | `miss` | a refusal token (see the order above).
   std::string phase;
-  std::shared_ptr<ArmedCell> cell;  // the installed cell on hit / local_hit; else null
-  std::string key;                  // the derived key ("" when none was derived)
-  std::string ref;                  // key@digest of the installed cell; "" otherwise
-  std::string detail;               // prose: the refusal's message, the resolve token
-  double duration_ms = 0;           // the whole call, measured
+  // The installed cell on hit / local_hit; else null (also on a hit with BootContext::load off).
+  std::shared_ptr<ArmedCell> cell;
+  std::string key;     // the derived key ("" when none was derived)
+  std::string ref;     // key@digest of the installed (or, load off, admitted) cell
+  std::string detail;  // prose: the refusal's message, the resolve token
+  // The token a phase that wraps another refusal carries, as data: resolve_refused and
+  // resolve_key_mismatch the hub's or the transport's token (`revoked`, `hub_timeout`, ...),
+  // receipt_refused the receipt verdict's (`receipt_bad_signature`, ...) or
+  // receipt_claim_mismatch, fetch_refused the fetch's. "" for every other phase (whose token is
+  // the phase itself).
+  std::string cause;
+  double duration_ms = 0;  // the whole call, measured
   // Where that time went, stage by stage in call order, so an operator can see which step of a
   // slow boot was slow: `stages` as data (the event row's `stages` field), `stages_ms` as the
   // same list in words ("toolchain:3.10,key:0.41,...") for the row's prose detail.

@@ -10,11 +10,9 @@
 
 namespace kiln {
 
-namespace {
-
 // The hub stores target, ref, fn and stages as fields; the detail stays prose for a human and
 // also names fn= and target=, so a row read alone still says whom it was about.
-nlohmann::json HubRow(const EventRow& row, const std::string& worker) {
+nlohmann::json HubEventRow(const EventRow& row, const std::string& worker) {
   std::string detail = row.detail;
   auto add_word = [&](const char* name, const std::string& value) {
     const std::string word = std::string(name) + "=" + value;
@@ -37,6 +35,8 @@ nlohmann::json HubRow(const EventRow& row, const std::string& worker) {
   if (!worker.empty()) j["instance"] = worker;
   return j;
 }
+
+namespace {
 
 // 4xx answers other than timeouts and throttling say the batch itself is wrong; retrying the
 // same rows cannot succeed.
@@ -121,7 +121,7 @@ void EventForwarder::Loop() {
     nlohmann::json rows = nlohmann::json::array();
     uint64_t last_seq = 0;
     for (size_t i = 0; i < n; ++i) {
-      rows.push_back(HubRow(queue_[i], options_.worker));
+      rows.push_back(HubEventRow(queue_[i], options_.worker));
       last_seq = queue_[i].seq;
     }
     lock.unlock();

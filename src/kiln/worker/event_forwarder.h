@@ -19,6 +19,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 
@@ -26,6 +27,10 @@
 #include "src/kiln/worker/events.h"
 
 namespace kiln {
+
+// One row as POST /v1/events takes it, filed under `instance` when non-empty (the forwarder's
+// `worker` option).
+nlohmann::json HubEventRow(const EventRow& row, const std::string& instance);
 
 struct EventForwarderOptions {
   std::string worker;               // posted as each row's `instance`: the hub files the row under
