@@ -218,9 +218,12 @@ TEST_F(FleetSim, WorkersRetryAHubThatWasDownAndAdoptWhenItIsBack) {
   int rc = -1;
   std::thread fleet([&] {
     rc = Run("http://127.0.0.1:" + std::to_string(port),
-             "--workers 10 --concurrency 4 --max-attempts 6 --hub-timeout 2", &r);
+             "--workers 10 --concurrency 10 --max-attempts 6 --hub-timeout 2", &r);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Every worker is in flight at once, and the hub stays down longer than HubClient's own
+  // retries of an idempotent GET (at most 1.5 s in all): every first attempt ends
+  // hub_unreachable, and the simulator's backoff is what brings the workers back.
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));
   ASSERT_TRUE(hub.Start(port));
   fleet.join();
   ASSERT_EQ(rc, 0) << output_;
