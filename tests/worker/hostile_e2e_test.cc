@@ -291,7 +291,10 @@ TEST_F(Hostile, TenantsHoldingTheBuilderNeverMakeThePlatformWait) {
     if (i == 0) {
       ASSERT_TRUE(WaitForRebuild(hub.pid(), 60000));
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    // Long enough for the complete to reach the builder's queue; short enough that acme's rebuild
+    // (seven compiles) still runs when beta's second arrives, on a quiet fast machine too (there
+    // 1.5 s let the queue drain, and no builder_busy came).
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
   }
   HubAnswer busy = complete(3);
   EXPECT_EQ(busy.token, "builder_busy") << busy.message;
