@@ -477,7 +477,10 @@ Adoption::Next Adoption::Fetch() {
     bytes_ = std::move(*cached);
     return std::nullopt;
   }
-  HubAnswer fetched = ctx_.hub->FetchBlob(answer_.digest, blob_path, answer_.size);
+  // The resolve's blob_url (when the hub offers one) lets the bytes come from the object store;
+  // FetchBlob checks them against the digest and falls back to the hub on any failure.
+  HubAnswer fetched =
+      ctx_.hub->FetchBlob(answer_.digest, blob_path, answer_.size, answer_.blob_url);
   if (!fetched.ok()) {
     // A partial download of bytes that are not the digest must not be resumed next time.
     const bool wrong_bytes =
@@ -488,6 +491,8 @@ Adoption::Next Adoption::Fetch() {
     return Decision{wrong_bytes ? fetched.token : std::string(kBootFetchRefused),
                     "token=" + fetched.token + " message=\"" + fetched.message + "\"" + note_};
   }
+  if (fetched.body.is_object())
+    note_ += " blob_via=" + fetched.body.value("via", std::string("hub"));
   auto read = ReadFile(blob_path);
   if (!read.ok()) {
     return Decision{kBootFetchRefused,
