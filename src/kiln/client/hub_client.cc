@@ -345,7 +345,8 @@ std::string CheckPart(const std::string& part, const std::string& digest,
 // One try of the direct path: "" when `part` now holds the digest's bytes, else why not (and
 // `part` holds no byte that is not a prefix of what the hub may resume).
 std::string HubClient::FetchDirect(const std::string& url, const std::string& digest,
-                                   const std::string& part, std::optional<uint64_t> expected_size) {
+                                   const std::string& part, std::optional<uint64_t> expected_size,
+                                   int* status) {
   const size_t scheme = url.find("://");
   const size_t slash = scheme == std::string::npos ? std::string::npos : url.find('/', scheme + 3);
   if (slash == std::string::npos) return "direct URL is not http(s)://host/path";
@@ -372,6 +373,7 @@ std::string HubClient::FetchDirect(const std::string& url, const std::string& di
   Download d = GetInto(http, url.substr(slash), {}, part, &have);
   if (d.status == -1) return "cannot open '" + part + "' for writing";
   if (!d.res) return "blob store " + base->base + ": " + httplib::to_string(d.res.error());
+  *status = d.status;
   if (d.status != 200 && d.status != 206) {
     const size_t code = d.error_body.find("<Code>");
     const size_t code_end = d.error_body.find("</Code>");
@@ -400,9 +402,10 @@ HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& des
   }
   const std::string path = "/v1/blobs/" + digest;
   std::string direct_error;
-  auto finish = [&](const char* via) {
+  int direct_status = 0;
+  auto finish = [&](const char* via, int status) {
     HubAnswer a;
-    a.http_status = 200;
+    a.http_status = status;
     a.body = {{"via", via}};
     if (!direct_error.empty()) a.body["direct_error"] = direct_error;
     std::filesystem::rename(part, dest_path, ec);
@@ -413,8 +416,8 @@ HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& des
     return a;
   };
   if (!direct_url.empty()) {
-    direct_error = FetchDirect(direct_url, digest, part, expected_size);
-    if (direct_error.empty()) return finish("direct");
+    direct_error = FetchDirect(direct_url, digest, part, expected_size, &direct_status);
+    if (direct_error.empty()) return finish("direct", direct_status);
     have = PartSize(part);
   }
   std::unique_lock<std::mutex> lock(impl_->mu);
@@ -429,9 +432,10 @@ HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& des
     return a;
   }
   if (d.res && d.status == 307) {
-    direct_error = d.location.empty() ? "the hub's 307 has no Location"
-                                      : FetchDirect(d.location, digest, part, expected_size);
-    if (direct_error.empty()) return finish("direct");
+    direct_error = d.location.empty()
+                       ? "the hub's 307 has no Location"
+                       : FetchDirect(d.location, digest, part, expected_size, &direct_status);
+    if (direct_error.empty()) return finish("direct", direct_status);
     have = PartSize(part);
     lock.lock();
     d = GetInto(*impl_->http, path, impl_->Headers(), part, &have);
@@ -461,7 +465,7 @@ HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& des
     }
     return a;
   }
-  return finish("hub");
+  return finish("hub", d.status);
 }
 
 HubAnswer HubClient::GetReceipt(const std::string& key, const std::string& digest) {

@@ -163,10 +163,12 @@ class HubClient {
   // POST /v1/publish/intent, retried while the hub answers publish_in_progress (at most
   // `wait_ms` and 64 tries, jittered backoff between).
   HubAnswer PublishIntentWaiting(const std::string& intent, int wait_ms);
-  // FetchBlob's direct path: GET `url` into `part` and check the digest; "" on success, else why
-  // not (bytes that are not the digest are removed).
+  // FetchBlob's direct path: GET `url` into `part` (resuming it) and check the digest; "" on
+  // success, else why not (bytes that are not the digest are removed). *status: the store's HTTP
+  // status (206 for a resumed download).
   std::string FetchDirect(const std::string& url, const std::string& digest,
-                          const std::string& part, std::optional<uint64_t> expected_size);
+                          const std::string& part, std::optional<uint64_t> expected_size,
+                          int* status);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
