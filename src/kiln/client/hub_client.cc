@@ -342,8 +342,8 @@ std::string CheckPart(const std::string& part, const std::string& digest,
 
 }  // namespace
 
-// One try of the direct path: "" when `part` now holds the digest's bytes, else why not (and
-// `part` holds no byte that is not a prefix of what the hub may resume).
+// One try of the direct path: "" when `part` now holds the digest's bytes, else why not; a failed
+// try leaves in `part` no byte it received.
 std::string HubClient::FetchDirect(const std::string& url, const std::string& digest,
                                    const std::string& part, std::optional<uint64_t> expected_size,
                                    int* status) {
@@ -370,9 +370,20 @@ std::string HubClient::FetchDirect(const std::string& url, const std::string& di
     have = 0;
   }
   // No Authorization: the URL carries its own, and the hub's token is not the store's business.
+  const uint64_t before = have;
   Download d = GetInto(http, url.substr(slash), {}, part, &have);
   if (d.status == -1) return "cannot open '" + part + "' for writing";
-  if (!d.res) return "blob store " + base->base + ": " + httplib::to_string(d.res.error());
+  if (!d.res) {
+    // Bytes of a cut-off direct download are unchecked: the hub's fetch resumes from what was
+    // there before this try, never from them.
+    std::error_code ec;
+    if (have == before && before > 0) {
+      std::filesystem::resize_file(part, before, ec);
+    } else {
+      std::filesystem::remove(part, ec);
+    }
+    return "blob store " + base->base + ": " + httplib::to_string(d.res.error());
+  }
   *status = d.status;
   if (d.status != 200 && d.status != 206) {
     const size_t code = d.error_body.find("<Code>");
