@@ -10,10 +10,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -276,6 +278,121 @@ TEST_F(DirectBlobUrls, TtlZeroMintsNoUrlAndStreams) {
   EXPECT_EQ(f.body.value("via", ""), "hub");
   EXPECT_EQ(f.body.count("direct_error"), 0u) << f.body.dump();
   EXPECT_EQ(ReadFile(dest).value(), cell);
+}
+
+// Forwards TCP connections from a loopback port to `to_port` (another address of the store, as a
+// TCP load balancer would give readers), until destroyed. Each connection is pumped both ways on a
+// thread of its own; every wait is bounded by poll timeouts.
+class TcpForwarder {
+ public:
+  explicit TcpForwarder(int to_port) : to_port_(to_port) {
+    listen_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(listen_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    ::getsockname(listen_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    ::listen(listen_, 16);
+    acceptor_ = std::thread([this] {
+      while (!stop_) {
+        pollfd p{listen_, POLLIN, 0};
+        if (::poll(&p, 1, 100) <= 0) continue;
+        const int in = ::accept4(listen_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (in < 0) continue;
+        const int out = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in b{};
+        b.sin_family = AF_INET;
+        b.sin_port = htons(to_port_);
+        b.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (::connect(out, reinterpret_cast<sockaddr*>(&b), sizeof(b)) != 0) {
+          ::close(in);
+          ::close(out);
+          continue;
+        }
+        pumps_.emplace_back([this, in, out] {
+          char buf[65536];
+          while (!stop_) {
+            pollfd ps[2] = {{in, POLLIN, 0}, {out, POLLIN, 0}};
+            if (::poll(ps, 2, 100) <= 0) continue;
+            bool closed = false;
+            for (int i = 0; i < 2 && !closed; ++i) {
+              if (!(ps[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+              const ssize_t n = ::recv(ps[i].fd, buf, sizeof(buf), 0);
+              closed = n <= 0 || ::send(ps[1 - i].fd, buf, n, MSG_NOSIGNAL) != n;
+            }
+            if (closed) break;
+          }
+          ::close(in);
+          ::close(out);
+        });
+      }
+    });
+  }
+  ~TcpForwarder() {
+    stop_ = true;
+    acceptor_.join();
+    for (auto& t : pumps_) t.join();
+    ::close(listen_);
+  }
+  int port() const { return port_; }
+
+ private:
+  int to_port_;
+  int listen_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::thread acceptor_;
+  std::vector<std::thread> pumps_;
+};
+
+// --blob-url-endpoint names the address readers reach the store by: the URL carries it (its host
+// is signed) and works there, through a TCP forwarder standing in for a load balancer. A lifetime
+// S3 would refuse, or an endpoint that is not http(s)://host[:port], refuses the hub's start
+// with a message naming the value.
+TEST_F(DirectBlobUrls, PublicEndpointNamesTheUrlHostAndBadSettingsRefuseTheStart) {
+  const std::string endpoint = std::getenv("KILN_S3_ENDPOINT");
+  TcpForwarder forwarder(std::stoi(endpoint.substr(endpoint.rfind(':') + 1)));
+  const std::string public_endpoint = "http://127.0.0.1:" + std::to_string(forwarder.port());
+  auto hub = StartHub({"--blob-url-endpoint", public_endpoint});
+  const CellMetadata m = MakeMetadata(Graph("direct-public"));
+  const std::string cell = MakeCell(m);
+  PublishAnswer p = hub->Client(kPlatform)->Publish(cell, {});
+  ASSERT_TRUE(p.ok()) << p.token << ": " << p.message;
+  ResolveAnswer r = hub->Client(kWorker)->Resolve(m.key, m.family);
+  ASSERT_EQ(r.kind, ResolveAnswer::Kind::kFound) << r.message;
+  EXPECT_EQ(r.blob_url.rfind(public_endpoint + "/" + bucket_ + "/", 0), 0u) << r.blob_url;
+  auto [status, body] = PlainGet(r.blob_url);
+  EXPECT_EQ(status, 200) << body.substr(0, 400);
+  EXPECT_TRUE(body == cell) << body.size() << " bytes";
+  // The same signature at the store's own address names another host: refused.
+  std::string elsewhere = r.blob_url;
+  elsewhere.replace(0, public_endpoint.size(), endpoint);
+  EXPECT_EQ(PlainGet(elsewhere).first, 403);
+  hub.reset();
+
+  const std::vector<std::pair<std::vector<std::string>, std::string>> refused = {
+      {{"--blob-url-ttl", "604801"}, "--blob-url-ttl 604801"},
+      {{"--blob-url-ttl", "-1"}, "--blob-url-ttl -1"},
+      {{"--blob-url-endpoint", "ftp://store"}, "ftp://store"},
+      {{"--blob-url-endpoint", "https://store/path"}, "https://store/path"},
+  };
+  for (const auto& [args, named] : refused) {
+    std::vector<std::string> all = {"--rebuild", "off", "--blobs", s3_url_};
+    all.insert(all.end(), args.begin(), args.end());
+    HubProcess bad(root_ + "/data", db_, all);
+    ::testing::AssertionResult started = bad.Start();
+    EXPECT_FALSE(started) << named;
+    EXPECT_NE(std::string(started.message()).find(named), std::string::npos) << started.message();
+  }
+  // Without an S3 store there are no direct URLs to name a host for.
+  HubProcess disk(root_ + "/data", db_,
+                  {"--rebuild", "off", "--blob-url-endpoint", public_endpoint});
+  ::testing::AssertionResult started = disk.Start();
+  EXPECT_FALSE(started);
+  EXPECT_NE(std::string(started.message()).find("needs --blobs s3://"), std::string::npos)
+      << started.message();
 }
 
 using HubKilledMidUpload = S3HubTest;
