@@ -46,6 +46,39 @@ TEST(SigV4, GetObjectExampleMatchesThePublishedSignature) {
             "Signature=f0e8bdb87c964420e857bd35b5d6ed310bd44f0170aba48dd91039c6036bdb41");
 }
 
+// The example of "Authenticating Requests: Using Query Parameters": the whole URL, byte for byte,
+// with the published signature.
+TEST(SigV4, PresignedUrlExampleMatchesThePublishedSignature) {
+  const std::string url = SigV4PresignUrl("GET", "https://examplebucket.s3.amazonaws.com/",
+                                          "/test.txt", {}, Example(), "20130524T000000Z", 86400);
+  EXPECT_EQ(url,
+            "https://examplebucket.s3.amazonaws.com/test.txt?X-Amz-Algorithm=AWS4-HMAC-SHA256"
+            "&X-Amz-Credential=AKIAIOSFODNN7EXAMPLE%2F20130524%2Fus-east-1%2Fs3%2Faws4_request"
+            "&X-Amz-Date=20130524T000000Z&X-Amz-Expires=86400&X-Amz-SignedHeaders=host"
+            "&X-Amz-Signature=aeeed9bbccd4d02ee5c0109b86d86835f995330da4c265957d157751f604d404");
+  // The expiry, the host and the path are signed: changing any changes the signature.
+  auto signature = [](const std::string& u) { return u.substr(u.rfind('=') + 1); };
+  const std::string sig = signature(url);
+  EXPECT_NE(signature(SigV4PresignUrl("GET", "https://examplebucket.s3.amazonaws.com", "/test.txt",
+                                      {}, Example(), "20130524T000000Z", 86401)),
+            sig);
+  EXPECT_NE(signature(SigV4PresignUrl("GET", "https://otherbucket.s3.amazonaws.com", "/test.txt",
+                                      {}, Example(), "20130524T000000Z", 86400)),
+            sig);
+  EXPECT_NE(signature(SigV4PresignUrl("GET", "https://examplebucket.s3.amazonaws.com", "/test2.txt",
+                                      {}, Example(), "20130524T000000Z", 86400)),
+            sig);
+  // A session token is a signed query parameter.
+  SigV4Credentials session = Example();
+  session.session_token = "tok/en+1";
+  const std::string with_token =
+      SigV4PresignUrl("GET", "https://examplebucket.s3.amazonaws.com", "/test.txt", {}, session,
+                      "20130524T000000Z", 86400);
+  EXPECT_NE(with_token.find("&X-Amz-Security-Token=tok%2Fen%2B1&"), std::string::npos)
+      << with_token;
+  EXPECT_NE(signature(with_token), sig);
+}
+
 TEST(SigV4, ListObjectsExampleSignsItsSortedQuery) {
   SigV4Request r;
   r.method = "GET";

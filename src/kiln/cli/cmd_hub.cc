@@ -294,6 +294,12 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--publish-claim-ttl", args->options.publish_claim_ttl_s,
                   "seconds a publisher's claim on a key lives after each step of its publish; "
                   "others' intents for the key wait meanwhile (default 300)");
+  cmd->add_option("--blob-url-ttl", args->options.blob_url_ttl_s,
+                  "seconds a direct (presigned) blob URL minted for a reader stays valid, with "
+                  "--blobs s3://… (default 300; 0: none, every download streams through the hub)");
+  cmd->add_option("--blob-url-endpoint", args->options.blob_url_endpoint,
+                  "http(s)://host[:port] that direct blob URLs name when readers reach the S3 "
+                  "store by another name than KILN_S3_ENDPOINT (default: KILN_S3_ENDPOINT)");
   cmd->add_option("--revocation-max-age", args->options.revocation_max_age_s,
                   "seconds an adopter may rely on a signed revocation list (default 300)");
   cmd->add_option("--blob-grace", args->options.blob_grace_s,

@@ -229,6 +229,8 @@ ResolveAnswer HubClient::Resolve(const std::string& key, const std::string& fami
     r.size = b.at("size").get<uint64_t>();
     r.family = b.at("family").get<std::string>();
     r.receipt = b.at("receipt").get<std::string>();
+    r.blob_url = b.value("blob_url", std::string());
+    r.blob_url_expires_in_s = b.value("blob_url_expires_in_s", int64_t{0});
     r.publisher = b.value("publisher", std::string());
     r.tier = b.value("tier", std::string());
     r.release = b.value("release", std::string());
@@ -318,72 +320,192 @@ PublishAnswer HubClient::Publish(std::string_view cell_tar, const PublishOptions
   return out;
 }
 
+namespace {
+
+// The bytes of one GET appended to a partial download: what came back and where it points next.
+struct Download {
+  httplib::Result res{nullptr, httplib::Error::Unknown};
+  int status = 0;
+  std::string error_body;
+  std::string location;  // of a 307
+};
+
+// Sends GET `target` on `http` with `headers` (plus a Range from `*have` bytes), appending a
+// 200/206 body to `part` (a 200 to a Range request restarts it: *have becomes 0).
+Download GetInto(httplib::Client& http, const std::string& target, httplib::Headers headers,
+                 const std::string& part, uint64_t* have) {
+  Download d;
+  std::ofstream out(part, std::ios::binary | std::ios::app);
+  if (!out) {
+    d.status = -1;
+    return d;
+  }
+  if (*have > 0) headers.emplace("Range", "bytes=" + std::to_string(*have) + "-");
+  d.res = http.Get(
+      target, headers,
+      [&](const httplib::Response& r) {
+        d.status = r.status;
+        if (r.status == 307) d.location = r.get_header_value("Location");
+        // A 200 to a Range request is the whole blob: start over.
+        if (d.status == 200 && *have > 0) {
+          out.close();
+          out.open(part, std::ios::binary | std::ios::trunc);
+          *have = 0;
+        }
+        return true;
+      },
+      [&](const char* data, size_t len) {
+        if (d.status == 200 || d.status == 206) {
+          out.write(data, static_cast<std::streamsize>(len));
+          return static_cast<bool>(out);
+        }
+        d.error_body.append(data, len);
+        return d.error_body.size() < (1 << 20);
+      });
+  return d;
+}
+
+uint64_t PartSize(const std::string& part) {
+  std::error_code ec;
+  const uint64_t n = std::filesystem::exists(part, ec) ? std::filesystem::file_size(part, ec) : 0;
+  return ec ? 0 : n;
+}
+
+// The SHA-256 of `part` is `digest` and its size `expected_size` (when given): "" or why not.
+std::string CheckPart(const std::string& part, const std::string& digest,
+                      std::optional<uint64_t> expected_size) {
+  auto hex = Sha256File(part);
+  if (!hex.ok()) return hex.status().message();
+  const uint64_t size = PartSize(part);
+  if ("sha256:" + *hex == digest && (!expected_size || size == *expected_size)) return "";
+  return "hashes to sha256:" + *hex + " (" + std::to_string(size) + " bytes)";
+}
+
+}  // namespace
+
+// One try of the direct path: "" when `part` now holds the digest's bytes, else why not; a failed
+// try leaves in `part` no byte it received.
+std::string HubClient::FetchDirect(const std::string& url, const std::string& digest,
+                                   const std::string& part, std::optional<uint64_t> expected_size,
+                                   int* status) {
+  const size_t scheme = url.find("://");
+  const size_t slash = scheme == std::string::npos ? std::string::npos : url.find('/', scheme + 3);
+  if (slash == std::string::npos) return "direct URL is not http(s)://host/path";
+  auto base = net::ParseHttpUrl(url.substr(0, slash));
+  if (!base.ok()) return base.status().message();
+  if (Status rule = net::CheckClientTransport(*base, impl_->options.insecure_http, "blob store");
+      !rule.ok()) {
+    return rule.message();
+  }
+  httplib::Client http(base->base);
+  http.set_url_encode(false);
+  if (base->https()) http.enable_server_certificate_verification(true);
+  SetTimeout(impl_->options.connect_timeout_s,
+             [&](time_t s, time_t us) { http.set_connection_timeout(s, us); });
+  SetTimeout(impl_->options.io_timeout_s,
+             [&](time_t s, time_t us) { http.set_read_timeout(s, us); });
+  uint64_t have = PartSize(part);
+  if (expected_size && have > *expected_size) {
+    std::error_code ec;
+    std::filesystem::remove(part, ec);
+    have = 0;
+  }
+  // No Authorization: the URL carries its own, and the hub's token is not the store's business.
+  const uint64_t before = have;
+  Download d = GetInto(http, url.substr(slash), {}, part, &have);
+  if (d.status == -1) return "cannot open '" + part + "' for writing";
+  if (!d.res) {
+    // Bytes of a cut-off direct download are unchecked: the hub's fetch resumes from what was
+    // there before this try, never from them.
+    std::error_code ec;
+    if (have == before && before > 0) {
+      std::filesystem::resize_file(part, before, ec);
+    } else {
+      std::filesystem::remove(part, ec);
+    }
+    return "blob store " + base->base + ": " + httplib::to_string(d.res.error());
+  }
+  *status = d.status;
+  if (d.status != 200 && d.status != 206) {
+    const size_t code = d.error_body.find("<Code>");
+    const size_t code_end = d.error_body.find("</Code>");
+    return "blob store answered HTTP " + std::to_string(d.status) +
+           (code != std::string::npos && code_end != std::string::npos
+                ? " " + d.error_body.substr(code + 6, code_end - code - 6)
+                : "");
+  }
+  if (std::string bad = CheckPart(part, digest, expected_size); !bad.empty()) {
+    std::error_code ec;
+    std::filesystem::remove(part, ec);
+    return "blob " + digest + " from the store " + bad;
+  }
+  return "";
+}
+
 HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& dest_path,
-                               std::optional<uint64_t> expected_size) {
+                               std::optional<uint64_t> expected_size,
+                               const std::string& direct_url) {
   const std::string part = dest_path + ".part";
   std::error_code ec;
-  uint64_t have = std::filesystem::exists(part, ec) ? std::filesystem::file_size(part, ec) : 0;
-  if (ec) have = 0;
+  uint64_t have = PartSize(part);
   if (expected_size && have > *expected_size) {
     std::filesystem::remove(part, ec);
     have = 0;
   }
-  std::ofstream out(part, std::ios::binary | std::ios::app);
-  if (!out) {
+  const std::string path = "/v1/blobs/" + digest;
+  std::string direct_error;
+  int direct_status = 0;
+  auto finish = [&](const char* via, int status) {
+    HubAnswer a;
+    a.http_status = status;
+    a.body = {{"via", via}};
+    if (!direct_error.empty()) a.body["direct_error"] = direct_error;
+    std::filesystem::rename(part, dest_path, ec);
+    if (ec) {
+      a.token = "io_error";
+      a.message = "rename '" + part + "' -> '" + dest_path + "': " + ec.message();
+    }
+    return a;
+  };
+  if (!direct_url.empty()) {
+    direct_error = FetchDirect(direct_url, digest, part, expected_size, &direct_status);
+    if (direct_error.empty()) return finish("direct", direct_status);
+    have = PartSize(part);
+  }
+  std::unique_lock<std::mutex> lock(impl_->mu);
+  // Without a URL in hand, the hub is asked for one; a hub that mints none streams the bytes.
+  Download d = GetInto(*impl_->http, direct_url.empty() ? path + "?direct=1" : path,
+                       impl_->Headers(), part, &have);
+  lock.unlock();
+  if (d.status == -1) {
     HubAnswer a;
     a.token = "io_error";
     a.message = "cannot open '" + part + "' for writing";
     return a;
   }
-  httplib::Headers headers = impl_->Headers();
-  if (have > 0) headers.emplace("Range", "bytes=" + std::to_string(have) + "-");
-  const std::string path = "/v1/blobs/" + digest;
-  int status = 0;
-  std::string error_body;
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  httplib::Result res = impl_->http->Get(
-      path, headers,
-      [&](const httplib::Response& r) {
-        status = r.status;
-        // A 200 to a Range request is the whole blob: start over.
-        if (status == 200 && have > 0) {
-          out.close();
-          out.open(part, std::ios::binary | std::ios::trunc);
-          have = 0;
-        }
-        return true;
-      },
-      [&](const char* data, size_t len) {
-        if (status == 200 || status == 206) {
-          out.write(data, static_cast<std::streamsize>(len));
-          return static_cast<bool>(out);
-        }
-        error_body.append(data, len);
-        return error_body.size() < (1 << 20);
-      });
-  lock.unlock();
-  out.close();
-  if (!res) return Transport(res.error(), impl_->options.url, path);
-  if (status != 200 && status != 206) {
+  if (d.res && d.status == 307) {
+    direct_error = d.location.empty()
+                       ? "the hub's 307 has no Location"
+                       : FetchDirect(d.location, digest, part, expected_size, &direct_status);
+    if (direct_error.empty()) return finish("direct", direct_status);
+    have = PartSize(part);
+    lock.lock();
+    d = GetInto(*impl_->http, path, impl_->Headers(), part, &have);
+    lock.unlock();
+  }
+  if (!d.res) return Transport(d.res.error(), impl_->options.url, path);
+  if (d.status != 200 && d.status != 206) {
     httplib::Response r;
-    r.status = status;
-    r.body = error_body;
+    r.status = d.status;
+    r.body = d.error_body;
     return FromResponse(r, impl_->options.url, path);
   }
-  HubAnswer a;
-  a.http_status = status;
-  auto hex = Sha256File(part);
-  if (!hex.ok()) {
-    a.token = "io_error";
-    a.message = hex.status().message();
-    return a;
-  }
-  const uint64_t size = std::filesystem::file_size(part, ec);
-  if ("sha256:" + *hex != digest || (expected_size && size != *expected_size)) {
+  if (std::string bad = CheckPart(part, digest, expected_size); !bad.empty()) {
+    HubAnswer a;
+    a.http_status = d.status;
     std::filesystem::remove(part, ec);
     a.token = "digest_mismatch";
-    a.message = "blob " + digest + " from the hub hashes to sha256:" + *hex + " (" +
-                std::to_string(size) + " bytes)";
+    a.message = "blob " + digest + " from the hub " + bad;
     // Tell the hub at once: it re-reads its copy and quarantines it if its disk damaged it, so
     // the next fetch (this worker's or any other's) is a clean miss instead of the same bad bytes.
     // A transfer that went wrong on the way finds the hub's copy intact and changes nothing.
@@ -395,12 +517,7 @@ HubAnswer HubClient::FetchBlob(const std::string& digest, const std::string& des
     }
     return a;
   }
-  std::filesystem::rename(part, dest_path, ec);
-  if (ec) {
-    a.token = "io_error";
-    a.message = "rename '" + part + "' -> '" + dest_path + "': " + ec.message();
-  }
-  return a;
+  return finish("hub", d.status);
 }
 
 HubAnswer HubClient::GetReceipt(const std::string& key, const std::string& digest) {

@@ -82,6 +82,10 @@ struct ResolveAnswer {
   // kFound
   std::string key, digest, family, publisher, tier, release, receipt;
   uint64_t size = 0;
+  // A presigned URL of the blob in the hub's object store, when the hub mints them (empty
+  // otherwise), valid for blob_url_expires_in_s from the answer: FetchBlob's direct path.
+  std::string blob_url;
+  int64_t blob_url_expires_in_s = 0;
   // kRefused
   std::string token, message;
   int http_status = 0;
@@ -126,8 +130,18 @@ class HubClient {
   // Downloads a blob into `dest_path`, resuming from `dest_path + ".part"` with an HTTP Range,
   // verifying SHA-256 (and size when given) before an atomic rename. Token digest_mismatch if
   // the bytes are not the digest.
+  //
+  // Direct path: the bytes come from the hub's object store when the hub offers a URL for them,
+  // `direct_url` (a resolve's blob_url) or else the 307 of GET /v1/blobs/{digest}?direct=1, sent
+  // without this client's token and under the same transport rule as the hub (https, or http to
+  // loopback or with insecure_http). The URL is trusted for nothing: the bytes are checked
+  // against the digest as above, and on any failure of the direct path (refused, expired,
+  // unreachable, bytes that are not the digest) the blob is fetched through the hub instead. A
+  // successful answer's body says {"via": "direct"|"hub"} and, after a failed direct try,
+  // "direct_error" (why).
   HubAnswer FetchBlob(const std::string& digest, const std::string& dest_path,
-                      std::optional<uint64_t> expected_size = std::nullopt);
+                      std::optional<uint64_t> expected_size = std::nullopt,
+                      const std::string& direct_url = "");
   HubAnswer GetReceipt(const std::string& key, const std::string& digest);
   HubAnswer GetJwks();
   // {"list": the signed revocation list (receipt.h VerifyRevocationList), …}.
@@ -157,6 +171,12 @@ class HubClient {
   // POST /v1/publish/intent, retried while the hub answers publish_in_progress (at most
   // `wait_ms` and 64 tries, jittered backoff between).
   HubAnswer PublishIntentWaiting(const std::string& intent, int wait_ms);
+  // FetchBlob's direct path: GET `url` into `part` (resuming it) and check the digest; "" on
+  // success, else why not (bytes that are not the digest are removed). *status: the store's HTTP
+  // status (206 for a resumed download).
+  std::string FetchDirect(const std::string& url, const std::string& digest,
+                          const std::string& part, std::optional<uint64_t> expected_size,
+                          int* status);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

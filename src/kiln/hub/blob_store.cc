@@ -45,6 +45,11 @@ bool IsWellFormedDigest(const std::string& digest) {
   return true;
 }
 
+Result<std::string> BlobStore::DirectUrl(const std::string& digest, int64_t) {
+  return Status::Unimplemented("blob " + digest +
+                               ": this blob store has no direct URLs; fetch through the hub");
+}
+
 Result<std::string> BlobStore::ReadAll(const std::string& digest) {
   KILN_ASSIGN_OR_RETURN(auto reader, Open(digest));
   std::string out(reader->size(), '\0');

@@ -133,6 +133,12 @@ class BlobStore {
   virtual Result<std::vector<Stored>> ListStored() = 0;
   // Deletes a stored blob; OK if it is not there. A reader already open keeps its bytes.
   virtual Status Remove(const std::string& digest) = 0;
+  // A URL from which anyone holding it may GET the blob's bytes, without credentials, for the
+  // next `ttl_s` seconds (S3: a presigned GET of sha256/<hex>); it authorizes, it does not vouch
+  // for the bytes, which the reader checks against the digest. Asks the store nothing: a blob
+  // that is absent is a 404 from the URL. Unimplemented where the backend serves bytes only
+  // through the hub (disk, memory). REQUIRES: IsWellFormedDigest(digest).
+  virtual Result<std::string> DirectUrl(const std::string& digest, int64_t ttl_s);
 };
 
 // The refusal token of a stored blob whose bytes no longer match its digest.

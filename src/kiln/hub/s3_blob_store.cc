@@ -529,6 +529,20 @@ class S3BlobStore final : public BlobStore {
 
   Result<uint64_t> FreeBytes() override { return uint64_t{UINT64_MAX}; }
 
+  Result<std::string> DirectUrl(const std::string& digest, int64_t ttl_s) override {
+    KILN_RETURN_IF_ERROR(CheckDigest(digest));
+    if (ttl_s < 1 || ttl_s > kS3MaxPresignSeconds) {
+      return Status::InvalidArgument("s3 presigned URL lifetime " + std::to_string(ttl_s) +
+                                     " s is outside [1, " + std::to_string(kS3MaxPresignSeconds) +
+                                     "]");
+    }
+    const S3Location& loc = s3_->location();
+    const std::string path =
+        "/" + SigV4UriEncode(loc.bucket, false) + "/" + SigV4UriEncode(FinalKey(digest), true);
+    return SigV4PresignUrl("GET", loc.public_endpoint.empty() ? loc.endpoint : loc.public_endpoint,
+                           path, {}, loc.credentials, SigV4Now(), ttl_s);
+  }
+
  private:
   Status CheckDigest(const std::string& digest) const {
     if (IsWellFormedDigest(digest)) return Status::OK();
@@ -628,6 +642,16 @@ Result<std::unique_ptr<BlobStore>> OpenS3BlobStore(const S3Location& location) {
     return Status::Refused(StatusCode::kInvalidArgument, kRefusalS3Config,
                            "s3 part size " + std::to_string(location.part_bytes) +
                                " is below S3's minimum of " + std::to_string(kMinPartBytes));
+  }
+  if (const std::string& pub = location.public_endpoint; !pub.empty()) {
+    const size_t scheme = pub.find("://");
+    const bool http = pub.rfind("http://", 0) == 0 || pub.rfind("https://", 0) == 0;
+    if (!http || pub.find_first_of("/?#", scheme + 3) != std::string::npos ||
+        pub.size() == scheme + 3) {
+      return Status::Refused(StatusCode::kInvalidArgument, kRefusalS3Config,
+                             "s3 public endpoint '" + pub +
+                                 "' is not http(s)://host[:port] (no path: the bucket follows)");
+    }
   }
   auto store = std::make_unique<S3BlobStore>(location);
   KILN_RETURN_IF_ERROR(store->Init());

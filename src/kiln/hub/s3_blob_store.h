@@ -8,6 +8,10 @@
 //   staging/<64 hex>.<random>  an upload in progress (single PUT or multipart upload)
 //   quarantine/<64 hex>.<t>    a blob whose bytes stopped hashing to its name (Verify)
 //
+// DirectUrl presigns a GET of sha256/<hex> (SigV4 query-string authentication, sigv4.h) so a
+// worker downloads from the store rather than through a hub; the hub mints it only for a caller
+// allowed to read that digest, and the reader still checks the bytes against the digest.
+//
 // Verify-then-visible: the writer streams bytes into a staging object (multipart above
 // part_bytes), each request signed with its body's SHA-256 so the store refuses a body that
 // changed in flight. Commit checks the declared size and SHA-256 of everything that went out,
@@ -48,6 +52,10 @@ struct S3Location {
   SigV4Credentials credentials;
   // Uploads larger than this go multipart, in parts of this size (S3's minimum is 5 MiB).
   uint64_t part_bytes = 8ull << 20;
+  // Where readers outside the hub reach the store, when that differs from `endpoint` (a public
+  // name, a proxy that keeps the Host header): the scheme and host of every DirectUrl. Empty:
+  // `endpoint`. The signature covers this host, so it must be the host the reader's request names.
+  std::string public_endpoint;
 };
 
 // Parses "s3://bucket[/prefix]" and reads KILN_S3_ENDPOINT (required), AWS_ACCESS_KEY_ID and
@@ -55,6 +63,9 @@ struct S3Location {
 // AWS_DEFAULT_REGION (default "us-east-1"). InvalidArgument with token s3_config names what is
 // missing or malformed.
 Result<S3Location> S3LocationFromUrl(const std::string& url);
+
+// The longest DirectUrl lifetime S3 accepts (seven days).
+inline constexpr int64_t kS3MaxPresignSeconds = 7 * 24 * 3600;
 
 // Checks that the bucket answers an authenticated request (HEAD bucket) before returning.
 Result<std::unique_ptr<BlobStore>> OpenS3BlobStore(const S3Location& location);

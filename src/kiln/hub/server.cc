@@ -295,6 +295,20 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http, H
   routes.push_back(route("GET", "/v1/blobs/{}", 0, [s](const Request& req, Body&) -> Response {
     auto who = AuthenticateRoute(s, req);
     if (auto* r = std::get_if<Reply>(&who)) return Send(*r);
+    // ?direct=1: a client that can fetch from the object store itself gets a 307 to a presigned
+    // URL instead of the bytes; a hub with no direct URLs streams as for any other client.
+    if (auto direct = req.query.find("direct");
+        direct != req.query.end() && direct->second == "1") {
+      auto minted = s->BlobDirectUrl(std::get<Principal>(who), req.captures[0]);
+      if (auto* r = std::get_if<Reply>(&minted)) return Send(*r);
+      if (const std::string& url = std::get<std::string>(minted); !url.empty()) {
+        Response res = Send(
+            Reply::Json(307, {{"blob_url", url}, {"blob_url_expires_in_s", s->blob_url_ttl_s()}}));
+        res.headers.emplace_back("Location", url);
+        res.headers.emplace_back("Cache-Control", "no-store");
+        return res;
+      }
+    }
     auto opened = s->OpenBlob(std::get<Principal>(who), req.captures[0]);
     if (auto* r = std::get_if<Reply>(&opened)) return Send(*r);
     std::shared_ptr<BlobReader> reader = std::move(std::get<std::unique_ptr<BlobReader>>(opened));
@@ -444,11 +458,21 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
     return Status::InvalidArgument("hub: --db '" + options.db_url + "' is not a postgresql:// URL");
   }
   std::unique_ptr<BlobStore> blobs;
+  if (options.blobs.empty() && !options.blob_url_endpoint.empty()) {
+    return Status::InvalidArgument("hub: --blob-url-endpoint '" + options.blob_url_endpoint +
+                                   "' needs --blobs s3://…: only an S3 store has direct URLs");
+  }
   if (options.blobs.empty()) {
     KILN_ASSIGN_OR_RETURN(blobs, OpenDiskBlobStore(options.data_dir + "/blobs"));
   } else {
     KILN_ASSIGN_OR_RETURN(S3Location s3, S3LocationFromUrl(options.blobs));
+    s3.public_endpoint = options.blob_url_endpoint;
     KILN_ASSIGN_OR_RETURN(blobs, OpenS3BlobStore(s3));
+  }
+  if (options.blob_url_ttl_s < 0 || options.blob_url_ttl_s > kS3MaxPresignSeconds) {
+    return Status::InvalidArgument("hub: --blob-url-ttl " + std::to_string(options.blob_url_ttl_s) +
+                                   " is outside [0, " + std::to_string(kS3MaxPresignSeconds) +
+                                   "] seconds (0: no direct URLs)");
   }
   // Replicas sharing a database share its keyring (pg_shared.h); a data dir's file keys from
   // before are carried into it. One hub alone keeps its keys under data_dir/signing/.
@@ -502,6 +526,7 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
                                    " is not between 0.3 and 3600 seconds");
   }
   service_options.mint_lease_ttl_ms = std::llround(options.mint_lease_ttl_s * 1000);
+  service_options.blob_url_ttl_s = options.blob_url_ttl_s;
   std::unique_ptr<HubServer> hub(new HubServer());
   hub->options_ = options;
   hub->service_ = std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys),

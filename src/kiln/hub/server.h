@@ -89,6 +89,10 @@ struct HubServiceOptions {
   int64_t mint_lease_ttl_ms = 60000;
   // The clock of mint leases, unix milliseconds (tests pass their own); null: the system clock.
   std::function<int64_t()> mint_lease_clock_ms = nullptr;
+  // Lifetime of the direct blob URLs this hub mints when its blob store has them (S3 presigned
+  // GETs: a resolve's blob_url, GET /v1/blobs/{digest}?direct=1); 0 mints none, so every
+  // download streams through the hub.
+  int64_t blob_url_ttl_s = 300;
 };
 
 // The refusal of a publish intent while another publisher's claim on (key, family) is live
@@ -171,6 +175,12 @@ class HubService {
   // Blob download: the reader, or a Reply (400 bad_digest, 404 not_found, 403).
   std::variant<std::unique_ptr<BlobReader>, Reply> OpenBlob(const Principal& p,
                                                             const std::string& digest);
+  // GET /v1/blobs/{digest}?direct=1: a direct URL of the blob (BlobStore::DirectUrl, valid
+  // options.blob_url_ttl_s) for a caller OpenBlob would serve, refused exactly as OpenBlob
+  // refuses; "" when this hub mints none (no direct URLs in its store, or a ttl of 0), and the
+  // caller streams the blob instead.
+  std::variant<std::string, Reply> BlobDirectUrl(const Principal& p, const std::string& digest);
+  int64_t blob_url_ttl_s() const { return options_.blob_url_ttl_s; }
 
   // Deletes intents and unreferenced blobs older than the grace period (HubServiceOptions).
   Result<CollectedGarbage> CollectGarbage();
@@ -197,6 +207,10 @@ class HubService {
                                     const std::string& family, const std::string& digest);
   // Drops p's claim on (key, family) (logged, never fatal: an unreleased claim expires).
   void ReleasePublishClaim(const Principal& p, const std::string& key, const std::string& family);
+  // Whether p may read the blob `digest`: nullopt, or the refusal OpenBlob answers.
+  std::optional<Reply> CheckBlobReadable(const Principal& p, const std::string& digest);
+  // A direct URL of `digest` when this hub mints them, else "" (a store failure is logged).
+  std::string MintBlobUrl(const std::string& digest);
   // PublishComplete's work; *intent is set once p's intent is found.
   Reply CompletePublish(const Principal& p, std::string_view body,
                         std::optional<IntentRow>* intent);
@@ -255,6 +269,10 @@ struct HubOptions {
   uint64_t platform_quota_bytes = 0;       // HubServiceOptions::platform_quota_bytes
   int64_t publish_claim_ttl_s = 300;       // HubServiceOptions::publish_claim_ttl_s
   double mint_lease_ttl_s = 60;            // HubServiceOptions::mint_lease_ttl_ms, in seconds
+  int64_t blob_url_ttl_s = 300;            // HubServiceOptions::blob_url_ttl_s
+  // The scheme and host of the direct blob URLs when readers reach the S3 store by another name
+  // than KILN_S3_ENDPOINT (S3Location::public_endpoint); empty: KILN_S3_ENDPOINT.
+  std::string blob_url_endpoint;
   // On SIGTERM (Stop()): how long requests being handled may take to finish and send their answer
   // before the listener cuts what is left.
   int drain_timeout_ms = 30000;

@@ -526,15 +526,16 @@ Reply HubService::ResolveCell(const Principal& p, const std::string& key,
                         "cell " + c.key + "@" + c.digest + " was revoked: " + revoked->reason,
                         {{"key", c.key}, {"digest", c.digest}, {"reason", revoked->reason}});
   }
-  return Reply::Json(200, {{"found", true},
-                           {"key", c.key},
-                           {"digest", c.digest},
-                           {"size", c.size},
-                           {"family", c.family},
-                           {"publisher", c.publisher},
-                           {"tier", c.tier},
-                           {"release", c.release},
-                           {"receipt", c.receipt}});
+  nlohmann::json found{{"found", true},  {"key", c.key},         {"digest", c.digest},
+                       {"size", c.size}, {"family", c.family},   {"publisher", c.publisher},
+                       {"tier", c.tier}, {"release", c.release}, {"receipt", c.receipt}};
+  // p may read this family, so OpenBlob would serve p this digest: the same right, minted as a
+  // URL the worker downloads from without the hub.
+  if (std::string url = MintBlobUrl(c.digest); !url.empty()) {
+    found["blob_url"] = url;
+    found["blob_url_expires_in_s"] = options_.blob_url_ttl_s;
+  }
+  return Reply::Json(200, found);
 }
 
 // The storage quota of `p` in bytes; 0 = no limit.
@@ -1462,9 +1463,7 @@ Reply HubService::QueryEvents(const Principal& p, const std::map<std::string, st
   return Reply::Json(200, {{"events", list}});
 }
 
-// GET /v1/blobs/{digest}
-std::variant<std::unique_ptr<BlobReader>, Reply> HubService::OpenBlob(const Principal& p,
-                                                                      const std::string& digest) {
+std::optional<Reply> HubService::CheckBlobReadable(const Principal& p, const std::string& digest) {
   if (!IsWellFormedDigest(digest)) {
     return Reply::Error(400, "bad_digest", "digest '" + digest + "' is not sha256:<64 hex>");
   }
@@ -1484,9 +1483,34 @@ std::variant<std::unique_ptr<BlobReader>, Reply> HubService::OpenBlob(const Prin
   if (!readable) {
     return Reply::Error(404, "not_found", "blob " + digest + " is not stored for this token");
   }
+  return std::nullopt;
+}
+
+// GET /v1/blobs/{digest}
+std::variant<std::unique_ptr<BlobReader>, Reply> HubService::OpenBlob(const Principal& p,
+                                                                      const std::string& digest) {
+  if (auto refused = CheckBlobReadable(p, digest)) return *refused;
   auto reader = blobs_->Open(digest);
   if (!reader.ok()) return Reply::FromStatus(reader.status());
   return std::move(reader).value();
+}
+
+std::string HubService::MintBlobUrl(const std::string& digest) {
+  if (options_.blob_url_ttl_s <= 0 || !IsWellFormedDigest(digest)) return "";
+  auto url = blobs_->DirectUrl(digest, options_.blob_url_ttl_s);
+  if (url.ok()) return *url;
+  if (url.status().code() != StatusCode::kUnimplemented) {
+    KILN_LOG(WARNING) << "hub: no direct URL for blob " << digest << ": "
+                      << url.status().ToString();
+  }
+  return "";
+}
+
+// GET /v1/blobs/{digest}?direct=1
+std::variant<std::string, Reply> HubService::BlobDirectUrl(const Principal& p,
+                                                           const std::string& digest) {
+  if (auto refused = CheckBlobReadable(p, digest)) return *refused;
+  return MintBlobUrl(digest);
 }
 
 Result<CollectedGarbage> HubService::CollectGarbage() {

@@ -70,6 +70,20 @@ std::string Scope(const SigV4Credentials& k, const std::string& amz_date) {
   return amz_date.substr(0, 8) + "/" + k.region + "/" + k.service + "/aws4_request";
 }
 
+// The lowercase hex signature of a canonical request: HMAC of the string to sign under the key
+// derived from the secret, the date, the region and the service.
+std::string Signature(const Canonical& c, const SigV4Credentials& credentials,
+                      const std::string& amz_date) {
+  const std::string to_sign = "AWS4-HMAC-SHA256\n" + amz_date + "\n" +
+                              Scope(credentials, amz_date) + "\n" + Sha256Hex(c.request);
+  std::string key = Hmac("AWS4" + credentials.secret_key, amz_date.substr(0, 8));
+  key = Hmac(key, credentials.region);
+  key = Hmac(key, credentials.service);
+  key = Hmac(key, "aws4_request");
+  const std::string sig = Hmac(key, to_sign);
+  return HexEncode(reinterpret_cast<const uint8_t*>(sig.data()), sig.size());
+}
+
 }  // namespace
 
 std::string SigV4UriEncode(std::string_view s, bool keep_slash) {
@@ -115,16 +129,37 @@ std::string SigV4StringToSign(const SigV4Request& request, const SigV4Credential
 std::string SigV4Authorization(const SigV4Request& request, const SigV4Credentials& credentials,
                                const std::string& amz_date) {
   const Canonical c = Canonicalize(request);
-  const std::string to_sign = "AWS4-HMAC-SHA256\n" + amz_date + "\n" +
-                              Scope(credentials, amz_date) + "\n" + Sha256Hex(c.request);
-  std::string key = Hmac("AWS4" + credentials.secret_key, amz_date.substr(0, 8));
-  key = Hmac(key, credentials.region);
-  key = Hmac(key, credentials.service);
-  key = Hmac(key, "aws4_request");
-  const std::string sig = Hmac(key, to_sign);
   return "AWS4-HMAC-SHA256 Credential=" + credentials.access_key + "/" +
          Scope(credentials, amz_date) + ", SignedHeaders=" + c.signed_headers +
-         ", Signature=" + HexEncode(reinterpret_cast<const uint8_t*>(sig.data()), sig.size());
+         ", Signature=" + Signature(c, credentials, amz_date);
+}
+
+std::string SigV4PresignUrl(const std::string& method, const std::string& endpoint,
+                            const std::string& path,
+                            const std::vector<std::pair<std::string, std::string>>& query,
+                            const SigV4Credentials& credentials, const std::string& amz_date,
+                            int64_t expires_s) {
+  std::string base = endpoint;
+  while (!base.empty() && base.back() == '/') base.pop_back();
+  const size_t scheme = base.find("://");
+  const std::string host = scheme == std::string::npos ? base : base.substr(scheme + 3);
+  SigV4Request r;
+  r.method = method;
+  r.path = path.empty() ? "/" : path;
+  r.query = query;
+  r.query.emplace_back("X-Amz-Algorithm", "AWS4-HMAC-SHA256");
+  r.query.emplace_back("X-Amz-Credential",
+                       credentials.access_key + "/" + Scope(credentials, amz_date));
+  r.query.emplace_back("X-Amz-Date", amz_date);
+  r.query.emplace_back("X-Amz-Expires", std::to_string(expires_s));
+  r.query.emplace_back("X-Amz-SignedHeaders", "host");
+  if (!credentials.session_token.empty()) {
+    r.query.emplace_back("X-Amz-Security-Token", credentials.session_token);
+  }
+  r.headers = {{"host", host}};
+  r.payload_sha256 = "UNSIGNED-PAYLOAD";
+  const std::string signature = Signature(Canonicalize(r), credentials, amz_date);
+  return base + r.path + "?" + SigV4CanonicalQuery(r.query) + "&X-Amz-Signature=" + signature;
 }
 
 std::string SigV4Now() {

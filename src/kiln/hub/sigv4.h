@@ -7,6 +7,7 @@
 // SigV4 (libs3 2.0 signs only the retired V2 scheme); docs/dependencies.md says more.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -46,6 +47,17 @@ std::string SigV4StringToSign(const SigV4Request& request, const SigV4Credential
 // "AWS4-HMAC-SHA256 Credential=…, SignedHeaders=…, Signature=…".
 std::string SigV4Authorization(const SigV4Request& request, const SigV4Credentials& credentials,
                                const std::string& amz_date);
+// A presigned URL (query-string authentication): anyone holding it may send `method` to
+// `endpoint` + `path` without credentials until `amz_date` + `expires_s`. Only the host header is
+// signed and the payload is UNSIGNED-PAYLOAD, so the URL says nothing about the bytes: a reader
+// checks them against their digest. `endpoint` is "http(s)://host[:port]" (its host is the signed
+// host); `path` is already encoded (UriEncodePath); `query` holds any extra parameters to sign.
+// A session token travels as X-Amz-Security-Token. S3 accepts 1 <= expires_s <= 604800.
+std::string SigV4PresignUrl(const std::string& method, const std::string& endpoint,
+                            const std::string& path,
+                            const std::vector<std::pair<std::string, std::string>>& query,
+                            const SigV4Credentials& credentials, const std::string& amz_date,
+                            int64_t expires_s);
 // The current UTC time as "YYYYMMDDTHHMMSSZ".
 std::string SigV4Now();
 

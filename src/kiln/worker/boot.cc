@@ -482,7 +482,10 @@ Adoption::Next Adoption::Fetch() {
     bytes_ = std::move(*cached);
     return std::nullopt;
   }
-  HubAnswer fetched = ctx_.hub->FetchBlob(answer_.digest, blob_path, answer_.size);
+  // The resolve's blob_url (when the hub offers one) lets the bytes come from the object store;
+  // FetchBlob checks them against the digest and falls back to the hub on any failure.
+  HubAnswer fetched =
+      ctx_.hub->FetchBlob(answer_.digest, blob_path, answer_.size, answer_.blob_url);
   if (!fetched.ok()) {
     // A partial download of bytes that are not the digest must not be resumed next time.
     const bool wrong_bytes =
@@ -494,6 +497,8 @@ Adoption::Next Adoption::Fetch() {
                     "token=" + fetched.token + " message=\"" + fetched.message + "\"" + note_,
                     fetched.token};
   }
+  if (fetched.body.is_object())
+    note_ += " blob_via=" + fetched.body.value("via", std::string("hub"));
   auto read = ReadFile(blob_path);
   if (!read.ok()) {
     return Decision{kBootFetchRefused,
