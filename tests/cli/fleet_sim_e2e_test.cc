@@ -46,7 +46,7 @@ class FleetSim : public MachinesTest {
         args.find("--timeout ") == std::string::npos ? " --timeout 120 " : " ";
     auto [rc, out] =
         Kiln(root_ + "/sim", "fleet-sim --manifest " + ManifestPath() + " --hub " + url +
-                                 " --token " + kWorker + " --json " + json + timeout + args);
+                                 " --token " + token_ + " --json " + json + timeout + args);
     output_ = out;
     auto text = ReadFile(json);
     *report = text.ok() ? nlohmann::json::parse(*text, nullptr, false) : nlohmann::json();
@@ -64,6 +64,7 @@ class FleetSim : public MachinesTest {
     return rows;
   }
   std::string output_;
+  std::string token_ = kWorker;  // the simulated workers' token
 };
 
 // Fifty workers arriving at once adopt the published cell, each through the whole protocol, and
@@ -314,6 +315,109 @@ TEST_F(FleetSim, RefusesANonLoopbackHubAndBadOptions) {
   EXPECT_NE(output_.find("--workers is 0"), std::string::npos) << output_;
   EXPECT_EQ(Run("http://127.0.0.1:1", "--arrival ramp", &r), 1);
   EXPECT_NE(output_.find("--ramp"), std::string::npos) << output_;
+  EXPECT_EQ(Run("http://127.0.0.1:1", "--kill-holder-after 1", &r), 1);
+  EXPECT_NE(output_.find("only with --cold-key"), std::string::npos) << output_;
+  EXPECT_EQ(Run("http://127.0.0.1:1", "--cold-key --max-mints 0", &r), 1);
+  EXPECT_NE(output_.find("--max-mints is 0"), std::string::npos) << output_;
+}
+
+// The mlp example cut to one shape class, for the cold-key cases (each mints it at least once),
+// exported into org acme's family: the acme fleet's worker token may publish there (so the hub
+// grants it leases) and reports its rows, as a minting fleet's token does.
+std::string OneClassManifest() {
+  ManifestOptions o;
+  o.family = "acme/mlp";
+  std::string text = Manifest(o);
+  const std::string more = "  { x = [1, 64] },\n  { x = [4, 64] },\n  { x = [16, 64] },\n";
+  const size_t at = text.find(more);
+  if (at != std::string::npos) text.replace(at, more.size(), "  { x = [4, 64] },\n");
+  return text;
+}
+
+// The hub's rows of `kind` filed under this run's simulated workers.
+int SimRowsOf(const Hub& hub, const std::string& kind, const std::string& phase) {
+  HubAnswer a = hub.Client(kAdmin)->Call("GET", "/v1/events?kind=" + kind + "&limit=10000");
+  EXPECT_TRUE(a.ok()) << a.token << ": " << a.message;
+  int n = 0;
+  if (!a.ok()) return n;
+  for (const auto& e : a.body["events"]) {
+    n += e["worker"].get<std::string>().find("/sim-") != std::string::npos && e["phase"] == phase;
+  }
+  return n;
+}
+
+// Cold key: fifty workers miss the same key at once. One is granted the mint lease and runs the
+// one mint child of the fleet; it publishes, and every worker (the minter included) adopts the
+// published cell from the hub. The others waited on its lease.
+TEST_F(FleetSim, ColdKeyFiftyWorkersMintOnceAndAllAdopt) {
+  Hub hub(root_ + "/hub");
+  // Long enough that a late heartbeat on two loaded cores cannot look like a dead holder.
+  hub.process().AddArgs({"--mint-lease-ttl", "10"});
+  ASSERT_TRUE(hub.Start());
+  ASSERT_TRUE(WriteFileAtomic(ManifestPath(), OneClassManifest()).ok());
+  token_ = hub_testing::kAcmeFleet;  // leases are granted to tokens that may publish the family
+  nlohmann::json r;
+  ASSERT_EQ(Run(hub.url(), "--cold-key --workers 50 --concurrency 16 --timeout 240", &r), 0)
+      << output_;
+  ASSERT_TRUE(r.contains("cold_key")) << output_;
+  const auto& c = r["cold_key"];
+  EXPECT_EQ(r["adopted"], 50) << r["refusals"].dump();
+  EXPECT_EQ(c["mints_started"], 1) << c.dump();
+  EXPECT_EQ(c["leased_mints"], 1);
+  EXPECT_EQ(c["takeovers"], 0);
+  EXPECT_EQ(c["publishes"], 1);
+  EXPECT_GT(c["first_publish_ms"].get<double>(), 0);
+  // Every other worker missed while the mint ran and waited on the lease (the mint takes seconds,
+  // fifty resolves take well under one).
+  EXPECT_EQ(c["waiters"], 49) << c.dump();
+  EXPECT_EQ(c["waiter_adopt_ms"]["n"], 49);
+  EXPECT_GE(c["waiter_adopt_ms"]["p50"].get<double>(), 0);
+  EXPECT_EQ(c["mints"][0]["publish"], "published");
+  EXPECT_EQ(SimRowsOf(hub, "self_mint_started", "child"), 1) << r["events"].dump();
+  EXPECT_EQ(SimRowsOf(hub, "self_mint_skipped", "lease_held"), 49);
+  EXPECT_EQ(hub.CellRows(KeyOf(r["ref"].get<std::string>())), 1);
+}
+
+// Cold key, and the lease holder's mint child is SIGKILLed a second in (each mint child spins 3 s
+// first: mint/child.h's test switch). The holder dies with it: its lease is neither heartbeaten
+// nor released. One waiter takes the lease over once it expired, within the TTL and a poll, and
+// runs the fleet's second and last mint; everyone adopts its cell.
+TEST_F(FleetSim, ColdKeyAKilledHolderIsTakenOverWithinTheLease) {
+  constexpr int kTtlS = 2;
+  Hub hub(root_ + "/hub");
+  hub.process().AddArgs({"--mint-lease-ttl", std::to_string(kTtlS)});
+  ASSERT_TRUE(hub.Start());
+  ASSERT_TRUE(WriteFileAtomic(ManifestPath(), OneClassManifest()).ok());
+  token_ = hub_testing::kAcmeFleet;
+  ::setenv("KILN_TEST_MINT_BUSY_S", "3", 1);  // the simulator's mint children inherit it
+  nlohmann::json r;
+  const int rc = Run(hub.url(),
+                     "--cold-key --workers 50 --concurrency 16 --timeout 240 "
+                     "--kill-holder-after 1",
+                     &r);
+  ::unsetenv("KILN_TEST_MINT_BUSY_S");
+  ASSERT_EQ(rc, 0) << output_;
+  ASSERT_TRUE(r.contains("cold_key")) << output_;
+  const auto& c = r["cold_key"];
+  EXPECT_EQ(r["adopted"], 50) << r["refusals"].dump();
+  EXPECT_EQ(c["mints_started"], 2) << c.dump();
+  EXPECT_EQ(c["killed"], 1);
+  EXPECT_EQ(c["takeovers"], 1);
+  EXPECT_EQ(c["publishes"], 1);
+  EXPECT_TRUE(c["mints"][0]["killed"].get<bool>());
+  EXPECT_TRUE(c["mints"][1]["takeover"].get<bool>());
+  ASSERT_FALSE(c["kill"]["takeover_after_kill_ms"].is_null()) << c.dump();
+  const double takeover_ms = c["kill"]["takeover_after_kill_ms"].get<double>();
+  std::printf("fleet-sim takeover: %.0f ms after the holder's SIGKILL (TTL %d s)\n", takeover_ms,
+              kTtlS);
+  // The lease outlives the last heartbeat by the TTL; a waiter asks within a tenth of it past the
+  // expiry it saw; a second of slack for the resolve and the ask on two loaded cores.
+  EXPECT_LE(takeover_ms, kTtlS * 1000 * 1.1 + 1000);
+  // And not before the lease lapsed: the dead holder released nothing, and its last heartbeat was
+  // at most a third of the TTL before the kill.
+  EXPECT_GE(takeover_ms, kTtlS * 1000 * 2 / 3 - 100);
+  EXPECT_EQ(SimRowsOf(hub, "self_mint_started", "child"), 2);
+  EXPECT_EQ(hub.CellRows(KeyOf(r["ref"].get<std::string>())), 1);
 }
 
 }  // namespace

@@ -24,7 +24,10 @@ class MintLeaseServiceTest : public ::testing::Test {
     std::filesystem::remove_all(dir_);
     HubServiceOptions o;
     o.mint_lease_ttl_ms = 3000;
-    o.mint_lease_clock_ms = [this] { return now_ms_; };
+    o.mint_lease_clock_ms = [this] {
+      if (on_clock_) on_clock_();
+      return now_ms_;
+    };
     svc_ = std::make_unique<HubService>(
         NewMemoryStore(), NewMemoryBlobStore(), SigningKeyRing::OpenOrCreate(dir_).value(),
         [] { return int64_t{1700000000}; }, std::move(o));
@@ -50,6 +53,24 @@ class MintLeaseServiceTest : public ::testing::Test {
         As("platform-token"),
         nlohmann::json{{"key", key_}, {"family", "root/micro-mlp"}, {"lease", lease}}.dump());
   }
+  // Publishes the cell of key_ into root/micro-mlp as the platform publisher; the complete's reply.
+  Reply PublishCell() {
+    const std::string cell = MakeCell(meta_);
+    const std::string digest = CellDigest(cell);
+    const Principal ci = As("platform-token");
+    Reply intent = svc_->PublishIntent(
+        ci,
+        nlohmann::json{
+            {"key", key_}, {"digest", digest}, {"size", cell.size()}, {"family", "root/micro-mlp"}}
+            .dump());
+    if (!intent.ok()) return intent;
+    Reply up = svc_->UploadBlob(ci, digest, [&](const std::function<bool(std::string_view)>& sink) {
+      sink(cell);
+      return true;
+    });
+    if (!up.ok()) return up;
+    return svc_->PublishComplete(ci, nlohmann::json{{"key", key_}, {"digest", digest}}.dump());
+  }
   Reply Release(const std::string& lease) {
     return svc_->ReleaseMintLease(
         As("platform-token"),
@@ -58,6 +79,7 @@ class MintLeaseServiceTest : public ::testing::Test {
 
   std::string dir_;
   int64_t now_ms_ = 1700000000000;
+  std::function<void()> on_clock_;  // runs at each read of the lease clock
   const CellMetadata meta_ = MakeMetadata(Graph(7));
   const std::string key_ = meta_.key;
   std::unique_ptr<HubService> svc_;
@@ -125,6 +147,32 @@ TEST_F(MintLeaseServiceTest, APublishedCellAnswersPublishedInsteadOfALease) {
   EXPECT_EQ(r.body["digest"], digest);
   // Another family of the same key has no cell: its lease is granted.
   EXPECT_TRUE(Acquire("worker-a", "root/other").body["granted"].get<bool>());
+}
+
+// The race a fleet on a cold key meets (docs/fleet.md, the 1,000-worker cold runs): a waiter's ask
+// checks for a cell, and before it takes the lease the holder completes its publish and releases.
+// The ask must not be granted a lease for a key a live cell now answers: it answers published.
+TEST_F(MintLeaseServiceTest, AnAskRacingThePublishAndReleaseAnswersPublished) {
+  Reply a = Acquire("worker-a");
+  ASSERT_TRUE(a.body["granted"].get<bool>()) << a.body.dump();
+  const std::string lease = a.body["lease"];
+  // The lease clock is read once per ask, between the cell check and the grant: the holder's
+  // publish and release happen there, as they can between two statements on another replica.
+  bool race = true;
+  on_clock_ = [&, lease] {
+    if (!race) return;
+    race = false;
+    Reply done = PublishCell();
+    EXPECT_TRUE(done.ok()) << done.body.dump();
+    EXPECT_TRUE(Release(lease).body["released"].get<bool>());
+  };
+  Reply b = Acquire("worker-b");
+  ASSERT_EQ(b.status, 200) << b.body.dump();
+  EXPECT_FALSE(race) << "the publish ran inside the ask";
+  EXPECT_FALSE(b.body["granted"].get<bool>()) << b.body.dump();
+  EXPECT_TRUE(b.body["published"].get<bool>());
+  // And the lease it nearly took is not left behind: a third ask also answers published.
+  EXPECT_TRUE(Acquire("worker-c").body["published"].get<bool>());
 }
 
 TEST_F(MintLeaseServiceTest, RefusalsAreTyped) {

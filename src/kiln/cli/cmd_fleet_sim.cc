@@ -76,6 +76,16 @@ void AddFleetSimCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--db", o.db_url,
                   "the hub's PostgreSQL URL: peak connections from pg_stat_activity");
   cmd->add_option("--db-poll-ms", o.db_poll_ms, "how often the database is sampled (>= 5)");
+  cmd->add_flag("--cold-key", o.cold_key,
+                "the hub has no cell for the key: a miss takes the worker's mint-lease path (one "
+                "mint child under the lease, the others wait and adopt)");
+  cmd->add_option("--max-mints", o.max_mints,
+                  "with --cold-key: mint children the run may start (1..1000; default 4)");
+  cmd->add_option("--kill-holder-after", o.kill_holder_after_s,
+                  "with --cold-key: SIGKILL the first leased mint child this many s after it "
+                  "started; its holder dies unreleased and reboots");
+  cmd->add_option("--kiln-binary", o.kiln_binary,
+                  "the mint child's kiln binary (default: this one)");
   cmd->add_option("--json", a->json, "write the report as JSON here");
   cmd->callback([=] { *exit_code = RunFleetSimCommand(*a); });
 }

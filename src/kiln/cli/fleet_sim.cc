@@ -25,15 +25,19 @@
 
 #include "src/kiln/base/backoff.h"
 #include "src/kiln/base/file.h"
+#include "src/kiln/base/subprocess.h"
 #include "src/kiln/client/hub_client.h"
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/identity/toolchain.h"
 #include "src/kiln/manifest/manifest.h"
+#include "src/kiln/mint/parent.h"
 #include "src/kiln/net/address.h"
+#include "src/kiln/worker/adoption.h"
 #include "src/kiln/worker/boot.h"
 #include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/events.h"
+#include "src/kiln/worker/mint_lease.h"
 #include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/serving.h"
 
@@ -41,6 +45,10 @@ namespace kiln::cli {
 namespace {
 
 using SteadyClock = std::chrono::steady_clock;
+
+// The hub's refusal of a publish whose key another publisher's bytes own (docs/hub-api.md): the
+// owner's cell is adopted like any other.
+constexpr const char* kHubKeyTaken = "key_taken";
 
 double MsBetween(SteadyClock::time_point a, SteadyClock::time_point b) {
   return std::chrono::duration<double, std::milli>(b - a).count();
@@ -56,6 +64,27 @@ struct Fleet {
   std::optional<PublicKeySet> trust;  // operator anchors; nullopt = the hub's own key set
   std::string work_dir;
   int retry_max_ms = 30000;  // the manifest's hub.adopt_retry_max_s
+  std::string manifest_abs;  // the mint child reads the manifest itself
+};
+
+// Cold-key mode: one mint child of the run, as the fleet saw it. Times are since the run's start.
+struct MintRecord {
+  std::string worker, holder;
+  bool leased = false;    // under a granted lease (else none could be had)
+  bool takeover = false;  // granted after this worker had waited on another holder's lease
+  bool killed = false;    // the --kill-holder-after child
+  double start_ms = 0, end_ms = 0;
+  std::string phase;    // the mint parent's ending ("" = minted)
+  std::string publish;  // "published", "already", the hub's refusal, or "" (not published)
+  double publish_end_ms = 0;
+};
+
+// What the fleet's mints did, shared by the pool threads.
+struct ColdKey {
+  std::mutex mu;
+  std::vector<MintRecord> mints;
+  bool kill_claimed = false;
+  double killed_at_ms = -1;
 };
 
 struct WorkerResult {
@@ -77,6 +106,12 @@ struct WorkerResult {
   std::vector<std::pair<std::string, double>> stages;  // the last attempt's
   std::vector<std::string> retried;  // phase (phase:cause) of each attempt that was retried
   SteadyClock::time_point first_start;
+  std::string key;         // the last attempt's key
+  int polls = 0;           // cold key: boots made to adopt (a lease wait's poll, after a mint)
+  bool poll_next = false;  // the next attempt is such a boot, not a retry
+  bool waited = false;     // cold key: saw another holder's lease and waited on it
+  int mints = 0;           // cold key: mint children this worker started
+  int deaths = 0;          // cold key: times this worker's mint was killed with it
 };
 
 // Posts the worker's rows as its forwarder would (instance = its name), retrying a transport
@@ -107,6 +142,13 @@ struct SimWorker {
   PublicKeySet hub_keys;
   EventLog log{16};
   uint64_t posted_seq = 0;  // rows up to this seq were posted
+  HubClientOptions hub;     // as its clients were made
+  // Cold key: its lease client (one per life: a rebooted machine is a new holder), the holder it
+  // last waited on, and its polls since.
+  std::unique_ptr<MintLeases> leases;
+  int life = 1;
+  std::string seen_holder;
+  int lease_polls = 0;
 };
 
 Status SetUpWorker(const Fleet& fleet, const std::string& name, SteadyClock::time_point deadline,
@@ -115,6 +157,7 @@ Status SetUpWorker(const Fleet& fleet, const std::string& name, SteadyClock::tim
   // No request outlives the run by more than its own connect timeout.
   const double left_s = std::chrono::duration<double>(deadline - SteadyClock::now()).count();
   ho.io_timeout_s = std::max(0.5, std::min(ho.io_timeout_s, left_s));
+  w->hub = ho;
   KILN_ASSIGN_OR_RETURN(w->client, HubClient::Create(ho));
   RevocationWatchOptions ro;
   ro.hub = ho;
@@ -150,8 +193,7 @@ bool AttemptBoot(Fleet& fleet, SimWorker& w, SteadyClock::time_point deadline, W
   r->boot_ms = out.duration_ms;
   r->stages = out.stages;
   r->retryable = out.retryable;
-
-  // Extension point (fleet_sim.h): a cold-key mode acts on out.phase == kBootMiss here.
+  r->key = out.key;
 
   // Rows a failed post left are posted with the next attempt's, as the forwarder's queue keeps
   // them.
@@ -307,6 +349,16 @@ Status CheckOptions(const FleetSimOptions& o) {
     return bad("--max-attempts", std::to_string(o.max_attempts), "1..100");
   }
   if (o.db_poll_ms < 5) return bad("--db-poll-ms", std::to_string(o.db_poll_ms), ">= 5");
+  if (o.max_mints < 1 || o.max_mints > 1000) {
+    return bad("--max-mints", std::to_string(o.max_mints), "1..1000");
+  }
+  if (!(o.kill_holder_after_s >= 0)) {
+    return bad("--kill-holder-after", std::to_string(o.kill_holder_after_s), ">= 0 seconds");
+  }
+  if (o.kill_holder_after_s > 0 && !o.cold_key) {
+    return bad("--kill-holder-after", std::to_string(o.kill_holder_after_s),
+               "only with --cold-key (there is no lease holder otherwise)");
+  }
   return Status::OK();
 }
 
@@ -315,6 +367,7 @@ Status CheckOptions(const FleetSimOptions& o) {
 Result<Fleet> LoadFleet(const FleetSimOptions& o) {
   KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(o.manifest));
   Fleet fleet;
+  fleet.manifest_abs = std::filesystem::absolute(o.manifest).string();
   const TargetSpec* chosen = nullptr;
   int exported = 0;
   for (const TargetSpec& t : m.targets) {
@@ -392,9 +445,12 @@ std::string WorkerName(const std::string& prefix, int i) {
 class Pool {
  public:
   Pool(Fleet& fleet, const FleetSimOptions& o, SteadyClock::time_point start,
-       SteadyClock::time_point deadline, int retry_max_ms, std::vector<WorkerResult>* results)
+       SteadyClock::time_point deadline, int retry_max_ms, std::vector<WorkerResult>* results,
+       ColdKey* cold)
       : fleet_(fleet),
         o_(o),
+        start_(start),
+        cold_(*cold),
         deadline_(deadline),
         retry_max_ms_(retry_max_ms),
         results_(*results),
@@ -457,13 +513,10 @@ class Pool {
       const int i = queue_.top().index;
       queue_.pop();
       lock.unlock();
-      const bool again = RunAttempt(i);
+      const std::optional<int64_t> again_ms = RunAttempt(i);
       lock.lock();
-      if (again) {
-        const auto wait =
-            JitteredBackoff(std::chrono::milliseconds(std::min(1000, retry_max_ms_)),
-                            std::chrono::milliseconds(retry_max_ms_), results_[i].attempts - 1);
-        queue_.push({SteadyClock::now() + wait, i});
+      if (again_ms) {
+        queue_.push({SteadyClock::now() + std::chrono::milliseconds(*again_ms), i});
       } else {
         Finish(i);
       }
@@ -471,8 +524,9 @@ class Pool {
     }
   }
 
-  // One attempt of worker i (outside the lock); true when it is to be retried.
-  bool RunAttempt(int i) {
+  // One attempt of worker i (outside the lock), and in cold-key mode what its miss leads to; the
+  // wait before its next attempt, or nullopt when its outcome is final.
+  std::optional<int64_t> RunAttempt(int i) {
     WorkerResult& r = results_[i];
     std::unique_ptr<SimWorker>& w = workers_[i];
     const auto now = SteadyClock::now();
@@ -485,13 +539,220 @@ class Pool {
         r.phase = set.token().empty() ? "setup_failed" : set.token();
         r.detail = set.ToString();
         w.reset();
-        return false;
+        return std::nullopt;
       }
-    } else {
+    } else if (!r.poll_next) {
       r.retried.push_back(r.cause.empty() ? r.phase : r.phase + ":" + r.cause);
     }
+    r.poll_next = false;
     const bool retryable = AttemptBoot(fleet_, *w, deadline_, &r);
-    return retryable && r.attempts < o_.max_attempts;
+    if (retryable) {
+      // Polls are not retries: --max-attempts bounds the attempts the hub could not answer.
+      const int retries = r.attempts - r.polls;
+      if (retries >= o_.max_attempts) return std::nullopt;
+      return JitteredBackoff(std::chrono::milliseconds(std::min(1000, retry_max_ms_)),
+                             std::chrono::milliseconds(retry_max_ms_), retries - 1)
+          .count();
+    }
+    if (o_.cold_key && r.phase == kBootMiss && !r.key.empty()) {
+      std::optional<int64_t> next = ColdStep(r, *w);
+      if (next) {
+        ++r.polls;
+        r.poll_next = true;
+      }
+      return next;
+    }
+    return std::nullopt;
+  }
+
+  double SinceStartMs() const { return MsBetween(start_, SteadyClock::now()); }
+
+  // A cold key's miss: the worker's lease path (adoption.cc MintOrWait).
+  std::optional<int64_t> ColdStep(WorkerResult& r, SimWorker& w) {
+    const std::string& family = fleet_.spec.export_spec->family;
+    if (w.leases == nullptr) {
+      MintLeaseOptions lo;
+      lo.hub = w.hub;
+      lo.holder =
+          r.name + "@fleet-sim/" + std::to_string(::getpid()) + "/" + std::to_string(w.life);
+      lo.worker = r.name;
+      auto leases = MintLeases::Create(lo, &w.log);
+      if (!leases.ok()) {
+        r.phase = kFleetSimMintFailed;
+        r.cause = leases.status().token();
+        r.detail = leases.status().ToString();
+        return std::nullopt;
+      }
+      w.leases = std::move(*leases);
+    }
+    const LeaseAnswer lease = w.leases->Acquire(r.key, family);
+    const AdopterOptions poll;  // the worker's own poll bounds
+    switch (lease.kind) {
+      case LeaseAnswer::Kind::kGranted: {
+        const bool takeover = !w.seen_holder.empty() && w.seen_holder != w.leases->holder();
+        return Mint(r, w, &lease, takeover);
+      }
+      case LeaseAnswer::Kind::kNoLease:
+        return Mint(r, w, nullptr, false);
+      case LeaseAnswer::Kind::kPublished:
+        return JitteredBackoff(std::chrono::milliseconds(100),
+                               std::chrono::milliseconds(poll.lease_poll_max_ms), w.lease_polls++)
+            .count();
+      case LeaseAnswer::Kind::kHeld:
+        break;
+    }
+    if (lease.holder != w.seen_holder) {
+      EventRow row;
+      row.kind = event_kind::kSelfMintSkipped;
+      row.phase = kMintLeaseHeld;
+      row.key = r.key;
+      row.target = fleet_.spec.name;
+      row.detail = "key=" + r.key + " target=" + fleet_.spec.name + " worker=" + r.name +
+                   " holder=" + lease.holder +
+                   " expires_in_ms=" + std::to_string(lease.expires_in_ms) +
+                   " waiting for its cell";
+      w.log.Append(std::move(row));
+    }
+    r.waited = true;
+    w.seen_holder = lease.holder;
+    return LeasePollDelayMs(poll, lease, w.lease_polls++);
+  }
+
+  // One mint child for worker r (under `grant`'s lease, heartbeaten meanwhile, or with none),
+  // then the publish of its cell; the worker then boots again to adopt from the hub.
+  std::optional<int64_t> Mint(WorkerResult& r, SimWorker& w, const LeaseAnswer* grant,
+                              bool takeover) {
+    const std::string& family = fleet_.spec.export_spec->family;
+    size_t index = 0;
+    bool kill = false;
+    {
+      std::lock_guard<std::mutex> lock(cold_.mu);
+      if (static_cast<int>(cold_.mints.size()) >= o_.max_mints) {
+        r.phase = kFleetSimMintCapReached;
+        r.detail = "--max-mints " + std::to_string(o_.max_mints) + " mint children already ran";
+        return std::nullopt;
+      }
+      MintRecord rec;
+      rec.worker = r.name;
+      rec.holder = w.leases ? w.leases->holder() : "";
+      rec.leased = grant != nullptr;
+      rec.takeover = takeover && grant != nullptr;
+      rec.start_ms = SinceStartMs();
+      index = cold_.mints.size();
+      cold_.mints.push_back(rec);
+      if (grant != nullptr && o_.kill_holder_after_s > 0 && !cold_.kill_claimed) {
+        cold_.kill_claimed = kill = true;
+      }
+    }
+    ++r.mints;
+    {
+      EventRow row;
+      row.kind = event_kind::kSelfMintStarted;
+      row.phase = "child";
+      row.key = r.key;
+      row.target = fleet_.spec.name;
+      row.detail =
+          "key=" + r.key + " worker=" + r.name + (grant != nullptr ? " lease=held" : " lease=none");
+      w.log.Append(std::move(row));
+    }
+    std::shared_ptr<MintLeaseHold> hold =
+        grant != nullptr ? w.leases->Hold(r.key, family, *grant) : nullptr;
+    MintParentOptions mo;
+    mo.binary = o_.kiln_binary;
+    MintParent parent(mo);
+    // The killer: SIGKILLs the child's process group after the delay unless the mint ended first.
+    std::mutex kill_mu;
+    std::condition_variable kill_cv;
+    bool mint_done = false, killed = false;
+    std::thread killer;
+    if (kill) {
+      killer = std::thread([&] {
+        std::unique_lock<std::mutex> lock(kill_mu);
+        const auto at =
+            SteadyClock::now() + std::chrono::duration_cast<SteadyClock::duration>(
+                                     std::chrono::duration<double>(o_.kill_holder_after_s));
+        if (kill_cv.wait_until(lock, at, [&] { return mint_done; })) return;
+        killed = true;
+        lock.unlock();
+        parent.KillAll();
+      });
+    }
+    MintChildRequest req;
+    req.manifest = fleet_.manifest_abs;
+    req.target = fleet_.spec.name;
+    const std::string dir = fleet_.work_dir + "/mints/" + r.name + "-" + std::to_string(r.mints);
+    MintChildOutcome out = parent.Run(dir, req);
+    if (killer.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(kill_mu);
+        mint_done = true;
+      }
+      kill_cv.notify_all();
+      killer.join();
+    }
+    const double end_ms = SinceStartMs();
+    if (killed) {
+      // The holder died with its child: no release, no heartbeat. Its machine reboots as a new
+      // holder and boots like any other.
+      hold->Abandon();
+      hold.reset();
+      {
+        std::lock_guard<std::mutex> lock(cold_.mu);
+        cold_.mints[index].killed = true;
+        cold_.mints[index].phase = out.phase;
+        cold_.mints[index].end_ms = end_ms;
+        cold_.killed_at_ms = end_ms;
+      }
+      ++r.deaths;
+      ++w.life;
+      w.leases.reset();
+      w.seen_holder.clear();
+      w.lease_polls = 0;
+      RemoveDir(dir);
+      return 0;
+    }
+    std::string publish;
+    double publish_end = 0;
+    if (out.phase.empty()) {
+      auto tar = ReadFile(out.report.artifact);
+      if (!tar.ok()) {
+        publish = "artifact_unreadable";
+      } else {
+        PublishOptions po;
+        po.target = fleet_.spec.name;
+        po.family = family;
+        const PublishAnswer a = w.client->Publish(*tar, po);
+        publish = a.ok() ? (a.already ? "already" : "published") : a.token;
+        publish_end = SinceStartMs();
+      }
+    }
+    hold.reset();  // released after the publish (or at once, the mint having failed)
+    RemoveDir(dir);
+    {
+      std::lock_guard<std::mutex> lock(cold_.mu);
+      MintRecord& rec = cold_.mints[index];
+      rec.phase = out.phase;
+      rec.end_ms = end_ms;
+      rec.publish = publish;
+      rec.publish_end_ms = publish_end;
+    }
+    if (!out.phase.empty()) {
+      r.phase = kFleetSimMintFailed;
+      r.cause = out.phase;
+      r.detail = out.detail;
+      return std::nullopt;
+    }
+    if (publish != "published" && publish != "already" && publish != kHubKeyTaken) {
+      r.phase = kFleetSimPublishFailed;
+      r.cause = publish;
+      return std::nullopt;
+    }
+    return 0;  // adopt the published cell from the hub, as every other worker does
+  }
+
+  static void RemoveDir(const std::string& dir) {
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
   }
 
   // Worker i's outcome is final: its state (clients, connections) goes. Under the lock.
@@ -503,6 +764,8 @@ class Pool {
 
   Fleet& fleet_;
   const FleetSimOptions& o_;
+  const SteadyClock::time_point start_;
+  ColdKey& cold_;
   const SteadyClock::time_point deadline_;
   const int retry_max_ms_;
   std::vector<WorkerResult>& results_;
@@ -513,6 +776,71 @@ class Pool {
   std::priority_queue<Due, std::vector<Due>, std::greater<Due>> queue_;
   int pending_ = 0;
 };
+
+// The cold-key section of the report: what the fleet's mints did and how the waiters fared.
+nlohmann::json ColdReport(const FleetSimOptions& o, const std::vector<WorkerResult>& results,
+                          const ColdKey& cold) {
+  nlohmann::json mints = nlohmann::json::array();
+  int leased = 0, takeovers = 0, killed = 0, published = 0;
+  double first_publish = -1, takeover_start = -1;
+  for (const MintRecord& m : cold.mints) {
+    leased += m.leased;
+    takeovers += m.takeover;
+    killed += m.killed;
+    if (m.publish == "published" || m.publish == "already") {
+      ++published;
+      if (first_publish < 0 || m.publish_end_ms < first_publish) first_publish = m.publish_end_ms;
+    }
+    if (cold.killed_at_ms >= 0 && m.leased && !m.killed && m.start_ms >= cold.killed_at_ms &&
+        (takeover_start < 0 || m.start_ms < takeover_start)) {
+      takeover_start = m.start_ms;
+    }
+    auto r2 = [](double v) { return std::round(v * 10) / 10; };
+    mints.push_back({{"worker", m.worker},
+                     {"holder", m.holder},
+                     {"leased", m.leased},
+                     {"takeover", m.takeover},
+                     {"killed", m.killed},
+                     {"start_ms", r2(m.start_ms)},
+                     {"end_ms", r2(m.end_ms)},
+                     {"phase", m.phase.empty() ? "minted" : m.phase},
+                     {"publish", m.publish},
+                     {"publish_end_ms", r2(m.publish_end_ms)}});
+  }
+  std::vector<double> waiter_adopt;
+  int waiters = 0;
+  for (const WorkerResult& r : results) {
+    if (!r.waited || r.mints > 0) continue;
+    ++waiters;
+    if (r.phase == kBootHit) waiter_adopt.push_back(r.outcome_ms);
+  }
+  nlohmann::json c = {
+      {"mints_started", static_cast<int>(cold.mints.size())},
+      {"leased_mints", leased},
+      {"unleased_mints", static_cast<int>(cold.mints.size()) - leased},
+      {"takeovers", takeovers},
+      {"killed", killed},
+      {"publishes", published},
+      {"first_publish_ms",
+       first_publish < 0 ? nlohmann::json(nullptr) : nlohmann::json(std::round(first_publish))},
+      {"waiters", waiters},
+      {"waiter_adopt_ms", Percentiles(waiter_adopt)},
+      {"max_mints", o.max_mints},
+      {"mints", mints}};
+  if (o.kill_holder_after_s > 0) {
+    c["kill"] = {
+        {"after_s", o.kill_holder_after_s},
+        {"killed_at_ms", cold.killed_at_ms < 0 ? nlohmann::json(nullptr)
+                                               : nlohmann::json(std::round(cold.killed_at_ms))},
+        {"takeover_started_at_ms",
+         takeover_start < 0 ? nlohmann::json(nullptr) : nlohmann::json(std::round(takeover_start))},
+        {"takeover_after_kill_ms",
+         takeover_start < 0 || cold.killed_at_ms < 0
+             ? nlohmann::json(nullptr)
+             : nlohmann::json(std::round(takeover_start - cold.killed_at_ms))}};
+  }
+  return c;
+}
 
 nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
                            const std::vector<WorkerResult>& results, int concurrency,
@@ -558,6 +886,10 @@ nlohmann::json BuildReport(const FleetSimOptions& o, const Fleet& fleet,
                        {"queue_ms", std::round(r.queue_ms * 100) / 100},
                        {"outcome_ms", std::round(r.outcome_ms * 100) / 100},
                        {"attempts", r.attempts},
+                       {"polls", r.polls},
+                       {"waited", r.waited},
+                       {"mints", r.mints},
+                       {"deaths", r.deaths},
                        {"events_posted", r.events_posted}});
   }
   report["target"] = fleet.spec.name;
@@ -636,12 +968,15 @@ Result<nlohmann::json> RunFleetSim(const FleetSimOptions& o) {
                                     std::chrono::duration<double>(o.timeout_s));
   if (db) db->Start(deadline);
   std::vector<WorkerResult> results(o.workers);
-  const int concurrency = Pool(fleet, o, start, deadline, fleet.retry_max_ms, &results).Run();
+  ColdKey cold;
+  const int concurrency =
+      Pool(fleet, o, start, deadline, fleet.retry_max_ms, &results, &cold).Run();
   const double wall_s = MsBetween(start, SteadyClock::now()) / 1000;
   if (db) db->Stop();
 
   nlohmann::json report = BuildReport(o, fleet, results, concurrency, wall_s);
   report["sim_cpu_s"] = std::round((OwnCpuSeconds() - own_cpu_before) * 100) / 100;
+  if (o.cold_key) report["cold_key"] = ColdReport(o, results, cold);
   if (!o.hub_pids.empty()) {
     nlohmann::json per = nlohmann::json::object();
     double total = 0;
@@ -705,6 +1040,23 @@ std::string FleetSimSummary(const nlohmann::json& r) {
   }
   s << "  events    posted " << r["events"]["posted"].get<int>() << ", failed "
     << r["events"]["failed"].get<int>() << "; post " << pct(r["events"]["post_ms"]) << "\n";
+  if (r.contains("cold_key")) {
+    const auto& c = r["cold_key"];
+    s << "  cold key  " << c["mints_started"].get<int>() << " mint children ("
+      << c["leased_mints"].get<int>() << " under a lease, " << c["takeovers"].get<int>()
+      << " takeovers, " << c["killed"].get<int>() << " killed), " << c["publishes"].get<int>()
+      << " published; first publish at "
+      << (c["first_publish_ms"].is_null()
+              ? std::string("-")
+              : std::to_string(c["first_publish_ms"].get<int64_t>()) + " ms")
+      << "\n";
+    s << "  waiters   " << c["waiters"].get<int>() << ", boot to adopt "
+      << pct(c["waiter_adopt_ms"]) << "\n";
+    if (c.contains("kill") && !c["kill"]["takeover_after_kill_ms"].is_null()) {
+      s << "  takeover  mint started " << c["kill"]["takeover_after_kill_ms"].get<int64_t>()
+        << " ms after the holder was killed\n";
+    }
+  }
   s << "  simulator CPU " << r["sim_cpu_s"].get<double>() << " s\n";
   if (r.contains("hub_cpu_s")) {
     s << "  hub CPU   " << r["hub_cpu_s"]["total"].get<double>() << " s ("

@@ -33,11 +33,19 @@
 // workers count as `not_started`); every hub request has the client's timeouts, capped by the
 // time left, so the run ends within the deadline plus one request's timeout.
 //
-// Extension point, cold keys: a boot that misses (phase `miss`) ends there, counted under `miss`.
-// A real worker then mints the key itself; a cold-key mode (many workers missing the same key at
-// once, coordinated by mint leases, POST /v1/mint-leases) belongs in SimulateWorker after the
-// AdoptAtBoot call, as a second step of the worker's state (lease asked, granted or refused,
-// then the publish or the wait), with its outcome counted beside the boot's phase.
+// Cold-key mode (`cold_key`): the hub has no cell for the key yet, and a boot that misses takes
+// the worker's lease path (worker/adoption.h, through the worker's own MintLeases client and
+// LeasePollDelayMs): ask POST /v1/mint-leases; granted, run one real mint child (`kiln mint
+// --child`, through mint/parent.h as a worker's minter does) heartbeating the lease, publish its
+// cell through the hub's publish protocol (HubClient::Publish), release the lease, and boot again
+// to adopt it from the hub; held by another, wait the worker's bounded jittered poll (a queue
+// entry, no thread held) and boot again, until the cell is adopted or the lease is granted here;
+// no lease could be had (refused, or the hub could not be asked), mint as a worker does without
+// the lease. At most `max_mints` mint children run in a run: a worker that would start one more
+// ends `mint_cap_reached`. With `kill_holder_after_s`, the first leased mint child is SIGKILLed
+// that long after it started and its holder dies with it: its lease is neither heartbeaten nor
+// released; the holder's machine reboots at once as a new holder and boots like the others.
+//
 #pragma once
 
 #include <nlohmann/json.hpp>
@@ -53,6 +61,12 @@ namespace kiln::cli {
 inline constexpr const char* kRefusalFleetSimNotLoopback = "hub_not_loopback";
 // A worker the deadline reached before it started (counted under this token).
 inline constexpr const char* kFleetSimNotStarted = "not_started";
+// Cold-key mode: a worker that would have started a mint past --max-mints; a mint child that did
+// not mint (the cause is the mint parent's token); a minted cell whose publish was refused (the
+// cause is the hub's token).
+inline constexpr const char* kFleetSimMintCapReached = "mint_cap_reached";
+inline constexpr const char* kFleetSimMintFailed = "mint_failed";
+inline constexpr const char* kFleetSimPublishFailed = "publish_failed";
 
 enum class Arrival { kAll, kRamp };
 
@@ -78,6 +92,12 @@ struct FleetSimOptions {
   std::vector<int> hub_pids;   // hub processes whose CPU time the run is charged
   std::string db_url;          // PostgreSQL of the hub: peak connections sampled
   int db_poll_ms = 50;         // how often (>= 5)
+  // Cold-key mode (above). The token must be allowed to publish into the export family for the
+  // hub to grant leases (a worker whose token is refused mints without a lease).
+  bool cold_key = false;
+  int max_mints = 4;               // mint children started in the run, 1..1000
+  double kill_holder_after_s = 0;  // > 0: SIGKILL the first leased mint child this long after start
+  std::string kiln_binary;         // the mint child's binary; "" = this process's own
 };
 
 // Runs the simulation and returns its report (the JSON of docs/fleet.md). Refused: bad options

@@ -8,6 +8,7 @@
 // holder's next step is that publish. Clock: this hub's (HubServiceOptions::mint_lease_clock_ms),
 // written into the rows; the store compares only the times its callers pass.
 #include <chrono>
+#include <optional>
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/sha256.h"
@@ -85,15 +86,17 @@ Reply HubService::AcquireMintLease(const Principal& p, std::string_view body) {
   if (auto* r = std::get_if<Reply>(&parsed)) return *r;
   const auto& req = std::get<LeaseRequest>(parsed);
   // A live cell already answers the key: there is nothing to mint, resolve it instead.
-  auto cell = store_->GetCellForResolve(req.key, req.family);
-  if (!cell.ok()) return Reply::FromStatus(cell.status());
-  if (cell->has_value() && !(*cell)->revocation.has_value()) {
+  auto published = [&]() -> std::optional<Reply> {
+    auto cell = store_->GetCellForResolve(req.key, req.family);
+    if (!cell.ok()) return Reply::FromStatus(cell.status());
+    if (!cell->has_value() || (*cell)->revocation.has_value()) return std::nullopt;
     return Reply::Json(200, {{"granted", false},
                              {"published", true},
                              {"key", req.key},
                              {"family", req.family},
                              {"digest", (*cell)->cell.digest}});
-  }
+  };
+  if (auto answer = published()) return *answer;
   auto random = GenerateToken();
   if (!random.ok()) return Reply::FromStatus(random.status());
   const int64_t now = LeaseNowMs();
@@ -111,6 +114,15 @@ Reply HubService::AcquireMintLease(const Principal& p, std::string_view body) {
                              {"holder", owner.holder},
                              {"expires_in_ms", std::max<int64_t>(0, owner.expires_at_ms - now)},
                              {"ttl_ms", ttl}});
+  }
+  // A holder stores its cell before it releases its lease, so a grant that follows a release may
+  // also follow a cell the check above ran too early to see (a waiter's ask racing the holder's
+  // complete and release). Checked again: no lease is handed out for a key a live cell answers,
+  // and the one just taken goes at once.
+  if (auto answer = published()) {
+    auto released = store_->ReleaseMintLease(req.key, req.family, owner.lease);
+    if (!released.ok()) return Reply::FromStatus(released.status());
+    return *answer;
   }
   return Reply::Json(200, {{"granted", true},
                            {"key", req.key},

@@ -11,6 +11,17 @@
 
 namespace kiln {
 
+int64_t LeasePollDelayMs(const AdopterOptions& options, const LeaseAnswer& held, int polls) {
+  const int64_t step = JitteredBackoff(std::chrono::milliseconds(options.lease_poll_initial_ms),
+                                       std::chrono::milliseconds(options.lease_poll_max_ms), polls)
+                           .count();
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  const int64_t spread = std::max<int64_t>(1, held.ttl_ms / 10);
+  const int64_t at_expiry = std::max<int64_t>(0, held.expires_in_ms) +
+                            std::uniform_int_distribution<int64_t>(1, spread)(rng);
+  return std::min(step, at_expiry);
+}
+
 Adopter::Adopter(BootContext ctx, Minter* minter, AdopterOptions options)
     : ctx_(std::move(ctx)), minter_(minter), options_(options) {}
 
@@ -129,16 +140,7 @@ void Adopter::MintOrWait(const BootOutcome& out, ServedTarget& target, const Tar
     ctx_.events->Append(std::move(row));
   }
   target.SetStoredPosture(kPostureMintInProgress);
-  // The backoff's step, but never past the lease's expiry plus a jittered tenth of the TTL: a
-  // holder that died is taken over by one of the waiters within a TTL and a poll.
-  int64_t delay = JitteredBackoff(std::chrono::milliseconds(options_.lease_poll_initial_ms),
-                                  std::chrono::milliseconds(options_.lease_poll_max_ms), wait.polls)
-                      .count();
-  thread_local std::mt19937_64 rng{std::random_device{}()};
-  const int64_t spread = std::max<int64_t>(1, lease.ttl_ms / 10);
-  const int64_t at_expiry = std::max<int64_t>(0, lease.expires_in_ms) +
-                            std::uniform_int_distribution<int64_t>(1, spread)(rng);
-  delay = std::min(delay, at_expiry);
+  const int64_t delay = LeasePollDelayMs(options_, lease, wait.polls);
   wait.holder = lease.holder;
   ++wait.polls;
   Schedule(Pending{&target, spec, graph, attempt, {}, std::move(wait)}, delay);

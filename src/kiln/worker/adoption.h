@@ -40,6 +40,7 @@
 namespace kiln {
 
 class MintLeases;
+struct LeaseAnswer;
 
 struct AdopterOptions {
   int retry_initial_ms = 1000;
@@ -48,6 +49,14 @@ struct AdopterOptions {
   int lease_poll_initial_ms = 500;
   int lease_poll_max_ms = 10000;
 };
+
+// The wait before a worker that found the lease of its key held (`held`, another worker mints)
+// tries adoption again, at its `polls`-th poll: the jittered backoff step (lease_poll_initial_ms,
+// doubling, at most lease_poll_max_ms), but never later than the lease's expiry as `held` reported
+// it plus a jittered tenth of its TTL, so a holder that died is taken over by one of the waiters
+// within a TTL and a poll. Shared with the fleet simulator (cli/fleet_sim.cc), whose waiting
+// workers poll exactly as a worker does.
+int64_t LeasePollDelayMs(const AdopterOptions& options, const LeaseAnswer& held, int polls);
 
 class Adopter {
  public:

@@ -119,8 +119,23 @@ MintLeaseHold::~MintLeaseHold() {
     stop_ = true;
   }
   cv_.notify_all();
-  thread_.join();
-  if (!lost()) leases_->Release(key_, family_, lease_);
+  if (thread_.joinable()) thread_.join();
+  bool release = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    release = !lost_ && !abandoned_;
+  }
+  if (release) leases_->Release(key_, family_, lease_);
+}
+
+void MintLeaseHold::Abandon() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    abandoned_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable() && thread_.get_id() != std::this_thread::get_id()) thread_.join();
 }
 
 bool MintLeaseHold::lost() const {

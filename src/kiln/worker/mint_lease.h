@@ -58,6 +58,10 @@ class MintLeaseHold {
   MintLeaseHold& operator=(const MintLeaseHold&) = delete;
   const std::string& lease() const { return lease_; }
   bool lost() const;
+  // Stops the heartbeats and leaves the lease to expire a TTL after the last one, unreleased:
+  // what a holder whose process died leaves behind (the fleet simulator's killed holder; a worker
+  // never calls it). Idempotent; the destructor then releases nothing.
+  void Abandon();
 
  private:
   void Beat();
@@ -68,6 +72,7 @@ class MintLeaseHold {
   std::condition_variable cv_;
   bool stop_ = false;
   bool lost_ = false;
+  bool abandoned_ = false;
   std::thread thread_;
 };
 
