@@ -607,6 +607,27 @@ TEST_P(HubApiTest, ConcurrentMintLeaseAsksAcrossHubsGrantExactlyOne) {
       nlohmann::json{{"key", m.key}, {"family", m.family}, {"holder", "r"}}.dump());
   EXPECT_EQ(reader.http_status, 403);
   EXPECT_EQ(reader.token, "forbidden");
+
+  // /metrics counts each process's answers; the fleet's are the sum over its hubs.
+  std::map<std::string, double> answered;
+  for (HubProcess* h : {hub_.get(), second.get()}) {
+    if (h == nullptr) continue;
+    auto [status, text] = RawGet(h->port(), "/metrics", kScraper);
+    ASSERT_EQ(status, 200) << text;
+    std::string format_errors;
+    for (const auto& [series, v] : ParseExposition(text, &format_errors)) {
+      if (series.rfind("kiln_hub_mint_lease_answers_total{", 0) == 0) answered[series] += v;
+    }
+    EXPECT_EQ(format_errors, "");
+  }
+  auto n = [&](const char* answer) {
+    return answered[std::string(R"(kiln_hub_mint_lease_answers_total{answer=")") + answer + "\"}"];
+  };
+  EXPECT_EQ(n("granted"), 2) << "the race's winner and the late asker";
+  EXPECT_EQ(n("held"), kWorkers - 1);
+  EXPECT_EQ(n("lost"), 1) << "the stranger's heartbeat";
+  EXPECT_EQ(n("released"), 1);
+  EXPECT_EQ(n("published"), 0);
 }
 
 // Opens a raw connection and sends the headers and the first half of an upload, then stops.

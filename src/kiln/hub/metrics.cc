@@ -120,7 +120,13 @@ void HubMetrics::ObserveRequest(const std::string& method, const std::string& pa
 
 void HubMetrics::RegisterGauge(const std::string& name, const std::string& help, GaugeFunction fn) {
   std::lock_guard<std::mutex> lock(mu_);
-  gauges_.push_back(Gauge{name, help, std::move(fn)});
+  gauges_.push_back(Gauge{name, help, std::move(fn), "gauge"});
+}
+
+void HubMetrics::RegisterCounter(const std::string& name, const std::string& help,
+                                 GaugeFunction fn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  gauges_.push_back(Gauge{name, help, std::move(fn), "counter"});
 }
 
 void HubMetrics::Write(MetricsWriter* w) const {
@@ -161,7 +167,7 @@ void HubMetrics::Write(MetricsWriter* w) const {
     by_name[g.name].push_back(&g);
   }
   for (const std::string& name : order) {
-    w->Family(name, "gauge", by_name[name].front()->help);
+    w->Family(name, by_name[name].front()->type, by_name[name].front()->help);
     for (const Gauge* g : by_name[name]) {
       for (const auto& [labels, value] : g->fn()) w->Sample(name, labels, value);
     }

@@ -67,6 +67,8 @@ class HubMetrics {
   // it must not block for long). Registering a name twice keeps both functions' samples under one
   // HELP/TYPE.
   void RegisterGauge(const std::string& name, const std::string& help, GaugeFunction fn);
+  // The same for a counter kept elsewhere (monotonic since the process started): `fn` reads it.
+  void RegisterCounter(const std::string& name, const std::string& help, GaugeFunction fn);
 
   // This object's families, then every registered gauge's.
   void Write(MetricsWriter* w) const;
@@ -83,6 +85,7 @@ class HubMetrics {
   struct Gauge {
     std::string name, help;
     GaugeFunction fn;
+    const char* type = "gauge";  // or "counter"
   };
   std::vector<Gauge> gauges_;
   std::atomic<uint64_t> uploaded_{0};

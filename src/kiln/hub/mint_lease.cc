@@ -96,7 +96,10 @@ Reply HubService::AcquireMintLease(const Principal& p, std::string_view body) {
                              {"family", req.family},
                              {"digest", (*cell)->cell.digest}});
   };
-  if (auto answer = published()) return *answer;
+  if (auto answer = published()) {
+    lease_answers_.published.fetch_add(1, std::memory_order_relaxed);
+    return *answer;
+  }
   auto random = GenerateToken();
   if (!random.ok()) return Reply::FromStatus(random.status());
   const int64_t now = LeaseNowMs();
@@ -107,6 +110,7 @@ Reply HubService::AcquireMintLease(const Principal& p, std::string_view body) {
   if (!got.ok()) return Reply::FromStatus(got.status());
   const MintLeaseRow& owner = got->owner;
   if (!got->granted) {
+    lease_answers_.held.fetch_add(1, std::memory_order_relaxed);
     return Reply::Json(200, {{"granted", false},
                              {"published", false},
                              {"key", req.key},
@@ -122,8 +126,10 @@ Reply HubService::AcquireMintLease(const Principal& p, std::string_view body) {
   if (auto answer = published()) {
     auto released = store_->ReleaseMintLease(req.key, req.family, owner.lease);
     if (!released.ok()) return Reply::FromStatus(released.status());
+    lease_answers_.published.fetch_add(1, std::memory_order_relaxed);
     return *answer;
   }
+  lease_answers_.granted.fetch_add(1, std::memory_order_relaxed);
   return Reply::Json(200, {{"granted", true},
                            {"key", req.key},
                            {"family", req.family},
@@ -146,6 +152,7 @@ Reply HubService::HeartbeatMintLease(const Principal& p, std::string_view body) 
     nlohmann::json extra = {{"key", req.key}, {"family", req.family}};
     auto now_held = store_->GetMintLease(req.key, req.family);
     if (now_held.ok() && now_held->has_value()) extra["holder"] = (*now_held)->holder;
+    lease_answers_.lost.fetch_add(1, std::memory_order_relaxed);
     return Reply::Error(409, kRefusalLeaseLost,
                         "mint lease " + req.lease + " of " + req.key + " in family " + req.family +
                             " no longer holds it (released, or taken over after it expired)",
@@ -161,6 +168,7 @@ Reply HubService::ReleaseMintLease(const Principal& p, std::string_view body) {
   auto released = store_->ReleaseMintLease(req.key, req.family, req.lease);
   if (!released.ok()) return Reply::FromStatus(released.status());
   // Releasing a lease that no longer holds is not an error: its holder is done either way.
+  if (*released) lease_answers_.released.fetch_add(1, std::memory_order_relaxed);
   return Reply::Json(200, {{"released", *released}});
 }
 

@@ -595,6 +595,22 @@ void HubServer::RegisterGauges() {
     const BuilderLoad l = s->builder_load();
     return Samples{{{}, static_cast<double>(l.slots)}};
   });
+  const HubService::LeaseAnswers* leases = &s->lease_answers();
+  m.RegisterCounter(
+      "kiln_hub_mint_lease_answers_total",
+      "Mint-lease requests this process answered, by answer: granted, held (another worker holds "
+      "the lease), published (a live cell answers the key), lost (a heartbeat refused "
+      "lease_lost), released (a release that freed a lease).",
+      [leases] {
+        auto n = [](const std::atomic<uint64_t>& c) {
+          return static_cast<double>(c.load(std::memory_order_relaxed));
+        };
+        return Samples{{{{"answer", "granted"}}, n(leases->granted)},
+                       {{{"answer", "held"}}, n(leases->held)},
+                       {{{"answer", "published"}}, n(leases->published)},
+                       {{{"answer", "lost"}}, n(leases->lost)},
+                       {{{"answer", "released"}}, n(leases->released)}};
+      });
   const std::string backend =
       s->store().Describe().rfind("sqlite", 0) == 0 ? "sqlite" : s->store().Describe();
   m.RegisterGauge("kiln_hub_db_pool_size",

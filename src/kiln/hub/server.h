@@ -196,6 +196,14 @@ class HubService {
   BlobStore& blobs() { return *blobs_; }
   KeyRing& keys() { return *keys_; }
 
+  // What this process answered mint-lease requests since it started, for /metrics (a fleet's
+  // replicas are summed by the scraper): asks granted, held by another worker, answered
+  // `published`, heartbeats refused `lease_lost`, and releases that freed a lease.
+  struct LeaseAnswers {
+    std::atomic<uint64_t> granted{0}, held{0}, published{0}, lost{0}, released{0};
+  };
+  const LeaseAnswers& lease_answers() const { return lease_answers_; }
+
  private:
   int64_t Now() const;
   int64_t LeaseNowMs() const;
@@ -237,6 +245,7 @@ class HubService {
   // collection never removes them. Counted: two publishes may hold one digest.
   struct Pins;
   std::unique_ptr<Pins> pins_;
+  LeaseAnswers lease_answers_;
 };
 
 struct HubOptions {
