@@ -36,6 +36,7 @@
 #include "src/kiln/hub/store.h"
 #include "tests/hub/hub_fixtures.h"
 #include "tests/hub/hub_process.h"
+#include "tests/hub/one_publish_race.h"
 #include "tests/hub/pg_test_db.h"
 #include "tests/hub/s3_test_env.h"
 
@@ -941,7 +942,7 @@ INSTANTIATE_TEST_SUITE_P(Backends, HubApiTest, ::testing::Values("sqlite", "post
 // first intent claims the key; the others wait (publish_in_progress, retried with jittered backoff)
 // and then see its cell. Four byte variants among them: the winner's seven twins end "already",
 // the 24 others key_taken with the winner's receipt. Exactly one cell row, and exactly one
-// object in the bucket as awscli lists it: no loser uploaded a byte.
+// object in the bucket as awscli lists it: no loser uploaded a byte (one_publish_race.h).
 TEST(HubOnePublishPerKey, ThirtyTwoPublishersOnPostgresAndS3LeaveOneRowAndOneBlob) {
   const char* pg = std::getenv("KILN_TEST_PG_URL");
   if (pg == nullptr || *pg == '\0') GTEST_SKIP() << "KILN_TEST_PG_URL is not set (tools/pg.sh)";
@@ -954,16 +955,8 @@ TEST(HubOnePublishPerKey, ThirtyTwoPublishersOnPostgresAndS3LeaveOneRowAndOneBlo
   const std::string root = ::testing::TempDir() + "/kiln_one_publish_" + Nonce();
   std::filesystem::remove_all(root);
   std::filesystem::create_directories(root + "/data");
-  constexpr int kPublishers = 32;
-  std::vector<TokenRow> tokens = {{Sha256Hex(kWorker), "worker-1", "worker", "", "", {"*"}}};
-  for (int i = 0; i < kPublishers; ++i) {
-    tokens.push_back({Sha256Hex("tok-racer-" + std::to_string(i)),
-                      "racer-" + std::to_string(i),
-                      "publisher",
-                      "platform",
-                      "",
-                      {"*"}});
-  }
+  std::vector<TokenRow> tokens = hub_testing::RacerTokens();
+  tokens.push_back({Sha256Hex(kWorker), "worker-1", "worker", "", "", {"*"}});
   ASSERT_TRUE(WriteSecretFileAtomic(root + "/tokens.json", TokensFileText(tokens)).ok());
   HubProcess hub(root + "/data", pg, {"--rebuild", "off", "--blobs", s3_url});
   ASSERT_TRUE(hub.Start());
@@ -971,63 +964,9 @@ TEST(HubOnePublishPerKey, ThirtyTwoPublishersOnPostgresAndS3LeaveOneRowAndOneBlo
   // the claim is contested across processes.
   HubProcess second(root + "/data", pg, {"--rebuild", "off", "--blobs", s3_url});
   ASSERT_TRUE(second.Start());
-
-  const CellMetadata m = MakeMetadata(Graph("one-publish"));
-  std::vector<std::string> cells(kPublishers);
-  for (int i = 0; i < kPublishers; ++i) cells[i] = MakeCell(m, "variant " + std::to_string(i % 4));
-  std::vector<PublishAnswer> answers(kPublishers);
-  std::vector<std::thread> threads;
-  std::atomic<int> ready{0};
-  for (int i = 0; i < kPublishers; ++i) {
-    threads.emplace_back([&, i] {
-      auto client = (i % 2 ? second : hub).Client("tok-racer-" + std::to_string(i));
-      ready++;
-      while (ready.load() < kPublishers) std::this_thread::yield();
-      answers[i] = client->Publish(cells[i], {});
-    });
-  }
-  for (auto& t : threads) t.join();
-
-  ResolveAnswer owner = hub.Client(kWorker)->Resolve(m.key, m.family);
-  ASSERT_EQ(owner.kind, ResolveAnswer::Kind::kFound) << owner.message;
-  int published = 0, already = 0, taken = 0;
-  for (int i = 0; i < kPublishers; ++i) {
-    const PublishAnswer& a = answers[i];
-    if (a.ok()) {
-      EXPECT_EQ(a.digest, owner.digest) << i;
-      EXPECT_EQ(a.receipt, owner.receipt) << i;
-      (a.already ? already : published)++;
-    } else {
-      EXPECT_EQ(a.token, "key_taken") << i << ": " << a.message;
-      EXPECT_EQ(a.receipt, owner.receipt) << i;
-      EXPECT_NE(CellDigest(cells[i]), owner.digest) << i;
-      ++taken;
-    }
-  }
-  EXPECT_EQ(published, 1);
-  EXPECT_EQ(already, kPublishers / 4 - 1);
-  EXPECT_EQ(taken, kPublishers - kPublishers / 4);
-  // One row in the database, read by the test's own connection.
-  auto store = OpenPostgresStore(pg, 1);
-  ASSERT_TRUE(store.ok()) << store.status().ToString();
-  auto rows = (*store)->ListCellsForKey(m.key);
-  ASSERT_TRUE(rows.ok()) << rows.status().ToString();
-  ASSERT_EQ(rows->size(), 1u);
-  EXPECT_EQ((*rows)[0].digest, owner.digest);
-  // One object in the bucket, listed by awscli.
-  const std::string listing = root + "/aws-ls.txt";
-  const std::string cmd = "HOME='" + root + "' /usr/bin/aws --endpoint-url \"$KILN_S3_ENDPOINT\" " +
-                          "s3 ls --recursive '" + s3_url + "/' > '" + listing + "' 2>&1";
-  const int rc = std::system(cmd.c_str());
-  const std::string text = ReadFile(listing).value();
-  ASSERT_EQ(rc, 0) << text;
-  std::vector<std::string> objects;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    if (!line.empty()) objects.push_back(line.substr(line.rfind(' ') + 1));
-  }
-  ASSERT_EQ(objects.size(), 1u) << text;
-  EXPECT_EQ(objects[0].substr(objects[0].rfind('/') + 1), owner.digest.substr(7)) << text;
+  hub_testing::ExpectOnePublishPerKey(
+      [&](int i) { return (i % 2 ? second : hub).Client(hub_testing::RacerToken(i)); },
+      *hub.Client(kWorker), pg, s3_url, root);
   hub.Kill(SIGTERM);
   second.Kill(SIGTERM);
   if (!::testing::Test::HasFailure()) std::filesystem::remove_all(root);

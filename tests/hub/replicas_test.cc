@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -26,6 +27,7 @@
 #include "src/kiln/hub/authz.h"
 #include "tests/hub/hub_fixtures.h"
 #include "tests/hub/hub_process.h"
+#include "tests/hub/one_publish_race.h"
 #include "tests/hub/pg_test_db.h"
 #include "tests/hub/s3_test_env.h"
 
@@ -109,6 +111,26 @@ class Balancer {
     }
     return up;
   }
+  // Sessions HAProxy has sent to each replica so far (stats column stot; health checks are not
+  // sessions), in server order.
+  std::vector<long> SessionsPerReplica() {
+    httplib::Client c("127.0.0.1", stats_port_);
+    c.set_connection_timeout(1, 0);
+    c.set_url_encode(false);
+    auto res = c.Get("/stats;csv");
+    std::vector<long> sessions;
+    if (!res || res->status != 200) return sessions;
+    std::istringstream in(res->body);
+    for (std::string line; std::getline(in, line);) {
+      if (line.rfind("replicas,r", 0) != 0) continue;
+      constexpr size_t kStot = 7;  // the CSV's column "stot"
+      std::vector<std::string> fields;
+      std::istringstream row(line);
+      for (std::string f; std::getline(row, f, ',');) fields.push_back(f);
+      sessions.push_back(fields.size() > kStot ? std::atol(fields[kStot].c_str()) : -1);
+    }
+    return sessions;
+  }
   void Stop() {
     if (pid_ <= 0) return;
     ::kill(pid_, SIGTERM);
@@ -148,14 +170,13 @@ class ReplicasTest : public ::testing::Test {
     std::filesystem::remove_all(root_);
     std::filesystem::create_directories(root_);
     ASSERT_TRUE(WriteSecretFileAtomic(root_ + "/tokens.json", TokensFileText(Tokens())).ok());
-    const std::string blobs =
-        "s3://" + env->at("KILN_S3_BUCKET") + "/replicas-" + test + "-" + Nonce();
+    blobs_ = "s3://" + env->at("KILN_S3_BUCKET") + "/replicas-" + test + "-" + Nonce();
     for (int i = 0; i < kReplicas; ++i) {
       // Each replica its own data dir (HubProcess reads the tokens file one level up).
       const std::string data = root_ + "/replica" + std::to_string(i);
       std::filesystem::create_directories(data);
       hubs_.push_back(std::make_unique<HubProcess>(
-          data, db_, std::vector<std::string>{"--rebuild", "off", "--blobs", blobs}));
+          data, db_, std::vector<std::string>{"--rebuild", "off", "--blobs", blobs_}));
     }
     // Started together: the first start of the shared keyring is a race they must settle on one
     // key.
@@ -177,11 +198,13 @@ class ReplicasTest : public ::testing::Test {
     if (!HasFailure() && !root_.empty()) std::filesystem::remove_all(root_);
   }
   static std::vector<TokenRow> Tokens() {
-    return {
-        {Sha256Hex(kPlatform), "ci", "publisher", "platform", "", {"*"}},
-        {Sha256Hex(kWorker), "worker-1", "worker", "", "", {"*"}},
-        {Sha256Hex(kAdmin), "admin", "admin", "", "", {}},
-    };
+    std::vector<TokenRow> rows = hub_testing::RacerTokens();
+    rows.insert(rows.end(), {
+                                {Sha256Hex(kPlatform), "ci", "publisher", "platform", "", {"*"}},
+                                {Sha256Hex(kWorker), "worker-1", "worker", "", "", {"*"}},
+                                {Sha256Hex(kAdmin), "admin", "admin", "", "", {}},
+                            });
+    return rows;
   }
   std::unique_ptr<HubClient> ThroughBalancer(const std::string& token) {
     HubClientOptions o;
@@ -208,7 +231,7 @@ class ReplicasTest : public ::testing::Test {
     return {m.key, m.family};
   }
 
-  std::string root_, db_, base_db_, db_name_;
+  std::string root_, db_, base_db_, db_name_, blobs_;
   std::vector<std::unique_ptr<HubProcess>> hubs_;
   Balancer balancer_;
 };
@@ -356,6 +379,22 @@ TEST_F(ReplicasTest, BurstOfResolvesLosesNoneWhenAReplicaIsKilled) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   EXPECT_EQ(balancer_.UpServers(), kReplicas - 1);
+}
+
+// One publish per key across replicas (docs/fleet.md "One publish per key"): 32 publishers race
+// one (key, family) through the balancer, so round robin spreads their intents, retries, uploads
+// and completes over three replicas; the claim in the shared database still lets exactly one of
+// them upload: one cell row, one blob in the bucket (one_publish_race.h).
+TEST_F(ReplicasTest, ThirtyTwoPublishersThroughTheBalancerLeaveOneRowAndOneBlob) {
+  const std::vector<long> before = balancer_.SessionsPerReplica();
+  hub_testing::ExpectOnePublishPerKey(
+      [&](int i) { return ThroughBalancer(hub_testing::RacerToken(i)); }, *ThroughBalancer(kWorker),
+      db_, blobs_, root_);
+  // The race was contested across replicas: every one of them served some of it.
+  const std::vector<long> after = balancer_.SessionsPerReplica();
+  ASSERT_EQ(before.size(), static_cast<size_t>(kReplicas));
+  ASSERT_EQ(after.size(), static_cast<size_t>(kReplicas));
+  for (int i = 0; i < kReplicas; ++i) EXPECT_GT(after[i], before[i]) << "replica " << i;
 }
 
 }  // namespace
