@@ -572,8 +572,9 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   if (options.blob_verify_interval_s > 0) {
     hub->verifier_ = std::thread([h = hub.get()] { h->VerifyBlobsOnSchedule(); });
   }
-  KILN_LOG(INFO) << "hub: " << hub->service_->store().Describe() << ", blobs " << options.data_dir
-                 << "/blobs, signing key " << hub->service_->keys().Current()->kid() << ", "
+  const std::string blobs_at = options.blobs.empty() ? options.data_dir + "/blobs" : options.blobs;
+  KILN_LOG(INFO) << "hub: " << hub->service_->store().Describe() << ", blobs " << blobs_at
+                 << ", signing key " << hub->service_->keys().Current()->kid() << ", "
                  << tokens.size() << " token(s), listening on " << hub->scheme() << "://"
                  << options.bind << ":" << hub->port_;
   return hub;
