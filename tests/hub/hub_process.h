@@ -14,8 +14,11 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,16 +44,45 @@ inline std::string Graph(const std::string& name) {
   return Sha256Hex(Nonce() + name).substr(0, 16);
 }
 
+// A loopback port nothing holds now, for a server the test starts next. Picked below the kernel's
+// ephemeral range (/proc/sys/net/ipv4/ip_local_port_range): a port inside it may be handed to any
+// process's outgoing connection between this probe and the server's bind (CI saw `Address
+// already in use` that way), while a port below it is only ever taken by an explicit bind. Falls
+// back to a kernel-chosen port when nothing below the range is free.
 inline int FreePort() {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
-  socklen_t len = sizeof(a);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
+  auto bound = [](int port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    int got = -1;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+      socklen_t len = sizeof(a);
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+      got = ntohs(a.sin_port);
+    }
+    ::close(fd);
+    return got;
+  };
+  int ephemeral_low = 32768;
+  std::ifstream("/proc/sys/net/ipv4/ip_local_port_range") >> ephemeral_low;
+  constexpr int kLow = 10000;
+  if (ephemeral_low > kLow + 1000) {
+    // Never the same port twice in one test process (two servers of one test, not yet bound).
+    static std::mutex mu;
+    static std::set<int> given;
+    static std::mt19937 rng(std::random_device{}() ^ static_cast<unsigned>(::getpid()));
+    std::lock_guard<std::mutex> lock(mu);
+    for (int i = 0; i < 256; ++i) {
+      const int port = kLow + static_cast<int>(rng() % static_cast<unsigned>(ephemeral_low - kLow));
+      if (given.count(port) == 0 && bound(port) == port) {
+        given.insert(port);
+        return port;
+      }
+    }
+  }
+  return bound(0);
 }
 
 // Holds a loopback port bound but not listening: connections to it are refused, and no other
