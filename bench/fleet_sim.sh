@@ -54,8 +54,8 @@ if [[ -z "${HUB_URL:-}" ]]; then
 JSON
   chmod 600 "$WORK/tokens.json"  # the hub refuses a tokens file others may read
   PG_URL=$(KILN_PG_DIR="${KILN_PG_DIR:-/tmp/kiln-pg-fleet}" bash "$ROOT/tools/pg.sh" | tail -1)
-  # A database of its own per run: the hub's signing key lives in its data directory, so a cell a
-  # previous run's hub signed would be refused (receipt_unknown_kid) by this run's workers.
+  # A database of its own per run, so every run starts cold: no cell, event row or signing key
+  # (kept in the database on PostgreSQL) carried over from an earlier run.
   FRESH_DB="kiln_fleet_$$"
   psql "$PG_URL" -qc "CREATE DATABASE $FRESH_DB"
   DB_URL="${PG_URL%/*}/$FRESH_DB"
