@@ -120,8 +120,37 @@ if [[ "$SCENARIO" == kill ]]; then
   (sleep "$KILL_AT_S"; kill -9 "${HUB_PIDS[1]}" && echo "== kill -9 replica 2 (pid ${HUB_PIDS[1]}) at ${KILL_AT_S} s") &
   KILLER=$!
 fi
+# CPU seconds (user + system) each part of the fleet's back end spent during the run, by pid:
+# HAProxy, the PostgreSQL cluster (postmaster with its reaped and live backends) and the Ceph
+# daemons behind radosgw. With the simulator's and the hubs' own (in the report), this says where
+# a boot's CPU goes on a machine that hosts the whole fleet.
+PG_DIR="${KILN_PG_DIR:-/tmp/kiln-pg-fleet}"
+pid_cpu() {  # utime+stime (+ reaped children's with "all") of one pid, in clock ticks
+  local f
+  f=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null) || { echo 0; return; }
+  set -- $f
+  if [[ "${2:-}" == all ]]; then echo $((${12} + ${13} + ${14} + ${15})); else echo $((${12} + ${13})); fi
+}
+tier_cpu() {  # "haproxy postgres ceph" in clock ticks
+  local ha=0 pg=0 ceph=0 pm pid f
+  [[ -f "$WORK/haproxy/haproxy.pid" ]] && ha=$(pid_cpu "$(cat "$WORK/haproxy/haproxy.pid")")
+  pm=$(head -1 "$PG_DIR/data/postmaster.pid" 2>/dev/null || echo 0)
+  if [[ "$pm" != 0 ]]; then
+    pg=$(f=$(sed 's/.*) //' "/proc/$pm/stat"); set -- $f; echo $((${12} + ${13} + ${14} + ${15})))
+    for pid in $(pgrep -P "$pm"); do pg=$((pg + $(pid_cpu "$pid"))); done
+  fi
+  for f in "$S3_DIR"/run/*.pid; do
+    [[ -f "$f" ]] && ceph=$((ceph + $(pid_cpu "$(cat "$f")" all)))
+  done
+  echo "$ha $pg $ceph"
+}
+read -r HA0 PG0 CEPH0 < <(tier_cpu)
 rc=0
 "$KILN" "${args[@]}" || rc=$?
+read -r HA1 PG1 CEPH1 < <(tier_cpu)
+TICK=$(getconf CLK_TCK)
+secs() { awk -v t="$1" -v h="$TICK" 'BEGIN { printf "%.2f", t / h }'; }
+echo "== back-end CPU in the run: haproxy $(secs $((HA1 - HA0))) s, postgres $(secs $((PG1 - PG0))) s, radosgw + ceph daemons $(secs $((CEPH1 - CEPH0))) s (simulator and hubs: above)"
 [[ -n "$KILLER" ]] && wait "$KILLER" 2>/dev/null || true
 KILLER=""
 echo "== haproxy backends after: $(bash "$ROOT/tools/haproxy.sh" status "$WORK/haproxy" | tr '\n' ' ')"

@@ -92,6 +92,14 @@ TEST_F(FleetSim, FiftyWorkersAdoptAndEachReportsToTheHub) {
   EXPECT_LE(boot["p50"].get<double>(), boot["p90"].get<double>());
   EXPECT_LE(boot["p90"].get<double>(), boot["p99"].get<double>());
   EXPECT_LE(boot["p99"].get<double>(), boot["max"].get<double>());
+  // Arrival to outcome is each worker's queue wait plus its outcome: never less than either, never
+  // more than both worst cases together (50 workers on 8 threads: the later ones waited).
+  const auto& arrival = r["arrival_ms"];
+  EXPECT_EQ(arrival["n"], 50);
+  EXPECT_GE(arrival["max"].get<double>(), r["queue_ms"]["max"].get<double>());
+  EXPECT_GE(arrival["max"].get<double>(), r["outcome_ms"]["max"].get<double>());
+  EXPECT_LE(arrival["max"].get<double>(),
+            r["queue_ms"]["max"].get<double>() + r["outcome_ms"]["max"].get<double>() + 0.02);
   // Every step of the hub route ran: the workers did not stop short of the bytes.
   for (const char* stage : {"resolve", "receipt", "revocations", "fetch", "admit", "provenance"}) {
     EXPECT_EQ(r["stages_ms"][stage]["n"], 50) << stage;
