@@ -60,6 +60,35 @@ TEST_F(StoreTest, PutThenGetReturnsVerifiedBytes) {
   EXPECT_EQ(cell.bytes, bytes_);
 }
 
+// Notes live beside the entry, are replaced whole, go with the entry, and their names cannot
+// reach outside it.
+TEST_F(StoreTest, NotesAreKeptBesideTheEntryAndRemovedWithIt) {
+  LocalStore store(dir_);
+  ASSERT_TRUE(store.Put(key_, bytes_, kMinted).ok());
+  auto none = store.GetNote(key_, "publish");
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_value());
+  ASSERT_TRUE(store.PutNote(key_, "publish", "{\"state\":\"pending\"}").ok());
+  ASSERT_TRUE(store.PutNote(key_, "publish", "{\"state\":\"published\"}").ok());
+  auto got = store.GetNote(key_, "publish");
+  ASSERT_TRUE(got.ok() && got->has_value());
+  EXPECT_EQ(**got, "{\"state\":\"published\"}");
+  // The note does not disturb the cell.
+  auto cell = store.Get(key_);
+  ASSERT_TRUE(cell.ok() && cell->has_value());
+  EXPECT_EQ((*cell)->bytes, bytes_);
+  for (const char* bad : {"", "../ref", "Publish", "a/b", "x.y"}) {
+    Status s = store.PutNote(key_, bad, "x");
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(store.GetNote(key_, bad).status().code(), StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_EQ(store.PutNote("not-a-key", "publish", "x").code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(store.Remove(key_).ok());
+  auto gone = store.GetNote(key_, "publish");
+  ASSERT_TRUE(gone.ok());
+  EXPECT_FALSE(gone->has_value());
+}
+
 TEST_F(StoreTest, AbsentKeyIsAMiss) {
   LocalStore store(dir_);
   Result<std::optional<StoredCell>> got = store.Get(key_);

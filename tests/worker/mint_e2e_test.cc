@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "src/kiln/cell/store.h"
@@ -253,6 +254,92 @@ TEST_F(MintEndToEnd, HubDownDuringPublishPublishesAfterTheHubReturns) {
   EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(KeyOf(r.ref()), "root/mlp").kind,
             ResolveAnswer::Kind::kFound);
   EXPECT_EQ(w.Stop(), 0);
+}
+
+// A publish the process did not live to finish is completed by the next boot: the hub is down
+// while the publish retries, the worker is SIGKILLed (its note says `pending`), the hub comes back
+// and the restarted worker, adopting its own cell from the local store, offers it again.
+TEST_F(MintEndToEnd, PublishInterruptedByKillIsCompletedAfterRestart) {
+  Hub hub(root_ + "/hub");
+  ASSERT_TRUE(hub.Start());
+  std::string key;
+  {
+    Worker w(root_ + "/w", OneClassMlp(Publishing(hub)), {{"KILN_TEST_MINT_BUSY_S", "1"}});
+    ASSERT_TRUE(w.Start());
+    ASSERT_TRUE(w.WaitForRow("boot_adopt", "miss", 0));
+    hub.Stop(SIGKILL);
+    ASSERT_TRUE(w.WaitForRow("self_mint_publish_failed", "hub_unreachable", kMintWaitMs));
+    const auto r = w.Infer("mlp", MlpInput());
+    ASSERT_EQ(r.mode(), "aot_cell") << r.body.dump();
+    key = KeyOf(r.ref());
+    LocalStore store(root_ + "/w/cells");
+    auto note = store.GetNote(key, "publish");
+    ASSERT_TRUE(note.ok() && note->has_value()) << store.root();
+    EXPECT_EQ(nlohmann::json::parse(**note)["state"], "pending") << **note;
+  }  // SIGKILL: the publish dies with the process
+  ASSERT_TRUE(hub.Start());
+  ASSERT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
+            ResolveAnswer::Kind::kMiss);
+  Worker again(root_ + "/w", OneClassMlp(Publishing(hub)));
+  ASSERT_TRUE(again.Start());
+  Row published;
+  ASSERT_TRUE(again.WaitForRow("self_mint_publish", "published", kMintWaitMs, &published))
+      << again.Log();
+  EXPECT_TRUE(DetailNames(published, "resumed=1"));
+  EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
+            ResolveAnswer::Kind::kFound);
+  LocalStore store(root_ + "/w/cells");
+  auto note = store.GetNote(key, "publish");
+  ASSERT_TRUE(note.ok() && note->has_value());
+  EXPECT_EQ(nlohmann::json::parse(**note)["state"], "published") << **note;
+  EXPECT_EQ(again.Stop(), 0);
+  // Published is the end: a third boot offers nothing (the log is appended to across boots, and
+  // only the second said it offered).
+  Worker third(root_ + "/w", OneClassMlp(Publishing(hub)));
+  ASSERT_TRUE(third.Start());
+  const std::string log = third.Log();
+  const size_t first = log.find("offering 1 cell(s)");
+  ASSERT_NE(first, std::string::npos) << log;
+  EXPECT_EQ(log.find("offering", first + 1), std::string::npos) << log;
+  EXPECT_EQ(third.Stop(), 0);
+}
+
+// A terminal refusal is not the cell's end either: refused with a token that may not publish
+// the family, the cell is offered again by the next boot, which holds one that may.
+TEST_F(MintEndToEnd, RefusedPublishIsOfferedAgainAtTheNextBoot) {
+  Hub hub(root_ + "/hub");
+  ASSERT_TRUE(hub.Start());
+  std::string key;
+  {
+    ManifestOptions tenant = Publishing(hub);
+    tenant.hub_token = hub_testing::kAcmeFleet;  // acme's worker: root/mlp is not its family
+    Worker w(root_ + "/w", OneClassMlp(tenant));
+    ASSERT_TRUE(w.Start());
+    Row refused;
+    ASSERT_TRUE(w.WaitForRow("self_mint_publish_failed", "", kMintWaitMs, &refused)) << w.Log();
+    EXPECT_TRUE(DetailNames(refused, "terminal"));
+    const auto r = w.Infer("mlp", MlpInput());
+    ASSERT_EQ(r.mode(), "aot_cell") << r.body.dump();
+    key = KeyOf(r.ref());
+    LocalStore store(root_ + "/w/cells");
+    auto note = store.GetNote(key, "publish");
+    ASSERT_TRUE(note.ok() && note->has_value());
+    const auto j = nlohmann::json::parse(**note);
+    EXPECT_EQ(j["state"], "refused") << **note;
+    EXPECT_EQ(j["token"], refused.phase) << **note;
+    EXPECT_EQ(w.Stop(), 0);
+  }
+  EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
+            ResolveAnswer::Kind::kMiss);
+  Worker again(root_ + "/w", OneClassMlp(Publishing(hub)));
+  ASSERT_TRUE(again.Start());
+  Row published;
+  ASSERT_TRUE(again.WaitForRow("self_mint_publish", "published", kMintWaitMs, &published))
+      << again.Log();
+  EXPECT_TRUE(DetailNames(published, "resumed=1"));
+  EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
+            ResolveAnswer::Kind::kFound);
+  EXPECT_EQ(again.Stop(), 0);
 }
 
 // Intake lane: no export declaration -> compiled here at boot, served jit_cell with an empty

@@ -45,6 +45,18 @@ Status CheckKey(const std::string& key) {
   return Status::OK();
 }
 
+Status CheckNoteName(const std::string& name) {
+  const bool ok =
+      !name.empty() && name.size() <= 32 && std::all_of(name.begin(), name.end(), [](char c) {
+        return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+      });
+  if (!ok) {
+    return Status::InvalidArgument("local store: note name '" + name +
+                                   "' is not lower_snake (a-z, 0-9, _; 1..32 characters)");
+  }
+  return Status::OK();
+}
+
 bool IsWellFormedDigest(const std::string& digest) {
   if (digest.size() != 7 + 64 || digest.rfind("sha256:", 0) != 0) return false;
   return std::all_of(digest.begin() + 7, digest.end(),
@@ -188,6 +200,25 @@ Status LocalStore::Remove(const std::string& key) {
     return Status::IOError("local store: cannot remove entry '" + dir + "': " + ec.message());
   }
   return Status::OK();
+}
+
+Status LocalStore::PutNote(const std::string& key, const std::string& name, std::string_view text) {
+  KILN_RETURN_IF_ERROR(CheckKey(key));
+  KILN_RETURN_IF_ERROR(CheckNoteName(name));
+  const std::string dir = EntryDir(key);
+  KILN_RETURN_IF_ERROR(MakeDirs(dir));
+  return WriteFileAtomic(dir + "/note." + name, text);
+}
+
+Result<std::optional<std::string>> LocalStore::GetNote(const std::string& key,
+                                                       const std::string& name) const {
+  KILN_RETURN_IF_ERROR(CheckKey(key));
+  KILN_RETURN_IF_ERROR(CheckNoteName(name));
+  const std::string path = EntryDir(key) + "/note." + name;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return std::optional<std::string>();
+  KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  return std::optional<std::string>(std::move(text));
 }
 
 std::vector<std::string> LocalStore::Keys() const {

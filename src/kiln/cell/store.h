@@ -12,6 +12,9 @@
 //                           {"digest":…,"origin":"hub","receipt":"<JWS>"} (adopted from a hub
 //                           with that receipt); an entry without it has an unknown origin
 //   <root>/<key>/ref        its digest, "sha256:<64 hex>", no newline (written last)
+//   <root>/<key>/note.<name> a small record a caller keeps about the entry (PutNote): the worker's
+//                           publish state of a cell it minted lives here, so it outlives the
+//                           process
 // Files are replaced by write-to-temp + rename, so a reader sees a whole old or a whole new file.
 #pragma once
 
@@ -84,6 +87,14 @@ class LocalStore {
   // Deletes the entry for `key`. OK if there was none. InvalidArgument for a malformed key;
   // IOError naming the path if a file cannot be removed.
   Status Remove(const std::string& key);
+
+  // A note: a small record about an entry, kept beside its bytes and deleted with it (Remove, or
+  // a Get that finds the entry corrupt). `name` is lower_snake (a-z, 0-9, _; 1..32 chars), so it
+  // names no path. PutNote replaces the note atomically and durably; the entry's directory is
+  // made if absent. InvalidArgument for a malformed key or name; IOError naming the path.
+  Status PutNote(const std::string& key, const std::string& name, std::string_view text);
+  // The note's text, nullopt when there is none. InvalidArgument for a malformed key or name.
+  Result<std::optional<std::string>> GetNote(const std::string& key, const std::string& name) const;
 
   // The keys of all entries present (complete or not), sorted. Names under the root that are not
   // well-formed keys are ignored. Empty if the root does not exist or cannot be read.

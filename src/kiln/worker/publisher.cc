@@ -3,12 +3,16 @@
 
 #include <algorithm>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <utility>
 
 #include "src/kiln/base/backoff.h"
+#include "src/kiln/base/log.h"
 
 namespace kiln {
 namespace {
+
+constexpr const char* kPublishNote = "publish";
 
 int64_t NowMs() {
   return std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -55,11 +59,56 @@ void Publisher::EnqueuePublish(const std::string& key, const std::string& target
   job.target = target;
   job.family = family;
   job.enqueued_ms = NowMs();
+  Note(job, "pending");
+  Enqueue(std::move(job));
+}
+
+void Publisher::Enqueue(Job job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(std::move(job));
   }
   cv_.notify_all();
+}
+
+int Publisher::ResumeUnpublished() {
+  int queued = 0;
+  for (const std::string& key : options_.store->Keys()) {
+    auto text = options_.store->GetNote(key, kPublishNote);
+    if (!text.ok() || !text->has_value()) continue;
+    const auto j = nlohmann::json::parse(**text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) {
+      KILN_LOG(WARNING) << "publisher: the publish note of " << key
+                        << " is not a JSON object; the cell is not offered again";
+      continue;
+    }
+    const std::string state = j.value("state", std::string());
+    Job job;
+    job.key = key;
+    job.target = j.value("target", std::string());
+    job.family = j.value("family", std::string());
+    if ((state != "pending" && state != "refused") || job.target.empty() || job.family.empty()) {
+      continue;
+    }
+    job.resumed = true;
+    job.enqueued_ms = NowMs();
+    Enqueue(std::move(job));
+    ++queued;
+  }
+  return queued;
+}
+
+void Publisher::Note(const Job& job, const std::string& state, const std::string& token) {
+  nlohmann::json j{{"state", state},
+                   {"target", job.target},
+                   {"family", job.family},
+                   {"release", options_.release}};
+  if (!token.empty()) j["token"] = token;
+  Status s = options_.store->PutNote(job.key, kPublishNote, j.dump());
+  if (!s.ok()) {
+    KILN_LOG(WARNING) << "publisher: cannot record the publish of " << job.key << " as " << state
+                      << " (" << s.ToString() << "); a restart may not offer it again";
+  }
 }
 
 void Publisher::EnqueueSettle(const std::string& target, const std::string& sm,
@@ -71,11 +120,7 @@ void Publisher::EnqueueSettle(const std::string& target, const std::string& sm,
   job.sm = sm;
   job.token = token;
   job.enqueued_ms = NowMs();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queue_.push_back(std::move(job));
-  }
-  cv_.notify_all();
+  Enqueue(std::move(job));
 }
 
 bool Publisher::WaitIdle(int timeout_ms) {
@@ -155,14 +200,17 @@ void Publisher::Work(const Job& job) {
     }
     if (token.empty()) {
       if (!job.settle) {
+        Note(job, "published");
         Emit(event_kind::kSelfMintPublish, already ? "already_published" : "published",
              static_cast<double>(NowMs() - job.enqueued_ms), job,
              "ref=" + ref + " attempts=" + std::to_string(attempt) +
+                 (job.resumed ? " resumed=1" : "") +
                  (options_.release.empty() ? "" : " release=" + options_.release));
       }
       return;
     }
     if (!IsTransientHubFailure(token, http_status)) {
+      if (!job.settle) Note(job, "refused", token);
       Emit(event_kind::kSelfMintPublishFailed, token,
            static_cast<double>(NowMs() - job.enqueued_ms), job,
            std::string("terminal") + (job.settle ? " settle=" + job.token : "") +

@@ -14,6 +14,13 @@
 //       changes
 //     - a typed refusal (4xx: unauthorized, tier, key_taken, ...) -> terminal: the cell stays
 //       local and keeps serving; `self_mint_publish_failed` phase = the token, detail `terminal`
+//   durable: the publish's state is a note on the cell's local-store entry (LocalStore::PutNote,
+//     name "publish"): `pending` from the enqueue, `published` when the hub holds the cell,
+//     `refused` (with the token) on a terminal refusal. A process that stops or dies before the
+//     hub answered leaves `pending`; ResumeUnpublished, called once at boot, queues every entry
+//     whose note is `pending` or `refused` again, so an interrupted publish completes after a
+//     restart and a refusal the operator has since lifted (a token granted the family, a builder
+//     registered for the toolchain) is offered once more: at most one offer per boot per cell.
 //   settle: a deterministic refusal to mint for a release's target is reported
 //     (POST /v1/obligations/settle) so the hub settles that obligation terminally; retried like
 //     a publish, with no row of its own except `self_mint_publish_failed` on a terminal refusal.
@@ -58,6 +65,9 @@ class Publisher {
   // lease of the key (mint_lease.h), so no other worker mints it while its cell is on the way.
   void EnqueuePublish(const std::string& key, const std::string& target, const std::string& family,
                       std::shared_ptr<void> keep = nullptr);
+  // Queues again every cell of the local store whose publish note says `pending` or `refused`
+  // (above), with the target and family the note recorded. Returns how many were queued.
+  int ResumeUnpublished();
   // Queues a terminal settlement of (release, target, sm) with `token` (needs a release).
   void EnqueueSettle(const std::string& target, const std::string& sm, const std::string& token);
 
@@ -67,6 +77,7 @@ class Publisher {
  private:
   struct Job {
     bool settle = false;
+    bool resumed = false;  // queued by ResumeUnpublished
     std::string key, target, family, sm, token;
     int64_t enqueued_ms = 0;
     std::shared_ptr<void> keep;
@@ -79,6 +90,10 @@ class Publisher {
   bool Backoff(int ms);
   void Emit(const char* kind, const std::string& phase, double ms, const Job& job,
             const std::string& detail);
+  // Writes the job's publish note (state "pending" | "published" | "refused"); a failure is
+  // logged, never fatal: the publish itself goes on.
+  void Note(const Job& job, const std::string& state, const std::string& token = "");
+  void Enqueue(Job job);
 
   const PublisherOptions options_;
   std::unique_ptr<HubClient> hub_;

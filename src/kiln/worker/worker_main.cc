@@ -369,6 +369,11 @@ Status RunWorker(const WorkerConfig& a) {
     po.events = &events;
     po.release = m.endpoint.release;
     KILN_ASSIGN_OR_RETURN(publisher, Publisher::Create(po));
+    // Cells minted here whose publish a stopped or killed process left unanswered, or the hub
+    // refused, are offered again: the hub learns of every cell this machine made.
+    if (int n = publisher->ResumeUnpublished(); n > 0) {
+      std::printf("kiln worker: offering %d cell(s) minted here to the hub again\n", n);
+    }
   }
   // Declared after `booted`, so it is destroyed (its threads joined) before the targets they
   // point at, whichever way this function returns.
