@@ -439,6 +439,40 @@ TEST_F(ServiceTest, ReleaseObligationsAreDischargedByStoredCellsAndSettledByRefu
   EXPECT_EQ(state["decoder/x86-64-v4"], "settled:no_export_declaration");
 }
 
+// A release declared after its cell was stored, for a target slot (no key), is discharged when a
+// publisher offers that cell for the slot and the hub answers `already`; only the slot of the
+// stored cell's own sm is, whatever else the release owes.
+TEST_F(ServiceTest, APublishAnsweredAlreadyDischargesTheReleasesSlot) {
+  const CellMetadata m = MakeMetadata(Graph(21));  // sm x86-64-v3
+  const std::string cell = MakeCell(m);
+  ASSERT_EQ(Publish(As("platform-token"), cell).status, 200);
+  Reply rel = svc_->CreateRelease(
+      As("admin-token"),
+      nlohmann::json{{"name", "r2"},
+                     {"targets",
+                      {{{"target", "denoiser"}, {"sm", {"x86-64-v3", "x86-64-v4"}}},
+                       {{"target", "vae"}, {"sm", "x86-64-v3"}}}}}
+          .dump());
+  ASSERT_EQ(rel.status, 200) << rel.body.dump();
+  auto states = [&] {
+    std::map<std::string, std::string> state;
+    const Reply list = svc_->ReleaseObligations(As("admin-token"), "r2");
+    for (const auto& o : list.body["obligations"]) {
+      state[o["target"].get<std::string>() + "/" + o["sm"].get<std::string>()] = o["state"];
+    }
+    return state;
+  };
+  EXPECT_EQ(states()["denoiser/x86-64-v3"], "owed");
+  // The publish helper names target "denoiser" with a release.
+  Reply again = Publish(As("platform-token"), cell, "r2");
+  ASSERT_EQ(again.status, 200) << again.body.dump();
+  EXPECT_TRUE(again.body.value("already", false)) << again.body.dump();
+  auto state = states();
+  EXPECT_EQ(state["denoiser/x86-64-v3"], "discharged");
+  EXPECT_EQ(state["denoiser/x86-64-v4"], "owed");  // another sm: another cell
+  EXPECT_EQ(state["vae/x86-64-v3"], "owed");       // another slot
+}
+
 TEST_F(ServiceTest, EventsAreStoredFilteredAndShownEscapedOnTheDashboard) {
   const CellMetadata m = MakeMetadata(Graph(13));
   ASSERT_EQ(Publish(As("platform-token"), MakeCell(m)).status, 200);

@@ -215,6 +215,17 @@ class HubService {
                                     const std::string& family, const std::string& digest);
   // Drops p's claim on (key, family) (logged, never fatal: an unreleased claim expires).
   void ReleasePublishClaim(const Principal& p, const std::string& key, const std::string& family);
+  // Discharges what a publish by p of (key, digest) for (release, target, sm) settles: owed
+  // obligations of the key or of the release's target slot, within p's releases and org. Returns
+  // how many (store failures logged).
+  int DischargeFor(const Principal& p, const std::string& key, const std::string& digest,
+                   const std::string& release, const std::string& target, const std::string& sm);
+  // DischargeFor a publish answered `already` by the stored cell `c` (its sm read from its own
+  // metadata), when the release owes anything for the key or the target.
+  void DischargeOnAlready(const Principal& p, const CellRow& c, const std::string& release,
+                          const std::string& target);
+  // The sm recorded in the metadata of the stored blob `digest`.
+  Result<std::string> StoredCellSm(const std::string& digest);
   // Whether p may read the blob `digest`: nullopt, or the refusal OpenBlob answers.
   std::optional<Reply> CheckBlobReadable(const Principal& p, const std::string& digest);
   // A direct URL of `digest` when this hub mints them, else "" (a store failure is logged).

@@ -1,5 +1,6 @@
 // HubService: every hub route as a plain method over the stores (hub layer). The HTTP binding is
 // in server.cc; docs/hub-api.md documents each route, its bodies, status codes and error tokens.
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <future>
@@ -574,6 +575,91 @@ std::optional<Reply> HubService::CheckQuota(const Principal& p, const std::strin
                       {{"quota_bytes", quota}, {"used_bytes", used}, {"adding_bytes", adding}});
 }
 
+// The obligations a publish by `p` of (key, digest) for (release, target, sm) discharges: owed
+// ones of this key, or of this release's target slot, in the releases this publisher holds, and
+// for an org-scoped token only its own org's releases (a release belongs to one org:
+// CreateRelease). Returns how many; a store failure is logged (the cell is stored either way).
+int HubService::DischargeFor(const Principal& p, const std::string& key, const std::string& digest,
+                             const std::string& release, const std::string& target,
+                             const std::string& sm) {
+  int discharged = 0;
+  std::vector<std::string> scopes;
+  if (const std::optional<std::string> org = RowScope(p); org.has_value()) {
+    auto all = store_->ListAllObligations();
+    if (!all.ok()) {
+      KILN_LOG(WARNING) << "hub: cell " << key
+                        << " stored but listing obligations failed: " << all.status().ToString();
+    } else {
+      std::set<std::string> releases;
+      for (const ObligationRow& o : *all) {
+        if (o.org == *org && o.state == "owed" && HoldsRelease(p, o.release)) {
+          releases.insert(o.release);
+        }
+      }
+      scopes.assign(releases.begin(), releases.end());
+    }
+  } else if (HoldsRelease(p, "*")) {
+    scopes = {"*"};
+  } else {
+    scopes = p.releases;
+  }
+  for (const std::string& scope : scopes) {
+    auto n = store_->DischargeObligations(key, digest, release, target, sm, Now(), scope);
+    if (n.ok()) {
+      discharged += *n;
+    } else {
+      KILN_LOG(WARNING) << "hub: cell " << key
+                        << " stored but discharging obligations failed: " << n.status().ToString();
+    }
+  }
+  return discharged;
+}
+
+// A publish the hub answers `already` (it holds these very bytes, live) is still this
+// publisher's word that its release's target is served by them: what it owes is discharged as
+// the publish that stored them would have. The slot's sm is the stored cell's own, read from its
+// metadata (the archive's headers and that member only), never the publisher's say.
+void HubService::DischargeOnAlready(const Principal& p, const CellRow& c,
+                                    const std::string& release, const std::string& target) {
+  if (release.empty()) return;
+  auto owed = store_->ListObligations(release);
+  if (!owed.ok()) return;
+  const bool any = std::any_of(owed->begin(), owed->end(), [&](const ObligationRow& o) {
+    return o.state == "owed" && (o.key == c.key || (o.key.empty() && o.target == target));
+  });
+  if (!any) return;
+  auto sm = StoredCellSm(c.digest);
+  if (!sm.ok()) {
+    KILN_LOG(WARNING) << "hub: cannot read the sm of stored cell " << c.key << "@" << c.digest
+                      << " (" << sm.status().ToString() << "); release " << release
+                      << " is discharged by key only";
+  }
+  const int n = DischargeFor(p, c.key, c.digest, release, target, sm.ok() ? *sm : std::string());
+  if (n > 0) {
+    KILN_LOG(INFO) << "hub: " << n << " obligation(s) of release " << release
+                   << " discharged by the stored cell " << c.key << " (publish by " << p.name
+                   << " answered already)";
+  }
+}
+
+Result<std::string> HubService::StoredCellSm(const std::string& digest) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<BlobReader> reader, blobs_->Open(digest));
+  BlobReader* r = reader.get();
+  const ArchiveReader read_at = [r](uint64_t offset, char* out, size_t len) {
+    return r->ReadAt(offset, out, len);
+  };
+  KILN_ASSIGN_OR_RETURN(CellLayout layout, IndexCell(read_at, r->size(), "cell " + digest));
+  std::string text(layout.metadata.size, '\0');
+  for (size_t done = 0; done < text.size();) {
+    KILN_ASSIGN_OR_RETURN(
+        size_t n, r->ReadAt(layout.metadata.offset + done, text.data() + done, text.size() - done));
+    if (n == 0) return Status::IOError("cell " + digest + ": metadata.json ends early");
+    done += n;
+  }
+  KILN_ASSIGN_OR_RETURN(CellMetadata meta, ParseMetadata(text, "cell " + digest));
+  return meta.sm;
+}
+
 // POST /v1/publish/intent
 Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
   if (Status s = Authorize(p, Action::kPublish); !s.ok()) return Refusal(s);
@@ -621,6 +707,7 @@ Reply HubService::PublishIntent(const Principal& p, std::string_view body) {
       // in which case this publisher's upload repairs them.
       Status intact = blobs_->Verify(c.digest);
       if (intact.ok()) {
+        DischargeOnAlready(p, c, intent.release, intent.target);
         return Reply::Json(
             200, {{"already", true}, {"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
       }
@@ -813,6 +900,7 @@ Reply HubService::CompletePublish(const Principal& p, std::string_view body,
   if (existing->has_value() && !(*existing)->revocation.has_value()) {
     const CellRow& c = (*existing)->cell;
     if (c.digest == digest) {
+      DischargeOnAlready(p, c, intent.release, intent.target);
       return Reply::Json(
           200, {{"already", true}, {"key", c.key}, {"digest", c.digest}, {"receipt", c.receipt}});
     }
@@ -941,43 +1029,12 @@ Reply HubService::CompletePublish(const Principal& p, std::string_view body,
   }
   if (!insert->inserted) {
     // A concurrent publisher of the same bytes won: its receipt is the one.
+    DischargeFor(p, key, digest, intent.release, intent.target, meta.sm);
     return Reply::Json(
         200, {{"already", true}, {"key", key}, {"digest", digest}, {"receipt", owner->receipt}});
   }
-  // 8. Obligations owed this key (or this release's target slot) are discharged, in the
-  // releases this publisher holds, and for an org-scoped token only its own org's releases (a
-  // release belongs to one org: CreateRelease).
-  int discharged = 0;
-  std::vector<std::string> scopes;
-  if (const std::optional<std::string> org = RowScope(p); org.has_value()) {
-    auto all = store_->ListAllObligations();
-    if (!all.ok()) {
-      KILN_LOG(WARNING) << "hub: cell " << key
-                        << " stored but listing obligations failed: " << all.status().ToString();
-    } else {
-      std::set<std::string> releases;
-      for (const ObligationRow& o : *all) {
-        if (o.org == *org && o.state == "owed" && HoldsRelease(p, o.release)) {
-          releases.insert(o.release);
-        }
-      }
-      scopes.assign(releases.begin(), releases.end());
-    }
-  } else if (HoldsRelease(p, "*")) {
-    scopes = {"*"};
-  } else {
-    scopes = p.releases;
-  }
-  for (const std::string& scope : scopes) {
-    auto n = store_->DischargeObligations(key, digest, intent.release, intent.target, meta.sm,
-                                          Now(), scope);
-    if (n.ok()) {
-      discharged += *n;
-    } else {
-      KILN_LOG(WARNING) << "hub: cell " << key
-                        << " stored but discharging obligations failed: " << n.status().ToString();
-    }
-  }
+  // 8. Obligations owed this key (or this release's target slot) are discharged.
+  const int discharged = DischargeFor(p, key, digest, intent.release, intent.target, meta.sm);
   KILN_LOG(INFO) << "hub: stored cell " << key << "@" << digest << " family " << meta.family
                  << " by " << p.name
                  << (attestation.builder.empty()
