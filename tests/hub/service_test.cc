@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <ctime>
 #include <filesystem>
 #include <thread>
 
@@ -471,6 +472,54 @@ TEST_F(ServiceTest, APublishAnsweredAlreadyDischargesTheReleasesSlot) {
   EXPECT_EQ(state["denoiser/x86-64-v3"], "discharged");
   EXPECT_EQ(state["denoiser/x86-64-v4"], "owed");  // another sm: another cell
   EXPECT_EQ(state["vae/x86-64-v3"], "owed");       // another slot
+}
+
+// A release may give a deadline, for all its targets or per target; an owed obligation past it
+// says overdue (in its JSON and on the dashboard), a discharged one never does; a malformed
+// deadline is refused by name.
+TEST_F(ServiceTest, ObligationsPastTheirDeadlineAreOverdueUntilDischarged) {
+  const int64_t now = 1700000000;  // the fixture's clock
+  Reply bad = svc_->CreateRelease(
+      As("admin-token"),
+      nlohmann::json{{"name", "r3"},
+                     {"deadline", "tomorrow"},
+                     {"targets", {{{"target", "denoiser"}, {"sm", "x86-64-v3"}}}}}
+          .dump());
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body["message"].get<std::string>().find("'deadline'"), std::string::npos)
+      << bad.body.dump();
+  Reply negative = svc_->CreateRelease(
+      As("admin-token"),
+      nlohmann::json{{"name", "r3"},
+                     {"targets", {{{"target", "denoiser"}, {"sm", "x86-64-v3"}, {"deadline", -5}}}}}
+          .dump());
+  EXPECT_EQ(negative.status, 400);
+  Reply rel = svc_->CreateRelease(
+      As("admin-token"),
+      nlohmann::json{{"name", "r3"},
+                     {"deadline", now + 3600},  // the release's: an hour from now
+                     {"targets",
+                      {{{"target", "denoiser"}, {"sm", "x86-64-v3"}, {"deadline", now - 60}},
+                       {{"target", "decoder"}, {"sm", "x86-64-v3"}, {"deadline", now - 60}},
+                       {{"target", "vae"}, {"sm", "x86-64-v3"}}}}}
+          .dump());
+  ASSERT_EQ(rel.status, 200) << rel.body.dump();
+  // The denoiser slot is served: discharged, so never overdue.
+  ASSERT_EQ(Publish(As("platform-token"), MakeCell(MakeMetadata(Graph(31))), "r3").status, 200);
+  const Reply list = svc_->ReleaseObligations(As("admin-token"), "r3");
+  std::map<std::string, nlohmann::json> by_target;
+  for (const auto& o : list.body["obligations"]) by_target[o["target"].get<std::string>()] = o;
+  EXPECT_EQ(by_target["denoiser"]["state"], "discharged");
+  EXPECT_EQ(by_target["denoiser"]["overdue"], false);
+  EXPECT_EQ(by_target["decoder"]["overdue"], true) << by_target["decoder"].dump();
+  EXPECT_EQ(by_target["decoder"]["deadline"], now - 60);
+  EXPECT_EQ(by_target["vae"]["overdue"], false);
+  EXPECT_EQ(by_target["vae"]["deadline"], now + 3600);
+  const std::string html = svc_->Dashboard(As("admin-token")).html;
+  EXPECT_NE(html.find("<p id=\"obligations-overdue\">overdue: 1</p>"), std::string::npos) << html;
+  EXPECT_NE(html.find("<tr class=\"obligation overdue\"><td>r3</td><td>decoder</td>"),
+            std::string::npos)
+      << html;
 }
 
 TEST_F(ServiceTest, EventsAreStoredFilteredAndShownEscapedOnTheDashboard) {

@@ -317,7 +317,24 @@ TEST_P(StoreTest, ObligationsDischargeBySlotOrKeyAndSettleTerminally) {
   rows[0].release = rel, rows[0].target = "denoiser", rows[0].sm = "x86-64-v3";
   rows[1].release = rel, rows[1].target = "decoder", rows[1].sm = "x86-64-v3";
   rows[2].release = rel, rows[2].target = "vae", rows[2].sm = "x86-64-v3", rows[2].key = k;
+  rows[1].deadline = 1234567890;  // kept as given; the others have none
   EXPECT_EQ(store_->AddObligations(rows).value(), 3);
+  {
+    std::map<std::string, int64_t> deadlines;
+    const auto first = store_->ListObligations(rel).value();
+    for (const auto& o : first) deadlines[o.target] = o.deadline;
+    EXPECT_EQ(deadlines["decoder"], 1234567890);
+    EXPECT_EQ(deadlines["denoiser"], 0);
+    // A second declaration of a slot keeps the first one's row, deadline included.
+    rows[1].deadline = 42;
+    EXPECT_EQ(store_->AddObligations(rows).value(), 0);
+    const auto all = store_->ListAllObligations().value();
+    for (const auto& o : all) {
+      if (o.release == rel && o.target == "decoder") {
+        EXPECT_EQ(o.deadline, 1234567890);
+      }
+    }
+  }
   EXPECT_EQ(store_->AddObligations(rows).value(), 0);  // idempotent
 
   // By slot (release, target, sm): the key is learned at discharge.
@@ -539,10 +556,51 @@ PRAGMA user_version = 3;
   ASSERT_EQ(obligations.size(), 1u);
   EXPECT_EQ(obligations[0].org, "");
   EXPECT_EQ(obligations[0].state, "owed");
+  EXPECT_EQ(obligations[0].deadline, 0);  // and no deadline (schema 5)
   s->reset();
-  auto again = OpenSqliteStore(path);  // a second open finds version 4 and changes nothing
+  auto again = OpenSqliteStore(path);  // a second open finds version 5 and changes nothing
   ASSERT_TRUE(again.ok()) << again.status().ToString();
   EXPECT_EQ((*again)->QueryEvents(EventFilter{}).value().size(), 2u);
+  std::filesystem::remove_all(dir);
+}
+
+// A version-4 database (orgs, no deadlines) opens: its obligations gain deadline 0, and nothing
+// of version 4 is applied twice.
+TEST(SqliteMigration, VersionFourObligationsGainNoDeadline) {
+  const std::string dir = ::testing::TempDir() + "/kiln_sqlite_migration4_" + Nonce();
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/hub.sqlite";
+  const std::string v4 = R"sql(
+CREATE TABLE obligations (
+  release TEXT NOT NULL, target TEXT NOT NULL, sm TEXT NOT NULL, key TEXT NOT NULL,
+  state TEXT NOT NULL, cell_digest TEXT NOT NULL, updated_at INTEGER NOT NULL,
+  org TEXT NOT NULL DEFAULT '', PRIMARY KEY (release, target, sm));
+INSERT INTO obligations VALUES ('r', 'denoiser', 'x86-64-v3', '', 'owed', '', 1, 'acme');
+CREATE TABLE events (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, worker TEXT NOT NULL, seq INTEGER NOT NULL,
+  kind TEXT NOT NULL, phase TEXT NOT NULL, key TEXT NOT NULL, duration_ms REAL NOT NULL,
+  detail TEXT NOT NULL, ts INTEGER NOT NULL, target TEXT NOT NULL DEFAULT '',
+  ref TEXT NOT NULL DEFAULT '', fn TEXT NOT NULL DEFAULT '', stages TEXT NOT NULL DEFAULT '',
+  org TEXT NOT NULL DEFAULT '');
+PRAGMA user_version = 4;
+)sql";
+  ASSERT_TRUE(WriteSqlite(path, v4));
+  auto s = OpenSqliteStore(path);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  const auto obligations = (*s)->ListObligations("r").value();
+  ASSERT_EQ(obligations.size(), 1u);
+  EXPECT_EQ(obligations[0].org, "acme");
+  EXPECT_EQ(obligations[0].deadline, 0);
+  ObligationRow later;
+  later.release = "r", later.target = "vae", later.sm = "x86-64-v3", later.deadline = 99;
+  ASSERT_EQ((*s)->AddObligations({later}).value(), 1);
+  s->reset();
+  auto again = OpenSqliteStore(path);
+  ASSERT_TRUE(again.ok()) << again.status().ToString();
+  std::map<std::string, int64_t> deadlines;
+  const auto reopened = (*again)->ListObligations("r").value();
+  for (const auto& o : reopened) deadlines[o.target] = o.deadline;
+  EXPECT_EQ(deadlines["vae"], 99);
   std::filesystem::remove_all(dir);
 }
 

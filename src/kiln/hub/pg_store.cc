@@ -66,6 +66,7 @@ ALTER TABLE events ADD COLUMN IF NOT EXISTS fn TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN IF NOT EXISTS stages TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN IF NOT EXISTS org TEXT NOT NULL DEFAULT '';
 ALTER TABLE obligations ADD COLUMN IF NOT EXISTS org TEXT NOT NULL DEFAULT '';
+ALTER TABLE obligations ADD COLUMN IF NOT EXISTS deadline BIGINT NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
 CREATE INDEX IF NOT EXISTS events_org ON events(org);
@@ -79,7 +80,7 @@ constexpr const char* kCellCols =
 constexpr const char* kIntentCols =
     "key, digest, size, family, release, target, publisher, created_at";
 constexpr const char* kObligationCols =
-    "release, target, sm, key, state, cell_digest, updated_at, org";
+    "release, target, sm, key, state, cell_digest, updated_at, org, deadline";
 // Resolve's hot path, prepared once per connection: the cell and its revocation in one round
 // trip, planned once.
 constexpr const char* kResolveStatement = "kiln_resolve";
@@ -131,6 +132,7 @@ ObligationRow ReadObligation(const pqxx::row& r) {
   o.cell_digest = S(r[5]);
   o.updated_at = I(r[6]);
   o.org = S(r[7]);
+  o.deadline = I(r[8]);
   return o;
 }
 StoredEvent ReadEvent(const pqxx::row& r) {
@@ -536,8 +538,10 @@ class PostgresStore final : public HubStore {
       for (const auto& o : rows) {
         auto r = w.exec_params(
             "INSERT INTO obligations (release, target, sm, key, state, cell_digest, updated_at, "
-            "org) VALUES ($1,$2,$3,$4,$5,$6,$7,$8) ON CONFLICT (release, target, sm) DO NOTHING",
-            o.release, o.target, o.sm, o.key, o.state, o.cell_digest, o.updated_at, o.org);
+            "org, deadline) VALUES ($1,$2,$3,$4,$5,$6,$7,$8,$9) ON CONFLICT (release, target, sm) "
+            "DO NOTHING",
+            o.release, o.target, o.sm, o.key, o.state, o.cell_digest, o.updated_at, o.org,
+            o.deadline);
         created += static_cast<int>(r.affected_rows());
       }
     }));

@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 #include <thread>
+#include <variant>
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/log.h"
@@ -131,15 +132,23 @@ std::string HtmlEscape(std::string_view s) {
   return out;
 }
 
-nlohmann::json ObligationJson(const ObligationRow& o) {
-  return {{"release", o.release},
-          {"target", o.target},
-          {"sm", o.sm},
-          {"key", o.key},
-          {"state", o.state},
-          {"cell_digest", o.cell_digest},
-          {"updated_at", o.updated_at},
-          {"org", o.org}};
+// An owed obligation past its deadline (unix seconds; 0 = none) at `now`.
+bool Overdue(const ObligationRow& o, int64_t now) {
+  return o.state == "owed" && o.deadline > 0 && now > o.deadline;
+}
+
+nlohmann::json ObligationJson(const ObligationRow& o, int64_t now) {
+  nlohmann::json j{{"release", o.release},
+                   {"target", o.target},
+                   {"sm", o.sm},
+                   {"key", o.key},
+                   {"state", o.state},
+                   {"cell_digest", o.cell_digest},
+                   {"updated_at", o.updated_at},
+                   {"org", o.org},
+                   {"overdue", Overdue(o, now)}};
+  if (o.deadline > 0) j["deadline"] = o.deadline;
+  return j;
 }
 
 nlohmann::json EventJson(const StoredEvent& e) {
@@ -1283,6 +1292,20 @@ Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
                         "release '" + name + "': 'org' must be an org name other than 'root', " +
                             "got '" + org + "'");
   }
+  // A deadline (unix seconds, > 0) for the whole release, or per target (which wins).
+  auto deadline_of = [](const nlohmann::json& obj, int64_t fallback,
+                        const std::string& where) -> std::variant<int64_t, std::string> {
+    auto d = obj.find("deadline");
+    if (d == obj.end()) return fallback;
+    if (!d->is_number_integer() || d->get<int64_t>() <= 0) {
+      return where + ": 'deadline' must be unix seconds (a positive integer), got " + d->dump();
+    }
+    return d->get<int64_t>();
+  };
+  const auto release_deadline = deadline_of(j, 0, "release '" + name + "'");
+  if (const auto* e = std::get_if<std::string>(&release_deadline)) {
+    return Reply::Error(400, "bad_request", *e);
+  }
   auto targets = j.find("targets");
   if (targets == j.end() || !targets->is_array() || targets->empty()) {
     return Reply::Error(400, "bad_request",
@@ -1326,6 +1349,10 @@ Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
     if (!key.empty() && !IsWellFormedKey(key)) {
       return Reply::Error(400, "bad_key", where + ": key '" + key + "' is not well-formed");
     }
+    const auto deadline = deadline_of(t, std::get<int64_t>(release_deadline), where);
+    if (const auto* e = std::get_if<std::string>(&deadline)) {
+      return Reply::Error(400, "bad_request", *e);
+    }
     for (const auto& s : sms) {
       ObligationRow o;
       o.release = name;
@@ -1334,6 +1361,7 @@ Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
       o.key = key;
       o.updated_at = Now();
       o.org = org;
+      o.deadline = std::get<int64_t>(deadline);
       rows.push_back(o);
     }
   }
@@ -1355,7 +1383,7 @@ Reply HubService::CreateRelease(const Principal& p, std::string_view body) {
   auto all = store_->ListObligations(name);
   if (!all.ok()) return Reply::FromStatus(all.status());
   nlohmann::json list = nlohmann::json::array();
-  for (const auto& o : *all) list.push_back(ObligationJson(o));
+  for (const auto& o : *all) list.push_back(ObligationJson(o, Now()));
   return Reply::Json(200, {{"release", name}, {"created", *created}, {"obligations", list}});
 }
 
@@ -1368,7 +1396,7 @@ Reply HubService::ReleaseObligations(const Principal& p, const std::string& rele
   }
   nlohmann::json list = nlohmann::json::array();
   for (const auto& o : *all) {
-    if (MayReadRow(p, o.org)) list.push_back(ObligationJson(o));
+    if (MayReadRow(p, o.org)) list.push_back(ObligationJson(o, Now()));
   }
   if (list.empty()) return OrgForbidden(p, "the obligations of release '" + release + "'");
   return Reply::Json(200, {{"release", release}, {"obligations", list}});
@@ -1415,9 +1443,9 @@ Reply HubService::SettleObligation(const Principal& p, std::string_view body) {
     return Reply::Error(
         409, "already_terminal",
         "obligation (" + release + ", " + target + ", " + sm + ") is already '" + o.state + "'",
-        {{"obligation", ObligationJson(o)}});
+        {{"obligation", ObligationJson(o, Now())}});
   }
-  return Reply::Json(200, {{"obligation", ObligationJson(o)}});
+  return Reply::Json(200, {{"obligation", ObligationJson(o, Now())}});
 }
 
 // POST /v1/events
@@ -1645,15 +1673,25 @@ Reply HubService::Dashboard(const Principal& p) {
   h << "</table>\n";
   if (!cells.ok()) fail(cells.status());
 
-  h << "<h2>Obligations</h2>\n<table id=\"obligations\"><tr><th>release</th><th>target</th>"
-       "<th>sm</th><th>key</th><th>state</th></tr>\n";
+  // Overdue rows (owed past their deadline) are counted above the table and marked in it.
   auto obligations = store_->ListAllObligations();
+  const int64_t now = Now();
+  int overdue = 0;
+  if (obligations.ok()) {
+    for (const auto& o : *obligations) overdue += MayReadRow(p, o.org) && Overdue(o, now);
+  }
+  h << "<h2>Obligations</h2>\n<p id=\"obligations-overdue\">overdue: " << overdue << "</p>\n"
+    << "<table id=\"obligations\"><tr><th>release</th><th>target</th>"
+       "<th>sm</th><th>key</th><th>state</th><th>deadline (unix s)</th></tr>\n";
   if (obligations.ok()) {
     for (const auto& o : *obligations) {
       if (!MayReadRow(p, o.org)) continue;
-      h << "<tr class=\"obligation\"><td>" << HtmlEscape(o.release) << "</td><td>"
-        << HtmlEscape(o.target) << "</td><td>" << HtmlEscape(o.sm) << "</td><td><code>"
-        << HtmlEscape(o.key) << "</code></td><td>" << HtmlEscape(o.state) << "</td></tr>\n";
+      const bool late = Overdue(o, now);
+      h << "<tr class=\"obligation" << (late ? " overdue" : "") << "\"><td>"
+        << HtmlEscape(o.release) << "</td><td>" << HtmlEscape(o.target) << "</td><td>"
+        << HtmlEscape(o.sm) << "</td><td><code>" << HtmlEscape(o.key) << "</code></td><td>"
+        << HtmlEscape(o.state) << (late ? " (overdue)" : "") << "</td><td>"
+        << (o.deadline > 0 ? std::to_string(o.deadline) : std::string("-")) << "</td></tr>\n";
     }
   }
   h << "</table>\n";

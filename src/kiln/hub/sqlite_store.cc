@@ -24,8 +24,9 @@ namespace {
 // Schema version 3: cells are owned per (key, family), intents per (key, digest, publisher),
 // admin-revoked tokens are remembered (the tokens themselves are each hub's tokens file), and an
 // event row keeps its target, ref, fn and stages as columns. Version 4: events and obligations
-// carry the org of the token that wrote them (authz.h).
-constexpr int kSchemaVersion = 4;
+// carry the org of the token that wrote them (authz.h). Version 5: an obligation may carry a
+// deadline.
+constexpr int kSchemaVersion = 5;
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
   key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
@@ -46,7 +47,8 @@ CREATE TABLE IF NOT EXISTS revoked_tokens (
 CREATE TABLE IF NOT EXISTS obligations (
   release TEXT NOT NULL, target TEXT NOT NULL, sm TEXT NOT NULL, key TEXT NOT NULL,
   state TEXT NOT NULL, cell_digest TEXT NOT NULL, updated_at INTEGER NOT NULL,
-  org TEXT NOT NULL DEFAULT '', PRIMARY KEY (release, target, sm));
+  org TEXT NOT NULL DEFAULT '', deadline INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (release, target, sm));
 CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, worker TEXT NOT NULL, seq INTEGER NOT NULL,
   kind TEXT NOT NULL, phase TEXT NOT NULL, key TEXT NOT NULL, duration_ms REAL NOT NULL,
@@ -98,6 +100,9 @@ constexpr const char* kMigrateEventsTo4 =
     "ALTER TABLE events ADD COLUMN org TEXT NOT NULL DEFAULT '';";
 constexpr const char* kMigrateObligationsTo4 =
     "ALTER TABLE obligations ADD COLUMN org TEXT NOT NULL DEFAULT '';";
+// From version 4 (or older): obligations gain a deadline; old rows have none (0).
+constexpr const char* kMigrateObligationsTo5 =
+    "ALTER TABLE obligations ADD COLUMN deadline INTEGER NOT NULL DEFAULT 0;";
 
 // Mint leases (store.h MintLeaseRow) in a table of their own, created at every open: no rows of
 // an older schema change, so it needs no version step.
@@ -211,6 +216,7 @@ ObligationRow ReadObligation(const Stmt& s) {
   r.cell_digest = s.Text(5);
   r.updated_at = s.Int(6);
   r.org = s.Text(7);
+  r.deadline = s.Int(8);
   return r;
 }
 StoredEvent ReadEvent(const Stmt& s) {
@@ -538,9 +544,10 @@ class SqliteStore final : public HubStore {
     for (const auto& r : rows) {
       Stmt s(db_,
              "INSERT INTO obligations (release, target, sm, key, state, cell_digest, updated_at, "
-             "org) VALUES (?,?,?,?,?,?,?,?) ON CONFLICT(release, target, sm) DO NOTHING");
+             "org, deadline) VALUES (?,?,?,?,?,?,?,?,?) ON CONFLICT(release, target, sm) DO "
+             "NOTHING");
       s.Bind(r.release).Bind(r.target).Bind(r.sm).Bind(r.key).Bind(r.state).Bind(r.cell_digest);
-      s.Bind(r.updated_at).Bind(r.org);
+      s.Bind(r.updated_at).Bind(r.org).Bind(r.deadline);
       Status st = s.Run("add obligation");
       if (!st.ok()) {
         Exec("ROLLBACK", "rollback").IgnoreError();
@@ -554,7 +561,8 @@ class SqliteStore final : public HubStore {
   Result<std::vector<ObligationRow>> ListObligations(const std::string& release) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
-           "SELECT release, target, sm, key, state, cell_digest, updated_at, org FROM obligations "
+           "SELECT release, target, sm, key, state, cell_digest, updated_at, org, deadline FROM "
+           "obligations "
            "WHERE release = ? ORDER BY target, sm");
     s.Bind(release);
     return All<ObligationRow>(s, ReadObligation, "list obligations");
@@ -562,7 +570,8 @@ class SqliteStore final : public HubStore {
   Result<std::vector<ObligationRow>> ListAllObligations() override {
     std::lock_guard<std::mutex> lock(mu_);
     Stmt s(db_,
-           "SELECT release, target, sm, key, state, cell_digest, updated_at, org FROM obligations "
+           "SELECT release, target, sm, key, state, cell_digest, updated_at, org, deadline FROM "
+           "obligations "
            "ORDER BY release, target, sm");
     return All<ObligationRow>(s, ReadObligation, "list obligations");
   }
@@ -594,7 +603,8 @@ class SqliteStore final : public HubStore {
       KILN_RETURN_IF_ERROR(s.Run("settle obligation"));
     }
     Stmt s(db_,
-           "SELECT release, target, sm, key, state, cell_digest, updated_at, org FROM obligations "
+           "SELECT release, target, sm, key, state, cell_digest, updated_at, org, deadline FROM "
+           "obligations "
            "WHERE release = ? AND target = ? AND sm = ?");
     s.Bind(release).Bind(target).Bind(sm);
     return One<ObligationRow>(s, ReadObligation, "get obligation");
@@ -746,10 +756,14 @@ class SqliteStore final : public HubStore {
       if (st.ok() && has_table("events") && version < 3) {
         st = Exec(kMigrateEventsTo3, "migrate events to schema 3");
       }
-      if (st.ok() && has_table("events"))
+      if (st.ok() && has_table("events") && version < 4) {
         st = Exec(kMigrateEventsTo4, "migrate events to schema 4");
-      if (st.ok() && has_table("obligations")) {
+      }
+      if (st.ok() && has_table("obligations") && version < 4) {
         st = Exec(kMigrateObligationsTo4, "migrate obligations to schema 4");
+      }
+      if (st.ok() && has_table("obligations") && version < 5) {
+        st = Exec(kMigrateObligationsTo5, "migrate obligations to schema 5");
       }
     }
     if (st.ok()) st = Exec(kSchema, "create schema");

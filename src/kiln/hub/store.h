@@ -123,6 +123,9 @@ struct ObligationRow {
   std::string cell_digest;  // set when discharged
   int64_t updated_at = 0;
   std::string org = {};  // the tenant the release was declared for ("" = the platform's)
+  // Unix seconds by which the cell is owed; 0 = no deadline. An owed obligation past it is
+  // overdue (shown on the dashboard and in the obligation's JSON); nothing else changes.
+  int64_t deadline = 0;
 };
 
 // A worker's event row as the hub keeps it. Not the worker's EventRow (worker/events.h): the
