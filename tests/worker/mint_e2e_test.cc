@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -340,6 +341,69 @@ TEST_F(MintEndToEnd, RefusedPublishIsOfferedAgainAtTheNextBoot) {
   EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
             ResolveAnswer::Kind::kFound);
   EXPECT_EQ(again.Stop(), 0);
+}
+
+// The local store keeps its bound: three cells of the mlp (three envelopes, three keys) are in
+// the store; a worker armed with one of them, bounded to that cell and one more, evicts the least
+// recently adopted of the other two, says so in a row, and keeps the one it serves.
+TEST_F(MintEndToEnd, LocalStoreEvictsTheLeastRecentlyAdoptedNeverTheArmedCell) {
+  const std::string dir = root_ + "/w";
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  auto variant = [&](const std::string& classes) {
+    std::string text = Manifest(ManifestOptions{});
+    const std::string more = "  { x = [1, 64] },\n  { x = [4, 64] },\n  { x = [16, 64] },\n";
+    const size_t at = text.find(more);
+    if (at != std::string::npos) text.replace(at, more.size(), classes);
+    return text;
+  };
+  const std::string served = variant("  { x = [4, 64] },\n");
+  const std::vector<std::string> others = {variant("  { x = [1, 64] },\n"),
+                                           variant("  { x = [16, 64] },\n")};
+  auto mint = [&](const std::string& text, const std::string& name) {
+    EXPECT_TRUE(WriteFileAtomic(root_ + "/" + name + ".toml", text).ok());
+    auto r = Kiln(dir, "mint --manifest " + root_ + "/" + name + ".toml");
+    EXPECT_EQ(r.first, 0) << r.second;
+    return KeyOf(r.second.substr(0, r.second.find_first_of(" \n\t")));
+  };
+  const std::string older = mint(others[0], "older");
+  const std::string newer = mint(others[1], "newer");
+  const std::string armed = mint(served, "served");
+  ASSERT_TRUE(older != newer && newer != armed && older != armed);
+  LocalStore store(dir + "/cells");
+  ASSERT_TRUE(store.Touch(older).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  ASSERT_TRUE(store.Touch(newer).ok());
+  auto entry_bytes = [&](const std::string& key) {
+    uint64_t n = 0;
+    for (const auto& f : std::filesystem::directory_iterator(dir + "/cells/" + key)) {
+      n += f.file_size();
+    }
+    return n;
+  };
+  // Room for the served cell and one other (the adoption note adds a few bytes: 1 KiB slack).
+  const double bound_mb =
+      static_cast<double>(entry_bytes(armed) + std::max(entry_bytes(older), entry_bytes(newer)) +
+                          1024) /
+      1048576.0;
+  Worker w(dir, served, {}, {"--store-max-mb", std::to_string(bound_mb)});
+  ASSERT_TRUE(w.Start());
+  EXPECT_EQ(w.Infer("mlp", MlpInput()).mode(), "aot_cell");
+  Row evicted;
+  ASSERT_TRUE(w.WaitForRow("local_cell_evicted", "evicted", 10000, &evicted)) << w.Log();
+  EXPECT_TRUE(DetailNames(evicted, "key=" + older));
+  const std::vector<std::string> left = store.Keys();
+  EXPECT_EQ(left, (std::vector<std::string>{std::min(armed, newer), std::max(armed, newer)}));
+  int evictions = 0;
+  for (const Row& r : w.Rows()) evictions += r.kind == "local_cell_evicted";
+  EXPECT_EQ(evictions, 1);
+  EXPECT_EQ(w.Stop(), 0);
+
+  // Bounded below the served cell alone: everything else goes, the served cell never does.
+  Worker tight(dir, served, {}, {"--store-max-mb", "0.000001"});
+  ASSERT_TRUE(tight.Start());
+  EXPECT_EQ(tight.Infer("mlp", MlpInput()).mode(), "aot_cell");
+  EXPECT_EQ(store.Keys(), std::vector<std::string>{armed});
+  EXPECT_EQ(tight.Stop(), 0);
 }
 
 // Intake lane: no export declaration -> compiled here at boot, served jit_cell with an empty

@@ -1,7 +1,10 @@
 // LocalStore: on-disk cells by key (cell layer; see store.h).
 #include "src/kiln/cell/store.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -219,6 +222,78 @@ Result<std::optional<std::string>> LocalStore::GetNote(const std::string& key,
   if (!std::filesystem::exists(path, ec)) return std::optional<std::string>();
   KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   return std::optional<std::string>(std::move(text));
+}
+
+Status LocalStore::Touch(const std::string& key) {
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  return PutNote(key, "adopted", std::to_string(now_ms));
+}
+
+namespace {
+
+// Bytes of every regular file under `dir` (an entry holds a handful of files, no subdirectory).
+uint64_t EntryBytes(const std::string& dir) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    std::error_code size_ec;
+    const uint64_t n = it->is_regular_file(size_ec) ? it->file_size(size_ec) : 0;
+    if (!size_ec) total += n;
+  }
+  return total;
+}
+
+// When the entry was last adopted (its "adopted" note), else when its ref was written; 0 when
+// neither can be read (such an entry goes first).
+int64_t LastAdoptedMs(const std::string& dir) {
+  if (Result<std::string> text = ReadFile(dir + "/note.adopted"); text.ok()) {
+    char* end = nullptr;
+    const long long v = std::strtoll(text->c_str(), &end, 10);
+    if (end != text->c_str() && v > 0) return v;
+  }
+  struct stat st {};
+  if (::stat((dir + "/" + kRefName).c_str(), &st) != 0) return 0;
+  return static_cast<int64_t>(st.st_mtim.tv_sec) * 1000 + st.st_mtim.tv_nsec / 1000000;
+}
+
+}  // namespace
+
+uint64_t LocalStore::TotalBytes() const {
+  uint64_t total = 0;
+  for (const std::string& key : Keys()) total += EntryBytes(EntryDir(key));
+  return total;
+}
+
+std::vector<LocalStore::Evicted> LocalStore::Evict(uint64_t max_bytes,
+                                                   const std::set<std::string>& keep) {
+  std::vector<Evicted> entries;
+  uint64_t total = 0;
+  for (const std::string& key : Keys()) {
+    const std::string dir = EntryDir(key);
+    Evicted e{key, EntryBytes(dir), LastAdoptedMs(dir)};
+    total += e.bytes;
+    entries.push_back(std::move(e));
+  }
+  std::vector<Evicted> removed;
+  if (total <= max_bytes) return removed;
+  // Oldest adoption first; the key breaks ties so the order never depends on the directory's.
+  std::sort(entries.begin(), entries.end(), [](const Evicted& a, const Evicted& b) {
+    return a.last_adopted_ms != b.last_adopted_ms ? a.last_adopted_ms < b.last_adopted_ms
+                                                  : a.key < b.key;
+  });
+  for (const Evicted& e : entries) {
+    if (total <= max_bytes) break;
+    if (keep.count(e.key) > 0) continue;
+    if (Status s = Remove(e.key); !s.ok()) {
+      KILN_LOG(WARN) << "local store: cannot evict " << e.key << ": " << s.message();
+      continue;
+    }
+    total -= std::min(total, e.bytes);
+    removed.push_back(e);
+  }
+  return removed;
 }
 
 std::vector<std::string> LocalStore::Keys() const {

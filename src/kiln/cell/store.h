@@ -18,7 +18,9 @@
 // Files are replaced by write-to-temp + rename, so a reader sees a whole old or a whole new file.
 #pragma once
 
+#include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -95,6 +97,25 @@ class LocalStore {
   Status PutNote(const std::string& key, const std::string& name, std::string_view text);
   // The note's text, nullopt when there is none. InvalidArgument for a malformed key or name.
   Result<std::optional<std::string>> GetNote(const std::string& key, const std::string& name) const;
+
+  // Records that `key` was adopted now (note "adopted", unix milliseconds): the eviction order.
+  // InvalidArgument for a malformed key; IOError naming the path.
+  Status Touch(const std::string& key);
+
+  // One entry Evict removed: its key, the bytes it freed, when it was last adopted (unix ms; the
+  // time its ref was written when it never was).
+  struct Evicted {
+    std::string key;
+    uint64_t bytes = 0;
+    int64_t last_adopted_ms = 0;
+  };
+  // Removes entries, least recently adopted first, until the entries left hold at most
+  // `max_bytes` in all (every file of an entry counts); never an entry in `keep`. Stops short
+  // (the store stays over the bound) when only kept entries are left. Returns what it removed;
+  // an entry that cannot be removed is logged and skipped.
+  std::vector<Evicted> Evict(uint64_t max_bytes, const std::set<std::string>& keep);
+  // Bytes the entries hold in all (every file of every entry).
+  uint64_t TotalBytes() const;
 
   // The keys of all entries present (complete or not), sorted. Names under the root that are not
   // well-formed keys are ignored. Empty if the root does not exist or cannot be read.

@@ -47,6 +47,11 @@ void AddWorkerCommand(CLI::App& app, int* exit_code) {
                   "413 request_too_large (default: the manifest's endpoint.request_memory_mb, or "
                   "half the machine's memory shared by the concurrent requests)")
       ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--store-max-mb", a->store_max_mb,
+                  "size bound of the local store in MiB: past it the least recently adopted "
+                  "cells are evicted, never one this worker armed (default 10240; 0 = no bound; "
+                  "fractions allowed)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--checkpoint-dir", a->checkpoint_dir,
                   "directory the admin checkpoint swap may read from (default: swaps refused)");
   cmd->callback([=] {

@@ -572,6 +572,7 @@ BootOutcome Adoption::ArmAndInstall(const AdmittedCell& admitted, const char* ph
   }
   out_.cell = std::move(cell);
   out_.ref = out_.cell->ref();
+  if (ctx_.keeper != nullptr) ctx_.keeper->Armed(out_.key);
   SayCoverage();
   return Finish({phase, "ref=" + out_.ref + note_});
 }

@@ -62,6 +62,7 @@
 #include "src/kiln/worker/events.h"
 #include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/serving.h"
+#include "src/kiln/worker/store_keeper.h"
 
 namespace kiln {
 
@@ -85,8 +86,9 @@ inline constexpr const char* kArmedTargetUnresolved = "armed_target_unresolved";
 
 // What the boot routes of one worker share. Pointers are not owned and must outlive the call.
 struct BootContext {
-  LocalStore* store = nullptr;  // this machine's cells; null = no local store
-  HubClient* hub = nullptr;     // null = no hub configured
+  LocalStore* store = nullptr;    // this machine's cells; null = no local store
+  StoreKeeper* keeper = nullptr;  // told of every cell armed here; null = none (no bound)
+  HubClient* hub = nullptr;       // null = no hub configured
   // Operator trust anchors (the manifest's `hub.trust`), checked offline (VerifyResolvedReceipt):
   // a receipt signed by any other key is refused, and the hub is never asked for keys.
   // null = trust the hub's own key set (HubSpec: empty trust), see hub_keys.

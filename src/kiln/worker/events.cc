@@ -42,6 +42,7 @@ const std::vector<std::string>& EventKinds() {
       event_kind::kSelfMintPublishFailed,
       event_kind::kLocalCellArmed,
       event_kind::kLocalCellStored,
+      event_kind::kLocalCellEvicted,
       event_kind::kServeEagerPosture,
       event_kind::kServeDegrade,
       event_kind::kServePosture,

@@ -39,6 +39,7 @@ inline constexpr const char* kSelfMintPublish = "self_mint_publish";
 inline constexpr const char* kSelfMintPublishFailed = "self_mint_publish_failed";
 inline constexpr const char* kLocalCellArmed = "local_cell_armed";
 inline constexpr const char* kLocalCellStored = "local_cell_stored";
+inline constexpr const char* kLocalCellEvicted = "local_cell_evicted";
 inline constexpr const char* kServeEagerPosture = "serve_eager_posture";
 inline constexpr const char* kServeDegrade = "serve_degrade";
 inline constexpr const char* kServePosture = "serve_posture";

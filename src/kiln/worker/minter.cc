@@ -347,9 +347,11 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
   Emit(event_kind::kLocalCellStored, put.ok() ? "stored" : "store_failed", MsSince(store_start),
        job->key, ref, first.spec.name,
        put.ok() ? "root=" + options_.store->root() : put.ToString());
+  bool any_installed = false;
   for (auto& [b, cell] : armed) {
     // Reproven: the strict gate and the fence proof just ran on this target's live checkpoint.
     Status installed = b->target->InstallCell(cell, /*reproven=*/true);
+    any_installed = any_installed || installed.ok();
     b->target->SetMintInProgress(false);
     if (installed.ok()) b->target->SetStoredPosture("");
     Emit(event_kind::kLocalCellArmed, installed.ok() ? "armed" : kMintArmRefused,
@@ -362,6 +364,8 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
            " frames=" + std::to_string(child.frames) + " attempts=" + std::to_string(attempts) +
            " peak_rss_kb=" + std::to_string(report.peak_rss_kb),
        PhaseStages(report));
+  // The bound is kept once the new cell serves (it is never its own victim).
+  if (put.ok() && any_installed && options_.keeper != nullptr) options_.keeper->Armed(job->key);
   std::error_code ec;
   std::filesystem::remove_all(job->dir, ec);
   // 5. Publish in the background (readiness never waits for it).

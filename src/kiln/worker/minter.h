@@ -53,6 +53,7 @@
 #include "src/kiln/worker/publisher.h"
 #include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/serving.h"
+#include "src/kiln/worker/store_keeper.h"
 
 namespace kiln {
 
@@ -71,6 +72,7 @@ struct MinterOptions {
   int serve_threads = 1;           // compute threads of the armed cell
   std::string worker;              // names the worker in rows
   LocalStore* store = nullptr;     // required for exported mints
+  StoreKeeper* keeper = nullptr;   // told of every cell installed here; null = none
   Publisher* publisher = nullptr;  // null = no hub: cells stay local
   // A digest the hub revoked is never armed, minted here or not (revocations.h).
   RevocationWatch* revocations = nullptr;

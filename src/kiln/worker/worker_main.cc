@@ -31,6 +31,7 @@
 #include "src/kiln/worker/minter.h"
 #include "src/kiln/worker/publisher.h"
 #include "src/kiln/worker/revocations.h"
+#include "src/kiln/worker/store_keeper.h"
 #include "src/kiln/worker/test_switches.h"
 
 namespace kiln {
@@ -135,6 +136,7 @@ MinterOptions MinterOptionsFrom(const WorkerConfig& a, const Manifest& m, const 
   mo.serve_threads = ctx.threads;
   mo.worker = m.endpoint.name;
   mo.store = ctx.store;
+  mo.keeper = ctx.keeper;
   mo.publisher = publisher;
   mo.revocations = ctx.revocations;
   mo.events = ctx.events;
@@ -327,8 +329,10 @@ Status RunWorker(const WorkerConfig& a) {
   }
   std::printf("kiln worker: request memory budget %lld MiB (%s)\n",
               static_cast<long long>(request_memory >> 20), request_memory_from.c_str());
+  StoreKeeper keeper(&store, static_cast<uint64_t>(a.store_max_mb * 1048576.0), &events);
   BootContext ctx;
   ctx.store = &store;
+  ctx.keeper = &keeper;
   ctx.hub = hub.get();
   ctx.trust = trust.get();
   ctx.hub_keys = &hub_keys;

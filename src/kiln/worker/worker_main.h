@@ -45,6 +45,9 @@ struct WorkerConfig {
   // The memory one request's tensors may hold (MiB); 0 = the manifest's endpoint.request_memory_mb,
   // or when that is 0 too, DefaultRequestMemoryBytes (tensor/memory_budget.h).
   int request_memory_mb = 0;
+  // The local store's size bound (MiB): past it, the least recently adopted cells are evicted,
+  // never one this process armed (store_keeper.h). 0 = no bound.
+  double store_max_mb = 10240;
 };
 
 // Boots the manifest's targets and serves them until SIGTERM or SIGINT (SIGHUP re-reads the TLS
