@@ -244,6 +244,29 @@ Result<Booted> BootTarget(const TargetSpec& spec, const BootWiring& w) {
 }
 
 // Serves until SIGTERM or SIGINT (SIGHUP re-reads the TLS certificate), then stops the front end.
+// The background publisher of cells minted here (null without a hub), with every cell a stopped
+// or killed process left unpublished, or the hub refused, queued again: the hub learns of every
+// cell this machine made.
+Result<std::unique_ptr<Publisher>> MakePublisher(const Manifest& m, LocalStore* store,
+                                                 EventLog* events) {
+  if (!m.hub) return std::unique_ptr<Publisher>();
+  PublisherOptions po;
+  po.hub = HubOptionsFrom(*m.hub);
+  // A publish's complete waits for the hub's rebuild of the cell, which takes as long as a mint's
+  // compile (minutes for a wide cell, more behind a queue): a request timeout sized for resolve
+  // would give up on every publish and retry it. The publisher runs in the background, so it
+  // waits as long as the hub's builder may take.
+  po.hub.io_timeout_s = std::max(po.hub.io_timeout_s, kPublishTimeoutS);
+  po.store = store;
+  po.events = events;
+  po.release = m.endpoint.release;
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, Publisher::Create(po));
+  if (int n = publisher->ResumeUnpublished(); n > 0) {
+    std::printf("kiln worker: offering %d cell(s) minted here to the hub again\n", n);
+  }
+  return publisher;
+}
+
 Status ServeUntilStopped(const WorkerConfig& a, const Manifest& m, Frontend& front,
                          RevocationWatch* revocations, const sigset_t& stop) {
   KILN_RETURN_IF_ERROR(front.Start());
@@ -360,25 +383,7 @@ Status RunWorker(const WorkerConfig& a) {
     lo.worker = m.endpoint.name;
     KILN_ASSIGN_OR_RETURN(leases, MintLeases::Create(lo, &events));
   }
-  std::unique_ptr<Publisher> publisher;
-  if (m.hub) {
-    PublisherOptions po;
-    po.hub = HubOptionsFrom(*m.hub);
-    // A publish's complete waits for the hub's rebuild of the cell, which takes as long as a mint's
-    // compile (minutes for a wide cell, more behind a queue): a request timeout sized for resolve
-    // would give up on every publish and retry it. The publisher runs in the background, so it
-    // waits as long as the hub's builder may take.
-    po.hub.io_timeout_s = std::max(po.hub.io_timeout_s, kPublishTimeoutS);
-    po.store = &store;
-    po.events = &events;
-    po.release = m.endpoint.release;
-    KILN_ASSIGN_OR_RETURN(publisher, Publisher::Create(po));
-    // Cells minted here whose publish a stopped or killed process left unanswered, or the hub
-    // refused, are offered again: the hub learns of every cell this machine made.
-    if (int n = publisher->ResumeUnpublished(); n > 0) {
-      std::printf("kiln worker: offering %d cell(s) minted here to the hub again\n", n);
-    }
-  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Publisher> publisher, MakePublisher(m, &store, &events));
   // Declared after `booted`, so it is destroyed (its threads joined) before the targets they
   // point at, whichever way this function returns.
   Minter minter(MinterOptionsFrom(a, m, ctx, publisher.get()));
