@@ -257,6 +257,25 @@ TEST_F(MintEndToEnd, HubDownDuringPublishPublishesAfterTheHubReturns) {
   EXPECT_EQ(w.Stop(), 0);
 }
 
+// The publish note a worker keeps beside the cell `key` in the local store under `dir`
+// (null when there is none).
+nlohmann::json PublishNote(const std::string& dir, const std::string& key) {
+  LocalStore store(dir + "/cells");
+  auto note = store.GetNote(key, "publish");
+  if (!note.ok() || !note->has_value()) return nullptr;
+  return nlohmann::json::parse(**note, nullptr, /*allow_exceptions=*/false);
+}
+
+// `w`, booted on a store holding the unpublished cell `key`, offers it again: one resumed
+// publish row, and the hub answers the key.
+void ExpectResumedPublish(Worker& w, const Hub& hub, const std::string& key) {
+  Row published;
+  ASSERT_TRUE(w.WaitForRow("self_mint_publish", "published", kMintWaitMs, &published)) << w.Log();
+  EXPECT_TRUE(DetailNames(published, "resumed=1"));
+  EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
+            ResolveAnswer::Kind::kFound);
+}
+
 // A publish the process did not live to finish is completed by the next boot: the hub is down
 // while the publish retries, the worker is SIGKILLed (its note says `pending`), the hub comes back
 // and the restarted worker, adopting its own cell from the local store, offers it again.
@@ -273,26 +292,15 @@ TEST_F(MintEndToEnd, PublishInterruptedByKillIsCompletedAfterRestart) {
     const auto r = w.Infer("mlp", MlpInput());
     ASSERT_EQ(r.mode(), "aot_cell") << r.body.dump();
     key = KeyOf(r.ref());
-    LocalStore store(root_ + "/w/cells");
-    auto note = store.GetNote(key, "publish");
-    ASSERT_TRUE(note.ok() && note->has_value()) << store.root();
-    EXPECT_EQ(nlohmann::json::parse(**note)["state"], "pending") << **note;
+    EXPECT_EQ(PublishNote(root_ + "/w", key)["state"], "pending");
   }  // SIGKILL: the publish dies with the process
   ASSERT_TRUE(hub.Start());
   ASSERT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
             ResolveAnswer::Kind::kMiss);
   Worker again(root_ + "/w", OneClassMlp(Publishing(hub)));
   ASSERT_TRUE(again.Start());
-  Row published;
-  ASSERT_TRUE(again.WaitForRow("self_mint_publish", "published", kMintWaitMs, &published))
-      << again.Log();
-  EXPECT_TRUE(DetailNames(published, "resumed=1"));
-  EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
-            ResolveAnswer::Kind::kFound);
-  LocalStore store(root_ + "/w/cells");
-  auto note = store.GetNote(key, "publish");
-  ASSERT_TRUE(note.ok() && note->has_value());
-  EXPECT_EQ(nlohmann::json::parse(**note)["state"], "published") << **note;
+  ExpectResumedPublish(again, hub, key);
+  EXPECT_EQ(PublishNote(root_ + "/w", key)["state"], "published");
   EXPECT_EQ(again.Stop(), 0);
   // Published is the end: a third boot offers nothing (the log is appended to across boots, and
   // only the second said it offered).
@@ -322,24 +330,16 @@ TEST_F(MintEndToEnd, RefusedPublishIsOfferedAgainAtTheNextBoot) {
     const auto r = w.Infer("mlp", MlpInput());
     ASSERT_EQ(r.mode(), "aot_cell") << r.body.dump();
     key = KeyOf(r.ref());
-    LocalStore store(root_ + "/w/cells");
-    auto note = store.GetNote(key, "publish");
-    ASSERT_TRUE(note.ok() && note->has_value());
-    const auto j = nlohmann::json::parse(**note);
-    EXPECT_EQ(j["state"], "refused") << **note;
-    EXPECT_EQ(j["token"], refused.phase) << **note;
+    const nlohmann::json note = PublishNote(root_ + "/w", key);
+    EXPECT_EQ(note["state"], "refused") << note.dump();
+    EXPECT_EQ(note["token"], refused.phase) << note.dump();
     EXPECT_EQ(w.Stop(), 0);
   }
   EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
             ResolveAnswer::Kind::kMiss);
   Worker again(root_ + "/w", OneClassMlp(Publishing(hub)));
   ASSERT_TRUE(again.Start());
-  Row published;
-  ASSERT_TRUE(again.WaitForRow("self_mint_publish", "published", kMintWaitMs, &published))
-      << again.Log();
-  EXPECT_TRUE(DetailNames(published, "resumed=1"));
-  EXPECT_EQ(hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp").kind,
-            ResolveAnswer::Kind::kFound);
+  ExpectResumedPublish(again, hub, key);
   EXPECT_EQ(again.Stop(), 0);
 }
 
