@@ -99,7 +99,9 @@ std::string CrashGuard::QuarantinePath(const std::string& ref) const {
 bool CrashGuard::IsQuarantined(const std::string& ref) const {
   const std::string path = QuarantinePath(ref);
   std::error_code ec;
-  return !path.empty() && std::filesystem::exists(path, ec);
+  if (!path.empty() && std::filesystem::exists(path, ec)) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  return unpersisted_.count(ref) != 0;
 }
 
 Status CrashGuard::Quarantine(const CrashMarker& marker) {
@@ -114,7 +116,7 @@ Status CrashGuard::Quarantine(const CrashMarker& marker) {
   return WriteFileAtomic(path, j.dump(2) + "\n");
 }
 
-Result<std::vector<CrashMarker>> CrashGuard::Recover() {
+std::vector<CrashMarker> CrashGuard::Recover() {
   std::vector<CrashMarker> dead;
   std::error_code ec;
   std::vector<std::string> paths;
@@ -147,8 +149,14 @@ Result<std::vector<CrashMarker>> CrashGuard::Recover() {
       continue;
     }
     if (WriterAlive(m)) continue;
-    KILN_RETURN_IF_ERROR(Quarantine(m));
-    RemoveDurably(path);
+    if (Status q = Quarantine(m); q.ok()) {
+      RemoveDurably(path);
+    } else {
+      LogWarn("crash guard: cannot persist the quarantine of " + m.ref + " (" + q.ToString() +
+              "); it holds for this process and the marker stays for the next boot");
+      std::lock_guard<std::mutex> lock(mu_);
+      unpersisted_.insert(m.ref);
+    }
     dead.push_back(std::move(m));
   }
   return dead;

@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,6 +42,11 @@ namespace kiln {
 // The posture token, boot_adopt phase and refusal of a cell quarantined because a process died
 // inside it; also the kind of the event row that reports the crash (phase `quarantined`).
 inline constexpr const char* kCellCrashed = "cell_crashed";
+// The phase of that row.
+inline constexpr const char* kCrashQuarantined = "quarantined";
+// The serve_posture phase of a first call the marker could not be written for (it runs anyway:
+// a full disk must not take a cell away).
+inline constexpr const char* kCrashMarkerUnwritten = "crash_marker_unwritten";
 
 // What a marker says: the cell being called for the first time, and by whom.
 struct CrashMarker {
@@ -63,9 +69,10 @@ class CrashGuard {
 
   // Boot, before any adoption: every marker left by a process that is gone quarantines its ref
   // and is deleted. Returns those markers (the caller reports each). A marker that does not parse
-  // is deleted and skipped; an IOError only when the quarantine cannot be written (the marker is
-  // then kept, so the next boot tries again).
-  Result<std::vector<CrashMarker>> Recover();
+  // is deleted and skipped. When the quarantine file cannot be written the ref is quarantined for
+  // this process only and the marker kept, so the next boot tries again; the write's error is
+  // logged. Never fails: a boot must not stop for it.
+  std::vector<CrashMarker> Recover();
 
   // Whether `ref` (key@digest) is quarantined on this machine. A malformed ref is not.
   bool IsQuarantined(const std::string& ref) const;
@@ -88,8 +95,9 @@ class CrashGuard {
   std::string QuarantinePath(const std::string& ref) const;  // "" for a malformed ref
 
   const std::string dir_;  // <store root>/.crash
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::map<std::pair<std::string, std::string>, std::string> armed_;  // (ref, target) -> path
+  std::set<std::string> unpersisted_;  // quarantined refs whose file could not be written
   uint64_t next_ = 0;
 };
 

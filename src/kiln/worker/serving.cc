@@ -233,7 +233,7 @@ Result<TensorMap> ServedTarget::RunGuarded(const ArmedCell& cell, int entry,
   if (Proven(ref)) return RunCell(cell, entry, inputs, budget);
   if (Status armed = guard->Arm(ref, options_.name); !armed.ok()) {
     // Serving goes on: a full disk must not take the cell away, but this call is unguarded.
-    Emit(event_kind::kServePosture, "crash_marker_unwritten", 0, ref, "", armed.ToString());
+    Emit(event_kind::kServePosture, kCrashMarkerUnwritten, 0, ref, "", armed.ToString());
   }
   Result<TensorMap> out = RunCell(cell, entry, inputs, budget);
   // The call returned: whatever it answered, the process did not die inside it.

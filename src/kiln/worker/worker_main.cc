@@ -185,12 +185,11 @@ FrontendOptions FrontendOptionsFrom(const WorkerConfig& a, const Manifest& m, Ev
 
 // Quarantines the refs that processes of this machine died in (crash_guard.h) and reports each
 // with one `cell_crashed` row (phase `quarantined`), which the forwarder takes to the hub.
-Status ReportCrashes(CrashGuard& guard, EventLog& events) {
-  KILN_ASSIGN_OR_RETURN(std::vector<CrashMarker> crashed, guard.Recover());
-  for (const CrashMarker& m : crashed) {
+void ReportCrashes(CrashGuard& guard, EventLog& events) {
+  for (const CrashMarker& m : guard.Recover()) {
     EventRow row;
     row.kind = event_kind::kCellCrashed;
-    row.phase = "quarantined";
+    row.phase = kCrashQuarantined;
     row.ref = m.ref;
     row.key = m.ref.substr(0, m.ref.find('@'));
     row.target = m.target;
@@ -202,7 +201,6 @@ Status ReportCrashes(CrashGuard& guard, EventLog& events) {
         "quarantined (%s/quarantine)\n",
         m.target.c_str(), static_cast<long long>(m.pid), m.ref.c_str(), guard.dir().c_str());
   }
-  return Status::OK();
 }
 
 // What one target's boot needs beyond its declaration.
@@ -336,7 +334,7 @@ Status RunWorker(const WorkerConfig& a) {
   // Before any adoption: a process of this machine that died inside a cell's first call left its
   // marker; that ref is quarantined here and the crash reported (the forwarder is attached).
   CrashGuard crash_guard(root);
-  KILN_RETURN_IF_ERROR(ReportCrashes(crash_guard, events));
+  ReportCrashes(crash_guard, events);
   std::unique_ptr<HubClient> hub;
   std::unique_ptr<PublicKeySet> trust;
   PublicKeySet hub_keys;
