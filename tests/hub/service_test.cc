@@ -167,6 +167,40 @@ TEST_F(ServiceTest, PublishThenResolveGivesAVerifiableReceipt) {
   EXPECT_EQ(again.body["receipt"], hit.body["receipt"]);
 }
 
+// Crash reports (kind cell_crashed, docs/fleet.md): the resolve answer counts distinct machines
+// (a worker's name without its /<pid>), and with the default threshold (0) nothing is revoked
+// however many machines report.
+TEST_F(ServiceTest, CrashReportsAreCountedPerMachineAndRevokeNothingByDefault) {
+  EXPECT_EQ(CrashMachineOf("w1/mlp@host-a/4242"), "w1/mlp@host-a");
+  EXPECT_EQ(CrashMachineOf("w1/mlp@host-a"), "w1/mlp@host-a");
+  EXPECT_EQ(CrashMachineOf("w1"), "w1");
+  EXPECT_EQ(CrashMachineOf("w1/"), "w1/");
+  const CellMetadata m = MakeMetadata(Graph(40));
+  const std::string cell = MakeCell(m);
+  ASSERT_EQ(Publish(As("platform-token"), cell).status, 200);
+  const std::string ref = m.key + "@" + CellDigest(cell);
+  EXPECT_EQ(Resolve("worker-token", m.key).body.value("crashed_workers", -1), 0);
+  auto report = [&](const std::string& instance) {
+    nlohmann::json rows = {{{"kind", "cell_crashed"},
+                            {"phase", "quarantined"},
+                            {"key", m.key},
+                            {"ref", ref},
+                            {"instance", instance}}};
+    return svc_->PostEvents(As("worker-token"), rows.dump()).status;
+  };
+  ASSERT_EQ(report("mlp@host-a/1"), 200);
+  ASSERT_EQ(report("mlp@host-a/2"), 200);  // the same machine, restarted
+  EXPECT_EQ(Resolve("worker-token", m.key).body.value("crashed_workers", -1), 1);
+  for (const char* host : {"mlp@host-b/1", "mlp@host-c/1", "mlp@host-d/1"}) {
+    ASSERT_EQ(report(host), 200);
+  }
+  Reply hit = Resolve("worker-token", m.key);
+  ASSERT_EQ(hit.status, 200) << "revoked with no threshold set: " << hit.body.dump();
+  EXPECT_EQ(hit.body.value("crashed_workers", -1), 4);
+  EXPECT_EQ(svc_->crash_counters().reports.load(), 5u);
+  EXPECT_EQ(svc_->crash_counters().revocations.load(), 0u);
+}
+
 TEST_F(ServiceTest, SecondDigestForAKeyIsATypedConflict) {
   const CellMetadata m = MakeMetadata(Graph(2));
   ASSERT_EQ(Publish(As("platform-token"), MakeCell(m, "first")).status, 200);

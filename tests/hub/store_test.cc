@@ -366,6 +366,39 @@ TEST_P(StoreTest, ObligationsDischargeBySlotOrKeyAndSettleTerminally) {
   EXPECT_EQ(by_target["decoder"].state, "settled:no_export_declaration");
 }
 
+// The workers that reported a ref crashing (kind cell_crashed): distinct, sorted, only that ref
+// of that key, and of every org.
+TEST_P(StoreTest, CrashReportersAreTheDistinctWorkersThatReportedTheRef) {
+  const std::string w1 = "crash-w1-" + Nonce(), w2 = "crash-w2-" + Nonce();
+  const std::string w3 = "crash-w3-" + Nonce();
+  const std::string org = "crash-org-" + Nonce();  // no other test's org (databases outlive a run)
+  const std::string k = Key("crash");
+  const std::string ref = k + "@" + Digest("crash");
+  const std::string other = k + "@" + Digest("crash-other");
+  auto row = [&](const std::string& worker, int64_t seq, const std::string& kind,
+                 const std::string& r, const std::string& org) {
+    StoredEvent e;
+    e.worker = worker;
+    e.seq = seq;
+    e.kind = kind;
+    e.phase = "quarantined";
+    e.key = k;
+    e.ref = r;
+    e.ts = 1000 + seq;
+    e.org = org;
+    return e;
+  };
+  ASSERT_TRUE(store_
+                  ->InsertEvents(
+                      {row(w2, 1, "cell_crashed", ref, ""), row(w1, 1, "cell_crashed", ref, org),
+                       row(w1, 2, "cell_crashed", ref, org), row(w3, 1, "serve_degrade", ref, ""),
+                       row(w2, 2, "cell_crashed", other, "")})
+                  .ok());
+  EXPECT_EQ(store_->CrashReporters(k, ref).value(), (std::vector<std::string>{w1, w2}));
+  EXPECT_EQ(store_->CrashReporters(k, other).value(), (std::vector<std::string>{w2}));
+  EXPECT_TRUE(store_->CrashReporters(Key("crash-none"), ref).value().empty());
+}
+
 TEST_P(StoreTest, EventsFilterAndAdoptionCounts) {
   const std::string w1 = "w1-" + Nonce(), w2 = "w2-" + Nonce();
   const std::string k = Key("ev");

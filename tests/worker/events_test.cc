@@ -33,7 +33,8 @@ std::vector<std::string> ReadLines(const std::string& path) {
 }
 
 TEST(Events, KindsAreDesignVocabulary) {
-  EXPECT_EQ(EventKinds().size(), 20u);
+  EXPECT_EQ(EventKinds().size(), 21u);
+  EXPECT_TRUE(IsKnownEventKind("cell_crashed"));
   EXPECT_TRUE(IsKnownEventKind(event_kind::kServeDegrade));
   EXPECT_TRUE(IsKnownEventKind("boot_adopt"));
   EXPECT_FALSE(IsKnownEventKind("serve_degraded"));

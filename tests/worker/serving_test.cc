@@ -330,6 +330,77 @@ TEST_F(Serving, RevokedCellInstallsNoTarget) {
   EXPECT_EQ(rows[0].phase, kPostureCompiledDegraded);
 }
 
+// Crash containment (crash_guard.h): an exported cell's first call runs between a crash marker
+// written before it and removed after it; once a call returned outputs, later calls write none.
+TEST_F(Serving, FirstCallRunsBetweenACrashMarkerAndItsRemoval) {
+  const std::string root = m_->private_root + "/crash-store-" + std::to_string(::getpid());
+  CrashGuard guard(root);
+  ServedTargetOptions o;
+  o.name = "mlp";
+  o.events = &events_;
+  o.crash_guard = &guard;
+  auto t = ServedTarget::Create(o, m_->graph, m_->weights);
+  ASSERT_TRUE(t.ok());
+  auto cell = LoadCell(*m_, Lane::kExported, m_->weights);
+  ASSERT_NE(cell, nullptr);
+  ASSERT_TRUE((*t)->InstallCell(cell).ok());
+  auto markers = [&] {
+    int n = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(guard.dir() + "/markers", ec)) {
+      (void)e;
+      ++n;
+    }
+    return n;
+  };
+  // The test hook runs right where the cell would: it sees what is on disk during the call.
+  std::vector<int> seen;
+  (*t)->SetRunFaultForTest([&] {
+    seen.push_back(markers());
+    return std::string();
+  });
+  for (int i = 0; i < 3; ++i) {
+    auto r = (*t)->Serve(Input(1), "mlp");
+    ASSERT_TRUE(r.ok()) << r.status().ToString();
+    EXPECT_EQ(r->serving_mode, kServingAotCell);
+    EXPECT_EQ(markers(), 0);
+  }
+  EXPECT_EQ(seen, (std::vector<int>{1, 0, 0}));
+  std::error_code ec;
+  std::filesystem::remove_all(root, ec);
+}
+
+// A ref a process of this machine died in installs no target, even one minted and proven again
+// here (a proof is no evidence against the crash); the target serves eager saying cell_crashed.
+TEST_F(Serving, CrashQuarantinedRefInstallsNoTargetEvenReproven) {
+  const std::string root = m_->private_root + "/crash-store-q-" + std::to_string(::getpid());
+  CrashGuard guard(root);
+  CrashMarker crashed;
+  crashed.ref = m_->mint.ref;
+  crashed.target = "mlp";
+  crashed.pid = 1;
+  ASSERT_TRUE(guard.Quarantine(crashed).ok());
+  ServedTargetOptions o;
+  o.name = "mlp";
+  o.events = &events_;
+  o.crash_guard = &guard;
+  auto t = ServedTarget::Create(o, m_->graph, m_->weights);
+  ASSERT_TRUE(t.ok());
+  auto cell = LoadCell(*m_, Lane::kExported, m_->weights);
+  ASSERT_NE(cell, nullptr);
+  Status s = (*t)->InstallCell(cell, /*reproven=*/true);
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.token(), kCellCrashed);
+  EXPECT_EQ((*t)->cell(), nullptr);
+  EXPECT_EQ((*t)->Posture(), kCellCrashed);
+  auto r = (*t)->Serve(Input(1), "mlp");
+  ASSERT_TRUE(r.ok());
+  EXPECT_EQ(r->serving_mode, kServingEager);
+  EXPECT_EQ(r->fallback_reason, kCellCrashed);
+  std::error_code ec;
+  std::filesystem::remove_all(root, ec);
+}
+
 // Law 7: allocation failure is not the cell's fault: eager, a cell_oom row, still armed.
 TEST_F(Serving, ResourceExhaustionAnswersEagerAndStaysArmed) {
   auto t = ArmedTarget();

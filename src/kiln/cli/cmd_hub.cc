@@ -300,6 +300,11 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--blob-url-endpoint", args->options.blob_url_endpoint,
                   "http(s)://host[:port] that direct blob URLs name when readers reach the S3 "
                   "store by another name than KILN_S3_ENDPOINT (default: KILN_S3_ENDPOINT)");
+  cmd->add_option("--crash-revoke-threshold", args->options.crash_revoke_threshold,
+                  "revoke a cell once this many distinct worker machines reported it crashing a "
+                  "worker process (cell_crashed); a machine is a worker name without its pid "
+                  "(default 0: never)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--revocation-max-age", args->options.revocation_max_age_s,
                   "seconds an adopter may rely on a signed revocation list (default 300)");
   cmd->add_option("--blob-grace", args->options.blob_grace_s,

@@ -148,6 +148,17 @@ class EntryEmitter {
         declared[static_cast<size_t>(b.id)] = progress = true;
       }
     }
+    if (opt_.test_segv && !p_.inputs.empty()) {
+      const Buffer& in0 = Buf(p_.inputs[0]);
+      if (in0.type.dtype == DType::kFloat32 && !in0.dynamic && NumElements(in0.type.shape) > 0) {
+        // The address is read from a volatile, so the compiler cannot see the null and turn the
+        // store into a trap: the process gets the SIGSEGV a real bug would raise.
+        os_ << "  if (" << B(in0.id) << "[0] == " << FloatLit(opt_.test_segv_value)
+            << ") {  // TEST ONLY (KILN_TEST_CELL_SEGV)\n"
+            << "    volatile int64_t kiln_test_null = 0;\n"
+            << "    *(volatile int*)kiln_test_null = 1;\n  }\n";
+      }
+    }
     int op_index = 0, conv_index = 0;
     for (size_t k = 0; k < p_.kernels.size(); ++k) {
       const Kernel& kern = p_.kernels[k];

@@ -13,10 +13,9 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "src/kiln/base/status.h"
 #include "src/kiln/compile/program.h"
@@ -31,6 +30,12 @@ struct EmitOptions {
   // TEST ONLY: multiply every float output by this factor at the end of each entry, making a
   // deliberately wrong cell for the numerics gate to refuse. 1.0 = off.
   double test_output_scale = 1.0;
+  // TEST ONLY: every entry writes through a null pointer (a real SIGSEGV in the cell's own code)
+  // when its first input is float and that input's first element equals `test_segv_value`.
+  // The mint's proof draws its inputs at random, so the cell passes every gate and crashes only
+  // on the request a test sends. Set from KILN_TEST_CELL_SEGV (pipeline.h); off in production.
+  bool test_segv = false;
+  float test_segv_value = 0;
 };
 
 struct EmittedCell {

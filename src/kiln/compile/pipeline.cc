@@ -28,6 +28,7 @@
 
 #include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
+#include "src/kiln/base/log.h"
 #include "src/kiln/compile/passes.h"
 #include "src/kiln/ops/verifier.h"
 
@@ -90,6 +91,28 @@ std::string GraphText(const Graph& g) {
     os << ")\n";
   }
   return os.str();
+}
+
+// KILN_TEST_CELL_SEGV (pipeline.h): a float; any other value is ignored and the log says so.
+void ApplyTestSegvSwitch(EmitOptions* emit) {
+  const char* env = std::getenv(kTestCellSegvEnv);
+  if (env == nullptr || *env == '\0') return;
+  char* end = nullptr;
+  const float v = std::strtof(env, &end);
+  static std::once_flag said;
+  if (end == env || *end != '\0') {
+    std::call_once(said, [env] {
+      LogWarn(std::string("TEST SWITCH ") + kTestCellSegvEnv + "='" + env +
+              "' is not a float; ignored");
+    });
+    return;
+  }
+  emit->test_segv = true;
+  emit->test_segv_value = v;
+  std::call_once(said, [env] {
+    LogWarn(std::string("TEST SWITCH ") + kTestCellSegvEnv + "=" + env +
+            " is set: generated cells segfault when their first input starts with it");
+  });
 }
 
 }  // namespace
@@ -206,6 +229,7 @@ Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
   const auto start = std::chrono::steady_clock::now();
   EmitOptions emit = options.emit;
   emit.graph_digest = graph_digest;
+  ApplyTestSegvSwitch(&emit);
   KILN_ASSIGN_OR_RETURN(EmittedCell cell, EmitCell(entries, emit));
   if (timings) timings->push_back({"cell", kEmitPass, MsSince(start)});
   if (programs) *programs = std::move(entries);

@@ -25,6 +25,14 @@ struct CompileOptions {
   int parallel_compiles = 2;
 };
 
+// The test-only switch KILN_TEST_CELL_SEGV=<float>: every cell this process generates writes
+// through a null pointer when its first input's first element equals that value
+// (EmitOptions::test_segv), so end-to-end tests can show a worker killed by a cell's own code
+// (docs/fleet.md "A cell that crashes the worker"). Read by GenerateCell, the one path to a cell's
+// source, so a mint and a worker's source regeneration agree whenever both processes have it set;
+// nothing in kiln sets it, and a process that honours it says so in its log.
+inline constexpr const char* kTestCellSegvEnv = "KILN_TEST_CELL_SEGV";
+
 struct PassTiming {
   std::string entry;
   std::string pass;

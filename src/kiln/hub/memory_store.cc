@@ -291,6 +291,16 @@ class MemoryStore final : public HubStore {
     return static_cast<int64_t>(workers.size());
   }
 
+  Result<std::vector<std::string>> CrashReporters(const std::string& key,
+                                                  const std::string& ref) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::set<std::string> workers;
+    for (const auto& e : events_) {
+      if (e.key == key && e.kind == "cell_crashed" && e.ref == ref) workers.insert(e.worker);
+    }
+    return std::vector<std::string>(workers.begin(), workers.end());
+  }
+
   Result<MintLeaseAcquire> AcquireMintLease(const MintLeaseRow& want, int64_t now_ms) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto [it, fresh] = leases_.try_emplace({want.key, want.family}, want);

@@ -663,6 +663,22 @@ class PostgresStore final : public HubStore {
         true));
     return n;
   }
+  Result<std::vector<std::string>> CrashReporters(const std::string& key,
+                                                  const std::string& ref) override {
+    std::vector<std::string> out;
+    KILN_RETURN_IF_ERROR(Do(
+        "crash reporters",
+        [&](pqxx::transaction_base& w) {
+          out.clear();
+          auto r = w.exec_params(
+              "SELECT DISTINCT worker FROM events WHERE key = $1 AND kind = 'cell_crashed' AND "
+              "ref = $2 ORDER BY worker",
+              key, ref);
+          for (const auto& row : r) out.push_back(S(row[0]));
+        },
+        true));
+    return out;
+  }
 
  private:
   Result<std::vector<CellRow>> Cells(const char* what, const std::string& sql,

@@ -527,6 +527,7 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   }
   service_options.mint_lease_ttl_ms = std::llround(options.mint_lease_ttl_s * 1000);
   service_options.blob_url_ttl_s = options.blob_url_ttl_s;
+  service_options.crash_revoke_threshold = options.crash_revoke_threshold;
   std::unique_ptr<HubServer> hub(new HubServer());
   hub->options_ = options;
   hub->service_ = std::make_unique<HubService>(std::move(store), std::move(blobs), std::move(keys),
@@ -612,6 +613,19 @@ void HubServer::RegisterGauges() {
                        {{{"answer", "lost"}}, n(leases->lost)},
                        {{{"answer", "released"}}, n(leases->released)}};
       });
+  const HubService::CrashCounters* crashes = &s->crash_counters();
+  m.RegisterCounter("kiln_hub_cell_crash_reports_total",
+                    "Event rows of kind cell_crashed this process accepted: a worker process died "
+                    "inside a cell's first call and its machine quarantined the cell.",
+                    [crashes] {
+                      return Samples{{{}, static_cast<double>(crashes->reports.load())}};
+                    });
+  m.RegisterCounter("kiln_hub_crash_revocations_total",
+                    "Cells this process revoked because enough distinct worker machines reported "
+                    "them crashing (--crash-revoke-threshold).",
+                    [crashes] {
+                      return Samples{{{}, static_cast<double>(crashes->revocations.load())}};
+                    });
   const std::string backend =
       s->store().Describe().rfind("sqlite", 0) == 0 ? "sqlite" : s->store().Describe();
   m.RegisterGauge("kiln_hub_db_pool_size",

@@ -93,7 +93,21 @@ struct HubServiceOptions {
   // GETs: a resolve's blob_url, GET /v1/blobs/{digest}?direct=1); 0 mints none, so every
   // download streams through the hub.
   int64_t blob_url_ttl_s = 300;
+  // Auto-revocation of a cell that crashes workers (docs/fleet.md "A cell that crashes the
+  // worker"): once this many distinct worker machines reported a ref `cell_crashed`, the hub
+  // revokes it as an admin would. A machine is the reporting worker's name without its process
+  // id, so one worker crash-looping under new pids counts once. 0 = never (the default: the
+  // names are the workers' own word).
+  int crash_revoke_threshold = 0;
 };
+
+// The reason the hub records when it revokes a cell past the crash threshold, and its
+// `revoked_by`.
+inline constexpr const char* kCrashRevokedBy = "hub:crash-threshold";
+
+// The machine a worker's name stands for: the name without a trailing "/<pid>" (a worker names
+// itself "<endpoint>@<host>/<pid>", and the hub prefixes its token's name).
+std::string CrashMachineOf(const std::string& worker);
 
 // The refusal of a publish intent while another publisher's claim on (key, family) is live
 // (409, with Retry-After): retry later and see "already" (or key_taken) once it completes.
@@ -203,6 +217,12 @@ class HubService {
     std::atomic<uint64_t> granted{0}, held{0}, published{0}, lost{0}, released{0};
   };
   const LeaseAnswers& lease_answers() const { return lease_answers_; }
+  // Crash reports (event rows of kind cell_crashed) this process accepted, and the cells it
+  // revoked past the crash threshold, for /metrics.
+  struct CrashCounters {
+    std::atomic<uint64_t> reports{0}, revocations{0};
+  };
+  const CrashCounters& crash_counters() const { return crash_counters_; }
 
  private:
   int64_t Now() const;
@@ -233,6 +253,10 @@ class HubService {
   // PublishComplete's work; *intent is set once p's intent is found.
   Reply CompletePublish(const Principal& p, std::string_view body,
                         std::optional<IntentRow>* intent);
+  // The distinct machines (CrashMachineOf) that reported `ref` of `key` crashing a worker.
+  Result<int64_t> CrashedMachines(const std::string& key, const std::string& ref);
+  // After crash reports of (key, ref) were stored: revokes the cell once the threshold is met.
+  void MaybeRevokeCrashed(const std::string& key, const std::string& ref);
   // `rebuild`'s verdict on `digest`, run once however many publishes of those bytes ask at once.
   Result<RebuildAttestation> RebuildOnce(
       const std::string& digest, const std::function<Result<RebuildAttestation>()>& rebuild);
@@ -257,6 +281,7 @@ class HubService {
   struct Pins;
   std::unique_ptr<Pins> pins_;
   LeaseAnswers lease_answers_;
+  CrashCounters crash_counters_;
 };
 
 struct HubOptions {
@@ -290,6 +315,7 @@ struct HubOptions {
   int64_t publish_claim_ttl_s = 300;       // HubServiceOptions::publish_claim_ttl_s
   double mint_lease_ttl_s = 60;            // HubServiceOptions::mint_lease_ttl_ms, in seconds
   int64_t blob_url_ttl_s = 300;            // HubServiceOptions::blob_url_ttl_s
+  int crash_revoke_threshold = 0;          // HubServiceOptions::crash_revoke_threshold
   // The scheme and host of the direct blob URLs when readers reach the S3 store by another name
   // than KILN_S3_ENDPOINT (S3Location::public_endpoint); empty: KILN_S3_ENDPOINT.
   std::string blob_url_endpoint;

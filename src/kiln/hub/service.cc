@@ -50,6 +50,9 @@ namespace {
 
 // The field of the revoke routes' answers that says what was revoked (docs/hub-api.md).
 constexpr const char* kRevokedField = "revoked";
+// The event kind a worker reports a cell with when one of its processes died inside it (the
+// worker's event_kind::kCellCrashed; the hub does not include worker headers).
+constexpr const char* kEventCellCrashed = "cell_crashed";
 
 constexpr int64_t kTokenCacheSeconds = 10;
 
@@ -539,6 +542,10 @@ Reply HubService::ResolveCell(const Principal& p, const std::string& key,
   nlohmann::json found{{"found", true},  {"key", c.key},         {"digest", c.digest},
                        {"size", c.size}, {"family", c.family},   {"publisher", c.publisher},
                        {"tier", c.tier}, {"release", c.release}, {"receipt", c.receipt}};
+  // How many worker machines reported this cell crashing a worker (docs/fleet.md).
+  auto crashed = CrashedMachines(c.key, c.key + "@" + c.digest);
+  if (!crashed.ok()) return Reply::FromStatus(crashed.status());
+  found["crashed_workers"] = *crashed;
   // p may read this family, so OpenBlob would serve p this digest: the same right, minted as a
   // URL the worker downloads from without the hub.
   if (std::string url = MintBlobUrl(c.digest); !url.empty()) {
@@ -1511,7 +1518,63 @@ Reply HubService::PostEvents(const Principal& p, std::string_view body) {
     out.push_back(std::move(e));
   }
   if (Status s = store_->InsertEvents(out); !s.ok()) return Reply::FromStatus(s);
+  // Crash reports: counted, and a cell past the threshold revoked (once per ref in the batch).
+  std::set<std::pair<std::string, std::string>> crashed;
+  for (const StoredEvent& e : out) {
+    if (e.kind != kEventCellCrashed) continue;
+    crash_counters_.reports.fetch_add(1, std::memory_order_relaxed);
+    crashed.insert({e.key, e.ref});
+  }
+  for (const auto& [key, ref] : crashed) MaybeRevokeCrashed(key, ref);
   return Reply::Json(200, {{"accepted", out.size()}});
+}
+
+std::string CrashMachineOf(const std::string& worker) {
+  const size_t slash = worker.rfind('/');
+  if (slash == std::string::npos || slash + 1 == worker.size()) return worker;
+  const std::string tail = worker.substr(slash + 1);
+  const bool pid =
+      std::all_of(tail.begin(), tail.end(), [](char c) { return c >= '0' && c <= '9'; });
+  return pid ? worker.substr(0, slash) : worker;
+}
+
+Result<int64_t> HubService::CrashedMachines(const std::string& key, const std::string& ref) {
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> workers, store_->CrashReporters(key, ref));
+  std::set<std::string> machines;
+  for (const std::string& w : workers) machines.insert(CrashMachineOf(w));
+  return static_cast<int64_t>(machines.size());
+}
+
+void HubService::MaybeRevokeCrashed(const std::string& key, const std::string& ref) {
+  const int threshold = options_.crash_revoke_threshold;
+  const size_t at = ref.find('@');
+  if (threshold <= 0 || at == std::string::npos || ref.substr(0, at) != key ||
+      !IsWellFormedKey(key) || !IsWellFormedDigest(ref.substr(at + 1))) {
+    return;
+  }
+  const std::string digest = ref.substr(at + 1);
+  auto machines = CrashedMachines(key, ref);
+  if (!machines.ok()) {
+    KILN_LOG(WARNING) << "hub: cannot count the crash reports of " << ref << ": "
+                      << machines.status().ToString();
+    return;
+  }
+  if (*machines < threshold) return;
+  auto revoked = store_->GetRevocation(key, digest);
+  if (!revoked.ok() || revoked->has_value()) return;
+  RevocationRow row{key, digest,
+                    std::string(kEventCellCrashed) + ": " + std::to_string(*machines) +
+                        " worker machines reported this cell crashing a worker process "
+                        "(--crash-revoke-threshold " +
+                        std::to_string(threshold) + ")",
+                    kCrashRevokedBy, Now()};
+  if (Status s = store_->Revoke(row); !s.ok()) {
+    KILN_LOG(WARNING) << "hub: cannot revoke " << ref
+                      << " past the crash threshold: " << s.ToString();
+    return;
+  }
+  crash_counters_.revocations.fetch_add(1, std::memory_order_relaxed);
+  KILN_LOG(INFO) << "hub: revoked " << ref << ": " << row.reason;
 }
 
 // GET /v1/events

@@ -665,6 +665,20 @@ class SqliteStore final : public HubStore {
     return s.Int(0);
   }
 
+  Result<std::vector<std::string>> CrashReporters(const std::string& key,
+                                                  const std::string& ref) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stmt s(db_,
+           "SELECT DISTINCT worker FROM events WHERE key = ? AND kind = 'cell_crashed' AND ref = ? "
+           "ORDER BY worker");
+    s.Bind(key).Bind(ref);
+    std::vector<std::string> out;
+    int rc;
+    while ((rc = s.Step()) == SQLITE_ROW) out.push_back(s.Text(0));
+    if (rc != SQLITE_DONE) return s.Error("crash reporters", rc);
+    return out;
+  }
+
   // One statement under mu_, and SQLite runs each statement in a transaction of its own that
   // holds the database's write lock, so the take-over condition and the write are one step for
   // every process sharing the file.

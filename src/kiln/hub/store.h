@@ -336,6 +336,10 @@ class HubStore {
   // boot_adopt, phase hit|local_hit).
   virtual Result<int64_t> AdoptedCount(const std::string& key,
                                        const std::optional<std::string>& org) = 0;
+  // The distinct `worker` names of every org that reported `ref` (key@digest of a cell of `key`)
+  // crashing a worker process (kind cell_crashed), sorted.
+  virtual Result<std::vector<std::string>> CrashReporters(const std::string& key,
+                                                          const std::string& ref) = 0;
 
   // --- mint leases --------------------------------------------------------------------------
   // Writes `want` as the lease of (want.key, want.family) unless another lease there is live:

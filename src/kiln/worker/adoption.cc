@@ -72,6 +72,12 @@ void Adopter::Apply(const BootOutcome& out, ServedTarget& target, const TargetSp
     Schedule(Pending{&target, spec, graph, attempt + 1, {}, wait}, delay);
     return;
   }
+  if (out.phase == kCellCrashed) {
+    // A worker of this machine died inside this very cell: a mint of the key would make the
+    // same bytes (law 15), so the target stays eager and says why (crash_guard.h).
+    target.SetStoredPosture(kCellCrashed);
+    return;
+  }
   // A miss, or a refusal of the hub's cell: the ordinary miss policy, mint where the lane
   // allows. The refusal stays the target's posture token (it says why there is no cell).
   if (!miss) target.SetStoredPosture(out.phase);

@@ -15,6 +15,9 @@
 //   or revoked)                         the lane's ordinary miss policy: the refusal becomes the
 //                                       target's stored posture token and the key is minted here
 //                                       (a mint never arms a revoked digest)
+//   cell_crashed (the ref is crash-quarantined here, crash_guard.h)
+//                                       eager with posture `cell_crashed`; nothing is minted (a
+//                                       mint of the key would make the same bytes, law 15)
 //   operator_eager_only, no_export_declaration, key_underivable: nothing
 // Every attempt emits its own boot_adopt row.
 //

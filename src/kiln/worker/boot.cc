@@ -348,6 +348,12 @@ PublicKeySet Adoption::HubKeys() const {
 Adoption::Next Adoption::AdmitStored() {
   auto admitted = AdmitCell(stored_->bytes, stored_->digest, stored_->bytes.size(), *policy_);
   Status local = admitted.status();
+  if (local.ok() && ctx_.crash_guard != nullptr &&
+      ctx_.crash_guard->IsQuarantined(out_.key + "@" + stored_->digest)) {
+    local = Status::Refused(
+        StatusCode::kInvalidArgument, kCellCrashed,
+        "ref " + out_.key + "@" + stored_->digest + " is crash-quarantined on this machine");
+  }
   if (local.ok()) local = CheckScope(spec_, admitted->metadata.family, nullptr);
   if (local.ok() && stored_->origin.kind == CellOrigin::Kind::kHub) {
     // The receipt it came with, checked as at its first adoption.
@@ -426,6 +432,13 @@ Adoption::Next Adoption::Resolve() {
   if (answer_.key != out_.key) {
     return Decision{kBootResolveKeyMismatch,
                     "asked=" + out_.key + " answered=" + answer_.key + note_};
+  }
+  // A ref a worker of this machine died in is not fetched, whoever serves it.
+  if (ctx_.crash_guard != nullptr &&
+      ctx_.crash_guard->IsQuarantined(out_.key + "@" + answer_.digest)) {
+    out_.ref = out_.key + "@" + answer_.digest;
+    return Decision{kCellCrashed,
+                    "hub=found ref=" + out_.ref + " is crash-quarantined on this machine" + note_};
   }
   return std::nullopt;
 }

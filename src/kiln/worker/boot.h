@@ -10,11 +10,13 @@
 //      from a hub with a receipt that still verifies (steps 6-7 on the stored receipt), else
 //      `provenance_unattested`; scope (the cell's family is the target's export family); the
 //      source regenerated from this worker's graph (`source_mismatch`); the revocation list
-//      (`revoked` ends the boot, and the entry is deleted). A local entry refused for any other
+//      (`revoked` ends the boot, and the entry is deleted); a ref crash-quarantined on this
+//      machine (crash_guard.h) is refused `cell_crashed`. A local entry refused for any other
 //      reason is deleted and the hub is asked. Then load -> install     `local_hit`
 //   5. hub resolve of (key, export family): no hub `local_miss_no_hub`; {found:false} `miss`; a
 //      typed refusal (hub says no, hub down, timeout) `resolve_refused` (never a miss); an
-//      answer for another key `resolve_key_mismatch`
+//      answer for another key `resolve_key_mismatch`; an answer whose ref is crash-quarantined
+//      on this machine `cell_crashed` (nothing fetched)
 //   6. receipt gate: EdDSA, known kid (the hub's key set refetched once on an unknown kid; never
 //      for operator trust anchors), signature, claims equal to the answer; `receipt_refused`
 //   7. publisher rule: the receipt's tier may write the export family (a platform publisher any
@@ -59,6 +61,7 @@
 #include "src/kiln/graph/ir.h"
 #include "src/kiln/manifest/manifest.h"
 #include "src/kiln/receipt/receipt.h"
+#include "src/kiln/worker/crash_guard.h"
 #include "src/kiln/worker/events.h"
 #include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/serving.h"
@@ -81,6 +84,7 @@ inline constexpr const char* kBootFetchRefused = "fetch_refused";
 inline constexpr const char* kBootArmRefused = "arm_refused";
 inline constexpr const char* kBootScopeRefused = "scope_refused";
 inline constexpr const char* kBootProvenanceUnattested = "provenance_unattested";
+// (kCellCrashed, crash_guard.h, is a boot phase too: the cell's ref is crash-quarantined here.)
 // serve_degrade phase for a cell that armed but could not be installed on its target.
 inline constexpr const char* kArmedTargetUnresolved = "armed_target_unresolved";
 
@@ -101,6 +105,8 @@ struct BootContext {
   // is configured. REQUIRES: non-null when `hub` is (a worker with a hub always watches it).
   RevocationWatch* revocations = nullptr;
   EventLog* events = nullptr;  // null = no row
+  // This machine's crash quarantine (crash_guard.h); null = none consulted.
+  const CrashGuard* crash_guard = nullptr;
   std::string private_dir;     // verified .so files are written under here (0700) and opened
   std::string blob_cache_dir;  // fetched blobs by digest; "" = <private_dir>/blobs
   int threads = 1;             // compute threads of the armed cell

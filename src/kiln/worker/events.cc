@@ -54,6 +54,7 @@ const std::vector<std::string>& EventKinds() {
       event_kind::kMintPhases,
       event_kind::kCellRevoked,
       event_kind::kRevocationList,
+      event_kind::kCellCrashed,
   };
   return kinds;
 }

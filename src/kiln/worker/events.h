@@ -51,6 +51,9 @@ inline constexpr const char* kGuardMiss = "guard_miss";
 inline constexpr const char* kMintPhases = "mint_phases";
 inline constexpr const char* kCellRevoked = "cell_revoked";
 inline constexpr const char* kRevocationList = "revocation_list";
+// A process of this machine died inside a cell's first call; its ref is quarantined
+// (crash_guard.h). Equal to the posture token kCellCrashed.
+inline constexpr const char* kCellCrashed = "cell_crashed";
 }  // namespace event_kind
 
 // Every kind above, in docs/design.md §10 order.

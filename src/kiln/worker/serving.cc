@@ -48,6 +48,7 @@ ServedTarget::Snapshot ServedTarget::Take() const {
 std::string ServedTarget::EagerPostureLocked() const {
   if (mint_in_progress_) return kPostureMintInProgress;
   if (!stored_posture_.empty()) return stored_posture_;
+  if (crashed_) return kCellCrashed;
   if (compiled_degraded_ || (cell_ && cell_->revoked())) return kPostureCompiledDegraded;
   if (!options_.compile_declared) return kPostureNoCompileDeclared;
   if (arm_pending_) return kPostureArmPending;
@@ -215,6 +216,35 @@ Result<TensorMap> ServedTarget::RunCell(const ArmedCell& cell, int entry, const 
   return cell.Run(entry, inputs, budget);
 }
 
+bool ServedTarget::Proven(const std::string& ref) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return proven_refs_.count(ref) != 0;
+}
+
+Result<TensorMap> ServedTarget::RunGuarded(const ArmedCell& cell, int entry,
+                                           const TensorMap& inputs,
+                                           const std::shared_ptr<MemoryBudget>& budget) {
+  const std::string& ref = cell.ref();
+  CrashGuard* guard = options_.crash_guard;
+  if (guard == nullptr || ref.empty() || Proven(ref)) return RunCell(cell, entry, inputs, budget);
+  // The first call runs alone: a request arriving meanwhile waits, then finds the cell proven
+  // (or runs the next first call itself when this one returned no outputs).
+  std::lock_guard<std::mutex> first(first_call_mu_);
+  if (Proven(ref)) return RunCell(cell, entry, inputs, budget);
+  if (Status armed = guard->Arm(ref, options_.name); !armed.ok()) {
+    // Serving goes on: a full disk must not take the cell away, but this call is unguarded.
+    Emit(event_kind::kServePosture, kCrashMarkerUnwritten, 0, ref, "", armed.ToString());
+  }
+  Result<TensorMap> out = RunCell(cell, entry, inputs, budget);
+  // The call returned: whatever it answered, the process did not die inside it.
+  guard->Disarm(ref, options_.name);
+  if (out.ok()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    proven_refs_.insert(ref);
+  }
+  return out;
+}
+
 Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::string& fn) {
   const Clock::TimePoint start = Clock::Real()->Now();
   auto done = [&](Result<ServeResult> r) {
@@ -263,7 +293,7 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
 
   // 5. Run the entry.
   const Clock::TimePoint run_start = Clock::Real()->Now();
-  Result<TensorMap> out = RunCell(cell, entry, inputs, budget);
+  Result<TensorMap> out = RunGuarded(cell, entry, inputs, budget);
   const double run_ms = MsSince(run_start);
   if (out.ok()) {
     // 6. The lane is read off the object (law 9).
@@ -310,9 +340,12 @@ Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven)
   const std::string digest =
       ref.find('@') == std::string::npos ? "" : ref.substr(ref.find('@') + 1);
   std::string refusal;
+  const char* token = kPostureCompiledDegraded;
   // Revoke writes its reason under the cell's lock after flipping the flag; a no-op Revoke on a
   // revoked cell waits for that write, so the reason below is safe to read.
   if (cell->revoked()) cell->Revoke(kRefusalRevoked);
+  const bool crashed =
+      options_.crash_guard != nullptr && !ref.empty() && options_.crash_guard->IsQuarantined(ref);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (cell->revoked()) {
@@ -320,6 +353,10 @@ Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven)
                 cell->revoke_reason() + ")";
     } else if (!digest.empty() && hub_revoked_digests_.count(digest) != 0) {
       refusal = "cell " + ref + " was revoked by the hub";
+    } else if (crashed) {
+      token = kCellCrashed;
+      refusal = "cell " + ref +
+                " is quarantined on this machine: a worker process died inside its first call";
     } else if (!ref.empty() && quarantined_refs_.count(ref) != 0) {
       if (reproven) {
         quarantined_refs_.erase(ref);  // minted and proven again here: new evidence
@@ -327,7 +364,9 @@ Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven)
         refusal = "cell " + ref + " was revoked in this process and stays quarantined";
       }
     }
-    if (!refusal.empty()) {
+    if (token == kCellCrashed) {
+      crashed_ = true;
+    } else if (!refusal.empty()) {
       // Law 10: a revoked cell installs no target; the target reports compiled_degraded.
       compiled_degraded_ = true;
       if (cell->revoked()) revoked_cell_ = cell;
@@ -337,9 +376,8 @@ Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven)
     }
   }
   if (!refusal.empty()) {
-    Emit(event_kind::kServePosture, kPostureCompiledDegraded, 0, ref, "",
-         "not installed: " + refusal);
-    return Status::Refused(StatusCode::kInvalidArgument, kPostureCompiledDegraded,
+    Emit(event_kind::kServePosture, token, 0, ref, "", "not installed: " + refusal);
+    return Status::Refused(StatusCode::kInvalidArgument, token,
                            "target '" + options_.name + "': " + refusal);
   }
   Emit(event_kind::kServePosture, ModeOf(*cell), 0, ref, "",

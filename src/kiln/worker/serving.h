@@ -26,8 +26,15 @@
 // `request_too_large` (InvalidArgument) naming the node, the shape and the bound, before the tensor
 // exists, and no cell is revoked.
 //
+// Crash containment (crash_guard.h): with a CrashGuard, an exported cell's first call in this
+// process runs alone, between a durable crash marker written before it and removed after it; a
+// call that returned outputs proves the cell for the rest of the process, and requests that
+// arrive meanwhile wait for it. A cell whose ref is crash-quarantined on this machine never
+// installs (posture `cell_crashed`).
+//
 // Concurrency: Serve may be called from many threads at once; the target's lock is held only to
-// take a snapshot (cell, interpreter, weights), never around a run. Swapping a checkpoint waits
+// take a snapshot (cell, interpreter, weights), never around a run (the first call's own lock,
+// above, is held around that one run). Swapping a checkpoint waits
 // for runs already inside the cell and then rebinds it; the cell keeps serving.
 #pragma once
 
@@ -45,6 +52,7 @@
 #include "src/kiln/graph/checkpoint.h"
 #include "src/kiln/graph/ir.h"
 #include "src/kiln/manifest/manifest.h"
+#include "src/kiln/worker/crash_guard.h"
 #include "src/kiln/worker/events.h"
 
 namespace kiln {
@@ -55,8 +63,9 @@ inline constexpr const char* kServingJitCell = "jit_cell";
 inline constexpr const char* kServingEager = "eager";
 
 // Eager posture tokens, highest precedence first (docs/design.md "Serving details"):
-// mint_in_progress > stored token > compiled_degraded > no_compile_declared > arm_pending >
-// uncompiled. The operator's order overrides them all with operator_eager_only (not a fallback).
+// mint_in_progress > stored token > cell_crashed > compiled_degraded > no_compile_declared >
+// arm_pending > uncompiled (cell_crashed: crash_guard.h). The operator's order overrides them all
+// with operator_eager_only (not a fallback).
 inline constexpr const char* kPostureOperatorEagerOnly = "operator_eager_only";
 inline constexpr const char* kPostureMintInProgress = "mint_in_progress";
 inline constexpr const char* kPostureCompiledDegraded = "compiled_degraded";
@@ -111,6 +120,8 @@ struct ServedTargetOptions {
   // (sizes are still checked against int64). The worker sets it from --request-memory-mb /
   // endpoint.request_memory_mb, or DefaultRequestMemoryBytes.
   int64_t request_memory_bytes = 0;
+  // Not owned; must outlive the target. null = no crash markers and no crash quarantine.
+  CrashGuard* crash_guard = nullptr;
 };
 
 class ServedTarget {
@@ -133,7 +144,9 @@ class ServedTarget {
   // revoking it (law 10: a revoked cell installs no target), or one whose digest the hub revoked.
   // Replaces an installed cell. `reproven`: the bytes were just minted here and passed the strict
   // gate and the fence proof again on this target (a mandatory target's re-mint after a fault);
-  // such a cell lifts its ref's fault quarantine, never a hub revocation.
+  // such a cell lifts its ref's fault quarantine, never a hub revocation. Refused `cell_crashed`
+  // (posture cell_crashed, `reproven` or not: a proof is no evidence against a crash on a real
+  // request) when its ref is crash-quarantined on this machine.
   Status InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven = false);
 
   // The hub revoked `digest`: an installed cell with it is revoked for the process life and
@@ -204,6 +217,11 @@ class ServedTarget {
   // Runs `entry` of `cell`, or fails it as the test hook says.
   Result<TensorMap> RunCell(const ArmedCell& cell, int entry, const TensorMap& inputs,
                             const std::shared_ptr<MemoryBudget>& budget) const;
+  // RunCell, and for a cell not yet proven in this process, its first call alone between the
+  // crash guard's marker and its removal (see the header comment).
+  Result<TensorMap> RunGuarded(const ArmedCell& cell, int entry, const TensorMap& inputs,
+                               const std::shared_ptr<MemoryBudget>& budget);
+  bool Proven(const std::string& ref) const;
   // Every request a cell does not answer ends here, with its reason (a per-request fallback
   // reason or an eager posture token): served eager, or, for a mandatory target, refused with
   // that reason's refusal (law 11). The operator's order is served eager on every lane. After a
@@ -244,9 +262,13 @@ class ServedTarget {
   bool mint_in_progress_ = false;
   std::string stored_posture_;
   bool compiled_degraded_ = false;
+  bool crashed_ = false;  // a crash-quarantined cell was refused at install
   bool arm_pending_ = false;
   std::string last_posture_emitted_;
   std::function<std::string()> fault_hook_;
+  std::set<std::string> proven_refs_;  // a call returned outputs in this process
+
+  std::mutex first_call_mu_;  // held around an unproven cell's first call only
 
   std::mutex swap_mu_;  // one checkpoint swap at a time
 };

@@ -25,6 +25,7 @@
 #include "src/kiln/tensor/memory_budget.h"
 #include "src/kiln/worker/adoption.h"
 #include "src/kiln/worker/boot.h"
+#include "src/kiln/worker/crash_guard.h"
 #include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/front.h"
 #include "src/kiln/worker/mint_lease.h"
@@ -184,6 +185,26 @@ FrontendOptions FrontendOptionsFrom(const WorkerConfig& a, const Manifest& m, Ev
   return fo;
 }
 
+// Quarantines the refs that processes of this machine died in (crash_guard.h) and reports each
+// with one `cell_crashed` row (phase `quarantined`), which the forwarder takes to the hub.
+void ReportCrashes(CrashGuard& guard, EventLog& events) {
+  for (const CrashMarker& m : guard.Recover()) {
+    EventRow row;
+    row.kind = event_kind::kCellCrashed;
+    row.phase = kCrashQuarantined;
+    row.ref = m.ref;
+    row.key = m.ref.substr(0, m.ref.find('@'));
+    row.target = m.target;
+    row.detail = "target=" + m.target + " ref=" + m.ref + " pid=" + std::to_string(m.pid) +
+                 " died inside the cell's first call; quarantined on this machine";
+    events.Append(std::move(row));
+    std::printf(
+        "kiln worker: target '%s': process %lld died inside the first call of %s; "
+        "quarantined (%s/quarantine)\n",
+        m.target.c_str(), static_cast<long long>(m.pid), m.ref.c_str(), guard.dir().c_str());
+  }
+}
+
 // What one target's boot needs beyond its declaration.
 struct BootWiring {
   const Manifest& manifest;
@@ -194,6 +215,7 @@ struct BootWiring {
   Minter& minter;
   Adopter& adopter;
   int64_t request_memory_bytes;  // one request's tensors (ServedTargetOptions)
+  CrashGuard* crash_guard;       // ServedTargetOptions::crash_guard
 };
 
 // One target: its graph and checkpoint loaded, its serving wrapper made and watched, a cell
@@ -220,6 +242,7 @@ Result<Booted> BootTarget(const TargetSpec& spec, const BootWiring& w) {
   o.events = &w.events;
   o.max_remints = w.manifest.mint.remints;
   o.request_memory_bytes = w.request_memory_bytes;
+  o.crash_guard = w.crash_guard;
   KILN_ASSIGN_OR_RETURN(b.target, ServedTarget::Create(o, b.graph, weights));
   if (w.revocations != nullptr) w.revocations->Watch(b.target.get());
   const BootOutcome out = spec.exported() ? w.adopter.Boot(*b.target, spec, b.graph)
@@ -333,6 +356,10 @@ Status RunWorker(const WorkerConfig& a) {
 
   KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
   LocalStore store(root);
+  // Before any adoption: a process of this machine that died inside a cell's first call left its
+  // marker; that ref is quarantined here and the crash reported (the forwarder is attached).
+  CrashGuard crash_guard(root);
+  ReportCrashes(crash_guard, events);
   std::unique_ptr<HubClient> hub;
   std::unique_ptr<PublicKeySet> trust;
   PublicKeySet hub_keys;
@@ -360,6 +387,7 @@ Status RunWorker(const WorkerConfig& a) {
   ctx.trust = trust.get();
   ctx.hub_keys = &hub_keys;
   ctx.events = &events;
+  ctx.crash_guard = &crash_guard;
   KILN_ASSIGN_OR_RETURN(ctx.private_dir, ProcessPrivateDir());
   ctx.threads = a.threads > 0 ? a.threads : (m.endpoint.threads > 0 ? m.endpoint.threads : 1);
   ctx.worker = m.endpoint.name;
@@ -393,8 +421,8 @@ Status RunWorker(const WorkerConfig& a) {
   ao.retry_initial_ms = std::min(ao.retry_initial_ms, ao.retry_max_ms);
   // After the minter: its retries call into it, so it stops first.
   Adopter adopter(ctx, &minter, ao);
-  const BootWiring wiring{m,      ctx,     events,        revocations.get(), publisher.get(),
-                          minter, adopter, request_memory};
+  const BootWiring wiring{m,      ctx,     events,         revocations.get(), publisher.get(),
+                          minter, adopter, request_memory, &crash_guard};
   std::map<std::string, FrontendTarget> front_targets;
   std::map<std::string, ServedTarget*> by_name;
   for (const TargetSpec& spec : m.targets) {
@@ -418,6 +446,8 @@ Status RunWorker(const WorkerConfig& a) {
       auto front, Frontend::Create(FrontendOptionsFrom(a, m, &events, admin_token, forwarder.get()),
                                    std::move(front_targets), m.function_to_target));
   KILN_RETURN_IF_ERROR(ServeUntilStopped(a, m, *front, revocations.get(), stop));
+  // Drained: no call is inside a cell, so no marker of this process may outlive it.
+  crash_guard.DisarmAll();
   adopter.Stop();
   if (revocations) revocations->Stop();
   minter.Stop();
