@@ -3,7 +3,8 @@
 # each is here). Idempotent: apt runs only when something is missing. Needs root (or sudo).
 # `deps.sh --tests` adds what the test suite needs beyond the build: python3-torch and
 # python3-torchvision, which make the real-model corpus at test time (tools/corpus.py), and
-# clang-format, for CI's format gate (tools/check_format.sh), HAProxy, the load balancer hub
+# clang-format, for CI's format gate (tools/check_format.sh), clang, the second compiler one hub
+# attests cells of beside g++ (its builder per toolchain), HAProxy, the load balancer hub
 # replicas are tested behind (tools/haproxy.sh), and the S3 object store the hub's S3 blob
 # backend is tested against; the demo (tools/demo.sh) does not pay for them.
 # `deps.sh --s3` installs only that object store: Ceph's radosgw on a one-node cluster (monitor,
@@ -24,7 +25,7 @@ PACKAGES=(
   python3 python3-numpy python3-onnx
 )
 S3_PACKAGES=(ceph-mon ceph-mgr ceph-osd ceph-common radosgw awscli)
-TEST_PACKAGES=(python3-torch python3-torchvision clang-format haproxy "${S3_PACKAGES[@]}")
+TEST_PACKAGES=(python3-torch python3-torchvision clang-format clang haproxy "${S3_PACKAGES[@]}")
 case "${1:-}" in
   --list)
     printf '%s\n' "${PACKAGES[@]}" "${TEST_PACKAGES[@]}"

@@ -17,12 +17,15 @@
 // (60-120 s) rather than tuned, so the file still passes there, only slower.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "src/kiln/cell/store.h"
+#include "src/kiln/receipt/receipt.h"
 #include "src/kiln/tensor/npy.h"
 #include "tests/worker/worker_process.h"
 
@@ -404,6 +407,77 @@ TEST_F(MintEndToEnd, LocalStoreEvictsTheLeastRecentlyAdoptedNeverTheArmedCell) {
   EXPECT_EQ(tight.Infer("mlp", MlpInput()).mode(), "aot_cell");
   EXPECT_EQ(store.Keys(), std::vector<std::string>{armed});
   EXPECT_EQ(tight.Stop(), 0);
+}
+
+// One hub attests the cells of two toolchains (g++ and clang, as two OS images of one fleet
+// would mint them): each publish is rebuilt by the builder of its own compiler and named so in
+// the receipt; a third toolchain (a compiler binary the hub has no builder for) is refused by
+// name, and so is clang's cell on a hub that builds only its own compiler.
+TEST_F(MintEndToEnd, TwoToolchainsPublishOnOneHubAndAThirdIsRefusedByName) {
+  if (::access("/usr/bin/clang++-14", X_OK) != 0) GTEST_SKIP() << "no clang++-14 here";
+  // The third compiler: g++ behind a script, so a toolchain of its own (another binary digest).
+  const std::string third = root_ + "/bin/cxx-wrapped";
+  ASSERT_TRUE(MakeDirs(root_ + "/bin").ok());
+  ASSERT_TRUE(WriteFileAtomic(third, "#!/bin/sh\nexec g++ \"$@\"\n").ok());
+  ASSERT_EQ(::chmod(third.c_str(), 0755), 0);
+  Hub hub(root_ + "/hub", {"--builder-toolchain", "clang++-14"});
+  ASSERT_TRUE(hub.Start());
+  // `kiln <args>` on the machine `cache` with KILN_CXX=`cxx` ("" = the default compiler).
+  auto run = [&](const std::string& cache, const std::string& cxx, const std::string& args) {
+    const std::string cmd = "KILN_CACHE_DIR=" + cache + (cxx.empty() ? "" : " KILN_CXX=" + cxx) +
+                            " " + Binary() + " " + args + " 2>&1";
+    std::string out;
+    FILE* p = ::popen(cmd.c_str(), "r");
+    char buf[4096];
+    size_t n;
+    while (p != nullptr && (n = std::fread(buf, 1, sizeof(buf), p)) > 0) out.append(buf, n);
+    const int st = p != nullptr ? ::pclose(p) : -1;
+    return std::make_pair(WIFEXITED(st) ? WEXITSTATUS(st) : -1, out);
+  };
+  // Mints the mlp with `cxx` on its own machine and publishes it: (key, publish exit, output).
+  auto mint_publish = [&](const std::string& machine, const std::string& cxx, const Hub& to) {
+    const std::string cache = root_ + "/" + machine;
+    auto mint = run(cache, cxx, "mint --manifest " + ExampleDir("mlp") + "kiln.toml");
+    EXPECT_EQ(mint.first, 0) << mint.second;
+    const std::string key = KeyOf(mint.second.substr(0, mint.second.find_first_of(" \n\t")));
+    auto pub = run(cache, cxx,
+                   "publish " + cache + "/cells/" + key + "/cell.tar --hub " + to.url() +
+                       " --token " + hub_testing::kPlatform);
+    return std::make_tuple(key, pub.first, pub.second);
+  };
+  auto builder_of = [&](const std::string& key) {
+    auto r = hub.Client(hub_testing::kWorker)->Resolve(key, "root/mlp");
+    if (r.kind != ResolveAnswer::Kind::kFound) return std::string("(not found)");
+    // The receipt is a JWS: its claims are the base64url JSON between the two dots.
+    const size_t a = r.receipt.find('.'), b = r.receipt.rfind('.');
+    auto payload = Base64UrlDecode(r.receipt.substr(a + 1, b - a - 1), "receipt");
+    if (a == std::string::npos || a == b || !payload.ok()) return std::string("(bad receipt)");
+    return nlohmann::json::parse(*payload, nullptr, false).value("builder", std::string("(none)"));
+  };
+  const auto [gcc_key, gcc_rc, gcc_out] = mint_publish("gcc", "", hub);
+  EXPECT_EQ(gcc_rc, 0) << gcc_out;
+  const auto [clang_key, clang_rc, clang_out] = mint_publish("clang", "clang++-14", hub);
+  EXPECT_EQ(clang_rc, 0) << clang_out;
+  EXPECT_NE(gcc_key, clang_key);  // the toolchain is a key axis
+  const std::string gcc_builder = builder_of(gcc_key), clang_builder = builder_of(clang_key);
+  EXPECT_EQ(gcc_builder.rfind("hub@", 0), 0u) << gcc_builder;
+  EXPECT_EQ(clang_builder, gcc_builder + "/clang++-14");
+  // The third toolchain: refused by name, nothing stored.
+  const auto [third_key, third_rc, third_out] = mint_publish("third", third, hub);
+  EXPECT_EQ(third_rc, 1) << third_out;
+  EXPECT_NE(third_out.find("rebuild_unavailable"), std::string::npos) << third_out;
+  EXPECT_NE(third_out.find("no builder on this hub for the toolchain"), std::string::npos)
+      << third_out;
+  EXPECT_NE(third_out.find("clang version 14"), std::string::npos) << third_out;
+  EXPECT_EQ(builder_of(third_key), "(not found)");
+  // A hub with only its own builder refuses clang's cell, by name too.
+  Hub lone(root_ + "/lone");
+  ASSERT_TRUE(lone.Start());
+  auto again = run(root_ + "/clang", "clang++-14",
+                   "publish " + root_ + "/clang/cells/" + clang_key + "/cell.tar --hub " +
+                       lone.url() + " --token " + hub_testing::kPlatform);
+  EXPECT_EQ(again.first, 1) << again.second;
+  EXPECT_NE(again.second.find("rebuild_unavailable"), std::string::npos) << again.second;
 }
 
 // Intake lane: no export declaration -> compiled here at boot, served jit_cell with an empty

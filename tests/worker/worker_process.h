@@ -95,7 +95,9 @@ inline pid_t Spawn(std::vector<std::string> args, const std::map<std::string, st
 // restart (the hub-down-during-publish story).
 class Hub {
  public:
-  explicit Hub(std::string root) : root_(std::move(root)), process_(root_ + "/data", "") {}
+  // `args` are more `kiln hub` flags (e.g. {"--builder-toolchain", "clang++-14"}).
+  explicit Hub(std::string root, std::vector<std::string> args = {})
+      : root_(std::move(root)), process_(root_ + "/data", "", std::move(args)) {}
   // Tokens: kPlatform (a platform publisher, which `kiln publish` and the minting workers use),
   // kAcme and kBeta (two tenants: publishers of tier org "acme" and "beta"), kWorker and kAdmin.
   // The platform publisher and the worker hold every release. kAcmeFleet and kBetaFleet are the

@@ -267,7 +267,13 @@ Status CheckSourceDirectives(std::string_view source) {
 Status CheckPreprocessed(std::string_view preprocessed, const std::string& source_path,
                          const std::vector<std::string>& system_dirs) {
   auto allowed = [&](const std::string& file) {
-    if (file == source_path || file == "<built-in>" || file == "<command-line>") return true;
+    // The compiler's pseudo-files: predefined and -D macros (GCC spells the latter
+    // "<command-line>", clang "<command line>"). The source can name neither: its directives
+    // were refused before preprocessing if they asked for any file.
+    if (file == source_path || file == "<built-in>" || file == "<command-line>" ||
+        file == "<command line>") {
+      return true;
+    }
     const std::string normal = std::filesystem::path(file).lexically_normal().string();
     for (const std::string& dir : system_dirs) {
       const std::string d = std::filesystem::path(dir).lexically_normal().string();

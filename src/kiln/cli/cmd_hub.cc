@@ -264,6 +264,10 @@ void AddHubCommand(CLI::App& app, int* exit_code) {
   cmd->add_option("--rebuild", args->options.rebuild,
                   "verify: rebuild every published cell in a sandbox before signing (default); "
                   "off: sign without (workers then adopt none of those cells)");
+  cmd->add_option("--builder-toolchain", args->options.builder_toolchains,
+                  "also rebuild the cells of this compiler's toolchain (a path or a name on PATH), "
+                  "in a sandboxed builder of its own; repeat for more. The hub's own compiler "
+                  "($KILN_CXX, else c++) is always built");
   cmd->add_option("--builder-name", args->options.sandbox.name,
                   "the builder receipts name (default: hub@<hostname>)");
   cmd->add_option("--builder-user", args->options.sandbox.user,

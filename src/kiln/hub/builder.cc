@@ -457,7 +457,7 @@ class SandboxedBuilder final : public CellBuilder {
   explicit SandboxedBuilder(SandboxOptions o)
       : o_(std::move(o)),
         queue_(o_.concurrent, o_.platform_reserved, o_.per_share, o_.max_waiting) {
-    if (o_.name.empty()) o_.name = "hub@" + HostName();
+    if (o_.name.empty()) o_.name = DefaultBuilderName();
     if (o_.kiln_binary.empty()) o_.kiln_binary = SelfExe();
     if (o_.work_root.empty()) {
       const char* tmp = std::getenv("TMPDIR");
@@ -693,8 +693,9 @@ class SandboxedBuilder final : public CellBuilder {
     root.Proc();
     root.Dir("/tmp");
     if (!UnderUsr(o_.kiln_binary)) root.Mirror(o_.kiln_binary);
-    if (const char* cxx = std::getenv("KILN_CXX");
-        cxx != nullptr && *cxx == '/' && !UnderUsr(cxx)) {
+    const char* env_cxx = std::getenv("KILN_CXX");
+    const std::string cxx = !o_.cxx.empty() ? o_.cxx : (env_cxx != nullptr ? env_cxx : "");
+    if (!cxx.empty() && cxx[0] == '/' && !UnderUsr(cxx)) {
       root.Mirror(std::filesystem::path(cxx).parent_path().string());
     }
     root.Mirror(plan.dir, /*writable=*/true);
@@ -708,7 +709,8 @@ class SandboxedBuilder final : public CellBuilder {
                 "LANG=C",
                 "KILN_REBUILD_PARALLEL=" + std::to_string(std::max(1, o_.parallel_compiles))};
     // The compiler to use, and a sanitizer build's own settings, pass through; nothing else does.
-    for (const char* name : {"KILN_CXX", "ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"}) {
+    if (!cxx.empty()) plan.env.push_back("KILN_CXX=" + cxx);
+    for (const char* name : {"ASAN_OPTIONS", "UBSAN_OPTIONS", "LSAN_OPTIONS"}) {
       if (const char* v = std::getenv(name)) plan.env.push_back(std::string(name) + "=" + v);
     }
     plan.as_bytes = kAddressSanitizer ? RLIM_INFINITY : static_cast<rlim_t>(o_.memory_mb) << 20;
@@ -737,10 +739,54 @@ class SandboxedBuilder final : public CellBuilder {
   BuildQueue queue_;
 };
 
+// Routes each rebuild to the builder of the cell's own toolchain (builder.h).
+class ToolchainRouter : public CellBuilder {
+ public:
+  explicit ToolchainRouter(std::vector<ToolchainBuilder> builders)
+      : builders_(std::move(builders)) {}
+  BuilderLoad Load() const override {
+    BuilderLoad total;
+    for (const ToolchainBuilder& b : builders_) {
+      const BuilderLoad l = b.builder->Load();
+      total.waiting += l.waiting;
+      total.running += l.running;
+      total.slots += l.slots;
+    }
+    return total;
+  }
+  const std::string& name() const override { return builders_.front().builder->name(); }
+  Result<RebuildAttestation> Rebuild(const CellMetadata& metadata, const PublishedMembers& members,
+                                     const RebuildRequester& who) override {
+    std::string built;
+    for (const ToolchainBuilder& b : builders_) {
+      if (b.toolchain == metadata.toolchain) return b.builder->Rebuild(metadata, members, who);
+      built += (built.empty() ? "'" : ", '") + b.toolchain.value("compiler", std::string()) + "'";
+    }
+    const std::string sha = metadata.toolchain.is_object()
+                                ? metadata.toolchain.value("compiler_sha256", std::string())
+                                : std::string();
+    return Status::Refused(
+        StatusCode::kInvalidArgument, kRefusalRebuildUnavailable,
+        "no builder on this hub for the toolchain of " + metadata.key + ": compiler '" +
+            (metadata.toolchain.is_object() ? metadata.toolchain.value("compiler", std::string("?"))
+                                            : std::string("?")) +
+            "' (sha256 " + sha.substr(0, 16) + "); this hub builds " + built);
+  }
+
+ private:
+  std::vector<ToolchainBuilder> builders_;
+};
+
 }  // namespace
+
+std::string DefaultBuilderName() { return "hub@" + HostName(); }
 
 std::unique_ptr<CellBuilder> NewSandboxedBuilder(SandboxOptions options) {
   return std::make_unique<SandboxedBuilder>(std::move(options));
+}
+
+std::unique_ptr<CellBuilder> NewToolchainRouter(std::vector<ToolchainBuilder> builders) {
+  return std::make_unique<ToolchainRouter>(std::move(builders));
 }
 
 }  // namespace kiln

@@ -35,8 +35,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "src/kiln/base/status.h"
 #include "src/kiln/cell/metadata.h"
@@ -122,8 +124,25 @@ struct SandboxOptions {
   // Refuse to rebuild (builder_unavailable) when the namespaces cannot be made, instead of
   // building with the network reachable or the hub's files visible.
   bool require_network_isolation = true;
+  // The compiler the rebuild child uses (its KILN_CXX: a path, or a name on PATH); "" = this
+  // process's $KILN_CXX, else c++.
+  std::string cxx;
 };
 
 std::unique_ptr<CellBuilder> NewSandboxedBuilder(SandboxOptions options);
+// "hub@<hostname>": a builder's name when SandboxOptions::name is "".
+std::string DefaultBuilderName();
+
+// One builder per toolchain: a cell is rebuilt by the builder whose toolchain block is the one
+// its metadata records, so one hub attests the cells of every compiler its fleet runs (a mixed
+// fleet: two OS images, a rolling compiler upgrade). A cell of a toolchain no builder has is
+// refused `rebuild_unavailable`, naming its compiler and the ones this hub builds.
+struct ToolchainBuilder {
+  nlohmann::json toolchain;  // Toolchain::Block() of the builder's compiler
+  std::unique_ptr<CellBuilder> builder;
+};
+// REQUIRES: `builders` is not empty. The router's name() is the first builder's; a receipt
+// states the builder that rebuilt the cell (its attestation's `builder`).
+std::unique_ptr<CellBuilder> NewToolchainRouter(std::vector<ToolchainBuilder> builders);
 
 }  // namespace kiln

@@ -24,11 +24,47 @@
 #include "src/kiln/base/sha256.h"
 #include "src/kiln/hub/pg_shared.h"
 #include "src/kiln/hub/s3_blob_store.h"
+#include "src/kiln/identity/toolchain.h"
 #include "src/kiln/net/http_server.h"
 
 namespace kiln {
 
 namespace {
+
+// The builders of a hub that rebuilds for several toolchains: its own compiler's first (the
+// sandbox's cxx, else $KILN_CXX, else c++), then each of `more`, one sandboxed builder each,
+// named after the base builder name and the compiler. A compiler listed twice, or one whose
+// toolchain is another's, is refused: two builders would claim the same cells.
+Result<std::unique_ptr<CellBuilder>> ToolchainBuilders(const SandboxOptions& sandbox,
+                                                       const std::vector<std::string>& more) {
+  std::vector<ToolchainBuilder> builders;
+  std::vector<std::string> compilers = {sandbox.cxx};
+  compilers.insert(compilers.end(), more.begin(), more.end());
+  for (size_t i = 0; i < compilers.size(); ++i) {
+    Result<Toolchain> t =
+        i == 0 && compilers[i].empty() ? LocalToolchain() : ToolchainOf(compilers[i]);
+    if (!t.ok()) {
+      return Status::InvalidArgument("hub: --builder-toolchain '" + compilers[i] +
+                                     "': " + t.status().message());
+    }
+    const nlohmann::json block = t->Block();
+    for (const ToolchainBuilder& b : builders) {
+      if (b.toolchain == block) {
+        return Status::InvalidArgument("hub: --builder-toolchain '" + compilers[i] +
+                                       "' is the toolchain of another builder ('" +
+                                       t->compiler_version + "')");
+      }
+    }
+    SandboxOptions o = sandbox;
+    o.cxx = t->compiler_path;
+    if (i > 0) {
+      const std::string base = sandbox.name.empty() ? DefaultBuilderName() : sandbox.name;
+      o.name = base + "/" + std::filesystem::path(compilers[i]).filename().string();
+    }
+    builders.push_back({block, NewSandboxedBuilder(std::move(o))});
+  }
+  return NewToolchainRouter(std::move(builders));
+}
 
 // Body limits per route. JSON routes carry a few hundred bytes; an event batch at most 10000
 // rows of a few hundred bytes each; a blob up to HubOptions::max_blob_bytes.
@@ -507,8 +543,11 @@ Result<std::unique_ptr<HubServer>> HubServer::Open(const HubOptions& options,
   KILN_ASSIGN_OR_RETURN(auto tokens, ParseTokensFile(tokens_text, tokens_path));
 
   HubServiceOptions service_options;
-  if (options.rebuild == "verify") {
+  if (options.rebuild == "verify" && options.builder_toolchains.empty()) {
     service_options.builder = NewSandboxedBuilder(options.sandbox);
+  } else if (options.rebuild == "verify") {
+    KILN_ASSIGN_OR_RETURN(service_options.builder,
+                          ToolchainBuilders(options.sandbox, options.builder_toolchains));
   } else if (options.rebuild != "off") {
     return Status::InvalidArgument("hub: --rebuild '" + options.rebuild +
                                    "' is not 'verify' or 'off'");

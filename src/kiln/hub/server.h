@@ -305,6 +305,10 @@ struct HubOptions {
   // signs without a rebuild (receipts then attest none).
   std::string rebuild = "verify";
   SandboxOptions sandbox;
+  // More compilers whose cells this hub rebuilds (paths or names on PATH), each with a sandboxed
+  // builder of its own beside the one of sandbox.cxx / $KILN_CXX / c++ (builder.h
+  // NewToolchainRouter). Empty = that one toolchain only.
+  std::vector<std::string> builder_toolchains;
   int64_t revocation_max_age_s = 300;
   int64_t blob_grace_s = 24 * 3600;
   int gc_interval_s = 3600;

@@ -72,9 +72,10 @@ std::string Trim(std::string s) {
   return s;
 }
 
-Result<std::string> FindCompiler() {
+// `name` resolved on PATH (when it holds no '/') and through links; "" = $KILN_CXX, else c++.
+Result<std::string> FindCompiler(const std::string& given = "") {
   const char* env = std::getenv("KILN_CXX");
-  std::string name = env && *env ? env : "c++";
+  std::string name = !given.empty() ? given : (env && *env ? env : "c++");
   if (name.find('/') == std::string::npos) {
     const char* path = std::getenv("PATH");
     std::string p = path ? path : "/usr/bin:/bin";
@@ -183,8 +184,15 @@ Result<Toolchain> LocalToolchain() {
   static std::unique_ptr<Toolchain> cached;
   std::lock_guard<std::mutex> lock(mu);
   if (cached) return *cached;
+  KILN_ASSIGN_OR_RETURN(std::string compiler, FindCompiler());
+  KILN_ASSIGN_OR_RETURN(Toolchain t, ToolchainOf(compiler));
+  cached = std::make_unique<Toolchain>(t);
+  return t;
+}
+
+Result<Toolchain> ToolchainOf(const std::string& compiler) {
   Toolchain t;
-  KILN_ASSIGN_OR_RETURN(t.compiler_path, FindCompiler());
+  KILN_ASSIGN_OR_RETURN(t.compiler_path, FindCompiler(compiler));
   KILN_ASSIGN_OR_RETURN(t.compiler_sha256, Sha256File(t.compiler_path));
   auto cache_root = KilnCacheRoot();
   KILN_ASSIGN_OR_RETURN(t.compiler_version,
@@ -194,22 +202,17 @@ Result<Toolchain> LocalToolchain() {
   // clamped path and folds it to constants; vectorized, both paths run on every lane, and a
   // folded denormal constant (sigmoid at the clamp, 4e-39) multiplied into each element costs a
   // microcode assist per vector: SiLU loops ran ~8x slower at x86-64-v3.
-  t.flags = {"-std=c++17",
-             "-O3",
-             "-fno-thread-jumps",
-             "-fPIC",
-             "-fno-plt",
-             "-fno-math-errno",
-             "-fno-trapping-math",
-             "-fvisibility=hidden",
-             "-g0",
-             "-fno-ident",
-             "-Wl,--build-id=sha1",
-             "-shared-libgcc"};
+  // Clang has no such pass and refuses the flag, so a clang toolchain (a fleet's other OS image)
+  // goes without it; the flags are part of the toolchain's identity either way.
+  const bool clang = t.compiler_version.find("clang") != std::string::npos;
+  t.flags = {"-std=c++17", "-O3"};
+  if (!clang) t.flags.push_back("-fno-thread-jumps");
+  t.flags.insert(t.flags.end(), {"-fPIC", "-fno-plt", "-fno-math-errno", "-fno-trapping-math",
+                                 "-fvisibility=hidden", "-g0", "-fno-ident", "-Wl,--build-id=sha1",
+                                 "-shared-libgcc"});
   t.onednn_version = KernelLibraryVersion();
   t.runtime_abi = KILN_CELL_ABI_VERSION;
   t.codegen_version = kCodegenVersion;
-  cached = std::make_unique<Toolchain>(t);
   return t;
 }
 

@@ -57,6 +57,9 @@ struct Toolchain {
 // The toolchain of this process (cached after the first call). The compiler is $KILN_CXX or
 // `c++` from PATH. Fails (NotFound) when no compiler is found.
 Result<Toolchain> LocalToolchain();
+// The toolchain of the compiler `compiler` (a path, or a name looked up on PATH), as a process
+// with KILN_CXX=`compiler` would find it; not cached. NotFound when there is no such compiler.
+Result<Toolchain> ToolchainOf(const std::string& compiler);
 
 // The first line of `<compiler_path> --version`, for the compiler binary whose SHA-256 is
 // `compiler_sha256`. That line is a function of the binary's bytes, so it is kept under
