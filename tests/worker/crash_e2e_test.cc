@@ -154,7 +154,13 @@ TEST_F(CellCrash, SegfaultOnFirstCallIsQuarantinedServedEagerReportedAndNeverAdo
   o.hub_url = hub_->url();
   o.hub_timeout_ms = 5000;
   const std::string manifest = Manifest(o);
-  const std::map<std::string, std::string> env = {{"KILN_TEST_CELL_SEGV", kSegvValue}};
+  // Under AddressSanitizer the sanitizer's own SIGSEGV handler would turn the fault into an
+  // abort; the worker must die of the fault itself, as it does in a production build.
+  const char* asan = std::getenv("ASAN_OPTIONS");
+  const std::map<std::string, std::string> env = {
+      {"KILN_TEST_CELL_SEGV", kSegvValue},
+      {"ASAN_OPTIONS",
+       asan != nullptr && *asan != '\0' ? std::string(asan) + ":handle_segv=0" : "handle_segv=0"}};
   const std::string quarantine = dir + "/cells/.crash/quarantine";
   const std::string markers = dir + "/cells/.crash/markers";
 
