@@ -290,6 +290,60 @@ TEST_P(StoreTest, RevocationsAreStickyAndListed) {
   EXPECT_TRUE(listed);
 }
 
+// A lift keeps the row (the signed list must carry it) one revision higher; the revocation is no
+// longer in force, the owner it left in place is not replaced by another digest, and a second
+// revocation revokes again one revision higher.
+TEST_P(StoreTest, ARevocationIsLiftedAsARowOfItsOwnAndRevokedAgainAboveIt) {
+  const std::string k = Key("lift");
+  RevocationRow r{Key("lift"), Digest("lift1"), "precaution", "admin", 7};
+  EXPECT_FALSE(store_->Reinstate(k, r.digest, "admin", "why", 8).value().has_value());
+  ASSERT_TRUE(store_->InsertCellIfAbsent(Cell(k, r.digest, "rcpt")).ok());
+  ASSERT_TRUE(store_->Revoke(r).ok());
+  EXPECT_EQ(store_->GetRevocation(k, r.digest).value()->revision, 1);
+
+  auto lifted = store_->Reinstate(k, r.digest, "ops", "false alarm", 9).value();
+  ASSERT_TRUE(lifted.has_value());
+  EXPECT_EQ(lifted->revision, 2);
+  EXPECT_EQ(lifted->lifted_at, 9);
+  EXPECT_EQ(lifted->lifted_by, "ops");
+  EXPECT_EQ(lifted->lift_reason, "false alarm");
+  EXPECT_EQ(lifted->reason, "precaution");
+  EXPECT_FALSE(store_->GetRevocation(k, r.digest).value().has_value());
+  auto resolved = store_->GetCellForResolve(k, "root/m").value();
+  ASSERT_TRUE(resolved.has_value());
+  EXPECT_FALSE(resolved->revocation.has_value());
+  // Lifted twice: the same row, no new revision.
+  EXPECT_EQ(store_->Reinstate(k, r.digest, "ops", "again", 10).value()->revision, 2);
+  // The reinstated owner holds its key again: another digest does not replace it.
+  auto other = store_->InsertCellIfAbsent(Cell(k, Digest("lift2"), "rcpt2")).value();
+  EXPECT_FALSE(other.inserted);
+  EXPECT_EQ(other.owner.digest, r.digest);
+  bool listed = false;
+  const auto rows = store_->ListRevocations().value();
+  for (const auto& row : rows) {
+    if (row.key != k) continue;
+    listed = true;
+    EXPECT_FALSE(row.in_force());
+    EXPECT_EQ(row.revision, 2);
+  }
+  EXPECT_TRUE(listed);
+
+  RevocationRow again = r;
+  again.reason = "it was real";
+  again.revoked_at = 11;
+  ASSERT_TRUE(store_->Revoke(again).ok());
+  auto now = store_->GetRevocation(k, r.digest).value();
+  ASSERT_TRUE(now.has_value());
+  EXPECT_EQ(now->revision, 3);
+  EXPECT_EQ(now->reason, "it was real");
+  EXPECT_EQ(now->lifted_at, 0);
+  EXPECT_TRUE(now->lift_reason.empty());
+  resolved = store_->GetCellForResolve(k, "root/m").value();
+  ASSERT_TRUE(resolved.has_value());
+  ASSERT_TRUE(resolved->revocation.has_value());
+  EXPECT_EQ(resolved->revocation->revision, 3);
+}
+
 // Revoked tokens are remembered (the tokens themselves are each hub's tokens file): sticky, the
 // first revocation kept, visible to every hub on the store.
 TEST_P(StoreTest, TokenRevocationsAreRememberedAndSticky) {
@@ -634,6 +688,34 @@ PRAGMA user_version = 4;
   const auto reopened = (*again)->ListObligations("r").value();
   for (const auto& o : reopened) deadlines[o.target] = o.deadline;
   EXPECT_EQ(deadlines["vae"], 99);
+  std::filesystem::remove_all(dir);
+}
+
+// A version-5 revocation is a first revocation in force after the migration, and can be lifted.
+TEST(SqliteMigration, VersionFiveRevocationsStayInForceAndCanBeLifted) {
+  const std::string dir = ::testing::TempDir() + "/kiln_sqlite_migration5_" + Nonce();
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/hub.sqlite";
+  const std::string key = "ck1-" + std::string(56, 'a');
+  const std::string digest = "sha256:" + std::string(64, 'b');
+  const std::string v5 =
+      "CREATE TABLE revocations (key TEXT NOT NULL, digest TEXT NOT NULL, reason TEXT NOT NULL, "
+      "revoked_by TEXT NOT NULL, revoked_at INTEGER NOT NULL, PRIMARY KEY (key, digest));\n"
+      "INSERT INTO revocations VALUES ('" +
+      key + "', '" + digest +
+      "', 'bad', 'admin', 5);\n"
+      "PRAGMA user_version = 5;\n";
+  ASSERT_TRUE(WriteSqlite(path, v5));
+  auto s = OpenSqliteStore(path);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto r = (*s)->GetRevocation(key, digest).value();
+  ASSERT_TRUE(r.has_value());
+  EXPECT_EQ(r->revision, 1);
+  EXPECT_TRUE(r->in_force());
+  auto lifted = (*s)->Reinstate(key, digest, "ops", "fixed", 6).value();
+  ASSERT_TRUE(lifted.has_value());
+  EXPECT_EQ(lifted->revision, 2);
+  EXPECT_FALSE((*s)->GetRevocation(key, digest).value().has_value());
   std::filesystem::remove_all(dir);
 }
 

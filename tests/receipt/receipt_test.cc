@@ -171,6 +171,53 @@ TEST(PublicKeySet, JwksRoundTripAndLyingKidRefused) {
   EXPECT_TRUE(PublicKeySet::FromText(Base64UrlEncode(a.raw_public()), "t")->Has(a.kid()));
 }
 
+// A lift travels signed beside the revocations, with its revision; a list from a hub that
+// predates lifts (no revision) reads as first revocations; a half-given lift is malformed.
+TEST(RevocationList, LiftsAndRevisionsRoundTripAndHalfALiftIsMalformed) {
+  auto key = SigningKey::Generate().value();
+  PublicKeySet keys;
+  ASSERT_TRUE(keys.AddRaw(key.raw_public()).ok());
+  RevocationList list;
+  list.iat = 1000;
+  list.max_age_s = 60;
+  RevocationEntry revoked{"ck1-a", "sha256:a", "bad", 900};
+  RevocationEntry lifted{"ck1-b", "sha256:b", "precaution", 800, 2, 950, "false alarm"};
+  list.entries = {revoked, lifted};
+  auto back = VerifyRevocationList(SignRevocationList(list, key).value(), keys, 1001);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  ASSERT_EQ(back->entries.size(), 2u);
+  EXPECT_EQ(back->entries[0], revoked);
+  EXPECT_FALSE(back->entries[0].lifted());
+  EXPECT_EQ(back->entries[1], lifted);
+  EXPECT_TRUE(back->entries[1].lifted());
+
+  // A list signed as the hub signs one, with a row the hub would never write.
+  auto sign_claims = [&](const nlohmann::json& row) {
+    const std::string header =
+        CanonicalJson({{"alg", "EdDSA"}, {"kid", key.kid()}, {"typ", "kiln-revocations"}}).value();
+    const std::string body =
+        CanonicalJson(
+            {{"iat", 1000}, {"max_age_s", 60}, {"revocations", nlohmann::json::array({row})}})
+            .value();
+    const std::string input = Base64UrlEncode(header) + "." + Base64UrlEncode(body);
+    return input + "." + Base64UrlEncode(key.Sign(input).value());
+  };
+  nlohmann::json old_row = {
+      {"key", "ck1-c"}, {"digest", "sha256:c"}, {"reason", "r"}, {"revoked_at", 5}};
+  auto old = VerifyRevocationList(sign_claims(old_row), keys, 1001);
+  ASSERT_TRUE(old.ok()) << old.status().ToString();
+  EXPECT_EQ(old->entries[0].revision, 1);
+  nlohmann::json half = old_row;
+  half["lifted_at"] = 7;
+  auto refused = VerifyRevocationList(sign_claims(half), keys, 1001);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_TRUE(refused.status().Is(kRevocationsMalformed)) << refused.status().ToString();
+  nlohmann::json zero = old_row;
+  zero["revision"] = 0;
+  EXPECT_TRUE(
+      VerifyRevocationList(sign_claims(zero), keys, 1001).status().Is(kRevocationsMalformed));
+}
+
 TEST(SigningKeyRing, PersistsAndRotationKeepsOldReceiptsVerifiable) {
   const std::string dir = ::testing::TempDir() + "/kiln_keyring_test";
   std::filesystem::remove_all(dir);

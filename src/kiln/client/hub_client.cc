@@ -530,6 +530,11 @@ HubAnswer HubClient::Revoke(const std::string& key, const std::string& digest,
   return Call("POST", "/v1/admin/revoke",
               nlohmann::json{{"key", key}, {"digest", digest}, {"reason", reason}}.dump());
 }
+HubAnswer HubClient::Reinstate(const std::string& key, const std::string& digest,
+                               const std::string& reason) {
+  return Call("POST", "/v1/admin/reinstate",
+              nlohmann::json{{"key", key}, {"digest", digest}, {"reason", reason}}.dump());
+}
 HubAnswer HubClient::PostEvents(const nlohmann::json& rows) {
   return Call("POST", "/v1/events", rows.dump());
 }

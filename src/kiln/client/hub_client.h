@@ -150,6 +150,8 @@ class HubClient {
   // token on failure.
   Status AddHubKeys(PublicKeySet* trusted);
   HubAnswer Revoke(const std::string& key, const std::string& digest, const std::string& reason);
+  // Lifts a revocation (admin): POST /v1/admin/reinstate.
+  HubAnswer Reinstate(const std::string& key, const std::string& digest, const std::string& reason);
   HubAnswer PostEvents(const nlohmann::json& rows);
   HubAnswer SettleObligation(const std::string& release, const std::string& target,
                              const std::string& sm, const std::string& token);

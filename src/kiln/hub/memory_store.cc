@@ -25,8 +25,8 @@ class MemoryStore final : public HubStore {
       it = cells_.emplace(id, row).first;
       order_.push_back(id);
       inserted = true;
-    } else if (revocations_.count({it->second.key, it->second.digest}) != 0 &&
-               it->second.digest != row.digest) {
+    } else if (auto r = revocations_.find({it->second.key, it->second.digest});
+               r != revocations_.end() && r->second.in_force() && it->second.digest != row.digest) {
       it->second = row;  // a revoked owner frees the key for its scope
       order_.erase(std::find(order_.begin(), order_.end(), id));
       order_.push_back(id);
@@ -151,14 +151,41 @@ class MemoryStore final : public HubStore {
 
   Status Revoke(const RevocationRow& row) override {
     std::lock_guard<std::mutex> lock(mu_);
-    revocations_.emplace(std::make_pair(row.key, row.digest), row);
+    auto [it, inserted] = revocations_.emplace(std::make_pair(row.key, row.digest), row);
+    if (inserted) {
+      it->second.revision = 1;
+      it->second.lifted_at = 0;
+      it->second.lifted_by.clear();
+      it->second.lift_reason.clear();
+    } else if (!it->second.in_force()) {
+      const int64_t revision = it->second.revision + 1;
+      it->second = row;
+      it->second.revision = revision;
+      it->second.lifted_at = 0;
+      it->second.lifted_by.clear();
+      it->second.lift_reason.clear();
+    }
     return Status::OK();
+  }
+  Result<std::optional<RevocationRow>> Reinstate(const std::string& key, const std::string& digest,
+                                                 const std::string& by, const std::string& reason,
+                                                 int64_t at) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = revocations_.find({key, digest});
+    if (it == revocations_.end()) return std::optional<RevocationRow>();
+    if (it->second.in_force()) {
+      it->second.revision += 1;
+      it->second.lifted_at = std::max<int64_t>(at, 1);
+      it->second.lifted_by = by;
+      it->second.lift_reason = reason;
+    }
+    return std::optional<RevocationRow>(it->second);
   }
   Result<std::optional<RevocationRow>> GetRevocation(const std::string& key,
                                                      const std::string& digest) override {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = revocations_.find({key, digest});
-    if (it == revocations_.end()) return std::optional<RevocationRow>();
+    if (it == revocations_.end() || !it->second.in_force()) return std::optional<RevocationRow>();
     return std::optional<RevocationRow>(it->second);
   }
   Result<std::vector<RevocationRow>> ListRevocations() override {

@@ -67,6 +67,10 @@ ALTER TABLE events ADD COLUMN IF NOT EXISTS stages TEXT NOT NULL DEFAULT '';
 ALTER TABLE events ADD COLUMN IF NOT EXISTS org TEXT NOT NULL DEFAULT '';
 ALTER TABLE obligations ADD COLUMN IF NOT EXISTS org TEXT NOT NULL DEFAULT '';
 ALTER TABLE obligations ADD COLUMN IF NOT EXISTS deadline BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE revocations ADD COLUMN IF NOT EXISTS revision BIGINT NOT NULL DEFAULT 1;
+ALTER TABLE revocations ADD COLUMN IF NOT EXISTS lifted_at BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE revocations ADD COLUMN IF NOT EXISTS lifted_by TEXT NOT NULL DEFAULT '';
+ALTER TABLE revocations ADD COLUMN IF NOT EXISTS lift_reason TEXT NOT NULL DEFAULT '';
 CREATE INDEX IF NOT EXISTS events_ts ON events(ts);
 CREATE INDEX IF NOT EXISTS events_key ON events(key);
 CREATE INDEX IF NOT EXISTS events_org ON events(org);
@@ -86,8 +90,11 @@ constexpr const char* kObligationCols =
 constexpr const char* kResolveStatement = "kiln_resolve";
 constexpr const char* kResolveSql =
     "SELECT c.key, c.digest, c.size, c.family, c.publisher, c.tier, c.release, c.receipt, "
-    "c.created_at, r.reason, r.revoked_by, r.revoked_at FROM cells c LEFT JOIN revocations r "
-    "ON r.key = c.key AND r.digest = c.digest WHERE c.key = $1 AND c.family = $2";
+    "c.created_at, r.reason, r.revoked_by, r.revoked_at, r.revision FROM cells c LEFT JOIN "
+    "revocations r ON r.key = c.key AND r.digest = c.digest AND r.lifted_at = 0 WHERE c.key = $1 "
+    "AND c.family = $2";
+constexpr const char* kRevocationCols =
+    "key, digest, reason, revoked_by, revoked_at, revision, lifted_at, lifted_by, lift_reason";
 constexpr const char* kEventCols =
     "id, worker, seq, kind, phase, key, duration_ms, detail, ts, target, ref, fn, stages, org";
 
@@ -120,7 +127,8 @@ IntentRow ReadIntent(const pqxx::row& r) {
   return i;
 }
 RevocationRow ReadRevocation(const pqxx::row& r) {
-  return RevocationRow{S(r[0]), S(r[1]), S(r[2]), S(r[3]), I(r[4])};
+  return RevocationRow{S(r[0]), S(r[1]), S(r[2]), S(r[3]), I(r[4]),
+                       I(r[5]), I(r[6]), S(r[7]), S(r[8])};
 }
 ObligationRow ReadObligation(const pqxx::row& r) {
   ObligationRow o;
@@ -258,8 +266,8 @@ class PostgresStore final : public HubStore {
           "SET digest = EXCLUDED.digest, size = EXCLUDED.size, publisher = EXCLUDED.publisher, "
           "tier = EXCLUDED.tier, release = EXCLUDED.release, receipt = EXCLUDED.receipt, "
           "created_at = EXCLUDED.created_at WHERE cells.digest <> EXCLUDED.digest AND EXISTS "
-          "(SELECT 1 FROM revocations r WHERE r.key = cells.key AND r.digest = cells.digest) "
-          "RETURNING key",
+          "(SELECT 1 FROM revocations r WHERE r.key = cells.key AND r.digest = cells.digest AND "
+          "r.lifted_at = 0) RETURNING key",
           c.key, c.digest, static_cast<int64_t>(c.size), c.family, c.publisher, c.tier, c.release,
           c.receipt, c.created_at);
       out.inserted = !ins.empty();
@@ -309,7 +317,7 @@ class PostgresStore final : public HubStore {
           out->cell = ReadCell(r[0]);
           if (!r[0][9].is_null()) {
             out->revocation = RevocationRow{out->cell.key, out->cell.digest, S(r[0][9]),
-                                            S(r[0][10]), I(r[0][11])};
+                                            S(r[0][10]),   I(r[0][11]),      I(r[0][12])};
           }
         },
         true));
@@ -464,9 +472,28 @@ class PostgresStore final : public HubStore {
     return Do("revoke", [&](pqxx::transaction_base& w) {
       w.exec_params(
           "INSERT INTO revocations (key, digest, reason, revoked_by, revoked_at) VALUES "
-          "($1,$2,$3,$4,$5) ON CONFLICT (key, digest) DO NOTHING",
+          "($1,$2,$3,$4,$5) ON CONFLICT (key, digest) DO UPDATE SET reason = EXCLUDED.reason, "
+          "revoked_by = EXCLUDED.revoked_by, revoked_at = EXCLUDED.revoked_at, revision = "
+          "revocations.revision + 1, lifted_at = 0, lifted_by = '', lift_reason = '' WHERE "
+          "revocations.lifted_at <> 0",
           v.key, v.digest, v.reason, v.revoked_by, v.revoked_at);
     });
+  }
+  Result<std::optional<RevocationRow>> Reinstate(const std::string& key, const std::string& digest,
+                                                 const std::string& by, const std::string& reason,
+                                                 int64_t at) override {
+    std::optional<RevocationRow> out;
+    KILN_RETURN_IF_ERROR(Do("reinstate", [&](pqxx::transaction_base& w) {
+      w.exec_params(
+          "UPDATE revocations SET lifted_at = $3, lifted_by = $4, lift_reason = $5, revision = "
+          "revision + 1 WHERE key = $1 AND digest = $2 AND lifted_at = 0",
+          key, digest, std::max<int64_t>(at, 1), by, reason);
+      auto r = w.exec_params(std::string("SELECT ") + kRevocationCols +
+                                 " FROM revocations WHERE key = $1 AND digest = $2",
+                             key, digest);
+      if (!r.empty()) out = ReadRevocation(r[0]);
+    }));
+    return out;
   }
   Result<std::optional<RevocationRow>> GetRevocation(const std::string& key,
                                                      const std::string& digest) override {
@@ -474,10 +501,10 @@ class PostgresStore final : public HubStore {
     KILN_RETURN_IF_ERROR(Do(
         "get revocation",
         [&](pqxx::transaction_base& w) {
-          auto r = w.exec_params(
-              "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations WHERE key = $1 "
-              "AND digest = $2",
-              key, digest);
+          auto r = w.exec_params(std::string("SELECT ") + kRevocationCols +
+                                     " FROM revocations WHERE key = $1 AND digest = $2 AND "
+                                     "lifted_at = 0",
+                                 key, digest);
           if (!r.empty()) out = ReadRevocation(r[0]);
         },
         true));
@@ -488,9 +515,8 @@ class PostgresStore final : public HubStore {
     KILN_RETURN_IF_ERROR(Do(
         "list revocations",
         [&](pqxx::transaction_base& w) {
-          auto r = w.exec(
-              "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations ORDER BY "
-              "revoked_at, key");
+          auto r = w.exec(std::string("SELECT ") + kRevocationCols +
+                          " FROM revocations ORDER BY revoked_at, key");
           for (const auto& row : r) out.push_back(ReadRevocation(row));
         },
         true));

@@ -392,6 +392,10 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http, H
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->Revoke(p, b);
                          })));
+  routes.push_back(route("POST", "/v1/admin/reinstate", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->Reinstate(p, b);
+                         })));
   routes.push_back(route("POST", "/v1/admin/tokens/revoke", kJsonBodyLimit,
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->RevokeToken(p, b);

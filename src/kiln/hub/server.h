@@ -165,6 +165,7 @@ class HubService {
   Reply GetReceipt(const Principal& p, const std::string& key, const std::string& digest);
   Reply Revocations();
   Reply Revoke(const Principal& p, std::string_view body);
+  Reply Reinstate(const Principal& p, std::string_view body);
   Reply RevokeToken(const Principal& p, std::string_view body);
   Reply Jwks();
   Reply RotateKey(const Principal& p);

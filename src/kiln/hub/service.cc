@@ -1125,12 +1125,21 @@ Reply HubService::Revocations() {
   signed_list.iat = Now();
   signed_list.max_age_s = options_.revocation_max_age_s;
   for (const auto& r : *rows) {
-    list.push_back({{"key", r.key},
-                    {"digest", r.digest},
-                    {"reason", r.reason},
-                    {"revoked_by", r.revoked_by},
-                    {"revoked_at", r.revoked_at}});
-    signed_list.entries.push_back({r.key, r.digest, r.reason, r.revoked_at});
+    nlohmann::json row = {{"key", r.key},
+                          {"digest", r.digest},
+                          {"reason", r.reason},
+                          {"revoked_by", r.revoked_by},
+                          {"revoked_at", r.revoked_at},
+                          {"revision", r.revision},
+                          {"in_force", r.in_force()}};
+    if (!r.in_force()) {
+      row["lifted_at"] = r.lifted_at;
+      row["lifted_by"] = r.lifted_by;
+      row["lift_reason"] = r.lift_reason;
+    }
+    list.push_back(std::move(row));
+    signed_list.entries.push_back(
+        {r.key, r.digest, r.reason, r.revoked_at, r.revision, r.lifted_at, r.lift_reason});
   }
   auto jws = SignRevocationList(signed_list, *keys_->Current());
   if (!jws.ok()) return Reply::FromStatus(jws.status());
@@ -1162,6 +1171,51 @@ Reply HubService::Revoke(const Principal& p, std::string_view body) {
                  << row.reason;
   // The key is free again in every family these bytes owned: a new digest may be published.
   return Reply::Json(200, {{kRevokedField, true}, {"key", row.key}, {"digest", row.digest}});
+}
+
+// POST /v1/admin/reinstate
+// Lifts a revocation. The lift is a row of the signed list (one revision higher), never a
+// deletion: a replayed list from before the lift carries a lower revision and loses on every
+// adopter. The bytes were kept, so the cell resolves again where it still owns its key.
+Reply HubService::Reinstate(const Principal& p, std::string_view body) {
+  if (Status s = Authorize(p, Action::kRevokeCells); !s.ok()) return Refusal(s);
+  auto parsed = ParseBody(body, "reinstate");
+  if (auto* r = std::get_if<Reply>(&parsed)) return *r;
+  const auto& j = std::get<nlohmann::json>(parsed);
+  std::string bad;
+  const std::string key = Str(j, "key", &bad);
+  const std::string digest = Str(j, "digest", &bad);
+  const std::string reason = Str(j, "reason", &bad);
+  if (!bad.empty()) return Reply::Error(400, "bad_request", "reinstate: " + bad);
+  if (!IsWellFormedKey(key)) {
+    return Reply::Error(400, "bad_key", "key '" + key + "' is not ck1- + 56 lowercase hex");
+  }
+  if (!IsWellFormedDigest(digest)) {
+    return Reply::Error(400, "bad_digest", "digest '" + digest + "' is not sha256:<64 hex>");
+  }
+  if (reason.empty()) return Reply::Error(400, "bad_request", "reinstate: 'reason' is required");
+  auto row = store_->Reinstate(key, digest, p.name, reason, Now());
+  if (!row.ok()) return Reply::FromStatus(row.status());
+  if (!row->has_value()) {
+    return Reply::Error(404, "not_revoked",
+                        "reinstate: " + key + "@" + digest + " was never revoked on this hub",
+                        {{"key", key}, {"digest", digest}});
+  }
+  // Whether the lifted bytes still own their key in some family: a digest published over the
+  // freed key since the revocation keeps it, and the lift changes no resolve.
+  auto owners = store_->CellsWithDigest(digest);
+  if (!owners.ok()) return Reply::FromStatus(owners.status());
+  const bool owns_key =
+      std::any_of(owners->begin(), owners->end(), [&](const CellRow& c) { return c.key == key; });
+  KILN_LOG(INFO) << "hub: reinstated " << key << "@" << digest << " by " << p.name << ": " << reason
+                 << " (revision " << (*row)->revision << ")";
+  return Reply::Json(200, {{"reinstated", true},
+                           {"key", key},
+                           {"digest", digest},
+                           {"revision", (*row)->revision},
+                           {"lifted_at", (*row)->lifted_at},
+                           {"lifted_by", (*row)->lifted_by},
+                           {"owns_key", owns_key}});
 }
 
 // POST /v1/admin/tokens/revoke

@@ -25,8 +25,8 @@ namespace {
 // admin-revoked tokens are remembered (the tokens themselves are each hub's tokens file), and an
 // event row keeps its target, ref, fn and stages as columns. Version 4: events and obligations
 // carry the org of the token that wrote them (authz.h). Version 5: an obligation may carry a
-// deadline.
-constexpr int kSchemaVersion = 5;
+// deadline. Version 6: a revocation may be lifted (reinstated), and counts its changes.
+constexpr int kSchemaVersion = 6;
 constexpr const char* kSchema = R"sql(
 CREATE TABLE IF NOT EXISTS cells (
   key TEXT NOT NULL, digest TEXT NOT NULL, size INTEGER NOT NULL, family TEXT NOT NULL,
@@ -40,7 +40,9 @@ CREATE TABLE IF NOT EXISTS intents (
 CREATE INDEX IF NOT EXISTS intents_digest ON intents(digest);
 CREATE TABLE IF NOT EXISTS revocations (
   key TEXT NOT NULL, digest TEXT NOT NULL, reason TEXT NOT NULL, revoked_by TEXT NOT NULL,
-  revoked_at INTEGER NOT NULL, PRIMARY KEY (key, digest));
+  revoked_at INTEGER NOT NULL, revision INTEGER NOT NULL DEFAULT 1,
+  lifted_at INTEGER NOT NULL DEFAULT 0, lifted_by TEXT NOT NULL DEFAULT '',
+  lift_reason TEXT NOT NULL DEFAULT '', PRIMARY KEY (key, digest));
 CREATE TABLE IF NOT EXISTS revoked_tokens (
   token_sha256 TEXT PRIMARY KEY, name TEXT NOT NULL, revoked_by TEXT NOT NULL,
   revoked_at INTEGER NOT NULL);
@@ -103,6 +105,14 @@ constexpr const char* kMigrateObligationsTo4 =
 // From version 4 (or older): obligations gain a deadline; old rows have none (0).
 constexpr const char* kMigrateObligationsTo5 =
     "ALTER TABLE obligations ADD COLUMN deadline INTEGER NOT NULL DEFAULT 0;";
+// From version 5 (or older): revocations gain their lift and their revision; old rows are first
+// revocations in force.
+constexpr const char* kMigrateRevocationsTo6 = R"sql(
+ALTER TABLE revocations ADD COLUMN revision INTEGER NOT NULL DEFAULT 1;
+ALTER TABLE revocations ADD COLUMN lifted_at INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE revocations ADD COLUMN lifted_by TEXT NOT NULL DEFAULT '';
+ALTER TABLE revocations ADD COLUMN lift_reason TEXT NOT NULL DEFAULT '';
+)sql";
 
 // Mint leases (store.h MintLeaseRow) in a table of their own, created at every open: no rows of
 // an older schema change, so it needs no version step.
@@ -203,8 +213,11 @@ IntentRow ReadIntent(const Stmt& s) {
   r.created_at = s.Int(7);
   return r;
 }
+constexpr const char* kRevocationCols =
+    "key, digest, reason, revoked_by, revoked_at, revision, lifted_at, lifted_by, lift_reason";
 RevocationRow ReadRevocation(const Stmt& s) {
-  return RevocationRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4)};
+  return RevocationRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4),
+                       s.Int(5),  s.Int(6),  s.Text(7), s.Text(8)};
 }
 ObligationRow ReadObligation(const Stmt& s) {
   ObligationRow r;
@@ -329,7 +342,8 @@ class SqliteStore final : public HubStore {
              "digest = excluded.digest, size = excluded.size, publisher = excluded.publisher, "
              "tier = excluded.tier, release = excluded.release, receipt = excluded.receipt, "
              "created_at = excluded.created_at WHERE cells.digest <> excluded.digest AND EXISTS "
-             "(SELECT 1 FROM revocations r WHERE r.key = cells.key AND r.digest = cells.digest)");
+             "(SELECT 1 FROM revocations r WHERE r.key = cells.key AND r.digest = cells.digest "
+             "AND r.lifted_at = 0)");
       s.Bind(row.key).Bind(row.digest).Bind(static_cast<int64_t>(row.size)).Bind(row.family);
       s.Bind(row.publisher).Bind(row.tier).Bind(row.release).Bind(row.receipt).Bind(row.created_at);
       KILN_RETURN_IF_ERROR(s.Run("insert cell"));
@@ -484,26 +498,47 @@ class SqliteStore final : public HubStore {
 
   Status Revoke(const RevocationRow& r) override {
     std::lock_guard<std::mutex> lock(mu_);
+    // A row in force is kept; a lifted one is revoked again, one revision higher.
     Stmt s(db_,
            "INSERT INTO revocations (key, digest, reason, revoked_by, revoked_at) VALUES "
-           "(?,?,?,?,?) ON CONFLICT(key, digest) DO NOTHING");
+           "(?,?,?,?,?) ON CONFLICT(key, digest) DO UPDATE SET reason = excluded.reason, "
+           "revoked_by = excluded.revoked_by, revoked_at = excluded.revoked_at, revision = "
+           "revocations.revision + 1, lifted_at = 0, lifted_by = '', lift_reason = '' WHERE "
+           "revocations.lifted_at <> 0");
     s.Bind(r.key).Bind(r.digest).Bind(r.reason).Bind(r.revoked_by).Bind(r.revoked_at);
     return s.Run("revoke");
+  }
+  Result<std::optional<RevocationRow>> Reinstate(const std::string& key, const std::string& digest,
+                                                 const std::string& by, const std::string& reason,
+                                                 int64_t at) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    {
+      Stmt s(db_,
+             "UPDATE revocations SET lifted_at = ?, lifted_by = ?, lift_reason = ?, revision = "
+             "revision + 1 WHERE key = ? AND digest = ? AND lifted_at = 0");
+      s.Bind(std::max<int64_t>(at, 1)).Bind(by).Bind(reason).Bind(key).Bind(digest);
+      KILN_RETURN_IF_ERROR(s.Run("reinstate"));
+    }
+    const std::string sql =
+        std::string("SELECT ") + kRevocationCols + " FROM revocations WHERE key = ? AND digest = ?";
+    Stmt s(db_, sql.c_str());
+    s.Bind(key).Bind(digest);
+    return One<RevocationRow>(s, ReadRevocation, "get revocation");
   }
   Result<std::optional<RevocationRow>> GetRevocation(const std::string& key,
                                                      const std::string& digest) override {
     std::lock_guard<std::mutex> lock(mu_);
-    Stmt s(db_,
-           "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations WHERE key = ? AND "
-           "digest = ?");
+    const std::string sql = std::string("SELECT ") + kRevocationCols +
+                            " FROM revocations WHERE key = ? AND digest = ? AND lifted_at = 0";
+    Stmt s(db_, sql.c_str());
     s.Bind(key).Bind(digest);
     return One<RevocationRow>(s, ReadRevocation, "get revocation");
   }
   Result<std::vector<RevocationRow>> ListRevocations() override {
     std::lock_guard<std::mutex> lock(mu_);
-    Stmt s(db_,
-           "SELECT key, digest, reason, revoked_by, revoked_at FROM revocations ORDER BY "
-           "revoked_at, key");
+    const std::string sql =
+        std::string("SELECT ") + kRevocationCols + " FROM revocations ORDER BY revoked_at, key";
+    Stmt s(db_, sql.c_str());
     return All<RevocationRow>(s, ReadRevocation, "list revocations");
   }
 
@@ -778,6 +813,9 @@ class SqliteStore final : public HubStore {
       }
       if (st.ok() && has_table("obligations") && version < 5) {
         st = Exec(kMigrateObligationsTo5, "migrate obligations to schema 5");
+      }
+      if (st.ok() && has_table("revocations") && version < 6) {
+        st = Exec(kMigrateRevocationsTo6, "migrate revocations to schema 6");
       }
     }
     if (st.ok()) st = Exec(kSchema, "create schema");

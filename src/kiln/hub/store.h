@@ -76,12 +76,20 @@ struct PublishClaimResult {
   bool ours = false;
 };
 
+// A revocation of (key, digest), or one an admin lifted (reinstated). `revision` counts the
+// row's changes (1 = revoked, 2 = lifted, 3 = revoked again, ...) and travels in the signed list,
+// where it orders an adopter's view of the digest (receipt.h RevocationEntry).
 struct RevocationRow {
   std::string key;
   std::string digest;
   std::string reason;
   std::string revoked_by;
   int64_t revoked_at = 0;
+  int64_t revision = 1;
+  int64_t lifted_at = 0;  // 0 = in force
+  std::string lifted_by{};
+  std::string lift_reason{};
+  bool in_force() const { return lifted_at == 0; }
 };
 
 // A bearer token, known by the SHA-256 of its text (the text itself is never stored), as the
@@ -242,7 +250,7 @@ class HubStore {
                                                                 const std::string& family) {
     KILN_ASSIGN_OR_RETURN(auto cell, GetCell(key, family));
     if (!cell.has_value()) return std::optional<ResolvedCell>();
-    KILN_ASSIGN_OR_RETURN(auto revoked, GetRevocation(cell->key, cell->digest));
+    KILN_ASSIGN_OR_RETURN(auto revoked, GetRevocation(cell->key, cell->digest));  // in force
     return std::optional<ResolvedCell>(ResolvedCell{std::move(*cell), std::move(revoked)});
   }
   // Newest first.
@@ -289,10 +297,20 @@ class HubStore {
   virtual Result<int> DeleteExpiredPublishClaims(int64_t now) = 0;
 
   // --- revocations --------------------------------------------------------------------------
-  // Idempotent: a second revocation of (key, digest) keeps the first row.
+  // Idempotent: a second revocation of (key, digest) in force keeps the first row. A lifted row is
+  // revoked again: `row`'s reason, author and time, the lift cleared, the revision one higher.
   virtual Status Revoke(const RevocationRow& row) = 0;
+  // Lifts the revocation of (key, digest): the row stays, with the lift and its revision one
+  // higher. nullopt when (key, digest) was never revoked; a row already lifted is returned as it
+  // is (idempotent).
+  virtual Result<std::optional<RevocationRow>> Reinstate(const std::string& key,
+                                                         const std::string& digest,
+                                                         const std::string& by,
+                                                         const std::string& reason, int64_t at) = 0;
+  // The revocation of (key, digest) in force, if any (a lifted row is none).
   virtual Result<std::optional<RevocationRow>> GetRevocation(const std::string& key,
                                                              const std::string& digest) = 0;
+  // Every row, lifted ones too: the signed list carries lifts so a replayed older list loses.
   virtual Result<std::vector<RevocationRow>> ListRevocations() = 0;
 
   // --- token revocations --------------------------------------------------------------------

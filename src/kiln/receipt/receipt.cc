@@ -552,8 +552,16 @@ ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
 Result<std::string> SignRevocationList(const RevocationList& list, const SigningKey& key) {
   nlohmann::json rows = nlohmann::json::array();
   for (const RevocationEntry& e : list.entries) {
-    rows.push_back(
-        {{"key", e.key}, {"digest", e.digest}, {"reason", e.reason}, {"revoked_at", e.revoked_at}});
+    nlohmann::json row = {{"key", e.key},
+                          {"digest", e.digest},
+                          {"reason", e.reason},
+                          {"revoked_at", e.revoked_at},
+                          {"revision", e.revision}};
+    if (e.lifted()) {
+      row["lifted_at"] = e.lifted_at;
+      row["lift_reason"] = e.lift_reason;
+    }
+    rows.push_back(std::move(row));
   }
   return SignJws("kiln-revocations",
                  {{"iat", list.iat}, {"max_age_s", list.max_age_s}, {"revocations", rows}}, key);
@@ -610,8 +618,28 @@ Result<RevocationList> VerifyRevocationList(std::string_view jws, const PublicKe
         !r.contains("revoked_at") || !r["revoked_at"].is_number_integer()) {
       return malformed(where + " needs key, digest, reason (strings) and revoked_at (integer)");
     }
-    list.entries.push_back({r["key"].get<std::string>(), r["digest"].get<std::string>(),
-                            r["reason"].get<std::string>(), r["revoked_at"].get<int64_t>()});
+    RevocationEntry e{r["key"].get<std::string>(), r["digest"].get<std::string>(),
+                      r["reason"].get<std::string>(), r["revoked_at"].get<int64_t>()};
+    // A list from a hub that predates lifts carries no revision: its entries are first
+    // revocations.
+    if (r.contains("revision")) {
+      if (!r["revision"].is_number_integer() || r["revision"].get<int64_t>() < 1) {
+        return malformed(where + ".revision must be an integer >= 1");
+      }
+      e.revision = r["revision"].get<int64_t>();
+    }
+    if (r.contains("lifted_at") || r.contains("lift_reason")) {
+      if (!r.contains("lifted_at") || !r["lifted_at"].is_number_integer() ||
+          r["lifted_at"].get<int64_t>() <= 0 || !r.contains("lift_reason") ||
+          !r["lift_reason"].is_string()) {
+        return malformed(where +
+                         " lifts need lifted_at (a positive integer) and lift_reason "
+                         "(a string) together");
+      }
+      e.lifted_at = r["lifted_at"].get<int64_t>();
+      e.lift_reason = r["lift_reason"].get<std::string>();
+    }
+    list.entries.push_back(std::move(e));
   }
   if (list.iat > now + kRevocationClockSkewS) {
     return Status::Refused(StatusCode::kInvalidArgument, kRevocationsStale,

@@ -168,12 +168,21 @@ struct ReceiptVerdict {
 ReceiptVerdict VerifyReceipt(std::string_view jws, const PublicKeySet& trusted,
                              const ExpectedClaims& expected);
 
-// One revoked cell as the signed list carries it.
+// One revoked cell as the signed list carries it, or one whose revocation an admin lifted.
+// `revision` counts the changes of this (key, digest) at the hub (1 = revoked, 2 = lifted,
+// 3 = revoked again, ...): an adopter applies an entry only when its revision is newer than the
+// one it already holds for the digest, so a replayed older list can neither resurrect a cell
+// revoked again nor re-kill one reinstated since. A lift stays in the list (signed like any
+// entry) for that reason: dropping it would let a replayed pre-lift list win.
 struct RevocationEntry {
   std::string key;
   std::string digest;
   std::string reason;
   int64_t revoked_at = 0;
+  int64_t revision = 1;
+  int64_t lifted_at = 0;      // 0 = the revocation holds
+  std::string lift_reason{};  // why an admin lifted it ("" while it holds)
+  bool lifted() const { return lifted_at > 0; }
   bool operator==(const RevocationEntry&) const = default;
 };
 
