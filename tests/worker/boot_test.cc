@@ -427,19 +427,30 @@ TEST_F(Boot, HubServingWrongBytesIsADigestMismatchAndNothingLoads) {
   ExpectServes(*t, kServingEager, "");
 }
 
-TEST_F(Boot, OperatorEagerOnlyArmsNothing) {
+// The operator's order holds the cell back from serving, not from being adopted: the boot arms
+// it, the install is reported as operator_eager_only (never aot_cell), every request is eager,
+// and the lift serves the armed cell at once.
+TEST_F(Boot, OperatorEagerOnlyAdoptsTheCellButServesEagerUntilLifted) {
   ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar, kMinted).ok());
   auto t = Target();
   t->SetEagerOnly(true, "maintenance");
   BootOutcome out = Adopt(*t, Spec(), Ctx());
-  EXPECT_EQ(out.phase, kBootOperatorEagerOnly);
-  EXPECT_EQ(out.cell, nullptr);
-  EXPECT_EQ(out.key, "");
-  EXPECT_FALSE(IsBootRefusal(out.phase));
+  EXPECT_EQ(out.phase, kBootLocalHit);
+  EXPECT_NE(out.cell, nullptr);
+  EXPECT_EQ(out.key, m_->mint.key);
   ExpectOneRow(out);
-  EXPECT_EQ(t->cell(), nullptr);
+  EXPECT_NE(t->cell(), nullptr);
+  EXPECT_EQ(t->Posture(), kPostureOperatorEagerOnly);
+  EventQuery postures;
+  postures.kind = event_kind::kServePosture;
+  const std::vector<EventRow> rows = events_.Query(postures);
+  ASSERT_FALSE(rows.empty());
+  for (const auto& row : rows) {
+    EXPECT_NE(row.phase, kServingAotCell) << "an aot_cell posture while the order holds";
+  }
+  ExpectServes(*t, kServingEager, "");
   t->SetEagerOnly(false, "");
-  EXPECT_EQ(t->cell(), nullptr);  // nothing was armed to return to
+  ExpectServes(*t, kServingAotCell, m_->mint.ref);
 }
 
 TEST_F(Boot, NoExportDeclarationAdoptsNothing) {

@@ -11,6 +11,8 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -240,6 +242,97 @@ TEST_F(Trust, RevokeWhileRunningDeArmsWithinTheBound) {
   EXPECT_EQ(a.reason(), "compiled_degraded");
   EXPECT_EQ(a.ref(), "");
   EXPECT_EQ(w.Stop(), 0);
+}
+
+// A lifted revocation reaches every worker: three workers serve the cell, an admin revokes it
+// (every one de-arms) and reinstates it (every one adopts it again within the poll bound and an
+// adoption). Then one worker's hub replays the list it signed while the revocation held, still
+// within its maximum age: the replayed entry's revision is older than the lift the worker applied,
+// so the cell stays armed, and a restart of that worker behind the same replay adopts too (the
+// revisions it applied are kept on disk).
+TEST_F(Trust, RevokeThenReinstateReadoptsEveryWorkerAndAReplayedOlderListLoses) {
+  Hub hub(root_ + "/hub");
+  std::string ref;
+  ASSERT_TRUE(StartFleet(&hub, &ref));
+  const std::string key = KeyOf(ref);
+  const std::string digest = ref.substr(ref.find('@') + 1);
+  auto replay = std::make_shared<std::string>();
+  auto replay_mu = std::make_shared<std::mutex>();
+  FakeHub fake(hub.port(), [replay, replay_mu](const httplib::Request& req) {
+    std::lock_guard<std::mutex> lock(*replay_mu);
+    if (req.path == "/v1/revocations" && !replay->empty()) {
+      return std::optional<std::string>(*replay);
+    }
+    return std::optional<std::string>();
+  });
+  ManifestOptions o;
+  o.hub_url = hub.url();
+  o.hub_extra = "revocation_poll_s = 1\n";
+  o.extra = kNoMint;
+  ManifestOptions through_fake = o;
+  through_fake.hub_url = fake.url();
+  std::vector<std::unique_ptr<Worker>> workers;
+  workers.push_back(std::make_unique<Worker>(root_ + "/w0", Manifest(o)));
+  workers.push_back(std::make_unique<Worker>(root_ + "/w1", Manifest(o)));
+  workers.push_back(std::make_unique<Worker>(root_ + "/w2", Manifest(through_fake)));
+  for (auto& w : workers) ASSERT_TRUE(w->Start());
+  for (auto& w : workers) ASSERT_EQ(Infer(*w).mode(), "aot_cell");
+
+  ASSERT_TRUE(hub.Client(kAdmin)->Revoke(key, digest, "precaution").ok());
+  for (auto& w : workers) {
+    ASSERT_TRUE(w->WaitForRow("cell_revoked", "hub_revoked", 30000)) << w->Log();
+    EXPECT_EQ(Infer(*w).mode(), "eager");
+  }
+  // The list as the hub signs it while the revocation holds: what the replay serves later.
+  HubAnswer while_revoked = hub.Client("")->GetRevocations();
+  ASSERT_TRUE(while_revoked.ok()) << while_revoked.message;
+
+  // A worker's token cannot lift a revocation; an admin's can, with a reason.
+  HubAnswer as_worker = hub.Client(hub_testing::kWorker)->Reinstate(key, digest, "mine");
+  EXPECT_EQ(as_worker.http_status, 403) << as_worker.message;
+  EXPECT_EQ(hub.Client(kAdmin)->Reinstate(key, digest, "").http_status, 400);
+  const auto lifted_at = Clock::now();
+  HubAnswer lifted = hub.Client(kAdmin)->Reinstate(key, digest, "false alarm");
+  ASSERT_TRUE(lifted.ok()) << lifted.token << ": " << lifted.message;
+  EXPECT_EQ(lifted.body.value("revision", 0), 2);
+  EXPECT_TRUE(lifted.body.value("owns_key", false));
+  for (auto& w : workers) {
+    Row row;
+    ASSERT_TRUE(w->WaitForRow("cell_reinstated", "hub_reinstated", 30000, &row)) << w->Log();
+    EXPECT_TRUE(DetailNames(row, "false alarm"));
+    std::string mode;
+    for (int i = 0; i < 200 && mode != "aot_cell"; ++i) {
+      mode = Infer(*w).mode();
+      if (mode != "aot_cell") std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(mode, "aot_cell") << w->Log();
+  }
+  const double took = SecondsSince(lifted_at);
+  std::fprintf(stderr, "every worker re-adopted %.2f s after the lift (poll interval 1 s)\n", took);
+  EXPECT_LE(took, 1.0 + 14.0) << "the bound is the poll interval plus an adoption; the rest is "
+                                 "slack for three workers on two cores";
+
+  // The replay: a list signed while the revocation held, still fresh. Several polls later the
+  // worker behind it still serves the cell and de-armed nothing again.
+  {
+    std::lock_guard<std::mutex> lock(*replay_mu);
+    *replay = while_revoked.body.dump();
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(3500));
+  Worker& behind = *workers[2];
+  auto a = Infer(behind);
+  EXPECT_EQ(a.mode(), "aot_cell") << a.body.dump();
+  EXPECT_EQ(a.ref(), ref);
+  int revoked_rows = 0;
+  for (const Row& r : behind.Rows()) revoked_rows += r.kind == "cell_revoked";
+  EXPECT_EQ(revoked_rows, 1) << "the replayed list re-killed the reinstated cell";
+  EXPECT_EQ(behind.Stop(), 0);
+  // Restarted behind the same replay: the applied revisions were kept, the cell adopts.
+  Worker again(root_ + "/w2", Manifest(through_fake));
+  ASSERT_TRUE(again.Start());
+  EXPECT_EQ(Infer(again).mode(), "aot_cell") << again.Log();
+  EXPECT_EQ(again.Stop(), 0);
+  for (int i = 0; i < 2; ++i) EXPECT_EQ(workers[i]->Stop(), 0);
 }
 
 // A fake hub between the worker and the real one: it passes everything through but answers the

@@ -213,12 +213,13 @@ struct ManifestOptions {
   std::string sm;       // "" = the worker detects the machine's
   std::string hub_url;  // "" = no [hub] section
   std::string hub_token = hub_testing::kWorker;
-  int hub_timeout_ms = 0;  // 0 = the worker's default
-  std::string trust_path;  // "" = trust the hub's own key set
-  std::string family;      // "" = the example's own export family
-  std::string hub_extra;   // TOML lines inside [hub] (revocation_poll_s = 1, ...)
-  std::string hub_ca;      // "" = no [hub] ca
-  std::string extra;       // TOML appended last
+  int hub_timeout_ms = 0;   // 0 = the worker's default
+  std::string trust_path;   // "" = trust the hub's own key set
+  std::string family;       // "" = the example's own export family
+  std::string hub_extra;    // TOML lines inside [hub] (revocation_poll_s = 1, ...)
+  std::string hub_ca;       // "" = no [hub] ca
+  std::string extra;        // TOML appended last
+  bool eager_only = false;  // the target's `eager_only = true` (the operator's order at boot)
 };
 
 // A field of /proc/<pid>/status in kB (VmRSS, VmHWM), or -1.
@@ -253,6 +254,10 @@ inline std::string Manifest(const ManifestOptions& o) {
       const std::string to = "lane = \"" + (o.lane.empty() ? "optional" : o.lane) + "\"";
       text.replace(at, lane.size(), o.sm.empty() ? to : to + "\nsm = \"" + o.sm + "\"");
     }
+  }
+  if (o.eager_only) {
+    const size_t at = text.find("\nexport = { family = \"");
+    if (at != std::string::npos) text.insert(at, "\neager_only = true");
   }
   if (!o.family.empty()) {
     const size_t at = text.find("export = { family = \"");

@@ -544,8 +544,9 @@ Result<std::vector<std::map<std::string, std::string>>> Parser::ParseSamples(
 
 Result<TargetSpec> Parser::ParseTarget(const std::string& name, const toml::table& t,
                                        const std::string& p) const {
-  KILN_RETURN_IF_ERROR(CheckKeys(
-      t, p, {"graph", "checkpoint", "lane", "export", "envelope", "numerics", "sm", "samples"}));
+  KILN_RETURN_IF_ERROR(CheckKeys(t, p,
+                                 {"graph", "checkpoint", "lane", "export", "envelope", "numerics",
+                                  "sm", "samples", "eager_only"}));
   TargetSpec spec;
   spec.name = name;
   KILN_ASSIGN_OR_RETURN(spec.graph, ReqString(t, p, "graph", "a path to the target's .onnx file"));
@@ -597,6 +598,7 @@ Result<TargetSpec> Parser::ParseTarget(const std::string& name, const toml::tabl
     }
     spec.sm = *sm;
   }
+  KILN_ASSIGN_OR_RETURN(spec.eager_only, BoolField(t, p, "eager_only", false));
   return spec;
 }
 

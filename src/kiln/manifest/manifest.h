@@ -105,6 +105,10 @@ struct TargetSpec {
   std::vector<std::map<std::string, std::string>> samples;
   std::string sm;  // optional machine-target override, one of KnownSmLevels();
                    // "" = detect on this machine
+  // The operator's eager-only order from the manifest (default false): the target serves eager
+  // from boot, its cell adopted but held. An order given later through the admin port outranks it
+  // at every later boot (worker/order_book.h). Not part of the key.
+  bool eager_only = false;
 
   bool exported() const { return export_spec.has_value(); }
 };

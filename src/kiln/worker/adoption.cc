@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <random>
 
 #include "src/kiln/base/backoff.h"
@@ -48,8 +49,42 @@ BootOutcome Adopter::AdoptNow(ServedTarget& target, const TargetSpec& spec,
 BootOutcome Adopter::Boot(ServedTarget& target, const TargetSpec& spec,
                           std::shared_ptr<const Graph> graph) {
   BootOutcome out = AdoptNow(target, spec, graph);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    booted_.push_back(Booted{&target, spec, graph, out.key});
+  }
   Apply(out, target, spec, graph, 0, LeaseWait());
   return out;
+}
+
+void Adopter::ReadoptKey(const std::string& key) {
+  std::vector<Booted> targets;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Booted& b : booted_) {
+      if (!key.empty() && b.key == key) targets.push_back(b);
+    }
+  }
+  for (const Booted& b : targets) {
+    if (b.target->cell() != nullptr) continue;  // armed: nothing was held back
+    KILN_LOG(INFO) << "worker: target '" << b.spec.name << "' adopts " << key
+                   << " again: the hub lifted its revocation";
+    Schedule(Pending{b.target, b.spec, b.graph, 0, {}, {}}, 0);
+  }
+}
+
+void Adopter::ReadoptTarget(const ServedTarget* target) {
+  std::optional<Booted> found;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Booted& b : booted_) {
+      if (b.target == target) found = b;
+    }
+  }
+  if (!found || found->target->cell() != nullptr) return;
+  KILN_LOG(INFO) << "worker: target '" << found->spec.name
+                 << "' adopts again: the operator lifted its eager-only order";
+  Schedule(Pending{found->target, found->spec, found->graph, 0, {}, {}}, 0);
 }
 
 void Adopter::Apply(const BootOutcome& out, ServedTarget& target, const TargetSpec& spec,
@@ -81,6 +116,21 @@ void Adopter::Apply(const BootOutcome& out, ServedTarget& target, const TargetSp
   // A miss, or a refusal of the hub's cell: the ordinary miss policy, mint where the lane
   // allows. The refusal stays the target's posture token (it says why there is no cell).
   if (!miss) target.SetStoredPosture(out.phase);
+  if (target.eager_only()) {
+    // The operator wants this target eager: a mint's CPU and memory would serve nothing. It
+    // starts when the order is lifted (ReadoptTarget).
+    if (ctx_.events != nullptr) {
+      EventRow row;
+      row.kind = event_kind::kSelfMintSkipped;
+      row.phase = kPostureOperatorEagerOnly;
+      row.key = out.key;
+      row.target = spec.name;
+      row.detail = "key=" + out.key + " target=" + spec.name +
+                   " the operator's eager-only order holds; minting when it is lifted";
+      ctx_.events->Append(std::move(row));
+    }
+    return;
+  }
   if (minter_ != nullptr) MintOrWait(out, target, spec, graph, attempt, std::move(wait));
 }
 

@@ -18,7 +18,11 @@
 //   cell_crashed (the ref is crash-quarantined here, crash_guard.h)
 //                                       eager with posture `cell_crashed`; nothing is minted (a
 //                                       mint of the key would make the same bytes, law 15)
-//   operator_eager_only, no_export_declaration, key_underivable: nothing
+//   no_export_declaration, key_underivable: nothing
+// While the operator's eager-only order holds on the target (serving.h), a miss mints nothing:
+// a `self_mint_skipped operator_eager_only` row says so, and the mint starts when the order is
+// lifted (ReadoptTarget). Retries of an adoption the hub could not answer go on regardless: the
+// order never cancels one, so the cell is armed and ready when the order lifts.
 // Every attempt emits its own boot_adopt row.
 //
 // With a hub's mint leases (AdopterOptions::leases; mint_lease.h) a `miss` asks for the key's
@@ -74,6 +78,13 @@ class Adopter {
   // object (or Stop()).
   BootOutcome Boot(ServedTarget& target, const TargetSpec& spec,
                    std::shared_ptr<const Graph> graph);
+  // The hub lifted a revocation of a cell of `key` (revocations.h): every target booted here
+  // whose key it is and that holds no armed cell adopts again now (an ordinary attempt, with this
+  // policy for its outcome). Any thread.
+  void ReadoptKey(const std::string& key);
+  // The operator lifted the eager-only order of `target`: when it holds no armed cell, it adopts
+  // again now (and, on a miss, mints). A target Boot never saw is ignored. Any thread.
+  void ReadoptTarget(const ServedTarget* target);
   // Ends the retries; a retry in progress finishes first. Idempotent.
   void Stop();
 
@@ -101,6 +112,15 @@ class Adopter {
   void Schedule(Pending p, int64_t delay_ms);
   void RetryLoop();
 
+  // Every exported target Boot saw, with the key it derived ("" when none): what ReadoptKey
+  // looks through.
+  struct Booted {
+    ServedTarget* target;
+    TargetSpec spec;
+    std::shared_ptr<const Graph> graph;
+    std::string key;
+  };
+
   BootContext ctx_;
   Minter* minter_;
   AdopterOptions options_;
@@ -108,6 +128,7 @@ class Adopter {
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Pending> pending_;
+  std::vector<Booted> booted_;
   bool stopping_ = false;
   std::thread thread_;
 };

@@ -147,8 +147,7 @@ Status CheckMembers(const ReceiptClaims& claims, const CellFiles& files) {
 
 bool IsBootRefusal(const std::string& phase) {
   return !(phase == kBootHit || phase == kBootLocalHit || phase == kBootMiss ||
-           phase == kBootLocalMissNoHub || phase == kBootOperatorEagerOnly ||
-           phase == kBootNoExportDeclaration);
+           phase == kBootLocalMissNoHub || phase == kBootNoExportDeclaration);
 }
 
 std::vector<ShapeClass> UncoveredClasses(const Envelope& declared,
@@ -264,8 +263,8 @@ Adoption::Next Adoption::RunSteps(const Step (&steps)[N]) {
 }
 
 BootOutcome Adoption::Run() {
-  // 1. The operator's order: nothing is armed.
-  if (target_.eager_only()) return Finish({kBootOperatorEagerOnly, ""});
+  // 1. The operator's eager-only order is not a step: the cell is adopted and armed as ever, so
+  // lifting the order serves it at once; serving keeps every request eager while it holds.
   // 2. Intake lane: nothing is adopted (the mint half compiles it here).
   if (!spec_.exported()) return Finish({kBootNoExportDeclaration, ""});
   if (graph_ == nullptr) return Finish({kBootKeyUnderivable, "no graph"});

@@ -3,7 +3,8 @@
 // 4, 9, 10, 11, §12 "Boot-adopt details").
 //
 // AdoptAtBoot runs, in exactly this order, and stops at the first step that decides:
-//   1. operator eager-only order on the target      -> nothing armed   `operator_eager_only`
+//   1. (the operator's eager-only order decides nothing here: the cell is adopted and armed as
+//      ever, and the target serves eager while the order holds, serving.h step 1)
 //   2. no export declaration (intake lane)          -> nothing adopted `no_export_declaration`
 //   3. derive the key (graph digest x envelope x sm x toolchain; nothing is compiled)
 //   4. local store hit: admission (bytes, sm, toolchain); its origin: minted here, or adopted
@@ -73,7 +74,6 @@ namespace kiln {
 inline constexpr const char* kBootHit = "hit";
 inline constexpr const char* kBootLocalHit = "local_hit";
 inline constexpr const char* kBootMiss = "miss";
-inline constexpr const char* kBootOperatorEagerOnly = "operator_eager_only";
 inline constexpr const char* kBootNoExportDeclaration = "no_export_declaration";
 inline constexpr const char* kBootKeyUnderivable = "key_underivable";
 inline constexpr const char* kBootLocalMissNoHub = "local_miss_no_hub";
@@ -147,7 +147,7 @@ struct BootOutcome {
 };
 
 // True for a phase that names a refusal (not hit, local_hit, miss, local_miss_no_hub, nor the
-// two "not asked" outcomes operator_eager_only and no_export_declaration). A refusal is never a
+// "not asked" outcome no_export_declaration). A refusal is never a
 // miss: the caller may record it as the target's stored eager posture token.
 bool IsBootRefusal(const std::string& phase);
 

@@ -55,6 +55,7 @@ const std::vector<std::string>& EventKinds() {
       event_kind::kCellRevoked,
       event_kind::kRevocationList,
       event_kind::kCellCrashed,
+      event_kind::kCellReinstated,
   };
   return kinds;
 }

@@ -54,6 +54,9 @@ inline constexpr const char* kRevocationList = "revocation_list";
 // A process of this machine died inside a cell's first call; its ref is quarantined
 // (crash_guard.h). Equal to the posture token kCellCrashed.
 inline constexpr const char* kCellCrashed = "cell_crashed";
+// The hub lifted a revocation this process had applied (revocations.h); the targets it held
+// eager adopt again.
+inline constexpr const char* kCellReinstated = "cell_reinstated";
 }  // namespace event_kind
 
 // Every kind above, in docs/design.md §10 order.

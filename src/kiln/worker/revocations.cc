@@ -2,6 +2,7 @@
 #include "src/kiln/worker/revocations.h"
 
 #include <chrono>
+#include <nlohmann/json.hpp>
 
 #include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
@@ -64,6 +65,7 @@ int64_t RevocationWatch::Now() const { return options_.clock->UnixSeconds(); }
 Result<std::unique_ptr<RevocationWatch>> RevocationWatch::Create(RevocationWatchOptions options) {
   std::unique_ptr<RevocationWatch> w(new RevocationWatch(std::move(options)));
   KILN_ASSIGN_OR_RETURN(w->client_, HubClient::Create(w->options_.hub));
+  w->LoadState();
   if (w->options_.use_anchors) {
     w->keys_ = w->options_.anchors;
   } else if (!w->options_.cache_path.empty()) {
@@ -153,7 +155,43 @@ std::optional<RevocationList> RevocationWatch::FreshCurrent(int64_t now) const {
 
 bool RevocationWatch::IsRevoked(const std::string& digest) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return revoked_digests_.count(digest) != 0;
+  auto it = digests_.find(digest);
+  return it != digests_.end() && it->second.revoked;
+}
+
+void RevocationWatch::SetOnReinstated(std::function<void(const std::string&)> on_reinstated) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_reinstated_ = std::move(on_reinstated);
+}
+
+void RevocationWatch::LoadState() {
+  if (options_.cache_path.empty()) return;
+  auto text = ReadFile(options_.cache_path + ".state");
+  if (!text.ok()) return;
+  // Written by this worker after verifying the lists it came from; unreadable = none.
+  auto j = nlohmann::json::parse(*text, nullptr, false);
+  if (!j.is_object()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [digest, v] : j.items()) {
+    if (!v.is_object() || !v.contains("revision") || !v["revision"].is_number_integer() ||
+        !v.contains("revoked") || !v["revoked"].is_boolean()) {
+      continue;
+    }
+    digests_[digest] = DigestState{v["revision"].get<int64_t>(), v["revoked"].get<bool>(),
+                                   v.value("key", std::string())};
+  }
+}
+
+void RevocationWatch::SaveState() const {
+  if (options_.cache_path.empty()) return;
+  nlohmann::json j = nlohmann::json::object();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [digest, st] : digests_) {
+      j[digest] = {{"revision", st.revision}, {"revoked", st.revoked}, {"key", st.key}};
+    }
+  }
+  WriteFileAtomic(options_.cache_path + ".state", j.dump(), Durability::kScratch).IgnoreError();
 }
 
 Status RevocationWatch::CheckAdoption(const std::string& key, const std::string& digest) {
@@ -202,13 +240,32 @@ void RevocationWatch::Watch(ServedTarget* target) {
 
 void RevocationWatch::Apply(const RevocationList& list) {
   std::vector<std::pair<std::string, std::string>> fresh;  // digest, reason
+  std::vector<const RevocationEntry*> lifted;
   std::vector<ServedTarget*> targets;
+  std::function<void(const std::string&)> on_reinstated;
+  bool changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& e : list.entries) {
-      if (revoked_digests_.insert(e.digest).second) fresh.emplace_back(e.digest, e.reason);
+      DigestState& st = digests_[e.digest];
+      if (e.revision <= st.revision) continue;  // news this worker already has, or older news
+      const bool was_revoked = st.revoked;
+      st = DigestState{e.revision, !e.lifted(), e.key};
+      changed = true;
+      if (st.revoked && !was_revoked) fresh.emplace_back(e.digest, e.reason);
+      if (!st.revoked && was_revoked) lifted.push_back(&e);
     }
     targets = targets_;
+    on_reinstated = on_reinstated_;
+  }
+  if (changed) SaveState();
+  for (const RevocationEntry* e : lifted) {
+    for (ServedTarget* t : targets) t->LiftHubRevocation(e->digest);
+    KILN_LOG(INFO) << "worker: the hub reinstated cell " << e->key << "@" << e->digest << " ("
+                   << e->lift_reason << "); adopting it again where it was held eager";
+    Emit(event_kind::kCellReinstated, "hub_reinstated", e->key + "@" + e->digest, "",
+         "revision=" + std::to_string(e->revision) + " reason=" + e->lift_reason);
+    if (on_reinstated) on_reinstated(e->key);
   }
   if (fresh.empty()) return;
   for (ServedTarget* t : targets) {

@@ -16,12 +16,21 @@
 // the hub could not be asked (transient: the boot retries), `revocations_unreadable` when it
 // answered with an error, or the verification's token.
 //
-// Running (Start): every poll interval the list is fetched and verified. A listed digest is
-// added to a process-wide set that only grows (sticky: a later list that omits it changes
-// nothing), and every watched target whose installed cell has that digest is de-armed: the cell
-// is revoked for the process life, the target serves eager (`compiled_degraded`), and a
-// `cell_revoked` row with phase `hub_revoked` names the ref and the reason. The bound is one poll
-// interval plus one request's time (default 30 s: manifest `hub.revocation_poll_s`).
+// Running (Start): every poll interval the list is fetched and verified. Each entry carries the
+// revision of its digest at the hub (receipt.h RevocationEntry): the watch keeps, per digest, the
+// newest revision it applied and whether that revision revokes or lifts, and applies an entry only
+// when its revision is newer. A list that omits a digest changes nothing (sticky), and a replayed
+// older list (a lower revision) can neither re-kill a reinstated cell nor resurrect a revoked
+// one. The per-digest state is kept on disk beside the cached list, so this holds across
+// restarts too.
+//   revoked: every watched target whose installed cell has the digest is de-armed: the cell is
+//            revoked, the target serves eager (`compiled_degraded`), and a `cell_revoked` row with
+//            phase `hub_revoked` names the ref and the reason.
+//   lifted:  (an admin reinstated it) the targets drop their block on the digest, one
+//            `cell_reinstated` row names the ref and the lift's reason, and the reinstated
+//            callback runs (the worker adopts again for the targets of that key left eager).
+// The bound is one poll interval plus one request's time (default 30 s: manifest
+// `hub.revocation_poll_s`), plus the adoption's own time for a lift.
 //
 // A list that goes stale while the worker runs (the hub unreachable for longer than the list's
 // maximum age) is handled by the manifest's policy, said once by a `revocation_list` row:
@@ -35,6 +44,8 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -84,8 +95,12 @@ class RevocationWatch {
   // `revocations_unreachable`, `revocations_unreadable`, or the verification's token
   // (revocations_unsigned, …_stale, …_bad_signature, …_unknown_kid, …_malformed). Any thread.
   Status CheckAdoption(const std::string& key, const std::string& digest);
-  // True when this process saw `digest` listed (sticky).
+  // True when the newest entry applied for `digest` revokes it (a lift since makes it false).
   bool IsRevoked(const std::string& digest) const;
+  // Called (on the applying thread, outside the watch's locks) with the key of each revocation
+  // lifted after this process applied it, or whose lift it learned while it held the digest
+  // revoked. Set before Start().
+  void SetOnReinstated(std::function<void(const std::string& key)> on_reinstated);
   // The keys lists were verified with (anchors, or the hub's keys fetched so far).
   PublicKeySet Keys() const;
 
@@ -102,8 +117,12 @@ class RevocationWatch {
   // Fetch + verify; on success the list becomes current (and is persisted). Returns the list or
   // the refusal; `transient` says the hub could not be asked at all.
   Result<RevocationList> Fetch(bool* transient);
-  // Marks every listed digest revoked and de-arms watched targets holding one.
+  // Applies every entry newer than the digest's known revision: de-arms watched targets holding a
+  // newly revoked digest, lifts the targets' block on a reinstated one.
   void Apply(const RevocationList& list);
+  // The per-digest state, kept at cache_path + ".state" (nothing when cache_path is "").
+  void LoadState();
+  void SaveState() const;
   // Unix seconds on the watch's clock.
   int64_t Now() const;
   // The current list if it is still within its maximum age at `now`.
@@ -118,7 +137,14 @@ class RevocationWatch {
   PublicKeySet keys_;                      // anchors, or the hub's keys fetched so far
   std::optional<RevocationList> current_;  // the newest verified list
   int64_t fetched_at_ = 0;                 // unix seconds of the last successful fetch
-  std::set<std::string> revoked_digests_;  // sticky
+  // Per digest: the newest revision applied, and whether it revokes (false: lifted).
+  struct DigestState {
+    int64_t revision = 0;
+    bool revoked = false;
+    std::string key;
+  };
+  std::map<std::string, DigestState> digests_;
+  std::function<void(const std::string&)> on_reinstated_;
   std::vector<ServedTarget*> targets_;
   bool stale_ = false;
   std::mutex fetch_mu_;  // one fetch at a time

@@ -380,8 +380,16 @@ Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven)
     return Status::Refused(StatusCode::kInvalidArgument, token,
                            "target '" + options_.name + "': " + refusal);
   }
-  Emit(event_kind::kServePosture, ModeOf(*cell), 0, ref, "",
-       std::string("installed lane=") + LaneName(cell->lane()));
+  // Telemetry says what is served: under the operator's order the installed cell serves nothing
+  // until the order is lifted.
+  if (eager_only_.load()) {
+    Emit(event_kind::kServePosture, kPostureOperatorEagerOnly, 0, ref, "",
+         std::string("installed lane=") + LaneName(cell->lane()) +
+             "; held by the operator's eager-only order");
+  } else {
+    Emit(event_kind::kServePosture, ModeOf(*cell), 0, ref, "",
+         std::string("installed lane=") + LaneName(cell->lane()));
+  }
   return Status::OK();
 }
 
@@ -399,8 +407,28 @@ std::string ServedTarget::RevokeByDigest(const std::string& digest, const std::s
   }
   if (!cell) return "";
   RevokeForCause(cell, reason);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hub_revoked_refs_.insert(cell->ref());
+  }
   Emit(event_kind::kCellRevoked, "hub_revoked", 0, cell->ref(), "", reason);
   return cell->ref();
+}
+
+bool ServedTarget::LiftHubRevocation(const std::string& digest) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool held = hub_revoked_digests_.erase(digest) != 0;
+  const std::string suffix = "@" + digest;
+  for (auto it = hub_revoked_refs_.begin(); it != hub_revoked_refs_.end();) {
+    if (it->size() > suffix.size() &&
+        it->compare(it->size() - suffix.size(), suffix.size(), suffix) == 0) {
+      quarantined_refs_.erase(*it);
+      it = hub_revoked_refs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return held;
 }
 
 void ServedTarget::SetRevocationHold(bool on) {
@@ -415,13 +443,24 @@ void ServedTarget::SetOnCellLost(std::function<void(const std::string&)> on_lost
 }
 
 void ServedTarget::SetEagerOnly(bool on, const std::string& reason) {
+  std::function<void(bool, const std::string&)> changed;
   {
     std::lock_guard<std::mutex> lock(mu_);
     eager_only_reason_ = on ? reason : "";
     eager_only_.store(on);
+    changed = on_eager_only_changed_;
   }
+  // The release names what is served from now on: the armed cell, or why there is none.
+  std::string detail = on ? "" : "serving=" + Posture();
+  if (!reason.empty()) detail += (detail.empty() ? "" : " ") + ("reason=" + reason);
   Emit(event_kind::kServePosture, on ? kPostureOperatorEagerOnly : "operator_release", 0, "", "",
-       reason.empty() ? "" : "reason=" + reason);
+       detail);
+  if (changed) changed(on, reason);
+}
+
+void ServedTarget::SetOnEagerOnlyChanged(std::function<void(bool, const std::string&)> changed) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_eager_only_changed_ = std::move(changed);
 }
 
 Status ServedTarget::SwapCheckpoint(WeightMap checkpoint) {

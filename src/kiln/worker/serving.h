@@ -153,6 +153,11 @@ class ServedTarget {
   // removed (posture compiled_degraded, a `cell_revoked` row with phase `hub_revoked`), and no
   // cell with it installs again. Returns the ref de-armed, or "" when none was installed.
   std::string RevokeByDigest(const std::string& digest, const std::string& reason);
+  // The hub lifted its revocation of `digest` (an admin reinstated it): a cell with it may
+  // install again (a fresh adoption: the revoked ArmedCell object itself never runs again). A
+  // quarantine this process added for a fault of its own stays. Returns whether the target held
+  // the digest blocked.
+  bool LiftHubRevocation(const std::string& digest);
   // The revocation list is stale under the `eager` policy: while on, every request is served
   // eager with posture `revocations_stale` (a mandatory target refuses retryably); the cell stays
   // armed and serves again when it is lifted.
@@ -163,7 +168,12 @@ class ServedTarget {
 
   // The operator's eager-only order: on serves eager with `operator_eager_only` on every later
   // call; off returns to the cell, if one is still armed. Never resurrects a revoked cell.
+  // Under the order a cell still installs (an adoption or a mint that completes arms it), but its
+  // install is reported as `operator_eager_only`, never `aot_cell`: telemetry says what serves.
   void SetEagerOnly(bool on, const std::string& reason);
+  // Called after every SetEagerOnly (outside the target's lock): the worker persists the order
+  // and, on a lift, adopts again. Set once, before serving.
+  void SetOnEagerOnlyChanged(std::function<void(bool on, const std::string& reason)> changed);
   bool eager_only() const { return eager_only_.load(); }
 
   // Swaps the target's checkpoint: `checkpoint` must name exactly the weights of the current one,
@@ -253,7 +263,9 @@ class ServedTarget {
   std::shared_ptr<ArmedCell> cell_;
   std::shared_ptr<ArmedCell> revoked_cell_;
   std::set<std::string> quarantined_refs_;     // revoked after a fault
-  std::set<std::string> hub_revoked_digests_;  // never installed again
+  std::set<std::string> hub_revoked_digests_;  // not installed again until the hub lifts them
+  std::set<std::string> hub_revoked_refs_;     // quarantined because the hub revoked them
+  std::function<void(bool, const std::string&)> on_eager_only_changed_;
   int remints_left_ = 0;
   bool cell_lost_ = false;
   std::function<void(const std::string&)> on_cell_lost_;

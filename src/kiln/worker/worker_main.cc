@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "src/kiln/arm/loader.h"
+#include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
+#include "src/kiln/base/log.h"
 #include "src/kiln/base/signals.h"
 #include "src/kiln/cell/store.h"
 #include "src/kiln/graph/checkpoint.h"
@@ -30,6 +32,7 @@
 #include "src/kiln/worker/front.h"
 #include "src/kiln/worker/mint_lease.h"
 #include "src/kiln/worker/minter.h"
+#include "src/kiln/worker/order_book.h"
 #include "src/kiln/worker/publisher.h"
 #include "src/kiln/worker/revocations.h"
 #include "src/kiln/worker/store_keeper.h"
@@ -216,7 +219,28 @@ struct BootWiring {
   Adopter& adopter;
   int64_t request_memory_bytes;  // one request's tensors (ServedTargetOptions)
   CrashGuard* crash_guard;       // ServedTargetOptions::crash_guard
+  OrderBook& orders;             // the eager-only orders this machine keeps
 };
+
+// The target's eager-only order at boot (the admin's last word, else the manifest's), applied
+// before its adoption so nothing serves compiled while it holds; then every later order through
+// the admin port is kept in the book, and a lift adopts (or mints) what the order held back.
+void ApplyEagerOnlyOrder(ServedTarget& target, const TargetSpec& spec, const BootWiring& w) {
+  const EagerOnlyOrder order = w.orders.AtBoot(spec.name, spec.eager_only);
+  if (order.on) {
+    target.SetEagerOnly(true, order.reason);
+    std::printf("kiln worker: target '%s' serves eager: the %s's eager-only order holds (%s)\n",
+                spec.name.c_str(), order.source.c_str(), order.reason.c_str());
+  }
+  target.SetOnEagerOnlyChanged([&orders = w.orders, &adopter = w.adopter, t = &target,
+                                name = spec.name](bool on, const std::string& reason) {
+    if (Status s = orders.Set(name, on, reason, Clock::Real()->UnixSeconds()); !s.ok()) {
+      KILN_LOG(WARNING) << "worker: the eager-only order of target '" << name
+                        << "' was applied but not kept for the next boot: " << s.ToString();
+    }
+    if (!on) adopter.ReadoptTarget(t);
+  });
+}
 
 // One target: its graph and checkpoint loaded, its serving wrapper made and watched, a cell
 // adopted if there is one (else the miss policy starts), and its one boot line printed.
@@ -245,6 +269,7 @@ Result<Booted> BootTarget(const TargetSpec& spec, const BootWiring& w) {
   o.crash_guard = w.crash_guard;
   KILN_ASSIGN_OR_RETURN(b.target, ServedTarget::Create(o, b.graph, weights));
   if (w.revocations != nullptr) w.revocations->Watch(b.target.get());
+  ApplyEagerOnlyOrder(*b.target, spec, w);
   const BootOutcome out = spec.exported() ? w.adopter.Boot(*b.target, spec, b.graph)
                                           : AdoptAtBoot(*b.target, spec, b.graph, weights, w.ctx);
   std::printf("target %-16s boot_adopt %-22s %7.1f ms  %s\n", spec.name.c_str(), out.phase.c_str(),
@@ -289,6 +314,26 @@ Result<std::unique_ptr<Publisher>> MakePublisher(const Manifest& m, LocalStore* 
   }
   return publisher;
 }
+
+// A lifted revocation re-adopts the targets it held eager. Declared after the adopter: on every
+// way out its destructor stops the watch's poll thread first, so no lift reaches a destroyed
+// adopter.
+class ReinstateHook {
+ public:
+  ReinstateHook(RevocationWatch* watch, Adopter& adopter) : watch_(watch) {
+    if (watch_ != nullptr) {
+      watch_->SetOnReinstated([&adopter](const std::string& key) { adopter.ReadoptKey(key); });
+    }
+  }
+  ~ReinstateHook() {
+    if (watch_ != nullptr) watch_->Stop();
+  }
+  ReinstateHook(const ReinstateHook&) = delete;
+  ReinstateHook& operator=(const ReinstateHook&) = delete;
+
+ private:
+  RevocationWatch* watch_;
+};
 
 Status ServeUntilStopped(const WorkerConfig& a, const Manifest& m, Frontend& front,
                          RevocationWatch* revocations, const sigset_t& stop) {
@@ -360,6 +405,7 @@ Status RunWorker(const WorkerConfig& a) {
   // marker; that ref is quarantined here and the crash reported (the forwarder is attached).
   CrashGuard crash_guard(root);
   ReportCrashes(crash_guard, events);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<OrderBook> orders, OrderBook::Open(root + "/.orders.json"));
   std::unique_ptr<HubClient> hub;
   std::unique_ptr<PublicKeySet> trust;
   PublicKeySet hub_keys;
@@ -421,8 +467,9 @@ Status RunWorker(const WorkerConfig& a) {
   ao.retry_initial_ms = std::min(ao.retry_initial_ms, ao.retry_max_ms);
   // After the minter: its retries call into it, so it stops first.
   Adopter adopter(ctx, &minter, ao);
+  ReinstateHook reinstate(revocations.get(), adopter);
   const BootWiring wiring{m,      ctx,     events,         revocations.get(), publisher.get(),
-                          minter, adopter, request_memory, &crash_guard};
+                          minter, adopter, request_memory, &crash_guard,      *orders};
   std::map<std::string, FrontendTarget> front_targets;
   std::map<std::string, ServedTarget*> by_name;
   for (const TargetSpec& spec : m.targets) {
