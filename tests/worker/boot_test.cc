@@ -427,29 +427,33 @@ TEST_F(Boot, HubServingWrongBytesIsADigestMismatchAndNothingLoads) {
   ExpectServes(*t, kServingEager, "");
 }
 
-// The operator's order holds the cell back from serving, not from being adopted: the boot arms
-// it, the install is reported as operator_eager_only (never aot_cell), every request is eager,
-// and the lift serves the armed cell at once.
-TEST_F(Boot, OperatorEagerOnlyAdoptsTheCellButServesEagerUntilLifted) {
+// The operator's order suppresses arming, not the adoption: every check runs and the bytes stay
+// in the local store, but nothing is loaded and no aot_cell posture is said; after the lift an
+// adoption arms the kept cell.
+TEST_F(Boot, OperatorEagerOnlyChecksAndKeepsTheCellButArmsNothingUntilLifted) {
   ASSERT_TRUE(store_->Put(m_->mint.key, m_->mint.tar, kMinted).ok());
   auto t = Target();
   t->SetEagerOnly(true, "maintenance");
   BootOutcome out = Adopt(*t, Spec(), Ctx());
   EXPECT_EQ(out.phase, kBootLocalHit);
-  EXPECT_NE(out.cell, nullptr);
+  EXPECT_EQ(out.cell, nullptr);
   EXPECT_EQ(out.key, m_->mint.key);
+  EXPECT_EQ(out.ref, m_->mint.ref);
+  EXPECT_NE(out.detail.find("held=operator_eager_only"), std::string::npos) << out.detail;
   ExpectOneRow(out);
-  EXPECT_NE(t->cell(), nullptr);
+  EXPECT_EQ(t->cell(), nullptr);
+  EXPECT_TRUE(store_->Get(m_->mint.key)->has_value());
   EXPECT_EQ(t->Posture(), kPostureOperatorEagerOnly);
   EventQuery postures;
   postures.kind = event_kind::kServePosture;
-  const std::vector<EventRow> rows = events_.Query(postures);
-  ASSERT_FALSE(rows.empty());
-  for (const auto& row : rows) {
+  for (const auto& row : events_.Query(postures)) {
     EXPECT_NE(row.phase, kServingAotCell) << "an aot_cell posture while the order holds";
   }
   ExpectServes(*t, kServingEager, "");
   t->SetEagerOnly(false, "");
+  BootOutcome lifted = Adopt(*t, Spec(), Ctx());
+  EXPECT_EQ(lifted.phase, kBootLocalHit);
+  ASSERT_NE(lifted.cell, nullptr);
   ExpectServes(*t, kServingAotCell, m_->mint.ref);
 }
 

@@ -1,8 +1,8 @@
 // The operator's eager-only order with real processes (docs/manifest.md "The eager-only order"):
 // given in the manifest, through the admin port, or while the hub is down, it holds every request
-// eager while the cell is still adopted (the adoption and its retries go on), no `aot_cell`
-// posture is reported while it holds, it survives a restart, it stops a mint from starting, and
-// its lift serves (or mints) the cell.
+// eager while the adoption still checks and keeps the cell but loads nothing (its retries go on),
+// no `aot_cell` posture is reported while it holds, it survives a restart, it stops a mint from
+// starting, and its lift serves (or mints) the cell.
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -48,6 +48,13 @@ int AotPostures(const Worker& w) {
   return n;
 }
 
+// True when the worker process maps a loaded cell (every armed cell is a private cell.so).
+bool LoadsACell(const Worker& w) {
+  const std::string maps =
+      hub_testing::ValueOr(ReadFile("/proc/" + std::to_string(w.pid()) + "/maps"), std::string());
+  return maps.find("/cell.so") != std::string::npos;
+}
+
 class EagerOnly : public MachinesTest {};
 
 // Given in the manifest: the cell is adopted at boot (boot_adopt hit) but every request is eager
@@ -71,9 +78,11 @@ TEST_F(EagerOnly, FromTheManifestHoldsTheAdoptedCellAndTheAdminsLiftOutlivesARes
     EXPECT_EQ(a.mode(), "eager");
     EXPECT_EQ(a.reason(), "operator_eager_only");
     EXPECT_EQ(AotPostures(w), 0) << "an aot_cell posture while the order holds";
+    EXPECT_FALSE(LoadsACell(w)) << "a cell was loaded while the order holds";
     ASSERT_TRUE(Order(w, false, "maintenance over"));
     EXPECT_EQ(WaitForMode(w, "aot_cell", 5000), "aot_cell");
     EXPECT_EQ(Infer(w).ref(), ref);
+    EXPECT_TRUE(LoadsACell(w)) << "the check above could not see a loaded cell";
     EXPECT_EQ(w.Stop(), 0);
   }
   Worker again(dir, Manifest(o));
@@ -109,6 +118,7 @@ TEST_F(EagerOnly, SetWhileTheHubIsDownKeepsTheAdoptionRetryAndOutlivesARestart) 
     EXPECT_EQ(a.mode(), "eager");
     EXPECT_EQ(a.reason(), "operator_eager_only");
     EXPECT_EQ(AotPostures(w), 0) << "an aot_cell posture while the order holds";
+    EXPECT_FALSE(LoadsACell(w)) << "a cell was loaded while the order holds";
     EXPECT_EQ(w.Stop(), 0);
   }
   Worker again(dir, Manifest(o));
@@ -118,6 +128,7 @@ TEST_F(EagerOnly, SetWhileTheHubIsDownKeepsTheAdoptionRetryAndOutlivesARestart) 
   EXPECT_EQ(held.mode(), "eager");
   EXPECT_EQ(held.reason(), "operator_eager_only") << "the order did not survive the restart";
   EXPECT_EQ(AotPostures(again), 0);
+  EXPECT_FALSE(LoadsACell(again));
   ASSERT_TRUE(Order(again, false, "outage over"));
   EXPECT_EQ(WaitForMode(again, "aot_cell", 5000), "aot_cell");
   EXPECT_EQ(Infer(again).ref(), ref);
@@ -136,6 +147,7 @@ TEST_F(EagerOnly, StopsAPendingMintAndTheLiftStartsIt) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   for (const Row& r : w.Rows()) EXPECT_NE(r.kind, "self_mint_started") << r.detail;
   EXPECT_EQ(Infer(w).reason(), "operator_eager_only");
+  EXPECT_FALSE(LoadsACell(w));
   ASSERT_TRUE(Order(w, false, "go"));
   ASSERT_TRUE(w.WaitForRow("self_mint_started", "child", 10000)) << w.Log();
   EXPECT_EQ(WaitForMode(w, "aot_cell", 180000), "aot_cell") << w.Log();

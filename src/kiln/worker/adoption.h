@@ -22,7 +22,8 @@
 // While the operator's eager-only order holds on the target (serving.h), a miss mints nothing:
 // a `self_mint_skipped operator_eager_only` row says so, and the mint starts when the order is
 // lifted (ReadoptTarget). Retries of an adoption the hub could not answer go on regardless: the
-// order never cancels one, so the cell is armed and ready when the order lifts.
+// order never cancels one, so the cell is verified and kept on this machine when the order
+// lifts (boot.h step 1: nothing is armed while it holds).
 // Every attempt emits its own boot_adopt row.
 //
 // With a hub's mint leases (AdopterOptions::leases; mint_lease.h) a `miss` asks for the key's
@@ -83,7 +84,8 @@ class Adopter {
   // policy for its outcome). Any thread.
   void ReadoptKey(const std::string& key);
   // The operator lifted the eager-only order of `target`: when it holds no armed cell, it adopts
-  // again now (and, on a miss, mints). A target Boot never saw is ignored. Any thread.
+  // again now (from the local store, where the held adoption kept the bytes; on a miss, mints). A
+  // target Boot never saw is ignored. Any thread.
   void ReadoptTarget(const ServedTarget* target);
   // Ends the retries; a retry in progress finishes first. Idempotent.
   void Stop();

@@ -263,8 +263,9 @@ Adoption::Next Adoption::RunSteps(const Step (&steps)[N]) {
 }
 
 BootOutcome Adoption::Run() {
-  // 1. The operator's eager-only order is not a step: the cell is adopted and armed as ever, so
-  // lifting the order serves it at once; serving keeps every request eager while it holds.
+  // 1. The operator's eager-only order does not stop the adoption: every check runs and the
+  // bytes are kept, so the lift arms them from the local store; only the arming is held
+  // (ArmAndInstall).
   // 2. Intake lane: nothing is adopted (the mint half compiles it here).
   if (!spec_.exported()) return Finish({kBootNoExportDeclaration, ""});
   if (graph_ == nullptr) return Finish({kBootKeyUnderivable, "no graph"});
@@ -558,6 +559,13 @@ BootOutcome Adoption::ArmAndInstall(const AdmittedCell& admitted, const char* ph
     // Every check passed; the caller asked for no load (BootContext::load).
     out_.ref = out_.key + "@" + admitted.digest;
     return Finish({phase, "ref=" + out_.ref + " load=skipped" + note_});
+  }
+  if (target_.eager_only()) {
+    // The operator's eager-only order suppresses arming: every check passed and the bytes are
+    // kept on this machine, but nothing is loaded (the operator may distrust the cell itself).
+    // The lift adopts again from the local store.
+    out_.ref = out_.key + "@" + admitted.digest;
+    return Finish({phase, "ref=" + out_.ref + " held=operator_eager_only" + note_});
   }
   LoadTimings load;
   auto dir = PrivateDirFor(ctx_, spec_.name);

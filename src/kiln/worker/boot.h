@@ -3,8 +3,9 @@
 // 4, 9, 10, 11, §12 "Boot-adopt details").
 //
 // AdoptAtBoot runs, in exactly this order, and stops at the first step that decides:
-//   1. (the operator's eager-only order decides nothing here: the cell is adopted and armed as
-//      ever, and the target serves eager while the order holds, serving.h step 1)
+//   1. (the operator's eager-only order stops nothing here: every step below runs and the bytes
+//      are kept, but step 13 arms nothing while it holds: the outcome is the usual phase with no
+//      cell and `held=operator_eager_only` in its detail; the lift adopts again)
 //   2. no export declaration (intake lane)          -> nothing adopted `no_export_declaration`
 //   3. derive the key (graph digest x envelope x sm x toolchain; nothing is compiled)
 //   4. local store hit: admission (bytes, sm, toolchain); its origin: minted here, or adopted

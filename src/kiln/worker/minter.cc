@@ -349,6 +349,14 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
        put.ok() ? "root=" + options_.store->root() : put.ToString());
   bool any_installed = false;
   for (auto& [b, cell] : armed) {
+    if (b->target->eager_only()) {
+      // The operator's order suppresses arming: the proven bytes are stored (above); the lift
+      // adopts them from the local store.
+      b->target->SetMintInProgress(false);
+      Emit(event_kind::kLocalCellArmed, kPostureOperatorEagerOnly, MsSince(adopt_start), job->key,
+           ref, b->spec.name, "stored, not armed: the operator's eager-only order holds");
+      continue;
+    }
     // Reproven: the strict gate and the fence proof just ran on this target's live checkpoint.
     Status installed = b->target->InstallCell(cell, /*reproven=*/true);
     any_installed = any_installed || installed.ok();

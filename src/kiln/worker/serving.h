@@ -168,8 +168,9 @@ class ServedTarget {
 
   // The operator's eager-only order: on serves eager with `operator_eager_only` on every later
   // call; off returns to the cell, if one is still armed. Never resurrects a revoked cell.
-  // Under the order a cell still installs (an adoption or a mint that completes arms it), but its
-  // install is reported as `operator_eager_only`, never `aot_cell`: telemetry says what serves.
+  // The boot and the minter arm nothing while the order holds (boot.h step 1); a cell installed
+  // under it anyway (one already armed when the order came stays armed) is reported as
+  // `operator_eager_only`, never `aot_cell`: telemetry says what serves.
   void SetEagerOnly(bool on, const std::string& reason);
   // Called after every SetEagerOnly (outside the target's lock): the worker persists the order
   // and, on a lift, adopts again. Set once, before serving.
