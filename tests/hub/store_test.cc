@@ -344,6 +344,34 @@ TEST_P(StoreTest, ARevocationIsLiftedAsARowOfItsOwnAndRevokedAgainAboveIt) {
   EXPECT_EQ(resolved->revocation->revision, 3);
 }
 
+// Every order of a (release, target) is one incarnation above the last; pairs count apart.
+TEST_P(StoreTest, OrdersCountTheirIncarnationsPerReleaseAndTarget) {
+  const std::string release = "r-" + Nonce();
+  OrderRow pin{release, "mlp", "pin", "ck1-a@sha256:b", 0, 0, "drill", "ops", 5};
+  auto first = store_->SetOrder(pin).value();
+  EXPECT_EQ(first.incarnation, 1);
+  EXPECT_EQ(first.ref, pin.ref);
+  OrderRow canary{release, "mlp", "canary", "ck1-a@sha256:c", 250000, 99, "half", "ops", 6};
+  auto second = store_->SetOrder(canary).value();
+  EXPECT_EQ(second.incarnation, 2) << "the caller's incarnation is ignored";
+  EXPECT_EQ(second.kind, "canary");
+  EXPECT_EQ(second.share_ppm, 250000);
+  OrderRow other{release, "vae", "eager", "", 0, 0, "x", "ops", 7};
+  EXPECT_EQ(store_->SetOrder(other).value().incarnation, 1);
+  int seen = 0;
+  const auto orders = store_->ListOrders().value();
+  for (const auto& o : orders) {
+    if (o.release != release) continue;
+    ++seen;
+    if (o.target == "mlp") {
+      EXPECT_EQ(o.incarnation, 2);
+      EXPECT_EQ(o.reason, "half");
+      EXPECT_EQ(o.set_at, 6);
+    }
+  }
+  EXPECT_EQ(seen, 2);
+}
+
 // Revoked tokens are remembered (the tokens themselves are each hub's tokens file): sticky, the
 // first revocation kept, visible to every hub on the store.
 TEST_P(StoreTest, TokenRevocationsAreRememberedAndSticky) {

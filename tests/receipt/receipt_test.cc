@@ -218,6 +218,31 @@ TEST(RevocationList, LiftsAndRevisionsRoundTripAndHalfALiftIsMalformed) {
       VerifyRevocationList(sign_claims(zero), keys, 1001).status().Is(kRevocationsMalformed));
 }
 
+// The hub's orders travel signed in the same list; an order no adopter could obey is malformed.
+TEST(RevocationList, OrdersRoundTripAndAMalformedOrderRefusesTheList) {
+  auto key = SigningKey::Generate().value();
+  PublicKeySet keys;
+  ASSERT_TRUE(keys.AddRaw(key.raw_public()).ok());
+  RevocationList list;
+  list.iat = 1000;
+  list.max_age_s = 60;
+  list.orders = {{"r1", "mlp", "canary", "ck1-a@sha256:b", 0.25, 3, "half"},
+                 {"r1", "vae", "eager", "", 0, 1, "incident"}};
+  auto back = VerifyRevocationList(SignRevocationList(list, key).value(), keys, 1001);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->orders, list.orders);
+  for (const HubOrder& bad : {HubOrder{"r1", "mlp", "pin", "", 0, 1, "no ref"},
+                              HubOrder{"r1", "mlp", "canary", "k@d", 1.5, 1, "share"},
+                              HubOrder{"r1", "mlp", "auto", "", 0, 0, "incarnation"},
+                              HubOrder{"r1", "mlp", "drain", "", 0, 1, "kind"}}) {
+    RevocationList one = list;
+    one.orders = {bad};
+    auto refused = VerifyRevocationList(SignRevocationList(one, key).value(), keys, 1001);
+    ASSERT_FALSE(refused.ok()) << bad.reason;
+    EXPECT_TRUE(refused.status().Is(kRevocationsMalformed)) << refused.status().ToString();
+  }
+}
+
 TEST(SigningKeyRing, PersistsAndRotationKeepsOldReceiptsVerifiable) {
   const std::string dir = ::testing::TempDir() + "/kiln_keyring_test";
   std::filesystem::remove_all(dir);

@@ -56,6 +56,8 @@ const char* ActionName(Action action) {
       return "manage signing keys";
     case Action::kDeclareRelease:
       return "declare releases";
+    case Action::kOrderCells:
+      return "order which cell a fleet serves";
   }
   return "?";
 }
@@ -80,6 +82,7 @@ Status Authorize(const Principal& p, Action action) {
     case Action::kRevokeTokens:
     case Action::kManageKeys:
     case Action::kDeclareRelease:
+    case Action::kOrderCells:
       allowed = false;
       break;
   }

@@ -81,6 +81,7 @@ enum class Action {
   kRevokeTokens,    // POST /v1/admin/tokens/revoke
   kManageKeys,      // key rotation, retirement, receipt re-signing
   kDeclareRelease,  // POST /v1/releases
+  kOrderCells,      // POST /v1/admin/orders
 };
 const char* ActionName(Action action);
 

@@ -361,12 +361,27 @@ class MemoryStore final : public HubStore {
     if (it == leases_.end()) return std::optional<MintLeaseRow>();
     return std::optional<MintLeaseRow>(it->second);
   }
+  Result<OrderRow> SetOrder(const OrderRow& row) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    OrderRow& slot = orders_[{row.release, row.target}];
+    const int64_t incarnation = slot.incarnation + 1;
+    slot = row;
+    slot.incarnation = incarnation;
+    return slot;
+  }
+  Result<std::vector<OrderRow>> ListOrders() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<OrderRow> out;
+    for (const auto& [id, row] : orders_) out.push_back(row);
+    return out;
+  }
 
  private:
   std::mutex mu_;
   std::map<std::pair<std::string, std::string>, CellRow> cells_;  // by (key, family)
   std::vector<std::pair<std::string, std::string>> order_;        // insertion order
   std::map<std::tuple<std::string, std::string, std::string>, IntentRow> intents_;
+  std::map<std::pair<std::string, std::string>, OrderRow> orders_;
   std::map<std::pair<std::string, std::string>, RevocationRow> revocations_;
   std::map<std::pair<std::string, std::string>, PublishClaim> claims_;  // by (key, family)
   std::map<std::string, RevokedTokenRow> revoked_tokens_;

@@ -167,7 +167,16 @@ constexpr const char* kMintLeaseSchema = R"sql(
 CREATE TABLE IF NOT EXISTS mint_leases (
   key TEXT NOT NULL, family TEXT NOT NULL, holder TEXT NOT NULL, lease TEXT NOT NULL,
   acquired_at_ms BIGINT NOT NULL, expires_at_ms BIGINT NOT NULL, PRIMARY KEY (key, family));
+CREATE TABLE IF NOT EXISTS hub_orders (
+  release TEXT NOT NULL, target TEXT NOT NULL, kind TEXT NOT NULL, ref TEXT NOT NULL,
+  share_ppm BIGINT NOT NULL, incarnation BIGINT NOT NULL, reason TEXT NOT NULL,
+  set_by TEXT NOT NULL, set_at BIGINT NOT NULL, PRIMARY KEY (release, target));
 )sql";
+constexpr const char* kOrderCols =
+    "release, target, kind, ref, share_ppm, incarnation, reason, set_by, set_at";
+OrderRow ReadOrder(const pqxx::row& r) {
+  return OrderRow{S(r[0]), S(r[1]), S(r[2]), S(r[3]), I(r[4]), I(r[5]), S(r[6]), S(r[7]), I(r[8])};
+}
 constexpr const char* kMintLeaseCols = "key, family, holder, lease, acquired_at_ms, expires_at_ms";
 
 MintLeaseRow ReadMintLease(const pqxx::row& r) {
@@ -250,6 +259,37 @@ class PostgresStore final : public HubStore {
                                      " FROM mint_leases WHERE key = $1 AND family = $2",
                                  key, family);
           if (!r.empty()) out = ReadMintLease(r[0]);
+        },
+        true));
+    return out;
+  }
+  // INSERT … ON CONFLICT DO UPDATE locks the pair's row, so two hubs ordering one pair at once
+  // get incarnations n+1 and n+2, never the same one.
+  Result<OrderRow> SetOrder(const OrderRow& o) override {
+    OrderRow out;
+    KILN_RETURN_IF_ERROR(Do("set order", [&](pqxx::transaction_base& w) {
+      auto r = w.exec_params(
+          std::string("INSERT INTO hub_orders (release, target, kind, ref, share_ppm, "
+                      "incarnation, reason, set_by, set_at) VALUES ($1,$2,$3,$4,$5,1,$6,$7,$8) "
+                      "ON CONFLICT (release, target) DO UPDATE SET kind = EXCLUDED.kind, ref = "
+                      "EXCLUDED.ref, share_ppm = EXCLUDED.share_ppm, incarnation = "
+                      "hub_orders.incarnation + 1, reason = EXCLUDED.reason, set_by = "
+                      "EXCLUDED.set_by, set_at = EXCLUDED.set_at RETURNING ") +
+              kOrderCols,
+          o.release, o.target, o.kind, o.ref, o.share_ppm, o.reason, o.set_by, o.set_at);
+      if (r.empty()) throw std::runtime_error("set order returned no row");
+      out = ReadOrder(r[0]);
+    }));
+    return out;
+  }
+  Result<std::vector<OrderRow>> ListOrders() override {
+    std::vector<OrderRow> out;
+    KILN_RETURN_IF_ERROR(Do(
+        "list orders",
+        [&](pqxx::transaction_base& w) {
+          auto r = w.exec(std::string("SELECT ") + kOrderCols +
+                          " FROM hub_orders ORDER BY release, target");
+          for (const auto& row : r) out.push_back(ReadOrder(row));
         },
         true));
     return out;

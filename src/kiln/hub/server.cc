@@ -273,6 +273,9 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http, H
                          [s](const Request&, Body&) { return Send(s->Jwks()); }));
   routes.push_back(route("GET", "/v1/revocations", 0,
                          [s](const Request&, Body&) { return Send(s->Revocations()); }));
+  // Public like the list that carries them.
+  routes.push_back(
+      route("GET", "/v1/orders", 0, [s](const Request&, Body&) { return Send(s->Orders()); }));
   // The dashboard shows fleet rows, so it needs a token and shows only what that token reads.
   routes.push_back(route(
       "GET", "/", 0, authed([s](const Principal& p, const Request&) { return s->Dashboard(p); })));
@@ -395,6 +398,10 @@ static std::vector<net::Route> HubRoutes(HubService* s, HubServer::Http* http, H
   routes.push_back(route("POST", "/v1/admin/reinstate", kJsonBodyLimit,
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
                            return s->Reinstate(p, b);
+                         })));
+  routes.push_back(route("POST", "/v1/admin/orders", kJsonBodyLimit,
+                         authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {
+                           return s->SetOrder(p, b);
                          })));
   routes.push_back(route("POST", "/v1/admin/tokens/revoke", kJsonBodyLimit,
                          authed_body(kJsonBodyLimit, [s](const Principal& p, const std::string& b) {

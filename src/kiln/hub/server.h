@@ -166,6 +166,8 @@ class HubService {
   Reply Revocations();
   Reply Revoke(const Principal& p, std::string_view body);
   Reply Reinstate(const Principal& p, std::string_view body);
+  Reply SetOrder(const Principal& p, std::string_view body);
+  Reply Orders();
   Reply RevokeToken(const Principal& p, std::string_view body);
   Reply Jwks();
   Reply RotateKey(const Principal& p);

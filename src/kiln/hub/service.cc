@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <future>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 #include <sstream>
@@ -1114,6 +1115,86 @@ Reply HubService::GetReceipt(const Principal& p, const std::string& key,
       {{"key", key}, {"digest", digest}, {"family", found->family}, {"receipt", found->receipt}});
 }
 
+namespace {
+
+HubOrder HubOrderOf(const OrderRow& o) {
+  return HubOrder{o.release, o.target, o.kind, o.ref, o.share_ppm / 1e6, o.incarnation, o.reason};
+}
+
+nlohmann::json OrderJson(const OrderRow& o) {
+  return {{"release", o.release}, {"target", o.target},         {"kind", o.kind},
+          {"ref", o.ref},         {"share", o.share_ppm / 1e6}, {"incarnation", o.incarnation},
+          {"reason", o.reason},   {"set_by", o.set_by},         {"set_at", o.set_at}};
+}
+
+}  // namespace
+
+// POST /v1/admin/orders
+// Orders which cell the workers of (release, target) serve. A pin or canary ref must be a cell the
+// hub stores and has not revoked: an order for bytes no worker could adopt would leave the fleet
+// eager.
+Reply HubService::SetOrder(const Principal& p, std::string_view body) {
+  if (Status s = Authorize(p, Action::kOrderCells); !s.ok()) return Refusal(s);
+  auto parsed = ParseBody(body, "order");
+  if (auto* r = std::get_if<Reply>(&parsed)) return *r;
+  const auto& j = std::get<nlohmann::json>(parsed);
+  std::string bad;
+  OrderRow row;
+  row.target = Str(j, "target", &bad);
+  row.kind = Str(j, "kind", &bad);
+  row.reason = Str(j, "reason", &bad);
+  if (j.contains("release")) row.release = Str(j, "release", &bad);
+  if (j.contains("ref")) row.ref = Str(j, "ref", &bad);
+  if (j.contains("share")) {
+    if (!j["share"].is_number()) {
+      bad += (bad.empty() ? "" : "; ") + std::string("'share' must be a number in (0, 1]");
+    } else {
+      row.share_ppm = static_cast<int64_t>(j["share"].get<double>() * 1e6 + 0.5);
+    }
+  }
+  if (!bad.empty()) return Reply::Error(400, "bad_request", "order: " + bad);
+  if (row.reason.empty()) return Reply::Error(400, "bad_request", "order: 'reason' is required");
+  HubOrder check = HubOrderOf(row);
+  check.incarnation = 1;
+  if (Status s = CheckHubOrder(check); !s.ok()) {
+    return Reply::Error(400, "bad_order", "order: " + s.message());
+  }
+  if (!row.ref.empty()) {
+    const std::string key = row.ref.substr(0, row.ref.find('@'));
+    const std::string digest = row.ref.substr(row.ref.find('@') + 1);
+    if (!IsWellFormedKey(key) || !IsWellFormedDigest(digest)) {
+      return Reply::Error(400, "bad_order", "order: ref '" + row.ref + "' is not key@digest");
+    }
+    auto owners = store_->CellsWithDigest(digest);
+    if (!owners.ok()) return Reply::FromStatus(owners.status());
+    if (std::none_of(owners->begin(), owners->end(),
+                     [&](const CellRow& c) { return c.key == key; })) {
+      return Reply::Error(404, "not_found", "order: no cell " + row.ref + " is stored here",
+                          {{"ref", row.ref}});
+    }
+    auto revoked = store_->GetRevocation(key, digest);
+    if (!revoked.ok()) return Reply::FromStatus(revoked.status());
+    if (revoked->has_value()) return RevokedReply(**revoked);
+  }
+  row.set_by = p.name;
+  row.set_at = Now();
+  auto stored = store_->SetOrder(row);
+  if (!stored.ok()) return Reply::FromStatus(stored.status());
+  KILN_LOG(INFO) << "hub: order for release '" << stored->release << "' target '" << stored->target
+                 << "': " << stored->kind << (stored->ref.empty() ? "" : " " + stored->ref)
+                 << " (incarnation " << stored->incarnation << ") by " << p.name;
+  return Reply::Json(200, OrderJson(*stored));
+}
+
+// GET /v1/orders
+Reply HubService::Orders() {
+  auto orders = store_->ListOrders();
+  if (!orders.ok()) return Reply::FromStatus(orders.status());
+  nlohmann::json rows = nlohmann::json::array();
+  for (const OrderRow& o : *orders) rows.push_back(OrderJson(o));
+  return Reply::Json(200, {{"orders", rows}});
+}
+
 // GET /v1/revocations
 // Signed afresh on every call (an Ed25519 signature costs microseconds), so its iat is now and an
 // adopter can bound how old a list it relies on may be.
@@ -1141,12 +1222,22 @@ Reply HubService::Revocations() {
     signed_list.entries.push_back(
         {r.key, r.digest, r.reason, r.revoked_at, r.revision, r.lifted_at, r.lift_reason});
   }
+  // The hub's orders travel in the same signed, fresh list: a worker obeys them within the same
+  // bound and under the same freshness policy as a revocation.
+  auto orders = store_->ListOrders();
+  if (!orders.ok()) return Reply::FromStatus(orders.status());
+  nlohmann::json order_rows = nlohmann::json::array();
+  for (const OrderRow& o : *orders) {
+    signed_list.orders.push_back(HubOrderOf(o));
+    order_rows.push_back(OrderJson(o));
+  }
   auto jws = SignRevocationList(signed_list, *keys_->Current());
   if (!jws.ok()) return Reply::FromStatus(jws.status());
   return Reply::Json(200, {{"list", *jws},
                            {"iat", signed_list.iat},
                            {"max_age_s", signed_list.max_age_s},
-                           {"revocations", list}});
+                           {"revocations", list},
+                           {"orders", order_rows}});
 }
 
 // POST /v1/admin/revoke
@@ -1825,6 +1916,38 @@ Reply HubService::Dashboard(const Principal& p) {
   }
   h << "</table>\n";
   if (!workers.ok()) fail(workers.status());
+
+  // What each worker serves per target, from the newest serve_posture row it posted (an install
+  // names the cell's ref, an eager posture its token), beside the newest hub order it applied:
+  // where a canary, a pin or a rollback has reached.
+  h << "<h2>Serving</h2>\n<table id=\"serving\"><tr><th>worker</th><th>target</th>"
+       "<th>serving</th><th>ref</th><th>hub order</th></tr>\n";
+  EventFilter served;
+  served.kind = "serve_posture";
+  served.limit = 5000;
+  served.org = scope;
+  EventFilter ordered = served;
+  ordered.kind = "hub_order";
+  auto postures = store_->QueryEvents(served);
+  auto orders_applied = store_->QueryEvents(ordered);
+  if (postures.ok() && orders_applied.ok()) {
+    std::map<std::pair<std::string, std::string>, std::string> last_order;
+    for (const auto& e : *orders_applied) {  // newest first
+      last_order.emplace(std::make_pair(e.worker, e.target), e.phase + " " + e.detail);
+    }
+    std::set<std::pair<std::string, std::string>> seen;
+    for (const auto& e : *postures) {
+      if (e.target.empty() || !seen.insert({e.worker, e.target}).second) continue;
+      auto o = last_order.find({e.worker, e.target});
+      h << "<tr class=\"serving\"><td>" << HtmlEscape(e.worker) << "</td><td>"
+        << HtmlEscape(e.target) << "</td><td>" << HtmlEscape(e.phase) << "</td><td><code>"
+        << HtmlEscape(e.ref) << "</code></td><td>"
+        << HtmlEscape(o == last_order.end() ? std::string("-") : o->second) << "</td></tr>\n";
+    }
+  }
+  h << "</table>\n";
+  if (!postures.ok()) fail(postures.status());
+  if (!orders_applied.ok()) fail(orders_applied.status());
 
   h << "<h2>Recent events</h2>\n<table id=\"events\"><tr><th>ts</th><th>worker</th><th>seq</th>"
        "<th>kind</th><th>phase</th><th>key</th><th>ms</th><th>detail</th></tr>\n";

@@ -120,6 +120,10 @@ constexpr const char* kMintLeaseSchema = R"sql(
 CREATE TABLE IF NOT EXISTS mint_leases (
   key TEXT NOT NULL, family TEXT NOT NULL, holder TEXT NOT NULL, lease TEXT NOT NULL,
   acquired_at_ms INTEGER NOT NULL, expires_at_ms INTEGER NOT NULL, PRIMARY KEY (key, family));
+CREATE TABLE IF NOT EXISTS hub_orders (
+  release TEXT NOT NULL, target TEXT NOT NULL, kind TEXT NOT NULL, ref TEXT NOT NULL,
+  share_ppm INTEGER NOT NULL, incarnation INTEGER NOT NULL, reason TEXT NOT NULL,
+  set_by TEXT NOT NULL, set_at INTEGER NOT NULL, PRIMARY KEY (release, target));
 )sql";
 
 // SQLite's primary result codes that mean the file itself is damaged (not busy, not full).
@@ -212,6 +216,12 @@ IntentRow ReadIntent(const Stmt& s) {
   r.publisher = s.Text(6);
   r.created_at = s.Int(7);
   return r;
+}
+constexpr const char* kOrderCols =
+    "release, target, kind, ref, share_ppm, incarnation, reason, set_by, set_at";
+OrderRow ReadOrder(const Stmt& s) {
+  return OrderRow{s.Text(0), s.Text(1), s.Text(2), s.Text(3), s.Int(4),
+                  s.Int(5),  s.Text(6), s.Text(7), s.Int(8)};
 }
 constexpr const char* kRevocationCols =
     "key, digest, reason, revoked_by, revoked_at, revision, lifted_at, lifted_by, lift_reason";
@@ -757,6 +767,36 @@ class SqliteStore final : public HubStore {
                                                    const std::string& family) override {
     std::lock_guard<std::mutex> lock(mu_);
     return GetMintLeaseLocked(key, family);
+  }
+
+  Result<OrderRow> SetOrder(const OrderRow& r) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    {
+      // One statement: the incarnation is read and raised under SQLite's write lock.
+      Stmt s(db_,
+             "INSERT INTO hub_orders (release, target, kind, ref, share_ppm, incarnation, reason, "
+             "set_by, set_at) VALUES (?,?,?,?,?,1,?,?,?) ON CONFLICT(release, target) DO UPDATE "
+             "SET kind = excluded.kind, ref = excluded.ref, share_ppm = excluded.share_ppm, "
+             "incarnation = hub_orders.incarnation + 1, reason = excluded.reason, set_by = "
+             "excluded.set_by, set_at = excluded.set_at");
+      s.Bind(r.release).Bind(r.target).Bind(r.kind).Bind(r.ref).Bind(r.share_ppm);
+      s.Bind(r.reason).Bind(r.set_by).Bind(r.set_at);
+      KILN_RETURN_IF_ERROR(s.Run("set order"));
+    }
+    const std::string sql =
+        std::string("SELECT ") + kOrderCols + " FROM hub_orders WHERE release = ? AND target = ?";
+    Stmt s(db_, sql.c_str());
+    s.Bind(r.release).Bind(r.target);
+    KILN_ASSIGN_OR_RETURN(auto row, One<OrderRow>(s, ReadOrder, "get order"));
+    if (!row) return Status::Internal("sqlite: the order of '" + r.target + "' vanished");
+    return *row;
+  }
+  Result<std::vector<OrderRow>> ListOrders() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::string sql =
+        std::string("SELECT ") + kOrderCols + " FROM hub_orders ORDER BY release, target";
+    Stmt s(db_, sql.c_str());
+    return All<OrderRow>(s, ReadOrder, "list orders");
   }
 
  private:

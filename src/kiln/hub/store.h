@@ -92,6 +92,20 @@ struct RevocationRow {
   bool in_force() const { return lifted_at == 0; }
 };
 
+// The hub's order for one (release, target) (receipt.h HubOrder; docs/fleet.md "Hub orders").
+// `incarnation` is one more than the pair's previous order: the fence every adopter keeps.
+struct OrderRow {
+  std::string release;
+  std::string target;
+  std::string kind;  // auto | eager | pin | canary
+  std::string ref;
+  int64_t share_ppm = 0;  // canary share in parts per million
+  int64_t incarnation = 0;
+  std::string reason;
+  std::string set_by;
+  int64_t set_at = 0;
+};
+
 // A bearer token, known by the SHA-256 of its text (the text itself is never stored), as the
 // tokens file lists it.
 struct TokenRow {
@@ -377,6 +391,13 @@ class HubStore {
                                         const std::string& lease) = 0;
   virtual Result<std::optional<MintLeaseRow>> GetMintLease(const std::string& key,
                                                            const std::string& family) = 0;
+
+  // --- hub orders ---------------------------------------------------------------------------
+  // Writes `row` as the order of (row.release, row.target) with incarnation one above the
+  // pair's last (1 for the first), atomically across hubs sharing the database; returns the
+  // stored row (row.incarnation is ignored).
+  virtual Result<OrderRow> SetOrder(const OrderRow& row) = 0;
+  virtual Result<std::vector<OrderRow>> ListOrders() = 0;
 };
 
 // Opens (creating the schema if needed) the SQLite store at `path`.

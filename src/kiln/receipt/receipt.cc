@@ -563,8 +563,49 @@ Result<std::string> SignRevocationList(const RevocationList& list, const Signing
     }
     rows.push_back(std::move(row));
   }
-  return SignJws("kiln-revocations",
-                 {{"iat", list.iat}, {"max_age_s", list.max_age_s}, {"revocations", rows}}, key);
+  nlohmann::json claims = {{"iat", list.iat}, {"max_age_s", list.max_age_s}, {"revocations", rows}};
+  if (!list.orders.empty()) {
+    nlohmann::json orders = nlohmann::json::array();
+    for (const HubOrder& o : list.orders) {
+      orders.push_back({{"release", o.release},
+                        {"target", o.target},
+                        {"kind", o.kind},
+                        {"ref", o.ref},
+                        // Parts per million: canonical JSON signs integers, never floats.
+                        {"share_ppm", static_cast<int64_t>(o.share * 1e6 + 0.5)},
+                        {"incarnation", o.incarnation},
+                        {"reason", o.reason}});
+    }
+    claims["orders"] = std::move(orders);
+  }
+  return SignJws("kiln-revocations", claims, key);
+}
+
+Status CheckHubOrder(const HubOrder& o) {
+  const bool wants_ref = o.kind == "pin" || o.kind == "canary";
+  if (!wants_ref && o.kind != "auto" && o.kind != "eager") {
+    return Status::InvalidArgument("order kind '" + o.kind +
+                                   "' is not one of auto, eager, pin, canary");
+  }
+  if (o.target.empty()) return Status::InvalidArgument("an order names a target");
+  if (o.incarnation < 1) {
+    return Status::InvalidArgument("order incarnation " + std::to_string(o.incarnation) +
+                                   " is not >= 1");
+  }
+  const size_t at = o.ref.find('@');
+  if (wants_ref && (at == std::string::npos || at == 0 || at + 1 == o.ref.size())) {
+    return Status::InvalidArgument("a " + o.kind + " order needs ref key@digest, got '" + o.ref +
+                                   "'");
+  }
+  if (!wants_ref && !o.ref.empty()) {
+    return Status::InvalidArgument("an " + o.kind + " order names no ref, got '" + o.ref + "'");
+  }
+  if (o.kind == "canary" ? !(o.share > 0 && o.share <= 1) : o.share != 0) {
+    return Status::InvalidArgument(
+        "order share " + std::to_string(o.share) +
+        (o.kind == "canary" ? " is not in (0, 1]" : " is given for a non-canary order"));
+  }
+  return Status::OK();
 }
 
 Result<RevocationList> VerifyRevocationList(std::string_view jws, const PublicKeySet& trusted,
@@ -586,7 +627,7 @@ Result<RevocationList> VerifyRevocationList(std::string_view jws, const PublicKe
   const nlohmann::json& p = v.payload;
   if (!p.is_object()) return malformed("not a JSON object");
   for (const auto& [name, _] : p.items()) {
-    if (name != "iat" && name != "max_age_s" && name != "revocations") {
+    if (name != "iat" && name != "max_age_s" && name != "revocations" && name != "orders") {
       return malformed("unknown claim '" + name + "'");
     }
   }
@@ -640,6 +681,28 @@ Result<RevocationList> VerifyRevocationList(std::string_view jws, const PublicKe
       e.lift_reason = r["lift_reason"].get<std::string>();
     }
     list.entries.push_back(std::move(e));
+  }
+  if (p.contains("orders")) {
+    if (!p["orders"].is_array()) return malformed("'orders' is not an array");
+    for (size_t i = 0; i < p["orders"].size(); ++i) {
+      const nlohmann::json& o = p["orders"][i];
+      const std::string where = "orders[" + std::to_string(i) + "]";
+      auto str = [&](const char* f) { return o.contains(f) && o[f].is_string(); };
+      auto num = [&](const char* f) { return o.contains(f) && o[f].is_number_integer(); };
+      if (!o.is_object() || !str("release") || !str("target") || !str("kind") || !str("ref") ||
+          !num("share_ppm") || !num("incarnation") || !str("reason")) {
+        return malformed(where +
+                         " needs release, target, kind, ref, reason (strings) and "
+                         "share_ppm, incarnation (integers)");
+      }
+      HubOrder order{o["release"].get<std::string>(),     o["target"].get<std::string>(),
+                     o["kind"].get<std::string>(),        o["ref"].get<std::string>(),
+                     o["share_ppm"].get<int64_t>() / 1e6, o["incarnation"].get<int64_t>(),
+                     o["reason"].get<std::string>()};
+      if (Status bad = CheckHubOrder(order); !bad.ok())
+        return malformed(where + ": " + bad.message());
+      list.orders.push_back(std::move(order));
+    }
   }
   if (list.iat > now + kRevocationClockSkewS) {
     return Status::Refused(StatusCode::kInvalidArgument, kRevocationsStale,

@@ -186,11 +186,28 @@ struct RevocationEntry {
   bool operator==(const RevocationEntry&) const = default;
 };
 
+// The hub's order for one (release, target) as the signed list carries it (docs/fleet.md "Hub
+// orders"): `auto` (serve the cell the worker's own key resolves to), `eager` (serve eager, arm
+// nothing), `pin` (serve exactly `ref`), `canary` (workers whose id falls in `share` serve `ref`,
+// the others auto). `incarnation` is the dispatch fence: it grows with every order the hub takes
+// for the pair, and an adopter applies an order only when it is newer than the one it holds.
+struct HubOrder {
+  std::string release;
+  std::string target;
+  std::string kind;  // auto | eager | pin | canary
+  std::string ref;   // key@digest for pin and canary; "" otherwise
+  double share = 0;  // canary only: (0, 1]
+  int64_t incarnation = 0;
+  std::string reason;
+  bool operator==(const HubOrder&) const = default;
+};
+
 struct RevocationList {
   int64_t iat = 0;        // when the hub signed it, unix seconds
   int64_t max_age_s = 0;  // how long after iat an adopter may rely on it
   std::vector<RevocationEntry> entries;
-  std::string kid;  // set by VerifyRevocationList
+  std::vector<HubOrder> orders;  // the claim "orders"; absent from lists of older hubs
+  std::string kid;               // set by VerifyRevocationList
 };
 
 // Refusal tokens of VerifyRevocationList (Status::token()).
@@ -205,6 +222,11 @@ inline constexpr const char* kReceiptKeyRetired = "receipt_key_retired";
 
 // Clock skew tolerated between a hub and an adopter when judging iat (seconds).
 inline constexpr int64_t kRevocationClockSkewS = 300;
+
+// OK when `order` is well formed: a known kind, a target, incarnation >= 1, a key@digest ref
+// exactly for pin and canary, a share in (0, 1] exactly for canary. InvalidArgument naming the
+// field.
+Status CheckHubOrder(const HubOrder& order);
 
 Result<std::string> SignRevocationList(const RevocationList& list, const SigningKey& key);
 
