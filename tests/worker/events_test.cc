@@ -33,7 +33,8 @@ std::vector<std::string> ReadLines(const std::string& path) {
 }
 
 TEST(Events, KindsAreDesignVocabulary) {
-  EXPECT_EQ(EventKinds().size(), 23u);
+  EXPECT_EQ(EventKinds().size(), 24u);
+  EXPECT_TRUE(IsKnownEventKind("hub_order"));
   EXPECT_TRUE(IsKnownEventKind("cell_reinstated"));
   EXPECT_TRUE(IsKnownEventKind("local_cell_evicted"));
   EXPECT_TRUE(IsKnownEventKind("cell_crashed"));

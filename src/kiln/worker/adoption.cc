@@ -73,6 +73,29 @@ void Adopter::ReadoptKey(const std::string& key) {
   }
 }
 
+void Adopter::ApplyOrder(const ServedTarget* target) {
+  std::optional<Booted> found;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Booted& b : booted_) {
+      if (b.target == target) found = b;
+    }
+  }
+  if (!found || found->target->arming_held()) return;  // eager: nothing to adopt
+  const std::string wanted = found->target->wanted_ref();
+  const std::shared_ptr<ArmedCell> cell = found->target->cell();
+  const std::string installed = cell != nullptr ? cell->ref() : "";
+  // Already serving what the order asks: the wanted ref, or (auto) the cell of its own key.
+  if (!wanted.empty() ? installed == wanted
+                      : (!installed.empty() && installed.rfind(found->key + "@", 0) == 0)) {
+    return;
+  }
+  found->target->SetStoredPosture("");
+  KILN_LOG(INFO) << "worker: target '" << found->spec.name << "' adopts "
+                 << (wanted.empty() ? "its own key's cell" : wanted) << " on the hub's order";
+  Schedule(Pending{found->target, found->spec, found->graph, 0, {}, {}}, 0);
+}
+
 void Adopter::ReadoptTarget(const ServedTarget* target) {
   std::optional<Booted> found;
   {
@@ -107,6 +130,13 @@ void Adopter::Apply(const BootOutcome& out, ServedTarget& target, const TargetSp
     Schedule(Pending{&target, spec, graph, attempt + 1, {}, wait}, delay);
     return;
   }
+  if (out.phase == kBootOrderRefUnservable || out.phase == kBootOrderRefUnavailable ||
+      (miss && !target.wanted_ref().empty())) {
+    // The hub ordered one cell and this target cannot have it: it serves eager and says why
+    // (a mint here would make another cell than the one ordered). A newer order adopts again.
+    target.SetStoredPosture(miss ? kBootOrderRefUnavailable : out.phase);
+    return;
+  }
   if (out.phase == kCellCrashed) {
     // A worker of this machine died inside this very cell: a mint of the key would make the
     // same bytes (law 15), so the target stays eager and says why (crash_guard.h).
@@ -116,17 +146,17 @@ void Adopter::Apply(const BootOutcome& out, ServedTarget& target, const TargetSp
   // A miss, or a refusal of the hub's cell: the ordinary miss policy, mint where the lane
   // allows. The refusal stays the target's posture token (it says why there is no cell).
   if (!miss) target.SetStoredPosture(out.phase);
-  if (target.eager_only()) {
-    // The operator wants this target eager: a mint's CPU and memory would serve nothing. It
-    // starts when the order is lifted (ReadoptTarget).
+  if (target.arming_held()) {
+    // The operator (or the hub's order) wants this target eager: a mint's CPU and memory would
+    // serve nothing. It starts when the order is lifted (ReadoptTarget).
     if (ctx_.events != nullptr) {
       EventRow row;
       row.kind = event_kind::kSelfMintSkipped;
-      row.phase = kPostureOperatorEagerOnly;
+      row.phase = target.eager_only() ? kPostureOperatorEagerOnly : kPostureHubOrderEager;
       row.key = out.key;
       row.target = spec.name;
       row.detail = "key=" + out.key + " target=" + spec.name +
-                   " the operator's eager-only order holds; minting when it is lifted";
+                   " an eager order holds; minting when it is lifted";
       ctx_.events->Append(std::move(row));
     }
     return;

@@ -87,6 +87,10 @@ class Adopter {
   // again now (from the local store, where the held adoption kept the bytes; on a miss, mints). A
   // target Boot never saw is ignored. Any thread.
   void ReadoptTarget(const ServedTarget* target);
+  // The hub's order for `target` changed (ServedTarget::SetHubOrder): unless it serves eager or
+  // already serves what the order asks (the wanted ref; for auto, a cell of its own key), it
+  // adopts now. A target Boot never saw is ignored. Any thread.
+  void ApplyOrder(const ServedTarget* target);
   // Ends the retries; a retry in progress finishes first. Idempotent.
   void Stop();
 

@@ -6,6 +6,7 @@
 // accepts from cell/admission.h (LocalAdmissionPolicy: its sm level and toolchain block).
 #include "src/kiln/worker/boot.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -18,10 +19,12 @@
 
 #include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
+#include "src/kiln/base/sm_levels.h"
 #include "src/kiln/cell/admission.h"
 #include "src/kiln/cell/key.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/cell/provenance.h"
+#include "src/kiln/identity/toolchain.h"
 #include "src/kiln/mint/regenerate.h"
 
 namespace kiln {
@@ -211,6 +214,7 @@ class Adoption {
 
   // Steps (boot.h numbers them).
   Next DeriveKey();              // 3
+  Next PinnedKey();              // 3
   Next ReadPolicy();             // 3: what this machine admits (sm level, toolchain block)
   Next LookUpLocalStore();       // 4
   Next AdmitStored();            // 4: admission, scope, origin, source
@@ -241,6 +245,7 @@ class Adoption {
   std::string note_;  // prose carried into the row
   std::optional<AdmissionPolicy> policy_;
   std::optional<StoredCell> stored_;
+  std::string pinned_digest_;  // the hub's pin or canary digest for this worker ("" = auto)
   std::optional<AdmittedCell> local_;
   std::string local_refusal_;  // the local entry's refusal token, when it was dropped
   ResolveAnswer answer_;
@@ -316,7 +321,36 @@ Adoption::Next Adoption::DeriveKey() {
   auto key = KeyFromAxes(*axes);
   if (!key.ok()) return Decision{kBootKeyUnderivable, key.status().ToString()};
   out_.key = *key;
-  return std::nullopt;
+  return PinnedKey();
+}
+
+Adoption::Next Adoption::PinnedKey() {
+  // The hub's pin or canary names the one cell this target may serve. It must be a cell of this
+  // very graph, envelope and toolchain, for an sm level this machine runs (a rollback to the
+  // conservative build of the same model): its key is among the keys derived here for those
+  // levels, with no compile. Any other ref could not pass the source check, and is refused by name.
+  const std::string wanted = target_.wanted_ref();
+  if (wanted.empty()) return std::nullopt;
+  const std::string key = wanted.substr(0, wanted.find('@'));
+  pinned_digest_ = wanted.substr(wanted.find('@') + 1);
+  if (key == out_.key) return std::nullopt;
+  const auto& levels = KnownSmLevels();
+  const auto local = std::find(levels.begin(), levels.end(), DetectSmLevel());
+  for (auto level = levels.begin(); level != levels.end() && level <= local; ++level) {
+    auto axes = DeriveKeyAxes(*graph_, spec_.envelope, *level);
+    if (!axes.ok()) continue;
+    auto derived = KeyFromAxes(*axes);
+    if (derived.ok() && *derived == key) {
+      out_.key = key;
+      note_ += " order=" + wanted + " sm=" + *level;
+      return std::nullopt;
+    }
+  }
+  return Decision{kBootOrderRefUnservable, "the hub ordered " + wanted +
+                                               ", which is no cell of this target's graph, "
+                                               "envelope and toolchain at an sm level this "
+                                               "machine runs (up to " +
+                                               DetectSmLevel() + ")"};
 }
 
 Adoption::Next Adoption::ReadPolicy() {
@@ -332,6 +366,8 @@ Adoption::Next Adoption::LookUpLocalStore() {
   auto hit = ctx_.store->Get(out_.key);
   if (!hit.ok()) {
     note_ += " local_store_error=\"" + hit.status().ToString() + "\"";
+  } else if (hit->has_value() && !pinned_digest_.empty() && (**hit).digest != pinned_digest_) {
+    note_ += " local_store=other_digest";  // not the ordered cell: the hub is asked for it
   } else if (hit->has_value()) {
     stored_ = std::move(**hit);
   }
@@ -432,6 +468,11 @@ Adoption::Next Adoption::Resolve() {
   if (answer_.key != out_.key) {
     return Decision{kBootResolveKeyMismatch,
                     "asked=" + out_.key + " answered=" + answer_.key + note_};
+  }
+  if (!pinned_digest_.empty() && answer_.digest != pinned_digest_) {
+    return Decision{kBootOrderRefUnavailable, "the hub ordered " + out_.key + "@" + pinned_digest_ +
+                                                  " but resolves the key to " + answer_.digest +
+                                                  note_};
   }
   // A ref a worker of this machine died in is not fetched, whoever serves it.
   if (ctx_.crash_guard != nullptr &&
@@ -560,12 +601,15 @@ BootOutcome Adoption::ArmAndInstall(const AdmittedCell& admitted, const char* ph
     out_.ref = out_.key + "@" + admitted.digest;
     return Finish({phase, "ref=" + out_.ref + " load=skipped" + note_});
   }
-  if (target_.eager_only()) {
-    // The operator's eager-only order suppresses arming: every check passed and the bytes are
-    // kept on this machine, but nothing is loaded (the operator may distrust the cell itself).
-    // The lift adopts again from the local store.
+  if (target_.arming_held()) {
+    // The operator's eager-only order (or the hub's eager order) suppresses arming: every check
+    // passed and the bytes are kept on this machine, but nothing is loaded (the operator may
+    // distrust the cell itself). The lift adopts again from the local store.
     out_.ref = out_.key + "@" + admitted.digest;
-    return Finish({phase, "ref=" + out_.ref + " held=operator_eager_only" + note_});
+    return Finish(
+        {phase, "ref=" + out_.ref + " held=" +
+                    (target_.eager_only() ? kPostureOperatorEagerOnly : kPostureHubOrderEager) +
+                    note_});
   }
   LoadTimings load;
   auto dir = PrivateDirFor(ctx_, spec_.name);

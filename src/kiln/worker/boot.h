@@ -75,6 +75,10 @@ namespace kiln {
 inline constexpr const char* kBootHit = "hit";
 inline constexpr const char* kBootLocalHit = "local_hit";
 inline constexpr const char* kBootMiss = "miss";
+// The hub ordered (pin or canary) a ref this target cannot serve: not a cell of its graph,
+// envelope and toolchain at an sm level this machine runs; or one the hub no longer resolves to.
+inline constexpr const char* kBootOrderRefUnservable = "order_ref_unservable";
+inline constexpr const char* kBootOrderRefUnavailable = "order_ref_unavailable";
 inline constexpr const char* kBootNoExportDeclaration = "no_export_declaration";
 inline constexpr const char* kBootKeyUnderivable = "key_underivable";
 inline constexpr const char* kBootLocalMissNoHub = "local_miss_no_hub";

@@ -56,6 +56,7 @@ const std::vector<std::string>& EventKinds() {
       event_kind::kRevocationList,
       event_kind::kCellCrashed,
       event_kind::kCellReinstated,
+      event_kind::kHubOrder,
   };
   return kinds;
 }

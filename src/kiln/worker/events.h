@@ -57,6 +57,8 @@ inline constexpr const char* kCellCrashed = "cell_crashed";
 // The hub lifted a revocation this process had applied (revocations.h); the targets it held
 // eager adopt again.
 inline constexpr const char* kCellReinstated = "cell_reinstated";
+// The hub's order for a target of this worker was applied (revocations.h; phase = its kind).
+inline constexpr const char* kHubOrder = "hub_order";
 }  // namespace event_kind
 
 // Every kind above, in docs/design.md §10 order.

@@ -231,6 +231,27 @@ MintChildOutcome Minter::RunChild(Job& job, int attempt) {
   return parent_.Run(job.dir, std::move(req));
 }
 
+bool Minter::InstallMinted(const MintBinding& b, const std::shared_ptr<ArmedCell>& cell,
+                           const std::string& key, const std::string& ref,
+                           Clock::TimePoint adopt_start) {
+  b.target->SetMintInProgress(false);
+  if (b.target->arming_held()) {
+    // An eager order suppresses arming: the proven bytes are stored; the lift adopts them from
+    // the local store.
+    Emit(event_kind::kLocalCellArmed,
+         b.target->eager_only() ? kPostureOperatorEagerOnly : kPostureHubOrderEager,
+         MsSince(adopt_start), key, ref, b.spec.name, "stored, not armed: an eager order holds");
+    return false;
+  }
+  // Reproven: the strict gate and the fence proof just ran on this target's live checkpoint.
+  Status installed = b.target->InstallCell(cell, /*reproven=*/true);
+  if (installed.ok()) b.target->SetStoredPosture("");
+  Emit(event_kind::kLocalCellArmed, installed.ok() ? "armed" : kMintArmRefused,
+       MsSince(adopt_start), key, ref, b.spec.name,
+       installed.ok() ? "lane=exported" : installed.ToString());
+  return installed.ok();
+}
+
 void Minter::RunExported(std::shared_ptr<Job> job) {
   int attempts = 1;
   MintChildOutcome child = RunChild(*job, 1);
@@ -349,22 +370,7 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
        put.ok() ? "root=" + options_.store->root() : put.ToString());
   bool any_installed = false;
   for (auto& [b, cell] : armed) {
-    if (b->target->eager_only()) {
-      // The operator's order suppresses arming: the proven bytes are stored (above); the lift
-      // adopts them from the local store.
-      b->target->SetMintInProgress(false);
-      Emit(event_kind::kLocalCellArmed, kPostureOperatorEagerOnly, MsSince(adopt_start), job->key,
-           ref, b->spec.name, "stored, not armed: the operator's eager-only order holds");
-      continue;
-    }
-    // Reproven: the strict gate and the fence proof just ran on this target's live checkpoint.
-    Status installed = b->target->InstallCell(cell, /*reproven=*/true);
-    any_installed = any_installed || installed.ok();
-    b->target->SetMintInProgress(false);
-    if (installed.ok()) b->target->SetStoredPosture("");
-    Emit(event_kind::kLocalCellArmed, installed.ok() ? "armed" : kMintArmRefused,
-         MsSince(adopt_start), job->key, ref, b->spec.name,
-         installed.ok() ? "lane=exported" : installed.ToString());
+    any_installed = InstallMinted(*b, cell, job->key, ref, adopt_start) || any_installed;
   }
   Emit(event_kind::kMintPhases, "minted", child.ms, job->key, ref, first.spec.name,
        MintPhasesDetail(report) + " child_wall=" + std::to_string(static_cast<int64_t>(child.ms)) +

@@ -113,6 +113,10 @@ class Minter {
  private:
   struct Job;
   void RunExported(std::shared_ptr<Job> job);
+  // Installs a minted, proven cell on one waiting target (or, under an eager order, only says it
+  // was stored). Returns whether it was installed.
+  bool InstallMinted(const MintBinding& b, const std::shared_ptr<ArmedCell>& cell,
+                     const std::string& key, const std::string& ref, Clock::TimePoint adopt_start);
   void RunIntake(std::shared_ptr<Job> job);
   // Runs the child for `job` in a fresh private directory, through parent_.
   MintChildOutcome RunChild(Job& job, int attempt);

@@ -164,15 +164,44 @@ void RevocationWatch::SetOnReinstated(std::function<void(const std::string&)> on
   on_reinstated_ = std::move(on_reinstated);
 }
 
+void RevocationWatch::SetOnOrder(std::function<void(const HubOrder&)> on_order) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_order_ = std::move(on_order);
+}
+
+std::optional<HubOrder> RevocationWatch::OrderFor(const std::string& target) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = orders_.find(target);
+  if (it == orders_.end()) return std::nullopt;
+  return it->second;
+}
+
 void RevocationWatch::LoadState() {
   if (options_.cache_path.empty()) return;
   auto text = ReadFile(options_.cache_path + ".state");
   if (!text.ok()) return;
   // Written by this worker after verifying the lists it came from; unreadable = none.
-  auto j = nlohmann::json::parse(*text, nullptr, false);
-  if (!j.is_object()) return;
+  auto state = nlohmann::json::parse(*text, nullptr, false);
+  if (!state.is_object()) return;
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [digest, v] : j.items()) {
+  if (auto o = state.find("orders"); o != state.end() && o->is_object()) {
+    for (const auto& [target, v] : o->items()) {
+      if (!v.is_object()) continue;
+      HubOrder order{options_.release,
+                     target,
+                     v.value("kind", std::string()),
+                     v.value("ref", std::string()),
+                     v.value("share", 0.0),
+                     v.value("incarnation", int64_t{0}),
+                     v.value("reason", std::string())};
+      if (CheckHubOrder(order).ok() && v.value("release", std::string()) == options_.release) {
+        orders_[target] = std::move(order);
+      }
+    }
+  }
+  const auto d = state.find("digests");
+  if (d == state.end() || !d->is_object()) return;
+  for (const auto& [digest, v] : d->items()) {
     if (!v.is_object() || !v.contains("revision") || !v["revision"].is_number_integer() ||
         !v.contains("revoked") || !v["revoked"].is_boolean()) {
       continue;
@@ -184,14 +213,21 @@ void RevocationWatch::LoadState() {
 
 void RevocationWatch::SaveState() const {
   if (options_.cache_path.empty()) return;
-  nlohmann::json j = nlohmann::json::object();
+  nlohmann::json digests = nlohmann::json::object();
+  nlohmann::json orders = nlohmann::json::object();
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [digest, st] : digests_) {
-      j[digest] = {{"revision", st.revision}, {"revoked", st.revoked}, {"key", st.key}};
+      digests[digest] = {{"revision", st.revision}, {"revoked", st.revoked}, {"key", st.key}};
+    }
+    for (const auto& [target, o] : orders_) {
+      orders[target] = {
+          {"release", o.release},         {"kind", o.kind},    {"ref", o.ref}, {"share", o.share},
+          {"incarnation", o.incarnation}, {"reason", o.reason}};
     }
   }
-  WriteFileAtomic(options_.cache_path + ".state", j.dump(), Durability::kScratch).IgnoreError();
+  const nlohmann::json state = {{"digests", digests}, {"orders", orders}};
+  WriteFileAtomic(options_.cache_path + ".state", state.dump(), Durability::kScratch).IgnoreError();
 }
 
 Status RevocationWatch::CheckAdoption(const std::string& key, const std::string& digest) {
@@ -243,9 +279,21 @@ void RevocationWatch::Apply(const RevocationList& list) {
   std::vector<const RevocationEntry*> lifted;
   std::vector<ServedTarget*> targets;
   std::function<void(const std::string&)> on_reinstated;
+  std::function<void(const HubOrder&)> on_order;
+  std::vector<HubOrder> ordered;
   bool changed = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    for (const HubOrder& o : list.orders) {
+      if (o.release != options_.release) continue;
+      auto it = orders_.find(o.target);
+      // The dispatch fence: an order no newer than the one held is stale news.
+      if (it != orders_.end() && o.incarnation <= it->second.incarnation) continue;
+      orders_[o.target] = o;
+      ordered.push_back(o);
+      changed = true;
+    }
+    on_order = on_order_;
     for (const auto& e : list.entries) {
       DigestState& st = digests_[e.digest];
       if (e.revision <= st.revision) continue;  // news this worker already has, or older news
@@ -259,6 +307,13 @@ void RevocationWatch::Apply(const RevocationList& list) {
     on_reinstated = on_reinstated_;
   }
   if (changed) SaveState();
+  for (const HubOrder& o : ordered) {
+    Emit(event_kind::kHubOrder, o.kind, o.ref, o.target,
+         "incarnation=" + std::to_string(o.incarnation) +
+             (o.kind == "canary" ? " share=" + std::to_string(o.share) : "") +
+             " reason=" + o.reason);
+    if (on_order) on_order(o);
+  }
   for (const RevocationEntry* e : lifted) {
     for (ServedTarget* t : targets) t->LiftHubRevocation(e->digest);
     KILN_LOG(INFO) << "worker: the hub reinstated cell " << e->key << "@" << e->digest << " ("

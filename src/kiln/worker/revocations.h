@@ -32,6 +32,12 @@
 // The bound is one poll interval plus one request's time (default 30 s: manifest
 // `hub.revocation_poll_s`), plus the adoption's own time for a lift.
 //
+// The same list carries the hub's orders (receipt.h HubOrder): for this worker's release, each
+// target's newest order is kept (on disk with the digests) and applied only when its incarnation
+// is above the one held, so a replayed older order loses to a newer one (the dispatch fence). A
+// newly applied order writes one `hub_order` row and runs the order callback (the worker switches
+// what the target serves, docs/fleet.md "Hub orders").
+//
 // A list that goes stale while the worker runs (the hub unreachable for longer than the list's
 // maximum age) is handled by the manifest's policy, said once by a `revocation_list` row:
 //   keep  (default) armed cells keep serving: each was checked against a fresh list when it was
@@ -48,6 +54,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -81,6 +88,7 @@ struct RevocationWatchOptions {
   StaleRevocationPolicy stale = StaleRevocationPolicy::kKeep;
   EventLog* events = nullptr;
   std::string worker;      // names the worker in rows
+  std::string release;     // the manifest's endpoint.release: whose orders apply here
   Clock* clock = nullptr;  // judges the lists' ages and the poll interval; null = Clock::Real()
 };
 
@@ -101,6 +109,11 @@ class RevocationWatch {
   // lifted after this process applied it, or whose lift it learned while it held the digest
   // revoked. Set before Start().
   void SetOnReinstated(std::function<void(const std::string& key)> on_reinstated);
+  // Called (as above) with each newly applied order of this worker's release. Set before
+  // Start().
+  void SetOnOrder(std::function<void(const HubOrder& order)> on_order);
+  // The newest order applied for `target` (this worker's release), if any: what a boot obeys.
+  std::optional<HubOrder> OrderFor(const std::string& target) const;
   // The keys lists were verified with (anchors, or the hub's keys fetched so far).
   PublicKeySet Keys() const;
 
@@ -145,6 +158,8 @@ class RevocationWatch {
   };
   std::map<std::string, DigestState> digests_;
   std::function<void(const std::string&)> on_reinstated_;
+  std::function<void(const HubOrder&)> on_order_;
+  std::map<std::string, HubOrder> orders_;  // by target: the newest applied
   std::vector<ServedTarget*> targets_;
   bool stale_ = false;
   std::mutex fetch_mu_;  // one fetch at a time

@@ -42,7 +42,9 @@ Result<std::unique_ptr<ServedTarget>> ServedTarget::Create(ServedTargetOptions o
 
 ServedTarget::Snapshot ServedTarget::Take() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return Snapshot{cell_, weights_};
+  if (wanted_ref_.empty()) return Snapshot{cell_, weights_, "", ""};
+  return Snapshot{cell_, weights_, wanted_ref_,
+                  stored_posture_.empty() ? kPostureHubOrderPending : stored_posture_};
 }
 
 std::string ServedTarget::EagerPostureLocked() const {
@@ -57,8 +59,12 @@ std::string ServedTarget::EagerPostureLocked() const {
 
 std::string ServedTarget::Posture() const {
   if (eager_only_.load()) return kPostureOperatorEagerOnly;
+  if (hub_eager_.load()) return kPostureHubOrderEager;
   if (revocation_hold_.load()) return kPostureRevocationsStale;
   std::lock_guard<std::mutex> lock(mu_);
+  if (!wanted_ref_.empty() && (!cell_ || cell_->ref() != wanted_ref_)) {
+    return stored_posture_.empty() ? kPostureHubOrderPending : stored_posture_;
+  }
   if (cell_ && !cell_->revoked()) return ModeOf(*cell_);
   return EagerPostureLocked();
 }
@@ -126,7 +132,8 @@ Result<ServeResult> ServedTarget::FallBack(const TensorMap& inputs, const Snapsh
                                            const std::shared_ptr<MemoryBudget>& budget) {
   // The operator's order overrides every lane policy; every other reason leaves a mandatory
   // target nothing to answer with (law 11).
-  if (reason == kPostureOperatorEagerOnly || options_.lane_policy != LanePolicy::kMandatory) {
+  if (reason == kPostureOperatorEagerOnly || reason == kPostureHubOrderEager ||
+      options_.lane_policy != LanePolicy::kMandatory) {
     // A per-request reason is said by its own row; a posture token by serve_eager_posture when
     // it changes.
     const bool posture = reason != kPostureOperatorEagerOnly && reason != kFallbackOutOfEnvelope &&
@@ -266,6 +273,19 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
       why = eager_only_reason_;
     }
     return done(FallBack(inputs, snap, fn, kPostureOperatorEagerOnly, why, budget));
+  }
+  // The hub's orders (docs/fleet.md "Hub orders"): `eager` overrides every lane policy as the
+  // operator's does; a pin or canary serves exactly its ref, eager until that cell is armed.
+  if (hub_eager_.load()) {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      why = hub_order_reason_;
+    }
+    return done(FallBack(inputs, snap, fn, kPostureHubOrderEager, why, budget));
+  }
+  if (!snap.wanted_ref.empty() && (!snap.cell || snap.cell->ref() != snap.wanted_ref)) {
+    return done(FallBack(inputs, snap, fn, snap.pending, "ordered " + snap.wanted_ref, budget));
   }
   // The revocation list is stale and the policy says eager: the cell stays armed, unused.
   if (revocation_hold_.load()) {
@@ -456,6 +476,23 @@ void ServedTarget::SetEagerOnly(bool on, const std::string& reason) {
   Emit(event_kind::kServePosture, on ? kPostureOperatorEagerOnly : "operator_release", 0, "", "",
        detail);
   if (changed) changed(on, reason);
+}
+
+void ServedTarget::SetHubOrder(bool eager, const std::string& wanted_ref,
+                               const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hub_order_reason_ = reason;
+    wanted_ref_ = eager ? "" : wanted_ref;
+    hub_eager_.store(eager);
+  }
+  Emit(event_kind::kServePosture, eager ? kPostureHubOrderEager : "hub_order_applied", 0,
+       wanted_ref, "", "serving=" + Posture() + (reason.empty() ? "" : " reason=" + reason));
+}
+
+std::string ServedTarget::wanted_ref() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return wanted_ref_;
 }
 
 void ServedTarget::SetOnEagerOnlyChanged(std::function<void(bool, const std::string&)> changed) {

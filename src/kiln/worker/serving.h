@@ -67,6 +67,10 @@ inline constexpr const char* kServingEager = "eager";
 // arm_pending > uncompiled (cell_crashed: crash_guard.h). The operator's order overrides them all
 // with operator_eager_only (not a fallback).
 inline constexpr const char* kPostureOperatorEagerOnly = "operator_eager_only";
+// The hub's orders (docs/fleet.md "Hub orders"): `eager` for (release, target), which overrides
+// every lane policy as the operator's order does; and a pin or canary whose ref is not armed yet.
+inline constexpr const char* kPostureHubOrderEager = "hub_order_eager";
+inline constexpr const char* kPostureHubOrderPending = "hub_order_pending";
 inline constexpr const char* kPostureMintInProgress = "mint_in_progress";
 inline constexpr const char* kPostureCompiledDegraded = "compiled_degraded";
 inline constexpr const char* kPostureNoCompileDeclared = "no_compile_declared";
@@ -175,6 +179,17 @@ class ServedTarget {
   // Called after every SetEagerOnly (outside the target's lock): the worker persists the order
   // and, on a lift, adopts again. Set once, before serving.
   void SetOnEagerOnlyChanged(std::function<void(bool on, const std::string& reason)> changed);
+
+  // The hub's order for this target as it applies to this worker: `eager` serves every request
+  // eager (posture hub_order_eager, over every lane policy) and arms nothing; otherwise
+  // `wanted_ref` ("" = auto) is the one cell that may serve: until it is installed the target
+  // serves eager (posture hub_order_pending, or the refusal its adoption stored). The worker
+  // adopts the wanted cell (adoption.h ApplyOrder).
+  void SetHubOrder(bool eager, const std::string& wanted_ref, const std::string& reason);
+  std::string wanted_ref() const;
+  bool hub_eager() const { return hub_eager_.load(); }
+  // Arming is held: the operator's eager-only order or the hub's eager order (boot.h step 1).
+  bool arming_held() const { return eager_only_.load() || hub_eager_.load(); }
   bool eager_only() const { return eager_only_.load(); }
 
   // Swaps the target's checkpoint: `checkpoint` must name exactly the weights of the current one,
@@ -214,6 +229,8 @@ class ServedTarget {
   struct Snapshot {
     std::shared_ptr<ArmedCell> cell;
     std::shared_ptr<const WeightMap> weights;
+    std::string wanted_ref;  // the hub's pin or canary ref ("" = auto)
+    std::string pending;     // the posture while wanted_ref is not the installed cell
   };
   ServedTarget(ServedTargetOptions options, std::shared_ptr<const Graph> graph,
                Interpreter interpreter, WeightMap weights);
@@ -267,6 +284,9 @@ class ServedTarget {
   std::set<std::string> hub_revoked_digests_;  // not installed again until the hub lifts them
   std::set<std::string> hub_revoked_refs_;     // quarantined because the hub revoked them
   std::function<void(bool, const std::string&)> on_eager_only_changed_;
+  std::atomic<bool> hub_eager_{false};
+  std::string wanted_ref_;  // under mu_: the hub's pin or canary ref for this worker
+  std::string hub_order_reason_;
   int remints_left_ = 0;
   bool cell_lost_ = false;
   std::function<void(const std::string&)> on_cell_lost_;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -30,6 +31,7 @@
 #include "src/kiln/worker/crash_guard.h"
 #include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/front.h"
+#include "src/kiln/worker/hub_orders.h"
 #include "src/kiln/worker/mint_lease.h"
 #include "src/kiln/worker/minter.h"
 #include "src/kiln/worker/order_book.h"
@@ -123,6 +125,7 @@ RevocationWatchOptions RevocationOptionsFrom(const Manifest& m, const PublicKeyS
                                                  : StaleRevocationPolicy::kKeep;
   ro.events = events;
   ro.worker = m.endpoint.name;
+  ro.release = m.endpoint.release;
   return ro;
 }
 
@@ -208,6 +211,63 @@ void ReportCrashes(CrashGuard& guard, EventLog& events) {
   }
 }
 
+// What the watch's news does to the targets: a lifted revocation re-adopts those it held eager,
+// and a hub order (docs/fleet.md "Hub orders") sets what each target of this worker may serve
+// (eager, a pinned or canary ref by this machine's worker id, or auto) and adopts it. Declared
+// after the adopter: on every way out its destructor stops the watch's poll thread first, so no
+// news reaches a destroyed adopter.
+class WatchHooks {
+ public:
+  WatchHooks(RevocationWatch* watch, Adopter& adopter, std::string worker_id)
+      : watch_(watch), adopter_(adopter), worker_id_(std::move(worker_id)) {
+    if (watch_ == nullptr) return;
+    watch_->SetOnReinstated([this](const std::string& key) { adopter_.ReadoptKey(key); });
+    watch_->SetOnOrder([this](const HubOrder& order) {
+      ServedTarget* target = nullptr;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (auto it = targets_.find(order.target); it != targets_.end()) target = it->second;
+      }
+      if (target == nullptr) return;  // not booted yet: its boot reads the order (Register)
+      Obey(*target, order);
+      adopter_.ApplyOrder(target);
+    });
+  }
+  ~WatchHooks() {
+    if (watch_ != nullptr) watch_->Stop();
+  }
+  WatchHooks(const WatchHooks&) = delete;
+  WatchHooks& operator=(const WatchHooks&) = delete;
+
+  // Before the target's adoption: the order the watch holds for it applies to this boot.
+  void Register(ServedTarget& target) {
+    if (watch_ == nullptr) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      targets_[target.name()] = &target;
+    }
+    if (auto order = watch_->OrderFor(target.name())) Obey(target, *order);
+  }
+
+ private:
+  void Obey(ServedTarget& target, const HubOrder& o) const {
+    std::string wanted;
+    if (o.kind == "pin") wanted = o.ref;
+    if (o.kind == "canary" && InCanary(worker_id_, o.release, o.target, o.share)) wanted = o.ref;
+    target.SetHubOrder(
+        o.kind == "eager", wanted,
+        o.kind + " incarnation=" + std::to_string(o.incarnation) +
+            (o.kind == "canary" ? (wanted.empty() ? " canary=out" : " canary=in") : "") +
+            " worker_id=" + worker_id_ + " (" + o.reason + ")");
+  }
+
+  RevocationWatch* watch_;
+  Adopter& adopter_;
+  const std::string worker_id_;
+  std::mutex mu_;
+  std::map<std::string, ServedTarget*> targets_;
+};
+
 // What one target's boot needs beyond its declaration.
 struct BootWiring {
   const Manifest& manifest;
@@ -220,6 +280,7 @@ struct BootWiring {
   int64_t request_memory_bytes;  // one request's tensors (ServedTargetOptions)
   CrashGuard* crash_guard;       // ServedTargetOptions::crash_guard
   OrderBook& orders;             // the eager-only orders this machine keeps
+  WatchHooks& hooks;             // the hub's orders and lifts
 };
 
 // The target's eager-only order at boot (the admin's last word, else the manifest's), applied
@@ -270,6 +331,7 @@ Result<Booted> BootTarget(const TargetSpec& spec, const BootWiring& w) {
   KILN_ASSIGN_OR_RETURN(b.target, ServedTarget::Create(o, b.graph, weights));
   if (w.revocations != nullptr) w.revocations->Watch(b.target.get());
   ApplyEagerOnlyOrder(*b.target, spec, w);
+  w.hooks.Register(*b.target);
   const BootOutcome out = spec.exported() ? w.adopter.Boot(*b.target, spec, b.graph)
                                           : AdoptAtBoot(*b.target, spec, b.graph, weights, w.ctx);
   std::printf("target %-16s boot_adopt %-22s %7.1f ms  %s\n", spec.name.c_str(), out.phase.c_str(),
@@ -314,26 +376,6 @@ Result<std::unique_ptr<Publisher>> MakePublisher(const Manifest& m, LocalStore* 
   }
   return publisher;
 }
-
-// A lifted revocation re-adopts the targets it held eager. Declared after the adopter: on every
-// way out its destructor stops the watch's poll thread first, so no lift reaches a destroyed
-// adopter.
-class ReinstateHook {
- public:
-  ReinstateHook(RevocationWatch* watch, Adopter& adopter) : watch_(watch) {
-    if (watch_ != nullptr) {
-      watch_->SetOnReinstated([&adopter](const std::string& key) { adopter.ReadoptKey(key); });
-    }
-  }
-  ~ReinstateHook() {
-    if (watch_ != nullptr) watch_->Stop();
-  }
-  ReinstateHook(const ReinstateHook&) = delete;
-  ReinstateHook& operator=(const ReinstateHook&) = delete;
-
- private:
-  RevocationWatch* watch_;
-};
 
 Status ServeUntilStopped(const WorkerConfig& a, const Manifest& m, Frontend& front,
                          RevocationWatch* revocations, const sigset_t& stop) {
@@ -467,9 +509,11 @@ Status RunWorker(const WorkerConfig& a) {
   ao.retry_initial_ms = std::min(ao.retry_initial_ms, ao.retry_max_ms);
   // After the minter: its retries call into it, so it stops first.
   Adopter adopter(ctx, &minter, ao);
-  ReinstateHook reinstate(revocations.get(), adopter);
+  KILN_ASSIGN_OR_RETURN(std::string worker_id, MachineWorkerId(root));
+  WatchHooks hooks(revocations.get(), adopter, worker_id);
   const BootWiring wiring{m,      ctx,     events,         revocations.get(), publisher.get(),
-                          minter, adopter, request_memory, &crash_guard,      *orders};
+                          minter, adopter, request_memory, &crash_guard,      *orders,
+                          hooks};
   std::map<std::string, FrontendTarget> front_targets;
   std::map<std::string, ServedTarget*> by_name;
   for (const TargetSpec& spec : m.targets) {
