@@ -88,15 +88,19 @@ Result<SecretScan> ScanOwnProcess(std::string_view complemented, uint64_t max_re
     if (dash == std::string::npos || perms.empty() || perms[0] != 'r') continue;
     const uint64_t begin = std::strtoull(range.substr(0, dash).c_str(), nullptr, 16);
     const uint64_t end = std::strtoull(range.substr(dash + 1).c_str(), nullptr, 16);
-    // Device memory may have side effects when read; [vvar] and [vsyscall] are not readable
-    // through /proc/self/mem.
-    if (path.rfind("/dev/", 0) == 0 || path == "[vvar]" || path == "[vsyscall]" ||
+    // Device memory may have side effects when read; [vvar], [vvar_vclock] and [vsyscall] are not
+    // readable through /proc/self/mem.
+    if (path.rfind("/dev/", 0) == 0 || path.rfind("[vvar", 0) == 0 || path == "[vsyscall]" ||
         end - begin > max_region_bytes) {
       ++out.skipped;
       continue;
     }
     ++out.regions;
+    const uint64_t unreadable_before = out.unreadable;
     out.in_memory = ScanRegion(mem, begin, end, complemented, buf, &out);
+    if (out.unreadable != unreadable_before && out.unreadable_names.size() < 16) {
+      out.unreadable_names.push_back(perms + " " + path);
+    }
   }
   ::close(mem);
   return out;
@@ -117,6 +121,7 @@ Status WriteSecretScanReportFromEnv(const std::string& role) {
                                  {"regions", scan.regions},
                                  {"bytes", scan.bytes},
                                  {"unreadable", scan.unreadable},
+                                 {"unreadable_names", scan.unreadable_names},
                                  {"skipped", scan.skipped},
                                  {"parent_memory_readable", parent >= 0}};
   return WriteFileAtomic(

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "src/kiln/base/status.h"
 
@@ -25,12 +26,13 @@ namespace kiln {
 inline constexpr const char* kTestSecretScanEnv = "KILN_TEST_SECRET_SCAN";
 
 struct SecretScan {
-  bool in_memory = false;   // found in a readable mapping
-  bool in_environ = false;  // found in /proc/self/environ
-  uint64_t regions = 0;     // mappings read
-  uint64_t bytes = 0;       // bytes read
-  uint64_t unreadable = 0;  // mappings whose read failed part way or at once
-  uint64_t skipped = 0;     // device files and mappings over the size bound
+  bool in_memory = false;                     // found in a readable mapping
+  bool in_environ = false;                    // found in /proc/self/environ
+  uint64_t regions = 0;                       // mappings read
+  uint64_t bytes = 0;                         // bytes read
+  uint64_t unreadable = 0;                    // mappings whose read failed part way or at once
+  std::vector<std::string> unreadable_names;  // their "perms path" (the first 16)
+  uint64_t skipped = 0;                       // device files and mappings over the size bound
 };
 
 // Every byte of `complemented` XOR 0xff.
@@ -41,9 +43,9 @@ Result<SecretScan> ScanOwnProcess(std::string_view complemented,
                                   uint64_t max_region_bytes = uint64_t{4} << 30);
 
 // When KILN_TEST_SECRET_SCAN names a file, scans this process for its secret and writes
-// {"role","pid","in_memory","in_environ","regions","bytes","unreadable","skipped",
-// "parent_memory_readable"} to `<file>.<role>.<pid>.json`; `parent_memory_readable` says whether
-// /proc/<parent>/mem could be opened. OK and nothing happens when the variable is unset.
+// {"role","pid","in_memory","in_environ","regions","bytes","unreadable","unreadable_names",
+// "skipped","parent_memory_readable"} to `<file>.<role>.<pid>.json`; `parent_memory_readable` says
+// whether /proc/<parent>/mem could be opened. OK and nothing happens when the variable is unset.
 Status WriteSecretScanReportFromEnv(const std::string& role);
 
 }  // namespace kiln
