@@ -658,5 +658,38 @@ TEST(ManifestTest, ExampleManifestsParseAndMatchTheirGraphs) {
   EXPECT_EQ(mlp->targets[0].envelope.classes[2].at("x"), (Shape{16, 64}));
 }
 
+// The copies a worker's broker writes: the credential gone, the relay and its capability in its
+// place for the serving process, nothing for the mint children; the rest as it was.
+TEST(ManifestTest, ManifestWithHubTakesTheCredentialOut) {
+  ::setenv("KILN_MANIFEST_TEST_BROKER", "tok-from-env", 1);
+  for (const std::string credential :
+       {"token = \"tok-literal\"", "token_env = \"KILN_MANIFEST_TEST_BROKER\""}) {
+    const std::string text = std::string(kMinimal) + "[hub]\nurl = \"https://hub.internal\"\n" +
+                             credential + "\nca = \"ca.pem\"\ntimeout_ms = 700\n";
+    auto serving = ManifestWithHub(text, "kiln.toml", "http://127.0.0.1:9", "cap-1");
+    ASSERT_TRUE(serving.ok()) << serving.status().ToString();
+    EXPECT_EQ(serving->find("tok-"), std::string::npos) << *serving;
+    EXPECT_EQ(serving->find("KILN_MANIFEST_TEST_BROKER"), std::string::npos) << *serving;
+    auto m = Parse(*serving);
+    ASSERT_TRUE(m.ok()) << m.status().ToString() << "\n" << *serving;
+    EXPECT_EQ(m->hub->url, "http://127.0.0.1:9");
+    EXPECT_EQ(m->hub->token, "cap-1");
+    EXPECT_EQ(m->hub->ca, "");
+    EXPECT_EQ(m->hub->timeout_ms, 700);
+    EXPECT_EQ(m->targets.at(0).graph, "/srv/models/model.onnx");
+
+    auto mint = ManifestWithHub(text, "kiln.toml", "", "");
+    ASSERT_TRUE(mint.ok()) << mint.status().ToString();
+    EXPECT_EQ(mint->find("token"), std::string::npos) << *mint;
+    m = Parse(*mint);
+    ASSERT_TRUE(m.ok()) << m.status().ToString() << "\n" << *mint;
+    EXPECT_EQ(m->hub->url, "https://hub.internal");
+    EXPECT_EQ(m->hub->token, "");
+    EXPECT_EQ(m->hub->ca, "/srv/models/ca.pem");
+  }
+  ::unsetenv("KILN_MANIFEST_TEST_BROKER");
+  EXPECT_FALSE(ManifestWithHub("[hub", "kiln.toml", "", "").ok());
+}
+
 }  // namespace
 }  // namespace kiln

@@ -453,12 +453,15 @@ TEST_F(Hostile, AWorkerWithAHubDrainsOnSigtermWhicheverThreadTheSignalMeets) {
     // Every thread but the main one blocks SIGTERM, so the kernel can only hand it to the main
     // thread's sigwait (which, while it waits, shows the signals it waits for as unblocked; a
     // main thread not yet in sigwait shows them blocked, so it may or may not be listed).
-    std::vector<std::string> open = ThreadsNotBlocking(w.pid(), SIGTERM);
-    const std::string main_thread = std::to_string(w.pid()) + " ";
+    // Both processes: the broker passes SIGTERM on, the serving process drains on it.
     std::string names;
-    for (const std::string& t : open) {
-      if (t.rfind(main_thread, 0) != 0) names += " [" + t + "]";
+    for (const pid_t pid : {w.pid(), w.ServingPid()}) {
+      const std::string main_thread = std::to_string(pid) + " ";
+      for (const std::string& t : ThreadsNotBlocking(pid, SIGTERM)) {
+        if (t.rfind(main_thread, 0) != 0) names += " [" + t + "]";
+      }
     }
+    EXPECT_NE(w.pid(), w.ServingPid()) << "a worker with a hub token runs a broker";
     EXPECT_TRUE(names.empty()) << "threads that would take SIGTERM's default action:" << names;
     EXPECT_EQ(w.Stop(), 0) << w.Log();
     EXPECT_NE(w.Log().find("draining"), std::string::npos) << w.Log();

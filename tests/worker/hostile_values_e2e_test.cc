@@ -213,7 +213,7 @@ TEST_F(HostileValuesTest, ValueDependentShapesAreRefusedInMillisecondsAndTheWork
   // past any machine's.
   Worker worker(root_ + "/w", manifest);
   ASSERT_TRUE(worker.Start());
-  const pid_t pid = worker.pid();
+  const pid_t pid = worker.ServingPid();
 
   // Every model serves a well-formed request first (the baseline includes serving them).
   for (const Case& c : cases) {
@@ -302,7 +302,7 @@ TEST_F(HostileValuesTest, ACellsDynamicRegionRefusesTheSameWayAndIsNotRevoked) {
     ASSERT_EQ(good.status, 200) << good.body.dump();
     ASSERT_EQ(good.mode(), "jit_cell") << good.body.dump();
   }
-  const long hwm_before = StatusKb(worker.pid(), "VmHWM");
+  const long hwm_before = StatusKb(worker.ServingPid(), "VmHWM");
   std::vector<double> latencies;
   for (const Case& c : cases) {
     for (const auto& [what, body] : c.hostile) {
@@ -313,7 +313,7 @@ TEST_F(HostileValuesTest, ACellsDynamicRegionRefusesTheSameWayAndIsNotRevoked) {
       EXPECT_EQ(next.mode(), "jit_cell") << c.name << " after " << what << ": " << next.body.dump();
     }
   }
-  const long hwm_after = StatusKb(worker.pid(), "VmHWM");
+  const long hwm_after = StatusKb(worker.ServingPid(), "VmHWM");
   std::printf("  cell path: VmHWM %ld -> %ld kB (+%ld kB)\n", hwm_before, hwm_after,
               hwm_after - hwm_before);
   EXPECT_LT(hwm_after - hwm_before, 64 * 1024);

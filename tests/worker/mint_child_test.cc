@@ -30,6 +30,12 @@ TEST(MintChildProtocol, RequestRoundTrips) {
   EXPECT_EQ(back->threads, 2);
   EXPECT_EQ(back->parallel_compiles, 3);
   EXPECT_EQ(back->attempt, 2);
+  EXPECT_EQ(back->manifest_base_dir, "");
+  MintChildRequest elsewhere = SampleRequest();
+  elsewhere.manifest_base_dir = "/srv/models";
+  back = ParseMintChildRequest(ToJson(elsewhere).dump(), "request.json");
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->manifest_base_dir, "/srv/models");
 }
 
 TEST(MintChildProtocol, RequestRefusalsNameTheField) {

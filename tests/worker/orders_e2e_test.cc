@@ -50,8 +50,8 @@ int AotPostures(const Worker& w) {
 
 // True when the worker process maps a loaded cell (every armed cell is a private cell.so).
 bool LoadsACell(const Worker& w) {
-  const std::string maps =
-      hub_testing::ValueOr(ReadFile("/proc/" + std::to_string(w.pid()) + "/maps"), std::string());
+  const std::string maps = hub_testing::ValueOr(
+      ReadFile("/proc/" + std::to_string(w.ServingPid()) + "/maps"), std::string());
   return maps.find("/cell.so") != std::string::npos;
 }
 

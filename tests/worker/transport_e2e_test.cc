@@ -191,7 +191,7 @@ RawConn::Answer SendWhileReading(int port, const std::string& body, double* ms) 
 TEST_F(TransportTest, NinetyFiveMegabyteInferBodiesCostTheirTensorsNotATree) {
   auto w = MlpWorker();
   ASSERT_TRUE(StartOnCache(*w));
-  const pid_t pid = w->pid();
+  const pid_t pid = w->ServingPid();
   // 150000 x 64 values: a 95 MB JSON body. With a shape the model does not take, it is refused
   // when its "data" begins, before the tensor exists and before the rest of the body is read.
   const std::string wrong = BigMlpBody(150000, 63, "logits");

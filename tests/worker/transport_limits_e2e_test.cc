@@ -245,7 +245,7 @@ TEST_F(TransportLimitsTest, TrailersAndHeadersPastTheirBoundsAreRefusedAndTheWor
   const auto alone = ProbeAlone(probe, 1000);
   auto cpu = [&] {
     const std::string stat = hub_testing::ValueOr(
-        ReadFile("/proc/" + std::to_string(w->pid()) + "/stat"), std::string());
+        ReadFile("/proc/" + std::to_string(w->ServingPid()) + "/stat"), std::string());
     std::istringstream in(stat.substr(stat.rfind(')') + 2));
     std::string f;
     long ticks = 0;
@@ -439,7 +439,7 @@ TEST_F(TransportLimitsTest, NinetyFiveMegabyteRequestCostsAtMostItsTensorBytes) 
       ASSERT_TRUE(c.Send(InferHead(model, warm.size()) + warm));
       ASSERT_EQ(c.Read(30000).status, 200);
     }
-    const pid_t pid = w->pid();
+    const pid_t pid = w->ServingPid();
     const long hwm0 = StatusKb(pid, "VmHWM");
     RawConn c(w->port());
     const auto start = Clock::now();

@@ -103,7 +103,9 @@ class Hub {
   // The platform publisher and the worker hold every release. kAcmeFleet and kBetaFleet are the
   // least-privilege fleet tokens: workers of org "acme" (which may write only "acme/mlp") and
   // "beta", each granted every release.
-  static ::testing::AssertionResult WriteTokens(const std::string& path) {
+  // `extra` rows are added to the file as they are (AddToken).
+  static ::testing::AssertionResult WriteTokens(const std::string& path,
+                                                const std::vector<nlohmann::json>& extra = {}) {
     nlohmann::json tokens = {
         {"tokens",
          {{{"name", "ci"},
@@ -137,6 +139,7 @@ class Hub {
            {"releases", {"*"}},
            {"sha256", Sha256Hex(hub_testing::kBetaFleet)}},
           {{"name", "ops"}, {"role", "admin"}, {"sha256", Sha256Hex(hub_testing::kAdmin)}}}}};
+    for (const nlohmann::json& row : extra) tokens["tokens"].push_back(row);
     if (!WriteSecretFileAtomic(path, tokens.dump(2)).ok()) {
       return ::testing::AssertionFailure() << "cannot write " << path;
     }
@@ -146,8 +149,14 @@ class Hub {
   // port after a Stop.
   ::testing::AssertionResult Start(int port = 0) {
     if (!MakeDirs(root_ + "/data").ok()) return ::testing::AssertionFailure() << "mkdir";
-    if (auto w = WriteTokens(root_ + "/tokens.json"); !w) return w;
+    if (auto w = WriteTokens(root_ + "/tokens.json", extra_tokens_); !w) return w;
     return process_.Start(port != 0 ? port : process_.port());
+  }
+  // One more token the hub accepts from its next Start: `row` as in the tokens file, its hash
+  // set from `token` (a test's own random token).
+  void AddToken(nlohmann::json row, const std::string& token) {
+    row["sha256"] = Sha256Hex(token);
+    extra_tokens_.push_back(std::move(row));
   }
   void Stop(int sig = SIGTERM) { process_.Kill(sig); }
   hub_testing::HubProcess& process() { return process_; }
@@ -203,6 +212,7 @@ class Hub {
 
  private:
   std::string root_;
+  std::vector<nlohmann::json> extra_tokens_;
   hub_testing::HubProcess process_;  // SIGKILLed when the Hub goes
 };
 
@@ -213,13 +223,14 @@ struct ManifestOptions {
   std::string sm;       // "" = the worker detects the machine's
   std::string hub_url;  // "" = no [hub] section
   std::string hub_token = hub_testing::kWorker;
-  int hub_timeout_ms = 0;   // 0 = the worker's default
-  std::string trust_path;   // "" = trust the hub's own key set
-  std::string family;       // "" = the example's own export family
-  std::string hub_extra;    // TOML lines inside [hub] (revocation_poll_s = 1, ...)
-  std::string hub_ca;       // "" = no [hub] ca
-  std::string extra;        // TOML appended last
-  bool eager_only = false;  // the target's `eager_only = true` (the operator's order at boot)
+  std::string hub_token_env;  // set: `token_env = "<it>"` in place of the token
+  int hub_timeout_ms = 0;     // 0 = the worker's default
+  std::string trust_path;     // "" = trust the hub's own key set
+  std::string family;         // "" = the example's own export family
+  std::string hub_extra;      // TOML lines inside [hub] (revocation_poll_s = 1, ...)
+  std::string hub_ca;         // "" = no [hub] ca
+  std::string extra;          // TOML appended last
+  bool eager_only = false;    // the target's `eager_only = true` (the operator's order at boot)
 };
 
 // A field of /proc/<pid>/status in kB (VmRSS, VmHWM), or -1.
@@ -267,7 +278,9 @@ inline std::string Manifest(const ManifestOptions& o) {
     }
   }
   if (!o.hub_url.empty()) {
-    text += "\n[hub]\nurl = \"" + o.hub_url + "\"\ntoken = \"" + o.hub_token + "\"\n";
+    text += "\n[hub]\nurl = \"" + o.hub_url + "\"\n" +
+            (o.hub_token_env.empty() ? "token = \"" + o.hub_token + "\"\n"
+                                     : "token_env = \"" + o.hub_token_env + "\"\n");
     if (o.hub_timeout_ms != 0) text += "timeout_ms = " + std::to_string(o.hub_timeout_ms) + "\n";
     if (!o.trust_path.empty()) text += "trust = [\"" + o.trust_path + "\"]\n";
     text += o.hub_extra;
@@ -385,7 +398,10 @@ class Worker {
     http->set_connection_timeout(1, 0);
     for (int i = 0; i < 600; ++i) {
       auto r = http->Get("/v2/health/live");
-      if (r && r->status == 200) return ::testing::AssertionSuccess();
+      if (r && r->status == 200) {
+        serving_pid_ = FindServingChild();
+        return ::testing::AssertionSuccess();
+      }
       int status = 0;
       if (::waitpid(pid_, &status, WNOHANG) == pid_) {
         pid_ = -1;
@@ -404,7 +420,12 @@ class Worker {
     pid_ = -1;
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   }
+  // The process this Worker started: the one to signal and reap. With a hub token it is the
+  // broker (src/kiln/worker/broker.h), and the cells live in ServingPid().
   pid_t pid() const { return pid_; }
+  // The process that serves and loads cells: the broker's serving child, or pid() itself when the
+  // worker runs as one process (no hub token).
+  pid_t ServingPid() const { return serving_pid_ > 0 ? serving_pid_ : pid_; }
   // The process was reaped elsewhere: nothing is left to kill.
   void Forget() { pid_ = -1; }
   std::string Log() const {
@@ -533,12 +554,16 @@ class Worker {
   }
   // True when the process maps any file of its machine directory ending in .so (a dlopened cell).
   bool MapsACell() const {
-    const std::string maps =
-        hub_testing::ValueOr(ReadFile("/proc/" + std::to_string(pid_) + "/maps"), std::string());
+    const std::string maps = hub_testing::ValueOr(
+        ReadFile("/proc/" + std::to_string(ServingPid()) + "/maps"), std::string());
     return maps.find(dir_) != std::string::npos && maps.find(".so") != std::string::npos;
   }
   // The pids of this worker's mint children (`kiln mint --child`).
-  std::vector<pid_t> MintChildren() const {
+  std::vector<pid_t> MintChildren() const { return ChildrenWith(ServingPid(), "--child"); }
+
+ private:
+  // The children of `parent` whose command line holds `flag`.
+  static std::vector<pid_t> ChildrenWith(pid_t parent, const std::string& flag) {
     std::vector<pid_t> out;
     for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
       const std::string name = entry.path().filename();
@@ -551,15 +576,19 @@ class Worker {
       std::string state;
       long long ppid = 0;
       in >> state >> ppid;
-      if (ppid != pid_) continue;
-      const std::string cmd =
-          hub_testing::ValueOr(ReadFile("/proc/" + name + "/cmdline"), std::string());
-      if (cmd.find("--child") != std::string::npos) out.push_back(std::stoi(name));
+      if (ppid != parent) continue;
+      std::string cmd = hub_testing::ValueOr(ReadFile("/proc/" + name + "/cmdline"), std::string());
+      std::replace(cmd.begin(), cmd.end(), '\0', ' ');
+      if ((cmd + " ").find(" " + flag + " ") != std::string::npos) out.push_back(std::stoi(name));
     }
     return out;
   }
+  // The broker's serving child, or -1 when the worker runs as one process.
+  pid_t FindServingChild() const {
+    const std::vector<pid_t> children = ChildrenWith(pid_, "--serving-child");
+    return children.empty() ? -1 : children.front();
+  }
 
- private:
   // With `checked`, a non-empty line that is not a row, or a seq not above the last, fails the
   // test; without, lines that do not parse are passed over.
   std::vector<Row> ReadRows(bool checked) const {
@@ -592,6 +621,7 @@ class Worker {
   std::vector<std::string> args_;
   std::string ca_;
   pid_t pid_ = -1;
+  pid_t serving_pid_ = -1;
   int port_ = 0;
   int admin_port_ = 0;
 };

@@ -54,6 +54,10 @@ void AddWorkerCommand(CLI::App& app, int* exit_code) {
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--checkpoint-dir", a->checkpoint_dir,
                   "directory the admin checkpoint swap may read from (default: swaps refused)");
+  // The serving process a worker's broker starts (worker/broker.h); no group: not in --help.
+  cmd->add_flag("--serving-child", a->serving_child)->group("");
+  cmd->add_option("--manifest-base-dir", a->manifest_base_dir)->group("");
+  cmd->add_option("--mint-manifest", a->mint_manifest)->group("");
   cmd->callback([=] {
     Status s = RunWorker(*a);
     *exit_code = s.ok() ? 0 : ReportError("worker", s);

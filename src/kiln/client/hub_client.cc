@@ -204,6 +204,44 @@ HubAnswer HubClient::Call(const std::string& method, const std::string& path,
   return FromResponse(*res, impl_->options.url, path);
 }
 
+RelayAnswer HubClient::Relay(const std::string& method, const std::string& target,
+                             const std::string& body, const std::string& content_type,
+                             const std::string& range) {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  auto& http = *impl_->http;
+  httplib::Headers headers = impl_->Headers();
+  if (!range.empty()) headers.emplace("Range", range);
+  const std::string type = content_type.empty() ? "application/octet-stream" : content_type;
+  auto send = [&] {
+    return method == "GET"   ? http.Get(target, headers)
+           : method == "PUT" ? http.Put(target, headers, body, type)
+                             : http.Post(target, headers, body, type);
+  };
+  auto started = std::chrono::steady_clock::now();
+  httplib::Result res = send();
+  // The keep-alive connection the hub closed meanwhile gets one fresh try, as in Call.
+  if (!res && (res.error() == httplib::Error::Read || res.error() == httplib::Error::Write)) {
+    started = std::chrono::steady_clock::now();
+    res = send();
+  }
+  RelayAnswer a;
+  if (!res) {
+    const HubAnswer t = Transport(res.error(), impl_->options.url, target);
+    a.token = t.token;
+    a.message = t.message;
+    a.retryable =
+        RetryableRead(res, std::chrono::steady_clock::now() - started, impl_->options.io_timeout_s);
+    return a;
+  }
+  a.http_status = res->status;
+  a.body = std::move(res->body);
+  a.content_type = res->get_header_value("Content-Type");
+  a.location = res->get_header_value("Location");
+  a.retry_after = res->get_header_value("Retry-After");
+  a.content_range = res->get_header_value("Content-Range");
+  return a;
+}
+
 ResolveAnswer HubClient::Resolve(const std::string& key, const std::string& family) {
   ResolveAnswer r;
   HubAnswer a = Call("GET", "/v1/cells/" + key + "?family=" + family);

@@ -114,6 +114,17 @@ struct PublishAnswer {
   int http_status = 0;
 };
 
+// One request passed through as it is (HubClient::Relay): the hub's status, body and the headers
+// a worker's calls read. `token` is set only when no answer came back (a transport token, as a
+// Call's); `retryable` then says whether a GET would be tried again.
+struct RelayAnswer {
+  int http_status = 0;
+  std::string body;
+  std::string content_type, location, retry_after, content_range;
+  std::string token, message;
+  bool retryable = false;
+};
+
 class HubClient {
  public:
   static Result<std::unique_ptr<HubClient>> Create(const HubClientOptions& options);
@@ -164,6 +175,13 @@ class HubClient {
   // transport token in the message. For key sets whose source is this hub; operator-configured
   // offline trust anchors (kiln resolve --trust) use VerifyResolvedReceipt.
   ReceiptVerdict VerifyReceipt(const ResolveAnswer& answer, PublicKeySet* trusted);
+  // Sends `method` `target` (path and query) with this client's token, `body` and, when not
+  // empty, the request's Content-Type and Range, once (the keep-alive resend aside: no GET
+  // retries, the caller has its own), and answers what came back without reading it: any status,
+  // any bytes, a 307's Location. For a broker that holds the token on behalf of a process that
+  // must not (worker/broker.h).
+  RelayAnswer Relay(const std::string& method, const std::string& target, const std::string& body,
+                    const std::string& content_type, const std::string& range);
   // Any JSON route: method "GET" | "POST" | "PUT".
   HubAnswer Call(const std::string& method, const std::string& path, const std::string& body = "",
                  const std::string& content_type = "application/json");

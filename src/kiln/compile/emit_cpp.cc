@@ -148,6 +148,7 @@ class EntryEmitter {
         declared[static_cast<size_t>(b.id)] = progress = true;
       }
     }
+    if (opt_.test_scan) os_ << "  kiln_test_scan_self();  // TEST ONLY (KILN_TEST_SECRET_SCAN)\n";
     if (opt_.test_segv && !p_.inputs.empty()) {
       const Buffer& in0 = Buf(p_.inputs[0]);
       if (in0.type.dtype == DType::kFloat32 && !in0.dynamic && NumElements(in0.type.shape) > 0) {
@@ -1537,6 +1538,103 @@ class EntryEmitter {
 
 }  // namespace
 
+// TEST ONLY (EmitOptions::test_scan): the cell's own search of its process. The file holds one
+// complemented secret per line (every byte XOR 0xff, so neither the file nor this code ever holds
+// a secret's bytes); memory is read through /proc/self/mem, mapping by mapping, and compared
+// complemented. The first secret is the one that must not be there; any further ones are
+// controls the test put there, whose finding shows the search sees what is present.
+constexpr const char* kTestScanSource = R"scan(
+// TEST ONLY (KILN_TEST_SECRET_SCAN): this cell searches its own process. Not in production cells.
+#include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
+static int kiln_test_scan_done = 0;
+static unsigned char kiln_test_scan_buf[1 << 20];
+static int kiln_test_scan_has(const unsigned char* b, size_t len, const unsigned char* c, size_t n) {
+  for (size_t i = 0; n > 0 && i + n <= len; ++i) {
+    size_t k = 0;
+    while (k < n && (unsigned char)(b[i + k] ^ 0xff) == c[k]) ++k;
+    if (k == n) return 1;
+  }
+  return 0;
+}
+static void kiln_test_scan_self(void) {
+  if (__atomic_exchange_n(&kiln_test_scan_done, 1, __ATOMIC_SEQ_CST)) return;
+  const char* path = getenv("KILN_TEST_SECRET_SCAN");
+  if (path == NULL) return;
+  unsigned char sec[4][256];
+  size_t len[4] = {0, 0, 0, 0};
+  int count = 0;
+  FILE* f = fopen(path, "rb");
+  if (f == NULL) return;
+  for (int c; count < 4 && (c = fgetc(f)) != EOF;) {
+    if (c == '\n') {
+      if (len[count] > 0) ++count;
+      continue;
+    }
+    if (len[count] < sizeof sec[0]) sec[count][len[count]++] = (unsigned char)c;
+  }
+  if (count < 4 && len[count] > 0) ++count;
+  fclose(f);
+  int in_memory[4] = {0, 0, 0, 0}, in_environ[4] = {0, 0, 0, 0};
+  unsigned long regions = 0, bytes = 0, unreadable = 0, skipped = 0;
+  int mem = open("/proc/self/mem", O_RDONLY);
+  FILE* maps = fopen("/proc/self/maps", "r");
+  char line[4096];
+  while (mem >= 0 && maps != NULL && fgets(line, sizeof line, maps) != NULL) {
+    unsigned long lo = 0, hi = 0;
+    char perms[8] = {0};
+    if (sscanf(line, "%lx-%lx %7s", &lo, &hi, perms) != 3 || perms[0] != 'r') continue;
+    if (strstr(line, "[vvar") || strstr(line, "[vsyscall]") || strstr(line, " /dev/") ||
+        hi - lo > (4UL << 30)) {
+      ++skipped;
+      continue;
+    }
+    ++regions;
+    size_t keep = 0;
+    for (unsigned long pos = lo; pos < hi;) {
+      size_t want = sizeof kiln_test_scan_buf - keep;
+      if (want > hi - pos) want = hi - pos;
+      ssize_t got = pread(mem, kiln_test_scan_buf + keep, want, (off_t)pos);
+      if (got <= 0) {
+        ++unreadable;
+        break;
+      }
+      bytes += (unsigned long)got;
+      size_t have = keep + (size_t)got;
+      for (int s = 0; s < count; ++s) {
+        in_memory[s] |= kiln_test_scan_has(kiln_test_scan_buf, have, sec[s], len[s]);
+      }
+      keep = have < 255 ? have : 255;
+      memmove(kiln_test_scan_buf, kiln_test_scan_buf + have - keep, keep);
+      pos += (unsigned long)got;
+    }
+  }
+  if (maps != NULL) fclose(maps);
+  if (mem >= 0) close(mem);
+  int env = open("/proc/self/environ", O_RDONLY);
+  if (env >= 0) {
+    ssize_t got = read(env, kiln_test_scan_buf, sizeof kiln_test_scan_buf);
+    for (int s = 0; got > 0 && s < count; ++s) {
+      in_environ[s] = kiln_test_scan_has(kiln_test_scan_buf, (size_t)got, sec[s], len[s]);
+    }
+    close(env);
+  }
+  memset(kiln_test_scan_buf, 0, sizeof kiln_test_scan_buf);
+  char out[4200];
+  snprintf(out, sizeof out, "%s.cell.%d.json", path, (int)getpid());
+  FILE* o = fopen(out, "w");
+  if (o == NULL) return;
+  fprintf(o, "{\"role\":\"cell\",\"pid\":%d,\"secrets\":%d,\"in_memory\":[", (int)getpid(), count);
+  for (int s = 0; s < count; ++s) fprintf(o, "%s%s", s ? "," : "", in_memory[s] ? "true" : "false");
+  fprintf(o, "],\"in_environ\":[");
+  for (int s = 0; s < count; ++s) fprintf(o, "%s%s", s ? "," : "", in_environ[s] ? "true" : "false");
+  fprintf(o, "],\"regions\":%lu,\"bytes\":%lu,\"unreadable\":%lu,\"skipped\":%lu}\n", regions,
+          bytes, unreadable, skipped);
+  fclose(o);
+}
+)scan";
+
 Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOptions& options) {
   EmittedCell cell;
   std::ostringstream os;
@@ -1544,6 +1642,7 @@ Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOpti
      << ". Do not edit.\n// " << entries.size() << " entr" << (entries.size() == 1 ? "y" : "ies")
      << "; compile each with -DKILN_ENTRY=<i> and the dispatch with -DKILN_ENTRY=-1.\n";
   os << kCellPrologue << "\n";
+  if (options.test_scan) os << kTestScanSource;
   nlohmann::json describe;
   describe["abi_version"] = KILN_CELL_ABI_VERSION;
   describe["codegen_version"] = kCodegenVersion;

@@ -36,6 +36,11 @@ struct EmitOptions {
   // on the request a test sends. Set from KILN_TEST_CELL_SEGV (pipeline.h); off in production.
   bool test_segv = false;
   float test_segv_value = 0;
+  // TEST ONLY: at its first call in a process every entry searches that process's memory and
+  // environment, with the cell's own code, for the secrets of the file KILN_TEST_SECRET_SCAN names
+  // at run time (base/secret_scan.h), and writes `<file>.cell.<pid>.json`: what a cell can reach
+  // (docs/trust.md). Set when that variable is set at generation (pipeline.h); off in production.
+  bool test_scan = false;
 };
 
 struct EmittedCell {

@@ -29,6 +29,7 @@
 #include "src/kiln/base/clock.h"
 #include "src/kiln/base/file.h"
 #include "src/kiln/base/log.h"
+#include "src/kiln/base/secret_scan.h"
 #include "src/kiln/compile/passes.h"
 #include "src/kiln/ops/verifier.h"
 
@@ -112,6 +113,19 @@ void ApplyTestSegvSwitch(EmitOptions* emit) {
   std::call_once(said, [env] {
     LogWarn(std::string("TEST SWITCH ") + kTestCellSegvEnv + "=" + env +
             " is set: generated cells segfault when their first input starts with it");
+  });
+}
+
+// KILN_TEST_SECRET_SCAN (base/secret_scan.h): set (to anything) while a cell is generated, the
+// cell searches its own process at its first call (EmitOptions::test_scan).
+void ApplyTestScanSwitch(EmitOptions* emit) {
+  const char* env = std::getenv(kTestSecretScanEnv);
+  if (env == nullptr || *env == '\0') return;
+  emit->test_scan = true;
+  static std::once_flag said;
+  std::call_once(said, [] {
+    LogWarn(std::string("TEST SWITCH ") + kTestSecretScanEnv +
+            " is set: generated cells search their own process at their first call");
   });
 }
 
@@ -230,6 +244,7 @@ Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
   EmitOptions emit = options.emit;
   emit.graph_digest = graph_digest;
   ApplyTestSegvSwitch(&emit);
+  ApplyTestScanSwitch(&emit);
   KILN_ASSIGN_OR_RETURN(EmittedCell cell, EmitCell(entries, emit));
   if (timings) timings->push_back({"cell", kEmitPass, MsSince(start)});
   if (programs) *programs = std::move(entries);

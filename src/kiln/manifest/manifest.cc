@@ -13,6 +13,7 @@
 #include <exception>
 #include <filesystem>
 #include <initializer_list>
+#include <sstream>
 #include <system_error>
 #include <utility>
 
@@ -761,14 +762,42 @@ Result<Manifest> ParseManifest(std::string_view toml_text, const std::string& wh
   }
 }
 
-Result<Manifest> LoadManifest(const std::string& path) {
+Result<Manifest> LoadManifest(const std::string& path) { return LoadManifest(path, ""); }
+
+Result<Manifest> LoadManifest(const std::string& path, const std::string& base_dir) {
   KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  if (!base_dir.empty()) return ParseManifest(text, path, base_dir);
   std::error_code ec;
   std::filesystem::path abs = std::filesystem::absolute(path, ec);
   if (ec) abs = std::filesystem::path(path);
   std::string dir = abs.parent_path().lexically_normal().string();
   if (dir.empty()) dir = ".";
   return ParseManifest(text, path, dir);
+}
+
+Result<std::string> ManifestWithHub(std::string_view toml_text, const std::string& what,
+                                    const std::string& url, const std::string& token) {
+  try {
+    toml::table root = toml::parse(toml_text, what);
+    if (toml::table* hub = root["hub"].as_table()) {
+      hub->erase("token");
+      hub->erase("token_env");
+      if (!url.empty()) {
+        hub->insert_or_assign("url", url);
+        hub->erase("ca");
+        if (!token.empty()) hub->insert_or_assign("token", token);
+      }
+    }
+    std::ostringstream out;
+    out << root << "\n";
+    return out.str();
+  } catch (const toml::parse_error& e) {
+    return Status::InvalidArgument((what.empty() ? std::string("manifest") : what) +
+                                   ": not valid TOML: " + std::string(e.description()));
+  } catch (const std::exception& e) {
+    return Status::Internal((what.empty() ? std::string("manifest") : what) +
+                            ": rewriting the manifest failed: " + e.what());
+  }
 }
 
 }  // namespace kiln

@@ -155,6 +155,17 @@ struct Manifest {
 // (made absolute). ReadFile's error (NotFound, IOError) when the file cannot be read;
 // InvalidArgument for anything in it.
 Result<Manifest> LoadManifest(const std::string& path);
+// The same, with relative paths resolved against `base_dir` instead ("" = the file's directory):
+// for a copy of a manifest written elsewhere (ManifestWithHub).
+Result<Manifest> LoadManifest(const std::string& path, const std::string& base_dir);
+
+// Manifest text equal to `toml_text` but for its [hub] credential: `hub.token` and
+// `hub.token_env` removed, then, when `url` is not empty, `hub.url` set to it, `hub.token` to
+// `token` (when not empty) and `hub.ca` removed (the new URL is a plain-http relay on loopback).
+// For a worker's broker, which holds the token and hands its serving process and mint children
+// manifests without it (worker/broker.h). InvalidArgument when the text is not TOML.
+Result<std::string> ManifestWithHub(std::string_view toml_text, const std::string& what,
+                                    const std::string& url, const std::string& token);
 
 // Parses manifest text. `what` names it in messages (usually the path); relative paths inside
 // resolve against `base_dir` ("" leaves them relative to the working directory). Reads the

@@ -42,10 +42,12 @@ Result<nlohmann::json> ParseObject(const std::string& text, const std::string& w
 }  // namespace
 
 nlohmann::json ToJson(const MintChildRequest& r) {
-  return {
+  nlohmann::json j = {
       {"manifest", r.manifest}, {"target", r.target},   {"intake", r.intake},
       {"out_dir", r.out_dir},   {"report", r.report},   {"phases", r.phases},
       {"threads", r.threads},   {"attempt", r.attempt}, {"parallel_compiles", r.parallel_compiles}};
+  if (!r.manifest_base_dir.empty()) j["manifest_base_dir"] = r.manifest_base_dir;
+  return j;
 }
 
 nlohmann::json ToJson(const MintChildReport& r) {
@@ -74,6 +76,7 @@ Result<MintChildRequest> ParseMintChildRequest(const std::string& text, const st
   MintChildRequest r;
   Fields f(j, what);
   f.Get("manifest", &r.manifest);
+  f.Get("manifest_base_dir", &r.manifest_base_dir, /*required=*/false);
   f.Get("target", &r.target);
   f.Get("intake", &r.intake);
   f.Get("out_dir", &r.out_dir);

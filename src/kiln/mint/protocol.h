@@ -46,12 +46,15 @@ inline constexpr const char* kMintParentAliveFlag = "--parent-alive-fd";
 
 struct MintChildRequest {
   std::string manifest;  // absolute path of the worker's manifest
-  std::string target;    // the target to mint
-  bool intake = false;   // intake lane: compile here, never key or seal
-  std::string out_dir;   // the child writes its artifact here (created by the parent, 0700)
-  std::string report;    // the report file the child writes last
-  std::string phases;    // the live phases file
-  int threads = 1;       // compute threads of the proof runs
+  // Where the manifest's relative paths resolve ("" = its directory): a worker with a broker
+  // hands its children a copy without the hub token, written elsewhere (worker/broker.h).
+  std::string manifest_base_dir;
+  std::string target;   // the target to mint
+  bool intake = false;  // intake lane: compile here, never key or seal
+  std::string out_dir;  // the child writes its artifact here (created by the parent, 0700)
+  std::string report;   // the report file the child writes last
+  std::string phases;   // the live phases file
+  int threads = 1;      // compute threads of the proof runs
   int parallel_compiles = 1;
   int attempt = 1;  // 2 on the one retry after a resource exit
 };

@@ -223,6 +223,7 @@ MintChildOutcome Minter::RunChild(Job& job, int attempt) {
             std::to_string(counter.fetch_add(1));
   MintChildRequest req;
   req.manifest = options_.manifest_path;
+  req.manifest_base_dir = options_.manifest_base_dir;
   req.target = first.spec.name;
   req.intake = !first.spec.exported();
   req.threads = options_.child_threads;

@@ -58,10 +58,11 @@
 namespace kiln {
 
 struct MinterOptions {
-  std::string binary;         // the kiln binary the child runs; "" = /proc/self/exe
-  std::string manifest_path;  // absolute; the child reads its target from it
-  std::string work_root;      // one private directory per mint is made under here
-  std::string private_dir;    // loaded .so files go under here
+  std::string binary;             // the kiln binary the child runs; "" = /proc/self/exe
+  std::string manifest_path;      // absolute; the child reads its target from it
+  std::string manifest_base_dir;  // where its relative paths resolve ("" = its directory)
+  std::string work_root;          // one private directory per mint is made under here
+  std::string private_dir;        // loaded .so files go under here
   int stall_window_ms = 120000;
   int sample_ms = 250;             // watchdog sampling period
   int64_t memory_budget_mb = 0;    // 0 = MemAvailable at spawn time

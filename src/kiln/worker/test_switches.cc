@@ -4,9 +4,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <sstream>
 
 #include "src/kiln/base/log.h"
+#include "src/kiln/base/secret_scan.h"
 
 namespace kiln {
 
@@ -46,9 +48,42 @@ Result<std::map<std::string, std::map<int, std::string>>> ParseCellFaultSpec(
   return out;
 }
 
+namespace {
+
+// KILN_TEST_SECRET_SCAN: the first call into any target's cell first scans this process
+// (base/secret_scan.h) and writes the report, role "serving"; then the cell runs.
+Status ApplySecretScanSwitch(const std::map<std::string, ServedTarget*>& targets) {
+  auto once = std::make_shared<std::once_flag>();
+  for (const auto& [name, target] : targets) {
+    if (target == nullptr) continue;
+    target->SetRunFaultForTest([once] {
+      std::call_once(*once, [] {
+        if (Status s = WriteSecretScanReportFromEnv("serving"); !s.ok()) {
+          LogWarn("secret scan: " + s.ToString());
+        }
+      });
+      return std::string();
+    });
+  }
+  LogWarn(std::string("TEST SWITCH ") + kTestSecretScanEnv +
+          " is set: the first cell call scans this process for a secret");
+  return Status::OK();
+}
+
+}  // namespace
+
 Status ApplyTestSwitchesFromEnv(const std::map<std::string, ServedTarget*>& targets) {
   const char* env = std::getenv(kTestCellFaultEnv);
-  if (env == nullptr || *env == '\0') return Status::OK();
+  const char* scan = std::getenv(kTestSecretScanEnv);
+  const bool want_faults = env != nullptr && *env != '\0';
+  if (scan != nullptr && *scan != '\0') {
+    if (want_faults) {
+      return Status::InvalidArgument(std::string(kTestCellFaultEnv) + " and " + kTestSecretScanEnv +
+                                     " are both set; use one at a time");
+    }
+    return ApplySecretScanSwitch(targets);
+  }
+  if (!want_faults) return Status::OK();
   KILN_ASSIGN_OR_RETURN(auto faults, ParseCellFaultSpec(env));
   for (auto& [name, plan] : faults) {
     auto it = targets.find(name);

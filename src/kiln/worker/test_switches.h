@@ -6,6 +6,11 @@
 // stays armed) and n counts the target's admitted requests from 1. Example:
 // KILN_TEST_CELL_FAULT="mlp:oom@1,mlp:fault@3". The name says what it is; production manifests
 // and flags have no way to set it, and a worker that honours it says so in its log at boot.
+//
+// `KILN_TEST_SECRET_SCAN=<file>` (base/secret_scan.h) makes the first call into any target's cell
+// scan the serving process's memory and environment for the secret the file holds (complemented)
+// and write `<file>.serving.<pid>.json`, right where the cell's code is about to run: what the
+// scan can read, the cell can. The two switches are not combined.
 #pragma once
 
 #include <map>

@@ -28,6 +28,7 @@
 #include "src/kiln/tensor/memory_budget.h"
 #include "src/kiln/worker/adoption.h"
 #include "src/kiln/worker/boot.h"
+#include "src/kiln/worker/broker.h"
 #include "src/kiln/worker/crash_guard.h"
 #include "src/kiln/worker/event_forwarder.h"
 #include "src/kiln/worker/front.h"
@@ -132,7 +133,9 @@ RevocationWatchOptions RevocationOptionsFrom(const Manifest& m, const PublicKeyS
 MinterOptions MinterOptionsFrom(const WorkerConfig& a, const Manifest& m, const BootContext& ctx,
                                 Publisher* publisher) {
   MinterOptions mo;
-  mo.manifest_path = std::filesystem::absolute(a.manifest).string();
+  mo.manifest_path =
+      std::filesystem::absolute(a.mint_manifest.empty() ? a.manifest : a.mint_manifest).string();
+  mo.manifest_base_dir = a.manifest_base_dir;
   mo.work_root = ctx.private_dir + "/mints";
   mo.private_dir = ctx.private_dir;
   mo.stall_window_ms = m.mint.stall_window_s * 1000;
@@ -411,6 +414,12 @@ Status ServeUntilStopped(const WorkerConfig& a, const Manifest& m, Frontend& fro
 }  // namespace
 
 Status RunWorker(const WorkerConfig& a) {
+  // A hub token makes this process the broker: the token never enters the process that loads
+  // cells (broker.h).
+  if (!a.serving_child) {
+    KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
+    if (WantsBroker(m)) return RunBroker(a, m);
+  }
   // The stop signals (and SIGHUP, the TLS reload) are blocked before any thread starts, so every
   // thread inherits the mask and only the sigwait of ServeUntilStopped receives them: a SIGTERM
   // meant to drain can never land on a background thread and kill the process outright.
@@ -423,7 +432,7 @@ Status RunWorker(const WorkerConfig& a) {
     LocalToolchain().status().IgnoreError();
     DetectSmLevel();
   });
-  KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest));
+  KILN_ASSIGN_OR_RETURN(Manifest m, LoadManifest(a.manifest, a.manifest_base_dir));
   // The admin listener's token is checked before the boot, which may take minutes.
   std::string admin_token;
   if (a.admin_port >= 0) {

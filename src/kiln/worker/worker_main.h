@@ -48,8 +48,17 @@ struct WorkerConfig {
   // The local store's size bound (MiB): past it, the least recently adopted cells are evicted,
   // never one this process armed (store_keeper.h). 0 = no bound.
   double store_max_mb = 10240;
+  // Set by a worker's broker for the serving process it starts (worker/broker.h), never by an
+  // operator: this process serves and never brokers; its manifest's relative paths resolve
+  // against `manifest_base_dir`, and its mint children read `mint_manifest`.
+  bool serving_child = false;
+  std::string manifest_base_dir;
+  std::string mint_manifest;
 };
 
+// With a hub token in the manifest (and not `serving_child`), runs as the broker instead: the
+// serving process is a child that never holds the token (worker/broker.h), and this process ends
+// as that child ends.
 // Boots the manifest's targets and serves them until SIGTERM or SIGINT (SIGHUP re-reads the TLS
 // certificate), then drains and returns OK. Errors: the manifest, a graph or checkpoint that does
 // not load, a listener that cannot bind, a mandatory target without an export declaration
