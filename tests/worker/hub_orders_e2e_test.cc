@@ -98,15 +98,8 @@ TEST_F(HubOrders, CanaryPinRollbackAndEagerReachEveryWorkerAndAStaleOrderLoses) 
   ASSERT_NE(KeyOf(native), KeyOf(v2)) << "this machine runs only x86-64-v2: nothing to order";
 
   // The last worker reaches the hub through a fake that can replay an older signed list.
-  auto replay = std::make_shared<std::string>();
-  auto replay_mu = std::make_shared<std::mutex>();
-  FakeHub fake(hub.port(), [replay, replay_mu](const httplib::Request& req) {
-    std::lock_guard<std::mutex> lock(*replay_mu);
-    if (req.path == "/v1/revocations" && !replay->empty()) {
-      return std::optional<std::string>(*replay);
-    }
-    return std::optional<std::string>();
-  });
+  FakeHub::Replay replay;
+  FakeHub fake(hub.port(), replay.answer());
   ManifestOptions o;
   o.hub_url = hub.url();
   o.hub_extra = "revocation_poll_s = 1\n";
@@ -185,10 +178,7 @@ TEST_F(HubOrders, CanaryPinRollbackAndEagerReachEveryWorkerAndAStaleOrderLoses) 
   EXPECT_EQ(listed, kWorkers) << "the dashboard's Serving table does not show the rollback";
 
   // The stale order: the fake replays the list that carried the pin of v2 (incarnation 2).
-  {
-    std::lock_guard<std::mutex> lock(*replay_mu);
-    *replay = pinned_list.body.dump();
-  }
+  replay.Set(pinned_list.body.dump());
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));
   Worker& behind = *workers.back();
   EXPECT_EQ(Infer(behind).ref(), native) << "a replayed older order won";
@@ -206,10 +196,7 @@ TEST_F(HubOrders, CanaryPinRollbackAndEagerReachEveryWorkerAndAStaleOrderLoses) 
   }
   EXPECT_EQ(served, native) << "after a restart behind the replay: " << again.Log();
   EXPECT_EQ(again.Stop(), 0);
-  {
-    std::lock_guard<std::mutex> lock(*replay_mu);
-    replay->clear();
-  }
+  replay.Clear();
 
   // Eager: every worker of the first seven serves eager under the hub's order, then auto again.
   workers.pop_back();

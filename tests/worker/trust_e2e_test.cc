@@ -256,15 +256,8 @@ TEST_F(Trust, RevokeThenReinstateReadoptsEveryWorkerAndAReplayedOlderListLoses) 
   ASSERT_TRUE(StartFleet(&hub, &ref));
   const std::string key = KeyOf(ref);
   const std::string digest = ref.substr(ref.find('@') + 1);
-  auto replay = std::make_shared<std::string>();
-  auto replay_mu = std::make_shared<std::mutex>();
-  FakeHub fake(hub.port(), [replay, replay_mu](const httplib::Request& req) {
-    std::lock_guard<std::mutex> lock(*replay_mu);
-    if (req.path == "/v1/revocations" && !replay->empty()) {
-      return std::optional<std::string>(*replay);
-    }
-    return std::optional<std::string>();
-  });
+  FakeHub::Replay replay;
+  FakeHub fake(hub.port(), replay.answer());
   ManifestOptions o;
   o.hub_url = hub.url();
   o.hub_extra = "revocation_poll_s = 1\n";
@@ -314,10 +307,7 @@ TEST_F(Trust, RevokeThenReinstateReadoptsEveryWorkerAndAReplayedOlderListLoses) 
 
   // The replay: a list signed while the revocation held, still fresh. Several polls later the
   // worker behind it still serves the cell and de-armed nothing again.
-  {
-    std::lock_guard<std::mutex> lock(*replay_mu);
-    *replay = while_revoked.body.dump();
-  }
+  replay.Set(while_revoked.body.dump());
   std::this_thread::sleep_for(std::chrono::milliseconds(3500));
   Worker& behind = *workers[2];
   auto a = Infer(behind);

@@ -21,6 +21,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -634,6 +635,30 @@ class Worker {
 class FakeHub {
  public:
   using Answer = std::function<std::optional<std::string>(const httplib::Request&)>;
+  // A list a test can start replaying at any moment: while `Set` holds a body, /v1/revocations is
+  // answered with it (a list the hub signed earlier, say); after `Clear`, everything passes on.
+  class Replay {
+   public:
+    void Set(std::string body) {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->body = std::move(body);
+    }
+    void Clear() { Set(""); }
+    Answer answer() const {
+      return [state = state_](const httplib::Request& req) -> std::optional<std::string> {
+        std::lock_guard<std::mutex> lock(state->mu);
+        if (req.path == "/v1/revocations" && !state->body.empty()) return state->body;
+        return std::nullopt;
+      };
+    }
+
+   private:
+    struct State {
+      std::mutex mu;
+      std::string body;
+    };
+    std::shared_ptr<State> state_ = std::make_shared<State>();
+  };
   // Answers /v1/revocations with `body`, passes everything else on.
   static Answer Revocations(std::string body) {
     return [body = std::move(body)](const httplib::Request& req) -> std::optional<std::string> {
