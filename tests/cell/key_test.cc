@@ -107,6 +107,107 @@ TEST(KeyTest, EnvelopeFactsAreOrderIndependentAndRefuseBadEnvelopes) {
   EXPECT_EQ(EnvelopeFacts(*back).value(), EnvelopeFacts(a).value());
 }
 
+RangedEntry Ranged(int64_t lo, int64_t hi) {
+  RangedEntry r;
+  r.inputs["ids"] = {DimSpec{0, "batch"}, DimSpec{0, "seq"}};
+  r.inputs["mask"] = {DimSpec{0, "batch"}, DimSpec{0, "seq"}};
+  r.ranges["batch"] = {1, 8};
+  r.ranges["seq"] = {lo, hi};
+  return r;
+}
+
+// Ranged entries are keyed by their ranges: the same ranges share a key whatever the order they
+// are declared in, another range is another key, and an envelope of classes alone keys exactly as
+// before ranged entries existed (no `ranged` field in its facts).
+TEST(KeyTest, RangedEntriesAreKeyedByTheirRanges) {
+  Envelope classes;
+  classes.classes = {{{"ids", {1, 7}}, {"mask", {1, 7}}}};
+  EXPECT_FALSE(EnvelopeFacts(classes).value().contains("ranged"));
+  EXPECT_EQ(EnvelopeFacts(classes).value().dump(), R"({"classes":[{"ids":[1,7],"mask":[1,7]}]})");
+
+  Envelope a;
+  a.ranged = {Ranged(1, 256)};
+  Envelope same = a;
+  Envelope wider;
+  wider.ranged = {Ranged(1, 512)};
+  const std::string da = FactsDigest(EnvelopeFacts(a).value()).value();
+  EXPECT_EQ(da, FactsDigest(EnvelopeFacts(same).value()).value());
+  EXPECT_NE(da, FactsDigest(EnvelopeFacts(wider).value()).value());
+  Envelope mixed = a;
+  mixed.classes = classes.classes;
+  EXPECT_NE(da, FactsDigest(EnvelopeFacts(mixed).value()).value());
+  Envelope two_orders_1, two_orders_2;
+  two_orders_1.ranged = {Ranged(1, 16), Ranged(17, 256)};
+  two_orders_2.ranged = {Ranged(17, 256), Ranged(1, 16)};
+  EXPECT_EQ(FactsDigest(EnvelopeFacts(two_orders_1).value()).value(),
+            FactsDigest(EnvelopeFacts(two_orders_2).value()).value());
+
+  Result<Envelope> back = EnvelopeFromFacts(EnvelopeFacts(mixed).value());
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->ranged, mixed.ranged);
+  EXPECT_EQ(back->classes, mixed.classes);
+
+  Envelope unranged;
+  unranged.ranged = {Ranged(1, 256)};
+  unranged.ranged[0].ranges.erase("seq");
+  Result<nlohmann::json> r = EnvelopeFacts(unranged);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("symbol 'seq', which has no range"), std::string::npos)
+      << r.status().ToString();
+  Envelope upside_down;
+  upside_down.ranged = {Ranged(9, 3)};
+  EXPECT_FALSE(EnvelopeFacts(upside_down).ok());
+  nlohmann::json bad = EnvelopeFacts(a).value();
+  bad["ranged"][0]["ranges"]["seq"] = {1};
+  EXPECT_FALSE(EnvelopeFromFacts(bad).ok());
+}
+
+// A request against a ranged entry: it fits with each symbol's value; otherwise the first
+// difference is named, worst kind first (names or rank, a fixed dim, a symbol's two values, a
+// value outside its range).
+TEST(ShapeClassTest, MatchRangedNamesTheFirstDifference) {
+  const RangedEntry e = Ranged(1, 256);
+  RangedMatch m = MatchRanged(e, {{"ids", {3, 128}}, {"mask", {3, 128}}});
+  EXPECT_EQ(m.fit, RangedFit::kFits) << m.detail;
+  EXPECT_EQ(m.values.at("batch"), 3);
+  EXPECT_EQ(m.values.at("seq"), 128);
+  m = MatchRanged(e, {{"ids", {3, 128}}, {"mask", {3, 127}}});
+  EXPECT_EQ(m.fit, RangedFit::kSymbolInconsistent);
+  EXPECT_NE(m.detail.find("symbol 'seq' is 128 at input 'ids' dim 1 but 127 at input 'mask' dim 1"),
+            std::string::npos)
+      << m.detail;
+  m = MatchRanged(e, {{"ids", {3, 257}}, {"mask", {3, 257}}});
+  EXPECT_EQ(m.fit, RangedFit::kOutOfRange);
+  EXPECT_NE(m.detail.find("symbol 'seq' is 257"), std::string::npos) << m.detail;
+  EXPECT_NE(m.detail.find("outside its declared range [1, 256]"), std::string::npos) << m.detail;
+  m = MatchRanged(e, {{"ids", {3, 0}}, {"mask", {3, 0}}});
+  EXPECT_EQ(m.fit, RangedFit::kOutOfRange);
+  m = MatchRanged(e, {{"ids", {3, 8, 1}}, {"mask", {3, 8}}});
+  EXPECT_EQ(m.fit, RangedFit::kNamesOrRank);
+  m = MatchRanged(e, {{"ids", {3, 8}}});
+  EXPECT_EQ(m.fit, RangedFit::kNamesOrRank);
+  RangedEntry fixed;
+  fixed.inputs["x"] = {DimSpec{0, "b"}, DimSpec{64, ""}};
+  fixed.ranges["b"] = {1, 16};
+  m = MatchRanged(fixed, {{"x", {2, 63}}});
+  EXPECT_EQ(m.fit, RangedFit::kDim);
+  EXPECT_NE(m.detail.find("dim 1 must be 64"), std::string::npos) << m.detail;
+  EXPECT_EQ(DescribeRanged(fixed), "{x=[b,64] b=[1,16]}");
+}
+
+TEST(ShapeClassTest, RangedEntriesWhoseRangesMeetMayOverlap) {
+  EXPECT_TRUE(MayOverlap(Ranged(1, 16), Ranged(16, 256)));
+  EXPECT_FALSE(MayOverlap(Ranged(1, 16), Ranged(17, 256)));
+  RangedEntry fixed;
+  fixed.inputs["ids"] = {DimSpec{0, "b"}, DimSpec{300, ""}};
+  fixed.inputs["mask"] = {DimSpec{0, "b"}, DimSpec{300, ""}};
+  fixed.ranges["b"] = {1, 4};
+  EXPECT_FALSE(MayOverlap(Ranged(1, 256), fixed));
+  fixed.inputs["ids"][1].size = 200;
+  fixed.inputs["mask"][1].size = 200;
+  EXPECT_TRUE(MayOverlap(Ranged(1, 256), fixed));
+}
+
 TEST(KeyTest, SmLevelsAreOrderedLowestFirst) {
   const auto& levels = KnownSmLevels();
   ASSERT_EQ(levels.size(), 4u);

@@ -204,7 +204,59 @@ TEST(MetadataTest, RestateKeyRefusesUncoveredOrDoublyServedClass) {
   m = SampleMetadata();
   m.entries[1].shape_class = m.entries[0].shape_class;
   ExpectError(RestateKey(m).status(), StatusCode::kInvalidArgument,
-              "metadata entries 0 and 1 both serve");
+              "metadata entry 0 and entry 1 both answer for shape class");
+}
+
+// Partial coverage: a class with no entry is named by a gap with its reason; the gaps round-trip,
+// a full cell writes no `gaps` field, and every class still has exactly one entry or gap.
+TEST(MetadataTest, AGapStandsForAClassWithNoEntryAndNothingElse) {
+  CellMetadata m = SampleMetadata();
+  const std::string full = SerializeMetadata(m).value();
+  EXPECT_EQ(full.find("\"gaps\""), std::string::npos) << "a full cell's bytes changed";
+  const ShapeClass dropped = m.entries.back().shape_class;
+  m.entries.pop_back();
+  m.gaps.push_back(EntryGap{dropped, std::nullopt, "unimplemented: pass lower: no kernel"});
+  ASSERT_TRUE(RestateKey(m).ok()) << RestateKey(m).status().ToString();
+  Result<std::string> text = SerializeMetadata(m);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  Result<CellMetadata> parsed = ParseMetadata(*text, "metadata.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->gaps, m.gaps);
+  EXPECT_EQ(SerializeMetadata(*parsed).value(), *text);
+
+  CellMetadata both = m;
+  both.gaps.push_back(EntryGap{m.entries[0].shape_class, std::nullopt, "unimplemented: x"});
+  ExpectError(RestateKey(both).status(), StatusCode::kInvalidArgument,
+              "metadata entry 0 and gap 1 both answer for shape class");
+  CellMetadata outside = m;
+  outside.gaps[0].shape_class["x"] = {7, 7};
+  ExpectError(RestateKey(outside).status(), StatusCode::kInvalidArgument,
+              "metadata gap 0 shape class {\"x\":[7,7]} is not a class of the envelope");
+  CellMetadata none = m;
+  none.entries.clear();
+  none.gaps.clear();
+  for (const EntryMetadata& e : m.entries)
+    none.gaps.push_back(EntryGap{e.shape_class, std::nullopt, "r"});
+  none.gaps.push_back(m.gaps[0]);
+  ExpectError(RestateKey(none).status(), StatusCode::kInvalidArgument, "has no entries");
+
+  ExpectError(
+      ParseMetadata(EditedText([](nlohmann::json& j) { j["gaps"] = nlohmann::json::array(); }), "m")
+          .status(),
+      StatusCode::kInvalidArgument, "$.gaps is an empty array");
+  ExpectError(ParseMetadata(EditedText([&](nlohmann::json& j) {
+                              j["gaps"] = {{{"shape_class", {{"x", {1, 8}}}}, {"reason", ""}}};
+                            }),
+                            "m")
+                  .status(),
+              StatusCode::kInvalidArgument, "$.gaps[0].reason is empty");
+  ExpectError(ParseMetadata(
+                  EditedText([&](nlohmann::json& j) {
+                    j["gaps"] = {{{"shape_class", {{"x", {1, 8}}}}, {"reason", "r"}, {"why", "r"}}};
+                  }),
+                  "m")
+                  .status(),
+              StatusCode::kInvalidArgument, "$.gaps[0] has unknown field 'why'");
 }
 
 TEST(MetadataTest, RestateKeyRefusesNonCanonicalEnvelope) {

@@ -15,6 +15,7 @@
 #include "src/kiln/compile/driver.h"
 #include "src/kiln/compile/pipeline.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/mint/regenerate.h"
 #include "src/kiln/tensor/npy.h"
 #include "tests/graph/onnx_builder.h"
 
@@ -57,6 +58,40 @@ TEST(Mint, MlpEveryClassIsHealthy) {
   for (const auto& e : m->gate.entries) EXPECT_GE(e.cos, 0.99999) << e.entry;
   EXPECT_TRUE(IsWellFormedKey(m->key));
   EXPECT_EQ(m->digest, CellDigest(m->tar));
+}
+
+// A class the compiler refuses is a gap, not the end of the cell: the others are entries, the key
+// is the whole envelope's, the metadata names the gap with the compiler's words, and the source
+// regenerates from the metadata (with the gap re-derived) only where the compiler refuses it too.
+TEST(Mint, AClassThatDoesNotCompileIsAGapAndTheOthersAreEntries) {
+  Target t = Load("mlp");
+  Envelope env{{{{"x", {1, 64}}}, {{"x", {4, 64}}}, {{"x", {16, 64}}}}};
+  ::setenv(kTestUncompilableClassEnv, "{x=[4,64]}", 1);
+  auto m = MintCell(Request(t, env, "root/mlp"));
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  ASSERT_EQ(m->metadata.entries.size(), 2u);
+  EXPECT_EQ(m->metadata.entries[0].shape_class, env.classes[0]);
+  EXPECT_EQ(m->metadata.entries[1].shape_class, env.classes[2]);
+  EXPECT_EQ(m->metadata.entries[1].index, 1u);
+  ASSERT_EQ(m->metadata.gaps.size(), 1u);
+  EXPECT_EQ(m->metadata.gaps[0].shape_class, env.classes[1]);
+  EXPECT_NE(m->metadata.gaps[0].reason.find("refused by the test switch"), std::string::npos)
+      << m->metadata.gaps[0].reason;
+  EXPECT_EQ(m->gate.entries.size(), 2u);
+  EXPECT_EQ(m->key, KeyFromAxes(DeriveKeyAxes(*t.graph, env, "").value()).value());
+  auto cell = UnpackCell(m->tar, "minted");
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  EXPECT_TRUE(CheckSourceProvenance(*t.graph, m->metadata, cell->source).ok());
+  ::unsetenv(kTestUncompilableClassEnv);
+  Status honest = CheckSourceProvenance(*t.graph, m->metadata, cell->source);
+  EXPECT_FALSE(honest.ok());
+  EXPECT_NE(honest.message().find("compiles here"), std::string::npos) << honest.ToString();
+  // Every class refused: the first refusal, as before gaps existed.
+  ::setenv(kTestUncompilableClassEnv, "{x=[1,64]}", 1);
+  auto none = MintCell(Request(t, Envelope{{{{"x", {1, 64}}}}}, "root/mlp"));
+  ::unsetenv(kTestUncompilableClassEnv);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), StatusCode::kUnimplemented) << none.status().ToString();
 }
 
 TEST(Mint, MicroDiffusionAndTransformerAreHealthy) {

@@ -177,6 +177,46 @@ remints = 0
 
 // Samples map every input to a .npy file, resolved against the manifest's directory like every
 // path; several samples keep their order.
+// Ranged entries beside classes: symbols with their ranges, fixed dims kept, declaration order
+// (classes, then ranged entries) kept; samples may be given against a ranged-only envelope.
+TEST(ManifestTest, RangedEntriesParseBesideClasses) {
+  std::string text = kMinimal;
+  text.replace(text.find("envelope = [{ x = [1, 64] }]"), 28,
+               "envelope = [{ x = [1, 64] }, { x = [\"batch\", 64], ranges = { batch = [2, 32] } "
+               "}]\nsamples = [{ x = \"s.npy\" }]");
+  Result<Manifest> m = Parse(text);
+  ASSERT_TRUE(m.ok()) << m.status().ToString();
+  const Envelope& env = m->targets[0].envelope;
+  ASSERT_EQ(env.classes.size(), 1u);
+  ASSERT_EQ(env.ranged.size(), 1u);
+  EXPECT_EQ(env.size(), 2u);
+  EXPECT_EQ(DescribeRanged(env.ranged[0]), "{x=[batch,64] batch=[2,32]}");
+  EXPECT_EQ(m->targets[0].coverage, "");
+  EXPECT_TRUE(m->targets[0].allows_partial_coverage());
+
+  std::string only = kMinimal;
+  only.replace(only.find("envelope = [{ x = [1, 64] }]"), 28,
+               "envelope = [{ x = [\"b\", 64], ranges = { b = [1, 8] } }]\nlane = "
+               "\"mandatory\"\nsamples = [{ x = \"s.npy\" }]");
+  Result<Manifest> o = Parse(only);
+  ASSERT_TRUE(o.ok()) << o.status().ToString();
+  EXPECT_TRUE(o->targets[0].envelope.classes.empty());
+  EXPECT_FALSE(o->targets[0].allows_partial_coverage());
+  std::string partial = only;
+  partial.replace(partial.find("lane = "), 0, "coverage = \"partial\"\n");
+  Result<Manifest> p = Parse(partial);
+  ASSERT_TRUE(p.ok()) << p.status().ToString();
+  EXPECT_TRUE(p->targets[0].allows_partial_coverage());
+  std::string bad = only;
+  bad.replace(bad.find("lane = "), 0, "coverage = \"most\"\n");
+  Result<Manifest> b = Parse(bad);
+  ASSERT_FALSE(b.ok());
+  EXPECT_NE(b.status().message().find(
+                "targets.mlp.coverage is \"most\", expected \"full\" or \"partial\""),
+            std::string::npos)
+      << b.status().ToString();
+}
+
 TEST(ManifestTest, SamplesResolveAndKeepTheirOrder) {
   std::string text = kMinimal;
   const std::string envelope = "envelope = [{ x = [1, 64] }]";
@@ -354,6 +394,43 @@ TEST(ManifestTest, BadManifestsAreRefusedByKeyPath) {
        "envelope = [{ x = [1, 64] }]",
        "envelope = [{}]",
        {"targets.mlp.envelope[0] names no input"}},
+      {"symbol without ranges",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"batch\", 64] }]",
+       {"targets.mlp.envelope[0].x[0] is a string (\"batch\")", "a symbol needs ranges"}},
+      {"symbol with no range",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"batch\", 64], ranges = { seq = [1, 8] } }]",
+       {"targets.mlp.envelope[0].x[0] is \"batch\"",
+        "given a range in targets.mlp.envelope[0].ranges"}},
+      {"range nothing uses",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"b\", 64], ranges = { b = [1, 8], seq = [1, 8] } }]",
+       {"targets.mlp.envelope[0] gives a range for 'seq', which no input dim names"}},
+      {"range upside down",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"b\", 64], ranges = { b = [8, 1] } }]",
+       {"targets.mlp.envelope[0].ranges.b is [8, 1], expected an inclusive range [lo, hi]"}},
+      {"range not a pair",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"b\", 64], ranges = { b = 8 } }]",
+       {"targets.mlp.envelope[0].ranges.b is an integer (8), expected an inclusive range"}},
+      {"ranged entry past a request",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"b\", 65], ranges = { b = [1, 67108864] } }]",
+       {"targets.mlp.envelope[0].x at its ranges' upper bounds is [67108864,65]",
+        "expected at most 4294967296 elements"}},
+      {"class inside a range",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"b\", 64], ranges = { b = [1, 8] } }, { x = [4, 64] }]",
+       {"targets.mlp.envelope[1] lies inside targets.mlp.envelope[0] {x=[b,64] b=[1,8]}",
+        "expected no request to fit two entries"}},
+      {"overlapping ranges",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"b\", 64], ranges = { b = [1, 8] } }, "
+       "{ x = [\"n\", 64], ranges = { n = [8, 16] } }]",
+       {"targets.mlp.envelope[1] {x=[n,64] n=[8,16]} may admit the requests "
+        "targets.mlp.envelope[0] {x=[b,64] b=[1,8]} admits"}},
       {"unknown function target",
        "target = \"mlp\"",
        "target = \"mpl\"",

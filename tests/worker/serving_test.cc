@@ -427,6 +427,106 @@ TEST_F(Serving, ResourceExhaustionAnswersEagerAndStaysArmed) {
   EXPECT_EQ(next->serving_mode, kServingAotCell);
 }
 
+// An armed target whose declared envelope is the cell's classes [1,64] and [4,64] plus `ranged`.
+std::unique_ptr<ServedTarget> RangedTarget(const Minted& m, EventLog* events, LanePolicy lane,
+                                           std::vector<RangedEntry> ranged) {
+  ServedTargetOptions o;
+  o.name = "mlp";
+  o.lane_policy = lane;
+  o.events = events;
+  o.envelope.classes = {{{"x", {1, 64}}}, {{"x", {4, 64}}}};
+  o.envelope.ranged = std::move(ranged);
+  o.allow_partial = true;
+  auto t = ServedTarget::Create(o, m.graph, m.weights);
+  EXPECT_TRUE(t.ok()) << t.status().ToString();
+  if (!t.ok()) return nullptr;
+  auto cell = LoadCell(m, Lane::kExported, m.weights);
+  if (!cell) return nullptr;
+  Status s = (*t)->InstallCell(cell);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return std::move(t).value();
+}
+
+RangedEntry BatchRange(int64_t lo, int64_t hi) {
+  RangedEntry r;
+  r.inputs["x"] = {DimSpec{0, "batch"}, DimSpec{64, ""}};
+  r.ranges["batch"] = {lo, hi};
+  return r;
+}
+
+// Ingress against a declared ranged entry: inside it (not compiled) eager, named
+// entry_not_compiled; past its range eager, named declared_range_exceeded with the symbol, the
+// value and the range (refused by that name on a mandatory lane); the cell stays armed throughout.
+TEST_F(Serving, ARangedEntryIsCheckedAtIngressAndItsGapServedEagerByName) {
+  auto t = RangedTarget(*m_, &events_, LanePolicy::kOptional, {BatchRange(5, 16)});
+  ASSERT_NE(t, nullptr);
+  auto in = t->Serve(Input(8), "mlp");
+  ASSERT_TRUE(in.ok()) << in.status().ToString();
+  EXPECT_EQ(in->serving_mode, kServingEager);
+  EXPECT_EQ(in->fallback_reason, kFallbackEntryNotCompiled);
+  EXPECT_NE(in->fallback_detail.find("ranged entry {x=[batch,64] batch=[5,16]}"), std::string::npos)
+      << in->fallback_detail;
+  EXPECT_LE(MaxRelDiff(in->outputs, Eager(*m_, Input(8), m_->weights)), 1e-6);
+  auto past = t->Serve(Input(17), "mlp");
+  ASSERT_TRUE(past.ok()) << past.status().ToString();
+  EXPECT_EQ(past->serving_mode, kServingEager);
+  EXPECT_EQ(past->fallback_reason, kFallbackDeclaredRangeExceeded);
+  EXPECT_NE(past->fallback_detail.find("symbol 'batch' is 17"), std::string::npos)
+      << past->fallback_detail;
+  EXPECT_NE(past->fallback_detail.find("[5, 16]"), std::string::npos) << past->fallback_detail;
+  // A batch below the range is past it too; a shape no entry takes is undeclared.
+  EXPECT_EQ(t->Serve(Input(2), "mlp")->fallback_reason, kFallbackDeclaredRangeExceeded);
+  auto undeclared =
+      t->Serve({{"x", Tensor::FromVector<float>({2, 32}, std::vector<float>(64, 0.5f))}}, "mlp");
+  ASSERT_FALSE(undeclared.ok() && undeclared->fallback_reason != kFallbackOutOfEnvelope)
+      << undeclared->fallback_reason;
+  auto compiled = t->Serve(Input(4), "mlp");
+  ASSERT_TRUE(compiled.ok());
+  EXPECT_EQ(compiled->serving_mode, kServingAotCell);
+  bool named = false;
+  for (const EventRow& r : Rows(events_, event_kind::kIngressRefused)) {
+    named = named || r.phase == kFallbackDeclaredRangeExceeded;
+  }
+  EXPECT_TRUE(named);
+
+  EventLog mandatory_events;
+  auto m = RangedTarget(*m_, &mandatory_events, LanePolicy::kMandatory, {BatchRange(5, 16)});
+  ASSERT_NE(m, nullptr);
+  auto refused = m->Serve(Input(17), "mlp");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.status().token(), kFallbackDeclaredRangeExceeded);
+  EXPECT_EQ(m->Serve(Input(1), "mlp")->serving_mode, kServingAotCell);
+}
+
+// A symbol that takes two values across the inputs breaks the entry's own contract: refused by
+// name on every lane, before any eager run. Two declared entries admitting one request are named
+// entry_ambiguous (an envelope the manifest parser refuses, given here directly).
+TEST_F(Serving, AnInconsistentSymbolIsRefusedAndAnAmbiguousEnvelopeIsNamed) {
+  RangedEntry square;
+  square.inputs["x"] = {DimSpec{0, "n"}, DimSpec{0, "n"}};
+  square.ranges["n"] = {1, 100};
+  auto t = RangedTarget(*m_, &events_, LanePolicy::kOptional, {square});
+  ASSERT_NE(t, nullptr);
+  auto r = t->Serve(Input(5), "mlp");
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().token(), kRefusalSymbolInconsistent);
+  EXPECT_NE(
+      r.status().message().find("symbol 'n' is 5 at input 'x' dim 0 but 64 at input 'x' dim 1"),
+      std::string::npos)
+      << r.status().ToString();
+  EXPECT_EQ(t->Serve(Input(1), "mlp")->serving_mode, kServingAotCell);
+
+  EventLog events;
+  auto a = RangedTarget(*m_, &events, LanePolicy::kOptional, {BatchRange(1, 16)});
+  ASSERT_NE(a, nullptr);
+  auto amb = a->Serve(Input(4), "mlp");
+  ASSERT_TRUE(amb.ok()) << amb.status().ToString();
+  EXPECT_EQ(amb->serving_mode, kServingEager);
+  EXPECT_EQ(amb->fallback_reason, kFallbackEntryAmbiguous);
+  EXPECT_NE(amb->fallback_detail.find("both admit the request"), std::string::npos);
+}
+
 // Law 11: a mandatory target without an armed cell refuses retryably and never answers eager;
 // with a cell it serves; where an optional target would fall back, it refuses instead.
 TEST_F(Serving, MandatoryLaneFailsClosed) {

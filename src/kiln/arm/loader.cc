@@ -209,7 +209,8 @@ Status ArmedCell::Rebind(const WeightMap& weights) {
   return Status::OK();
 }
 
-int ArmedCell::Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch) const {
+int ArmedCell::Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch,
+                     bool* ambiguous) const {
   int found = -1;
   int best_rank = -1;  // higher = closer: 0 dtype, 1 missing/rank, 2 dim
   std::string best;
@@ -255,6 +256,7 @@ int ArmedCell::Admit(const std::map<std::string, Tensor>& inputs, std::string* m
         if (mismatch)
           *mismatch = std::string(kEntryAmbiguous) + ": entries " + std::to_string(found) +
                       " and " + std::to_string(i) + " both admit the request";
+        if (ambiguous) *ambiguous = true;
         return -1;
       }
       found = static_cast<int>(i);

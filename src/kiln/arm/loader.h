@@ -88,8 +88,10 @@ class ArmedCell {
   const std::vector<EntryMetadata>& entries() const { return entries_; }
 
   // The one entry whose class admits `inputs` exactly, or -1 with `mismatch` naming the closest
-  // entry's first difference (ranked dtype < missing/rank < dim).
-  int Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch) const;
+  // entry's first difference (ranked dtype < missing/rank < dim). When two entries admit them,
+  // -1 with `*ambiguous` set (when given) and `mismatch` naming both.
+  int Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch,
+            bool* ambiguous = nullptr) const;
 
   // Runs entry `index`. A failure is Refused with one of the tokens above (its code:
   // InvalidArgument for out_of_envelope and request_too_large, ResourceExhausted for cell_oom,

@@ -21,8 +21,61 @@ bool IsHex(const std::string& s, size_t n) {
 
 }  // namespace
 
+nlohmann::json RangedToJson(const RangedEntry& r) {
+  nlohmann::json inputs = nlohmann::json::object();
+  for (const auto& [name, dims] : r.inputs) {
+    nlohmann::json d = nlohmann::json::array();
+    for (const DimSpec& s : dims) {
+      if (s.symbol.empty()) {
+        d.push_back(s.size);
+      } else {
+        d.push_back(s.symbol);
+      }
+    }
+    inputs[name] = std::move(d);
+  }
+  nlohmann::json ranges = nlohmann::json::object();
+  for (const auto& [symbol, range] : r.ranges) ranges[symbol] = {range.first, range.second};
+  return nlohmann::json{{"inputs", std::move(inputs)}, {"ranges", std::move(ranges)}};
+}
+
+Result<RangedEntry> RangedFromJson(const nlohmann::json& j) {
+  if (!j.is_object() || j.size() != 2 || !j.contains("inputs") || !j.contains("ranges") ||
+      !j["inputs"].is_object() || !j["ranges"].is_object()) {
+    return Status::InvalidArgument(
+        "envelope ranged entry must be an object with exactly 'inputs' and 'ranges' objects");
+  }
+  RangedEntry r;
+  for (auto it = j["inputs"].begin(); it != j["inputs"].end(); ++it) {
+    if (!it.value().is_array()) {
+      return Status::InvalidArgument("envelope ranged input '" + it.key() + "' is not an array");
+    }
+    std::vector<DimSpec> dims;
+    for (const auto& d : it.value()) {
+      if (d.is_string()) {
+        dims.push_back(DimSpec{0, d.get<std::string>()});
+      } else if (d.is_number_integer()) {
+        dims.push_back(DimSpec{d.get<int64_t>(), ""});
+      } else {
+        return Status::InvalidArgument("envelope ranged input '" + it.key() +
+                                       "' has a dim that is neither an integer nor a symbol");
+      }
+    }
+    r.inputs[it.key()] = std::move(dims);
+  }
+  for (auto it = j["ranges"].begin(); it != j["ranges"].end(); ++it) {
+    const auto& v = it.value();
+    if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer()) {
+      return Status::InvalidArgument("envelope range of '" + it.key() +
+                                     "' is not [lo, hi] integers");
+    }
+    r.ranges[it.key()] = {v[0].get<int64_t>(), v[1].get<int64_t>()};
+  }
+  return r;
+}
+
 Result<nlohmann::json> EnvelopeFacts(const Envelope& envelope) {
-  if (envelope.classes.empty()) {
+  if (envelope.classes.empty() && envelope.ranged.empty()) {
     return Status::InvalidArgument("envelope has no shape classes; declare at least one");
   }
   std::vector<std::string> canon;
@@ -53,7 +106,29 @@ Result<nlohmann::json> EnvelopeFacts(const Envelope& envelope) {
   std::sort(sorted.begin(), sorted.end(),
             [](const auto& a, const auto& b) { return a.first < b.first; });
   for (auto& [text, j] : sorted) classes.push_back(std::move(j));
-  return nlohmann::json{{"classes", classes}};
+  nlohmann::json facts{{"classes", classes}};
+  // Ranged entries are keyed by their ranges, never by a value a request gives. Written only when
+  // there is one, so an envelope of classes keys as it always did.
+  if (!envelope.ranged.empty()) {
+    std::vector<std::pair<std::string, nlohmann::json>> ranged;
+    for (size_t i = 0; i < envelope.ranged.size(); ++i) {
+      KILN_RETURN_IF_ERROR(
+          CheckRangedEntry(envelope.ranged[i], "envelope ranged entry " + std::to_string(i)));
+      nlohmann::json j = RangedToJson(envelope.ranged[i]);
+      KILN_ASSIGN_OR_RETURN(std::string text, CanonicalJson(j));
+      if (!seen.insert(text).second) {
+        return Status::InvalidArgument("envelope ranged entry " + std::to_string(i) + " " + text +
+                                       " is declared twice");
+      }
+      ranged.emplace_back(text, std::move(j));
+    }
+    std::sort(ranged.begin(), ranged.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    nlohmann::json list = nlohmann::json::array();
+    for (auto& [text, j] : ranged) list.push_back(std::move(j));
+    facts["ranged"] = std::move(list);
+  }
+  return facts;
 }
 
 Result<Envelope> EnvelopeFromFacts(const nlohmann::json& facts) {
@@ -61,6 +136,15 @@ Result<Envelope> EnvelopeFromFacts(const nlohmann::json& facts) {
     return Status::InvalidArgument("envelope facts must be an object with a 'classes' array");
   }
   Envelope env;
+  if (facts.contains("ranged")) {
+    if (!facts["ranged"].is_array() || facts["ranged"].empty()) {
+      return Status::InvalidArgument("envelope facts' 'ranged' must be a non-empty array");
+    }
+    for (const auto& r : facts["ranged"]) {
+      KILN_ASSIGN_OR_RETURN(RangedEntry entry, RangedFromJson(r));
+      env.ranged.push_back(std::move(entry));
+    }
+  }
   for (const auto& c : facts["classes"]) {
     if (!c.is_object()) return Status::InvalidArgument("envelope class is not an object");
     ShapeClass sc;

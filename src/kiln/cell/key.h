@@ -22,6 +22,10 @@ namespace kiln {
 // envelope, an empty class, negative dims and duplicate classes by name.
 Result<nlohmann::json> EnvelopeFacts(const Envelope& envelope);
 Result<Envelope> EnvelopeFromFacts(const nlohmann::json& facts);
+// One ranged entry as the facts write it: {"inputs":{name:[dim or "symbol"]},"ranges":{s:[lo,hi]}},
+// and back (shape only; CheckRangedEntry validates).
+nlohmann::json RangedToJson(const RangedEntry& entry);
+Result<RangedEntry> RangedFromJson(const nlohmann::json& j);
 
 // The four axes, each a 16-hex facts digest except `sm` (a published level string).
 struct KeyAxes {

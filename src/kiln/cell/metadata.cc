@@ -47,23 +47,37 @@ Json MetadataToJson(const CellMetadata& m) {
                            {"workspace_bytes", e.workspace_bytes},
                            {"constants", SpecsToJson(e.constants)}});
   }
-  return Json{{"format_version", m.format_version},
-              {"key", m.key},
-              {"family", m.family},
-              {"codegen_version", m.codegen_version},
-              {"axes",
-               {{"graph", m.axes.graph},
-                {"envelope", m.axes.envelope},
-                {"sm", m.axes.sm},
-                {"toolchain", m.axes.toolchain}}},
-              {"envelope", m.envelope},
-              {"toolchain", m.toolchain},
-              {"sm", m.sm},
-              {"entries", std::move(entries)},
-              {"fence",
-               {{"checkpoint_free", m.fence.checkpoint_free},
-                {"perturbed_checkpoint_matched", m.fence.perturbed_checkpoint_matched},
-                {"constant_table_complete", m.fence.constant_table_complete}}}};
+  Json out{{"format_version", m.format_version},
+           {"key", m.key},
+           {"family", m.family},
+           {"codegen_version", m.codegen_version},
+           {"axes",
+            {{"graph", m.axes.graph},
+             {"envelope", m.axes.envelope},
+             {"sm", m.axes.sm},
+             {"toolchain", m.axes.toolchain}}},
+           {"envelope", m.envelope},
+           {"toolchain", m.toolchain},
+           {"sm", m.sm},
+           {"entries", std::move(entries)},
+           {"fence",
+            {{"checkpoint_free", m.fence.checkpoint_free},
+             {"perturbed_checkpoint_matched", m.fence.perturbed_checkpoint_matched},
+             {"constant_table_complete", m.fence.constant_table_complete}}}};
+  // Written only when some class has none: a full cell keeps the bytes it always had.
+  if (!m.gaps.empty()) {
+    Json gaps = Json::array();
+    for (const EntryGap& g : m.gaps) {
+      if (g.ranged) {
+        gaps.push_back(Json{{"ranged", RangedToJson(*g.ranged)}, {"reason", g.reason}});
+      } else {
+        gaps.push_back(
+            Json{{"shape_class", ShapeClassToJson(g.shape_class)}, {"reason", g.reason}});
+      }
+    }
+    out["gaps"] = std::move(gaps);
+  }
+  return out;
 }
 
 // ---- parsing --------------------------------------------------------------------------------
@@ -239,6 +253,14 @@ Result<std::vector<TensorSpec>> ParseSpecs(ObjectReader& r, const std::string& n
   return out;
 }
 
+Result<ShapeClass> ParseShapeClass(const Json& sc, const std::string& path) {
+  ShapeClass c;
+  for (auto it = sc.begin(); it != sc.end(); ++it) {
+    KILN_ASSIGN_OR_RETURN(c[it.key()], ParseDims(it.value(), path + "." + it.key()));
+  }
+  return c;
+}
+
 Result<EntryMetadata> ParseEntry(const Json& v, const std::string& path) {
   ObjectReader r(v, path);
   KILN_RETURN_IF_ERROR(r.CheckIsObject());
@@ -247,10 +269,7 @@ Result<EntryMetadata> ParseEntry(const Json& v, const std::string& path) {
   e.index = static_cast<uint32_t>(index);
   // An empty shape class is the entry of a graph with no runtime inputs.
   KILN_ASSIGN_OR_RETURN(const Json* sc, r.Object("shape_class"));
-  for (auto it = sc->begin(); it != sc->end(); ++it) {
-    KILN_ASSIGN_OR_RETURN(e.shape_class[it.key()],
-                          ParseDims(it.value(), path + ".shape_class." + it.key()));
-  }
+  KILN_ASSIGN_OR_RETURN(e.shape_class, ParseShapeClass(*sc, path + ".shape_class"));
   KILN_ASSIGN_OR_RETURN(e.inputs, ParseSpecs(r, "inputs"));
   KILN_ASSIGN_OR_RETURN(e.outputs, ParseSpecs(r, "outputs"));
   KILN_ASSIGN_OR_RETURN(e.workspace_bytes,
@@ -258,6 +277,28 @@ Result<EntryMetadata> ParseEntry(const Json& v, const std::string& path) {
   KILN_ASSIGN_OR_RETURN(e.constants, ParseSpecs(r, "constants"));
   KILN_RETURN_IF_ERROR(r.NoUnknownFields());
   return e;
+}
+
+Result<EntryGap> ParseGap(const Json& v, const std::string& path) {
+  ObjectReader r(v, path);
+  KILN_RETURN_IF_ERROR(r.CheckIsObject());
+  EntryGap g;
+  if (v.contains("ranged")) {
+    KILN_ASSIGN_OR_RETURN(const Json* ranged, r.Object("ranged"));
+    Result<RangedEntry> entry = RangedFromJson(*ranged);
+    if (!entry.ok()) return entry.status().WithContext(path + ".ranged");
+    KILN_RETURN_IF_ERROR(CheckRangedEntry(*entry, path + ".ranged"));
+    g.ranged = std::move(entry).value();
+  } else {
+    KILN_ASSIGN_OR_RETURN(const Json* sc, r.Object("shape_class"));
+    KILN_ASSIGN_OR_RETURN(g.shape_class, ParseShapeClass(*sc, path + ".shape_class"));
+  }
+  KILN_ASSIGN_OR_RETURN(g.reason, r.String("reason"));
+  if (g.reason.empty()) {
+    return Status::InvalidArgument(path + ".reason is empty; expected why the class has no entry");
+  }
+  KILN_RETURN_IF_ERROR(r.NoUnknownFields());
+  return g;
 }
 
 Result<KeyAxes> ParseAxes(const Json& v, const std::string& path) {
@@ -324,6 +365,17 @@ Result<CellMetadata> MetadataFromJson(const Json& j) {
     }
     m.entries.push_back(std::move(e));
   }
+  if (j.contains("gaps")) {
+    KILN_ASSIGN_OR_RETURN(const Json* gaps, r.Array("gaps"));
+    if (gaps->empty()) {
+      return Status::InvalidArgument(
+          "$.gaps is an empty array; expected at least one gap, or no `gaps` field");
+    }
+    for (size_t i = 0; i < gaps->size(); ++i) {
+      KILN_ASSIGN_OR_RETURN(EntryGap g, ParseGap((*gaps)[i], "$.gaps[" + std::to_string(i) + "]"));
+      m.gaps.push_back(std::move(g));
+    }
+  }
   KILN_ASSIGN_OR_RETURN(const Json* fence, r.Object("fence"));
   KILN_ASSIGN_OR_RETURN(m.fence, ParseFence(*fence, "$.fence"));
   KILN_RETURN_IF_ERROR(r.NoUnknownFields());
@@ -340,8 +392,9 @@ Status CheckAxis(const char* axis, const std::string& restated, const std::strin
   return Status::OK();
 }
 
-// The envelope block must be exactly EnvelopeFacts of the envelope it describes, and the entries
-// must serve its shape classes one to one: a cell answers for the whole envelope in its key.
+// The envelope block must be exactly EnvelopeFacts of the envelope it describes, and every one of
+// its classes is served by exactly one entry or named by exactly one gap: a cell answers for the
+// whole envelope in its key, compiled or not.
 Status CheckEntriesCoverEnvelope(const CellMetadata& m) {
   Result<Envelope> env = EnvelopeFromFacts(m.envelope);
   if (!env.ok()) return env.status().WithContext("metadata envelope");
@@ -357,27 +410,62 @@ Status CheckEntriesCoverEnvelope(const CellMetadata& m) {
     KILN_ASSIGN_OR_RETURN(std::string text, CanonicalJson(c));
     classes.push_back(std::move(text));
   }
-  std::vector<int64_t> served_by(classes.size(), -1);
-  for (size_t i = 0; i < m.entries.size(); ++i) {
-    KILN_ASSIGN_OR_RETURN(std::string text,
-                          CanonicalJson(ShapeClassToJson(m.entries[i].shape_class)));
+  if (m.entries.empty()) {
+    return Status::InvalidArgument("metadata has no entries; expected at least one compiled class");
+  }
+  // served_by[c]: who answers for class c, as words for a message ("" = nobody yet).
+  std::vector<std::string> served_by(classes.size());
+  auto claim = [&](const ShapeClass& sc, const std::string& who) -> Status {
+    KILN_ASSIGN_OR_RETURN(std::string text, CanonicalJson(ShapeClassToJson(sc)));
     auto it = std::find(classes.begin(), classes.end(), text);
     if (it == classes.end()) {
-      return Status::InvalidArgument("metadata entry " + std::to_string(i) + " shape class " +
-                                     text + " is not a class of the envelope");
+      return Status::InvalidArgument("metadata " + who + " shape class " + text +
+                                     " is not a class of the envelope");
     }
-    const size_t c = static_cast<size_t>(it - classes.begin());
-    if (served_by[c] >= 0) {
-      return Status::InvalidArgument("metadata entries " + std::to_string(served_by[c]) + " and " +
-                                     std::to_string(i) + " both serve shape class " + text +
-                                     "; expected one entry per class");
+    std::string& slot = served_by[static_cast<size_t>(it - classes.begin())];
+    if (!slot.empty()) {
+      return Status::InvalidArgument("metadata " + slot + " and " + who +
+                                     " both answer for shape class " + text +
+                                     "; expected one entry or one gap per class");
     }
-    served_by[c] = static_cast<int64_t>(i);
+    slot = who;
+    return Status::OK();
+  };
+  for (size_t i = 0; i < m.entries.size(); ++i) {
+    KILN_RETURN_IF_ERROR(claim(m.entries[i].shape_class, "entry " + std::to_string(i)));
+  }
+  // A ranged entry has no code yet: each is named by exactly one gap.
+  std::vector<bool> ranged_named(env->ranged.size(), false);
+  for (size_t i = 0; i < m.gaps.size(); ++i) {
+    const std::string who = "gap " + std::to_string(i);
+    if (!m.gaps[i].ranged) {
+      KILN_RETURN_IF_ERROR(claim(m.gaps[i].shape_class, who));
+      continue;
+    }
+    auto it = std::find(env->ranged.begin(), env->ranged.end(), *m.gaps[i].ranged);
+    if (it == env->ranged.end()) {
+      return Status::InvalidArgument("metadata " + who + " ranged entry " +
+                                     DescribeRanged(*m.gaps[i].ranged) +
+                                     " is not an entry of the envelope");
+    }
+    const size_t at = static_cast<size_t>(it - env->ranged.begin());
+    if (ranged_named[at]) {
+      return Status::InvalidArgument("metadata " + who + " names ranged entry " +
+                                     DescribeRanged(*it) + " again; expected one gap per entry");
+    }
+    ranged_named[at] = true;
+  }
+  for (size_t i = 0; i < env->ranged.size(); ++i) {
+    if (!ranged_named[i]) {
+      return Status::InvalidArgument("metadata envelope ranged entry " +
+                                     DescribeRanged(env->ranged[i]) +
+                                     " has no gap; expected one (ranged entries are not compiled)");
+    }
   }
   for (size_t c = 0; c < classes.size(); ++c) {
-    if (served_by[c] < 0) {
+    if (served_by[c].empty()) {
       return Status::InvalidArgument("metadata envelope class " + classes[c] +
-                                     " has no entry; expected one entry per class");
+                                     " has no entry and no gap; expected one of them per class");
     }
   }
   return Status::OK();

@@ -11,12 +11,21 @@
 //    "entries":[{"index":0,"shape_class":{input:[dims]},
 //                "inputs":[{"name","dtype","shape"}], "outputs":[…],
 //                "workspace_bytes":N, "constants":[{"name","dtype","shape"}]}],
+//    "gaps":[{"shape_class":{input:[dims]},"reason":"…"}],   (only when some entry has no code;
+//            a ranged entry's gap has "ranged":{"inputs":…,"ranges":…} for "shape_class")
 //    "fence":{"checkpoint_free":true,"perturbed_checkpoint_matched":true,
 //             "constant_table_complete":true}}
+//
+// Partial coverage: every class of the envelope is served by exactly one entry or named by exactly
+// one gap (a class the compiler could not compile, with its reason). A cell with gaps is admitted
+// for the classes it carries; the worker serves the gaps eager and says so (docs/design.md
+// "Partial coverage"). A cell without gaps writes no `gaps` field, so its bytes are what they were
+// before gaps existed.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -48,6 +57,15 @@ struct EntryMetadata {
   bool operator==(const EntryMetadata&) const = default;
 };
 
+// A declared shape class the cell carries no entry for, and why (the compiler's refusal for that
+// class, which a worker re-derives before it believes it: mint/regenerate.h).
+struct EntryGap {
+  ShapeClass shape_class;             // a class's gap (empty for a ranged entry's)
+  std::optional<RangedEntry> ranged;  // a ranged entry's gap
+  std::string reason;
+  bool operator==(const EntryGap&) const = default;
+};
+
 struct FenceFlags {
   bool checkpoint_free = false;               // codegen read no weight value
   bool perturbed_checkpoint_matched = false;  // fence proof ran and matched eager
@@ -65,6 +83,7 @@ struct CellMetadata {
   nlohmann::json toolchain;  // the toolchain block (identity/toolchain.h)
   std::string sm;
   std::vector<EntryMetadata> entries;
+  std::vector<EntryGap> gaps;  // declared classes with no entry; empty for a full cell
   FenceFlags fence;
 };
 

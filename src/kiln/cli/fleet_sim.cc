@@ -394,6 +394,8 @@ Result<Fleet> LoadFleet(const FleetSimOptions& o) {
   ServedTargetOptions so;
   so.name = fleet.spec.name;
   so.lane_policy = fleet.spec.lane;
+  so.envelope = fleet.spec.envelope;
+  so.allow_partial = fleet.spec.allows_partial_coverage();
   KILN_ASSIGN_OR_RETURN(fleet.target, ServedTarget::Create(so, fleet.graph, fleet.weights));
 
   fleet.hub.url = !o.hub_url.empty() ? o.hub_url : (m.hub ? m.hub->url : "");

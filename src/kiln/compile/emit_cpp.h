@@ -46,6 +46,10 @@ struct EmitOptions {
 struct EmittedCell {
   std::string source;
   nlohmann::json describe;  // what kiln_cell_describe() returns
+  // Filled by GenerateCell (pipeline.h): the envelope class each entry was compiled from, in
+  // entry order, and the classes that did not compile (class index, the compiler's reason).
+  std::vector<size_t> entry_classes;
+  std::vector<std::pair<size_t, std::string>> gaps;
 };
 
 Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOptions& options);

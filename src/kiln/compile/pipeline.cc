@@ -129,6 +129,20 @@ void ApplyTestScanSwitch(EmitOptions* emit) {
   });
 }
 
+// KILN_TEST_UNCOMPILABLE_CLASS (pipeline.h): the refusal of the class it names, or OK.
+Status TestUncompilableClass(const ShapeClass& shape_class) {
+  const char* env = std::getenv(kTestUncompilableClassEnv);
+  if (env == nullptr || *env == '\0') return Status::OK();
+  static std::once_flag said;
+  std::call_once(said, [env] {
+    LogWarn(std::string("TEST SWITCH ") + kTestUncompilableClassEnv + "=" + env +
+            " is set: the compiler refuses that shape class");
+  });
+  if (DescribeClasses({shape_class}) != env) return Status::OK();
+  return Status::Unimplemented("shape class " + std::string(env) +
+                               " is refused by the test switch " + kTestUncompilableClassEnv);
+}
+
 }  // namespace
 
 const std::vector<std::string>& PassNames() {
@@ -169,6 +183,7 @@ Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, 
                              const CompileOptions& options, std::vector<PassTiming>* timings) {
   const std::vector<std::string> disabled = DisabledPasses(options);
   KILN_RETURN_IF_ERROR(CheckPassNames(disabled));
+  KILN_RETURN_IF_ERROR(TestUncompilableClass(shape_class));
   auto is_disabled = [&](const std::string& name) {
     return std::find(disabled.begin(), disabled.end(), name) != disabled.end();
   };
@@ -218,6 +233,19 @@ Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, 
   return program;
 }
 
+Status CompileRangedEntry(const Graph&, const RangedEntry& entry) {
+  return Status::Unimplemented("ranged entry " + DescribeRanged(entry) +
+                               " is not compiled: the compiler specializes every entry to "
+                               "concrete shapes, so it is served eager");
+}
+
+std::string GapReason(const Status& failure, int index) {
+  std::string message = failure.message();
+  const std::string prefix = "entry" + std::to_string(index) + " ";
+  if (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
+  return std::string(StatusCodeName(failure.code())) + ": " + message;
+}
+
 Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
                                  const std::string& graph_digest, const CompileOptions& options,
                                  std::vector<PassTiming>* timings, std::vector<Program>* programs) {
@@ -234,11 +262,32 @@ Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
       }
     }
   }
+  // A class the compiler refuses is a gap, not the end of the cell: the classes that compile are
+  // served compiled and the gap eager (partial coverage). Entries are numbered in compiled order,
+  // so a cell's source depends only on the classes it carries.
   std::vector<Program> entries;
+  std::vector<size_t> entry_classes;
+  std::vector<std::pair<size_t, std::string>> gaps;
+  Status first_failure;
   for (size_t i = 0; i < envelope.classes.size(); ++i) {
-    KILN_ASSIGN_OR_RETURN(
-        Program p, CompileEntry(graph, envelope.classes[i], static_cast<int>(i), options, timings));
-    entries.push_back(std::move(p));
+    const int index = static_cast<int>(entries.size());
+    Result<Program> p = CompileEntry(graph, envelope.classes[i], index, options, timings);
+    if (!p.ok()) {
+      if (first_failure.ok()) first_failure = p.status();
+      gaps.emplace_back(i, GapReason(p.status(), index));
+      continue;
+    }
+    entries.push_back(std::move(p).value());
+    entry_classes.push_back(i);
+  }
+  for (size_t r = 0; r < envelope.ranged.size(); ++r) {
+    const Status s = CompileRangedEntry(graph, envelope.ranged[r]);
+    if (first_failure.ok()) first_failure = s;
+    gaps.emplace_back(envelope.classes.size() + r, GapReason(s, 0));
+  }
+  if (entries.empty()) {
+    if (!first_failure.ok()) return first_failure;
+    return Status::InvalidArgument("the envelope declares no shape class");
   }
   const auto start = std::chrono::steady_clock::now();
   EmitOptions emit = options.emit;
@@ -246,6 +295,8 @@ Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
   ApplyTestSegvSwitch(&emit);
   ApplyTestScanSwitch(&emit);
   KILN_ASSIGN_OR_RETURN(EmittedCell cell, EmitCell(entries, emit));
+  cell.entry_classes = std::move(entry_classes);
+  cell.gaps = std::move(gaps);
   if (timings) timings->push_back({"cell", kEmitPass, MsSince(start)});
   if (programs) *programs = std::move(entries);
   return cell;

@@ -33,6 +33,14 @@ struct CompileOptions {
 // nothing in kiln sets it, and a process that honours it says so in its log.
 inline constexpr const char* kTestCellSegvEnv = "KILN_TEST_CELL_SEGV";
 
+// The test-only switch KILN_TEST_UNCOMPILABLE_CLASS="{x=[5,64]}" (a class as DescribeClasses
+// writes it, graph/shape_class.h): CompileEntry refuses that class as the compiler would refuse a
+// class it cannot compile, so tests can show a partially covered cell (docs/design.md "Partial
+// coverage") without a real compiler gap. Read by CompileEntry, so a mint and a worker's check of
+// the cell's gaps agree whenever both processes have it set; nothing in kiln sets it, and a process
+// that honours it says so in its log.
+inline constexpr const char* kTestUncompilableClassEnv = "KILN_TEST_UNCOMPILABLE_CLASS";
+
 struct PassTiming {
   std::string entry;
   std::string pass;
@@ -55,7 +63,22 @@ Status CheckPassNames(const std::vector<std::string>& names);
 Result<Program> CompileEntry(const Graph& graph, const ShapeClass& shape_class, int index,
                              const CompileOptions& options, std::vector<PassTiming>* timings);
 
-// Every class of the envelope, then emission: the whole cell source.
+// The compiler's answer for a ranged entry. Today always Unimplemented: every entry is specialized
+// to concrete shapes (symbolic dims are not carried through shape inference, loops or library
+// calls), so a ranged entry is a gap of its cell and is served eager, named (docs/design.md
+// "Ranged entries").
+Status CompileRangedEntry(const Graph& graph, const RangedEntry& entry);
+
+// Why a class has no entry: CompileEntry's `failure` for it, as compiled with entry number
+// `index`, in words that do not name that number (so a worker re-deriving a cell's gap, with
+// whatever number, gets the same words).
+std::string GapReason(const Status& failure, int index);
+
+// Every class of the envelope, then emission: the whole cell source. A class whose CompileEntry
+// fails is a gap (EmittedCell::gaps, with the failure's words) and the others are still compiled,
+// entry i from the i-th compiled class (EmittedCell::entry_classes); only when no class compiles
+// is the first failure returned. Ranged entries are gaps too (CompileRangedEntry), numbered after
+// the classes (gap index classes.size() + r for ranged entry r).
 Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
                                  const std::string& graph_digest, const CompileOptions& options,
                                  std::vector<PassTiming>* timings,

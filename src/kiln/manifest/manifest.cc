@@ -13,6 +13,7 @@
 #include <exception>
 #include <filesystem>
 #include <initializer_list>
+#include <set>
 #include <sstream>
 #include <system_error>
 #include <utility>
@@ -421,8 +422,9 @@ Result<NumericsSpec> Parser::ParseNumerics(const toml::table& target,
 
 Result<Envelope> Parser::ParseEnvelope(const toml::table& target, const std::string& tpath) const {
   constexpr std::string_view kExpect =
-      "a non-empty array of shape classes, each mapping graph input names to shapes "
-      "(envelope = [{ x = [1, 64] }])";
+      "a non-empty array of entries, each mapping graph input names to shapes "
+      "(envelope = [{ x = [1, 64] }], or with symbols and their ranges "
+      "{ x = [\"batch\", 64], ranges = { batch = [1, 32] } })";
   const std::string p = Join(tpath, "envelope");
   const toml::node* n = target.get("envelope");
   if (n == nullptr) return Missing(target, p, kExpect);
@@ -430,6 +432,9 @@ Result<Envelope> Parser::ParseEnvelope(const toml::table& target, const std::str
   const toml::array& arr = *n->as_array();
   if (arr.empty()) return Error(n, p + " is empty, expected " + std::string(kExpect));
   Envelope env;
+  // Every entry names the same inputs: those of the first, by path.
+  std::vector<std::string> first_names;
+  std::vector<std::string> paths_of_classes, paths_of_ranged;
   for (size_t i = 0; i < arr.size(); ++i) {
     const std::string cp = Index(p, i);
     const toml::node& cn = arr[i];
@@ -437,62 +442,142 @@ Result<Envelope> Parser::ParseEnvelope(const toml::table& target, const std::str
       return WrongType(cn, cp, "a table mapping each graph input name to its shape");
     }
     const toml::table& ct = *cn.as_table();
-    if (ct.empty()) {
+    const toml::node* ranges_node = ct.get("ranges");
+    const bool ranged = ranges_node != nullptr && ranges_node->is_table();
+    if (ct.empty() || (ranged && ct.size() == 1)) {
       return Error(&cn, cp + " names no input, expected a table mapping each graph input name "
                              "to its shape");
     }
     ShapeClass cls;
+    RangedEntry entry;
+    std::vector<std::string> names;
+    if (ranged) {
+      for (auto&& [key, rn] : *ranges_node->as_table()) {
+        const std::string rp = Join(Join(cp, "ranges"), std::string(key.str()));
+        constexpr std::string_view kRange =
+            "an inclusive range [lo, hi] of integers, 0 <= lo <= hi";
+        const toml::array* ra = rn.as_array();
+        if (ra == nullptr || ra->size() != 2 || !(*ra)[0].is_integer() || !(*ra)[1].is_integer()) {
+          return WrongType(rn, rp, kRange);
+        }
+        const int64_t lo = (*ra)[0].as_integer()->get(), hi = (*ra)[1].as_integer()->get();
+        if (lo < 0 || lo > hi) {
+          return Error(&rn, rp + " is [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                                "], expected " + std::string(kRange));
+        }
+        entry.ranges[std::string(key.str())] = {lo, hi};
+      }
+    }
     for (auto&& [key, dn] : ct) {
       const std::string input(key.str());
+      if (ranged && input == "ranges") continue;
+      names.push_back(input);
       const std::string ip = Join(cp, input);
-      if (!dn.is_array()) return WrongType(dn, ip, "an array of dims such as [1, 64]");
+      const std::string_view kDims = ranged ? "an array of dims, each an integer >= 0 or a symbol "
+                                              "such as \"batch\" given in ranges"
+                                            : "an array of dims such as [1, 64]";
+      if (!dn.is_array()) return WrongType(dn, ip, kDims);
       const toml::array& dims = *dn.as_array();
-      Shape shape;
+      Shape shape;  // the largest shape the entry admits (its symbols at their upper bounds)
+      std::vector<DimSpec> specs;
       for (size_t j = 0; j < dims.size(); ++j) {
         const toml::node& d = dims[j];
-        if (!d.is_integer()) return WrongType(d, Index(ip, j), "an integer dimension >= 0");
+        if (ranged && d.is_string()) {
+          const std::string symbol = d.as_string()->get();
+          auto r = entry.ranges.find(symbol);
+          if (!IsSymbolName(symbol) || r == entry.ranges.end()) {
+            return Error(&d, Index(ip, j) + " is " + Quote(symbol) + ", expected a symbol " +
+                                 "[A-Za-z_][A-Za-z0-9_]* given a range in " + Join(cp, "ranges"));
+          }
+          specs.push_back(DimSpec{0, symbol});
+          shape.push_back(r->second.second);
+          continue;
+        }
+        if (!d.is_integer()) {
+          return WrongType(d, Index(ip, j),
+                           ranged ? "an integer dimension >= 0 or a symbol given in ranges"
+                                  : "an integer dimension >= 0 (a symbol needs ranges = { ... })");
+        }
         const int64_t v = d.as_integer()->get();
         if (v < 0) {
           return Error(&d, Index(ip, j) + " is " + std::to_string(v) +
                                ", expected an integer dimension >= 0");
         }
+        specs.push_back(DimSpec{v, ""});
         shape.push_back(v);
       }
-      // A class whose input no request can carry (at most kMaxRequestInputElements elements
-      // per input) is refused here by name, before a mint sizes a probe or a cell plans memory
-      // from it; a product past int64 never wraps into a small one.
+      // An input no request can carry (at most kMaxRequestInputElements elements per input, the
+      // largest a ranged entry admits included) is refused here by name, before a mint sizes a
+      // probe or a cell plans memory from it; a product past int64 never wraps into a small one.
       const Result<int64_t> count = CheckedNumElements(shape);
       if (!count.ok() || *count > kMaxRequestInputElements) {
-        return Error(&dn, ip + " is " + ShapeToString(shape) + ", " +
+        return Error(&dn, ip + (ranged ? " at its ranges' upper bounds" : "") + " is " +
+                              ShapeToString(shape) + ", " +
                               (count.ok() ? std::to_string(*count) + " elements"
                                           : std::string("more elements than int64 counts")) +
                               "; expected at most " + std::to_string(kMaxRequestInputElements) +
                               " elements (the most one infer request may carry per input)");
       }
-      cls.emplace(input, std::move(shape));
+      if (ranged) {
+        entry.inputs.emplace(input, std::move(specs));
+      } else {
+        cls.emplace(input, std::move(shape));
+      }
     }
-    if (i > 0) {
-      const ShapeClass& first = env.classes[0];
-      for (const auto& [input, shape] : cls) {
-        if (!first.count(input)) {
-          return Error(&cn, cp + " names input " + Quote(input) + ", which " + Index(p, 0) +
-                                " does not; expected every class to name the same graph inputs");
+    if (ranged) {
+      if (Status ok = CheckRangedEntry(entry, cp); !ok.ok()) return Error(&cn, ok.message());
+    }
+    if (i == 0) {
+      first_names = names;
+    } else if (names != first_names) {
+      for (const std::string& name : names) {
+        if (std::find(first_names.begin(), first_names.end(), name) == first_names.end()) {
+          return Error(&cn, cp + " names input " + Quote(name) + ", which " + Index(p, 0) +
+                                " does not; expected every entry to name the same graph inputs");
         }
       }
-      for (const auto& [input, shape] : first) {
-        if (!cls.count(input)) {
-          return Error(&cn, cp + " lacks input " + Quote(input) + ", which " + Index(p, 0) +
-                                " names; expected every class to name the same graph inputs");
+      for (const std::string& name : first_names) {
+        if (std::find(names.begin(), names.end(), name) == names.end()) {
+          return Error(&cn, cp + " lacks input " + Quote(name) + ", which " + Index(p, 0) +
+                                " names; expected every entry to name the same graph inputs");
         }
       }
     }
-    for (size_t j = 0; j < env.classes.size(); ++j) {
-      if (env.classes[j] == cls) {
-        return Error(&cn, cp + " repeats " + Index(p, j) +
-                              ", expected each shape class to be declared once");
+    // No request may fit two entries: dispatch picks exactly one.
+    if (!ranged) {
+      for (size_t j = 0; j < env.classes.size(); ++j) {
+        if (env.classes[j] == cls) {
+          return Error(&cn, cp + " repeats " + paths_of_classes[j] +
+                                ", expected each shape class to be declared once");
+        }
       }
+      for (size_t j = 0; j < env.ranged.size(); ++j) {
+        if (MatchRanged(env.ranged[j], cls).fit == RangedFit::kFits) {
+          return Error(&cn, cp + " lies inside " + paths_of_ranged[j] + " " +
+                                DescribeRanged(env.ranged[j]) +
+                                "; expected no request to fit two entries");
+        }
+      }
+      env.classes.push_back(std::move(cls));
+      paths_of_classes.push_back(cp);
+    } else {
+      for (size_t j = 0; j < env.classes.size(); ++j) {
+        if (MatchRanged(entry, env.classes[j]).fit == RangedFit::kFits) {
+          return Error(&cn, cp + " " + DescribeRanged(entry) + " contains " + paths_of_classes[j] +
+                                "; expected no request to fit two entries");
+        }
+      }
+      for (size_t j = 0; j < env.ranged.size(); ++j) {
+        if (MayOverlap(env.ranged[j], entry)) {
+          return Error(&cn, cp + " " + DescribeRanged(entry) + " may admit the requests " +
+                                paths_of_ranged[j] + " " + DescribeRanged(env.ranged[j]) +
+                                " admits (their dims' ranges meet); expected no request to fit "
+                                "two entries");
+        }
+      }
+      env.ranged.push_back(std::move(entry));
+      paths_of_ranged.push_back(cp);
     }
-    env.classes.push_back(std::move(cls));
   }
   return env;
 }
@@ -524,7 +609,12 @@ Result<std::vector<std::map<std::string, std::string>>> Parser::ParseSamples(
     }
     // The names are checked against the graph at boot; here against the envelope's classes,
     // which name every graph input.
-    const ShapeClass& first = envelope.classes.at(0);
+    std::set<std::string> first;
+    if (!envelope.classes.empty()) {
+      for (const auto& [input, shape] : envelope.classes[0]) first.insert(input);
+    } else {
+      for (const auto& [input, dims] : envelope.ranged.at(0).inputs) first.insert(input);
+    }
     for (const auto& [input, path] : sample) {
       if (!first.count(input)) {
         return Error(&sn, sp + " names input " + Quote(input) +
@@ -532,7 +622,7 @@ Result<std::vector<std::map<std::string, std::string>>> Parser::ParseSamples(
                               Index(Join(tpath, "envelope"), 0));
       }
     }
-    for (const auto& [input, shape] : first) {
+    for (const std::string& input : first) {
       if (!sample.count(input)) {
         return Error(&sn, sp + " lacks input " + Quote(input) +
                               ", expected a .npy file for every graph input the envelope names");
@@ -547,7 +637,7 @@ Result<TargetSpec> Parser::ParseTarget(const std::string& name, const toml::tabl
                                        const std::string& p) const {
   KILN_RETURN_IF_ERROR(CheckKeys(t, p,
                                  {"graph", "checkpoint", "lane", "export", "envelope", "numerics",
-                                  "sm", "samples", "eager_only"}));
+                                  "sm", "samples", "eager_only", "coverage"}));
   TargetSpec spec;
   spec.name = name;
   KILN_ASSIGN_OR_RETURN(spec.graph, ReqString(t, p, "graph", "a path to the target's .onnx file"));
@@ -600,6 +690,16 @@ Result<TargetSpec> Parser::ParseTarget(const std::string& name, const toml::tabl
     spec.sm = *sm;
   }
   KILN_ASSIGN_OR_RETURN(spec.eager_only, BoolField(t, p, "eager_only", false));
+  constexpr std::string_view kCoverage = "\"full\" or \"partial\"";
+  KILN_ASSIGN_OR_RETURN(std::optional<std::string> coverage,
+                        OptString(t, p, "coverage", kCoverage));
+  if (coverage) {
+    if (*coverage != "full" && *coverage != "partial") {
+      return Error(t.get("coverage"), Join(p, "coverage") + " is " + Quote(*coverage) +
+                                          ", expected " + std::string(kCoverage));
+    }
+    spec.coverage = *coverage;
+  }
   return spec;
 }
 

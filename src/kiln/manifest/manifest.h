@@ -109,8 +109,16 @@ struct TargetSpec {
   // from boot, its cell adopted but held. An order given later through the admin port outranks it
   // at every later boot (worker/order_book.h). Not part of the key.
   bool eager_only = false;
+  // `coverage`: whether a cell that lacks some declared classes (they did not compile) may arm,
+  // serving them eager: "partial" or "full"; "" = the lane's default, partial for an optional
+  // lane and full for a mandatory one (fail closed). Not part of the key: it is what this endpoint
+  // accepts, not what is compiled.
+  std::string coverage;
 
   bool exported() const { return export_spec.has_value(); }
+  bool allows_partial_coverage() const {
+    return coverage.empty() ? lane == LanePolicy::kOptional : coverage == "partial";
+  }
 };
 
 // `[functions.<model name>]`: a KServe model name that routes to a target.

@@ -189,6 +189,7 @@ int RunMintChild(const std::string& request_path, int parent_alive_fd) {
   report.key = minted->key;
   report.axes = minted->axes;
   report.gate = minted->gate.Summary();
+  for (size_t c : minted->entry_classes) report.entry_classes.push_back(static_cast<int64_t>(c));
   const std::string& bytes = req->intake ? minted->shared_object : minted->tar;
   report.artifact = req->out_dir + (req->intake ? "/cell.so" : "/cell.tar");
   report.digest = CellDigest(bytes);

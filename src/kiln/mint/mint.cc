@@ -158,7 +158,22 @@ Result<MintResult> MintCell(const MintRequest& req) {
   KILN_ASSIGN_OR_RETURN(md.envelope, EnvelopeFacts(req.envelope));
   md.toolchain = toolchain.Block();
   md.sm = out.axes.sm;
-  KILN_ASSIGN_OR_RETURN(md.entries, EntriesFromDescribe(emitted.describe, req.envelope));
+  // Entry i was compiled from class emitted.entry_classes[i]; the classes that did not compile
+  // are the cell's gaps, each with the compiler's words.
+  Envelope compiled;
+  for (size_t c : emitted.entry_classes) compiled.classes.push_back(req.envelope.classes.at(c));
+  for (const auto& [c, reason] : emitted.gaps) {
+    EntryGap gap;
+    if (c < req.envelope.classes.size()) {
+      gap.shape_class = req.envelope.classes[c];
+    } else {
+      gap.ranged = req.envelope.ranged.at(c - req.envelope.classes.size());
+    }
+    gap.reason = reason;
+    md.gaps.push_back(std::move(gap));
+  }
+  out.entry_classes = emitted.entry_classes;
+  KILN_ASSIGN_OR_RETURN(md.entries, EntriesFromDescribe(emitted.describe, compiled));
   // load: the exact bytes that will be sealed (law 6)
   KILN_ASSIGN_OR_RETURN(auto library, OpenCellBytes(so_bytes, dir.path + "/proof"));
   KILN_ASSIGN_OR_RETURN(

@@ -64,6 +64,9 @@ struct MintResult {
   FenceReport fence;
   std::vector<StageTime> stages;
   std::vector<PassTiming> passes;
+  // The request's envelope class each entry was compiled from, in entry order (the others are
+  // metadata.gaps, or for an intake mint simply absent).
+  std::vector<size_t> entry_classes;
   // MintAndStore: whether the local store kept the cell. Never when passes were disabled
   // (compile/pipeline.h DisabledPasses): such a cell is for bisecting, not the cell its key
   // names.
@@ -71,7 +74,9 @@ struct MintResult {
 };
 
 // A cell's entries as its own describe JSON reports them (kiln_cell_describe), with the shape
-// classes of `envelope` in entry order. InvalidArgument when the counts differ.
+// classes of `envelope` in entry order (the classes the entries were compiled from, which for a
+// partially covered cell are fewer than the target declares). InvalidArgument when the counts
+// differ.
 Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& describe,
                                                        const Envelope& envelope);
 

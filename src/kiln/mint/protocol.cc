@@ -68,7 +68,8 @@ nlohmann::json ToJson(const MintChildReport& r) {
           {"lane", r.lane},
           {"gate", r.gate},
           {"phases", phases},
-          {"peak_rss_kb", r.peak_rss_kb}};
+          {"peak_rss_kb", r.peak_rss_kb},
+          {"entry_classes", r.entry_classes}};
 }
 
 Result<MintChildRequest> ParseMintChildRequest(const std::string& text, const std::string& what) {
@@ -109,6 +110,7 @@ Result<MintChildReport> ParseMintChildReport(const std::string& text, const std:
   f.Get("lane", &r.lane);
   f.Get("gate", &r.gate);
   f.Get("peak_rss_kb", &r.peak_rss_kb);
+  f.Get("entry_classes", &r.entry_classes, /*required=*/false);
   nlohmann::json axes, phases;
   f.Get("axes", &axes);
   f.Get("phases", &phases);

@@ -77,6 +77,9 @@ struct MintChildReport {
   std::string gate;  // the child's own gate summary
   std::vector<MintChildPhase> phases;
   int64_t peak_rss_kb = 0;
+  // The envelope class (index in the target's declaration order) each entry was compiled from,
+  // in entry order; classes not listed did not compile (partial coverage). Empty when not minted.
+  std::vector<int64_t> entry_classes;
 };
 
 nlohmann::json ToJson(const MintChildRequest& r);

@@ -49,6 +49,29 @@ Result<std::string> RegenerateCellSource(const Graph& graph, const CellMetadata&
   CompileOptions options;
   KILN_ASSIGN_OR_RETURN(EmittedCell emitted,
                         GenerateCell(graph, envelope, digest, options, nullptr));
+  // A gap is a claim that this graph's compiler refuses that class, in those words: believed only
+  // when it refuses it here too. A cell cannot drop a class the compiler serves.
+  for (size_t i = 0; i < metadata.gaps.size(); ++i) {
+    const EntryGap& gap = metadata.gaps[i];
+    Status refusal;
+    std::string what = "gap " + std::to_string(i) + " (";
+    if (gap.ranged) {
+      refusal = CompileRangedEntry(graph, *gap.ranged);
+      what += DescribeRanged(*gap.ranged) + ")";
+    } else {
+      refusal = CompileEntry(graph, gap.shape_class, 0, options, nullptr).status();
+      what += DescribeClasses({gap.shape_class}) + ")";
+    }
+    if (refusal.ok()) {
+      return Status::InvalidArgument(what + " of " + metadata.key +
+                                     " compiles here; the cell does not carry it");
+    }
+    const std::string reason = GapReason(refusal, 0);
+    if (reason != gap.reason) {
+      return Status::InvalidArgument(what + " of " + metadata.key + " records \"" + gap.reason +
+                                     "\" but this compiler says \"" + reason + "\"");
+    }
+  }
   return std::move(emitted.source);
 }
 

@@ -148,35 +148,32 @@ Status CheckMembers(const ReceiptClaims& claims, const CellFiles& files) {
 
 }  // namespace
 
+void SayCoverage(EventLog* events, const TargetSpec& spec, const std::string& key,
+                 const std::string& ref, const std::vector<EntryMetadata>& entries,
+                 const std::vector<EntryGap>& gaps) {
+  // Declared classes the cell does not carry are served eager (entry_not_compiled); said once
+  // per arming, with the compiler's reason for each that the cell records.
+  const Coverage coverage = CoverageOf(spec.envelope, entries);
+  if (coverage.full() || events == nullptr) return;
+  EventRow row;
+  row.kind = event_kind::kCompiledShapeCoverage;
+  row.phase = "partial";
+  row.key = key;
+  row.ref = ref;
+  row.target = spec.name;
+  row.detail =
+      "target=" + spec.name + " compiled=" + coverage.Fraction() + " missing=" + coverage.missing;
+  for (const EntryGap& g : gaps) {
+    row.detail += " reason" +
+                  (g.ranged ? DescribeRanged(*g.ranged) : DescribeClasses({g.shape_class})) +
+                  "=\"" + g.reason + "\"";
+  }
+  events->Append(std::move(row));
+}
+
 bool IsBootRefusal(const std::string& phase) {
   return !(phase == kBootHit || phase == kBootLocalHit || phase == kBootMiss ||
            phase == kBootLocalMissNoHub || phase == kBootNoExportDeclaration);
-}
-
-std::vector<ShapeClass> UncoveredClasses(const Envelope& declared,
-                                         const std::vector<EntryMetadata>& entries) {
-  std::vector<ShapeClass> missing;
-  for (const ShapeClass& c : declared.classes) {
-    bool carried = false;
-    for (const EntryMetadata& e : entries) carried = carried || e.shape_class == c;
-    if (!carried) missing.push_back(c);
-  }
-  return missing;
-}
-
-std::string DescribeClasses(const std::vector<ShapeClass>& classes) {
-  std::string out;
-  for (const ShapeClass& c : classes) {
-    if (!out.empty()) out += ",";
-    out += "{";
-    bool first = true;
-    for (const auto& [name, shape] : c) {
-      out += (first ? "" : ";") + name + "=" + ShapeToString(shape);
-      first = false;
-    }
-    out += "}";
-  }
-  return out;
 }
 
 namespace {
@@ -228,7 +225,6 @@ class Adoption {
 
   // 12-13 and the end of every call.
   BootOutcome ArmAndInstall(const AdmittedCell& admitted, const char* phase);
-  void SayCoverage();
   BootOutcome Finish(const Decision& decision);
   Decision Refuse(const Status& s, const char* fallback);
   PublicKeySet HubKeys() const;
@@ -611,6 +607,17 @@ BootOutcome Adoption::ArmAndInstall(const AdmittedCell& admitted, const char* ph
                     (target_.eager_only() ? kPostureOperatorEagerOnly : kPostureHubOrderEager) +
                     note_});
   }
+  if (!spec_.allows_partial_coverage()) {
+    // Full coverage required: a cell lacking a declared class is not loaded (InstallCell would
+    // refuse it too; this saves the load and names the phase).
+    const Coverage coverage = CoverageOf(spec_.envelope, admitted.metadata.entries);
+    if (!coverage.full()) {
+      out_.ref = out_.key + "@" + admitted.digest;
+      return Finish({kCoverageIncomplete, "ref=" + out_.ref + " compiled=" + coverage.Fraction() +
+                                              " missing=" + coverage.missing +
+                                              " and the target requires full coverage" + note_});
+    }
+  }
   LoadTimings load;
   auto dir = PrivateDirFor(ctx_, spec_.name);
   if (!dir.ok()) return Finish({kBootArmRefused, dir.status().ToString() + note_});
@@ -637,25 +644,8 @@ BootOutcome Adoption::ArmAndInstall(const AdmittedCell& admitted, const char* ph
   out_.cell = std::move(cell);
   out_.ref = out_.cell->ref();
   if (ctx_.keeper != nullptr) ctx_.keeper->Armed(out_.key);
-  SayCoverage();
+  SayCoverage(ctx_.events, spec_, out_.key, out_.ref, out_.cell->entries(), admitted.metadata.gaps);
   return Finish({phase, "ref=" + out_.ref + note_});
-}
-
-void Adoption::SayCoverage() {
-  // Declared classes the cell does not carry are served eager (out_of_envelope); said once here.
-  const std::vector<ShapeClass> missing = UncoveredClasses(spec_.envelope, out_.cell->entries());
-  if (missing.empty() || ctx_.events == nullptr) return;
-  EventRow row;
-  row.kind = event_kind::kCompiledShapeCoverage;
-  row.phase = "partial";
-  row.key = out_.key;
-  row.ref = out_.ref;
-  row.target = spec_.name;
-  row.detail = "target=" + spec_.name +
-               " carried=" + std::to_string(spec_.envelope.classes.size() - missing.size()) + "/" +
-               std::to_string(spec_.envelope.classes.size()) +
-               " missing=" + DescribeClasses(missing);
-  ctx_.events->Append(std::move(row));
 }
 
 Adoption::Decision Adoption::Refuse(const Status& s, const char* fallback) {

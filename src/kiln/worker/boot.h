@@ -156,12 +156,12 @@ struct BootOutcome {
 // miss: the caller may record it as the target's stored eager posture token.
 bool IsBootRefusal(const std::string& phase);
 
-// The declared classes no entry of the cell carries (each entry's shape_class compared exactly),
-// in declaration order. Boot says them in one compiled_shape_coverage row (phase `partial`).
-std::vector<ShapeClass> UncoveredClasses(const Envelope& declared,
-                                         const std::vector<EntryMetadata>& entries);
-// "{x=[3,64]},{x=[5,64]}" for rows and messages.
-std::string DescribeClasses(const std::vector<ShapeClass>& classes);
+// The boot census of an armed cell that lacks declared classes (UncoveredClasses, serving.h):
+// one compiled_shape_coverage row, phase `partial`, detail "compiled=2/3 missing={x=[5,64]}"
+// plus each gap's reason from the cell's metadata. Nothing when the cell carries every class.
+void SayCoverage(EventLog* events, const TargetSpec& spec, const std::string& key,
+                 const std::string& ref, const std::vector<EntryMetadata>& entries,
+                 const std::vector<EntryGap>& gaps);
 
 // Adopts a cell for `target` (declared by `spec`, serving `graph` with checkpoint `weights`) in
 // the order above and installs it on a hit. Never fails: every outcome is a phase. Emits exactly

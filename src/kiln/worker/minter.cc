@@ -20,6 +20,7 @@
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/mint/mint.h"
 #include "src/kiln/mint/target_request.h"
+#include "src/kiln/worker/boot.h"
 
 namespace kiln {
 
@@ -371,7 +372,13 @@ void Minter::RunExported(std::shared_ptr<Job> job) {
        put.ok() ? "root=" + options_.store->root() : put.ToString());
   bool any_installed = false;
   for (auto& [b, cell] : armed) {
-    any_installed = InstallMinted(*b, cell, job->key, ref, adopt_start) || any_installed;
+    const bool installed = InstallMinted(*b, cell, job->key, ref, adopt_start);
+    // The census of a partial cell, as at boot: which declared classes serve eager, and why.
+    if (installed) {
+      SayCoverage(options_.events, b->spec, job->key, ref, cell->entries(),
+                  admitted->metadata.gaps);
+    }
+    any_installed = installed || any_installed;
   }
   Emit(event_kind::kMintPhases, "minted", child.ms, job->key, ref, first.spec.name,
        MintPhasesDetail(report) + " child_wall=" + std::to_string(static_cast<int64_t>(child.ms)) +
@@ -420,7 +427,16 @@ void Minter::RunIntake(std::shared_ptr<Job> job) {
   auto library = OpenCellBytes(*so, options_.private_dir + "/" + b.spec.name + "-jit-" +
                                         std::to_string(counter.fetch_add(1)));
   if (!library.ok()) return refuse(kMintArmRefused, library.status().ToString());
-  auto entries = EntriesFromDescribe((*library)->describe(), b.spec.envelope);
+  // The classes the child compiled, in entry order; a class it could not compile serves eager.
+  Envelope compiled;
+  for (int64_t c : report.entry_classes) {
+    if (c < 0 || static_cast<size_t>(c) >= b.spec.envelope.classes.size()) {
+      return refuse(kMintArmRefused, "the child names envelope class " + std::to_string(c) +
+                                         " of " + std::to_string(b.spec.envelope.classes.size()));
+    }
+    compiled.classes.push_back(b.spec.envelope.classes[static_cast<size_t>(c)]);
+  }
+  auto entries = EntriesFromDescribe((*library)->describe(), compiled);
   if (!entries.ok()) return refuse(kMintArmRefused, entries.status().ToString());
   auto weights = b.target->weights();
   auto cell =
@@ -441,8 +457,8 @@ void Minter::RunIntake(std::shared_ptr<Job> job) {
   std::error_code ec;
   std::filesystem::remove_all(job->dir, ec);
   Emit(event_kind::kJitCompile, "compiled", MsSince(job->started), "", "", b.spec.name,
-       "classes=" + std::to_string(b.spec.envelope.classes.size()) + " " +
-           MintPhasesDetail(report) +
+       "classes=" + std::to_string(compiled.classes.size()) + "/" +
+           std::to_string(b.spec.envelope.classes.size()) + " " + MintPhasesDetail(report) +
            " load_and_gate=" + std::to_string(static_cast<int64_t>(MsSince(load_start))) +
            " gate=\"" + proof->gate.Summary() + "\" nothing keyed, stored or published");
 }

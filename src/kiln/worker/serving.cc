@@ -132,17 +132,23 @@ Result<ServeResult> ServedTarget::FallBack(const TensorMap& inputs, const Snapsh
                                            const std::shared_ptr<MemoryBudget>& budget) {
   // The operator's order overrides every lane policy; every other reason leaves a mandatory
   // target nothing to answer with (law 11).
+  // A declared class the armed cell lacks reaches here only when the target accepted a partial
+  // cell (InstallCell), so the manifest allowed eager for it.
   if (reason == kPostureOperatorEagerOnly || reason == kPostureHubOrderEager ||
-      options_.lane_policy != LanePolicy::kMandatory) {
+      reason == kFallbackEntryNotCompiled || options_.lane_policy != LanePolicy::kMandatory) {
     // A per-request reason is said by its own row; a posture token by serve_eager_posture when
     // it changes.
     const bool posture = reason != kPostureOperatorEagerOnly && reason != kFallbackOutOfEnvelope &&
-                         reason != kFallbackCellFault && reason != kFallbackCellOom;
+                         reason != kFallbackCellFault && reason != kFallbackCellOom &&
+                         reason != kFallbackEntryNotCompiled &&
+                         reason != kFallbackDeclaredRangeExceeded &&
+                         reason != kFallbackEntryAmbiguous;
     return ServeEager(inputs, snap, reason, detail, fn, posture, budget);
   }
   const std::string target = "target '" + options_.name + "'";
-  if (reason == kFallbackOutOfEnvelope) {
-    return Status::Refused(StatusCode::kInvalidArgument, kFallbackOutOfEnvelope,
+  if (reason == kFallbackOutOfEnvelope || reason == kFallbackDeclaredRangeExceeded ||
+      reason == kFallbackEntryAmbiguous) {
+    return Status::Refused(StatusCode::kInvalidArgument, reason,
                            target + " has a mandatory lane: " + detail);
   }
   if (reason == kFallbackCellOom) {
@@ -297,6 +303,21 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
     RevokeForCause(snap.cell, kRefusalRevoked);  // a no-op Revoke: the first reason stays
     snap.cell.reset();
   }
+  // Ranged entries: the request is checked against the declared envelope whatever serves it, so
+  // a symbol's range or consistency is named even while no cell is armed.
+  if (!options_.envelope.ranged.empty()) {
+    std::string why;
+    const char* token = DeclaredIngress(inputs, &why);
+    if (token == kRefusalSymbolInconsistent) {
+      Emit(event_kind::kIngressRefused, token, 0, snap.cell ? snap.cell->ref() : "", fn, why);
+      return Status::Refused(StatusCode::kInvalidArgument, kRefusalSymbolInconsistent,
+                             "target '" + options_.name + "': " + why);
+    }
+    if (token != nullptr) {
+      Emit(event_kind::kIngressRefused, token, 0, snap.cell ? snap.cell->ref() : "", fn, why);
+      return done(FallBack(inputs, snap, fn, token, why, budget));
+    }
+  }
   // 2-3. No cell (never installed, or revoked): eager with the posture token, or a mandatory
   // target's refusal (law 11).
   if (!snap.cell) return done(FallBack(inputs, snap, fn, PostureToken(), "", budget));
@@ -305,8 +326,31 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
   const std::string ref = cell.ref();
   // 4. Ingress: exactly one entry admits, or eager and named (law 8: the cell stays armed).
   std::string mismatch;
-  const int entry = cell.Admit(inputs, &mismatch);
+  bool ambiguous = false;
+  const int entry = cell.Admit(inputs, &mismatch, &ambiguous);
+  if (entry < 0 && ambiguous) {
+    Emit(event_kind::kIngressRefused, kFallbackEntryAmbiguous, 0, ref, fn, mismatch);
+    return done(FallBack(inputs, snap, fn, kFallbackEntryAmbiguous, mismatch, budget));
+  }
   if (entry < 0) {
+    // Declared but not compiled (partial coverage, or a ranged entry) is named apart from
+    // undeclared.
+    const ShapeClass shapes = ShapesOf(inputs);
+    std::string declared;
+    for (const ShapeClass& c : options_.envelope.classes) {
+      if (c == shapes) declared = "class " + DescribeClasses({c});
+    }
+    for (const RangedEntry& r : options_.envelope.ranged) {
+      if (MatchRanged(r, shapes).fit == RangedFit::kFits) {
+        declared = "ranged entry " + DescribeRanged(r);
+      }
+    }
+    if (!declared.empty()) {
+      const std::string why =
+          declared + " is declared but the cell carries no entry for it (it is not compiled)";
+      Emit(event_kind::kIngressRefused, kFallbackEntryNotCompiled, 0, ref, fn, why);
+      return done(FallBack(inputs, snap, fn, kFallbackEntryNotCompiled, why, budget));
+    }
     Emit(event_kind::kIngressRefused, kFallbackOutOfEnvelope, 0, ref, fn, mismatch);
     return done(FallBack(inputs, snap, fn, kFallbackOutOfEnvelope, mismatch, budget));
   }
@@ -354,6 +398,62 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
   return done(FallBack(inputs, snap, fn, kFallbackCellFault, why, budget));
 }
 
+const char* ServedTarget::DeclaredIngress(const TensorMap& inputs, std::string* why) const {
+  const ShapeClass shapes = ShapesOf(inputs);
+  std::vector<std::string> fits;
+  for (const ShapeClass& c : options_.envelope.classes) {
+    if (c == shapes) fits.push_back("class " + DescribeClasses({c}));
+  }
+  RangedMatch closest;
+  std::string closest_entry;
+  for (const RangedEntry& r : options_.envelope.ranged) {
+    RangedMatch m = MatchRanged(r, shapes);
+    if (m.fit == RangedFit::kFits) {
+      fits.push_back("ranged entry " + DescribeRanged(r));
+    } else if (m.fit < closest.fit) {
+      closest = std::move(m);
+      closest_entry = DescribeRanged(r);
+    }
+  }
+  if (fits.size() > 1) {
+    *why = "declared entries " + fits[0] + " and " + fits[1] + " both admit the request";
+    return kFallbackEntryAmbiguous;
+  }
+  if (!fits.empty()) return nullptr;
+  if (closest.fit == RangedFit::kSymbolInconsistent) {
+    *why = "ranged entry " + closest_entry + ": " + closest.detail;
+    return kRefusalSymbolInconsistent;
+  }
+  if (closest.fit == RangedFit::kOutOfRange) {
+    *why = "ranged entry " + closest_entry + ": " + closest.detail;
+    return kFallbackDeclaredRangeExceeded;
+  }
+  return nullptr;  // undeclared: the cell's ingress names it (out_of_envelope)
+}
+
+Coverage CoverageOf(const Envelope& declared, const std::vector<EntryMetadata>& entries) {
+  Coverage c;
+  const std::vector<ShapeClass> missing = UncoveredClasses(declared, entries);
+  c.declared = declared.size();
+  c.compiled = declared.classes.size() - missing.size();
+  c.missing = DescribeClasses(missing);
+  for (const RangedEntry& r : declared.ranged) {
+    c.missing += (c.missing.empty() ? "" : ",") + DescribeRanged(r);
+  }
+  return c;
+}
+
+std::vector<ShapeClass> UncoveredClasses(const Envelope& declared,
+                                         const std::vector<EntryMetadata>& entries) {
+  std::vector<ShapeClass> missing;
+  for (const ShapeClass& c : declared.classes) {
+    bool carried = false;
+    for (const EntryMetadata& e : entries) carried = carried || e.shape_class == c;
+    if (!carried) missing.push_back(c);
+  }
+  return missing;
+}
+
 Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven) {
   if (!cell) return Status::InvalidArgument("target '" + options_.name + "': no cell to install");
   const std::string ref = cell->ref();
@@ -366,6 +466,20 @@ Status ServedTarget::InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven)
   if (cell->revoked()) cell->Revoke(kRefusalRevoked);
   const bool crashed =
       options_.crash_guard != nullptr && !ref.empty() && options_.crash_guard->IsQuarantined(ref);
+  if (!options_.allow_partial) {
+    // Full coverage required (a mandatory lane by default): a cell lacking a declared entry
+    // never arms, so no declared request is ever answered eager (fail closed).
+    const Coverage coverage = CoverageOf(options_.envelope, cell->entries());
+    if (!coverage.full()) {
+      const std::string why =
+          "cell " + (ref.empty() ? std::string("(intake)") : ref) + " carries " +
+          coverage.Fraction() + " declared entries (missing " + coverage.missing +
+          ") and the target requires full coverage (manifest coverage = \"full\")";
+      Emit(event_kind::kServePosture, kCoverageIncomplete, 0, ref, "", "not installed: " + why);
+      return Status::Refused(StatusCode::kInvalidArgument, kCoverageIncomplete,
+                             "target '" + options_.name + "': " + why);
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (cell->revoked()) {

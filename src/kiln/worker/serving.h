@@ -8,7 +8,9 @@
 //      (ResourceExhausted; never eager)
 //   3. revoked cell (or none) -> eager with the eager posture token (`compiled_degraded`, ...)
 //   4. ingress: exactly one entry admits, else eager with `out_of_envelope` naming the closest
-//      entry's first mismatch; the cell stays armed (law 8); an `ingress_refused` row
+//      entry's first mismatch, or `entry_not_compiled` when the inputs are a declared class the
+//      cell carries no entry for (partial coverage); the cell stays armed (law 8); an
+//      `ingress_refused` row
 //   5. run the entry: a cell fault -> this request eager, the cell revoked for the process life,
 //      a `serve_degrade` row (law 7); allocation failure -> eager, still armed, a `cell_oom` row;
 //      the request's values refused by the cell (`request_too_large`) -> that refusal, still
@@ -83,6 +85,42 @@ inline constexpr const char* kFallbackOutOfEnvelope = kOutOfEnvelope;
 inline constexpr const char* kFallbackCellFault = kCellFault;
 inline constexpr const char* kFallbackCellOom = kCellOom;
 inline constexpr const char* kFallbackGuardMiss = "guard_miss";
+// The inputs are a class the target declares but its cell does not carry (the class did not
+// compile): served eager, even on a mandatory lane, since only a target whose coverage allows
+// partial cells arms one (ServedTargetOptions::allow_partial).
+inline constexpr const char* kFallbackEntryNotCompiled = "entry_not_compiled";
+// InstallCell's refusal of a cell lacking declared entries when the target requires full
+// coverage (a mandatory lane by default; manifest `coverage`).
+inline constexpr const char* kCoverageIncomplete = "coverage_incomplete";
+// Ingress against the declared envelope when it has ranged entries (docs/design.md "Ranged
+// entries"), whatever serves the request:
+//   declared_range_exceeded  the inputs are a ranged entry's but a symbol's value is outside its
+//                            range: eager on an optional lane, refused (400) on a mandatory one;
+//                            a cell stays armed
+//   symbol_inconsistent      one symbol takes two values across the inputs: refused (400) on
+//                            every lane, the request breaks the entry's own contract
+//   entry_ambiguous          two declared entries (or two cell entries) admit the request: eager
+//                            on an optional lane, refused on a mandatory one
+inline constexpr const char* kFallbackDeclaredRangeExceeded = "declared_range_exceeded";
+inline constexpr const char* kRefusalSymbolInconsistent = "symbol_inconsistent";
+inline constexpr const char* kFallbackEntryAmbiguous = kEntryAmbiguous;
+
+// The declared classes no entry of `entries` carries (each entry's shape_class compared
+// exactly), in declaration order.
+std::vector<ShapeClass> UncoveredClasses(const Envelope& declared,
+                                         const std::vector<EntryMetadata>& entries);
+
+// How much of a declared envelope a cell's entries carry: the classes some entry carries, out of
+// every declared entry (ranged entries are never carried: they are not compiled), and the
+// missing ones in words ("{x=[4,64]},{ids=[batch,seq] batch=[1,8];seq=[1,256]}").
+struct Coverage {
+  size_t compiled = 0;
+  size_t declared = 0;
+  std::string missing;
+  bool full() const { return compiled == declared; }
+  std::string Fraction() const { return std::to_string(compiled) + "/" + std::to_string(declared); }
+};
+Coverage CoverageOf(const Envelope& declared, const std::vector<EntryMetadata>& entries);
 
 // The retryable refusal of a mandatory target without an armed cell (law 11).
 inline constexpr const char* kRefusalRequiredCompileMissing = "required_compile_missing";
@@ -126,6 +164,10 @@ struct ServedTargetOptions {
   int64_t request_memory_bytes = 0;
   // Not owned; must outlive the target. null = no crash markers and no crash quarantine.
   CrashGuard* crash_guard = nullptr;
+  // The declared envelope (empty = not known here: no coverage check, no entry_not_compiled),
+  // and whether a cell lacking some of its classes may install (TargetSpec::coverage).
+  Envelope envelope;
+  bool allow_partial = true;
 };
 
 class ServedTarget {
@@ -152,6 +194,12 @@ class ServedTarget {
   // (posture cell_crashed, `reproven` or not: a proof is no evidence against a crash on a real
   // request) when its ref is crash-quarantined on this machine.
   Status InstallCell(std::shared_ptr<ArmedCell> cell, bool reproven = false);
+
+  // The declared-envelope ingress of an envelope with ranged entries: one of the tokens above
+  // (kRefusalSymbolInconsistent, kFallbackDeclaredRangeExceeded, kFallbackEntryAmbiguous) with
+  // `why` naming the entry, the symbol, the value and the range; nullptr when exactly one declared
+  // entry admits the request, or none comes close (left to the cell's own ingress).
+  const char* DeclaredIngress(const TensorMap& inputs, std::string* why) const;
 
   // The hub revoked `digest`: an installed cell with it is revoked for the process life and
   // removed (posture compiled_degraded, a `cell_revoked` row with phase `hub_revoked`), and no

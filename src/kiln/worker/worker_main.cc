@@ -325,6 +325,8 @@ Result<Booted> BootTarget(const TargetSpec& spec, const BootWiring& w) {
   ServedTargetOptions o;
   o.name = spec.name;
   o.lane_policy = spec.lane;
+  o.envelope = spec.envelope;
+  o.allow_partial = spec.allows_partial_coverage();
   o.intake = !spec.exported();
   o.compile_declared = true;  // exported: minted on a miss; intake: compiled here
   o.events = &w.events;
