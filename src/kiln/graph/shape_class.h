@@ -37,6 +37,10 @@ struct RangedEntry {
 // The declared serving region of a target: concrete classes, then ranged entries. An entry is
 // named by its place in that order ("declared entry i": classes first).
 struct Envelope {
+  Envelope() = default;
+  // An envelope of classes alone, the common case: Envelope{{{{"x", {1, 64}}}}}.
+  Envelope(std::vector<ShapeClass> c) : classes(std::move(c)) {}  // NOLINT: implicit on purpose
+
   std::vector<ShapeClass> classes;
   std::vector<RangedEntry> ranged;
   size_t size() const { return classes.size() + ranged.size(); }
