@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "src/kiln/base/canonical_json.h"
+#include "src/kiln/cell/key.h"
 #include "src/kiln/cell/metadata.h"
 #include "src/kiln/cell/pack.h"
 #include "src/kiln/tensor/npy.h"
@@ -162,6 +164,23 @@ void CellSeeds() {
   Write("cell_metadata", "ok-sample-v4.json",
         SerializeMetadata(cell_testing::SampleMetadata("x86-64-v4")).value());
   Write("cell_metadata", "bad-unknown-field.json", json.substr(0, json.size() - 1) + ",\"zzz\":1}");
+  // Partial coverage: a class that did not compile, then a ranged entry (always a gap).
+  CellMetadata gapped = m;
+  gapped.gaps.push_back(EntryGap{gapped.entries.back().shape_class, std::nullopt,
+                                 "unimplemented: pass lower: no kernel"});
+  gapped.entries.pop_back();
+  Write("cell_metadata", "ok-gaps.json", SerializeMetadata(gapped).value());
+  CellMetadata ranged = gapped;
+  Envelope env = EnvelopeFromFacts(ranged.envelope).value();
+  RangedEntry r;
+  r.inputs["x"] = {DimSpec{0, "batch"}, DimSpec{8, ""}};
+  r.ranges["batch"] = {16, 64};
+  env.ranged.push_back(r);
+  ranged.envelope = EnvelopeFacts(env).value();
+  ranged.axes.envelope = FactsDigest(ranged.envelope).value();
+  ranged.key = KeyFromAxes(ranged.axes).value();
+  ranged.gaps.push_back(EntryGap{{}, r, "unimplemented: ranged entry is not compiled"});
+  Write("cell_metadata", "ok-ranged-gap.json", SerializeMetadata(ranged).value());
   const std::string tar = cell_testing::SampleCellBytes(m);
   Write("cell_tar", "ok-sample.tar", tar);
   Write("cell_tar", "bad-truncated.tar", tar.substr(0, tar.size() - 512));
@@ -219,6 +238,11 @@ stall_window_s = 60
 memory_budget_mb = 2048
 parallel_compiles = 2
 )");
+  Write("manifest", "ok-ranged.toml",
+        "[endpoint]\nname = \"e\"\n\n[targets.bert]\ngraph = \"bert.onnx\"\ncoverage = "
+        "\"partial\"\nenvelope = [\n  { ids = [1, 8], mask = [1, 8] },\n  { ids = [\"batch\", "
+        "\"seq\"], mask = [\"batch\", \"seq\"], ranges = { batch = [1, 8], seq = [9, 256] } "
+        "},\n]\n\n[functions.bert]\ntarget = \"bert\"\n");
   Write(
       "manifest", "bad-typo.toml",
       "[endpoint]\nname = \"e\"\n\n[targets.mlp]\ngraph = \"mlp.onnx\"\nenvelop = [{ x = [1] }]\n");
