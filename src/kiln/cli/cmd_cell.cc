@@ -99,11 +99,14 @@ Status DoKey(const Args& a) {
   KILN_ASSIGN_OR_RETURN(KeyAxes axes, DeriveKeyAxes(*r.graph, r.envelope, r.sm));
   KILN_ASSIGN_OR_RETURN(std::string key, KeyFromAxes(axes));
   const double ms = MsSince(start);
+  const std::string ranged =
+      r.envelope.ranged.empty() ? "" : ", " + std::to_string(r.envelope.ranged.size()) + " ranged";
   std::printf(
-      "%s\n  graph      %s\n  envelope   %s  (%zu class%s)\n  sm         %s\n"
+      "%s\n  graph      %s\n  envelope   %s  (%zu class%s%s)\n  sm         %s\n"
       "  toolchain  %s\n  derived in %.1f ms, nothing compiled\n",
       key.c_str(), axes.graph.c_str(), axes.envelope.c_str(), r.envelope.classes.size(),
-      r.envelope.classes.size() == 1 ? "" : "es", axes.sm.c_str(), axes.toolchain.c_str(), ms);
+      r.envelope.classes.size() == 1 ? "" : "es", ranged.c_str(), axes.sm.c_str(),
+      axes.toolchain.c_str(), ms);
   return Status::OK();
 }
 
