@@ -73,7 +73,9 @@ void ExpectServedAsCovered(const Worker& w, const std::string& ref, bool mandato
     auto a = InferBatch(w, batch);
     ASSERT_EQ(a.status, 200) << a.body.dump();
     EXPECT_EQ(a.mode(), "aot_cell") << "batch " << batch << ": " << a.body.dump();
-    if (!ref.empty()) EXPECT_EQ(a.ref(), ref);
+    if (!ref.empty()) {
+      EXPECT_EQ(a.ref(), ref);
+    }
   }
   auto gap = InferBatch(w, 4);
   ASSERT_EQ(gap.status, 200) << gap.body.dump();
