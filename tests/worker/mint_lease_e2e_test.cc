@@ -7,6 +7,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <future>
 #include <thread>
 
 #include "src/kiln/tensor/npy.h"
@@ -82,7 +83,13 @@ TEST_F(MintLeaseEndToEnd, FourWorkersOnAColdKeyMintOnceAndAllServeTheCell) {
     workers.push_back(
         std::make_unique<Worker>(root_ + "/w" + std::to_string(i), FleetManifest(*hub_)));
   }
-  for (auto& w : workers) ASSERT_TRUE(w->Start());
+  // All four boot at once: started one after another, a worker booting after the mint published
+  // would adopt at boot and never meet the lease (seen under ASan, where each boot is slow).
+  std::vector<std::future<::testing::AssertionResult>> booting;
+  for (auto& w : workers) {
+    booting.push_back(std::async(std::launch::async, [&w] { return w->Start(); }));
+  }
+  for (auto& b : booting) ASSERT_TRUE(b.get());
   std::string ref;
   int mints = 0, waiters = 0;
   for (auto& w : workers) {
