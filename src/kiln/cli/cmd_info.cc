@@ -1,10 +1,16 @@
-// `kiln info MODEL.onnx`: what a model is — opsets, I/O, ops, weights, and its graph digest.
+// `kiln info MODEL.onnx`: what a model is — opsets, I/O, ops, weights, and its graph digest; and,
+// on request, the static shape of every value for concrete input shapes (--shapes-at) or over a
+// ranged entry (--ranged, compile/ranged_shapes.h), as JSON.
 #include <cstdio>
 #include <map>
+#include <nlohmann/json.hpp>
 
+#include "src/kiln/cell/key.h"
 #include "src/kiln/cli/commands.h"
+#include "src/kiln/compile/ranged_shapes.h"
 #include "src/kiln/graph/digest.h"
 #include "src/kiln/graph/onnx_import.h"
+#include "src/kiln/ops/shape_inference.h"
 #include "src/kiln/ops/verifier.h"
 
 namespace kiln::cli {
@@ -58,6 +64,72 @@ int RunInfo(const std::string& path, bool facts) {
   return verified.ok() ? 0 : 1;
 }
 
+Result<nlohmann::json> ParseJsonOption(const std::string& text, const char* option) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status::InvalidArgument(std::string(option) + " takes a JSON object, got '" + text +
+                                   "'");
+  }
+  return j;
+}
+
+// {"value": [dims]} for every value with a static type at `shapes` ({"input": [dims]}), and the
+// dynamic ones under "dynamic".
+Result<nlohmann::json> ShapesAtJson(const Graph& g, const std::string& text) {
+  KILN_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonOption(text, "--shapes-at"));
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, dims] : j.items()) {
+    if (!dims.is_array()) {
+      return Status::InvalidArgument("--shapes-at: input '" + name + "' needs a list of dims");
+    }
+    for (const auto& d : dims) {
+      if (!d.is_number_integer() || d.get<int64_t>() < 0) {
+        return Status::InvalidArgument("--shapes-at: input '" + name + "' has dim " + d.dump() +
+                                       "; dims are integers >= 0");
+      }
+      shapes[name].push_back(d.get<int64_t>());
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(InferredGraph inferred, InferShapes(g, shapes, true));
+  nlohmann::json out = {{"shapes", nlohmann::json::object()}, {"dynamic", inferred.dynamic}};
+  for (const auto& [name, type] : inferred.types) {
+    if (type.kind == ValueKind::kTensor) out["shapes"][name] = type.shape;
+  }
+  return out;
+}
+
+// The ranged entry's analysis: each value's dims as polynomials ([[coefficient, [symbols]], ...]),
+// the irregular values with why, the dynamic ones.
+Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text) {
+  KILN_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonOption(text, "--ranged"));
+  KILN_ASSIGN_OR_RETURN(RangedEntry entry, RangedFromJson(j));
+  KILN_ASSIGN_OR_RETURN(RangedShapes shapes, InferRangedShapes(g, entry));
+  nlohmann::json out = {
+      {"symbols", shapes.symbols},       {"shapes", nlohmann::json::object()},
+      {"irregular", shapes.irregular},   {"dynamic", shapes.dynamic},
+      {"inferences", shapes.inferences}, {"probe_points", RangeProbePoints(entry)},
+      {"summary", shapes.Summary()}};
+  for (const auto& [name, dims] : shapes.shapes) {
+    nlohmann::json value = nlohmann::json::array();
+    for (const SymDim& d : dims) {
+      nlohmann::json terms = nlohmann::json::array();
+      for (const auto& [symbols, coeff] : d.terms) terms.push_back({coeff, symbols});
+      value.push_back(std::move(terms));
+    }
+    out["shapes"][name] = std::move(value);
+  }
+  return out;
+}
+
+int RunShapes(const std::string& path, const std::string& at, const std::string& ranged) {
+  auto graph = ImportOnnxFile(path);
+  if (!graph.ok()) return ReportError("info", graph.status());
+  auto out = at.empty() ? RangedJson(*graph, ranged) : ShapesAtJson(*graph, at);
+  if (!out.ok()) return ReportError("info", out.status());
+  std::printf("%s\n", out->dump().c_str());
+  return 0;
+}
+
 }  // namespace
 
 void AddInfoCommand(CLI::App& app, int* exit_code) {
@@ -66,7 +138,18 @@ void AddInfoCommand(CLI::App& app, int* exit_code) {
   auto* facts = new bool(false);
   cmd->add_option("model", *path, "ONNX model file")->required();
   cmd->add_flag("--facts", *facts, "Also print the canonical facts the digest is computed over");
-  cmd->callback([=] { *exit_code = RunInfo(*path, *facts); });
+  auto* at = new std::string();
+  auto* ranged = new std::string();
+  auto* at_opt = cmd->add_option("--shapes-at", *at,
+                                 "JSON {input: [dims]}: print every value's static shape as JSON");
+  cmd->add_option("--ranged", *ranged,
+                  "JSON ranged entry {\"inputs\": {input: [dim or symbol]}, \"ranges\": "
+                  "{symbol: [lo, hi]}}: print every value's shape over the ranges as JSON")
+      ->excludes(at_opt);
+  cmd->callback([=] {
+    *exit_code =
+        (at->empty() && ranged->empty()) ? RunInfo(*path, *facts) : RunShapes(*path, *at, *ranged);
+  });
 }
 
 }  // namespace kiln::cli

@@ -31,6 +31,7 @@
 #include "src/kiln/base/log.h"
 #include "src/kiln/base/secret_scan.h"
 #include "src/kiln/compile/passes.h"
+#include "src/kiln/compile/ranged_shapes.h"
 #include "src/kiln/ops/verifier.h"
 
 namespace kiln {
@@ -233,10 +234,17 @@ Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, 
   return program;
 }
 
-Status CompileRangedEntry(const Graph&, const RangedEntry& entry) {
+Status CompileRangedEntry(const Graph& graph, const RangedEntry& entry) {
+  auto shapes = InferRangedShapes(graph, entry);
+  if (!shapes.ok()) {
+    return Status(shapes.status().code(),
+                  "ranged entry " + DescribeRanged(entry) + ": " + shapes.status().message());
+  }
   return Status::Unimplemented("ranged entry " + DescribeRanged(entry) +
-                               " is not compiled: the compiler specializes every entry to "
-                               "concrete shapes, so it is served eager");
+                               " is not compiled: over its range the graph has " +
+                               shapes->Summary() +
+                               "; generated loops and library calls take constant extents only, "
+                               "so it is served eager");
 }
 
 std::string GapReason(const Status& failure, int index) {

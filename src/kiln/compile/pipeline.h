@@ -63,10 +63,11 @@ Status CheckPassNames(const std::vector<std::string>& names);
 Result<Program> CompileEntry(const Graph& graph, const ShapeClass& shape_class, int index,
                              const CompileOptions& options, std::vector<PassTiming>* timings);
 
-// The compiler's answer for a ranged entry. Today always Unimplemented: every entry is specialized
-// to concrete shapes (symbolic dims are not carried through shape inference, loops or library
-// calls), so a ranged entry is a gap of its cell and is served eager, named (docs/design.md
-// "Ranged entries").
+// The compiler's answer for a ranged entry. Today always a refusal: shapes are inferred over the
+// range (ranged_shapes.h) and the reason says what they are, but loops and library calls are
+// emitted for concrete shapes only, so a ranged entry is a gap of its cell and is served eager,
+// named (docs/design.md "Ranged entries"). Unimplemented, or the analysis's own error (a range
+// the graph cannot take) naming the point.
 Status CompileRangedEntry(const Graph& graph, const RangedEntry& entry);
 
 // Why a class has no entry: CompileEntry's `failure` for it, as compiled with entry number

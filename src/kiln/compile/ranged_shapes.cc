@@ -1,0 +1,324 @@
+// Shapes over a range (see ranged_shapes.h): a unit box of concrete inferences gives each dim's
+// polynomial by finite differences; the probe points hold it to the graph.
+#include "src/kiln/compile/ranged_shapes.h"
+
+#include <algorithm>
+#include <cstdio>
+
+#include "src/kiln/ops/shape_inference.h"
+
+namespace kiln {
+
+namespace {
+
+constexpr size_t kMaxProbeSymbols = 6;
+
+std::string PointToString(const SymbolPoint& point) {
+  std::string s;
+  for (const auto& [name, v] : point) {
+    s += (s.empty() ? "" : ", ") + name + "=" + std::to_string(v);
+  }
+  return s.empty() ? "(no symbols)" : s;
+}
+
+// The symbols whose range holds more than one value: the only ones a polynomial can depend on.
+std::vector<std::string> FreeSymbols(const RangedEntry& entry) {
+  std::vector<std::string> out;
+  for (const auto& [name, range] : entry.ranges) {
+    if (range.first < range.second) out.push_back(name);
+  }
+  return out;
+}
+
+int64_t Middle(const std::pair<int64_t, int64_t>& r) { return r.first + (r.second - r.first) / 2; }
+
+// Interior values of a range: a small one near lo (lo + 6, as a short sequence) and the middle.
+std::vector<int64_t> InteriorValues(const std::pair<int64_t, int64_t>& r) {
+  std::vector<int64_t> out;
+  for (int64_t v : {std::min(r.first + 6, r.second - 1), Middle(r)}) {
+    if (v > r.first && v < r.second && std::find(out.begin(), out.end(), v) == out.end()) {
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
+// Where the fit's unit box starts for one symbol: 2 where the range allows (so that no corner of
+// the box is 1, the one size broadcasting treats apart), else lo; the box's far corner is +1.
+int64_t BoxBase(const std::pair<int64_t, int64_t>& r) {
+  return std::min(std::max<int64_t>(r.first, 2), r.second - 1);
+}
+
+Result<InferredGraph> InferAt(const Graph& graph, const RangedEntry& entry,
+                              const SymbolPoint& point) {
+  auto inferred = InferShapes(graph, ShapesAt(entry, point), /*tolerate_dynamic=*/true);
+  if (!inferred.ok()) {
+    return Status(inferred.status().code(),
+                  "at " + PointToString(point) + ": " + inferred.status().message());
+  }
+  return inferred;
+}
+
+// The polynomial through f's values at the box corners (bit s of a corner's index: symbol s at
+// base[s] + 1), by finite differences: f(x) = sum_S D_S * prod_{s in S} (x_s - base_s), then
+// expanded into monomials. False when a coefficient does not fit in 64 bits.
+bool FitPolynomial(const std::vector<int64_t>& f, const std::vector<std::string>& symbols,
+                   const std::vector<int64_t>& base, SymDim* out) {
+  const size_t m = symbols.size();
+  const size_t corners = size_t{1} << m;
+  std::vector<__int128> diff(corners, 0);
+  for (size_t s = 0; s < corners; ++s) {
+    for (size_t t = s;; t = (t - 1) & s) {  // every subset t of s
+      const int sign = (__builtin_popcountll(s ^ t) % 2) ? -1 : 1;
+      diff[s] += sign * static_cast<__int128>(f[t]);
+      if (t == 0) break;
+    }
+  }
+  out->terms.clear();
+  for (size_t u = 0; u < corners; ++u) {
+    __int128 c = 0;
+    for (size_t s = 0; s < corners; ++s) {
+      if ((s & u) != u || diff[s] == 0) continue;
+      __int128 term = diff[s];
+      for (size_t b = 0; b < m; ++b) {
+        if ((s & ~u) & (size_t{1} << b)) term *= -static_cast<__int128>(base[b]);
+        if (term > INT64_MAX || term < INT64_MIN) return false;
+      }
+      c += term;
+    }
+    if (c > INT64_MAX || c < INT64_MIN) return false;
+    if (c == 0) continue;
+    std::vector<std::string> names;
+    for (size_t b = 0; b < m; ++b) {
+      if (u & (size_t{1} << b)) names.push_back(symbols[b]);
+    }
+    out->terms[names] = static_cast<int64_t>(c);
+  }
+  return true;
+}
+
+// One value across every inference: its type if it is one polynomial shape, else why not.
+struct Fit {
+  std::vector<SymDim> dims;
+  std::string irregular;  // empty: it fits
+};
+
+const TensorType* TypeAt(const InferredGraph& g, const std::string& name) {
+  auto it = g.types.find(name);
+  return it == g.types.end() ? nullptr : &it->second;
+}
+
+Fit FitValue(const std::string& name, const std::vector<InferredGraph>& box,
+             const std::vector<InferredGraph>& probes, const std::vector<SymbolPoint>& points,
+             const std::vector<std::string>& symbols, const std::vector<int64_t>& base) {
+  Fit fit;
+  const TensorType& first = *TypeAt(box[0], name);
+  auto same_type = [&](const InferredGraph& g, const std::string& where) -> bool {
+    const TensorType* t = TypeAt(g, name);
+    if (t && t->dtype == first.dtype && t->shape.size() == first.shape.size()) return true;
+    fit.irregular = t ? "is " + t->ToString() + " at " + where + " but " + first.ToString() +
+                            " at the fit's first corner"
+                      : "has no static type at " + where;
+    return false;
+  };
+  for (size_t c = 0; c < box.size(); ++c) {
+    if (!same_type(box[c], "the fit's corner " + std::to_string(c))) return fit;
+  }
+  for (size_t p = 0; p < probes.size(); ++p) {
+    if (!same_type(probes[p], PointToString(points[p]))) return fit;
+  }
+  for (size_t d = 0; d < first.shape.size(); ++d) {
+    std::vector<int64_t> f;
+    for (const InferredGraph& g : box) f.push_back(TypeAt(g, name)->shape[d]);
+    SymDim dim;
+    if (!FitPolynomial(f, symbols, base, &dim)) {
+      fit.irregular = "dim " + std::to_string(d) + ": the fitted polynomial overflows";
+      return fit;
+    }
+    for (size_t p = 0; p < probes.size(); ++p) {
+      const int64_t actual = TypeAt(probes[p], name)->shape[d];
+      int64_t predicted = 0;
+      if (!dim.Eval(points[p], &predicted) || predicted != actual) {
+        fit.irregular = "dim " + std::to_string(d) + " is " + std::to_string(actual) + " at " +
+                        PointToString(points[p]) + ", not " + dim.ToString();
+        return fit;
+      }
+    }
+    fit.dims.push_back(std::move(dim));
+  }
+  return fit;
+}
+
+}  // namespace
+
+SymDim SymDim::Constant(int64_t c) {
+  SymDim d;
+  if (c != 0) d.terms[{}] = c;
+  return d;
+}
+
+bool SymDim::IsConstant() const {
+  return terms.empty() || (terms.size() == 1 && terms.begin()->first.empty());
+}
+
+int64_t SymDim::ConstantValue() const { return terms.empty() ? 0 : terms.begin()->second; }
+
+bool SymDim::Eval(const SymbolPoint& point, int64_t* out) const {
+  int64_t sum = 0;
+  for (const auto& [names, coeff] : terms) {
+    int64_t term = coeff;
+    for (const std::string& n : names) {
+      auto it = point.find(n);
+      if (it == point.end() || __builtin_mul_overflow(term, it->second, &term)) return false;
+    }
+    if (__builtin_add_overflow(sum, term, &sum)) return false;
+  }
+  *out = sum;
+  return true;
+}
+
+std::string SymDim::ToString() const {
+  std::string s;
+  auto append = [&](int64_t coeff, const std::vector<std::string>& names) {
+    std::string body;
+    for (const std::string& n : names) body += (body.empty() ? "" : "*") + n;
+    const int64_t mag = coeff < 0 ? -coeff : coeff;
+    std::string piece = body.empty() ? std::to_string(mag)
+                        : mag == 1   ? body
+                                     : std::to_string(mag) + "*" + body;
+    if (s.empty()) {
+      s = (coeff < 0 ? "-" : "") + piece;
+    } else {
+      s += (coeff < 0 ? "-" : "+") + piece;
+    }
+  };
+  for (const auto& [names, coeff] : terms) {
+    if (!names.empty()) append(coeff, names);
+  }
+  auto constant = terms.find({});
+  if (constant != terms.end()) append(constant->second, {});
+  return s.empty() ? "0" : s;
+}
+
+size_t RangedShapes::SymbolicValues() const {
+  size_t n = 0;
+  for (const auto& [name, dims] : shapes) {
+    n += std::any_of(dims.begin(), dims.end(), [](const SymDim& d) { return !d.IsConstant(); });
+  }
+  return n;
+}
+
+std::string RangedShapes::Summary() const {
+  std::string s = std::to_string(shapes.size() + irregular.size() + dynamic.size()) +
+                  " values: " + std::to_string(SymbolicValues()) + " symbolic, " +
+                  std::to_string(irregular.size()) + " irregular";
+  if (!irregular.empty()) {
+    s += " (first: '" + irregular.begin()->first + "' " + irregular.begin()->second + ")";
+  }
+  return s + ", " + std::to_string(dynamic.size()) + " dynamic";
+}
+
+Status CheckRangedProbes(const RangedEntry& entry) {
+  const size_t free = FreeSymbols(entry).size();
+  if (free > kMaxProbeSymbols) {
+    return Status::InvalidArgument("ranged entry " + DescribeRanged(entry) + " has " +
+                                   std::to_string(free) + " symbols with a range; at most " +
+                                   std::to_string(kMaxProbeSymbols) +
+                                   " can be checked at every corner");
+  }
+  return Status::OK();
+}
+
+std::vector<SymbolPoint> RangeProbePoints(const RangedEntry& entry) {
+  const std::vector<std::string> free = FreeSymbols(entry);
+  SymbolPoint fixed;
+  for (const auto& [name, range] : entry.ranges) fixed[name] = range.first;
+  std::vector<SymbolPoint> points;
+  auto add = [&](SymbolPoint p) {
+    if (std::find(points.begin(), points.end(), p) == points.end()) points.push_back(std::move(p));
+  };
+  const size_t m = std::min(free.size(), kMaxProbeSymbols);
+  for (size_t corner = 0; corner < (size_t{1} << m); ++corner) {
+    SymbolPoint p = fixed;
+    for (size_t b = 0; b < m; ++b) {
+      const auto& range = entry.ranges.at(free[b]);
+      p[free[b]] = (corner & (size_t{1} << b)) ? range.second : range.first;
+    }
+    add(std::move(p));
+  }
+  for (const std::string& s : free) {
+    for (int64_t v : InteriorValues(entry.ranges.at(s))) {
+      SymbolPoint p = fixed;
+      for (const std::string& other : free) p[other] = Middle(entry.ranges.at(other));
+      p[s] = v;
+      add(std::move(p));
+    }
+  }
+  return points;
+}
+
+ShapeClass ShapesAt(const RangedEntry& entry, const SymbolPoint& point) {
+  ShapeClass shapes;
+  for (const auto& [input, dims] : entry.inputs) {
+    Shape& shape = shapes[input];
+    for (const DimSpec& d : dims) {
+      auto it = d.symbol.empty() ? point.end() : point.find(d.symbol);
+      shape.push_back(it == point.end() ? d.size : it->second);
+    }
+  }
+  return shapes;
+}
+
+Result<RangedShapes> InferRangedShapes(const Graph& graph, const RangedEntry& entry) {
+  KILN_RETURN_IF_ERROR(CheckRangedEntry(entry, "ranged entry"));
+  KILN_RETURN_IF_ERROR(CheckRangedProbes(entry));
+  RangedShapes out;
+  out.symbols = FreeSymbols(entry);
+  const size_t m = out.symbols.size();
+  std::vector<int64_t> base;
+  for (const std::string& s : out.symbols) base.push_back(BoxBase(entry.ranges.at(s)));
+
+  std::vector<InferredGraph> box, probes;
+  for (size_t corner = 0; corner < (size_t{1} << m); ++corner) {
+    SymbolPoint p;
+    for (const auto& [name, range] : entry.ranges) p[name] = range.first;
+    for (size_t b = 0; b < m; ++b) p[out.symbols[b]] = base[b] + ((corner >> b) & 1);
+    KILN_ASSIGN_OR_RETURN(InferredGraph g, InferAt(graph, entry, p));
+    box.push_back(std::move(g));
+  }
+  const std::vector<SymbolPoint> points = RangeProbePoints(entry);
+  for (const SymbolPoint& p : points) {
+    KILN_ASSIGN_OR_RETURN(InferredGraph g, InferAt(graph, entry, p));
+    probes.push_back(std::move(g));
+  }
+  out.inferences = box.size() + probes.size();
+
+  // A value dynamic at one point is dynamic over the range (its type is a run-time fact there);
+  // one with a static type everywhere is fitted. Sequences and optionals carry no shape.
+  std::set<std::string> names;
+  for (const auto* set : {&box, &probes}) {
+    for (const InferredGraph& g : *set) {
+      out.dynamic.insert(g.dynamic.begin(), g.dynamic.end());
+      for (const auto& [name, type] : g.types) names.insert(name);
+    }
+  }
+  for (const std::string& name : names) {
+    if (out.dynamic.count(name)) continue;
+    const TensorType* t = TypeAt(box[0], name);
+    if (t && t->kind != ValueKind::kTensor) continue;
+    if (!t) {
+      out.irregular[name] = "has no static type at the fit's first corner";
+      continue;
+    }
+    Fit fit = FitValue(name, box, probes, points, out.symbols, base);
+    if (!fit.irregular.empty()) {
+      out.irregular[name] = std::move(fit.irregular);
+      continue;
+    }
+    out.shapes[name] = std::move(fit.dims);
+    out.dtypes[name] = t->dtype;
+  }
+  return out;
+}
+
+}  // namespace kiln

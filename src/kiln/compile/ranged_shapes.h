@@ -1,0 +1,82 @@
+// Shapes over a range: what every value of a graph looks like across a ranged entry (compile
+// layer, above static shape inference). The first step of compiling one entry for a range
+// instead of a point: before loops can take their extents at run time, the compiler must know
+// each extent as a function of the entry's symbols, and where no such function exists.
+//
+// A dim is written as a multilinear polynomial with integer coefficients in the entry's symbols
+// (`2*batch*seq + 1`): sums, products by constants and products of distinct symbols, which is
+// what Reshape, Concat, Flatten, MatMul and broadcasting make of `batch` and `seq`. It is found
+// by running the op registry's static inference (ops/shape_inference.h) at the corners of a unit
+// box inside the range, solving for the coefficients by finite differences, and then holding the
+// polynomial to concrete inference at every probe point (RangeProbePoints): each range's corners
+// and interior points. A dim that differs anywhere (a strided convolution's floor division, a
+// broadcast that only happens at 1, a rank that changes) is irregular, named with the first
+// point where the polynomial and the graph disagree; the compiler cannot give it a runtime
+// extent, so that value (and what reads it) is not compiled for the range.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/graph/ir.h"
+#include "src/kiln/graph/shape_class.h"
+
+namespace kiln {
+
+// One value of each symbol.
+using SymbolPoint = std::map<std::string, int64_t>;
+
+// c0 + sum of c_U * prod(U) over sets U of distinct symbols; no zero coefficients are kept, so
+// two equal polynomials compare equal. A constant has at most the empty monomial.
+struct SymDim {
+  std::map<std::vector<std::string>, int64_t> terms;  // sorted symbol names -> coefficient
+
+  static SymDim Constant(int64_t c);
+  bool IsConstant() const;
+  int64_t ConstantValue() const;  // REQUIRES: IsConstant()
+  // The value at `point`, which gives every symbol the polynomial uses; false on overflow.
+  bool Eval(const SymbolPoint& point, int64_t* out) const;
+  std::string ToString() const;  // "2*batch*seq+1", "64"
+  bool operator==(const SymDim&) const = default;
+};
+
+struct RangedShapes {
+  // The symbols whose range holds more than one value, in name order; a symbol with lo == hi is
+  // folded into the constants.
+  std::vector<std::string> symbols;
+  // Every value with one dtype and rank over the range and a polynomial for each dim.
+  std::map<std::string, std::vector<SymDim>> shapes;
+  std::map<std::string, DType> dtypes;
+  // Values known only at run time at some point (data-dependent shapes: the dynamic region).
+  std::set<std::string> dynamic;
+  // Values whose shape is no polynomial over the range, each with the first disagreement.
+  std::map<std::string, std::string> irregular;
+  // How many concrete inferences it took (the fit's box plus the probe points).
+  size_t inferences = 0;
+
+  // Values with at least one dim that is not constant.
+  size_t SymbolicValues() const;
+  // "N values: S symbolic, I irregular (first: 'v' ...), D dynamic", for rows and reasons.
+  std::string Summary() const;
+};
+
+// The points a range is checked at, for shapes here and for the numerics of a ranged entry: every
+// corner of the ranges (each symbol at lo or hi), and for each symbol each of its interior values
+// (a small odd one, the middle) with every other symbol at the middle of its range. Distinct,
+// deterministic, in a fixed order; at most 2^6 corners (an entry with more than six symbols is
+// refused by CheckRangedProbes).
+std::vector<SymbolPoint> RangeProbePoints(const RangedEntry& entry);
+Status CheckRangedProbes(const RangedEntry& entry);
+
+// The concrete input shapes of `entry` at `point`.
+ShapeClass ShapesAt(const RangedEntry& entry, const SymbolPoint& point);
+
+// Infers `graph`'s shapes over `entry`'s ranges. An error when the entry does not fit the graph's
+// inputs, or when static inference refuses some point (named); an irregular value is not an
+// error but a finding (RangedShapes::irregular).
+Result<RangedShapes> InferRangedShapes(const Graph& graph, const RangedEntry& entry);
+
+}  // namespace kiln

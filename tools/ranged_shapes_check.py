@@ -1,0 +1,130 @@
+#!/usr/bin/env python3
+"""Shapes over a range on real models: kiln's polynomial for every value, against kiln's own
+concrete static inference at random points the fit never saw.
+
+Builds, with random weights and torch's exporter (dynamic axes): a BERT-style encoder with
+`batch` in [1, 8] and `seq` in [1, 256] (opsets 14 and 17), torchvision's resnet18 with `batch`
+in [1, 16], and resnet18 with a ranged spatial size `side` in [64, 128]. For each, runs
+`kiln info MODEL --ranged ENTRY` and, at N random points inside the ranges,
+`kiln info MODEL --shapes-at SHAPES`, and checks that every fitted value's polynomial gives the
+concrete shape, that fitted + irregular + dynamic values are exactly the values the graph has, and
+that each model's irregular set is what its architecture implies (none for ranged batch and
+sequence; the strided convolutions' outputs for a ranged spatial size).
+
+    python3 tools/ranged_shapes_check.py --kiln build/kiln --work /tmp/ranged [--points 20]
+"""
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+
+import torch
+import torchvision
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from corpus import BertEncoder  # noqa: E402
+
+
+def export(model, args, names, axes, path, opset):
+    model.eval()
+    with torch.no_grad():
+        torch.onnx.export(model, args, path, opset_version=opset, input_names=names,
+                          dynamic_axes=axes, do_constant_folding=True)
+
+
+def models(work):
+    torch.manual_seed(0)
+    out = []
+    bert = BertEncoder(max_len=256)
+    ids = torch.randint(0, 1000, (2, 16))
+    mask = torch.ones(2, 16, dtype=torch.int64)
+    bert_axes = {"input_ids": {0: "batch", 1: "seq"}, "attention_mask": {0: "batch", 1: "seq"}}
+    bert_entry = {"inputs": {"input_ids": ["batch", "seq"], "attention_mask": ["batch", "seq"]},
+                  "ranges": {"batch": [1, 8], "seq": [1, 256]}}
+    for opset in (14, 17):
+        path = os.path.join(work, f"bert_encoder_opset{opset}.onnx")
+        export(bert, (ids, mask), ["input_ids", "attention_mask"], bert_axes, path, opset)
+        out.append((path, bert_entry, "none"))
+    resnet = torchvision.models.resnet18(weights=None, num_classes=10)
+    image = torch.randn(1, 3, 64, 64)
+    path = os.path.join(work, "resnet18_batch.onnx")
+    export(resnet, (image,), ["image"], {"image": {0: "batch"}}, path, 13)
+    out.append((path, {"inputs": {"image": ["batch", 3, 64, 64]}, "ranges": {"batch": [1, 16]}},
+                "none"))
+    path = os.path.join(work, "resnet18_side.onnx")
+    export(resnet, (image,), ["image"], {"image": {2: "side", 3: "side"}}, path, 13)
+    out.append((path, {"inputs": {"image": [1, 3, "side", "side"]}, "ranges": {"side": [64, 128]}},
+                "strided"))
+    return out
+
+
+def kiln_json(kiln, model, flag, value):
+    r = subprocess.run([kiln, "info", model, flag, json.dumps(value)], capture_output=True,
+                       text=True, timeout=600)
+    if r.returncode != 0:
+        raise SystemExit(f"kiln info {model} {flag} failed ({r.returncode}): {r.stderr.strip()}")
+    return json.loads(r.stdout)
+
+
+def evaluate(poly, point):
+    total = 0
+    for coeff, symbols in poly:
+        term = coeff
+        for s in symbols:
+            term *= point[s]
+        total += term
+    return total
+
+
+def check_model(kiln, path, entry, expect, points, rng):
+    name = os.path.basename(path)
+    ranged = kiln_json(kiln, path, "--ranged", entry)
+    fitted, irregular, dynamic = ranged["shapes"], ranged["irregular"], set(ranged["dynamic"])
+    failures = []
+    if expect == "none" and irregular:
+        failures.append(f"irregular values where none were expected: {irregular}")
+    if expect == "strided":
+        if not irregular:
+            failures.append("no irregular value for a ranged spatial size through strided convs")
+        if any("dim 2" not in why and "dim 3" not in why for why in irregular.values()):
+            failures.append(f"an irregular value off the spatial dims: {irregular}")
+    for _ in range(points):
+        point = {s: rng.randint(lo, hi) for s, (lo, hi) in entry["ranges"].items()}
+        shapes = {i: [point[d] if isinstance(d, str) else d for d in dims]
+                  for i, dims in entry["inputs"].items()}
+        concrete = kiln_json(kiln, path, "--shapes-at", shapes)
+        values = set(concrete["shapes"]) | set(concrete["dynamic"])
+        if values != set(fitted) | set(irregular) | dynamic:
+            failures.append(f"at {point}: the value sets differ")
+        for value, polys in fitted.items():
+            predicted = [evaluate(p, point) for p in polys]
+            if concrete["shapes"].get(value) != predicted:
+                failures.append(f"at {point}: '{value}' is {concrete['shapes'].get(value)}, "
+                                f"the fit says {predicted}")
+    symbolic = sum(any(len(p) != 1 or p[0][1] for p in polys) for polys in fitted.values())
+    print(f"{name}: {len(fitted)} fitted ({symbolic} symbolic), {len(irregular)} irregular, "
+          f"{len(dynamic)} dynamic, {ranged['inferences']} inferences; "
+          f"{points} random points checked: {'ok' if not failures else 'FAILED'}")
+    for f in failures[:10]:
+        print("  " + f)
+    return not failures
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kiln", required=True)
+    ap.add_argument("--work", required=True)
+    ap.add_argument("--points", type=int, default=20)
+    args = ap.parse_args()
+    os.makedirs(args.work, exist_ok=True)
+    rng = random.Random(20261203)
+    ok = True
+    for path, entry, expect in models(args.work):
+        ok &= check_model(args.kiln, path, entry, expect, args.points, rng)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
