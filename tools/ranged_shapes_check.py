@@ -78,6 +78,17 @@ def evaluate(poly, point):
     return total
 
 
+def is_symbolic(polys):
+    return any(len(p) != 1 or p[0][1] for p in polys)
+
+
+def evaluate_bytes(polys, point, element_bytes):
+    n = element_bytes
+    for p in polys:
+        n *= evaluate(p, point)
+    return n
+
+
 def check_model(kiln, path, entry, expect, points, rng):
     name = os.path.basename(path)
     ranged = kiln_json(kiln, path, "--ranged", entry)
@@ -103,9 +114,18 @@ def check_model(kiln, path, entry, expect, points, rng):
             if concrete["shapes"].get(value) != predicted:
                 failures.append(f"at {point}: '{value}' is {concrete['shapes'].get(value)}, "
                                 f"the fit says {predicted}")
-    symbolic = sum(any(len(p) != 1 or p[0][1] for p in polys) for polys in fitted.values())
+        # The footprint at the range's maximum bounds every computed value at every point (a
+        # symbolic value is computed from the inputs, never bound data).
+        sizes = [evaluate_bytes(polys, point, ranged["element_bytes"][value])
+                 for value, polys in fitted.items() if is_symbolic(polys)]
+        foot = ranged["footprint"]
+        if sizes and (max(sizes) > foot["largest_bytes"] or sum(sizes) > foot["total_bytes"]):
+            failures.append(f"at {point}: values of {max(sizes)} bytes ({sum(sizes)} in all) "
+                            f"exceed the footprint at the maximum {foot}")
+    symbolic = sum(is_symbolic(polys) for polys in fitted.values())
     print(f"{name}: {len(fitted)} fitted ({symbolic} symbolic), {len(irregular)} irregular, "
-          f"{len(dynamic)} dynamic, {ranged['inferences']} inferences; "
+          f"{len(dynamic)} dynamic, {ranged['inferences']} inferences, "
+          f"{ranged['footprint']['total_bytes'] / 2**20:.1f} MiB at the maximum; "
           f"{points} random points checked: {'ok' if not failures else 'FAILED'}")
     for f in failures[:10]:
         print("  " + f)

@@ -108,6 +108,38 @@ TEST(RangedShapes, PolynomialsAgreeWithConcreteInferenceAtOtherPoints) {
   }
 }
 
+// The workspace bound: each value computed from the inputs at its largest corner, initializers
+// not counted; no point inside the range has a value larger than its corner bound.
+TEST(RangedShapes, TheFootprintAtTheMaximumBoundsEveryPointOfTheRange) {
+  Graph g = Encoderish();
+  const RangedEntry entry = BatchSeq(8, 3, 256);
+  auto s = InferRangedShapes(g, entry);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  auto f = FootprintAtMaximum(g, entry, *s);
+  ASSERT_TRUE(f.ok()) << f.status().ToString();
+  // x, r, flat 8*256*8 floats; m 8*256*4; cat 8*512*8; padded 8*258*8; sliced 8*254*8.
+  EXPECT_EQ(f->total_bytes, 4 * (3 * 16384 + 8192 + 32768 + 16512 + 16256));
+  EXPECT_EQ(f->largest, "cat");
+  EXPECT_EQ(f->largest_bytes, 4 * 32768);
+  EXPECT_EQ(f->largest_at, (SymbolPoint{{"batch", 8}, {"seq", 256}}));
+  EXPECT_EQ(f->unbounded, 0u);
+  for (int64_t batch : {1, 2, 5, 8}) {
+    for (int64_t seq : {3, 4, 77, 255, 256}) {
+      auto concrete = InferShapes(g, ShapesAt(entry, {{"batch", batch}, {"seq", seq}}), true);
+      ASSERT_TRUE(concrete.ok());
+      int64_t sum = 0;
+      for (const auto& [name, type] : concrete->types) {
+        if (g.initializers.count(name)) continue;
+        int64_t n = 4;
+        for (int64_t d : type.shape) n *= d;
+        EXPECT_LE(n, f->largest_bytes) << name;
+        sum += n;
+      }
+      EXPECT_LE(sum, f->total_bytes) << batch << "," << seq;
+    }
+  }
+}
+
 // A stride-2 convolution over a ranged spatial size halves it with a floor: no polynomial, and
 // the analysis names the value and the point where a fit breaks.
 TEST(RangedShapes, AFloorDivisionIsIrregularAndNamed) {

@@ -12,6 +12,7 @@
 #include "src/kiln/graph/onnx_import.h"
 #include "src/kiln/ops/shape_inference.h"
 #include "src/kiln/ops/verifier.h"
+#include "src/kiln/tensor/dtype.h"
 
 namespace kiln::cli {
 
@@ -99,7 +100,7 @@ Result<nlohmann::json> ShapesAtJson(const Graph& g, const std::string& text) {
 }
 
 // The ranged entry's analysis: each value's dims as polynomials ([[coefficient, [symbols]], ...]),
-// the irregular values with why, the dynamic ones.
+// the irregular values with why, the dynamic ones, and the footprint at the range's maximum.
 Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text) {
   KILN_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonOption(text, "--ranged"));
   KILN_ASSIGN_OR_RETURN(RangedEntry entry, RangedFromJson(j));
@@ -109,6 +110,12 @@ Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text) {
       {"irregular", shapes.irregular},   {"dynamic", shapes.dynamic},
       {"inferences", shapes.inferences}, {"probe_points", RangeProbePoints(entry)},
       {"summary", shapes.Summary()}};
+  KILN_ASSIGN_OR_RETURN(RangeFootprint footprint, FootprintAtMaximum(g, entry, shapes));
+  out["footprint"] = {{"total_bytes", footprint.total_bytes},
+                      {"largest_bytes", footprint.largest_bytes},
+                      {"largest", footprint.largest},
+                      {"largest_at", footprint.largest_at},
+                      {"unbounded", footprint.unbounded}};
   for (const auto& [name, dims] : shapes.shapes) {
     nlohmann::json value = nlohmann::json::array();
     for (const SymDim& d : dims) {
@@ -117,6 +124,7 @@ Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text) {
       value.push_back(std::move(terms));
     }
     out["shapes"][name] = std::move(value);
+    out["element_bytes"][name] = DTypeSize(shapes.dtypes.at(name));
   }
   return out;
 }

@@ -240,11 +240,16 @@ Status CompileRangedEntry(const Graph& graph, const RangedEntry& entry) {
     return Status(shapes.status().code(),
                   "ranged entry " + DescribeRanged(entry) + ": " + shapes.status().message());
   }
-  return Status::Unimplemented("ranged entry " + DescribeRanged(entry) +
-                               " is not compiled: over its range the graph has " +
-                               shapes->Summary() +
-                               "; generated loops and library calls take constant extents only, "
-                               "so it is served eager");
+  auto footprint = FootprintAtMaximum(graph, entry, *shapes);
+  if (!footprint.ok()) {
+    return Status(footprint.status().code(),
+                  "ranged entry " + DescribeRanged(entry) + ": " + footprint.status().message());
+  }
+  return Status::Unimplemented(
+      "ranged entry " + DescribeRanged(entry) + " is not compiled: over its range the graph has " +
+      shapes->Summary() + ", " + std::to_string(footprint->total_bytes) +
+      " bytes of fitted values at the range's maximum; generated loops and library calls take "
+      "constant extents only, so it is served eager");
 }
 
 std::string GapReason(const Status& failure, int index) {

@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "src/kiln/ops/shape_inference.h"
+#include "src/kiln/tensor/dtype.h"
 
 namespace kiln {
 
@@ -317,6 +318,49 @@ Result<RangedShapes> InferRangedShapes(const Graph& graph, const RangedEntry& en
     }
     out.shapes[name] = std::move(fit.dims);
     out.dtypes[name] = t->dtype;
+  }
+  return out;
+}
+
+Result<RangeFootprint> FootprintAtMaximum(const Graph& graph, const RangedEntry& entry,
+                                          const RangedShapes& shapes) {
+  std::vector<SymbolPoint> corners;
+  const size_t m = shapes.symbols.size();
+  for (size_t corner = 0; corner < (size_t{1} << m); ++corner) {
+    SymbolPoint p;
+    for (const auto& [name, range] : entry.ranges) p[name] = range.first;
+    for (size_t b = 0; b < m; ++b) {
+      const auto& range = entry.ranges.at(shapes.symbols[b]);
+      p[shapes.symbols[b]] = ((corner >> b) & 1) ? range.second : range.first;
+    }
+    corners.push_back(std::move(p));
+  }
+  RangeFootprint out;
+  out.unbounded = shapes.irregular.size() + shapes.dynamic.size();
+  for (const auto& [name, dims] : shapes.shapes) {
+    if (graph.initializers.count(name)) continue;
+    const int64_t element = static_cast<int64_t>(DTypeSize(shapes.dtypes.at(name)));
+    int64_t most = -1;
+    const SymbolPoint* most_at = nullptr;
+    for (const SymbolPoint& p : corners) {
+      int64_t bytes = element;
+      for (const SymDim& d : dims) {
+        int64_t v = 0;
+        if (!d.Eval(p, &v) || v < 0 || __builtin_mul_overflow(bytes, v, &bytes)) {
+          return Status::InvalidArgument("value '" + name + "' at " + PointToString(p) +
+                                         ": its size in bytes does not fit 64 bits");
+        }
+      }
+      if (bytes > most) most = bytes, most_at = &p;
+    }
+    if (__builtin_add_overflow(out.total_bytes, most, &out.total_bytes)) {
+      return Status::InvalidArgument("the values' total size over the range does not fit 64 bits");
+    }
+    if (most > out.largest_bytes) {
+      out.largest_bytes = most;
+      out.largest = name;
+      out.largest_at = *most_at;
+    }
   }
   return out;
 }

@@ -79,4 +79,20 @@ ShapeClass ShapesAt(const RangedEntry& entry, const SymbolPoint& point);
 // error but a finding (RangedShapes::irregular).
 Result<RangedShapes> InferRangedShapes(const Graph& graph, const RangedEntry& entry);
 
+// What the values computed from the inputs take at most over the range: the bound a workspace
+// planned for the range's maximum starts from. A multilinear polynomial is linear in each symbol
+// with the others fixed, so its largest value over the box is at a corner, and every corner is
+// evaluated. Bound data (initializers) is not counted; irregular and dynamic values have no
+// polynomial and are counted apart, as not bounded here.
+struct RangeFootprint {
+  int64_t total_bytes = 0;    // every fitted value at its own largest corner (never live at once)
+  int64_t largest_bytes = 0;  // the largest single value ...
+  std::string largest;        // ... its name ...
+  SymbolPoint largest_at;     // ... and the corner where it is largest
+  size_t unbounded = 0;       // irregular + dynamic values
+};
+// An error (naming the value and the corner) when a size overflows 64 bits.
+Result<RangeFootprint> FootprintAtMaximum(const Graph& graph, const RangedEntry& entry,
+                                          const RangedShapes& shapes);
+
 }  // namespace kiln
