@@ -9,7 +9,9 @@ in [1, 16], and resnet18 with a ranged spatial size `side` in [64, 128]. For eac
 `kiln info MODEL --shapes-at SHAPES`, and checks that every fitted value's polynomial gives the
 concrete shape, that fitted + irregular + dynamic values are exactly the values the graph has, and
 that each model's irregular set is what its architecture implies (none for ranged batch and
-sequence; the strided convolutions' outputs for a ranged spatial size).
+sequence; the strided convolutions' outputs for a ranged spatial size). Then reports whether the
+compiler's generated source over each range is one template (`kiln info --ranged ... --template`,
+compile/ranged_emit.h) and, where it is not, the first point and line where it differs.
 
     python3 tools/ranged_shapes_check.py --kiln build/kiln --work /tmp/ranged [--points 20]
 """
@@ -60,8 +62,8 @@ def models(work):
     return out
 
 
-def kiln_json(kiln, model, flag, value):
-    r = subprocess.run([kiln, "info", model, flag, json.dumps(value)], capture_output=True,
+def kiln_json(kiln, model, flag, value, extra=()):
+    r = subprocess.run([kiln, "info", model, flag, json.dumps(value), *extra], capture_output=True,
                        text=True, timeout=600)
     if r.returncode != 0:
         raise SystemExit(f"kiln info {model} {flag} failed ({r.returncode}): {r.stderr.strip()}")
@@ -127,6 +129,13 @@ def check_model(kiln, path, entry, expect, points, rng):
           f"{len(dynamic)} dynamic, {ranged['inferences']} inferences, "
           f"{ranged['footprint']['total_bytes'] / 2**20:.1f} MiB at the maximum; "
           f"{points} random points checked: {'ok' if not failures else 'FAILED'}")
+    # Whether the compiler's generated source over the range is one template
+    # (compile/ranged_emit.h): reported, and held to its own contract (a template that does not
+    # hold says where).
+    t = kiln_json(kiln, path, "--ranged", entry, ["--template"])["template"]
+    if t["emits"] < 1 or (not t["holds"] and not t["disagreement"]):
+        failures.append(f"the template fit says nothing: {t}")
+    print(f"  generated source: {t['summary']}")
     for f in failures[:10]:
         print("  " + f)
     return not failures

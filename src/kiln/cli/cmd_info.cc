@@ -1,12 +1,14 @@
 // `kiln info MODEL.onnx`: what a model is — opsets, I/O, ops, weights, and its graph digest; and,
 // on request, the static shape of every value for concrete input shapes (--shapes-at) or over a
-// ranged entry (--ranged, compile/ranged_shapes.h), as JSON.
+// ranged entry (--ranged, compile/ranged_shapes.h) and, with --template, whether the generated
+// program over that range is one template (compile/ranged_emit.h), as JSON.
 #include <cstdio>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "src/kiln/cell/key.h"
 #include "src/kiln/cli/commands.h"
+#include "src/kiln/compile/ranged_emit.h"
 #include "src/kiln/compile/ranged_shapes.h"
 #include "src/kiln/graph/digest.h"
 #include "src/kiln/graph/onnx_import.h"
@@ -101,7 +103,7 @@ Result<nlohmann::json> ShapesAtJson(const Graph& g, const std::string& text) {
 
 // The ranged entry's analysis: each value's dims as polynomials ([[coefficient, [symbols]], ...]),
 // the irregular values with why, the dynamic ones, and the footprint at the range's maximum.
-Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text) {
+Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text, bool fit_template) {
   KILN_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonOption(text, "--ranged"));
   KILN_ASSIGN_OR_RETURN(RangedEntry entry, RangedFromJson(j));
   KILN_ASSIGN_OR_RETURN(RangedShapes shapes, InferRangedShapes(g, entry));
@@ -126,13 +128,28 @@ Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text) {
     out["shapes"][name] = std::move(value);
     out["element_bytes"][name] = DTypeSize(shapes.dtypes.at(name));
   }
+  if (fit_template) {
+    KILN_ASSIGN_OR_RETURN(EmittedTemplate t, FitEmittedTemplate(g, entry, CompileOptions{}));
+    out["template"] = {{"symbols", t.symbols},
+                       {"base", t.base},
+                       {"emits", t.emits},
+                       {"literals", t.literals},
+                       {"varying", t.varying},
+                       {"max_degree", t.max_degree},
+                       {"probes", t.probes},
+                       {"holds", t.holds},
+                       {"holds_above_base", t.holds_above_base},
+                       {"disagreement", t.disagreement},
+                       {"summary", t.Summary()}};
+  }
   return out;
 }
 
-int RunShapes(const std::string& path, const std::string& at, const std::string& ranged) {
+int RunShapes(const std::string& path, const std::string& at, const std::string& ranged,
+              bool fit_template) {
   auto graph = ImportOnnxFile(path);
   if (!graph.ok()) return ReportError("info", graph.status());
-  auto out = at.empty() ? RangedJson(*graph, ranged) : ShapesAtJson(*graph, at);
+  auto out = at.empty() ? RangedJson(*graph, ranged, fit_template) : ShapesAtJson(*graph, at);
   if (!out.ok()) return ReportError("info", out.status());
   std::printf("%s\n", out->dump().c_str());
   return 0;
@@ -154,9 +171,19 @@ void AddInfoCommand(CLI::App& app, int* exit_code) {
                   "JSON ranged entry {\"inputs\": {input: [dim or symbol]}, \"ranges\": "
                   "{symbol: [lo, hi]}}: print every value's shape over the ranges as JSON")
       ->excludes(at_opt);
+  auto* fit_template = new bool(false);
+  cmd->add_flag("--template", *fit_template,
+                "with --ranged: also compile and emit the entry at a grid of points and say "
+                "whether its source is one template whose integer constants are polynomials in "
+                "the symbols, held to every probe point");
   cmd->callback([=] {
-    *exit_code =
-        (at->empty() && ranged->empty()) ? RunInfo(*path, *facts) : RunShapes(*path, *at, *ranged);
+    if (*fit_template && ranged->empty()) {
+      *exit_code = ReportError(
+          "info", Status::InvalidArgument("--template needs --ranged (the range to fit over)"));
+      return;
+    }
+    *exit_code = (at->empty() && ranged->empty()) ? RunInfo(*path, *facts)
+                                                  : RunShapes(*path, *at, *ranged, *fit_template);
   });
 }
 

@@ -1,0 +1,84 @@
+// The generated program over a range (compile layer, above the pipeline and the emitter): is the
+// source the compiler writes for one point of a ranged entry the same source at every point, up
+// to integer constants that are polynomials in the entry's symbols? When it is, one template
+// with those constants computed from the symbols at run time is the ranged entry's program, made
+// by the same passes and emitter as a concrete entry and checkable against them point by point.
+//
+// The method is the one ranged_shapes.h uses for shapes, applied to the emitted text: the entry is
+// compiled and emitted at a grid of points (per symbol its box base and the next two values, so a
+// constant may be of degree two in a symbol: an attention's scores are seq*seq), the text is split
+// into a skeleton and its decimal integer literals, and every literal that changes is fitted by
+// finite differences. Then every probe point (RangeProbePoints) is compiled and emitted again and
+// must give the same skeleton and the polynomial's value at each literal. A float constant that
+// changes (a mean's 1/n over a ranged dim), a kernel chosen by size, or a broadcast that happens
+// only at 1 changes the skeleton and is named with the line and the point.
+//
+// Where each varying literal sits says what a runtime extent needs there: in the entry's run
+// function it is an expression; in its constant tables (shape arrays, reference-op specs) and in
+// its init (library calls prepared for one shape) it must move to run time or to a per-shape
+// cache; in the dispatch part it is the entry's description.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "src/kiln/base/status.h"
+#include "src/kiln/compile/pipeline.h"
+#include "src/kiln/compile/ranged_shapes.h"
+#include "src/kiln/graph/ir.h"
+#include "src/kiln/graph/shape_class.h"
+
+namespace kiln {
+
+// A source text split at its decimal integer literals: pieces.size() == literals.size() + 1 and
+// the text is pieces[0] literals[0] pieces[1] ... A literal is a maximal run of digits that starts
+// a preprocessing number (not inside an identifier, not part of a float or hex literal), with an
+// optional integer suffix left in the next piece; "0" is a literal, other runs that start with 0
+// (octal) stay in the skeleton. offsets[i] is literal i's byte offset in the text.
+struct LiteralSplit {
+  std::vector<std::string> pieces;
+  std::vector<int64_t> literals;
+  std::vector<size_t> offsets;
+};
+LiteralSplit SplitIntegerLiterals(const std::string& text);
+
+// An integer polynomial in Newton form around `base`: sum over exponent vectors a (a_i <= 2) of
+// coefficient * prod_i C(x_i - base_i, a_i). Integer-valued on integers by construction.
+struct NewtonPoly {
+  std::vector<int64_t> base;                   // one per symbol of the template, in its order
+  std::map<std::vector<int>, int64_t> coeffs;  // exponent vector -> coefficient, no zeros
+  // False on overflow.
+  bool Eval(const std::vector<int64_t>& x, int64_t* out) const;
+  int Degree() const;  // the largest exponent of one symbol, 0 for a constant
+};
+
+struct EmittedTemplate {
+  std::vector<std::string> symbols;  // the free symbols, in name order
+  SymbolPoint base;                  // the grid's first point
+  size_t emits = 0;                  // concrete compiles + emissions it took
+  size_t literals = 0;               // integer literals in one point's source
+  // The literals that vary, by where they sit: "tables", "init", "run", "dispatch", "prologue".
+  std::map<std::string, size_t> varying;
+  int max_degree = 0;  // over the varying literals
+  // Whether the template gives the source of every probe point; if not, the first disagreement
+  // (the point and the line), and whether every disagreement is at a point where some symbol is
+  // below its base (the range's low end, where broadcasting treats 1 apart).
+  bool holds = false;
+  bool holds_above_base = false;
+  std::string disagreement;
+  size_t probes = 0;  // probe points checked
+
+  size_t Varying() const;
+  // "the source at 9 points is one template: 1234 of 5678 integer literals vary (run 1000,
+  // init 12, ...; degree <= 2), and it gives the source at all 7 probe points" or what broke.
+  std::string Summary() const;
+};
+
+// Fits the entry's generated source over the range. An error only when the range is not
+// well-formed (CheckRangedEntry, CheckRangedProbes); a point that does not compile, or a skeleton
+// that differs, is a finding (holds false, named).
+Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry& entry,
+                                           const CompileOptions& options);
+
+}  // namespace kiln
