@@ -351,13 +351,13 @@ class EntryEmitter {
   // GEMMs with at most this many multiply-adds run single-threaded (team wakeup costs more).
   static constexpr int64_t kSmallGemm = int64_t{1} << 16;
   std::string GemmThreads(int64_t m, int64_t n, int64_t k) const {
-    return m * n * k <= kSmallGemm ? "1" : "E->threads";
+    return "kiln_team(E->threads, " + Lit(m * n * k) + ", " + Lit(kSmallGemm) + ")";
   }
   // Outermost loops with at least this many elements of work run on the host's thread team.
   static constexpr int64_t kParallelWork = int64_t{1} << 15;
   struct Range {
     std::string lo, hi;
-    bool par = false;
+    int64_t work = 0;  // split over the team from kParallelWork on (kiln_team)
     int64_t n = 0;
     bool open = false;  // ParOpen emitted the body's opening
   };
@@ -365,14 +365,15 @@ class EntryEmitter {
   // split, a lambda over a chunk [kiln_lo, kiln_hi) that ParClose hands to parallel_for.
   // Either way the loop body becomes a function of its own (see kiln_par_tramp).
   Range ParOpen(int64_t n, int64_t work) {
-    Range r{"kiln_lo", "kiln_hi", n >= 2 && work >= kParallelWork, n, true};
+    Range r{"kiln_lo", "kiln_hi", work, n, true};
     os_ << "    auto kiln_body = [&](int64_t kiln_lo, int64_t kiln_hi) {\n";
     return r;
   }
   void ParClose(const Range& r) {
     if (!r.open) return;
-    os_ << "    };\n    KILN_TRY(kiln_par(H, " << (r.par ? "E->threads" : "1") << ", " << Lit(r.n)
-        << ", kiln_body));\n";
+    // kiln_par runs a range of fewer than 2 on the calling thread whatever it is given.
+    os_ << "    };\n    KILN_TRY(kiln_par(H, kiln_team(E->threads, " << Lit(r.work) << ", "
+        << Lit(kParallelWork - 1) << "), " << Lit(r.n) << ", kiln_body));\n";
   }
 
   Status EmitFused(const Kernel& k) {
@@ -604,6 +605,30 @@ class EntryEmitter {
     return "";
   }
 
+  // Inside a loop over a flattened batch index `index`, declares `int64_t off[n]`: operand j's
+  // element offset at that index, sum over batch dims d of (the index's coordinate d) *
+  // strides[j][d]. Computed, not looked up in a table of every index, so the source does not
+  // grow with the batch and is the same text at every size up to its integer constants (every
+  // term is written, a zero stride included).
+  void EmitBatchOffsets(const std::string& indent, const std::string& index, const Shape& batch,
+                        const std::vector<std::vector<int64_t>>& strides) {
+    const auto bstr = ContiguousStrides(batch);
+    os_ << indent << "int64_t off[" << std::max<size_t>(strides.size(), 1) << "] = {};\n"
+        << indent << "{\n";
+    os_ << indent << "  int64_t kiln_rem = " << index << ";\n";
+    for (size_t d = 0; d < batch.size(); ++d) {
+      os_ << indent << "  {\n"
+          << indent << "    const int64_t kiln_i = kiln_rem / "
+          << Lit(std::max<int64_t>(bstr[d], 1)) << ";\n"
+          << indent << "    kiln_rem %= " << Lit(std::max<int64_t>(bstr[d], 1)) << ";\n";
+      for (size_t j = 0; j < strides.size(); ++j) {
+        os_ << indent << "    off[" << j << "] += kiln_i * " << Lit(strides[j][d]) << ";\n";
+      }
+      os_ << indent << "  }\n";
+    }
+    os_ << indent << "  (void)kiln_rem;\n" << indent << "}\n";
+  }
+
   Status EmitMatMul(const Kernel& k) {
     Shape a = Buf(k.inputs[0]).type.shape, b = Buf(k.inputs[1]).type.shape;
     if (a.size() == 1) a.insert(a.begin(), 1);
@@ -623,36 +648,30 @@ class EntryEmitter {
       return Status::OK();
     }
     const auto sa = BroadcastStrides(ab, batch), sb = BroadcastStrides(bb, batch);
-    const auto sc = ContiguousStrides(batch);
-    os_ << "    static const int64_t offs[" << std::max<int64_t>(nb, 1) * 2 << "] = {";
-    for (int64_t i = 0; i < nb; ++i) {
-      int64_t rem = i, oa = 0, ob = 0;
-      for (size_t d = 0; d < batch.size(); ++d) {
-        const int64_t idx = rem / sc[d];
-        rem %= sc[d];
-        oa += idx * sa[d];
-        ob += idx * sb[d];
-      }
-      os_ << Lit(oa * M * K) << ", " << Lit(ob * K * N) << ", ";
+    std::vector<std::vector<int64_t>> strides(2);
+    for (size_t d = 0; d < batch.size(); ++d) {
+      strides[0].push_back(sa[d] * M * K);
+      strides[1].push_back(sb[d] * K * N);
     }
-    os_ << "};\n";
     // Small GEMMs of a batch (attention heads) run one per thread of the host's team, each
     // single-threaded; large ones are threaded inside the library.
-    const bool per_thread = M * N * K <= kSmallGemm;
-    os_ << "    int kiln_rc = 0;\n"
+    os_ << "    const bool kiln_per_thread = " << Lit(M * N * K) << " <= " << Lit(kSmallGemm)
+        << ";\n"
+        << "    int kiln_rc = 0;\n"
         << "    auto kiln_body = [&](int64_t kiln_lo, int64_t kiln_hi) {\n"
-        << "      for (int64_t i = kiln_lo; i < kiln_hi; ++i) {\n"
-        << "        const int rc = H->sgemm(0, 0, " << Lit(M) << ", " << Lit(N) << ", " << Lit(K)
-        << ", 1.0f, " << A << " + offs[2 * i], " << Lit(K) << ", " << Bm << " + offs[2 * i + 1], "
-        << Lit(N) << ", 0.0f, " << C << " + i * " << Lit(M * N) << ", " << Lit(N) << ", "
-        << (per_thread ? "1" : "E->threads") << ");\n"
+        << "      for (int64_t i = kiln_lo; i < kiln_hi; ++i) {\n";
+    EmitBatchOffsets("        ", "i", batch, strides);
+    os_ << "        const int rc = H->sgemm(0, 0, " << Lit(M) << ", " << Lit(N) << ", " << Lit(K)
+        << ", 1.0f, " << A << " + off[0], " << Lit(K) << ", " << Bm << " + off[1], " << Lit(N)
+        << ", 0.0f, " << C << " + i * " << Lit(M * N) << ", " << Lit(N) << ", "
+        << "kiln_per_thread ? 1 : E->threads);\n"
         << "        if (rc) __atomic_store_n(&kiln_rc, rc, __ATOMIC_RELAXED);\n"
-        << "      }\n    };\n";
-    if (per_thread) {
-      os_ << "    KILN_TRY(kiln_par(H, E->threads, " << Lit(nb) << ", kiln_body));\n";
-    } else {
-      os_ << "    kiln_body(0, " << Lit(nb) << ");\n";
-    }
+        << "      }\n    };\n"
+        << "    if (kiln_per_thread) {\n"
+        << "      KILN_TRY(kiln_par(H, E->threads, " << Lit(nb) << ", kiln_body));\n"
+        << "    } else {\n"
+        << "      kiln_body(0, " << Lit(nb) << ");\n"
+        << "    }\n";
     os_ << "    if (kiln_rc) return kiln_rc;\n";
     return Status::OK();
   }
@@ -764,7 +783,8 @@ class EntryEmitter {
     const Shape& w = Buf(k.inputs[1]).type.shape;
     const int64_t macs = NumElements(y) * NumElements(Shape(w.begin() + 1, w.end()));
     const int64_t bytes = 4 * (NumElements(x) + NumElements(y) + NumElements(w));
-    return macs + kMultiplyAddsPerByte * bytes <= kSmallConvWork ? "1" : "E->threads";
+    return "kiln_team(E->threads, " + Lit(macs + kMultiplyAddsPerByte * bytes) + ", " +
+           Lit(kSmallConvWork) + ")";
   }
 
   // The entry's bind-time preparation: one prepared convolution per conv with bound weights.
@@ -1336,24 +1356,15 @@ class EntryEmitter {
       ops_strides.push_back(OperandStrides(Buf(k.inputs[j]), scores));
     }
     const size_t per = 4 + ops_strides.size();
-    const auto bstr = ContiguousStrides(batch);
-    os_ << "    static const int64_t offs[" << std::max<int64_t>(BH, 1) * static_cast<int64_t>(per)
-        << "] = {";
-    for (int64_t b = 0; b < BH; ++b) {
-      std::vector<int64_t> o(per, 0);
-      int64_t rem = b;
-      for (size_t d = 0; d < batch.size(); ++d) {
-        const int64_t idx = rem / bstr[d];
-        rem %= bstr[d];
-        o[0] += idx * qs[d];
-        o[1] += idx * ks[d];
-        o[2] += idx * vs[d];
-        o[3] += idx * os[d];
-        for (size_t e = 0; e < ops_strides.size(); ++e) o[4 + e] += idx * ops_strides[e][d];
-      }
-      for (int64_t x : o) os_ << Lit(x) << ", ";
+    std::vector<std::vector<int64_t>> strides(per);
+    for (size_t d = 0; d < batch.size(); ++d) {
+      strides[0].push_back(qs[d]);
+      strides[1].push_back(ks[d]);
+      strides[2].push_back(vs[d]);
+      strides[3].push_back(os[d]);
+      for (size_t e = 0; e < ops_strides.size(); ++e) strides[4 + e].push_back(ops_strides[e][d]);
     }
-    os_ << "};\n    int kiln_rc = 0;\n"
+    os_ << "    int kiln_rc = 0;\n"
         << "    auto kiln_body = [&](int64_t kiln_lo, int64_t kiln_hi) {\n"
         << "      alignas(64) float S[" << BQ * BK << "];\n"
         << "      alignas(64) float Oa[" << BQ * Dv << "];\n"
@@ -1362,9 +1373,9 @@ class EntryEmitter {
         << "        const int64_t bh = t / " << Lit(NQB) << ", i0 = (t % " << Lit(NQB) << ") * "
         << Lit(BQ) << ";\n"
         << "        const int64_t nq = " << Lit(Sq) << " - i0 < " << Lit(BQ) << " ? " << Lit(Sq)
-        << " - i0 : " << Lit(BQ) << ";\n"
-        << "        const int64_t* off = offs + bh * " << per << ";\n"
-        << "        const float* qp = " << B(k.inputs[0]) << " + off[0] + i0 * " << Lit(qs[r - 2])
+        << " - i0 : " << Lit(BQ) << ";\n";
+    EmitBatchOffsets("        ", "bh", batch, strides);
+    os_ << "        const float* qp = " << B(k.inputs[0]) << " + off[0] + i0 * " << Lit(qs[r - 2])
         << ";\n"
         << "        const float* kp = " << B(k.inputs[1]) << " + off[1];\n"
         << "        const float* vp = " << B(k.inputs[2]) << " + off[2];\n"

@@ -48,6 +48,14 @@ static inline int kiln_par(const kiln_host_api* H, int threads, int64_t n, F& bo
   return H->parallel_for(n, kiln_par_tramp<F>, (void*)&body, threads);
 }
 
+// The threads a piece of work runs on: the host's team, or 1 when `work` is at most `small`, too
+// little to pay for waking the team. Emitted as a call on the work's size rather than as the
+// literal choice, so that the source of an entry is the same text at every size, up to its
+// integer constants (compile/ranged_emit.h); with constant arguments the compiler folds it.
+static inline int kiln_team(int threads, int64_t work, int64_t small) {
+  return work <= small ? 1 : threads;
+}
+
 // exp(x) to ~1 ulp: Cody-Waite range reduction and a degree-6 polynomial (Cephes), no libm call.
 // Below the smallest normal result it is 0, not a denormal: the compiler folds the clamped lanes
 // into constants, and one denormal constant multiplied into every lane of a loop (sigmoid's
