@@ -166,13 +166,13 @@ Result<bool> InlineOneKnownIf(Graph& graph) {
 
 }  // namespace
 
-Status FoldStructuralConstants(Graph& graph) {
+Status FoldStructuralConstants(Graph& graph, const std::set<std::string>& keep) {
   // Fold, then inline an If whose condition folding made known, and fold again: the inlined
   // branch may hold structural chains (and Ifs) of its own. Each round removes one If.
   for (;;) {
     // Tolerant: nodes whose shapes depend on input values are left for the dynamic region.
     KILN_ASSIGN_OR_RETURN(InferredGraph inferred, InferShapes(graph, {}, true));
-    KILN_ASSIGN_OR_RETURN(Graph folded, FoldStructural(graph, inferred));
+    KILN_ASSIGN_OR_RETURN(Graph folded, FoldStructural(graph, inferred, &keep));
     graph = std::move(folded);
     KILN_ASSIGN_OR_RETURN(bool inlined, InlineOneKnownIf(graph));
     if (!inlined) return Status::OK();

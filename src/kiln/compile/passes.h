@@ -3,6 +3,7 @@
 #pragma once
 
 #include <map>
+#include <set>
 #include <string>
 
 #include "src/kiln/base/status.h"
@@ -22,8 +23,9 @@ Status SpecializeToClass(Graph& graph, const ShapeClass& shape_class);
 // Replaces every node whose outputs are structural values known for this class by constants
 // (Shape/Gather/Concat/Unsqueeze chains ...). Reads no weight value. Requires SpecializeToClass.
 // Nodes whose output shapes depend on input values (and their readers) are kept as they are:
-// lowering runs them as the entry's dynamic region.
-Status FoldStructuralConstants(Graph& graph);
+// lowering runs them as the entry's dynamic region. Nodes with an output in `keep` are kept too
+// (a ranged entry keeps every value whose shape depends on its symbols: CompileOptions).
+Status FoldStructuralConstants(Graph& graph, const std::set<std::string>& keep = {});
 
 // Rewrites each inference-form BatchNormalization over float32 X [N, C, ...] into the
 // elementwise ops it means: s = scale / sqrt(var + epsilon) per channel, then

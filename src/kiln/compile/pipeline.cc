@@ -45,15 +45,23 @@ struct PassDef {
   enum class On { kGraph, kLower, kProgram };
   const char* name;
   On on;
-  Status (*graph)(Graph&, const ShapeClass&) = nullptr;  // On::kGraph
-  Status (*program)(Program&) = nullptr;                 // On::kProgram
+  Status (*graph)(Graph&, const ShapeClass&, const CompileOptions&) = nullptr;  // On::kGraph
+  Status (*program)(Program&) = nullptr;                                        // On::kProgram
   bool optional = true;  // false: runs even when named in --disable-pass
 };
 
-Status Specialize(Graph& g, const ShapeClass& c) { return SpecializeToClass(g, c); }
-Status FoldStructural(Graph& g, const ShapeClass&) { return FoldStructuralConstants(g); }
-Status BatchNorm(Graph& g, const ShapeClass&) { return DecomposeBatchNorm(g); }
-Status DeadCode(Graph& g, const ShapeClass&) { return EliminateDeadNodes(g); }
+Status Specialize(Graph& g, const ShapeClass& c, const CompileOptions&) {
+  return SpecializeToClass(g, c);
+}
+Status FoldStructural(Graph& g, const ShapeClass&, const CompileOptions& o) {
+  return FoldStructuralConstants(g, o.symbolic_values);
+}
+Status BatchNorm(Graph& g, const ShapeClass&, const CompileOptions&) {
+  return DecomposeBatchNorm(g);
+}
+Status DeadCode(Graph& g, const ShapeClass&, const CompileOptions&) {
+  return EliminateDeadNodes(g);
+}
 
 using On = PassDef::On;
 const std::vector<PassDef>& EntryPasses() {
@@ -202,7 +210,7 @@ Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, 
     Status s;
     switch (pass.on) {
       case On::kGraph:
-        s = pass.graph(graph, shape_class);
+        s = pass.graph(graph, shape_class, options);
         break;
       case On::kLower: {
         auto p = LowerToProgram(graph);

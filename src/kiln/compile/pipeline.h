@@ -3,6 +3,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,10 @@ struct CompileOptions {
   std::ostream* dump = nullptr;
   EmitOptions emit;
   int parallel_compiles = 2;
+  // A ranged entry compiled at one of its points: the values whose shape depends on the entry's
+  // symbols (ranged_shapes.h). They are never folded into constant tables, which would make the
+  // source's length depend on the point (ranged_emit.h); they are computed when the entry runs.
+  std::set<std::string> symbolic_values;
 };
 
 // The test-only switch KILN_TEST_CELL_SEGV=<float>: every cell this process generates writes

@@ -300,7 +300,8 @@ Result<InferredGraph> InferShapes(const Graph& g, const std::map<std::string, Sh
   return InferScoped(g, std::move(out), nullptr, tolerate_dynamic);
 }
 
-Result<Graph> FoldStructural(const Graph& g, const InferredGraph& inf) {
+Result<Graph> FoldStructural(const Graph& g, const InferredGraph& inf,
+                             const std::set<std::string>* keep) {
   Graph out = g;
   out.nodes.clear();
   std::set<std::string> graph_inputs;
@@ -308,7 +309,7 @@ Result<Graph> FoldStructural(const Graph& g, const InferredGraph& inf) {
   for (const Node& n : g.nodes) {
     bool folded = !n.outputs.empty();
     for (const std::string& o : n.outputs) {
-      if (!o.empty() && !inf.known.count(o)) folded = false;
+      if (!o.empty() && (!inf.known.count(o) || (keep && keep->count(o)))) folded = false;
     }
     if (!folded) {
       out.nodes.push_back(n);

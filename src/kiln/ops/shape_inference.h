@@ -63,7 +63,9 @@ Result<std::vector<TensorType>> InferBodyTypes(const Graph& body,
 
 // Returns a copy of `graph` where every node whose outputs are all known structural values is
 // replaced by those values as structural-constant initializers, and initializers no node or
-// output uses any more are dropped (weights are kept: the graph still binds them).
-Result<Graph> FoldStructural(const Graph& graph, const InferredGraph& inferred);
+// output uses any more are dropped (weights are kept: the graph still binds them). A node with an
+// output named in `keep` (optional) is left to run.
+Result<Graph> FoldStructural(const Graph& graph, const InferredGraph& inferred,
+                             const std::set<std::string>* keep = nullptr);
 
 }  // namespace kiln
