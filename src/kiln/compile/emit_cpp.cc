@@ -359,13 +359,14 @@ class EntryEmitter {
     std::string lo, hi;
     int64_t work = 0;  // split over the team from kParallelWork on (kiln_team)
     int64_t n = 0;
-    bool open = false;  // ParOpen emitted the body's opening
+    std::string n_expr;  // when set, the range's length as a C++ expression (n is unused)
+    bool open = false;   // ParOpen emitted the body's opening
   };
   // Opens an outermost loop range [0, n): plain bounds, or, when the work is big enough to
   // split, a lambda over a chunk [kiln_lo, kiln_hi) that ParClose hands to parallel_for.
   // Either way the loop body becomes a function of its own (see kiln_par_tramp).
   Range ParOpen(int64_t n, int64_t work) {
-    Range r{"kiln_lo", "kiln_hi", work, n, true};
+    Range r{"kiln_lo", "kiln_hi", work, n, "", true};
     os_ << "    auto kiln_body = [&](int64_t kiln_lo, int64_t kiln_hi) {\n";
     return r;
   }
@@ -373,7 +374,8 @@ class EntryEmitter {
     if (!r.open) return;
     // kiln_par runs a range of fewer than 2 on the calling thread whatever it is given.
     os_ << "    };\n    KILN_TRY(kiln_par(H, kiln_team(E->threads, " << Lit(r.work) << ", "
-        << Lit(kParallelWork - 1) << "), " << Lit(r.n) << ", kiln_body));\n";
+        << Lit(kParallelWork - 1) << "), " << (r.n_expr.empty() ? Lit(r.n) : r.n_expr)
+        << ", kiln_body));\n";
   }
 
   Status EmitFused(const Kernel& k) {
@@ -732,8 +734,14 @@ class EntryEmitter {
     d << "{" << x[0] << ", " << x[1] << ", " << x[2] << ", " << x[3] << ", " << w[0] << ", " << w[2]
       << ", " << w[3] << ", " << strides[0] << ", " << strides[1] << ", " << pads[0] << ", "
       << pads[1] << ", " << pads[2] << ", " << pads[3] << ", " << dil[0] << ", " << dil[1] << ", "
-      << group << ", " << k.post_op << ", " << (k.conv_sum ? 1 : 0) << ", " << k.conv_layout
-      << ", 0}";
+      << group << ", " << k.post_op << ", " << (k.conv_sum ? 1 : 0) << ", ";
+    if (k.conv_layout == KILN_CONV_LAYOUT_NHWC_WINOGRAD) {
+      d << "(" << Lit(x[0] * x[2] * x[3]) << " >= " << Lit(kWinogradMinPixels)
+        << " ? KILN_CONV_LAYOUT_NHWC_WINOGRAD : KILN_CONV_LAYOUT_NHWC)";
+    } else {
+      d << k.conv_layout;
+    }
+    d << ", 0}";
     *desc = d.str();
     return Status::OK();
   }
@@ -1276,10 +1284,21 @@ class EntryEmitter {
   }
 
   // An attention kernel's tiles: BQ queries by BK keys, and how the host's sgemm takes Q, K'
-  // and V. Tiles live on each thread's stack: at most ~256 KiB.
+  // and V. Tiles live on each thread's stack: at most ~256 KiB. They are the largest the kernel
+  // takes (BQ <= 64 queries, BK <= 256 keys) whatever Sq and Sk are, the last block of each cut
+  // short at run time, so the text does not depend on the sequence lengths (only its integer
+  // constants do).
   struct AttentionTiles {
     int64_t bq = 0, bk = 0, d = 0, dv = 0;
+    int64_t sq = 0, sk = 0;
     MatrixArg q, k, v;
+    // The first tile's extents: min(Sq, BQ) and min(Sk, BK), as C++ expressions.
+    std::string FirstQ() const {
+      return "(" + Lit(sq) + " < " + Lit(bq) + " ? " + Lit(sq) + " : " + Lit(bq) + ")";
+    }
+    std::string FirstK() const {
+      return "(" + Lit(sk) + " < " + Lit(bk) + " ? " + Lit(sk) + " : " + Lit(bk) + ")";
+    }
   };
   Result<AttentionTiles> PlanAttention(const Kernel& k) const {
     const Buffer& qb = Buf(k.inputs[0]);
@@ -1293,11 +1312,13 @@ class EntryEmitter {
     KILN_ASSIGN_OR_RETURN(t.q, AsMatrix(Sq, D, qs[r - 2], qs[r - 1], "Q"));
     KILN_ASSIGN_OR_RETURN(t.k, AsMatrix(D, Sk, ks[r - 2], ks[r - 1], "K'"));
     KILN_ASSIGN_OR_RETURN(t.v, AsMatrix(Sk, Dv, vs[r - 2], vs[r - 1], "V"));
-    t.bk = std::min<int64_t>(Sk, 256);
-    t.bq = std::min<int64_t>(Sq, 64);
+    t.bk = 256;
+    t.bq = 64;
     while (t.bq > 8 && t.bq * (t.bk + Dv) * 4 > (int64_t{1} << 18)) t.bq /= 2;
     t.d = D;
     t.dv = Dv;
+    t.sq = Sq;
+    t.sk = Sk;
     return t;
   }
 
@@ -1309,17 +1330,20 @@ class EntryEmitter {
       KILN_ASSIGN_OR_RETURN(const AttentionTiles t, PlanAttention(k));
       const int64_t a = t.bq * t.d, b = t.d * t.bk, c = t.bq * t.bk, v = t.bk * t.dv;
       const int64_t o = t.bq * t.dv;
+      // Scratch for the largest tiles; the products are the first tile's, the shape most
+      // calls take.
+      const std::string bq = t.FirstQ(), bk = t.FirstK();
       os_ << "  {  // warm the host's sgemm for this attention's tiles\n"
           << "    float* s = (float*)calloc(" << a + b + c + v + o << ", sizeof(float));\n"
           << "    if (!s) return KILN_CELL_RESOURCE_EXHAUSTED;\n"
-          << "    int rc = E->host->sgemm(" << t.q.trans << ", " << t.k.trans << ", " << Lit(t.bq)
-          << ", " << Lit(t.bk) << ", " << Lit(t.d) << ", 1.0f, s, " << Lit(t.q.trans ? t.bq : t.d)
-          << ", s + " << a << ", " << Lit(t.k.trans ? t.d : t.bk) << ", 0.0f, s + " << a + b << ", "
-          << Lit(t.bk) << ", 1);\n"
-          << "    if (!rc) rc = E->host->sgemm(0, " << t.v.trans << ", " << Lit(t.bq) << ", "
-          << Lit(t.dv) << ", " << Lit(t.bk) << ", 1.0f, s + " << a + b << ", " << Lit(t.bk)
-          << ", s + " << a + b + c << ", " << Lit(t.v.trans ? t.bk : t.dv) << ", 1.0f, s + "
-          << a + b + c + v << ", " << Lit(t.dv) << ", 1);\n"
+          << "    int rc = E->host->sgemm(" << t.q.trans << ", " << t.k.trans << ", " << bq << ", "
+          << bk << ", " << Lit(t.d) << ", 1.0f, s, " << (t.q.trans ? bq : Lit(t.d)) << ", s + " << a
+          << ", " << (t.k.trans ? Lit(t.d) : bk) << ", 0.0f, s + " << a + b << ", " << bk
+          << ", 1);\n"
+          << "    if (!rc) rc = E->host->sgemm(0, " << t.v.trans << ", " << bq << ", " << Lit(t.dv)
+          << ", " << bk << ", 1.0f, s + " << a + b << ", " << bk << ", s + " << a + b + c << ", "
+          << (t.v.trans ? bk : Lit(t.dv)) << ", 1.0f, s + " << a + b + c + v << ", " << Lit(t.dv)
+          << ", 1);\n"
           << "    free(s);\n    KILN_TRY(rc);\n  }\n";
     }
     return Status::OK();
@@ -1349,7 +1373,8 @@ class EntryEmitter {
     KILN_ASSIGN_OR_RETURN(const AttentionTiles tiles, PlanAttention(k));
     const MatrixArg qa = tiles.q, ka = tiles.k, va = tiles.v;
     const int64_t BQ = tiles.bq, BK = tiles.bk;
-    const int64_t NQB = (Sq + BQ - 1) / BQ;
+    // Query blocks per (batch, head), ceil(Sq / BQ), computed by the cell from Sq.
+    const std::string NQB = "kiln_nqb";
     // Per batch index: offsets of Q, K', V, O, then of every epilogue operand.
     std::vector<std::vector<int64_t>> ops_strides;
     for (size_t j = 3; j < k.inputs.size(); ++j) {
@@ -1364,14 +1389,16 @@ class EntryEmitter {
       strides[3].push_back(os[d]);
       for (size_t e = 0; e < ops_strides.size(); ++e) strides[4 + e].push_back(ops_strides[e][d]);
     }
+    os_ << "    const int64_t kiln_nqb = (" << Lit(Sq) << " + " << Lit(BQ - 1) << ") / " << Lit(BQ)
+        << ";\n";
     os_ << "    int kiln_rc = 0;\n"
         << "    auto kiln_body = [&](int64_t kiln_lo, int64_t kiln_hi) {\n"
         << "      alignas(64) float S[" << BQ * BK << "];\n"
         << "      alignas(64) float Oa[" << BQ * Dv << "];\n"
         << "      float mx[" << BQ << "], ls[" << BQ << "];\n"
         << "      for (int64_t t = kiln_lo; t < kiln_hi; ++t) {\n"
-        << "        const int64_t bh = t / " << Lit(NQB) << ", i0 = (t % " << Lit(NQB) << ") * "
-        << Lit(BQ) << ";\n"
+        << "        const int64_t bh = t / " << NQB << ", i0 = (t % " << NQB << ") * " << Lit(BQ)
+        << ";\n"
         << "        const int64_t nq = " << Lit(Sq) << " - i0 < " << Lit(BQ) << " ? " << Lit(Sq)
         << " - i0 : " << Lit(BQ) << ";\n";
     EmitBatchOffsets("        ", "bh", batch, strides);
@@ -1448,7 +1475,7 @@ class EntryEmitter {
         << "          for (int64_t d = 0; d < " << Lit(Dv) << "; ++d) o[d * " << Lit(os[r - 1])
         << "] = oa[d] * inv;\n"
         << "        }\n      }\n    };\n"
-        << "    KILN_TRY(kiln_par(H, E->threads, " << Lit(BH * NQB) << ", kiln_body));\n"
+        << "    KILN_TRY(kiln_par(H, E->threads, " << Lit(BH) << " * " << NQB << ", kiln_body));\n"
         << "    if (kiln_rc) return kiln_rc;\n";
     return Status::OK();
   }
@@ -1474,20 +1501,19 @@ class EntryEmitter {
     const bool include_pad = k.node.GetInt("count_include_pad", 0) != 0;
     const std::string X = B(k.inputs[0]), Y = B(k.outputs[0]);
     // A pool with few output pixels (a global pool has one per image) would leave the team
-    // nothing to split, so its channels are split too, in blocks of one AVX-512 vector.
+    // nothing to split, so its channels are split too, in blocks of one AVX-512 vector. The
+    // cell decides (constants the C++ compiler folds), so the text is the same at every size.
     const int64_t pixels = y[0] * OH * OW;
-    const int64_t cb = pixels < 8 && C > 16 ? 16 : C;
-    const int64_t nc = (C + cb - 1) / cb;
-    const std::string c0 = nc == 1 ? "0" : "c0", c1 = nc == 1 ? Lit(C) : "c1";
-    const Range r = ParOpen(pixels * nc, NumElements(x));
+    const std::string c0 = "c0", c1 = "c1";
+    os_ << "    const int64_t kiln_cb = " << Lit(pixels) << " < 8LL && " << Lit(C)
+        << " > 16LL ? 16LL : " << Lit(C) << ";\n"
+        << "    const int64_t kiln_nc = (" << Lit(C) << " + kiln_cb - 1) / kiln_cb;\n";
+    Range r = ParOpen(0, NumElements(x));
+    r.n_expr = Lit(pixels) + " * kiln_nc";
     os_ << "    for (int64_t q = " << r.lo << "; q < " << r.hi << "; ++q) {\n";
-    if (nc == 1) {
-      os_ << "      const int64_t pix = q;\n";
-    } else {
-      os_ << "      const int64_t pix = q / " << Lit(nc) << ", c0 = (q % " << Lit(nc) << ") * "
-          << Lit(cb) << ", c1 = c0 + " << Lit(cb) << " < " << Lit(C) << " ? c0 + " << Lit(cb)
-          << " : " << Lit(C) << ";\n";
-    }
+    os_ << "      const int64_t pix = q / kiln_nc, c0 = (q % kiln_nc) * kiln_cb, c1 = c0 + kiln_cb "
+           "< "
+        << Lit(C) << " ? c0 + kiln_cb : " << Lit(C) << ";\n";
     os_ << "      const int64_t n = pix / " << Lit(OH * OW) << ", oh = (pix / " << Lit(OW) << ") % "
         << Lit(OH) << ", ow = pix % " << Lit(OW) << ";\n"
         << "      float* y = " << Y << " + n * " << Lit(ys[0]) << " + oh * " << Lit(ys[2])

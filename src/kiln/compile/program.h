@@ -21,6 +21,10 @@
 
 namespace kiln {
 
+// Below this many output pixels per call (N*H*W) Winograd loses to the direct kernel (measured
+// on one AVX-512 core with its two reorders: a loss at 7x7 for one image, a gain from 14x14).
+inline constexpr int64_t kWinogradMinPixels = 14 * 14;
+
 struct Buffer {
   enum class Kind { kInput, kWeight, kConst, kTemp };
   int id = 0;
@@ -96,6 +100,9 @@ struct Kernel {
   int post_op = 0;
   bool conv_sum = false;
   // kConv: kiln_conv_layout chosen by the choose-conv-layout pass (0 = left to the library).
+  // KILN_CONV_LAYOUT_NHWC_WINOGRAD says the convolution's kind and channels suit Winograd; the
+  // cell asks for it only when the batch's pixels (N*H*W) reach kWinogradMinPixels, a test
+  // written into the descriptor, so the source is the same text at every batch size.
   int conv_layout = 0;
   // kMatMul / kGemm / kConv: an elementwise epilogue applied in place to outputs[0] right after
   // the kernel-library call, while the tile is hot. Operands: >= 0 an earlier epilogue expr,
