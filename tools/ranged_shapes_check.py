@@ -11,7 +11,8 @@ concrete shape, that fitted + irregular + dynamic values are exactly the values 
 that each model's irregular set is what its architecture implies (none for ranged batch and
 sequence; the strided convolutions' outputs for a ranged spatial size). Then reports whether the
 compiler's generated source over each range is one template (`kiln info --ranged ... --template`,
-compile/ranged_emit.h) and, where it is not, the first point and line where it differs.
+compile/ranged_emit.h): it must be for ranged batch and sequence from 2 up, and cannot be for a
+ranged spatial size; where it is not, the first point and line where it differs are printed.
 
     python3 tools/ranged_shapes_check.py --kiln build/kiln --work /tmp/ranged [--points 20]
 """
@@ -132,9 +133,21 @@ def check_model(kiln, path, entry, expect, points, rng):
     # Whether the compiler's generated source over the range is one template
     # (compile/ranged_emit.h): reported, and held to its own contract (a template that does not
     # hold says where).
-    t = kiln_json(kiln, path, "--ranged", entry, ["--template"])["template"]
+    # Held to the probe points and to `points` random points of the range (from 2 up, where a
+    # template is expected).
+    extra = [{s: rng.randint(min(max(lo, 2), hi), hi) for s, (lo, hi) in entry["ranges"].items()}
+             for _ in range(points)]
+    t = kiln_json(kiln, path, "--ranged", entry,
+                  ["--template", "--template-points", json.dumps(extra)])["template"]
     if t["emits"] < 1 or (not t["holds"] and not t["disagreement"]):
         failures.append(f"the template fit says nothing: {t}")
+    # Ranged batch and sequence: one template wherever every symbol is at least 2 (1 is the size
+    # the compiler treats apart). A ranged spatial size: its strided convolutions' floor
+    # divisions are no polynomial, so not.
+    if expect == "none" and not t["holds_above_base"]:
+        failures.append(f"the generated source is not one template from 2 up: {t['summary']}")
+    if expect == "strided" and t["holds_above_base"]:
+        failures.append(f"a template over a strided spatial range: {t['summary']}")
     print(f"  generated source: {t['summary']}")
     for f in failures[:10]:
         print("  " + f)

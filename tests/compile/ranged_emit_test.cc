@@ -104,10 +104,29 @@ TEST(EmittedTemplate, ASmallMlpIsOneTemplateWhoseSizesArePolynomialsInBatch) {
   EXPECT_GT(t->varying.count("run"), 0u) << t->Summary();
   EXPECT_EQ(t->varying.count("prologue"), 0u) << t->Summary();
   EXPECT_EQ(t->max_degree, 1);
-  EXPECT_EQ(t->probes, 4u);  // the corners 1 and 32, then 7 and the middle 16
-  EXPECT_EQ(t->emits, 3u + t->probes);
-  EXPECT_NE(t->Summary().find("gives the source at all 4 probe points"), std::string::npos)
+  EXPECT_EQ(t->probes, 4u);                  // the corners 1 and 32, then 7 and the middle 16
+  EXPECT_EQ(t->emits, 1u + 3u + t->probes);  // the maximum, the grid, the probes
+  EXPECT_NE(t->Summary().find("gives the source at all 4 points checked"), std::string::npos)
       << t->Summary();
+}
+
+TEST(EmittedTemplate, ExtraPointsAreCheckedTooAndAPointOutsideTheRangeIsRefused) {
+  Graph g = SmallMlp();
+  auto t = FitEmittedTemplate(g, Batch(1, 32, 8), CompileOptions{},
+                              {SymbolPoint{{"batch", 23}}, SymbolPoint{{"batch", 29}},
+                               SymbolPoint{{"batch", 32}}});  // 32 is a probe point already
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_TRUE(t->holds) << t->Summary();
+  EXPECT_EQ(t->probes, 6u);
+  auto outside =
+      FitEmittedTemplate(g, Batch(1, 32, 8), CompileOptions{}, {SymbolPoint{{"batch", 33}}});
+  ASSERT_FALSE(outside.ok());
+  EXPECT_NE(outside.status().message().find("{batch=33} is not a point of the range"),
+            std::string::npos)
+      << outside.status().message();
+  auto unnamed = FitEmittedTemplate(g, Batch(1, 32, 8), CompileOptions{},
+                                    {SymbolPoint{{"batch", 3}, {"seq", 4}}});
+  EXPECT_FALSE(unnamed.ok());
 }
 
 TEST(EmittedTemplate, ScoresOfAPairOfSequencesAreOfDegreeTwoInTheirLength) {
@@ -151,9 +170,10 @@ TEST(EmittedTemplate, WhetherALoopRunsOnTheTeamIsDecidedWithoutChangingTheText) 
   EXPECT_TRUE(t->holds) << t->Summary();
 }
 
-TEST(EmittedTemplate, AConstantTableAsLongAsTheSequenceBreaksTheTemplateAndIsNamed) {
-  // Position ids: Range(0, seq) folded into a constant table with one entry per position, so
-  // the text grows with seq; the first point that differs is named with both lines.
+TEST(EmittedTemplate, PositionIdsAreComputedWhenTheEntryRunsNotFoldedIntoATable) {
+  // Range(0, seq): folded for a point, it is a constant table with one entry per position and
+  // the text would grow with seq. Compiled as a ranged entry, a value whose shape depends on
+  // the symbols is never folded (CompileOptions::symbolic_values), so the text does not grow.
   OnnxBuilder b;
   b.Input("x", kFloat, {-1, -1});
   b.Output("y", kFloat, {-1, -1});
@@ -168,16 +188,43 @@ TEST(EmittedTemplate, AConstantTableAsLongAsTheSequenceBreaksTheTemplateAndIsNam
   Graph g = Import(b);
   RangedEntry e;
   e.inputs["x"] = {DimSpec{0, "batch"}, DimSpec{0, "seq"}};
-  e.ranges["batch"] = {1, 4};
-  e.ranges["seq"] = {1, 64};
+  e.ranges["batch"] = {2, 4};
+  e.ranges["seq"] = {2, 64};
+  auto t = FitEmittedTemplate(g, e, CompileOptions{});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_TRUE(t->holds) << t->Summary();
+  // The positions live in the workspace, planned once at the maximum (seq 64): offsets packed
+  // per point by size (rounded to 64 bytes) would be no polynomial in seq.
+  EXPECT_GE(t->workspace_at_maximum, 64 * 8) << t->Summary();
+
+  // The same graph compiled for one point folds the positions into a table as long as seq.
+  auto cell =
+      GenerateCell(g, Envelope{{ShapeClass{{"x", {2, 5}}}}}, "d", CompileOptions{}, nullptr);
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  EXPECT_NE(cell->source.find("0LL, 1LL, 2LL, 3LL, 4LL,}"), std::string::npos);
+}
+
+TEST(EmittedTemplate, AStridedConvolutionOverARangedSideIsNoPolynomialAndIsNamed) {
+  // A stride-2 convolution's output side is floor((side - 1) / 2) + 1: the fit through side
+  // 8, 9, 10 misses it further up, and the literal, the point and the line are named.
+  OnnxBuilder b;
+  b.Input("x", kFloat, {1, 4, -1, -1});
+  b.Output("y", kFloat, {1, 4, -1, -1});
+  b.FloatInit("w", {4, 4, 3, 3}, std::vector<float>(144, 0.1f));
+  auto& conv = b.Node("Conv", {"x", "w"}, {"y"});
+  OnnxBuilder::IntsAttr(conv, "strides", {2, 2});
+  OnnxBuilder::IntsAttr(conv, "pads", {1, 1, 1, 1});
+  Graph g = Import(b);
+  RangedEntry e;
+  e.inputs["x"] = {DimSpec{1, ""}, DimSpec{4, ""}, DimSpec{0, "side"}, DimSpec{0, "side"}};
+  e.ranges["side"] = {8, 40};
   auto t = FitEmittedTemplate(g, e, CompileOptions{});
   ASSERT_TRUE(t.ok()) << t.status().ToString();
   EXPECT_FALSE(t->holds);
   EXPECT_FALSE(t->holds_above_base);
-  EXPECT_NE(t->disagreement.find("seq=3"), std::string::npos) << t->disagreement;
-  EXPECT_NE(t->disagreement.find("differs from the one at {batch=2, seq=2}"), std::string::npos)
-      << t->disagreement;
-  EXPECT_NE(t->Summary().find("does not form a template"), std::string::npos) << t->Summary();
+  EXPECT_NE(t->disagreement.find("at {side="), std::string::npos) << t->disagreement;
+  EXPECT_NE(t->disagreement.find("a literal is"), std::string::npos) << t->disagreement;
+  EXPECT_NE(t->Summary().find("does not give the source"), std::string::npos) << t->Summary();
 }
 
 TEST(EmittedTemplate, AConstantRangeIsRefusedAsTheShapeAnalysisRefusesIt) {

@@ -103,7 +103,35 @@ Result<nlohmann::json> ShapesAtJson(const Graph& g, const std::string& text) {
 
 // The ranged entry's analysis: each value's dims as polynomials ([[coefficient, [symbols]], ...]),
 // the irregular values with why, the dynamic ones, and the footprint at the range's maximum.
-Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text, bool fit_template) {
+// --template-points: a JSON array of points ({"symbol": value, ...}).
+Result<std::vector<SymbolPoint>> ParsePoints(const std::string& text) {
+  std::vector<SymbolPoint> out;
+  if (text.empty()) return out;
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_array()) {
+    return Status::InvalidArgument("--template-points takes a JSON array of points, got '" + text +
+                                   "'");
+  }
+  for (const auto& p : j) {
+    if (!p.is_object()) {
+      return Status::InvalidArgument("--template-points: " + p.dump() +
+                                     " is no point; a point is {\"symbol\": value, ...}");
+    }
+    SymbolPoint point;
+    for (const auto& [name, v] : p.items()) {
+      if (!v.is_number_integer()) {
+        return Status::InvalidArgument("--template-points: " + name + " is " + v.dump() +
+                                       ", expected an integer");
+      }
+      point[name] = v.get<int64_t>();
+    }
+    out.push_back(std::move(point));
+  }
+  return out;
+}
+
+Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text, bool fit_template,
+                                  const std::string& points_text) {
   KILN_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonOption(text, "--ranged"));
   KILN_ASSIGN_OR_RETURN(RangedEntry entry, RangedFromJson(j));
   KILN_ASSIGN_OR_RETURN(RangedShapes shapes, InferRangedShapes(g, entry));
@@ -129,8 +157,11 @@ Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text, bool 
     out["element_bytes"][name] = DTypeSize(shapes.dtypes.at(name));
   }
   if (fit_template) {
-    KILN_ASSIGN_OR_RETURN(EmittedTemplate t, FitEmittedTemplate(g, entry, CompileOptions{}));
+    KILN_ASSIGN_OR_RETURN(std::vector<SymbolPoint> points, ParsePoints(points_text));
+    KILN_ASSIGN_OR_RETURN(EmittedTemplate t,
+                          FitEmittedTemplate(g, entry, CompileOptions{}, points));
     out["template"] = {{"symbols", t.symbols},
+                       {"workspace_at_maximum", t.workspace_at_maximum},
                        {"base", t.base},
                        {"emits", t.emits},
                        {"literals", t.literals},
@@ -146,10 +177,11 @@ Result<nlohmann::json> RangedJson(const Graph& g, const std::string& text, bool 
 }
 
 int RunShapes(const std::string& path, const std::string& at, const std::string& ranged,
-              bool fit_template) {
+              bool fit_template, const std::string& points) {
   auto graph = ImportOnnxFile(path);
   if (!graph.ok()) return ReportError("info", graph.status());
-  auto out = at.empty() ? RangedJson(*graph, ranged, fit_template) : ShapesAtJson(*graph, at);
+  auto out =
+      at.empty() ? RangedJson(*graph, ranged, fit_template, points) : ShapesAtJson(*graph, at);
   if (!out.ok()) return ReportError("info", out.status());
   std::printf("%s\n", out->dump().c_str());
   return 0;
@@ -176,14 +208,24 @@ void AddInfoCommand(CLI::App& app, int* exit_code) {
                 "with --ranged: also compile and emit the entry at a grid of points and say "
                 "whether its source is one template whose integer constants are polynomials in "
                 "the symbols, held to every probe point");
+  auto* template_points = new std::string();
+  cmd->add_option("--template-points", *template_points,
+                  "with --template: a JSON array of points of the range ({\"symbol\": value}) "
+                  "to hold the template to, besides the probe points");
   cmd->callback([=] {
+    if (!template_points->empty() && !*fit_template) {
+      *exit_code =
+          ReportError("info", Status::InvalidArgument("--template-points needs --template"));
+      return;
+    }
     if (*fit_template && ranged->empty()) {
       *exit_code = ReportError(
           "info", Status::InvalidArgument("--template needs --ranged (the range to fit over)"));
       return;
     }
-    *exit_code = (at->empty() && ranged->empty()) ? RunInfo(*path, *facts)
-                                                  : RunShapes(*path, *at, *ranged, *fit_template);
+    *exit_code = (at->empty() && ranged->empty())
+                     ? RunInfo(*path, *facts)
+                     : RunShapes(*path, *at, *ranged, *fit_template, *template_points);
   });
 }
 

@@ -65,11 +65,46 @@ std::string RegionAt(const std::string& text, size_t offset) {
   return "prologue";
 }
 
-// The source the compiler writes for entry 0 at `point`, or why it cannot.
+// The workspace of a ranged entry is planned once, at the range's maximum, and every point
+// uses that plan: the same buffers live over the same kernels (the skeleton says the program is
+// the same), and each is no larger than at the maximum, so allocations that did not meet there
+// do not meet at any point. An error names a buffer that is larger here, or a program whose
+// buffers are not the maximum's.
+Status ApplyPlanAtMaximum(Program& at_point, const Program& at_max) {
+  if (at_point.buffers.size() != at_max.buffers.size()) {
+    return Status::InvalidArgument("the program has " + std::to_string(at_point.buffers.size()) +
+                                   " buffers, at the range's maximum " +
+                                   std::to_string(at_max.buffers.size()));
+  }
+  for (size_t i = 0; i < at_point.buffers.size(); ++i) {
+    Buffer& b = at_point.buffers[i];
+    const Buffer& m = at_max.buffers[i];
+    if ((b.offset >= 0) != (m.offset >= 0)) {
+      return Status::InvalidArgument("buffer '" + b.name +
+                                     "' is planned in the workspace at one of the point and "
+                                     "the range's maximum only");
+    }
+    if (b.offset < 0) continue;
+    if (b.bytes() > m.bytes()) {
+      return Status::InvalidArgument("buffer '" + b.name + "' has " + std::to_string(b.bytes()) +
+                                     " bytes, at the range's maximum " + std::to_string(m.bytes()));
+    }
+    b.offset = m.offset;
+  }
+  at_point.workspace_bytes = at_max.workspace_bytes;
+  return at_point.Verify();
+}
+
+// The source the compiler writes for entry 0 at `point` as a ranged entry (its workspace planned
+// at the maximum, when `at_max` is given), or why it cannot.
 Result<std::string> SourceAt(const Graph& graph, const RangedEntry& entry, const SymbolPoint& point,
-                             const CompileOptions& options) {
+                             const CompileOptions& options, const Program* at_max) {
   Result<Program> program = CompileEntry(graph, ShapesAt(entry, point), 0, options, nullptr);
-  if (!program.ok()) return program.status();
+  if (!program.ok()) {
+    return Status(program.status().code(),
+                  "the entry does not compile: " + program.status().message());
+  }
+  if (at_max) KILN_RETURN_IF_ERROR(ApplyPlanAtMaximum(*program, *at_max));
   std::vector<Program> entries;
   entries.push_back(std::move(program).value());
   KILN_ASSIGN_OR_RETURN(EmittedCell cell, EmitCell(entries, options.emit));
@@ -237,20 +272,49 @@ std::string EmittedTemplate::Summary() const {
   s += "splits into one skeleton and " + std::to_string(literals) + " integer literals, " +
        std::to_string(Varying()) + " varying" + (where.empty() ? "" : " (" + where + ")") +
        ", of degree <= " + std::to_string(max_degree) + "; ";
-  if (holds)
-    return s + "the template gives the source at all " + std::to_string(probes) + " probe points";
+  if (holds) {
+    return s + "the template gives the source at all " + std::to_string(probes) +
+           " points checked, the workspace planned at the range's maximum (" +
+           std::to_string(workspace_at_maximum) + " bytes)";
+  }
   if (holds_above_base) {
-    return s + "it gives the source at every probe point with each symbol at or above " +
+    return s + "it gives the source at every point checked with each symbol at or above " +
            PointText(base) + " but not at the range's low end: " + disagreement;
   }
-  return s + "it does not give the source at every probe point: " + disagreement;
+  return s + "it does not give the source at every point checked: " + disagreement;
 }
 
 Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry& entry,
-                                           const CompileOptions& options) {
+                                           const CompileOptions& options,
+                                           const std::vector<SymbolPoint>& extra) {
   KILN_RETURN_IF_ERROR(CheckRangedEntry(entry, "ranged entry"));
   KILN_RETURN_IF_ERROR(CheckRangedProbes(entry));
+  std::vector<SymbolPoint> checked = RangeProbePoints(entry);
+  for (const SymbolPoint& p : extra) {
+    for (const auto& [name, range] : entry.ranges) {
+      auto it = p.find(name);
+      if (it == p.end() || it->second < range.first || it->second > range.second) {
+        return Status::InvalidArgument(
+            "point " + PointText(p) + " is not a point of the range: " + name + " must be in [" +
+            std::to_string(range.first) + ", " + std::to_string(range.second) + "]");
+      }
+    }
+    if (p.size() != entry.ranges.size()) {
+      return Status::InvalidArgument("point " + PointText(p) + " names a symbol the entry has not");
+    }
+    if (std::find(checked.begin(), checked.end(), p) == checked.end()) checked.push_back(p);
+  }
   EmittedTemplate out;
+  // Compiled as a ranged entry is: a value whose shape depends on the symbols is computed when
+  // the entry runs, never folded into a table as long as the point makes it.
+  KILN_ASSIGN_OR_RETURN(RangedShapes shapes, InferRangedShapes(graph, entry));
+  CompileOptions ranged = options;
+  for (const auto& [name, dims] : shapes.shapes) {
+    if (std::any_of(dims.begin(), dims.end(), [](const SymDim& d) { return !d.IsConstant(); })) {
+      ranged.symbolic_values.insert(name);
+    }
+  }
+  for (const auto& [name, why] : shapes.irregular) ranged.symbolic_values.insert(name);
   SymbolPoint fixed;
   std::vector<int> degree;
   std::vector<int64_t> base;
@@ -266,6 +330,18 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
     out.base[name] = b;
   }
   const size_t m = out.symbols.size();
+  // The program at the range's maximum, whose workspace plan every point uses.
+  SymbolPoint maximum;
+  for (const auto& [name, range] : entry.ranges) maximum[name] = range.second;
+  Result<Program> max_program = CompileEntry(graph, ShapesAt(entry, maximum), 0, ranged, nullptr);
+  ++out.emits;
+  if (!max_program.ok()) {
+    out.disagreement = "at the range's maximum " + PointText(maximum) +
+                       " the entry does not compile: " + max_program.status().message();
+    return out;
+  }
+  const Program& at_max = *max_program;
+  out.workspace_at_maximum = at_max.workspace_bytes;
   size_t grid_size = 1;
   for (int d : degree) grid_size *= static_cast<size_t>(d + 1);
 
@@ -279,11 +355,10 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
       point[out.symbols[i]] = base[i] + static_cast<int64_t>(rest % (degree[i] + 1));
       rest /= static_cast<size_t>(degree[i] + 1);
     }
-    Result<std::string> text = SourceAt(graph, entry, point, options);
+    Result<std::string> text = SourceAt(graph, entry, point, ranged, &at_max);
     ++out.emits;
     if (!text.ok()) {
-      out.disagreement =
-          "at " + PointText(point) + " the entry does not compile: " + text.status().message();
+      out.disagreement = "at " + PointText(point) + " " + text.status().message();
       return out;
     }
     grid[idx] = SplitIntegerLiterals(*text);
@@ -326,20 +401,19 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
 
   // Hold the template to every probe point.
   bool above_ok = true, all_ok = true;
-  for (const SymbolPoint& point : RangeProbePoints(entry)) {
+  for (const SymbolPoint& point : checked) {
     bool below = false;
     std::vector<int64_t> x(m);
     for (size_t i = 0; i < m; ++i) {
       x[i] = point.at(out.symbols[i]);
       below = below || x[i] < base[i];
     }
-    Result<std::string> text = SourceAt(graph, entry, point, options);
+    Result<std::string> text = SourceAt(graph, entry, point, ranged, &at_max);
     ++out.emits;
     ++out.probes;
     std::string finding;
     if (!text.ok()) {
-      finding =
-          "at " + PointText(point) + " the entry does not compile: " + text.status().message();
+      finding = "at " + PointText(point) + " " + text.status().message();
     } else {
       const LiteralSplit split = SplitIntegerLiterals(*text);
       if (split.pieces != grid[0].pieces) {

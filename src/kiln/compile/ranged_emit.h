@@ -5,13 +5,19 @@
 // by the same passes and emitter as a concrete entry and checkable against them point by point.
 //
 // The method is the one ranged_shapes.h uses for shapes, applied to the emitted text: the entry is
-// compiled and emitted at a grid of points (per symbol its box base and the next two values, so a
-// constant may be of degree two in a symbol: an attention's scores are seq*seq), the text is split
-// into a skeleton and its decimal integer literals, and every literal that changes is fitted by
-// finite differences. Then every probe point (RangeProbePoints) is compiled and emitted again and
-// must give the same skeleton and the polynomial's value at each literal. A float constant that
-// changes (a mean's 1/n over a ranged dim), a kernel chosen by size, or a broadcast that happens
-// only at 1 changes the skeleton and is named with the line and the point.
+// compiled as a ranged entry (values whose shape depends on the symbols are not folded into
+// constants: CompileOptions::symbolic_values) and emitted at a grid of points (per symbol its box
+// base and the next two values, so a constant may be of degree two in a symbol: an attention's
+// scores are seq*seq), the text is split into a skeleton and its decimal integer literals, and
+// every literal that changes is fitted by finite differences. Then every probe point
+// (RangeProbePoints) is compiled and emitted again and must give the same skeleton and the
+// polynomial's value at each literal. A float constant that changes (a mean's 1/n over a ranged
+// dim), a kernel chosen by size, or a broadcast that happens only at 1 changes the skeleton and is
+// named with the line and the point.
+//
+// The workspace is planned at the range's maximum and that plan used at every point (where each
+// buffer is no larger): its offsets are one set of constants, as a ranged entry's must be, where
+// the plan of each point would pack buffers by their sizes there.
 //
 // Where each varying literal sits says what a runtime extent needs there: in the entry's run
 // function it is an expression; in its constant tables (shape arrays, reference-op specs) and in
@@ -67,7 +73,10 @@ struct EmittedTemplate {
   bool holds = false;
   bool holds_above_base = false;
   std::string disagreement;
-  size_t probes = 0;  // probe points checked
+  size_t probes = 0;  // points checked: the probe points, then the caller's
+  // The workspace is planned once, at the range's maximum, and every point uses that plan (its
+  // offsets and size are then the same literals everywhere): its size.
+  int64_t workspace_at_maximum = 0;
 
   size_t Varying() const;
   // "the source at 9 points is one template: 1234 of 5678 integer literals vary (run 1000,
@@ -75,10 +84,13 @@ struct EmittedTemplate {
   std::string Summary() const;
 };
 
-// Fits the entry's generated source over the range. An error only when the range is not
-// well-formed (CheckRangedEntry, CheckRangedProbes); a point that does not compile, or a skeleton
-// that differs, is a finding (holds false, named).
+// Fits the entry's generated source over the range and holds it to every probe point, then to
+// each of `extra` (points of the range chosen by the caller, e.g. at random). An error only when
+// the range is not well-formed (CheckRangedEntry, CheckRangedProbes) or an extra point is not a
+// point of the range (named); a point that does not compile, or a skeleton that differs, is a
+// finding (holds false, named).
 Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry& entry,
-                                           const CompileOptions& options);
+                                           const CompileOptions& options,
+                                           const std::vector<SymbolPoint>& extra = {});
 
 }  // namespace kiln
