@@ -15,11 +15,7 @@ bool IsIdentChar(char c) {
   return std::isalnum(static_cast<unsigned char>(c)) != 0 || c == '_' || c == '.';
 }
 
-std::string PointText(const SymbolPoint& point) {
-  std::string s;
-  for (const auto& [name, v] : point) s += (s.empty() ? "" : ", ") + name + "=" + std::to_string(v);
-  return "{" + s + "}";
-}
+std::string PointText(const SymbolPoint& point) { return "{" + DescribePoint(point) + "}"; }
 
 // The line of `text` that holds byte `offset`, trimmed to 100 characters, for a finding.
 std::string LineAt(const std::string& text, size_t offset) {
@@ -127,7 +123,16 @@ bool Binomial(int64_t n, int k, int64_t* out) {
   return true;
 }
 
-// Index of a grid point: mixed radix over (degree_i + 1), symbol 0 fastest.
+// A grid point's index is mixed radix over (degree_i + 1), symbol 0 fastest: its coordinates,
+// and back.
+std::vector<int> GridCoordinates(size_t index, const std::vector<int>& degree) {
+  std::vector<int> at(degree.size());
+  for (size_t i = 0; i < degree.size(); ++i) {
+    at[i] = static_cast<int>(index % static_cast<size_t>(degree[i] + 1));
+    index /= static_cast<size_t>(degree[i] + 1);
+  }
+  return at;
+}
 size_t GridIndex(const std::vector<int>& at, const std::vector<int>& degree) {
   size_t index = 0, stride = 1;
   for (size_t i = 0; i < at.size(); ++i) {
@@ -143,14 +148,9 @@ bool FitNewton(std::vector<__int128> values, const std::vector<int>& degree,
                const std::vector<int64_t>& base, NewtonPoly* out) {
   const size_t m = degree.size();
   for (size_t axis = 0; axis < m; ++axis) {
-    std::vector<int> at(m, 0);
     // For every line along `axis`, difference in place from the far end.
     for (size_t idx = 0; idx < values.size(); ++idx) {
-      size_t rest = idx;
-      for (size_t i = 0; i < m; ++i) {
-        at[i] = static_cast<int>(rest % static_cast<size_t>(degree[i] + 1));
-        rest /= static_cast<size_t>(degree[i] + 1);
-      }
+      const std::vector<int> at = GridCoordinates(idx, degree);
       if (at[axis] != 0) continue;
       for (int order = 1; order <= degree[axis]; ++order) {
         for (int k = degree[axis]; k >= order; --k) {
@@ -167,13 +167,7 @@ bool FitNewton(std::vector<__int128> values, const std::vector<int>& degree,
   for (size_t idx = 0; idx < values.size(); ++idx) {
     if (values[idx] == 0) continue;
     if (values[idx] > INT64_MAX || values[idx] < INT64_MIN) return false;
-    std::vector<int> a(m);
-    size_t rest = idx;
-    for (size_t i = 0; i < m; ++i) {
-      a[i] = static_cast<int>(rest % static_cast<size_t>(degree[i] + 1));
-      rest /= static_cast<size_t>(degree[i] + 1);
-    }
-    out->coeffs[a] = static_cast<int64_t>(values[idx]);
+    out->coeffs[GridCoordinates(idx, degree)] = static_cast<int64_t>(values[idx]);
   }
   return true;
 }
@@ -309,11 +303,7 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
   // the entry runs, never folded into a table as long as the point makes it.
   KILN_ASSIGN_OR_RETURN(RangedShapes shapes, InferRangedShapes(graph, entry));
   CompileOptions ranged = options;
-  for (const auto& [name, dims] : shapes.shapes) {
-    if (std::any_of(dims.begin(), dims.end(), [](const SymDim& d) { return !d.IsConstant(); })) {
-      ranged.symbolic_values.insert(name);
-    }
-  }
+  ranged.symbolic_values = shapes.SymbolicNames();
   for (const auto& [name, why] : shapes.irregular) ranged.symbolic_values.insert(name);
   SymbolPoint fixed;
   std::vector<int> degree;
@@ -321,9 +311,7 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
   for (const auto& [name, range] : entry.ranges) {
     fixed[name] = range.first;
     if (range.first == range.second) continue;
-    // As for shapes (ranged_shapes.h), the grid starts at 2 where it can: 1 is the size
-    // broadcasting treats apart.
-    const int64_t b = std::min(std::max<int64_t>(range.first, 2), range.second - 1);
+    const int64_t b = FitBase(range);  // as for shapes: 1 is the size broadcasting treats apart
     out.symbols.push_back(name);
     base.push_back(b);
     degree.push_back(static_cast<int>(std::min<int64_t>(kMaxDegree, range.second - b)));
@@ -350,11 +338,8 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
   std::string first_text;
   for (size_t idx = 0; idx < grid_size; ++idx) {
     SymbolPoint point = fixed;
-    size_t rest = idx;
-    for (size_t i = 0; i < m; ++i) {
-      point[out.symbols[i]] = base[i] + static_cast<int64_t>(rest % (degree[i] + 1));
-      rest /= static_cast<size_t>(degree[i] + 1);
-    }
+    const std::vector<int> at = GridCoordinates(idx, degree);
+    for (size_t i = 0; i < m; ++i) point[out.symbols[i]] = base[i] + at[i];
     Result<std::string> text = SourceAt(graph, entry, point, ranged, &at_max);
     ++out.emits;
     if (!text.ok()) {

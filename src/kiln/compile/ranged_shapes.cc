@@ -14,14 +14,6 @@ namespace {
 
 constexpr size_t kMaxProbeSymbols = 6;
 
-std::string PointToString(const SymbolPoint& point) {
-  std::string s;
-  for (const auto& [name, v] : point) {
-    s += (s.empty() ? "" : ", ") + name + "=" + std::to_string(v);
-  }
-  return s.empty() ? "(no symbols)" : s;
-}
-
 // The symbols whose range holds more than one value: the only ones a polynomial can depend on.
 std::vector<std::string> FreeSymbols(const RangedEntry& entry) {
   std::vector<std::string> out;
@@ -44,18 +36,12 @@ std::vector<int64_t> InteriorValues(const std::pair<int64_t, int64_t>& r) {
   return out;
 }
 
-// Where the fit's unit box starts for one symbol: 2 where the range allows (so that no corner of
-// the box is 1, the one size broadcasting treats apart), else lo; the box's far corner is +1.
-int64_t BoxBase(const std::pair<int64_t, int64_t>& r) {
-  return std::min(std::max<int64_t>(r.first, 2), r.second - 1);
-}
-
 Result<InferredGraph> InferAt(const Graph& graph, const RangedEntry& entry,
                               const SymbolPoint& point) {
   auto inferred = InferShapes(graph, ShapesAt(entry, point), /*tolerate_dynamic=*/true);
   if (!inferred.ok()) {
     return Status(inferred.status().code(),
-                  "at " + PointToString(point) + ": " + inferred.status().message());
+                  "at " + DescribePoint(point) + ": " + inferred.status().message());
   }
   return inferred;
 }
@@ -126,7 +112,7 @@ Fit FitValue(const std::string& name, const std::vector<InferredGraph>& box,
     if (!same_type(box[c], "the fit's corner " + std::to_string(c))) return fit;
   }
   for (size_t p = 0; p < probes.size(); ++p) {
-    if (!same_type(probes[p], PointToString(points[p]))) return fit;
+    if (!same_type(probes[p], DescribePoint(points[p]))) return fit;
   }
   for (size_t d = 0; d < first.shape.size(); ++d) {
     std::vector<int64_t> f;
@@ -141,7 +127,7 @@ Fit FitValue(const std::string& name, const std::vector<InferredGraph>& box,
       int64_t predicted = 0;
       if (!dim.Eval(points[p], &predicted) || predicted != actual) {
         fit.irregular = "dim " + std::to_string(d) + " is " + std::to_string(actual) + " at " +
-                        PointToString(points[p]) + ", not " + dim.ToString();
+                        DescribePoint(points[p]) + ", not " + dim.ToString();
         return fit;
       }
     }
@@ -201,13 +187,29 @@ std::string SymDim::ToString() const {
   return s.empty() ? "0" : s;
 }
 
-size_t RangedShapes::SymbolicValues() const {
-  size_t n = 0;
-  for (const auto& [name, dims] : shapes) {
-    n += std::any_of(dims.begin(), dims.end(), [](const SymDim& d) { return !d.IsConstant(); });
+std::string DescribePoint(const SymbolPoint& point) {
+  std::string s;
+  for (const auto& [name, v] : point) {
+    s += (s.empty() ? "" : ", ") + name + "=" + std::to_string(v);
   }
-  return n;
+  return s.empty() ? "(no symbols)" : s;
 }
+
+int64_t FitBase(const std::pair<int64_t, int64_t>& r) {
+  return std::min(std::max<int64_t>(r.first, 2), r.second - 1);
+}
+
+std::set<std::string> RangedShapes::SymbolicNames() const {
+  std::set<std::string> out;
+  for (const auto& [name, dims] : shapes) {
+    if (std::any_of(dims.begin(), dims.end(), [](const SymDim& d) { return !d.IsConstant(); })) {
+      out.insert(name);
+    }
+  }
+  return out;
+}
+
+size_t RangedShapes::SymbolicValues() const { return SymbolicNames().size(); }
 
 std::string RangedShapes::Summary() const {
   std::string s = std::to_string(shapes.size() + irregular.size() + dynamic.size()) +
@@ -277,7 +279,7 @@ Result<RangedShapes> InferRangedShapes(const Graph& graph, const RangedEntry& en
   out.symbols = FreeSymbols(entry);
   const size_t m = out.symbols.size();
   std::vector<int64_t> base;
-  for (const std::string& s : out.symbols) base.push_back(BoxBase(entry.ranges.at(s)));
+  for (const std::string& s : out.symbols) base.push_back(FitBase(entry.ranges.at(s)));
 
   std::vector<InferredGraph> box, probes;
   for (size_t corner = 0; corner < (size_t{1} << m); ++corner) {
@@ -347,7 +349,7 @@ Result<RangeFootprint> FootprintAtMaximum(const Graph& graph, const RangedEntry&
       for (const SymDim& d : dims) {
         int64_t v = 0;
         if (!d.Eval(p, &v) || v < 0 || __builtin_mul_overflow(bytes, v, &bytes)) {
-          return Status::InvalidArgument("value '" + name + "' at " + PointToString(p) +
+          return Status::InvalidArgument("value '" + name + "' at " + DescribePoint(p) +
                                          ": its size in bytes does not fit 64 bits");
         }
       }

@@ -57,7 +57,8 @@ struct RangedShapes {
   // How many concrete inferences it took (the fit's box plus the probe points).
   size_t inferences = 0;
 
-  // Values with at least one dim that is not constant.
+  // Values with at least one dim that is not constant: their names, and how many.
+  std::set<std::string> SymbolicNames() const;
   size_t SymbolicValues() const;
   // "N values: S symbolic, I irregular (first: 'v' ...), D dynamic", for rows and reasons.
   std::string Summary() const;
@@ -70,6 +71,14 @@ struct RangedShapes {
 // refused by CheckRangedProbes).
 std::vector<SymbolPoint> RangeProbePoints(const RangedEntry& entry);
 Status CheckRangedProbes(const RangedEntry& entry);
+
+// "batch=2, seq=3" for messages ("(no symbols)" for an empty point).
+std::string DescribePoint(const SymbolPoint& point);
+
+// Where a fit over a range starts for one symbol: 2 where the range allows (so that no fitted
+// point is 1, the one size broadcasting treats apart), else lo, kept below hi so the next value
+// is still in the range.
+int64_t FitBase(const std::pair<int64_t, int64_t>& range);
 
 // The concrete input shapes of `entry` at `point`.
 ShapeClass ShapesAt(const RangedEntry& entry, const SymbolPoint& point);
