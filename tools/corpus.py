@@ -1067,6 +1067,14 @@ def main():
         if skipped:
             text += "\n## Exports torch does not support\n\n" + "\n".join(
                 f"- {r['model']} opset {r['opset']}: {r['error']}" for r in skipped) + "\n"
+        # The sections other scripts measure (from "## Shapes over a range" on: the ranged
+        # analyses and serving) are kept as they are.
+        if os.path.exists(a.report):
+            with open(a.report) as f:
+                old = f.read()
+            at = old.find("\n## Shapes over a range")
+            if at >= 0:
+                text = text.rstrip("\n") + "\n" + old[at:]
         with open(a.report, "w") as f:
             f.write(text)
     bad = [r for r in counted if not r["ok"]]

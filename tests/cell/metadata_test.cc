@@ -259,6 +259,77 @@ TEST(MetadataTest, AGapStandsForAClassWithNoEntryAndNothingElse) {
               StatusCode::kInvalidArgument, "$.gaps[0] has unknown field 'why'");
 }
 
+// A ranged entry is carried as its pieces (RangedPieces: batch 1 apart from [2, 16]), each an
+// entry whose specs name the symbol; they round-trip, the pieces together answer for the declared
+// entry, and a cell missing a piece, carrying one the envelope does not declare, or naming the
+// entry by a gap beside its pieces, is refused by name.
+TEST(MetadataTest, ARangedEntryIsCarriedAsEveryOneOfItsPieces) {
+  RangedEntry declared;
+  declared.inputs["x"] = {DimSpec{0, "batch"}, DimSpec{8, ""}};
+  declared.ranges["batch"] = {1, 16};
+  Envelope env = cell_testing::SampleEnvelope();
+  env.ranged = {declared};
+  CellMetadata m = SampleMetadata();
+  m.envelope = EnvelopeFacts(env).value();
+  m.axes.envelope = FactsDigest(m.envelope).value();
+  m.key = KeyFromAxes(m.axes).value();
+  const std::vector<RangedEntry> pieces = RangedPieces(declared);
+  ASSERT_EQ(pieces.size(), 2u);
+  for (const RangedEntry& piece : pieces) {
+    EntryMetadata e;
+    e.index = static_cast<uint32_t>(m.entries.size());
+    e.ranged = piece;
+    e.inputs = {{"x", DType::kFloat32, {0, 8}, false, {"batch", ""}}};
+    e.outputs = {{"y", DType::kFloat32, {0, 3}, false, {"batch", ""}}};
+    e.workspace_bytes = 16 * 64;
+    e.constants = {{"W", DType::kFloat32, {8, 3}}, {"b", DType::kFloat32, {3}}};
+    m.entries.push_back(e);
+  }
+  ASSERT_TRUE(RestateKey(m).ok()) << RestateKey(m).status().ToString();
+  Result<std::string> text = SerializeMetadata(m);
+  ASSERT_TRUE(text.ok()) << text.status().ToString();
+  EXPECT_NE(text->find("\"shape\":[\"batch\",8]"), std::string::npos) << *text;
+  Result<CellMetadata> parsed = ParseMetadata(*text, "metadata.json");
+  ASSERT_TRUE(parsed.ok()) << parsed.status().ToString();
+  EXPECT_EQ(parsed->entries, m.entries);
+  EXPECT_EQ(SerializeMetadata(*parsed).value(), *text);
+  // The entry at a point: its specs' shapes there, and the point as its class.
+  const EntryMetadata at = EntryAt(m.entries[3], {{"batch", 5}});
+  EXPECT_EQ(at.inputs[0].shape, (Shape{5, 8}));
+  EXPECT_EQ(at.outputs[0].shape, (Shape{5, 3}));
+  EXPECT_TRUE(at.inputs[0].dim_symbols.empty());
+  EXPECT_EQ(at.shape_class.at("x"), (Shape{5, 8}));
+
+  CellMetadata missing = m;
+  missing.entries.pop_back();
+  ExpectError(RestateKey(missing).status(), StatusCode::kInvalidArgument,
+              "has 1 of its 2 pieces as entries and no gap");
+  CellMetadata foreign = m;
+  foreign.entries[3].ranged->ranges["batch"] = {2, 32};
+  ExpectError(RestateKey(foreign).status(), StatusCode::kInvalidArgument,
+              "is no piece of a ranged entry of the envelope");
+  CellMetadata twice = m;
+  twice.entries[2].ranged = twice.entries[3].ranged;
+  ExpectError(RestateKey(twice).status(), StatusCode::kInvalidArgument, "both serve ranged piece");
+  CellMetadata gap_too = m;
+  gap_too.gaps.push_back(EntryGap{{}, declared, "unimplemented: x"});
+  ExpectError(RestateKey(gap_too).status(), StatusCode::kInvalidArgument, "has a gap and entries");
+
+  // Parsing: a shape may name only the entry's symbols, and the inputs must be the entry's.
+  auto edited = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = ParseJson(*text, "m").value();
+    edit(j);
+    return ParseMetadata(j.dump(), "m").status();
+  };
+  ExpectError(edited([](nlohmann::json& j) { j["entries"][3]["outputs"][0]["shape"][0] = "seq"; }),
+              StatusCode::kInvalidArgument,
+              "$.entries[3].outputs[0].shape[0] is 'seq', expected a dim or a symbol of the entry");
+  ExpectError(edited([](nlohmann::json& j) { j["entries"][3]["inputs"][0]["shape"][1] = 9; }),
+              StatusCode::kInvalidArgument, "input 'x' is not the ranged entry's input");
+  ExpectError(edited([](nlohmann::json& j) { j["entries"][0]["inputs"][0]["shape"][0] = "batch"; }),
+              StatusCode::kInvalidArgument, "expected a non-negative integer dim");
+}
+
 TEST(MetadataTest, RestateKeyRefusesNonCanonicalEnvelope) {
   CellMetadata m = SampleMetadata();
   m.envelope["note"] = "extra";

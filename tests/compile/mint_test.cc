@@ -155,16 +155,20 @@ ArmedFixture Build(std::shared_ptr<const Graph> graph, const WeightMap& weights,
   auto driver = MakeSystemCompilerDriver(*LocalToolchain());
   const std::string dir = "/tmp/kiln-test-fixture-" + std::to_string(::getpid());
   EXPECT_TRUE(MakeDirs(dir).ok());
-  auto so = BuildSharedObject(cell->source, programs.size(), DefaultSmTarget(), "fixture", *driver,
-                              dir, 2, nullptr);
+  auto so = BuildSharedObject(cell->source, programs.size() + cell->ranged_pieces.size(),
+                              DefaultSmTarget(), "fixture", *driver, dir, 2, nullptr);
   EXPECT_TRUE(so.ok()) << so.status().ToString();
   if (!so.ok()) return f;
   auto lib = OpenCellBytes(*so, dir + "/load");
   std::error_code ec;
   std::filesystem::remove_all(dir, ec);
   EXPECT_TRUE(lib.ok()) << lib.status().ToString();
-  auto entries = EntriesFromDescribe(cell->describe, env);
-  EXPECT_TRUE(entries.ok());
+  Envelope compiled;  // the classes, then the ranged pieces, as the entries were compiled
+  for (size_t c : cell->entry_classes) compiled.classes.push_back(env.classes[c]);
+  for (const auto& [r, piece] : cell->ranged_pieces) compiled.ranged.push_back(piece);
+  auto entries = EntriesFromDescribe(cell->describe, compiled);
+  EXPECT_TRUE(entries.ok()) << entries.status().ToString();
+  if (!entries.ok()) return f;
   auto armed = ArmedCell::Arm(*lib, *entries, weights, Lane::kExported, "", 1);
   EXPECT_TRUE(armed.ok()) << armed.status().ToString();
   auto eager = Interpreter::Create(graph);
@@ -175,6 +179,61 @@ ArmedFixture Build(std::shared_ptr<const Graph> graph, const WeightMap& weights,
   f.source = cell->source;
   f.so = *so;
   return f;
+}
+
+// A ranged entry runs each point from an instance made for it at its first request and kept for
+// the next (at most kMaxRangedInstances, the least recently used going first); every point matches
+// eager; a point outside the range is refused as out_of_envelope, the cell staying armed; a
+// rebind drops the instances, which hold the old weights' pointers.
+TEST(MintLaws, ARangedEntryRunsEveryPointFromAnInstanceKeptPerPoint) {
+  Target t = Load("mlp");
+  RangedEntry ranged;
+  ranged.inputs["x"] = {DimSpec{0, "batch"}, DimSpec{64, ""}};
+  ranged.ranges["batch"] = {1, 48};
+  Envelope env;
+  env.ranged = {ranged};
+  ArmedFixture f = Build(t.graph, t.weights, env, EmitOptions{});
+  ASSERT_TRUE(f.cell);
+  ASSERT_EQ(f.cell->entries().size(), 2u);  // batch 1, then [2, 48]
+  auto inputs = [](int64_t batch) {
+    std::vector<float> v(static_cast<size_t>(batch * 64));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.37f * static_cast<float>(i));
+    return TensorMap{{"x", Tensor::FromVector<float>({batch, 64}, v)}};
+  };
+  auto check = [&](int64_t batch, const WeightMap& weights) {
+    const TensorMap in = inputs(batch);
+    std::string why;
+    const int entry = f.cell->Admit(in, &why);
+    ASSERT_EQ(entry, batch == 1 ? 0 : 1) << why;
+    auto got = f.cell->Run(entry, in);
+    ASSERT_TRUE(got.ok()) << "batch " << batch << ": " << got.status().ToString();
+    auto want = f.eager->Run(in, &weights);
+    ASSERT_TRUE(want.ok());
+    const EntryNumerics n = CompareOutputs(*want, *got, NumericsThresholds{});
+    EXPECT_EQ(n.verdict, Verdict::kHealthy) << "batch " << batch << ": " << n.note;
+  };
+  const size_t points = ArmedCell::kMaxRangedInstances + 7;
+  for (int64_t b = 1; b <= static_cast<int64_t>(points); ++b) check(b, t.weights);
+  EXPECT_EQ(f.cell->ranged_instances_made(), points);
+  EXPECT_EQ(f.cell->ranged_instances_kept(), ArmedCell::kMaxRangedInstances);
+  check(static_cast<int64_t>(points), t.weights);  // the newest is kept: no new instance
+  EXPECT_EQ(f.cell->ranged_instances_made(), points);
+  check(2, t.weights);  // evicted long ago: made again
+  EXPECT_EQ(f.cell->ranged_instances_made(), points + 1);
+
+  std::string why;
+  EXPECT_EQ(f.cell->Admit(inputs(49), &why), -1);
+  EXPECT_NE(why.find("49"), std::string::npos) << why;
+  auto past = f.cell->Run(1, inputs(49));
+  ASSERT_FALSE(past.ok());
+  EXPECT_TRUE(past.status().Is(kOutOfEnvelope)) << past.status().ToString();
+  EXPECT_FALSE(f.cell->revoked());
+
+  auto derived = DeriveCheckpoint(*t.graph, 7);
+  ASSERT_TRUE(derived.ok());
+  ASSERT_TRUE(f.cell->Rebind(*derived).ok());
+  EXPECT_EQ(f.cell->ranged_instances_kept(), 0u);
+  for (int64_t b : {1, 2, 17, 48}) check(b, *derived);
 }
 
 // Law 1: both checkpoints of an example give one key, and one cell serves both.

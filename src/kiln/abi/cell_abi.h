@@ -11,6 +11,9 @@
  * Lifecycle, per entry (one entry = one shape class):
  *   kiln_cell_describe()            -> JSON: entries, I/O types, workspace bytes, constant table
  *   kiln_cell_entry_init(...)       -> binds weight pointers (in constant-table order) + threads
+ *   kiln_cell_entry_init_at(...)    -> the same for a ranged entry, at one value of each of its
+ *                                      symbols: an instance of the entry for that point, whose
+ *                                      library calls are prepared for the shapes there
  *   kiln_cell_entry_run(...)        -> any number of times, caller-provided I/O and workspace;
  *                                      concurrent runs of one entry need distinct workspaces
  *   kiln_cell_entry_release(...)
@@ -27,7 +30,7 @@
 extern "C" {
 #endif
 
-#define KILN_CELL_ABI_VERSION 2
+#define KILN_CELL_ABI_VERSION 3
 
 enum kiln_cell_status {
   KILN_CELL_OK = 0,
@@ -139,6 +142,14 @@ int kiln_cell_abi_version(void);
 const char* kiln_cell_describe(void);
 int kiln_cell_entry_init(uint32_t entry, const kiln_host_api* host, const void* const* constants,
                          uint32_t num_constants, int num_threads, kiln_cell_entry** out);
+/* A ranged entry (describe() gives it "ranged": {"symbols": [...], "ranges": {...}}) is
+ * instantiated at a point: `symbols` holds one value per symbol, in describe()'s order, each
+ * inside its range (else KILN_CELL_BAD_ARGUMENT). A concrete entry takes num_symbols 0;
+ * kiln_cell_entry_init(...) is kiln_cell_entry_init_at(entry, NULL, 0, ...). An instance runs
+ * only the shapes of its point; the workspace is the entry's (planned at the range's maximum). */
+int kiln_cell_entry_init_at(uint32_t entry, const int64_t* symbols, uint32_t num_symbols,
+                            const kiln_host_api* host, const void* const* constants,
+                            uint32_t num_constants, int num_threads, kiln_cell_entry** out);
 int kiln_cell_entry_run(kiln_cell_entry* entry, const void* const* inputs, void* const* outputs,
                         void* workspace, uint64_t workspace_bytes);
 void kiln_cell_entry_release(kiln_cell_entry* entry);

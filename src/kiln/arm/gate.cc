@@ -311,14 +311,26 @@ Result<std::vector<Probe>> EntryProbes(const ArmedCell& cell, size_t i, const Gr
       probes.push_back({"sample " + std::to_string(s), samples[s], false});
     }
   }
-  const ProbeBounds bounds = ProbeIntBounds(graph, e.shape_class);
-  KILN_ASSIGN_OR_RETURN(TensorMap synthetic, ProbeInputs(e, cell.lane(), 0, bounds));
-  probes.push_back({"synthetic", std::move(synthetic), true});
-  bool has_float = false;
-  for (const TensorSpec& s : e.inputs) has_float = has_float || IsFloatDType(s.dtype);
-  if (with_non_finite && has_float) {
-    KILN_ASSIGN_OR_RETURN(TensorMap nf, ProbeInputs(e, cell.lane(), 0, bounds, true));
-    probes.push_back({"non-finite", std::move(nf), true});
+  // A concrete entry is probed at its class; a ranged entry at every probe point of its range
+  // (each corner, and interior values of each symbol), the worst point deciding.
+  std::vector<std::pair<std::string, EntryMetadata>> at;
+  if (e.ranged) {
+    for (const SymbolPoint& point : RangeProbePoints(*e.ranged)) {
+      at.emplace_back(" at " + DescribePoint(point), EntryAt(e, point));
+    }
+  } else {
+    at.emplace_back("", e);
+  }
+  for (const auto& [where, entry] : at) {
+    const ProbeBounds bounds = ProbeIntBounds(graph, entry.shape_class);
+    KILN_ASSIGN_OR_RETURN(TensorMap synthetic, ProbeInputs(entry, cell.lane(), 0, bounds));
+    probes.push_back({"synthetic" + where, std::move(synthetic), true});
+    bool has_float = false;
+    for (const TensorSpec& s : entry.inputs) has_float = has_float || IsFloatDType(s.dtype);
+    if (with_non_finite && has_float) {
+      KILN_ASSIGN_OR_RETURN(TensorMap nf, ProbeInputs(entry, cell.lane(), 0, bounds, true));
+      probes.push_back({"non-finite" + where, std::move(nf), true});
+    }
   }
   return probes;
 }

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 
 #include "src/kiln/base/canonical_json.h"
 #include "src/kiln/base/file.h"
@@ -64,9 +65,10 @@ Result<std::shared_ptr<CellLibrary>> CellLibrary::Open(const std::string& so_pat
   auto abi = reinterpret_cast<int (*)()>(::dlsym(h, "kiln_cell_abi_version"));
   auto describe = reinterpret_cast<const char* (*)()>(::dlsym(h, "kiln_cell_describe"));
   lib->init = reinterpret_cast<decltype(lib->init)>(::dlsym(h, "kiln_cell_entry_init"));
+  lib->init_at = reinterpret_cast<decltype(lib->init_at)>(::dlsym(h, "kiln_cell_entry_init_at"));
   lib->run = reinterpret_cast<decltype(lib->run)>(::dlsym(h, "kiln_cell_entry_run"));
   lib->release = reinterpret_cast<decltype(lib->release)>(::dlsym(h, "kiln_cell_entry_release"));
-  if (!abi || !describe || !lib->init || !lib->run || !lib->release) {
+  if (!abi || !describe || !lib->init || !lib->init_at || !lib->run || !lib->release) {
     return Status::Corruption("cell '" + so_path + "' does not export the kiln cell ABI");
   }
   if (abi() != KILN_CELL_ABI_VERSION) {
@@ -118,6 +120,7 @@ void ArmedCell::Revoke(const std::string& reason) {
 
 Status ArmedCell::BindAll(const WeightMap& weights) {
   std::vector<kiln_cell_entry*> handles;
+  std::vector<std::vector<const void*>> bound;
   auto release_all = [&] {
     for (kiln_cell_entry* h : handles) library_->release(h);
   };
@@ -137,6 +140,11 @@ Status ArmedCell::BindAll(const WeightMap& weights) {
       }
       ptrs.push_back(it->second.raw_data());
     }
+    bound.push_back(ptrs);
+    if (e.ranged) {  // instantiated per point, at its first request (Instance)
+      handles.push_back(nullptr);
+      continue;
+    }
     kiln_cell_entry* h = nullptr;
     const int rc = library_->init(e.index, HostApi(), ptrs.data(),
                                   static_cast<uint32_t>(ptrs.size()), threads_, &h);
@@ -154,7 +162,69 @@ Status ArmedCell::BindAll(const WeightMap& weights) {
     if (h) library_->release(h);
   }
   handles_ = std::move(handles);
+  bound_ = std::move(bound);
+  weights_ = weights;  // shares the tensors' storage: the pointers bound above stay valid
+  // Instances hold the old weights' pointers: none is kept past a rebind (a run that holds one
+  // has finished, since it holds the lock this waited for).
+  std::lock_guard<std::mutex> inst_lock(inst_mu_);
+  instances_.clear();
   return Status::OK();
+}
+
+size_t ArmedCell::ranged_instances_made() const {
+  std::lock_guard<std::mutex> lock(inst_mu_);
+  return inst_made_;
+}
+
+size_t ArmedCell::ranged_instances_kept() const {
+  std::lock_guard<std::mutex> lock(inst_mu_);
+  return instances_.size();
+}
+
+Result<std::shared_ptr<kiln_cell_entry>> ArmedCell::Instance(
+    size_t index, const std::vector<int64_t>& values) const {
+  // Shared with runs, excluded by Rebind: the bound pointers read here are the current weights'.
+  std::shared_lock<std::shared_mutex> bind_lock(mu_);
+  std::lock_guard<std::mutex> lock(inst_mu_);
+  const auto key = std::make_pair(index, values);
+  auto it = instances_.find(key);
+  if (it != instances_.end()) {
+    it->second.used = ++inst_clock_;
+    return it->second.instance;
+  }
+  const std::vector<const void*>& ptrs = bound_[index];
+  kiln_cell_entry* h = nullptr;
+  const int rc = library_->init_at(static_cast<uint32_t>(index), values.data(),
+                                   static_cast<uint32_t>(values.size()), HostApi(), ptrs.data(),
+                                   static_cast<uint32_t>(ptrs.size()), threads_, &h);
+  if (rc != KILN_CELL_OK || h == nullptr) {
+    const std::string what = "cell entry " + std::to_string(index) + " instance init";
+    if (rc == KILN_CELL_RESOURCE_EXHAUSTED) {
+      return Status::Refused(StatusCode::kResourceExhausted, kCellOom, what + " ran out of memory");
+    }
+    if (rc == KILN_CELL_BAD_ARGUMENT) {
+      return Status::Refused(StatusCode::kInvalidArgument, kOutOfEnvelope,
+                             what + " refused the point");
+    }
+    return Status::Refused(StatusCode::kInternal, kCellFault,
+                           what + " failed with code " + std::to_string(rc));
+  }
+  // The instance keeps the library and the weights it points at alive: a run that took it just
+  // before a rebind still reads the weights it was made with.
+  std::shared_ptr<CellLibrary> library = library_;
+  WeightMap weights = weights_;
+  std::shared_ptr<kiln_cell_entry> instance(
+      h, [library, weights](kiln_cell_entry* e) { library->release(e); });
+  ++inst_made_;
+  if (instances_.size() >= kMaxRangedInstances) {
+    auto oldest = instances_.begin();
+    for (auto i = instances_.begin(); i != instances_.end(); ++i) {
+      if (i->second.used < oldest->second.used) oldest = i;
+    }
+    instances_.erase(oldest);
+  }
+  instances_[key] = Kept{instance, ++inst_clock_};
+  return instance;
 }
 
 Result<std::unique_ptr<ArmedCell>> ArmedCell::Arm(std::shared_ptr<CellLibrary> library,
@@ -184,8 +254,7 @@ Result<std::unique_ptr<ArmedCell>> ArmedCell::Arm(std::shared_ptr<CellLibrary> l
   cell->lane_ = lane;
   cell->ref_ = std::move(ref);
   cell->threads_ = num_threads;
-  cell->weights_ = weights;
-  KILN_RETURN_IF_ERROR(cell->BindAll(cell->weights_));
+  KILN_RETURN_IF_ERROR(cell->BindAll(weights));
   cell->free_ws_.resize(cell->entries_.size());
   for (size_t i = 0; i < cell->entries_.size(); ++i) {
     const uint64_t bytes = cell->entries_[i].workspace_bytes;
@@ -201,13 +270,7 @@ Result<std::unique_ptr<ArmedCell>> ArmedCell::Arm(std::shared_ptr<CellLibrary> l
   return cell;
 }
 
-Status ArmedCell::Rebind(const WeightMap& weights) {
-  WeightMap keep = weights;
-  KILN_RETURN_IF_ERROR(BindAll(keep));
-  std::unique_lock<std::shared_mutex> lock(mu_);
-  weights_ = std::move(keep);
-  return Status::OK();
-}
+Status ArmedCell::Rebind(const WeightMap& weights) { return BindAll(weights); }
 
 int ArmedCell::Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch,
                      bool* ambiguous) const {
@@ -218,6 +281,16 @@ int ArmedCell::Admit(const std::map<std::string, Tensor>& inputs, std::string* m
     const EntryMetadata& e = entries_[i];
     int rank = 3;
     std::string why;
+    if (e.ranged) {
+      // Fixed dims and each symbol's one value inside its range (graph/shape_class.h), then
+      // dtypes as for a class.
+      const RangedMatch m = MatchRanged(*e.ranged, ShapesOf(inputs));
+      if (m.fit != RangedFit::kFits) {
+        rank = m.fit == RangedFit::kNamesOrRank ? 1 : 2;
+        why = "entry " + std::to_string(i) + " (ranged " + DescribeRanged(*e.ranged) +
+              "): " + m.detail;
+      }
+    }
     for (const TensorSpec& s : e.inputs) {
       auto it = inputs.find(s.name);
       if (it == inputs.end()) {
@@ -232,6 +305,8 @@ int ArmedCell::Admit(const std::map<std::string, Tensor>& inputs, std::string* m
           why = "input '" + s.name + "' is " + DTypeName(t.dtype()) + ", entry " +
                 std::to_string(i) + " takes " + DTypeName(s.dtype);
         }
+      } else if (e.ranged) {
+        continue;  // matched above, dim by dim
       } else if (t.rank() != static_cast<int64_t>(s.shape.size())) {
         rank = std::min(rank, 1);
         if (why.empty()) {
@@ -290,7 +365,26 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(
   if (index < 0 || index >= static_cast<int>(entries_.size())) {
     return out_of_envelope("no entry " + std::to_string(index));
   }
-  const EntryMetadata& e = entries_[static_cast<size_t>(index)];
+  // A ranged entry runs at the request's point: its specs there, and the instance made for it.
+  std::optional<EntryMetadata> at_point;
+  std::shared_ptr<kiln_cell_entry> instance;
+  if (entries_[static_cast<size_t>(index)].ranged) {
+    const EntryMetadata& ranged = entries_[static_cast<size_t>(index)];
+    const RangedMatch m = MatchRanged(*ranged.ranged, ShapesOf(inputs));
+    if (m.fit != RangedFit::kFits) {
+      return out_of_envelope("entry " + std::to_string(index) + ": " + m.detail);
+    }
+    std::vector<int64_t> values;
+    for (const auto& [name, range] : ranged.ranged->ranges) values.push_back(m.values.at(name));
+    at_point = EntryAt(ranged, m.values);
+    Result<std::shared_ptr<kiln_cell_entry>> got = Instance(static_cast<size_t>(index), values);
+    if (!got.ok()) {
+      if (got.status().Is(kCellFault)) return fault(got.status().message());
+      return got.status();
+    }
+    instance = std::move(got).value();
+  }
+  const EntryMetadata& e = at_point ? *at_point : entries_[static_cast<size_t>(index)];
   std::vector<const void*> in_ptrs;
   std::vector<Tensor> realigned;  // inputs copied once into aligned buffers when needed
   realigned.reserve(e.inputs.size());
@@ -345,7 +439,7 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(
     std::shared_lock<std::shared_mutex> lock(mu_);
     // The ABI refuses a null array; an entry with no runtime inputs gets an empty one.
     static const void* const kNoInputs[1] = {nullptr};
-    rc = library_->run(handles_[static_cast<size_t>(index)],
+    rc = library_->run(instance ? instance.get() : handles_[static_cast<size_t>(index)],
                        in_ptrs.empty() ? kNoInputs : in_ptrs.data(), out_ptrs.data(), ws,
                        e.workspace_bytes);
   }

@@ -40,6 +40,8 @@ class CellLibrary {
   const nlohmann::json& describe() const { return describe_; }
   int (*init)(uint32_t, const kiln_host_api*, const void* const*, uint32_t, int,
               kiln_cell_entry**) = nullptr;
+  int (*init_at)(uint32_t, const int64_t*, uint32_t, const kiln_host_api*, const void* const*,
+                 uint32_t, int, kiln_cell_entry**) = nullptr;
   int (*run)(kiln_cell_entry*, const void* const*, void* const*, void*, uint64_t) = nullptr;
   void (*release)(kiln_cell_entry*) = nullptr;
 
@@ -87,7 +89,8 @@ class ArmedCell {
   void Revoke(const std::string& reason);
   const std::vector<EntryMetadata>& entries() const { return entries_; }
 
-  // The one entry whose class admits `inputs` exactly, or -1 with `mismatch` naming the closest
+  // The one entry whose class admits `inputs` exactly (a ranged entry: whose fixed dims match and
+  // whose symbols each take one value inside the range), or -1 with `mismatch` naming the closest
   // entry's first difference (ranked dtype < missing/rank < dim). When two entries admit them,
   // -1 with `*ambiguous` set (when given) and `mismatch` naming both.
   int Admit(const std::map<std::string, Tensor>& inputs, std::string* mismatch,
@@ -106,6 +109,15 @@ class ArmedCell {
   // Re-binds a new checkpoint of the same architecture (same names, dtypes, shapes).
   Status Rebind(const WeightMap& weights);
 
+  // A ranged entry runs as an instance made for its point (kiln_cell_entry_init_at: its library
+  // calls prepared for the shapes there), kept for the next request at that point. At most this
+  // many are kept per cell; past it the least recently used goes (a run holding it finishes
+  // first).
+  static constexpr size_t kMaxRangedInstances = 32;
+  // Instances made so far, and how many are kept now (for tests and metrics).
+  size_t ranged_instances_made() const;
+  size_t ranged_instances_kept() const;
+
  private:
   ArmedCell() = default;
   Status BindAll(const WeightMap& weights);
@@ -114,9 +126,24 @@ class ArmedCell {
   void* TakeWorkspace(size_t index) const;
   void GiveWorkspace(size_t index, void* ws) const;
 
+  // The instance of ranged entry `index` at `values` (its symbols, in name order): kept, or made
+  // now. Errors as Run's (out_of_envelope for a point the cell refuses, cell_oom, cell_fault).
+  Result<std::shared_ptr<kiln_cell_entry>> Instance(size_t index,
+                                                    const std::vector<int64_t>& values) const;
+
   std::shared_ptr<CellLibrary> library_;
   std::vector<EntryMetadata> entries_;
-  std::vector<kiln_cell_entry*> handles_;
+  std::vector<kiln_cell_entry*> handles_;  // nullptr for a ranged entry
+  // Per entry, the bound weights' pointers in its constant-table order (what init takes).
+  std::vector<std::vector<const void*>> bound_;
+  struct Kept {
+    std::shared_ptr<kiln_cell_entry> instance;
+    uint64_t used = 0;
+  };
+  mutable std::mutex inst_mu_;
+  mutable std::map<std::pair<size_t, std::vector<int64_t>>, Kept> instances_;
+  mutable uint64_t inst_clock_ = 0;
+  mutable size_t inst_made_ = 0;
   WeightMap weights_;  // keeps bound tensors alive while entries point at them
   Lane lane_ = Lane::kExported;
   std::string ref_;

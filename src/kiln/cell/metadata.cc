@@ -20,7 +20,11 @@ using Json = nlohmann::json;
 // ---- serialization --------------------------------------------------------------------------
 
 Json SpecToJson(const TensorSpec& t) {
-  Json j{{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", t.shape}};
+  Json shape = t.shape;
+  for (size_t i = 0; i < t.dim_symbols.size() && i < t.shape.size(); ++i) {
+    if (!t.dim_symbols[i].empty()) shape[i] = t.dim_symbols[i];
+  }
+  Json j{{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", shape}};
   if (t.dynamic) j["dynamic"] = true;  // written only when set: static specs keep their bytes
   return j;
 }
@@ -40,12 +44,17 @@ Json ShapeClassToJson(const ShapeClass& c) {
 Json MetadataToJson(const CellMetadata& m) {
   Json entries = Json::array();
   for (const EntryMetadata& e : m.entries) {
-    entries.push_back(Json{{"index", e.index},
-                           {"shape_class", ShapeClassToJson(e.shape_class)},
-                           {"inputs", SpecsToJson(e.inputs)},
-                           {"outputs", SpecsToJson(e.outputs)},
-                           {"workspace_bytes", e.workspace_bytes},
-                           {"constants", SpecsToJson(e.constants)}});
+    Json j{{"index", e.index},
+           {"inputs", SpecsToJson(e.inputs)},
+           {"outputs", SpecsToJson(e.outputs)},
+           {"workspace_bytes", e.workspace_bytes},
+           {"constants", SpecsToJson(e.constants)}};
+    if (e.ranged) {
+      j["ranged"] = RangedToJson(*e.ranged);
+    } else {
+      j["shape_class"] = ShapeClassToJson(e.shape_class);
+    }
+    entries.push_back(std::move(j));
   }
   Json out{{"format_version", m.format_version},
            {"key", m.key},
@@ -210,7 +219,10 @@ Result<Shape> ParseDims(const Json& v, const std::string& path) {
   return shape;
 }
 
-Result<TensorSpec> ParseSpec(const Json& v, const std::string& path) {
+// `symbols`: the symbols a ranged entry's spec may name in its shape (null: none, a concrete
+// entry's).
+Result<TensorSpec> ParseSpec(const Json& v, const std::string& path,
+                             const std::map<std::string, std::pair<int64_t, int64_t>>* symbols) {
   ObjectReader r(v, path);
   KILN_RETURN_IF_ERROR(r.CheckIsObject());
   TensorSpec t;
@@ -221,7 +233,25 @@ Result<TensorSpec> ParseSpec(const Json& v, const std::string& path) {
   if (!dt.ok()) return dt.status().WithContext(path + ".dtype");
   t.dtype = *dt;
   KILN_ASSIGN_OR_RETURN(const Json* shape, r.Array("shape"));
-  KILN_ASSIGN_OR_RETURN(t.shape, ParseDims(*shape, path + ".shape"));
+  if (symbols != nullptr) {
+    Json dims = *shape;
+    std::vector<std::string> names(dims.size());
+    bool any = false;
+    for (size_t i = 0; i < dims.size(); ++i) {
+      if (!dims[i].is_string()) continue;
+      names[i] = dims[i].get<std::string>();
+      if (symbols->count(names[i]) == 0) {
+        return Status::InvalidArgument(path + ".shape[" + std::to_string(i) + "] is '" + names[i] +
+                                       "', expected a dim or a symbol of the entry");
+      }
+      dims[i] = 0;
+      any = true;
+    }
+    KILN_ASSIGN_OR_RETURN(t.shape, ParseDims(dims, path + ".shape"));
+    if (any) t.dim_symbols = std::move(names);
+  } else {
+    KILN_ASSIGN_OR_RETURN(t.shape, ParseDims(*shape, path + ".shape"));
+  }
   if (v.contains("dynamic")) {
     KILN_ASSIGN_OR_RETURN(t.dynamic, r.Bool("dynamic"));
     if (!t.dynamic) {
@@ -237,13 +267,15 @@ Result<TensorSpec> ParseSpec(const Json& v, const std::string& path) {
 }
 
 // A list of specs whose names are unique within the list (weights and I/O are bound by name).
-Result<std::vector<TensorSpec>> ParseSpecs(ObjectReader& r, const std::string& name) {
+Result<std::vector<TensorSpec>> ParseSpecs(
+    ObjectReader& r, const std::string& name,
+    const std::map<std::string, std::pair<int64_t, int64_t>>* symbols = nullptr) {
   KILN_ASSIGN_OR_RETURN(const Json* arr, r.Array(name));
   std::vector<TensorSpec> out;
   std::set<std::string> names;
   for (size_t i = 0; i < arr->size(); ++i) {
     const std::string path = r.path() + "." + name + "[" + std::to_string(i) + "]";
-    KILN_ASSIGN_OR_RETURN(TensorSpec t, ParseSpec((*arr)[i], path));
+    KILN_ASSIGN_OR_RETURN(TensorSpec t, ParseSpec((*arr)[i], path, symbols));
     if (!names.insert(t.name).second) {
       return Status::InvalidArgument(path + " names '" + t.name + "' again; each " + name +
                                      " name must appear once");
@@ -267,11 +299,41 @@ Result<EntryMetadata> ParseEntry(const Json& v, const std::string& path) {
   EntryMetadata e;
   KILN_ASSIGN_OR_RETURN(uint64_t index, r.Unsigned("index", std::numeric_limits<uint32_t>::max()));
   e.index = static_cast<uint32_t>(index);
-  // An empty shape class is the entry of a graph with no runtime inputs.
-  KILN_ASSIGN_OR_RETURN(const Json* sc, r.Object("shape_class"));
-  KILN_ASSIGN_OR_RETURN(e.shape_class, ParseShapeClass(*sc, path + ".shape_class"));
-  KILN_ASSIGN_OR_RETURN(e.inputs, ParseSpecs(r, "inputs"));
-  KILN_ASSIGN_OR_RETURN(e.outputs, ParseSpecs(r, "outputs"));
+  const std::map<std::string, std::pair<int64_t, int64_t>>* symbols = nullptr;
+  if (v.contains("ranged")) {
+    KILN_ASSIGN_OR_RETURN(const Json* ranged, r.Object("ranged"));
+    Result<RangedEntry> entry = RangedFromJson(*ranged);
+    if (!entry.ok()) return entry.status().WithContext(path + ".ranged");
+    KILN_RETURN_IF_ERROR(CheckRangedEntry(*entry, path + ".ranged"));
+    e.ranged = std::move(entry).value();
+    symbols = &e.ranged->ranges;
+  } else {
+    // An empty shape class is the entry of a graph with no runtime inputs.
+    KILN_ASSIGN_OR_RETURN(const Json* sc, r.Object("shape_class"));
+    KILN_ASSIGN_OR_RETURN(e.shape_class, ParseShapeClass(*sc, path + ".shape_class"));
+  }
+  KILN_ASSIGN_OR_RETURN(e.inputs, ParseSpecs(r, "inputs", symbols));
+  KILN_ASSIGN_OR_RETURN(e.outputs, ParseSpecs(r, "outputs", symbols));
+  if (e.ranged) {
+    // The inputs are the entry's, dim by dim: what ingress matches a request against.
+    for (const TensorSpec& t : e.inputs) {
+      auto it = e.ranged->inputs.find(t.name);
+      bool same = it != e.ranged->inputs.end() && it->second.size() == t.shape.size();
+      for (size_t i = 0; same && i < t.shape.size(); ++i) {
+        const std::string sym = t.dim_symbols.empty() ? "" : t.dim_symbols[i];
+        same = it->second[i].symbol == sym && (!sym.empty() || it->second[i].size == t.shape[i]);
+      }
+      if (!same) {
+        return Status::InvalidArgument(path + " input '" + t.name +
+                                       "' is not the ranged entry's input of that name");
+      }
+    }
+    if (e.inputs.size() != e.ranged->inputs.size()) {
+      return Status::InvalidArgument(path + " has " + std::to_string(e.inputs.size()) +
+                                     " inputs, its ranged entry " +
+                                     std::to_string(e.ranged->inputs.size()));
+    }
+  }
   KILN_ASSIGN_OR_RETURN(e.workspace_bytes,
                         r.Unsigned("workspace_bytes", std::numeric_limits<uint64_t>::max()));
   KILN_ASSIGN_OR_RETURN(e.constants, ParseSpecs(r, "constants"));
@@ -431,10 +493,37 @@ Status CheckEntriesCoverEnvelope(const CellMetadata& m) {
     slot = who;
     return Status::OK();
   };
+  // A declared ranged entry is compiled as its pieces (RangedPieces), every one an entry, or is
+  // named by exactly one gap.
+  std::vector<std::vector<RangedEntry>> pieces;
+  for (const RangedEntry& r : env->ranged) pieces.push_back(RangedPieces(r));
+  std::vector<std::vector<std::string>> piece_served(env->ranged.size());
+  for (size_t r = 0; r < env->ranged.size(); ++r) piece_served[r].resize(pieces[r].size());
   for (size_t i = 0; i < m.entries.size(); ++i) {
-    KILN_RETURN_IF_ERROR(claim(m.entries[i].shape_class, "entry " + std::to_string(i)));
+    const std::string who = "entry " + std::to_string(i);
+    if (!m.entries[i].ranged) {
+      KILN_RETURN_IF_ERROR(claim(m.entries[i].shape_class, who));
+      continue;
+    }
+    bool found = false;
+    for (size_t r = 0; r < pieces.size() && !found; ++r) {
+      for (size_t k = 0; k < pieces[r].size() && !found; ++k) {
+        if (pieces[r][k] != *m.entries[i].ranged) continue;
+        found = true;
+        if (!piece_served[r][k].empty()) {
+          return Status::InvalidArgument("metadata " + piece_served[r][k] + " and " + who +
+                                         " both serve ranged piece " +
+                                         DescribeRanged(pieces[r][k]));
+        }
+        piece_served[r][k] = who;
+      }
+    }
+    if (!found) {
+      return Status::InvalidArgument("metadata " + who + " ranged entry " +
+                                     DescribeRanged(*m.entries[i].ranged) +
+                                     " is no piece of a ranged entry of the envelope");
+    }
   }
-  // A ranged entry has no code yet: each is named by exactly one gap.
   std::vector<bool> ranged_named(env->ranged.size(), false);
   for (size_t i = 0; i < m.gaps.size(); ++i) {
     const std::string who = "gap " + std::to_string(i);
@@ -456,10 +545,18 @@ Status CheckEntriesCoverEnvelope(const CellMetadata& m) {
     ranged_named[at] = true;
   }
   for (size_t i = 0; i < env->ranged.size(); ++i) {
-    if (!ranged_named[i]) {
+    size_t served = 0;
+    for (const std::string& who : piece_served[i]) served += who.empty() ? 0 : 1;
+    if (ranged_named[i] && served > 0) {
       return Status::InvalidArgument("metadata envelope ranged entry " +
                                      DescribeRanged(env->ranged[i]) +
-                                     " has no gap; expected one (ranged entries are not compiled)");
+                                     " has a gap and entries; expected one or the other");
+    }
+    if (!ranged_named[i] && served != pieces[i].size()) {
+      return Status::InvalidArgument(
+          "metadata envelope ranged entry " + DescribeRanged(env->ranged[i]) + " has " +
+          std::to_string(served) + " of its " + std::to_string(pieces[i].size()) +
+          " pieces as entries and no gap; expected every piece, or one gap");
     }
   }
   for (size_t c = 0; c < classes.size(); ++c) {
@@ -472,6 +569,23 @@ Status CheckEntriesCoverEnvelope(const CellMetadata& m) {
 }
 
 }  // namespace
+
+EntryMetadata EntryAt(const EntryMetadata& entry, const std::map<std::string, int64_t>& point) {
+  EntryMetadata out = entry;
+  out.ranged.reset();
+  auto at = [&](std::vector<TensorSpec>& specs) {
+    for (TensorSpec& t : specs) {
+      for (size_t i = 0; i < t.dim_symbols.size(); ++i) {
+        if (!t.dim_symbols[i].empty()) t.shape[i] = point.at(t.dim_symbols[i]);
+      }
+      t.dim_symbols.clear();
+    }
+  };
+  at(out.inputs);
+  at(out.outputs);
+  for (const TensorSpec& t : out.inputs) out.shape_class[t.name] = t.shape;
+  return out;
+}
 
 Result<std::string> SerializeMetadata(const CellMetadata& m) {
   KILN_ASSIGN_OR_RETURN(std::string text, CanonicalJson(MetadataToJson(m)));

@@ -8,7 +8,8 @@
 //   {"format_version":1, "key":"ck1-…", "family":"root/micro-diffusion", "codegen_version":"…",
 //    "axes":{"graph":"<16hex>","envelope":"<16hex>","sm":"x86-64-v3","toolchain":"<16hex>"},
 //    "envelope": <EnvelopeFacts>, "toolchain": <toolchain block>, "sm":"x86-64-v3",
-//    "entries":[{"index":0,"shape_class":{input:[dims]},
+//    "entries":[{"index":0,"shape_class":{input:[dims]},   (a ranged entry: "ranged":{...}, and
+//                                                           its specs' shapes name symbols)
 //                "inputs":[{"name","dtype","shape"}], "outputs":[…],
 //                "workspace_bytes":N, "constants":[{"name","dtype","shape"}]}],
 //    "gaps":[{"shape_class":{input:[dims]},"reason":"…"}],   (only when some entry has no code;
@@ -24,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -44,12 +46,18 @@ struct TensorSpec {
   // An entry output whose shape is known only at run time (shape [] then; "dynamic": true in the
   // JSON, absent when false): it is passed to the cell as a kiln_dynamic_output.
   bool dynamic = false;
+  // A ranged entry's spec: per dim, the symbol whose value it is ("" for a fixed dim; shape[i] is
+  // 0 then). Empty for a concrete entry's. In the JSON the symbol's name stands in "shape".
+  std::vector<std::string> dim_symbols = {};
   bool operator==(const TensorSpec&) const = default;
 };
 
 struct EntryMetadata {
   uint32_t index = 0;
-  ShapeClass shape_class;
+  ShapeClass shape_class;  // a concrete entry's class (empty for a ranged entry)
+  // A ranged entry: the piece of a declared ranged entry it serves (graph/shape_class.h
+  // RangedPieces), written as "ranged" in place of "shape_class". Its specs name symbols.
+  std::optional<RangedEntry> ranged;
   std::vector<TensorSpec> inputs;
   std::vector<TensorSpec> outputs;
   uint64_t workspace_bytes = 0;
@@ -86,6 +94,10 @@ struct CellMetadata {
   std::vector<EntryGap> gaps;  // declared classes with no entry; empty for a full cell
   FenceFlags fence;
 };
+
+// A ranged entry at one point (a value of each of its symbols): its specs' shapes there, and the
+// point as the entry's class. REQUIRES: `entry.ranged` and every symbol in `point`.
+EntryMetadata EntryAt(const EntryMetadata& entry, const std::map<std::string, int64_t>& point);
 
 // Canonical bytes of metadata.json.
 Result<std::string> SerializeMetadata(const CellMetadata& m);

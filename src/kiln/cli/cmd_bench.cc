@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "src/kiln/base/clock.h"
+#include "src/kiln/cell/key.h"
 #include "src/kiln/cli/commands.h"
 #include "src/kiln/cli/target_util.h"
 #include "src/kiln/eager/interpreter.h"
@@ -41,6 +42,7 @@ struct BenchArgs {
   std::string label;  // engine name of the compiled row (default kiln_compiled)
   std::vector<std::string> disabled_passes;  // bisecting a slow or wrong cell
   std::vector<std::string> inputs;           // NAME=FILE.npy: these values, not probe values
+  std::string ranged;  // a ranged entry (JSON): time its cell's entry at --class, not a class's
 };
 
 // VmHWM / VmRSS of this process in MiB (0 when /proc is unreadable).
@@ -202,16 +204,33 @@ Status DoBench(const BenchArgs& a) {
   // Binding a cell found in the local store is what a worker's boot does; a miss mints it first
   // (compile, gate, fence), which is timed apart (`--mint-only` does just that, so a measuring
   // process's peak memory holds no proof runs).
+  // With --ranged the cell is the ranged entry's, and --class a point of its range: the entry
+  // admitting it runs (its first run makes the instance for that point).
+  Envelope envelope{{cls}};
+  if (!a.ranged.empty()) {
+    KILN_ASSIGN_OR_RETURN(nlohmann::json j, ParseJsonOption(a.ranged, "--ranged"));
+    KILN_ASSIGN_OR_RETURN(RangedEntry entry, RangedFromJson(j));
+    KILN_RETURN_IF_ERROR(CheckRangedEntry(entry, "--ranged"));
+    envelope = Envelope{};
+    envelope.ranged = {entry};
+  }
   const auto bind = Clock::Real()->Now();
-  KILN_ASSIGN_OR_RETURN(LocalCell cell, LocalCellForClass(graph, weights, cls, "local/bench",
-                                                          a.threads, {}, a.disabled_passes));
+  KILN_ASSIGN_OR_RETURN(LocalCell cell,
+                        LocalCellForEnvelope(graph, weights, envelope, "local/bench", a.threads, {},
+                                             a.disabled_passes));
   const double setup_ms = MsSince(bind);
+  std::string mismatch;
+  const int entry = cell.cell->Admit(inputs, &mismatch);
+  if (entry < 0) {
+    return Status::InvalidArgument("no entry of the cell admits --class " + a.spec + ": " +
+                                   mismatch);
+  }
   if (a.mint_only) {
     std::printf("%s %s: cell %s (%s, %.0f ms)\n", model.c_str(), spec.c_str(), cell.ref.c_str(),
                 cell.store_hit ? "local store hit" : "minted", setup_ms);
     return Status::OK();
   }
-  auto run = [&] { return cell.cell->Run(0, inputs).status(); };
+  auto run = [&] { return cell.cell->Run(entry, inputs).status(); };
   const auto first = Clock::Real()->Now();
   KILN_RETURN_IF_ERROR(run());
   const double first_ms = MsSince(first);
@@ -219,7 +238,7 @@ Status DoBench(const BenchArgs& a) {
   std::string extra = ",\"cell\":\"" + cell.ref + "\",\"sm\":\"" + DefaultSmTarget() +
                       "\",\"store_hit\":" + (cell.store_hit ? "true" : "false");
   PrintRow(a, a.label.empty() ? "kiln_compiled" : a.label.c_str(), model, spec, tc, first_ms,
-           setup_ms, cell.cell->entries()[0].workspace_bytes / 1048576.0, rss_base, extra);
+           setup_ms, cell.cell->entries()[entry].workspace_bytes / 1048576.0, rss_base, extra);
   return Status::OK();
 }
 
@@ -246,6 +265,9 @@ void AddBenchCommand(CLI::App& app, int* exit_code) {
                   "NAME=FILE.npy: run with these values instead of probe values (repeatable)");
   cmd->add_option("--disable-pass", a->disabled_passes,
                   "compile without this pass (repeatable), past the local store: for bisecting");
+  cmd->add_option("--ranged", a->ranged,
+                  "JSON ranged entry {\"inputs\": {input: [dim or symbol]}, \"ranges\": {symbol: "
+                  "[lo, hi]}}: the compiled engine is the cell of that entry, run at --class");
   cmd->add_flag("--sgemm-peak", a->sgemm_peak,
                 "time the kernel library's SGEMM (2048^3) at --threads instead of a model");
   cmd->callback([=] {

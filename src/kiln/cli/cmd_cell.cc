@@ -2,6 +2,7 @@
 // --child` only parses its flags and runs the mint layer's child body (mint/child.h).
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -61,16 +62,33 @@ std::string ClassSpec(const ShapeClass& c) {
   return s;
 }
 
+Result<nlohmann::json> ParseJsonOption(const std::string& text, const char* option) {
+  auto j = nlohmann::json::parse(text, nullptr, false);
+  if (j.is_discarded() || !j.is_object()) {
+    return Status::InvalidArgument(std::string(option) + " takes a JSON object, got '" + text +
+                                   "'");
+  }
+  return j;
+}
+
 Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const WeightMap& weights,
                                     const ShapeClass& shape_class, const std::string& family,
                                     int num_threads, const Samples& samples,
                                     const std::vector<std::string>& disabled_passes) {
+  return LocalCellForEnvelope(std::move(graph), weights, Envelope{{shape_class}}, family,
+                              num_threads, samples, disabled_passes);
+}
+
+Result<LocalCell> LocalCellForEnvelope(std::shared_ptr<const Graph> graph, const WeightMap& weights,
+                                       const Envelope& envelope, const std::string& family,
+                                       int num_threads, const Samples& samples,
+                                       const std::vector<std::string>& disabled_passes) {
   MintRequest r;
   r.compile.disabled_passes = disabled_passes;
   r.graph = std::move(graph);
   r.weights = weights;
   r.samples = samples;
-  r.envelope.classes = {shape_class};
+  r.envelope = envelope;
   r.family = family;
   r.num_threads = num_threads;
   KILN_ASSIGN_OR_RETURN(std::string root, DefaultStoreRoot());
@@ -152,9 +170,10 @@ Status DoMint(const Args& a) {
     std::printf("  %-8s %8.1f\n", s.stage.c_str(), s.ms);
     total += s.ms;
   }
-  std::printf("  %-8s %8.1f  (%zu class%s, %.1f ms per class)\n", "total", total,
-              r.envelope.classes.size(), r.envelope.classes.size() == 1 ? "" : "es",
-              total / static_cast<double>(r.envelope.classes.size()));
+  const size_t entries = r.envelope.size();
+  std::printf("  %-8s %8.1f  (%zu declared entr%s, %.1f ms per entry)\n", "total", total, entries,
+              entries == 1 ? "y" : "ies",
+              total / static_cast<double>(std::max<size_t>(entries, 1)));
   return Status::OK();
 }
 
@@ -187,11 +206,25 @@ Status DoInspect(const Args& a) {
   std::printf("sizes    cell.so %zu bytes, source %zu bytes, metadata %zu bytes\n",
               files.shared_object.size(), files.source.size(), files.metadata_json.size());
   for (const EntryMetadata& e : md.entries) {
-    std::printf("entry %u  class %s  workspace %llu bytes\n", e.index,
-                ClassSpec(e.shape_class).c_str(), (unsigned long long)e.workspace_bytes);
+    // A ranged entry's dims that are symbols print as the symbol's name.
+    auto dims = [](const TensorSpec& s) {
+      if (s.dynamic) return std::string("[shape known at run time]");
+      std::string out;
+      for (size_t i = 0; i < s.shape.size(); ++i) {
+        const bool symbol = i < s.dim_symbols.size() && !s.dim_symbols[i].empty();
+        out += (i ? "," : "") + (symbol ? s.dim_symbols[i] : std::to_string(s.shape[i]));
+      }
+      return "[" + out + "]";
+    };
+    if (e.ranged) {
+      std::printf("entry %u  ranged %s  workspace %llu bytes (at the range's maximum)\n", e.index,
+                  DescribeRanged(*e.ranged).c_str(), (unsigned long long)e.workspace_bytes);
+    } else {
+      std::printf("entry %u  class %s  workspace %llu bytes\n", e.index,
+                  ClassSpec(e.shape_class).c_str(), (unsigned long long)e.workspace_bytes);
+    }
     for (const TensorSpec& s : e.outputs) {
-      std::printf("  output   %-24s %s%s\n", s.name.c_str(), DTypeName(s.dtype),
-                  s.dynamic ? "[shape known at run time]" : ShapeToString(s.shape).c_str());
+      std::printf("  output   %-24s %s%s\n", s.name.c_str(), DTypeName(s.dtype), dims(s).c_str());
     }
     std::printf("  constants (%zu, bound at init in this order):\n", e.constants.size());
     for (const TensorSpec& s : e.constants) {

@@ -8,6 +8,7 @@
 
 #include "src/kiln/cell/key.h"
 #include "src/kiln/cli/commands.h"
+#include "src/kiln/cli/target_util.h"
 #include "src/kiln/compile/ranged_emit.h"
 #include "src/kiln/compile/ranged_shapes.h"
 #include "src/kiln/graph/digest.h"
@@ -65,15 +66,6 @@ int RunInfo(const std::string& path, bool facts) {
     if (f.ok()) std::printf("facts:\n%s\n", f->dump(2).c_str());
   }
   return verified.ok() ? 0 : 1;
-}
-
-Result<nlohmann::json> ParseJsonOption(const std::string& text, const char* option) {
-  auto j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object()) {
-    return Status::InvalidArgument(std::string(option) + " takes a JSON object, got '" + text +
-                                   "'");
-  }
-  return j;
 }
 
 // {"value": [dims]} for every value with a static type at `shapes` ({"input": [dims]}), and the

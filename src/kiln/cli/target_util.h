@@ -25,5 +25,13 @@ Result<LocalCell> LocalCellForClass(std::shared_ptr<const Graph> graph, const We
                                     const ShapeClass& shape_class, const std::string& family,
                                     int num_threads, const Samples& samples = {},
                                     const std::vector<std::string>& disabled_passes = {});
+// A command-line option's JSON object, or InvalidArgument naming `option`.
+Result<nlohmann::json> ParseJsonOption(const std::string& text, const char* option);
+
+// The same for a whole envelope (classes and ranged entries).
+Result<LocalCell> LocalCellForEnvelope(std::shared_ptr<const Graph> graph, const WeightMap& weights,
+                                       const Envelope& envelope, const std::string& family,
+                                       int num_threads, const Samples& samples = {},
+                                       const std::vector<std::string>& disabled_passes = {});
 
 }  // namespace kiln::cli

@@ -19,6 +19,7 @@
 
 #include "src/kiln/base/status.h"
 #include "src/kiln/compile/program.h"
+#include "src/kiln/graph/shape_class.h"
 
 namespace kiln {
 
@@ -50,8 +51,25 @@ struct EmittedCell {
   // entry order, and the classes that did not compile (class index, the compiler's reason).
   std::vector<size_t> entry_classes;
   std::vector<std::pair<size_t, std::string>> gaps;
+  // The ranged entries compiled, after the concrete ones (entry entry_classes.size() + r): the
+  // declared ranged entry each is a piece of (its index among the envelope's ranged entries), and
+  // the piece's own ranges.
+  std::vector<std::pair<size_t, RangedEntry>> ranged_pieces;
 };
 
-Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOptions& options);
+// A ranged entry's code as compile/ranged_emit.h writes it, for EmitCell to number after the
+// concrete entries and dispatch to through kiln_cell_entry_init_at.
+struct EmittedRangedEntry {
+  std::string source;  // `#if !defined(KILN_ENTRY) || KILN_ENTRY == <index>` ... `#endif`
+  nlohmann::json describe;
+  size_t num_symbols = 0;  // values init_at takes
+  size_t num_values = 0;   // run-time constants an instance computes from them
+  size_t num_constants = 0;
+  uint64_t workspace_bytes = 0;
+};
+
+// Entries 0..n-1 are `entries`; ranged entry r is entry n + r and its source must say so.
+Result<EmittedCell> EmitCell(const std::vector<Program>& entries, const EmitOptions& options,
+                             const std::vector<EmittedRangedEntry>& ranged = {});
 
 }  // namespace kiln

@@ -31,6 +31,7 @@
 #include "src/kiln/base/log.h"
 #include "src/kiln/base/secret_scan.h"
 #include "src/kiln/compile/passes.h"
+#include "src/kiln/compile/ranged_emit.h"
 #include "src/kiln/compile/ranged_shapes.h"
 #include "src/kiln/ops/verifier.h"
 
@@ -152,6 +153,17 @@ Status TestUncompilableClass(const ShapeClass& shape_class) {
                                " is refused by the test switch " + kTestUncompilableClassEnv);
 }
 
+// A ranged entry under the same switch (DescribeRanged's words), then its pieces.
+Result<std::vector<RangedEntryCode>> CompileRanged(const Graph& graph, const RangedEntry& entry,
+                                                   const CompileOptions& options, int first_index) {
+  const char* env = std::getenv(kTestUncompilableClassEnv);
+  if (env != nullptr && DescribeRanged(entry) == env) {
+    return Status::Unimplemented("ranged entry " + std::string(env) +
+                                 " is refused by the test switch " + kTestUncompilableClassEnv);
+  }
+  return CompileRangedPieces(graph, entry, options, first_index);
+}
+
 }  // namespace
 
 const std::vector<std::string>& PassNames() {
@@ -242,22 +254,9 @@ Result<Program> CompileEntry(const Graph& input, const ShapeClass& shape_class, 
   return program;
 }
 
-Status CompileRangedEntry(const Graph& graph, const RangedEntry& entry) {
-  auto shapes = InferRangedShapes(graph, entry);
-  if (!shapes.ok()) {
-    return Status(shapes.status().code(),
-                  "ranged entry " + DescribeRanged(entry) + ": " + shapes.status().message());
-  }
-  auto footprint = FootprintAtMaximum(graph, entry, *shapes);
-  if (!footprint.ok()) {
-    return Status(footprint.status().code(),
-                  "ranged entry " + DescribeRanged(entry) + ": " + footprint.status().message());
-  }
-  return Status::Unimplemented(
-      "ranged entry " + DescribeRanged(entry) + " is not compiled: over its range the graph has " +
-      shapes->Summary() + ", " + std::to_string(footprint->total_bytes) +
-      " bytes of fitted values at the range's maximum; generated loops and library calls take "
-      "constant extents only, so it is served eager");
+Status CompileRangedEntry(const Graph& graph, const RangedEntry& entry,
+                          const CompileOptions& options) {
+  return CompileRanged(graph, entry, options, 0).status();
 }
 
 std::string GapReason(const Status& failure, int index) {
@@ -301,12 +300,25 @@ Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
     entries.push_back(std::move(p).value());
     entry_classes.push_back(i);
   }
+  // A ranged entry is compiled as its pieces or not at all: one gap for the declared entry.
+  std::vector<EmittedRangedEntry> ranged;
+  std::vector<std::pair<size_t, RangedEntry>> ranged_pieces;
   for (size_t r = 0; r < envelope.ranged.size(); ++r) {
-    const Status s = CompileRangedEntry(graph, envelope.ranged[r]);
-    if (first_failure.ok()) first_failure = s;
-    gaps.emplace_back(envelope.classes.size() + r, GapReason(s, 0));
+    const auto start = std::chrono::steady_clock::now();
+    Result<std::vector<RangedEntryCode>> pieces = CompileRanged(
+        graph, envelope.ranged[r], options, static_cast<int>(entries.size() + ranged.size()));
+    if (timings) timings->push_back({"ranged" + std::to_string(r), "template", MsSince(start)});
+    if (!pieces.ok()) {
+      if (first_failure.ok()) first_failure = pieces.status();
+      gaps.emplace_back(envelope.classes.size() + r, GapReason(pieces.status(), 0));
+      continue;
+    }
+    for (RangedEntryCode& code : *pieces) {
+      ranged_pieces.emplace_back(r, code.entry);
+      ranged.push_back(std::move(code.cell));
+    }
   }
-  if (entries.empty()) {
+  if (entries.empty() && ranged.empty()) {
     if (!first_failure.ok()) return first_failure;
     return Status::InvalidArgument("the envelope declares no shape class");
   }
@@ -315,9 +327,10 @@ Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
   emit.graph_digest = graph_digest;
   ApplyTestSegvSwitch(&emit);
   ApplyTestScanSwitch(&emit);
-  KILN_ASSIGN_OR_RETURN(EmittedCell cell, EmitCell(entries, emit));
+  KILN_ASSIGN_OR_RETURN(EmittedCell cell, EmitCell(entries, emit, ranged));
   cell.entry_classes = std::move(entry_classes);
   cell.gaps = std::move(gaps);
+  cell.ranged_pieces = std::move(ranged_pieces);
   if (timings) timings->push_back({"cell", kEmitPass, MsSince(start)});
   if (programs) *programs = std::move(entries);
   return cell;

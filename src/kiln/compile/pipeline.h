@@ -39,7 +39,8 @@ struct CompileOptions {
 inline constexpr const char* kTestCellSegvEnv = "KILN_TEST_CELL_SEGV";
 
 // The test-only switch KILN_TEST_UNCOMPILABLE_CLASS="{x=[5,64]}" (a class as DescribeClasses
-// writes it, graph/shape_class.h): CompileEntry refuses that class as the compiler would refuse a
+// writes it, or a ranged entry as DescribeRanged does, graph/shape_class.h): CompileEntry (or
+// CompileRangedEntry and GenerateCell) refuses that class as the compiler would refuse a
 // class it cannot compile, so tests can show a partially covered cell (docs/design.md "Partial
 // coverage") without a real compiler gap. Read by CompileEntry, so a mint and a worker's check of
 // the cell's gaps agree whenever both processes have it set; nothing in kiln sets it, and a process
@@ -68,12 +69,11 @@ Status CheckPassNames(const std::vector<std::string>& names);
 Result<Program> CompileEntry(const Graph& graph, const ShapeClass& shape_class, int index,
                              const CompileOptions& options, std::vector<PassTiming>* timings);
 
-// The compiler's answer for a ranged entry. Today always a refusal: shapes are inferred over the
-// range (ranged_shapes.h) and the reason says what they are, but loops and library calls are
-// emitted for concrete shapes only, so a ranged entry is a gap of its cell and is served eager,
-// named (docs/design.md "Ranged entries"). Unimplemented, or the analysis's own error (a range
-// the graph cannot take) naming the point.
-Status CompileRangedEntry(const Graph& graph, const RangedEntry& entry);
+// The compiler's answer for a ranged entry: OK when each of its pieces compiles to one template
+// over its range (ranged_emit.h CompileRangedPieces, which GenerateCell uses), else the refusal a
+// gap records, naming the piece and what broke.
+Status CompileRangedEntry(const Graph& graph, const RangedEntry& entry,
+                          const CompileOptions& options);
 
 // Why a class has no entry: CompileEntry's `failure` for it, as compiled with entry number
 // `index`, in words that do not name that number (so a worker re-deriving a cell's gap, with
@@ -83,8 +83,9 @@ std::string GapReason(const Status& failure, int index);
 // Every class of the envelope, then emission: the whole cell source. A class whose CompileEntry
 // fails is a gap (EmittedCell::gaps, with the failure's words) and the others are still compiled,
 // entry i from the i-th compiled class (EmittedCell::entry_classes); only when no class compiles
-// is the first failure returned. Ranged entries are gaps too (CompileRangedEntry), numbered after
-// the classes (gap index classes.size() + r for ranged entry r).
+// is the first failure returned. Ranged entries follow the classes: each is compiled as its
+// pieces (EmittedCell::ranged_pieces), entries after the classes' own, or is one gap (gap index
+// classes.size() + r for ranged entry r).
 Result<EmittedCell> GenerateCell(const Graph& graph, const Envelope& envelope,
                                  const std::string& graph_digest, const CompileOptions& options,
                                  std::vector<PassTiming>* timings,

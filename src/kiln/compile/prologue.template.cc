@@ -22,6 +22,9 @@ struct kiln_cell_entry {
   void** mms;  // prepared matrix products (bind time: bound operands in the kernel's layout)
   uint32_t num_mms;
   uint8_t* mm_fused;  // per product: the library applies its epilogue (decided at bind)
+  // A ranged entry's instance: the integer constants of its code at the symbol values it was
+  // made for (each a polynomial in the symbols, computed at init). NULL for a concrete entry.
+  int64_t* v;
 };
 
 #define KILN_HIDDEN __attribute__((visibility("hidden")))

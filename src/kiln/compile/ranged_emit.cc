@@ -4,6 +4,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
+#include <set>
+#include <sstream>
 
 namespace kiln {
 
@@ -427,6 +430,374 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
   }
   out.holds = all_ok;
   out.holds_above_base = above_ok;
+  out.text = std::move(first_text);
+  out.split = std::move(grid[0]);
+  out.polys = std::move(polys);
+  out.at_maximum = at_max;
+  return out;
+}
+
+}  // namespace kiln
+
+namespace kiln {
+
+namespace {
+
+// One change to the template's text: [begin, end) becomes `text`.
+struct Edit {
+  size_t begin = 0, end = 0;
+  std::string text;
+};
+
+// `text` with `edits` (sorted, not overlapping, all inside [from, to)) applied to [from, to).
+std::string ApplyEdits(const std::string& text, size_t from, size_t to,
+                       const std::vector<Edit>& edits) {
+  std::string out;
+  size_t at = from;
+  for (const Edit& e : edits) {
+    if (e.begin < from || e.end > to) continue;
+    out.append(text, at, e.begin - at);
+    out += e.text;
+    at = e.end;
+  }
+  out.append(text, at, to - at);
+  return out;
+}
+
+// The spans of string and character literals in text[from, to), skipping // comments.
+std::vector<std::pair<size_t, size_t>> QuotedSpans(const std::string& text, size_t from,
+                                                   size_t to) {
+  std::vector<std::pair<size_t, size_t>> spans;
+  for (size_t i = from; i < to; ++i) {
+    const char c = text[i];
+    if (c == '/' && i + 1 < to && text[i + 1] == '/') {
+      while (i < to && text[i] != '\n') ++i;
+      continue;
+    }
+    if (c != '"' && c != '\'') continue;
+    const size_t start = i++;
+    while (i < to && text[i] != c) i += text[i] == '\\' ? 2 : 1;
+    spans.emplace_back(start, i + 1);
+  }
+  return spans;
+}
+
+bool Inside(const std::vector<std::pair<size_t, size_t>>& spans, size_t at) {
+  return std::any_of(spans.begin(), spans.end(),
+                     [at](const auto& s) { return at > s.first && at < s.second; });
+}
+
+// The end (one past its ';') of the declaration that starts at `begin`: the first ';' outside
+// braces.
+size_t DeclarationEnd(const std::string& text, size_t begin, size_t limit) {
+  int depth = 0;
+  for (size_t i = begin; i < limit; ++i) {
+    if (text[i] == '{') ++depth;
+    if (text[i] == '}') --depth;
+    if (text[i] == ';' && depth == 0) return i + 1;
+  }
+  return std::string::npos;
+}
+
+// C(d, a) for a <= 2, as C++ over an int64_t variable `d`.
+std::string BinomialExpr(const std::string& d, int a) {
+  if (a == 0) return "";
+  if (a == 1) return d;
+  return "((" + d + " * (" + d + " - 1)) / 2)";
+}
+
+std::string PolyKey(const NewtonPoly& p) {
+  std::string k;
+  for (const auto& [a, c] : p.coeffs) {
+    for (int e : a) k += std::to_string(e) + ",";
+    k += ":" + std::to_string(c) + ";";
+  }
+  return k;
+}
+
+}  // namespace
+
+Result<RangedEntryCode> EmitRangedEntry(const EmittedTemplate& t, const RangedEntry& entry,
+                                        const RangedShapes& shapes, int index) {
+  if (!t.holds) {
+    return Status::Unimplemented("the generated source is not one template over the range: " +
+                                 t.Summary());
+  }
+  const std::string& text = t.text;
+  const std::string open = "#if !defined(KILN_ENTRY) || KILN_ENTRY == 0\n";
+  const std::string close = "#endif  // entry 0\n";
+  const std::string init_sig = "extern \"C\" KILN_HIDDEN int kiln_e0_init(kiln_cell_entry* E) {\n";
+  const std::string run_sig =
+      "extern \"C\" KILN_HIDDEN int kiln_e0_run(kiln_cell_entry* E, const void* const* in, void* "
+      "const* out, char* ws) {\n";
+  const size_t begin = text.find(open);
+  const size_t end = begin == std::string::npos ? begin : text.find(close, begin);
+  const size_t init_at = text.find(init_sig, begin);
+  const size_t run_at = text.find(run_sig, begin);
+  if (end == std::string::npos || init_at == std::string::npos || run_at == std::string::npos ||
+      init_at > end || run_at > end) {
+    return Status::Internal("the emitted entry does not have the layout EmitRangedEntry reads");
+  }
+  const size_t init_body = init_at + init_sig.size();
+  const size_t run_body = run_at + run_sig.size();
+  const size_t init_end = text.find("\n}\n", init_body);
+  const size_t run_end = text.find("\n}\n", run_body);
+  const auto strings = QuotedSpans(text, begin, end);
+  auto refuse = [&](size_t at, const std::string& why) -> Result<RangedEntryCode> {
+    return Status::Unimplemented("a constant that varies over the range " + why + ": \"" +
+                                 LineAt(text, at) + "\"");
+  };
+
+  // Number the run-time constants: one per distinct polynomial.
+  RangedEntryCode code;
+  std::map<std::string, size_t> value_of;
+  std::vector<const NewtonPoly*> values;
+  std::vector<Edit> edits;
+  std::set<size_t> init_uses, run_uses;
+  std::map<size_t, std::set<size_t>> table_uses;  // table declaration start -> values
+  std::set<size_t> unstatic;                      // `static const` locals that hold a value
+  for (size_t j = 0; j < t.split.literals.size(); ++j) {
+    const size_t at = t.split.offsets[j];
+    if (t.polys[j].Degree() == 0) continue;
+    if (at < begin) return refuse(at, "sits in the cell's prologue");
+    if (at >= end) continue;  // the dispatch part: EmitCell writes a ranged entry's own
+    const std::string key = PolyKey(t.polys[j]);
+    auto [it, fresh] = value_of.emplace(key, values.size());
+    if (fresh) values.push_back(&t.polys[j]);
+    const size_t v = it->second;
+    const size_t digits = std::to_string(t.split.literals[j]).size();
+    size_t suffix = at + digits;
+    bool is_unsigned = false;
+    while (suffix < text.size() && std::strchr("uUlL", text[suffix]) != nullptr) {
+      is_unsigned = is_unsigned || text[suffix] == 'u' || text[suffix] == 'U';
+      ++suffix;
+    }
+    const size_t line = text.rfind('\n', at) + 1;
+    if (text[text.find_first_not_of(" \t", line)] == '#') {
+      return refuse(at, "is on a preprocessor line");
+    }
+    if (Inside(strings, at)) {
+      // A reference op's spec: the dispatch writes the value in when it prepares the op.
+      edits.push_back({at, suffix, "\\001" + std::to_string(v) + "\\002"});
+      continue;
+    }
+    const std::string name = "kiln_v" + std::to_string(v);
+    edits.push_back({at, suffix, is_unsigned ? "((uint64_t)" + name + ")" : name});
+    const bool in_init = at > init_body && at < init_end;
+    const bool in_run = at > run_body && at < run_end;
+    if (in_init || in_run) {
+      (in_init ? init_uses : run_uses).insert(v);
+      const size_t body = in_init ? init_body : run_body;
+      const size_t decl = text.rfind("static const ", at);
+      if (decl != std::string::npos && decl >= body) {
+        const size_t decl_end = DeclarationEnd(text, decl, in_init ? init_end : run_end);
+        if (decl_end != std::string::npos && at < decl_end) {
+          if (at < text.find('=', decl)) return refuse(at, "is the length of an array");
+          unstatic.insert(decl);
+        }
+      }
+      continue;
+    }
+    if (at < init_at) {
+      const size_t decl = text.rfind("static const ", at);
+      const size_t decl_end =
+          decl == std::string::npos ? decl : DeclarationEnd(text, decl, init_at);
+      if (decl == std::string::npos || decl < begin || decl_end == std::string::npos ||
+          at > decl_end) {
+        return refuse(at, "is outside any table");
+      }
+      if (at < text.find('=', decl)) return refuse(at, "is the length of a table");
+      table_uses[decl].insert(v);
+      continue;
+    }
+    return refuse(at, "is outside the entry's tables and functions");
+  }
+  std::sort(edits.begin(), edits.end(),
+            [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
+  for (size_t decl : unstatic) edits.push_back({decl, decl + 7, ""});  // "static "
+
+  // Tables that hold a value move into the functions that read them, as local arrays.
+  std::string init_tables, run_tables;
+  std::vector<Edit> moved;  // the tables' own spans, removed from file scope
+  for (const auto& [decl, uses] : table_uses) {
+    const size_t line = text.rfind('\n', decl) + 1;  // "alignas(64) " may lead the line
+    const size_t decl_end = DeclarationEnd(text, decl, init_at);
+    std::string local = ApplyEdits(text, line, decl_end, edits);
+    const size_t st = local.find("static ");
+    local.erase(st, 7);
+    const size_t bracket = local.find('[');
+    size_t name_begin = bracket;
+    while (name_begin > 0 && IsIdentChar(local[name_begin - 1])) --name_begin;
+    const std::string table = local.substr(name_begin, bracket - name_begin);
+    auto used_in = [&](size_t from, size_t to) {
+      for (size_t p = text.find(table, from); p != std::string::npos && p < to;
+           p = text.find(table, p + 1)) {
+        if (!IsIdentChar(text[p + table.size()])) return true;
+      }
+      return false;
+    };
+    if (used_in(init_body, init_end)) {
+      init_tables += "  " + local + "\n";
+      init_uses.insert(uses.begin(), uses.end());
+    }
+    if (used_in(run_body, run_end)) {
+      run_tables += "  " + local + "\n";
+      run_uses.insert(uses.begin(), uses.end());
+    }
+    moved.push_back({line, decl_end + (text[decl_end] == '\n' ? 1 : 0), ""});
+  }
+  // A literal's edit inside a moved table is in the table's local copy already.
+  edits.erase(std::remove_if(edits.begin(), edits.end(),
+                             [&](const Edit& e) {
+                               return std::any_of(moved.begin(), moved.end(), [&](const Edit& m) {
+                                 return e.begin >= m.begin && e.begin < m.end;
+                               });
+                             }),
+              edits.end());
+  edits.insert(edits.end(), moved.begin(), moved.end());
+  auto declare = [](const std::set<size_t>& uses) {
+    std::string s;
+    for (size_t v : uses) {
+      s += "  const int64_t kiln_v" + std::to_string(v) + " = E->v[" + std::to_string(v) + "];\n";
+    }
+    return s;
+  };
+  edits.push_back({init_body, init_body, declare(init_uses) + init_tables});
+  edits.push_back({run_body, run_body, declare(run_uses) + run_tables});
+  std::stable_sort(edits.begin(), edits.end(),
+                   [](const Edit& a, const Edit& b) { return a.begin < b.begin; });
+  std::string body = ApplyEdits(text, begin + open.size(), end, edits);
+
+  // Renumber as entry `index`.
+  const std::string e = "kiln_e" + std::to_string(index) + "_";
+  for (size_t p = body.find("kiln_e0_"); p != std::string::npos; p = body.find("kiln_e0_", p)) {
+    body.replace(p, 8, e);
+    p += e.size();
+  }
+
+  // The run-time constants from the symbols: each literal's Newton polynomial around the base.
+  for (const auto& [name, range] : entry.ranges) code.symbols.push_back(name);
+  std::ostringstream vf;
+  vf << "extern \"C\" KILN_HIDDEN uint32_t " << e << "num_values() { return " << values.size()
+     << "; }\n";
+  vf << "extern \"C\" KILN_HIDDEN int " << e << "values(const int64_t* s, int64_t* v) {\n";
+  for (size_t i = 0; i < code.symbols.size(); ++i) {
+    const auto& range = entry.ranges.at(code.symbols[i]);
+    vf << "  if (s[" << i << "] < " << range.first << "LL || s[" << i << "] > " << range.second
+       << "LL) return KILN_CELL_BAD_ARGUMENT;  // " << code.symbols[i] << "\n";
+  }
+  for (size_t k = 0; k < t.symbols.size(); ++k) {
+    const size_t i = static_cast<size_t>(
+        std::find(code.symbols.begin(), code.symbols.end(), t.symbols[k]) - code.symbols.begin());
+    vf << "  const int64_t d" << k << " = s[" << i << "] - " << t.base.at(t.symbols[k]) << "LL;\n";
+  }
+  vf << "  (void)s;\n";
+  for (size_t v = 0; v < values.size(); ++v) {
+    vf << "  v[" << v << "] = 0";
+    for (const auto& [a, c] : values[v]->coeffs) {
+      vf << " + (" << c << "LL)";
+      for (size_t k = 0; k < a.size(); ++k) {
+        if (a[k] > 0) vf << " * " << BinomialExpr("d" + std::to_string(k), a[k]);
+      }
+    }
+    vf << ";\n";
+  }
+  vf << "  (void)v;\n  return KILN_CELL_OK;\n}\n";
+  code.cell.source = "#if !defined(KILN_ENTRY) || KILN_ENTRY == " + std::to_string(index) + "\n" +
+                     body + vf.str() + "#endif  // entry " + std::to_string(index) + "\n\n";
+  code.entry = entry;
+  code.cell.num_symbols = code.symbols.size();
+  code.cell.num_values = values.size();
+
+  // describe(): the program at the maximum, with each symbolic dim named.
+  const Program& p = t.at_maximum;
+  code.cell.num_constants = p.weights.size();
+  code.cell.workspace_bytes = static_cast<uint64_t>(p.workspace_bytes);
+  auto spec = [&](const Buffer& b, const std::string& value) -> Result<nlohmann::json> {
+    nlohmann::json dims = nlohmann::json::array();
+    auto it = shapes.shapes.find(value);
+    if (b.dynamic) return Status::Unimplemented("'" + value + "' has a shape known at run time");
+    for (size_t d = 0; d < b.type.shape.size(); ++d) {
+      if (it == shapes.shapes.end() || it->second.size() != b.type.shape.size()) {
+        return Status::Unimplemented("'" + value + "' has no shape over the range");
+      }
+      const SymDim& dim = it->second[d];
+      if (dim.IsConstant()) {
+        dims.push_back(dim.ConstantValue());
+      } else if (dim.terms.size() == 1 && dim.terms.begin()->first.size() == 1 &&
+                 dim.terms.begin()->second == 1) {
+        dims.push_back(dim.terms.begin()->first[0]);
+      } else {
+        return Status::Unimplemented("'" + value + "' has dim " + std::to_string(d) + " = " +
+                                     dim.ToString() + ", not one symbol or a constant");
+      }
+    }
+    return nlohmann::json{{"name", value}, {"dtype", DTypeName(b.type.dtype)}, {"shape", dims}};
+  };
+  nlohmann::json d;
+  d["index"] = index;
+  d["inputs"] = nlohmann::json::array();
+  d["outputs"] = nlohmann::json::array();
+  d["constants"] = nlohmann::json::array();
+  for (int id : p.inputs) {
+    // An input's dims are the entry's own (a symbol with one value is still named: ingress
+    // matches the request against the entry).
+    const Buffer& b = p.buffers[static_cast<size_t>(id)];
+    auto it = entry.inputs.find(b.name);
+    if (it == entry.inputs.end() || it->second.size() != b.type.shape.size()) {
+      return Status::Internal("input '" + b.name + "' is not the ranged entry's");
+    }
+    nlohmann::json dims = nlohmann::json::array();
+    for (const DimSpec& dim : it->second) {
+      if (dim.symbol.empty()) {
+        dims.push_back(dim.size);
+      } else {
+        dims.push_back(dim.symbol);
+      }
+    }
+    d["inputs"].push_back({{"name", b.name}, {"dtype", DTypeName(b.type.dtype)}, {"shape", dims}});
+  }
+  for (size_t o = 0; o < p.outputs.size(); ++o) {
+    const Buffer& b = p.buffers[static_cast<size_t>(p.outputs[o])];
+    Result<nlohmann::json> s = spec(b, p.output_names[o]);
+    if (!s.ok()) return Status::Unimplemented("graph output " + s.status().message());
+    d["outputs"].push_back(*s);
+  }
+  for (int id : p.weights) {
+    const Buffer& b = p.buffers[static_cast<size_t>(id)];
+    d["constants"].push_back(
+        {{"name", b.name}, {"dtype", DTypeName(b.type.dtype)}, {"shape", b.type.shape}});
+  }
+  d["workspace_bytes"] = code.cell.workspace_bytes;
+  nlohmann::json ranges = nlohmann::json::object();
+  for (const auto& [name, range] : entry.ranges) ranges[name] = {range.first, range.second};
+  d["ranged"] = {{"symbols", code.symbols}, {"ranges", ranges}};
+  code.cell.describe = std::move(d);
+  return code;
+}
+
+Result<std::vector<RangedEntryCode>> CompileRangedPieces(const Graph& graph,
+                                                         const RangedEntry& entry,
+                                                         const CompileOptions& options,
+                                                         int first_index) {
+  std::vector<RangedEntryCode> out;
+  const std::vector<RangedEntry> pieces = RangedPieces(entry);
+  for (size_t k = 0; k < pieces.size(); ++k) {
+    const RangedEntry& piece = pieces[k];
+    const std::string what = pieces.size() == 1 ? "ranged entry " + DescribeRanged(entry)
+                                                : "ranged entry " + DescribeRanged(entry) +
+                                                      ", piece " + DescribeRanged(piece);
+    Result<RangedShapes> shapes = InferRangedShapes(graph, piece);
+    if (!shapes.ok()) {
+      return Status(shapes.status().code(), what + ": " + shapes.status().message());
+    }
+    Result<EmittedTemplate> t = FitEmittedTemplate(graph, piece, options);
+    if (!t.ok()) return Status(t.status().code(), what + ": " + t.status().message());
+    Result<RangedEntryCode> code =
+        EmitRangedEntry(*t, piece, *shapes, first_index + static_cast<int>(k));
+    if (!code.ok()) return Status(code.status().code(), what + ": " + code.status().message());
+    out.push_back(std::move(code).value());
+  }
   return out;
 }
 

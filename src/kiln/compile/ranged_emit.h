@@ -26,6 +26,7 @@
 #pragma once
 
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -77,6 +78,13 @@ struct EmittedTemplate {
   // The workspace is planned once, at the range's maximum, and every point uses that plan (its
   // offsets and size are then the same literals everywhere): its size.
   int64_t workspace_at_maximum = 0;
+  // The fit, when the grid formed one skeleton: the source at the grid's first point, its split,
+  // and each literal's polynomial (a constant one for a literal that does not vary); the program
+  // at the range's maximum (its buffers and weights are every point's).
+  std::string text;
+  LiteralSplit split;
+  std::vector<NewtonPoly> polys;
+  Program at_maximum;
 
   size_t Varying() const;
   // "the source at 9 points is one template: 1234 of 5678 integer literals vary (run 1000,
@@ -92,5 +100,40 @@ struct EmittedTemplate {
 Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry& entry,
                                            const CompileOptions& options,
                                            const std::vector<SymbolPoint>& extra = {});
+
+// A ranged entry's code, ready for EmitCell: the template's entry part with every varying literal
+// replaced by a run-time constant of the instance (`kiln_v<j>`, read from kiln_cell_entry::v),
+// renumbered as entry `index`, and a function that computes those constants from the symbols.
+//   - in init and run: the literal is the constant's name; a `static const` local that holds one
+//     is no longer static (each instance has its own values);
+//   - in a constant table (a shape array a kernel reads): the table moves into the functions that
+//     use it, as a local array;
+//   - inside a reference op's spec (a JSON string): the string holds a marker \001<j>\002 the
+//     dispatch replaces with the value when it prepares the op for an instance.
+// A varying literal anywhere else (a preprocessor line, an array's length, the prologue) has no
+// run-time form: Unimplemented, naming the line.
+struct RangedEntryCode {
+  RangedEntry entry;
+  std::vector<std::string> symbols;  // every symbol of the entry, in name order: init_at's order
+  // What EmitCell writes: the entry's code (`#if ... KILN_ENTRY == index` ... `#endif`), its
+  // describe() (inputs and outputs with a symbol's name for each symbolic dim, constants,
+  // workspace_bytes, "ranged": {"symbols": [...], "ranges": {s: [lo, hi]}}) and its counts.
+  EmittedRangedEntry cell;
+};
+
+// `t` must hold over the whole of `entry` (t.holds): else Unimplemented with its summary. An
+// output dim must be a constant or one symbol (the caller allocates outputs from the request's
+// symbols): else Unimplemented naming the output.
+Result<RangedEntryCode> EmitRangedEntry(const EmittedTemplate& t, const RangedEntry& entry,
+                                        const RangedShapes& shapes, int index);
+
+// Compiles a ranged entry as its pieces, numbered from `first_index`: for each, the template over
+// it (FitEmittedTemplate) must hold at every probe point, and EmitRangedEntry writes its code. An
+// error (Unimplemented naming the piece and what broke, or the shape analysis's own error) when
+// some piece does not compile: the declared entry is then one gap, served eager.
+Result<std::vector<RangedEntryCode>> CompileRangedPieces(const Graph& graph,
+                                                         const RangedEntry& entry,
+                                                         const CompileOptions& options,
+                                                         int first_index);
 
 }  // namespace kiln

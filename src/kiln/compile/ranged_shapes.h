@@ -26,9 +26,6 @@
 
 namespace kiln {
 
-// One value of each symbol.
-using SymbolPoint = std::map<std::string, int64_t>;
-
 // c0 + sum of c_U * prod(U) over sets U of distinct symbols; no zero coefficients are kept, so
 // two equal polynomials compare equal. A constant has at most the empty monomial.
 struct SymDim {
@@ -64,24 +61,10 @@ struct RangedShapes {
   std::string Summary() const;
 };
 
-// The points a range is checked at, for shapes here and for the numerics of a ranged entry: every
-// corner of the ranges (each symbol at lo or hi), and for each symbol each of its interior values
-// (a small odd one, the middle) with every other symbol at the middle of its range. Distinct,
-// deterministic, in a fixed order; at most 2^6 corners (an entry with more than six symbols is
-// refused by CheckRangedProbes).
-std::vector<SymbolPoint> RangeProbePoints(const RangedEntry& entry);
-Status CheckRangedProbes(const RangedEntry& entry);
-
-// "batch=2, seq=3" for messages ("(no symbols)" for an empty point).
-std::string DescribePoint(const SymbolPoint& point);
-
 // Where a fit over a range starts for one symbol: 2 where the range allows (so that no fitted
 // point is 1, the one size broadcasting treats apart), else lo, kept below hi so the next value
 // is still in the range.
 int64_t FitBase(const std::pair<int64_t, int64_t>& range);
-
-// The concrete input shapes of `entry` at `point`.
-ShapeClass ShapesAt(const RangedEntry& entry, const SymbolPoint& point);
 
 // Infers `graph`'s shapes over `entry`'s ranges. An error when the entry does not fit the graph's
 // inputs, or when static inference refuses some point (named); an irregular value is not an

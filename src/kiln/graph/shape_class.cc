@@ -2,6 +2,7 @@
 // shape_class.h).
 #include "src/kiln/graph/shape_class.h"
 
+#include <algorithm>
 #include <cctype>
 
 namespace kiln {
@@ -196,6 +197,112 @@ bool InputsFitClass(const ShapeClass& shape_class, const std::map<std::string, T
     if (it == inputs.end() || it->second.shape() != shape) return false;
   }
   return true;
+}
+
+std::vector<RangedEntry> RangedPieces(const RangedEntry& entry) {
+  std::vector<RangedEntry> pieces{entry};
+  for (const auto& [name, range] : entry.ranges) {
+    if (range.first >= 2 || range.second < 2) continue;
+    std::vector<RangedEntry> next;
+    for (const RangedEntry& p : pieces) {
+      for (int64_t v = range.first; v < 2; ++v) {
+        RangedEntry low = p;
+        low.ranges[name] = {v, v};
+        next.push_back(std::move(low));
+      }
+      RangedEntry high = p;
+      high.ranges[name] = {2, range.second};
+      next.push_back(std::move(high));
+    }
+    pieces = std::move(next);
+  }
+  return pieces;
+}
+
+namespace {
+
+constexpr size_t kMaxProbeSymbols = 6;
+
+int64_t Middle(const std::pair<int64_t, int64_t>& r) { return r.first + (r.second - r.first) / 2; }
+
+// Interior values of a range: a small one near lo (lo + 6, as a short sequence) and the middle.
+std::vector<int64_t> InteriorValues(const std::pair<int64_t, int64_t>& r) {
+  std::vector<int64_t> out;
+  for (int64_t v : {std::min(r.first + 6, r.second - 1), Middle(r)}) {
+    if (v > r.first && v < r.second && std::find(out.begin(), out.end(), v) == out.end()) {
+      out.push_back(v);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> FreeSymbols(const RangedEntry& entry) {
+  std::vector<std::string> out;
+  for (const auto& [name, range] : entry.ranges) {
+    if (range.first < range.second) out.push_back(name);
+  }
+  return out;
+}
+
+Status CheckRangedProbes(const RangedEntry& entry) {
+  const size_t free = FreeSymbols(entry).size();
+  if (free > kMaxProbeSymbols) {
+    return Status::InvalidArgument("ranged entry " + DescribeRanged(entry) + " has " +
+                                   std::to_string(free) + " symbols with a range; at most " +
+                                   std::to_string(kMaxProbeSymbols) +
+                                   " can be checked at every corner");
+  }
+  return Status::OK();
+}
+
+std::vector<SymbolPoint> RangeProbePoints(const RangedEntry& entry) {
+  const std::vector<std::string> free = FreeSymbols(entry);
+  SymbolPoint fixed;
+  for (const auto& [name, range] : entry.ranges) fixed[name] = range.first;
+  std::vector<SymbolPoint> points;
+  auto add = [&](SymbolPoint p) {
+    if (std::find(points.begin(), points.end(), p) == points.end()) points.push_back(std::move(p));
+  };
+  const size_t m = std::min(free.size(), kMaxProbeSymbols);
+  for (size_t corner = 0; corner < (size_t{1} << m); ++corner) {
+    SymbolPoint p = fixed;
+    for (size_t b = 0; b < m; ++b) {
+      const auto& range = entry.ranges.at(free[b]);
+      p[free[b]] = (corner & (size_t{1} << b)) ? range.second : range.first;
+    }
+    add(std::move(p));
+  }
+  for (const std::string& s : free) {
+    for (int64_t v : InteriorValues(entry.ranges.at(s))) {
+      SymbolPoint p = fixed;
+      for (const std::string& other : free) p[other] = Middle(entry.ranges.at(other));
+      p[s] = v;
+      add(std::move(p));
+    }
+  }
+  return points;
+}
+
+ShapeClass ShapesAt(const RangedEntry& entry, const SymbolPoint& point) {
+  ShapeClass shapes;
+  for (const auto& [input, dims] : entry.inputs) {
+    Shape& shape = shapes[input];
+    for (const DimSpec& d : dims) {
+      auto it = d.symbol.empty() ? point.end() : point.find(d.symbol);
+      shape.push_back(it == point.end() ? d.size : it->second);
+    }
+  }
+  return shapes;
+}
+
+std::string DescribePoint(const SymbolPoint& point) {
+  std::string s;
+  for (const auto& [name, v] : point) {
+    s += (s.empty() ? "" : ", ") + name + "=" + std::to_string(v);
+  }
+  return s.empty() ? "(no symbols)" : s;
 }
 
 }  // namespace kiln

@@ -67,6 +67,34 @@ struct RangedMatch {
   std::map<std::string, int64_t> values;  // each symbol's value (when it fits)
 };
 RangedMatch MatchRanged(const RangedEntry& entry, const ShapeClass& shapes);
+
+// The symbols whose range holds more than one value, in name order: the only ones a shape or a
+// constant over the range can depend on.
+std::vector<std::string> FreeSymbols(const RangedEntry& entry);
+
+// One value of each symbol.
+using SymbolPoint = std::map<std::string, int64_t>;
+
+// The points a range is checked at, for shapes (compile/ranged_shapes.h) and for the numerics of a
+// ranged entry: every corner of the ranges (each symbol at lo or hi), and for each symbol each of
+// its interior values (a small odd one, the middle) with every other symbol at the middle of its
+// range. Distinct, deterministic, in a fixed order; at most 2^6 corners (an entry with more than
+// six symbols is refused by CheckRangedProbes).
+std::vector<SymbolPoint> RangeProbePoints(const RangedEntry& entry);
+Status CheckRangedProbes(const RangedEntry& entry);
+
+// The concrete input shapes of `entry` at `point`.
+ShapeClass ShapesAt(const RangedEntry& entry, const SymbolPoint& point);
+
+// "batch=2, seq=3" for messages ("(no symbols)" for an empty point).
+std::string DescribePoint(const SymbolPoint& point);
+
+// The pieces a ranged entry is compiled as. A program over a range is one template where every
+// symbol is at least 2; at 0 and 1 (sizes broadcasting and empty tensors treat apart) the program
+// may differ (a one-row operand passed as it is). So a symbol whose range holds 2 and a value
+// below it is split: each value below 2 is a piece of its own, and [2, hi] one more. Pieces in a
+// fixed order (the first symbol's low values first); the entry itself when nothing splits.
+std::vector<RangedEntry> RangedPieces(const RangedEntry& entry);
 // The shapes of a request's inputs, to match against classes and ranged entries.
 ShapeClass ShapesOf(const std::map<std::string, Tensor>& inputs);
 // True when some request could fit both entries (checked dim by dim, symbols' consistency aside,

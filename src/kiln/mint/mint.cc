@@ -25,7 +25,19 @@ Result<TensorSpec> SpecFromJson(const nlohmann::json& j) {
   TensorSpec s;
   s.name = j.at("name").get<std::string>();
   KILN_ASSIGN_OR_RETURN(s.dtype, DTypeFromName(j.at("dtype").get<std::string>()));
-  s.shape = j.at("shape").get<Shape>();
+  // A ranged entry's dims may be a symbol's name.
+  bool symbolic = false;
+  for (const auto& d : j.at("shape")) {
+    if (d.is_string()) {
+      symbolic = true;
+      s.dim_symbols.push_back(d.get<std::string>());
+      s.shape.push_back(0);
+    } else {
+      s.dim_symbols.emplace_back();
+      s.shape.push_back(d.get<int64_t>());
+    }
+  }
+  if (!symbolic) s.dim_symbols.clear();
   s.dynamic = j.value("dynamic", false);
   return s;
 }
@@ -46,10 +58,14 @@ struct TempDir {
 Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& describe,
                                                        const Envelope& envelope) {
   const auto it = describe.find("entries");
-  if (it == describe.end() || !it->is_array() || it->size() != envelope.classes.size()) {
+  const bool pieces_given = !envelope.ranged.empty();
+  if (it == describe.end() || !it->is_array() || it->size() < envelope.classes.size() ||
+      (pieces_given && it->size() != envelope.size())) {
     return Status::InvalidArgument(
         "cell describe: expected an `entries` array with one entry per shape class (" +
-        std::to_string(envelope.classes.size()) + ")");
+        std::to_string(envelope.classes.size()) + "), then " +
+        (pieces_given ? "one per ranged piece (" + std::to_string(envelope.ranged.size()) + ")"
+                      : std::string("its ranged entries")));
   }
   std::vector<EntryMetadata> entries;
   try {
@@ -57,7 +73,12 @@ Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& des
       const nlohmann::json& d = (*it)[i];
       EntryMetadata e;
       e.index = static_cast<uint32_t>(i);
-      e.shape_class = envelope.classes[i];
+      if (i < envelope.classes.size()) {
+        e.shape_class = envelope.classes[i];
+      } else if (!d.contains("ranged")) {
+        return Status::InvalidArgument("cell describe: entry " + std::to_string(i) +
+                                       " is past the shape classes and is not ranged");
+      }
       for (const auto& j : d.at("inputs")) {
         KILN_ASSIGN_OR_RETURN(TensorSpec s, SpecFromJson(j));
         e.inputs.push_back(s);
@@ -71,6 +92,27 @@ Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& des
         e.constants.push_back(s);
       }
       e.workspace_bytes = d.at("workspace_bytes").get<uint64_t>();
+      if (i >= envelope.classes.size()) {
+        // The piece a ranged entry serves, as the cell describes it: its inputs' dims and ranges.
+        RangedEntry piece;
+        for (const TensorSpec& t : e.inputs) {
+          std::vector<DimSpec>& dims = piece.inputs[t.name];
+          for (size_t k = 0; k < t.shape.size(); ++k) {
+            dims.push_back(DimSpec{t.shape[k], t.dim_symbols.empty() ? "" : t.dim_symbols[k]});
+            if (!dims.back().symbol.empty()) dims.back().size = 0;
+          }
+        }
+        for (const auto& [name, range] : d.at("ranged").at("ranges").items()) {
+          piece.ranges[name] = {range.at(0).get<int64_t>(), range.at(1).get<int64_t>()};
+        }
+        KILN_RETURN_IF_ERROR(CheckRangedEntry(piece, "cell describe: entry " + std::to_string(i)));
+        if (pieces_given && piece != envelope.ranged[i - envelope.classes.size()]) {
+          return Status::InvalidArgument(
+              "cell describe: entry " + std::to_string(i) + " serves " + DescribeRanged(piece) +
+              ", compiled as " + DescribeRanged(envelope.ranged[i - envelope.classes.size()]));
+        }
+        e.ranged = std::move(piece);
+      }
       entries.push_back(std::move(e));
     }
   } catch (const nlohmann::json::exception& e) {
@@ -146,8 +188,8 @@ Result<MintResult> MintCell(const MintRequest& req) {
   auto driver = MakeSystemCompilerDriver(toolchain);
   KILN_ASSIGN_OR_RETURN(
       std::string so_bytes,
-      BuildSharedObject(emitted.source, programs.size(), out.axes.sm, out.key, *driver, dir.path,
-                        req.compile.parallel_compiles, &out.passes));
+      BuildSharedObject(emitted.source, programs.size() + emitted.ranged_pieces.size(), out.axes.sm,
+                        out.key, *driver, dir.path, req.compile.parallel_compiles, &out.passes));
   mark("build");
   // metadata (entries from the describe JSON the cell itself will report)
   CellMetadata& md = out.metadata;
@@ -162,6 +204,7 @@ Result<MintResult> MintCell(const MintRequest& req) {
   // are the cell's gaps, each with the compiler's words.
   Envelope compiled;
   for (size_t c : emitted.entry_classes) compiled.classes.push_back(req.envelope.classes.at(c));
+  for (const auto& [r, piece] : emitted.ranged_pieces) compiled.ranged.push_back(piece);
   for (const auto& [c, reason] : emitted.gaps) {
     EntryGap gap;
     if (c < req.envelope.classes.size()) {

@@ -75,8 +75,9 @@ struct MintResult {
 
 // A cell's entries as its own describe JSON reports them (kiln_cell_describe), with the shape
 // classes of `envelope` in entry order (the classes the entries were compiled from, which for a
-// partially covered cell are fewer than the target declares). InvalidArgument when the counts
-// differ.
+// partially covered cell are fewer than the target declares), then its ranged entries, each with
+// the piece it describes (its inputs' dims and its ranges), which must be envelope.ranged's in
+// order when that is given. InvalidArgument when the counts or the pieces differ.
 Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& describe,
                                                        const Envelope& envelope);
 

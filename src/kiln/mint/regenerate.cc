@@ -45,7 +45,17 @@ Result<std::string> RegenerateCellSource(const Graph& graph, const CellMetadata&
   // The classes in entry order: a mint compiles entry i from the i-th class it was given, and key
   // restatement already proved these are exactly the key's envelope.
   Envelope envelope;
-  for (const EntryMetadata& e : metadata.entries) envelope.classes.push_back(e.shape_class);
+  for (const EntryMetadata& e : metadata.entries) {
+    if (!e.ranged) envelope.classes.push_back(e.shape_class);
+  }
+  // Then the declared ranged entries the cell carries (as pieces), in declared order, as the mint
+  // compiled them after the classes.
+  KILN_ASSIGN_OR_RETURN(Envelope declared, EnvelopeFromFacts(metadata.envelope));
+  for (const RangedEntry& r : declared.ranged) {
+    bool gap = false;
+    for (const EntryGap& g : metadata.gaps) gap = gap || (g.ranged && *g.ranged == r);
+    if (!gap) envelope.ranged.push_back(r);
+  }
   CompileOptions options;
   KILN_ASSIGN_OR_RETURN(EmittedCell emitted,
                         GenerateCell(graph, envelope, digest, options, nullptr));
@@ -56,7 +66,7 @@ Result<std::string> RegenerateCellSource(const Graph& graph, const CellMetadata&
     Status refusal;
     std::string what = "gap " + std::to_string(i) + " (";
     if (gap.ranged) {
-      refusal = CompileRangedEntry(graph, *gap.ranged);
+      refusal = CompileRangedEntry(graph, *gap.ranged, options);
       what += DescribeRanged(*gap.ranged) + ")";
     } else {
       refusal = CompileEntry(graph, gap.shape_class, 0, options, nullptr).status();

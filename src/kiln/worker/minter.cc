@@ -236,8 +236,8 @@ MintChildOutcome Minter::RunChild(Job& job, int attempt) {
 bool Minter::InstallMinted(const MintBinding& b, const std::shared_ptr<ArmedCell>& cell,
                            const std::string& key, const std::string& ref,
                            Clock::TimePoint adopt_start) {
-  b.target->SetMintInProgress(false);
   if (b.target->arming_held()) {
+    b.target->SetMintInProgress(false);
     // An eager order suppresses arming: the proven bytes are stored; the lift adopts them from
     // the local store.
     Emit(event_kind::kLocalCellArmed,
@@ -248,6 +248,9 @@ bool Minter::InstallMinted(const MintBinding& b, const std::shared_ptr<ArmedCell
   // Reproven: the strict gate and the fence proof just ran on this target's live checkpoint.
   Status installed = b.target->InstallCell(cell, /*reproven=*/true);
   if (installed.ok()) b.target->SetStoredPosture("");
+  // Cleared once the cell is in: a request between the two is served by the cell or, eager, still
+  // as mint_in_progress, never as `uncompiled`.
+  b.target->SetMintInProgress(false);
   Emit(event_kind::kLocalCellArmed, installed.ok() ? "armed" : kMintArmRefused,
        MsSince(adopt_start), key, ref, b.spec.name,
        installed.ok() ? "lane=exported" : installed.ToString());
@@ -438,6 +441,19 @@ void Minter::RunIntake(std::shared_ptr<Job> job) {
   }
   auto entries = EntriesFromDescribe((*library)->describe(), compiled);
   if (!entries.ok()) return refuse(kMintArmRefused, entries.status().ToString());
+  // A ranged entry must serve a piece of a ranged entry the target declares.
+  for (const EntryMetadata& e : *entries) {
+    if (!e.ranged) continue;
+    bool declared = false;
+    for (const RangedEntry& r : b.spec.envelope.ranged) {
+      for (const RangedEntry& piece : RangedPieces(r)) declared = declared || piece == *e.ranged;
+    }
+    if (!declared) {
+      return refuse(kMintArmRefused, "the child's entry " + std::to_string(e.index) + " serves " +
+                                         DescribeRanged(*e.ranged) +
+                                         ", no piece of a declared ranged entry");
+    }
+  }
   auto weights = b.target->weights();
   auto cell =
       ArmedCell::Arm(*library, *entries, *weights, Lane::kIntake, "", options_.serve_threads);

@@ -333,8 +333,8 @@ Result<ServeResult> ServedTarget::Serve(const TensorMap& inputs, const std::stri
     return done(FallBack(inputs, snap, fn, kFallbackEntryAmbiguous, mismatch, budget));
   }
   if (entry < 0) {
-    // Declared but not compiled (partial coverage, or a ranged entry) is named apart from
-    // undeclared.
+    // Declared but not compiled (partial coverage: a class or a ranged entry the compiler
+    // refused) is named apart from undeclared.
     const ShapeClass shapes = ShapesOf(inputs);
     std::string declared;
     for (const ShapeClass& c : options_.envelope.classes) {
@@ -438,7 +438,18 @@ Coverage CoverageOf(const Envelope& declared, const std::vector<EntryMetadata>& 
   c.compiled = declared.classes.size() - missing.size();
   c.missing = DescribeClasses(missing);
   for (const RangedEntry& r : declared.ranged) {
-    c.missing += (c.missing.empty() ? "" : ",") + DescribeRanged(r);
+    // Carried when every piece it is compiled as is an entry (graph/shape_class.h RangedPieces).
+    bool carried = true;
+    for (const RangedEntry& piece : RangedPieces(r)) {
+      bool found = false;
+      for (const EntryMetadata& e : entries) found = found || (e.ranged && *e.ranged == piece);
+      carried = carried && found;
+    }
+    if (carried) {
+      ++c.compiled;
+    } else {
+      c.missing += (c.missing.empty() ? "" : ",") + DescribeRanged(r);
+    }
   }
   return c;
 }
@@ -448,7 +459,7 @@ std::vector<ShapeClass> UncoveredClasses(const Envelope& declared,
   std::vector<ShapeClass> missing;
   for (const ShapeClass& c : declared.classes) {
     bool carried = false;
-    for (const EntryMetadata& e : entries) carried = carried || e.shape_class == c;
+    for (const EntryMetadata& e : entries) carried = carried || (!e.ranged && e.shape_class == c);
     if (!carried) missing.push_back(c);
   }
   return missing;

@@ -111,7 +111,7 @@ std::vector<ShapeClass> UncoveredClasses(const Envelope& declared,
                                          const std::vector<EntryMetadata>& entries);
 
 // How much of a declared envelope a cell's entries carry: the classes some entry carries, out of
-// every declared entry (ranged entries are never carried: they are not compiled), and the
+// every declared entry (a ranged entry is carried when each of its pieces is an entry), and the
 // missing ones in words ("{x=[4,64]},{ids=[batch,seq] batch=[1,8];seq=[1,256]}").
 struct Coverage {
   size_t compiled = 0;
