@@ -185,13 +185,18 @@ Result<std::shared_ptr<kiln_cell_entry>> ArmedCell::Instance(
     size_t index, const std::vector<int64_t>& values) const {
   // Shared with runs, excluded by Rebind: the bound pointers read here are the current weights'.
   std::shared_lock<std::shared_mutex> bind_lock(mu_);
-  std::lock_guard<std::mutex> lock(inst_mu_);
   const auto key = std::make_pair(index, values);
-  auto it = instances_.find(key);
-  if (it != instances_.end()) {
-    it->second.used = ++inst_clock_;
-    return it->second.instance;
+  {
+    std::lock_guard<std::mutex> lock(inst_mu_);
+    auto it = instances_.find(key);
+    if (it != instances_.end()) {
+      it->second.used = ++inst_clock_;
+      return it->second.instance;
+    }
   }
+  // Prepared without the instance lock (a new point's library calls take tens to hundreds of
+  // milliseconds): requests at points already kept go on meanwhile. Two requests for one new
+  // point may both prepare it; the first kept wins and the other is released.
   const std::vector<const void*>& ptrs = bound_[index];
   kiln_cell_entry* h = nullptr;
   const int rc = library_->init_at(static_cast<uint32_t>(index), values.data(),
@@ -215,7 +220,12 @@ Result<std::shared_ptr<kiln_cell_entry>> ArmedCell::Instance(
   WeightMap weights = weights_;
   std::shared_ptr<kiln_cell_entry> instance(
       h, [library, weights](kiln_cell_entry* e) { library->release(e); });
+  std::lock_guard<std::mutex> lock(inst_mu_);
   ++inst_made_;
+  if (auto it = instances_.find(key); it != instances_.end()) {
+    it->second.used = ++inst_clock_;
+    return it->second.instance;
+  }
   if (instances_.size() >= kMaxRangedInstances) {
     auto oldest = instances_.begin();
     for (auto i = instances_.begin(); i != instances_.end(); ++i) {
