@@ -1034,10 +1034,13 @@ class EntryEmitter {
           << "          const double* sum = kiln_part + (n * " << Lit(chunks) << " + ch) * "
           << Lit(2 * C) << " + g * " << Lit(cg) << ";\n"
           << "          for (int64_t c = 0; c < " << Lit(cg) << "; ++c) { s1 += sum[c]; s2 += sum["
-          << Lit(C) << " + c]; }\n        }\n"
-          << "        const double mean = s1 / " << DoubleLit(static_cast<double>(cg * HW)) << ";\n"
-          << "        double var = s2 / " << DoubleLit(static_cast<double>(cg * HW))
-          << " - mean * mean;\n"
+          << Lit(C)
+          << " + c]; }\n        }\n"
+          // The count as an integer literal the C++ compiler converts (the same double, exactly):
+          // over a ranged side it is a constant computed from the symbols, where a float
+          // literal would change the text from point to point.
+          << "        const double mean = s1 / (double)" << Lit(cg * HW) << ";\n"
+          << "        double var = s2 / (double)" << Lit(cg * HW) << " - mean * mean;\n"
           << "        var = var > 0 ? var : 0;\n"
           << "        const float inv = (float)(1.0 / sqrt(var + " << eps_lit << "));\n"
           << "        for (int64_t c = g * " << Lit(cg) << "; c < (g + 1) * " << Lit(cg)
