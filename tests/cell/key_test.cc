@@ -160,6 +160,21 @@ TEST(KeyTest, RangedEntriesAreKeyedByTheirRanges) {
   nlohmann::json bad = EnvelopeFacts(a).value();
   bad["ranged"][0]["ranges"]["seq"] = {1};
   EXPECT_FALSE(EnvelopeFromFacts(bad).ok());
+
+  // A step is part of the range: it moves the key, and an entry without one hashes as [lo, hi].
+  Envelope stepped, stepped_wider;
+  stepped.ranged = {Ranged(1, 256)};
+  stepped_wider.ranged = {Ranged(1, 256)};
+  ASSERT_TRUE(SetRangeSpec(&stepped.ranged[0], "seq", {1, 256, 5}));
+  ASSERT_TRUE(SetRangeSpec(&stepped_wider.ranged[0], "seq", {1, 256, 15}));
+  const std::string plain_digest = FactsDigest(EnvelopeFacts(a).value()).value();
+  EXPECT_NE(FactsDigest(EnvelopeFacts(stepped).value()).value(), plain_digest);
+  EXPECT_NE(FactsDigest(EnvelopeFacts(stepped).value()).value(),
+            FactsDigest(EnvelopeFacts(stepped_wider).value()).value());
+  EXPECT_EQ(EnvelopeFacts(a).value()["ranged"][0]["ranges"]["seq"], nlohmann::json({1, 256}));
+  Result<Envelope> stepped_back = EnvelopeFromFacts(EnvelopeFacts(stepped).value());
+  ASSERT_TRUE(stepped_back.ok()) << stepped_back.status().ToString();
+  EXPECT_EQ(stepped_back->ranged, stepped.ranged);
 }
 
 // A request against a ranged entry: it fits with each symbol's value; otherwise the first
@@ -193,6 +208,44 @@ TEST(ShapeClassTest, MatchRangedNamesTheFirstDifference) {
   EXPECT_EQ(m.fit, RangedFit::kDim);
   EXPECT_NE(m.detail.find("dim 1 must be 64"), std::string::npos) << m.detail;
   EXPECT_EQ(DescribeRanged(fixed), "{x=[b,64] b=[1,16]}");
+}
+
+// A stepped symbol takes lo, lo + step, ..., hi: a value between is refused as outside what was
+// declared (the same kind as one past hi), naming the grid; pieces and probes stay on it.
+TEST(ShapeClassTest, AStepIsAGridMatchedProbedAndSplitOnIt) {
+  RangedEntry e;
+  e.inputs["img"] = {DimSpec{0, "b"}, DimSpec{3, ""}, DimSpec{0, "side"}, DimSpec{0, "side"}};
+  e.ranges["b"] = {1, 4};
+  ASSERT_TRUE(SetRangeSpec(&e, "side", {64, 256, 32}));
+  ASSERT_TRUE(CheckRangedEntry(e, "e").ok());
+  RangedMatch m = MatchRanged(e, {{"img", {2, 3, 160, 160}}});
+  EXPECT_EQ(m.fit, RangedFit::kFits) << m.detail;
+  EXPECT_EQ(m.values.at("side"), 160);
+  m = MatchRanged(e, {{"img", {2, 3, 100, 100}}});
+  EXPECT_EQ(m.fit, RangedFit::kOutOfRange);
+  EXPECT_NE(m.detail.find("symbol 'side' is 100 (input 'img' dim 2), not one of its declared "
+                          "values 64, 96, ..., 256 (step 32)"),
+            std::string::npos)
+      << m.detail;
+  EXPECT_EQ(CoordinateOf(e, "side", 160), 5);
+  EXPECT_EQ(ValueAt(e, "side", 5), 160);
+  for (const SymbolPoint& p : RangeProbePoints(e)) {
+    EXPECT_EQ((p.at("side") - 64) % 32, 0) << DescribePoint(p);
+    EXPECT_GE(p.at("side"), 64);
+    EXPECT_LE(p.at("side"), 256);
+  }
+  // An offset grid keeps its offset in coordinates; values below 2 are split off on the grid.
+  RangedEntry low;
+  low.inputs["x"] = {DimSpec{0, "n"}};
+  ASSERT_TRUE(SetRangeSpec(&low, "n", {1, 97, 32}));
+  EXPECT_EQ(ValueAt(low, "n", CoordinateOf(low, "n", 65)), 65);
+  const std::vector<RangedEntry> pieces = RangedPieces(low);
+  ASSERT_EQ(pieces.size(), 2u);
+  EXPECT_EQ(DescribeRanged(pieces[0]), "{x=[n] n=[1,1]}");
+  EXPECT_EQ(DescribeRanged(pieces[1]), "{x=[n] n=[33,97,32]}");
+  ASSERT_TRUE(SetRangeSpec(&low, "n", {1, 98, 32}));
+  EXPECT_NE(CheckRangedEntry(low, "e").message().find("98 is not on the step's grid"),
+            std::string::npos);
 }
 
 TEST(ShapeClassTest, RangedEntriesWhoseRangesMeetMayOverlap) {

@@ -236,6 +236,73 @@ TEST(MintLaws, ARangedEntryRunsEveryPointFromAnInstanceKeptPerPoint) {
   for (int64_t b : {1, 2, 17, 48}) check(b, *derived);
 }
 
+// An image side ranged on a step its strides divide: two stride-2 convolutions, a max pool and a
+// global average pool over side 16, 32, ..., 80 (every stage exact in side / 16) compile as one
+// ranged entry; every side and batch of the grid runs from its instance and matches eager, and a
+// side between two of the grid's is refused naming the step (served eager by the worker).
+TEST(MintLaws, ASteppedImageSideRunsEveryPointOfItsGrid) {
+  testing::OnnxBuilder b(13);
+  b.Input("img", testing::kFloat, {-1, 3, -1, -1}).Output("y", testing::kFloat, {-1, 8});
+  std::vector<float> w1(8 * 3 * 3 * 3), w2(8 * 8 * 3 * 3);
+  for (size_t i = 0; i < w1.size(); ++i) w1[i] = 0.2f * std::cos(0.7f * static_cast<float>(i));
+  for (size_t i = 0; i < w2.size(); ++i) w2[i] = 0.1f * std::sin(0.3f * static_cast<float>(i));
+  b.FloatInit("w1", {8, 3, 3, 3}, w1).FloatInit("w2", {8, 8, 3, 3}, w2);
+  auto& c1 = b.Node("Conv", {"img", "w1"}, {"c1"});
+  testing::OnnxBuilder::IntsAttr(c1, "strides", {2, 2});
+  testing::OnnxBuilder::IntsAttr(c1, "pads", {1, 1, 1, 1});
+  b.Node("Relu", {"c1"}, {"r1"});
+  auto& pool = b.Node("MaxPool", {"r1"}, {"p1"});
+  testing::OnnxBuilder::IntsAttr(pool, "kernel_shape", {3, 3});
+  testing::OnnxBuilder::IntsAttr(pool, "strides", {2, 2});
+  testing::OnnxBuilder::IntsAttr(pool, "pads", {1, 1, 1, 1});
+  auto& c2 = b.Node("Conv", {"p1", "w2"}, {"c2"});
+  testing::OnnxBuilder::IntsAttr(c2, "strides", {2, 2});
+  testing::OnnxBuilder::IntsAttr(c2, "pads", {1, 1, 1, 1});
+  b.Node("GlobalAveragePool", {"c2"}, {"g"});
+  b.Node("Flatten", {"g"}, {"y"});
+  auto imported = ImportOnnxBytes(b.Bytes(), "stepped");
+  ASSERT_TRUE(imported.ok()) << imported.status().ToString();
+  auto graph = std::make_shared<const Graph>(std::move(imported).value());
+  const WeightMap weights = GraphWeights(*graph);
+  RangedEntry ranged;
+  ranged.inputs["img"] = {DimSpec{0, "batch"}, DimSpec{3, ""}, DimSpec{0, "side"},
+                          DimSpec{0, "side"}};
+  ranged.ranges["batch"] = {2, 3};
+  ASSERT_TRUE(SetRangeSpec(&ranged, "side", {16, 80, 16}));
+  Envelope env;
+  env.ranged = {ranged};
+  ArmedFixture f = Build(graph, weights, env, EmitOptions{});
+  ASSERT_TRUE(f.cell);
+  ASSERT_EQ(f.cell->entries().size(), 1u);
+  auto inputs = [](int64_t batch, int64_t side) {
+    std::vector<float> v(static_cast<size_t>(batch * 3 * side * side));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = std::sin(0.011f * static_cast<float>(i));
+    return TensorMap{{"img", Tensor::FromVector<float>({batch, 3, side, side}, v)}};
+  };
+  for (int64_t batch : {2, 3}) {
+    for (int64_t side = 16; side <= 80; side += 16) {
+      const TensorMap in = inputs(batch, side);
+      std::string why;
+      ASSERT_EQ(f.cell->Admit(in, &why), 0) << why;
+      auto got = f.cell->Run(0, in);
+      ASSERT_TRUE(got.ok()) << side << ": " << got.status().ToString();
+      auto want = f.eager->Run(in, &weights);
+      ASSERT_TRUE(want.ok());
+      const EntryNumerics n = CompareOutputs(*want, *got, NumericsThresholds{});
+      EXPECT_EQ(n.verdict, Verdict::kHealthy)
+          << "batch " << batch << " side " << side << ": " << n.note;
+    }
+  }
+  std::string why;
+  EXPECT_EQ(f.cell->Admit(inputs(2, 24), &why), -1);
+  EXPECT_NE(why.find("not one of its declared values 16, 32, ..., 80 (step 16)"), std::string::npos)
+      << why;
+  auto off = f.cell->Run(0, inputs(2, 24));
+  ASSERT_FALSE(off.ok());
+  EXPECT_TRUE(off.status().Is(kOutOfEnvelope)) << off.status().ToString();
+  EXPECT_FALSE(f.cell->revoked());
+}
+
 // Law 1: both checkpoints of an example give one key, and one cell serves both.
 TEST(MintLaws, OneKeyAndOneCellServeBothCheckpoints) {
   Target t = Load("mlp");

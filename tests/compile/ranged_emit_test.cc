@@ -227,6 +227,27 @@ TEST(EmittedTemplate, AStridedConvolutionOverARangedSideIsNoPolynomialAndIsNamed
   EXPECT_NE(t->Summary().find("does not give the source"), std::string::npos) << t->Summary();
 }
 
+TEST(EmittedTemplate, TheSameConvolutionOnAStepItsStrideDividesIsOneTemplate) {
+  OnnxBuilder b;
+  b.Input("x", kFloat, {1, 4, -1, -1});
+  b.Output("y", kFloat, {1, 4, -1, -1});
+  b.FloatInit("w", {4, 4, 3, 3}, std::vector<float>(144, 0.1f));
+  auto& conv = b.Node("Conv", {"x", "w"}, {"y"});
+  OnnxBuilder::IntsAttr(conv, "strides", {2, 2});
+  OnnxBuilder::IntsAttr(conv, "pads", {1, 1, 1, 1});
+  Graph g = Import(b);
+  RangedEntry e;
+  e.inputs["x"] = {DimSpec{1, ""}, DimSpec{4, ""}, DimSpec{0, "side"}, DimSpec{0, "side"}};
+  ASSERT_TRUE(SetRangeSpec(&e, "side", {8, 40, 8}));
+  auto t = FitEmittedTemplate(g, e, CompileOptions{}, {SymbolPoint{{"side", 24}}});
+  ASSERT_TRUE(t.ok()) << t.status().ToString();
+  EXPECT_TRUE(t->holds) << t->Summary();
+  EXPECT_EQ(t->base.at("side"), 8);  // the grid's base: its first value, coordinate 1
+  // A point off the grid is not a point of the range.
+  auto off = FitEmittedTemplate(g, e, CompileOptions{}, {SymbolPoint{{"side", 20}}});
+  EXPECT_FALSE(off.ok());
+}
+
 TEST(EmittedTemplate, AConstantRangeIsRefusedAsTheShapeAnalysisRefusesIt) {
   Graph g = SmallMlp();
   RangedEntry e = Batch(1, 32, 8);

@@ -162,6 +162,33 @@ TEST(RangedShapes, AFloorDivisionIsIrregularAndNamed) {
   EXPECT_NE(s->Summary().find("1 irregular (first: 'y'"), std::string::npos) << s->Summary();
 }
 
+// On a grid that every stride divides, the same convolution halves the side exactly: over the
+// side's coordinate (side / 8) the input is 8 of it and the output 4.
+TEST(RangedShapes, AStepTheStridesDivideMakesTheFloorExact) {
+  OnnxBuilder b;
+  b.Input("img", kFloat, {1, 1, -1, -1}).Output("y", kFloat, {1, 1, -1, -1});
+  b.FloatInit("k", {1, 1, 3, 3}, std::vector<float>(9, 1.0f));
+  auto& conv = b.Node("Conv", {"img", "k"}, {"y"});
+  OnnxBuilder::IntsAttr(conv, "strides", {2, 2});
+  OnnxBuilder::IntsAttr(conv, "pads", {1, 1, 1, 1});
+  Graph g = Import(b);
+  RangedEntry e;
+  e.inputs["img"] = {DimSpec{1, ""}, DimSpec{1, ""}, DimSpec{0, "side"}, DimSpec{0, "side"}};
+  ASSERT_TRUE(SetRangeSpec(&e, "side", {8, 64, 8}));
+  auto s = InferRangedShapes(g, e);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE(s->irregular.empty()) << s->Summary();
+  EXPECT_EQ(Dims(*s, "img"), (std::vector<std::string>{"1", "1", "8*side", "8*side"}));
+  EXPECT_EQ(Dims(*s, "y"), (std::vector<std::string>{"1", "1", "4*side", "4*side"}));
+  // The same grid shifted by 3 (11, 19, ..., 59) keeps the floor: (side - 1) / 2 + 1 is 4 per
+  // step plus 6 at side 11 ... and the fit says so.
+  ASSERT_TRUE(SetRangeSpec(&e, "side", {11, 59, 8}));
+  s = InferRangedShapes(g, e);
+  ASSERT_TRUE(s.ok()) << s.status().ToString();
+  EXPECT_TRUE(s->irregular.empty()) << s->Summary();
+  EXPECT_EQ(Dims(*s, "y"), (std::vector<std::string>{"1", "1", "4*side+2", "4*side+2"}));
+}
+
 TEST(RangedShapes, ProbePointsAreCornersAndInteriorValuesInsideTheRange) {
   RangedEntry e = BatchSeq(8, 1, 256);
   const std::vector<SymbolPoint> points = RangeProbePoints(e);

@@ -191,6 +191,16 @@ TEST(ManifestTest, RangedEntriesParseBesideClasses) {
   ASSERT_EQ(env.ranged.size(), 1u);
   EXPECT_EQ(env.size(), 2u);
   EXPECT_EQ(DescribeRanged(env.ranged[0]), "{x=[batch,64] batch=[2,32]}");
+  std::string stepped = kMinimal;
+  stepped.replace(stepped.find("envelope = [{ x = [1, 64] }]"), 28,
+                  "envelope = [{ x = [\"batch\", \"side\"], ranges = { batch = [1, 4], "
+                  "side = [64, 256, 32] } }]\nsamples = [{ x = \"s.npy\" }]");
+  Result<Manifest> st = Parse(stepped);
+  ASSERT_TRUE(st.ok()) << st.status().ToString();
+  EXPECT_EQ(DescribeRanged(st->targets[0].envelope.ranged[0]),
+            "{x=[batch,side] batch=[1,4];side=[64,256,32]}");
+  EXPECT_EQ(StepOf(st->targets[0].envelope.ranged[0], "side"), 32);
+  EXPECT_EQ(StepOf(st->targets[0].envelope.ranged[0], "batch"), 1);
   EXPECT_EQ(m->targets[0].coverage, "");
   EXPECT_TRUE(m->targets[0].allows_partial_coverage());
 
@@ -411,6 +421,19 @@ TEST(ManifestTest, BadManifestsAreRefusedByKeyPath) {
        "envelope = [{ x = [1, 64] }]",
        "envelope = [{ x = [\"b\", 64], ranges = { b = [8, 1] } }]",
        {"targets.mlp.envelope[0].ranges.b is [8, 1], expected an inclusive range [lo, hi]"}},
+      {"step off the grid",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"b\", 64], ranges = { b = [64, 250, 32] } }]",
+       {"targets.mlp.envelope[0].ranges.b range of 'b' is [64, 250, 32]",
+        "250 is not on the step's grid from 64; expected hi = 224 or 256"}},
+      {"step of one written out",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"b\", 64], ranges = { b = [1, 8, 1] } }]",
+       {"step of 'b' is 1, expected an integer in [2, 2^30] (leave it out for 1)"}},
+      {"range of four",
+       "envelope = [{ x = [1, 64] }]",
+       "envelope = [{ x = [\"b\", 64], ranges = { b = [1, 8, 2, 4] } }]",
+       {"targets.mlp.envelope[0].ranges.b is an array", "or [lo, hi, step]"}},
       {"range not a pair",
        "envelope = [{ x = [1, 64] }]",
        "envelope = [{ x = [\"b\", 64], ranges = { b = 8 } }]",

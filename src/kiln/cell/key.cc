@@ -35,7 +35,8 @@ nlohmann::json RangedToJson(const RangedEntry& r) {
     inputs[name] = std::move(d);
   }
   nlohmann::json ranges = nlohmann::json::object();
-  for (const auto& [symbol, range] : r.ranges) ranges[symbol] = {range.first, range.second};
+  // [lo, hi], or [lo, hi, step]: an entry without steps hashes as it did before steps existed.
+  for (const auto& [symbol, range] : r.ranges) ranges[symbol] = RangeSpec(r, symbol);
   return nlohmann::json{{"inputs", std::move(inputs)}, {"ranges", std::move(ranges)}};
 }
 
@@ -65,11 +66,14 @@ Result<RangedEntry> RangedFromJson(const nlohmann::json& j) {
   }
   for (auto it = j["ranges"].begin(); it != j["ranges"].end(); ++it) {
     const auto& v = it.value();
-    if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer()) {
-      return Status::InvalidArgument("envelope range of '" + it.key() +
-                                     "' is not [lo, hi] integers");
+    std::vector<int64_t> spec;
+    for (const auto& x : v.is_array() ? v : nlohmann::json::array()) {
+      if (x.is_number_integer()) spec.push_back(x.get<int64_t>());
     }
-    r.ranges[it.key()] = {v[0].get<int64_t>(), v[1].get<int64_t>()};
+    if (!v.is_array() || spec.size() != v.size() || !SetRangeSpec(&r, it.key(), spec)) {
+      return Status::InvalidArgument("envelope range of '" + it.key() +
+                                     "' is not [lo, hi] or [lo, hi, step] integers");
+    }
   }
   return r;
 }

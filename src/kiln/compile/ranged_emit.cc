@@ -290,10 +290,10 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
   for (const SymbolPoint& p : extra) {
     for (const auto& [name, range] : entry.ranges) {
       auto it = p.find(name);
-      if (it == p.end() || it->second < range.first || it->second > range.second) {
-        return Status::InvalidArgument(
-            "point " + PointText(p) + " is not a point of the range: " + name + " must be in [" +
-            std::to_string(range.first) + ", " + std::to_string(range.second) + "]");
+      if (it == p.end() || it->second < range.first || it->second > range.second ||
+          (it->second - range.first) % StepOf(entry, name) != 0) {
+        return Status::InvalidArgument("point " + PointText(p) + " is not a point of the range: " +
+                                       name + " must be in " + DescribeRanged(entry));
       }
     }
     if (p.size() != entry.ranges.size()) {
@@ -314,11 +314,13 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
   for (const auto& [name, range] : entry.ranges) {
     fixed[name] = range.first;
     if (range.first == range.second) continue;
-    const int64_t b = FitBase(range);  // as for shapes: 1 is the size broadcasting treats apart
+    // As for shapes: a coordinate, 1 (the size broadcasting treats apart) kept out of the grid.
+    const int64_t b = FitBase(entry, name);
     out.symbols.push_back(name);
     base.push_back(b);
-    degree.push_back(static_cast<int>(std::min<int64_t>(kMaxDegree, range.second - b)));
-    out.base[name] = b;
+    degree.push_back(static_cast<int>(
+        std::min<int64_t>(kMaxDegree, CoordinateOf(entry, name, range.second) - b)));
+    out.base[name] = ValueAt(entry, name, b);
   }
   const size_t m = out.symbols.size();
   // The program at the range's maximum, whose workspace plan every point uses.
@@ -342,7 +344,8 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
   for (size_t idx = 0; idx < grid_size; ++idx) {
     SymbolPoint point = fixed;
     const std::vector<int> at = GridCoordinates(idx, degree);
-    for (size_t i = 0; i < m; ++i) point[out.symbols[i]] = base[i] + at[i];
+    for (size_t i = 0; i < m; ++i)
+      point[out.symbols[i]] = ValueAt(entry, out.symbols[i], base[i] + at[i]);
     Result<std::string> text = SourceAt(graph, entry, point, ranged, &at_max);
     ++out.emits;
     if (!text.ok()) {
@@ -393,7 +396,7 @@ Result<EmittedTemplate> FitEmittedTemplate(const Graph& graph, const RangedEntry
     bool below = false;
     std::vector<int64_t> x(m);
     for (size_t i = 0; i < m; ++i) {
-      x[i] = point.at(out.symbols[i]);
+      x[i] = CoordinateOf(entry, out.symbols[i], point.at(out.symbols[i]));
       below = below || x[i] < base[i];
     }
     Result<std::string> text = SourceAt(graph, entry, point, ranged, &at_max);
@@ -513,6 +516,23 @@ std::string PolyKey(const NewtonPoly& p) {
     k += ":" + std::to_string(c) + ";";
   }
   return k;
+}
+
+// The symbol whose value `dim` is (a dim written as one symbol in describe()), or "": a symbol's
+// value is its coordinate times its step plus its grid's offset.
+std::string SymbolValueOf(const RangedEntry& entry, const SymDim& dim) {
+  for (const auto& [names, coeff] : dim.terms) {
+    if (names.size() != 1) continue;
+    const std::string& sym = names[0];
+    auto range = entry.ranges.find(sym);
+    if (range == entry.ranges.end()) return "";
+    const int64_t step = StepOf(entry, sym);
+    SymDim want;
+    want.terms[{sym}] = step;
+    if (range->second.first % step != 0) want.terms[{}] = range->second.first % step;
+    return dim == want ? sym : "";
+  }
+  return "";
 }
 
 }  // namespace
@@ -683,13 +703,21 @@ Result<RangedEntryCode> EmitRangedEntry(const EmittedTemplate& t, const RangedEn
   vf << "extern \"C\" KILN_HIDDEN int " << e << "values(const int64_t* s, int64_t* v) {\n";
   for (size_t i = 0; i < code.symbols.size(); ++i) {
     const auto& range = entry.ranges.at(code.symbols[i]);
+    const int64_t step = StepOf(entry, code.symbols[i]);
     vf << "  if (s[" << i << "] < " << range.first << "LL || s[" << i << "] > " << range.second
-       << "LL) return KILN_CELL_BAD_ARGUMENT;  // " << code.symbols[i] << "\n";
+       << "LL";
+    if (step > 1) vf << " || (s[" << i << "] - " << range.first << "LL) % " << step << "LL != 0";
+    vf << ") return KILN_CELL_BAD_ARGUMENT;  // " << code.symbols[i] << "\n";
   }
+  // The polynomials are in coordinates (value / step), around the grid's base.
   for (size_t k = 0; k < t.symbols.size(); ++k) {
-    const size_t i = static_cast<size_t>(
-        std::find(code.symbols.begin(), code.symbols.end(), t.symbols[k]) - code.symbols.begin());
-    vf << "  const int64_t d" << k << " = s[" << i << "] - " << t.base.at(t.symbols[k]) << "LL;\n";
+    const std::string& sym = t.symbols[k];
+    const size_t i = static_cast<size_t>(std::find(code.symbols.begin(), code.symbols.end(), sym) -
+                                         code.symbols.begin());
+    const int64_t step = StepOf(entry, sym);
+    vf << "  const int64_t d" << k << " = s[" << i << "]"
+       << (step > 1 ? " / " + std::to_string(step) + "LL" : std::string()) << " - "
+       << CoordinateOf(entry, sym, t.base.at(sym)) << "LL;\n";
   }
   vf << "  (void)s;\n";
   for (size_t v = 0; v < values.size(); ++v) {
@@ -724,9 +752,8 @@ Result<RangedEntryCode> EmitRangedEntry(const EmittedTemplate& t, const RangedEn
       const SymDim& dim = it->second[d];
       if (dim.IsConstant()) {
         dims.push_back(dim.ConstantValue());
-      } else if (dim.terms.size() == 1 && dim.terms.begin()->first.size() == 1 &&
-                 dim.terms.begin()->second == 1) {
-        dims.push_back(dim.terms.begin()->first[0]);
+      } else if (const std::string sym = SymbolValueOf(entry, dim); !sym.empty()) {
+        dims.push_back(sym);
       } else {
         return Status::Unimplemented("'" + value + "' has dim " + std::to_string(d) + " = " +
                                      dim.ToString() + ", not one symbol or a constant");
@@ -770,7 +797,7 @@ Result<RangedEntryCode> EmitRangedEntry(const EmittedTemplate& t, const RangedEn
   }
   d["workspace_bytes"] = code.cell.workspace_bytes;
   nlohmann::json ranges = nlohmann::json::object();
-  for (const auto& [name, range] : entry.ranges) ranges[name] = {range.first, range.second};
+  for (const auto& [name, range] : entry.ranges) ranges[name] = RangeSpec(entry, name);
   d["ranged"] = {{"symbols", code.symbols}, {"ranges", ranges}};
   code.cell.describe = std::move(d);
   return code;

@@ -73,7 +73,8 @@ const TensorType* TypeAt(const InferredGraph& g, const std::string& name) {
 
 Fit FitValue(const std::string& name, const std::vector<InferredGraph>& box,
              const std::vector<InferredGraph>& probes, const std::vector<SymbolPoint>& points,
-             const std::vector<std::string>& symbols, const std::vector<int64_t>& base) {
+             const std::vector<SymbolPoint>& coordinates, const std::vector<std::string>& symbols,
+             const std::vector<int64_t>& base) {
   Fit fit;
   const TensorType& first = *TypeAt(box[0], name);
   auto same_type = [&](const InferredGraph& g, const std::string& where) -> bool {
@@ -101,7 +102,7 @@ Fit FitValue(const std::string& name, const std::vector<InferredGraph>& box,
     for (size_t p = 0; p < probes.size(); ++p) {
       const int64_t actual = TypeAt(probes[p], name)->shape[d];
       int64_t predicted = 0;
-      if (!dim.Eval(points[p], &predicted) || predicted != actual) {
+      if (!dim.Eval(coordinates[p], &predicted) || predicted != actual) {
         fit.irregular = "dim " + std::to_string(d) + " is " + std::to_string(actual) + " at " +
                         DescribePoint(points[p]) + ", not " + dim.ToString();
         return fit;
@@ -163,8 +164,18 @@ std::string SymDim::ToString() const {
   return s.empty() ? "0" : s;
 }
 
-int64_t FitBase(const std::pair<int64_t, int64_t>& r) {
-  return std::min(std::max<int64_t>(r.first, 2), r.second - 1);
+int64_t FitBase(const RangedEntry& entry, const std::string& symbol) {
+  const auto [lo, hi] = entry.ranges.at(symbol);
+  const int64_t step = StepOf(entry, symbol);
+  int64_t v = lo;
+  while (v < 2 && v + step <= hi) v += step;
+  return std::min(CoordinateOf(entry, symbol, v), CoordinateOf(entry, symbol, hi) - 1);
+}
+
+SymbolPoint CoordinatesOf(const RangedEntry& entry, const SymbolPoint& point) {
+  SymbolPoint out;
+  for (const auto& [name, value] : point) out[name] = CoordinateOf(entry, name, value);
+  return out;
 }
 
 std::set<std::string> RangedShapes::SymbolicNames() const {
@@ -196,17 +207,21 @@ Result<RangedShapes> InferRangedShapes(const Graph& graph, const RangedEntry& en
   out.symbols = FreeSymbols(entry);
   const size_t m = out.symbols.size();
   std::vector<int64_t> base;
-  for (const std::string& s : out.symbols) base.push_back(FitBase(entry.ranges.at(s)));
+  for (const std::string& s : out.symbols) base.push_back(FitBase(entry, s));
 
   std::vector<InferredGraph> box, probes;
   for (size_t corner = 0; corner < (size_t{1} << m); ++corner) {
     SymbolPoint p;
     for (const auto& [name, range] : entry.ranges) p[name] = range.first;
-    for (size_t b = 0; b < m; ++b) p[out.symbols[b]] = base[b] + ((corner >> b) & 1);
+    for (size_t b = 0; b < m; ++b) {
+      p[out.symbols[b]] = ValueAt(entry, out.symbols[b], base[b] + ((corner >> b) & 1));
+    }
     KILN_ASSIGN_OR_RETURN(InferredGraph g, InferAt(graph, entry, p));
     box.push_back(std::move(g));
   }
   const std::vector<SymbolPoint> points = RangeProbePoints(entry);
+  std::vector<SymbolPoint> coordinates;
+  for (const SymbolPoint& p : points) coordinates.push_back(CoordinatesOf(entry, p));
   for (const SymbolPoint& p : points) {
     KILN_ASSIGN_OR_RETURN(InferredGraph g, InferAt(graph, entry, p));
     probes.push_back(std::move(g));
@@ -230,7 +245,7 @@ Result<RangedShapes> InferRangedShapes(const Graph& graph, const RangedEntry& en
       out.irregular[name] = "has no static type at the fit's first corner";
       continue;
     }
-    Fit fit = FitValue(name, box, probes, points, out.symbols, base);
+    Fit fit = FitValue(name, box, probes, points, coordinates, out.symbols, base);
     if (!fit.irregular.empty()) {
       out.irregular[name] = std::move(fit.irregular);
       continue;
@@ -254,6 +269,8 @@ Result<RangeFootprint> FootprintAtMaximum(const Graph& graph, const RangedEntry&
     }
     corners.push_back(std::move(p));
   }
+  std::vector<SymbolPoint> at;  // the corners in coordinates, where the polynomials are
+  for (const SymbolPoint& p : corners) at.push_back(CoordinatesOf(entry, p));
   RangeFootprint out;
   out.unbounded = shapes.irregular.size() + shapes.dynamic.size();
   for (const auto& [name, dims] : shapes.shapes) {
@@ -261,11 +278,12 @@ Result<RangeFootprint> FootprintAtMaximum(const Graph& graph, const RangedEntry&
     const int64_t element = static_cast<int64_t>(DTypeSize(shapes.dtypes.at(name)));
     int64_t most = -1;
     const SymbolPoint* most_at = nullptr;
-    for (const SymbolPoint& p : corners) {
+    for (size_t c = 0; c < corners.size(); ++c) {
+      const SymbolPoint& p = corners[c];
       int64_t bytes = element;
       for (const SymDim& d : dims) {
         int64_t v = 0;
-        if (!d.Eval(p, &v) || v < 0 || __builtin_mul_overflow(bytes, v, &bytes)) {
+        if (!d.Eval(at[c], &v) || v < 0 || __builtin_mul_overflow(bytes, v, &bytes)) {
           return Status::InvalidArgument("value '" + name + "' at " + DescribePoint(p) +
                                          ": its size in bytes does not fit 64 bits");
         }

@@ -4,15 +4,16 @@
 // each extent as a function of the entry's symbols, and where no such function exists.
 //
 // A dim is written as a multilinear polynomial with integer coefficients in the entry's symbols
-// (`2*batch*seq + 1`): sums, products by constants and products of distinct symbols, which is
-// what Reshape, Concat, Flatten, MatMul and broadcasting make of `batch` and `seq`. It is found
-// by running the op registry's static inference (ops/shape_inference.h) at the corners of a unit
-// box inside the range, solving for the coefficients by finite differences, and then holding the
-// polynomial to concrete inference at every probe point (RangeProbePoints): each range's corners
-// and interior points. A dim that differs anywhere (a strided convolution's floor division, a
-// broadcast that only happens at 1, a rank that changes) is irregular, named with the first
-// point where the polynomial and the graph disagree; the compiler cannot give it a runtime
-// extent, so that value (and what reads it) is not compiled for the range.
+// (`2*batch*seq + 1`; a stepped symbol stands for its coordinate, value / step): sums, products by
+// constants and products of distinct symbols, which is what Reshape, Concat, Flatten, MatMul and
+// broadcasting make of `batch` and `seq`. It is found by running the op registry's static inference
+// (ops/shape_inference.h) at the corners of a unit box inside the range, solving for the
+// coefficients by finite differences, and then holding the polynomial to concrete inference at
+// every probe point (RangeProbePoints): each range's corners and interior points. A dim that
+// differs anywhere (a strided convolution's floor division, a broadcast that only happens at 1, a
+// rank that changes) is irregular, named with the first point where the polynomial and the graph
+// disagree; the compiler cannot give it a runtime extent, so that value (and what reads it) is not
+// compiled for the range.
 #pragma once
 
 #include <map>
@@ -61,10 +62,14 @@ struct RangedShapes {
   std::string Summary() const;
 };
 
-// Where a fit over a range starts for one symbol: 2 where the range allows (so that no fitted
-// point is 1, the one size broadcasting treats apart), else lo, kept below hi so the next value
-// is still in the range.
-int64_t FitBase(const std::pair<int64_t, int64_t>& range);
+// Where a fit over a range starts for one symbol, as a coordinate (shape_class.h: value / step):
+// the first value >= 2 where the range allows (so that no fitted point is 1, the one size
+// broadcasting treats apart), else lo, kept below hi so the next value is still in the range.
+int64_t FitBase(const RangedEntry& entry, const std::string& symbol);
+
+// `point` (values) in coordinates, symbol by symbol: what SymDim and the generated constants'
+// polynomials are evaluated at.
+SymbolPoint CoordinatesOf(const RangedEntry& entry, const SymbolPoint& point);
 
 // Infers `graph`'s shapes over `entry`'s ranges. An error when the entry does not fit the graph's
 // inputs, or when static inference refuses some point (named); an irregular value is not an

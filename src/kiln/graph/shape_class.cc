@@ -36,11 +36,49 @@ std::string DescribeRanged(const RangedEntry& entry) {
   }
   first = true;
   for (const auto& [symbol, range] : entry.ranges) {
-    out += (first ? " " : ";") + symbol + "=[" + std::to_string(range.first) + "," +
-           std::to_string(range.second) + "]";
+    out += (first ? " " : ";") + symbol + "=[";
+    const std::vector<int64_t> spec = RangeSpec(entry, symbol);
+    for (size_t i = 0; i < spec.size(); ++i) out += (i ? "," : "") + std::to_string(spec[i]);
+    out += "]";
     first = false;
   }
   return out + "}";
+}
+
+int64_t StepOf(const RangedEntry& entry, const std::string& symbol) {
+  auto it = entry.steps.find(symbol);
+  return it == entry.steps.end() ? 1 : it->second;
+}
+
+std::vector<int64_t> RangeSpec(const RangedEntry& entry, const std::string& symbol) {
+  auto it = entry.ranges.find(symbol);
+  if (it == entry.ranges.end()) return {};
+  const int64_t step = StepOf(entry, symbol);
+  if (step == 1) return {it->second.first, it->second.second};
+  return {it->second.first, it->second.second, step};
+}
+
+bool SetRangeSpec(RangedEntry* entry, const std::string& symbol, const std::vector<int64_t>& spec) {
+  if (spec.size() != 2 && spec.size() != 3) return false;
+  entry->ranges[symbol] = {spec[0], spec[1]};
+  if (spec.size() == 3) {
+    entry->steps[symbol] = spec[2];
+  } else {
+    entry->steps.erase(symbol);
+  }
+  return true;
+}
+
+int64_t CoordinateOf(const RangedEntry& entry, const std::string& symbol, int64_t value) {
+  return value / StepOf(entry, symbol);
+}
+
+int64_t ValueAt(const RangedEntry& entry, const std::string& symbol, int64_t coordinate) {
+  const int64_t step = StepOf(entry, symbol);
+  if (step == 1) return coordinate;
+  auto it = entry.ranges.find(symbol);
+  const int64_t lo = it == entry.ranges.end() ? 0 : it->second.first;
+  return coordinate * step + lo % step;
 }
 
 Status CheckRangedEntry(const RangedEntry& entry, const std::string& what) {
@@ -79,6 +117,26 @@ Status CheckRangedEntry(const RangedEntry& entry, const std::string& what) {
       return Status::InvalidArgument(what + " range of '" + symbol + "' is [" +
                                      std::to_string(range.first) + ", " +
                                      std::to_string(range.second) + "], expected 0 <= lo <= hi");
+    }
+  }
+  for (const auto& [symbol, step] : entry.steps) {
+    auto range = entry.ranges.find(symbol);
+    if (range == entry.ranges.end()) {
+      return Status::InvalidArgument(what + " gives a step for '" + symbol +
+                                     "', which has no range");
+    }
+    const auto [lo, hi] = range->second;
+    if (step < 2 || step > (int64_t{1} << 30)) {
+      return Status::InvalidArgument(what + " step of '" + symbol + "' is " + std::to_string(step) +
+                                     ", expected an integer in [2, 2^30] (leave it out for 1)");
+    }
+    if ((hi - lo) % step != 0) {
+      return Status::InvalidArgument(
+          what + " range of '" + symbol + "' is [" + std::to_string(lo) + ", " +
+          std::to_string(hi) + ", " + std::to_string(step) + "]: " + std::to_string(hi) +
+          " is not on the step's grid from " + std::to_string(lo) +
+          "; expected hi = " + std::to_string(lo + (hi - lo) / step * step) + " or " +
+          std::to_string(lo + ((hi - lo) / step + 1) * step));
     }
   }
   if (used.empty()) {
@@ -184,6 +242,15 @@ RangedMatch MatchRanged(const RangedEntry& entry, const ShapeClass& inputs) {
                  std::to_string(hi) + "]";
       return m;
     }
+    const int64_t step = StepOf(entry, symbol);
+    if ((vw.first - lo) % step != 0) {
+      m.fit = RangedFit::kOutOfRange;
+      m.detail = "symbol '" + symbol + "' is " + std::to_string(vw.first) + " (" + vw.second +
+                 "), not one of its declared values " + std::to_string(lo) + ", " +
+                 std::to_string(lo + step) + ", ..., " + std::to_string(hi) + " (step " +
+                 std::to_string(step) + ")";
+      return m;
+    }
     m.values[symbol] = vw.first;
   }
   m.fit = RangedFit::kFits;
@@ -204,14 +271,20 @@ std::vector<RangedEntry> RangedPieces(const RangedEntry& entry) {
   for (const auto& [name, range] : entry.ranges) {
     if (range.first >= 2 || range.second < 2) continue;
     std::vector<RangedEntry> next;
+    const int64_t step = StepOf(entry, name);
+    int64_t first_high = range.first;  // the first value >= 2 on the grid
+    while (first_high < 2) first_high += step;
     for (const RangedEntry& p : pieces) {
-      for (int64_t v = range.first; v < 2; ++v) {
+      for (int64_t v = range.first; v < 2; v += step) {
         RangedEntry low = p;
         low.ranges[name] = {v, v};
+        low.steps.erase(name);
         next.push_back(std::move(low));
       }
+      if (first_high > range.second) continue;
       RangedEntry high = p;
-      high.ranges[name] = {2, range.second};
+      high.ranges[name] = {first_high, range.second};
+      if (first_high == range.second) high.steps.erase(name);
       next.push_back(std::move(high));
     }
     pieces = std::move(next);
@@ -223,12 +296,21 @@ namespace {
 
 constexpr size_t kMaxProbeSymbols = 6;
 
-int64_t Middle(const std::pair<int64_t, int64_t>& r) { return r.first + (r.second - r.first) / 2; }
+// The middle of a symbol's values (on its grid).
+int64_t Middle(const RangedEntry& e, const std::string& s) {
+  const auto& r = e.ranges.at(s);
+  const int64_t step = StepOf(e, s);
+  return r.first + (r.second - r.first) / step / 2 * step;
+}
 
-// Interior values of a range: a small one near lo (lo + 6, as a short sequence) and the middle.
-std::vector<int64_t> InteriorValues(const std::pair<int64_t, int64_t>& r) {
+// Interior values of a symbol: a small one near lo (lo + 6 as a short sequence; lo + step on a
+// grid) and the middle.
+std::vector<int64_t> InteriorValues(const RangedEntry& e, const std::string& s) {
+  const auto& r = e.ranges.at(s);
+  const int64_t step = StepOf(e, s);
+  const int64_t small = step == 1 ? std::min(r.first + 6, r.second - 1) : r.first + step;
   std::vector<int64_t> out;
-  for (int64_t v : {std::min(r.first + 6, r.second - 1), Middle(r)}) {
+  for (int64_t v : {small, Middle(e, s)}) {
     if (v > r.first && v < r.second && std::find(out.begin(), out.end(), v) == out.end()) {
       out.push_back(v);
     }
@@ -275,9 +357,9 @@ std::vector<SymbolPoint> RangeProbePoints(const RangedEntry& entry) {
     add(std::move(p));
   }
   for (const std::string& s : free) {
-    for (int64_t v : InteriorValues(entry.ranges.at(s))) {
+    for (int64_t v : InteriorValues(entry, s)) {
       SymbolPoint p = fixed;
-      for (const std::string& other : free) p[other] = Middle(entry.ranges.at(other));
+      for (const std::string& other : free) p[other] = Middle(entry, other);
       p[s] = v;
       add(std::move(p));
     }

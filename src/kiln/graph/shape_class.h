@@ -27,12 +27,31 @@ struct DimSpec {
   bool operator==(const DimSpec&) const = default;
 };
 
-// A ranged entry: its inputs' dims, and each symbol's inclusive range [lo, hi].
+// A ranged entry: its inputs' dims, and each symbol's inclusive range [lo, hi], optionally with
+// a step: the symbol's values are then lo, lo + step, ..., hi (an image side in multiples of 32,
+// so that every stride-2 stage of a network divides it exactly).
 struct RangedEntry {
   std::map<std::string, std::vector<DimSpec>> inputs;
   std::map<std::string, std::pair<int64_t, int64_t>> ranges;
+  std::map<std::string, int64_t> steps;  // only symbols with a step > 1
   bool operator==(const RangedEntry&) const = default;
 };
+
+// A symbol's step (1 when it has none).
+int64_t StepOf(const RangedEntry& entry, const std::string& symbol);
+// The range as declared: [lo, hi], or [lo, hi, step] when the step is > 1. The form manifests,
+// keys and cell metadata write.
+std::vector<int64_t> RangeSpec(const RangedEntry& entry, const std::string& symbol);
+// Sets `symbol`'s range from [lo, hi] or [lo, hi, step]; false when `spec` has another length.
+// CheckRangedEntry says whether the values are well formed.
+bool SetRangeSpec(RangedEntry* entry, const std::string& symbol, const std::vector<int64_t>& spec);
+
+// Polynomials over a range (shapes, generated constants) are in each symbol's coordinate, the
+// index of its value on the step's grid: value / step, which is the value itself for step 1. A
+// stepped side's stride-2 stages are then exact (side / 2 is 16 * coordinate for step 32) where
+// they would be floor divisions of the value. ValueAt is the inverse for one symbol.
+int64_t CoordinateOf(const RangedEntry& entry, const std::string& symbol, int64_t value);
+int64_t ValueAt(const RangedEntry& entry, const std::string& symbol, int64_t coordinate);
 
 // The declared serving region of a target: concrete classes, then ranged entries. An entry is
 // named by its place in that order ("declared entry i": classes first).
@@ -49,17 +68,19 @@ struct Envelope {
 // [A-Za-z_][A-Za-z0-9_]*
 bool IsSymbolName(const std::string& s);
 // OK when the entry is well formed: some input, every symbolic dim's symbol has a range and every
-// range a symbolic dim, 0 <= lo <= hi, fixed sizes >= 0, at least one symbol. `what` names it.
+// range a symbolic dim, 0 <= lo <= hi, fixed sizes >= 0, at least one symbol, and a step (where
+// given) >= 2 on a range whose hi is on its grid. `what` names it.
 Status CheckRangedEntry(const RangedEntry& entry, const std::string& what);
 
-// "{ids=[batch,seq];mask=[batch,seq] batch=[1,8];seq=[1,256]}" for rows and messages.
+// "{ids=[batch,seq];mask=[batch,seq] batch=[1,8];seq=[1,256]}" for rows and messages; a stepped
+// range reads "side=[64,256,32]".
 std::string DescribeRanged(const RangedEntry& entry);
 // Every entry of the envelope in words, in declaration order, comma-separated.
 std::string DescribeEnvelope(const Envelope& envelope);
 
 // How a request's inputs sit against a ranged entry, best first: they fit; or a symbol takes two
-// values; or a symbol's value is outside its range; or a fixed dim differs; or the names or
-// ranks differ.
+// values; or a symbol's value is outside its range or off its step's grid; or a fixed dim
+// differs; or the names or ranks differ.
 enum class RangedFit { kFits, kSymbolInconsistent, kOutOfRange, kDim, kNamesOrRank };
 struct RangedMatch {
   RangedFit fit = RangedFit::kNamesOrRank;
@@ -77,9 +98,9 @@ using SymbolPoint = std::map<std::string, int64_t>;
 
 // The points a range is checked at, for shapes (compile/ranged_shapes.h) and for the numerics of a
 // ranged entry: every corner of the ranges (each symbol at lo or hi), and for each symbol each of
-// its interior values (a small odd one, the middle) with every other symbol at the middle of its
-// range. Distinct, deterministic, in a fixed order; at most 2^6 corners (an entry with more than
-// six symbols is refused by CheckRangedProbes).
+// its interior values (a small odd one, the middle; on the step's grid) with every other symbol
+// at the middle of its range. Distinct, deterministic, in a fixed order; at most 2^6 corners (an
+// entry with more than six symbols is refused by CheckRangedProbes).
 std::vector<SymbolPoint> RangeProbePoints(const RangedEntry& entry);
 Status CheckRangedProbes(const RangedEntry& entry);
 
@@ -92,7 +113,8 @@ std::string DescribePoint(const SymbolPoint& point);
 // The pieces a ranged entry is compiled as. A program over a range is one template where every
 // symbol is at least 2; at 0 and 1 (sizes broadcasting and empty tensors treat apart) the program
 // may differ (a one-row operand passed as it is). So a symbol whose range holds 2 and a value
-// below it is split: each value below 2 is a piece of its own, and [2, hi] one more. Pieces in a
+// below it is split: each value below 2 is a piece of its own, and [2, hi] one more (for a
+// stepped symbol, from its first value >= 2). Pieces in a
 // fixed order (the first symbol's low values first); the entry itself when nothing splits.
 std::vector<RangedEntry> RangedPieces(const RangedEntry& entry);
 // The shapes of a request's inputs, to match against classes and ranged entries.

@@ -455,17 +455,29 @@ Result<Envelope> Parser::ParseEnvelope(const toml::table& target, const std::str
       for (auto&& [key, rn] : *ranges_node->as_table()) {
         const std::string rp = Join(Join(cp, "ranges"), std::string(key.str()));
         constexpr std::string_view kRange =
-            "an inclusive range [lo, hi] of integers, 0 <= lo <= hi";
+            "an inclusive range [lo, hi] of integers, 0 <= lo <= hi, or [lo, hi, step] "
+            "(the values lo, lo + step, ..., hi)";
         const toml::array* ra = rn.as_array();
-        if (ra == nullptr || ra->size() != 2 || !(*ra)[0].is_integer() || !(*ra)[1].is_integer()) {
+        std::vector<int64_t> spec;
+        for (size_t k = 0; ra != nullptr && k < ra->size(); ++k) {
+          if ((*ra)[k].is_integer()) spec.push_back((*ra)[k].as_integer()->get());
+        }
+        if (ra == nullptr || (ra->size() != 2 && ra->size() != 3) || spec.size() != ra->size()) {
           return WrongType(rn, rp, kRange);
         }
-        const int64_t lo = (*ra)[0].as_integer()->get(), hi = (*ra)[1].as_integer()->get();
+        const int64_t lo = spec[0], hi = spec[1];
         if (lo < 0 || lo > hi) {
           return Error(&rn, rp + " is [" + std::to_string(lo) + ", " + std::to_string(hi) +
                                 "], expected " + std::string(kRange));
         }
-        entry.ranges[std::string(key.str())] = {lo, hi};
+        const std::string symbol(key.str());
+        SetRangeSpec(&entry, symbol, spec);
+        if (spec.size() == 3) {
+          RangedEntry one;  // the step's own checks, named at this key
+          one.inputs["_"] = {DimSpec{0, symbol}};
+          SetRangeSpec(&one, symbol, spec);
+          if (Status st = CheckRangedEntry(one, rp); !st.ok()) return Error(&rn, st.message());
+        }
       }
     }
     for (auto&& [key, dn] : ct) {

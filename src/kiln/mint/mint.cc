@@ -103,7 +103,11 @@ Result<std::vector<EntryMetadata>> EntriesFromDescribe(const nlohmann::json& des
           }
         }
         for (const auto& [name, range] : d.at("ranged").at("ranges").items()) {
-          piece.ranges[name] = {range.at(0).get<int64_t>(), range.at(1).get<int64_t>()};
+          if (!SetRangeSpec(&piece, name, range.get<std::vector<int64_t>>())) {
+            return Status::InvalidArgument("cell describe: entry " + std::to_string(i) +
+                                           " range of '" + name + "' is " + range.dump() +
+                                           ", expected [lo, hi] or [lo, hi, step]");
+          }
         }
         KILN_RETURN_IF_ERROR(CheckRangedEntry(piece, "cell describe: entry " + std::to_string(i)));
         if (pieces_given && piece != envelope.ranged[i - envelope.classes.size()]) {
