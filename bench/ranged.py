@@ -9,8 +9,12 @@ Models (random weights, exported at bench time; nothing downloaded):
             [batch, seq], one ranged entry batch in [1, 8] x seq in [1, 256]
   resnet18  torchvision resnet18 at 224x224 (opset 13), image [batch, 3, 224, 224], one ranged
             entry batch in [1, 16]
+  resnet18_side
+            the same resnet18 over a ranged image side: image [batch, 3, side, side], one ranged
+            entry batch in [1, 4] x side in 64, 96, ..., 224 (a step of 32)
 
-For each point (bert: batch 1 and 8 at seq 128; resnet18: batch 1 and 8) `kiln bench
+For each point (bert: batch 1 and 8 at seq 128; resnet18: batch 1 and 8; resnet18_side: side 224
+and 128 at batch 1) `kiln bench
 --engine compiled` times the concrete cell compiled for exactly that shape (`kiln_concrete`) and
 the ranged cell's entry at that point (`--ranged`, `kiln_ranged`), each process binding its cell
 from its own local store (a miss mints it first; the setup time says how long). The ratio is
@@ -18,7 +22,7 @@ ranged median / concrete median.
 
 Mint time and cell size: the ranged cell (one `kiln mint` of the ranged entry) against a cell
 listing concrete shapes of the range. resnet18's range is 16 shapes: all 16 are minted as one
-cell. bert's is 8 x 256 = 2,048 shapes, too many to mint here: a cell of 8 of them (batch 1 and 8
+cell; resnet18_side's is 4 x 6 = 24, all minted as one cell. bert's is 8 x 256 = 2,048 shapes, too many to mint here: a cell of 8 of them (batch 1 and 8
 at seq 32, 64, 128, 256) is minted and its per-class time and bytes are multiplied out to 2,048,
 and the report says so. `--quick` skips the full listings and uses a smaller BERT (4 layers, d
 256) for a smoke run.
@@ -75,6 +79,18 @@ def models(work, quick):
         "toml": lambda b, s: f"{{ image = [{b}, 3, {side}, {side}] }}",
         "points": [(1, None), (8, None)],
         "listing": [(b, None) for b in range(1, 17)], "shapes": 16})
+    path = os.path.join(work, "resnet18_side.onnx")
+    sides = list(range(64, 225, 32))
+    export(torchvision.models.resnet18(weights=None), (torch.randn(1, 3, side, side),), ["image"],
+           {"image": {0: "batch", 2: "side", 3: "side"}}, path, 13, ["logits"])
+    out.append({
+        "name": "resnet18_side", "path": path,
+        "ranged": {"inputs": {"image": ["batch", 3, "side", "side"]},
+                   "ranges": {"batch": [1, 4], "side": [64, 224, 32]}},
+        "cls": lambda b, s: f"image=[{b},3,{s},{s}]",
+        "toml": lambda b, s: f"{{ image = [{b}, 3, {s}, {s}] }}",
+        "points": [(1, 224 if not quick else 64), (1, 128)],
+        "listing": [(b, s) for b in range(1, 5) for s in sides], "shapes": 4 * len(sides)})
     return out
 
 
@@ -140,6 +156,7 @@ def main():
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--work", default="/tmp/kiln-bench-ranged")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", help="comma-separated model names (default: all)")
     args = ap.parse_args()
     kiln = os.path.abspath(args.kiln)
     os.makedirs(args.work, exist_ok=True)
@@ -155,6 +172,8 @@ def main():
     emit({"meta": dict(machine(), threads=args.threads, quick=args.quick)})
     summary = []
     for m in models(args.work, args.quick):
+        if args.only and m["name"] not in args.only.split(","):
+            continue
         stores = {k: os.path.join(args.work, f"{m['name']}-{k}-store") for k in ("c", "r")}
         for s in stores.values():
             shutil.rmtree(s, ignore_errors=True)
@@ -177,7 +196,8 @@ def main():
         ranged_toml = ("{ " + ", ".join(
             f"{k} = [" + ", ".join(f'"{d}"' if isinstance(d, str) else str(d) for d in v) + "]"
             for k, v in m["ranged"]["inputs"].items()) + ", ranges = { " + ", ".join(
-            f"{k} = [{lo}, {hi}]" for k, (lo, hi) in m["ranged"]["ranges"].items()) + " } }")
+            f"{k} = [" + ", ".join(str(x) for x in r) + "]"
+            for k, r in m["ranged"]["ranges"].items()) + " } }")
         rm = mint(kiln, args.work, m["name"], m["path"], [ranged_toml], "ranged")
         row = {"model": m["name"], "ranged_mint_s": rm["seconds"], "ranged_cell_bytes": rm["bytes"],
                "shapes_in_range": m["shapes"]}

@@ -17,12 +17,20 @@ Models (`--only` picks some):
             envelope does not declare), input_ids/attention_mask [batch, seq], batch in [1, 8],
             seq in [1, 256]; past the range: seq 257
   resnet18  torchvision resnet18, image [batch, 3, 64, 64], batch in [1, 16]; past it: batch 17
+  resnet18_side
+            the corpus's resnet18 over a ranged spatial size: image [batch, 3, side, side], batch
+            in [1, 4], side in 64, 96, ..., 224 (a step of 32, which every stride-2 stage
+            divides); past it: side 256, and side 100 (inside [64, 224] but off the grid)
+  unet_side the corpus's UNet denoiser (opset 17; strided down path, nearest up path, GroupNorm):
+            latent [batch, 4, side, side] with timestep [batch] and cond [batch, 64], batch in
+            [1, 2], side in 16, 24, ..., 64; its output is [batch, 4, side, side]; past it: side
+            72, and side 20 (off the grid)
   gpt       the corpus's GPT-style decoder (opset 17, positions and causal mask of 128), input_ids
             [1, seq], seq in [1, 64] (its sequence is its spatial axis: the causal mask is sliced
             to seq x seq); past it: seq 65
 
     python3 tools/ranged_serving_check.py --kiln build/kiln --work /tmp/ranged-serving \
-        [--points 20] [--only bert,resnet18,gpt]
+        [--points 20] [--only bert,resnet18,resnet18_side,unet_side,gpt]
 
 Prints one line per model (points served compiled, worst cos and retention, mint time) and a JSON
 summary with --json FILE. Exit status 1 when any check fails.
@@ -44,7 +52,7 @@ import torch
 import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from corpus import BertEncoder, GptDecoder  # noqa: E402
+from corpus import BertEncoder, GptDecoder, UNetDenoiser  # noqa: E402
 
 COS_WARN = 0.99999
 RETENTION = 0.999
@@ -95,6 +103,38 @@ def models(work, only):
             "inputs": lambda rng, p: {"image": rng.standard_normal((p["batch"], 3, 64, 64))
                                       .astype(np.float32)},
             "past": {"batch": 17}, "symbol": "batch"})
+    if "resnet18_side" in only:
+        path = os.path.join(work, "resnet18_side.onnx")
+        export(torchvision.models.resnet18(weights=None, num_classes=10),
+               (torch.randn(1, 3, 64, 64),), ["image"],
+               {"image": {0: "batch", 2: "side", 3: "side"}}, path, 13, ["logits"])
+        out.append({
+            "name": "resnet18_side", "path": path,
+            "envelope": '{ image = ["batch", 3, "side", "side"], '
+                        'ranges = { batch = [1, 4], side = [64, 224, 32] } }',
+            "ranges": {"batch": (1, 4), "side": (64, 224, 32)},
+            "inputs": lambda rng, p: {"image": rng.standard_normal(
+                (p["batch"], 3, p["side"], p["side"])).astype(np.float32)},
+            "past": {"batch": 1, "side": 256}, "off_grid": {"batch": 1, "side": 100},
+            "symbol": "side"})
+    if "unet_side" in only:
+        path = os.path.join(work, "unet_denoiser_side.onnx")
+        export(UNetDenoiser(), (torch.randn(1, 4, 32, 32), torch.rand(1) * 1000,
+                                torch.randn(1, 64)), ["latent", "timestep", "cond"],
+               {"latent": {0: "batch", 2: "side", 3: "side"}, "timestep": {0: "batch"},
+                "cond": {0: "batch"}}, path, 17, ["noise"])
+        out.append({
+            "name": "unet_side", "path": path,
+            "envelope": '{ latent = ["batch", 4, "side", "side"], timestep = ["batch"], '
+                        'cond = ["batch", 64], ranges = { batch = [1, 2], side = [16, 64, 8] } }',
+            "ranges": {"batch": (1, 2), "side": (16, 64, 8)},
+            "inputs": lambda rng, p: {
+                "latent": rng.standard_normal((p["batch"], 4, p["side"], p["side"]))
+                .astype(np.float32),
+                "timestep": (rng.random(p["batch"]) * 1000).astype(np.float32),
+                "cond": rng.standard_normal((p["batch"], 64)).astype(np.float32)},
+            "past": {"batch": 1, "side": 72}, "off_grid": {"batch": 1, "side": 20},
+            "symbol": "side"})
     if "gpt" in only:
         path = os.path.join(work, "gpt_decoder_opset17.onnx")
         export(GptDecoder(max_len=128), (torch.randint(0, 1000, (1, 16)),), ["input_ids"],
@@ -107,6 +147,10 @@ def models(work, only):
                                       .astype(np.int64)},
             "past": {"seq": 65}, "symbol": "seq"})
     return out
+
+
+def step(r):
+    return r[2] if len(r) > 2 else 1
 
 
 def free_port():
@@ -209,7 +253,8 @@ target = "{spec['name']}"
         refs = set()
         worst_cos, worst_ret = 1.0, 1.0
         for i in range(points):
-            p = {s: pick.randint(lo, hi) for s, (lo, hi) in spec["ranges"].items()}
+            p = {s: r[0] + pick.randint(0, (r[1] - r[0]) // step(r)) * step(r)
+                 for s, r in spec["ranges"].items()}
             inputs = spec["inputs"](rng, p)
             status, body = infer(port, spec["name"], inputs)
             result["points"] += 1
@@ -230,14 +275,18 @@ target = "{spec['name']}"
         if len(refs) > 1:
             failures.append(f"answers came from {len(refs)} cells: {sorted(refs)}")
         result.update(worst_cos=worst_cos, worst_retention=worst_ret)
-        # Past the range: eager, named, and the cell stays armed.
-        status, body = infer(port, spec["name"], spec["inputs"](rng, spec["past"]))
-        params = body.get("parameters", {})
-        text = json.dumps(body)
-        if status != 200 or params.get("serving_mode") != "eager" or \
-                "declared_range_exceeded" not in text or f"symbol '{spec['symbol']}'" not in text:
-            failures.append(f"past the range {spec['past']}: {status} {text[:300]}")
-        inside = {s: lo for s, (lo, hi) in spec["ranges"].items()}
+        # Past the range (and off a step's grid): eager, named, and the cell stays armed.
+        for where in ("past", "off_grid"):
+            if where not in spec:
+                continue
+            status, body = infer(port, spec["name"], spec["inputs"](rng, spec[where]))
+            params = body.get("parameters", {})
+            text = json.dumps(body)
+            if status != 200 or params.get("serving_mode") != "eager" or \
+                    "declared_range_exceeded" not in text or \
+                    f"symbol '{spec['symbol']}'" not in text:
+                failures.append(f"{where} {spec[where]}: {status} {text[:300]}")
+        inside = {s: r[0] for s, r in spec["ranges"].items()}
         status, body = infer(port, spec["name"], spec["inputs"](rng, inside))
         if body.get("parameters", {}).get("serving_mode") != "aot_cell":
             failures.append(f"after the out-of-range request the cell is not serving: {status}")
@@ -258,7 +307,7 @@ def main():
     ap.add_argument("--work", required=True)
     ap.add_argument("--points", type=int, default=20)
     ap.add_argument("--seed", type=int, default=27)
-    ap.add_argument("--only", default="bert,resnet18,gpt")
+    ap.add_argument("--only", default="bert,resnet18,resnet18_side,unet_side,gpt")
     ap.add_argument("--json")
     args = ap.parse_args()
     kiln = os.path.abspath(args.kiln)
@@ -269,7 +318,7 @@ def main():
         r = check(kiln, args.work, spec, args.points, args.seed)
         results.append(r)
         mint = f"{r['mint_ms'] / 1000:.1f} s" if r.get("mint_ms") else "?"
-        print(f"{r['model']:9s} {r['compiled']}/{r['points']} random points served compiled; "
+        print(f"{r['model']:13s} {r['compiled']}/{r['points']} random points served compiled; "
               f"worst cos {r.get('worst_cos', 0):.9f}, retention {r.get('worst_retention', 0):.9f}; "
               f"mint {mint}; " + ("OK" if not r["failures"] else "FAILED"))
         for f in r["failures"]:

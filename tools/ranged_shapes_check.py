@@ -4,15 +4,18 @@ concrete static inference at random points the fit never saw.
 
 Builds, with random weights and torch's exporter (dynamic axes): a BERT-style encoder with
 `batch` in [1, 8] and `seq` in [1, 256] (opsets 14 and 17), torchvision's resnet18 with `batch`
-in [1, 16], and resnet18 with a ranged spatial size `side` in [64, 128]. For each, runs
+in [1, 16], resnet18 with a ranged spatial size `side` in [64, 128], and resnet18 with `side` in
+64, 96, ..., 224 (a step of 32, which its five stride-2 stages divide). For each, runs
 `kiln info MODEL --ranged ENTRY` and, at N random points inside the ranges,
 `kiln info MODEL --shapes-at SHAPES`, and checks that every fitted value's polynomial gives the
 concrete shape, that fitted + irregular + dynamic values are exactly the values the graph has, and
 that each model's irregular set is what its architecture implies (none for ranged batch and
-sequence; the strided convolutions' outputs for a ranged spatial size). Then reports whether the
-compiler's generated source over each range is one template (`kiln info --ranged ... --template`,
-compile/ranged_emit.h): it must be for ranged batch and sequence from 2 up, and cannot be for a
-ranged spatial size; where it is not, the first point and line where it differs are printed.
+sequence and for the stepped side; the strided convolutions' outputs for a contiguous spatial
+range). A stepped symbol's polynomials are in its coordinate, value // step. Then reports whether
+the compiler's generated source over each range is one template (`kiln info --ranged ...
+--template`, compile/ranged_emit.h): it must be for ranged batch and sequence from 2 up and for
+the stepped side, and cannot be for a contiguous spatial range; where it is not, the first point
+and line where it differs are printed.
 
     python3 tools/ranged_shapes_check.py --kiln build/kiln --work /tmp/ranged [--points 20]
 """
@@ -60,7 +63,23 @@ def models(work):
     export(resnet, (image,), ["image"], {"image": {2: "side", 3: "side"}}, path, 13)
     out.append((path, {"inputs": {"image": [1, 3, "side", "side"]}, "ranges": {"side": [64, 128]}},
                 "strided"))
+    out.append((path, {"inputs": {"image": [1, 3, "side", "side"]},
+                       "ranges": {"side": [64, 224, 32]}}, "none"))
     return out
+
+
+def draw(rng, r, floor=None):
+    """A random value of range r ([lo, hi] or [lo, hi, step]), at least `floor` where it can."""
+    lo, hi, step = r[0], r[1], (r[2] if len(r) > 2 else 1)
+    first = lo
+    while floor is not None and first < floor and first + step <= hi:
+        first += step
+    return first + rng.randint(0, (hi - first) // step) * step
+
+
+def coordinates(entry, point):
+    return {s: v // (entry["ranges"][s][2] if len(entry["ranges"][s]) > 2 else 1)
+            for s, v in point.items()}
 
 
 def kiln_json(kiln, model, flag, value, extra=()):
@@ -105,7 +124,8 @@ def check_model(kiln, path, entry, expect, points, rng):
         if any("dim 2" not in why and "dim 3" not in why for why in irregular.values()):
             failures.append(f"an irregular value off the spatial dims: {irregular}")
     for _ in range(points):
-        point = {s: rng.randint(lo, hi) for s, (lo, hi) in entry["ranges"].items()}
+        point = {s: draw(rng, r) for s, r in entry["ranges"].items()}
+        at = coordinates(entry, point)
         shapes = {i: [point[d] if isinstance(d, str) else d for d in dims]
                   for i, dims in entry["inputs"].items()}
         concrete = kiln_json(kiln, path, "--shapes-at", shapes)
@@ -113,13 +133,13 @@ def check_model(kiln, path, entry, expect, points, rng):
         if values != set(fitted) | set(irregular) | dynamic:
             failures.append(f"at {point}: the value sets differ")
         for value, polys in fitted.items():
-            predicted = [evaluate(p, point) for p in polys]
+            predicted = [evaluate(p, at) for p in polys]
             if concrete["shapes"].get(value) != predicted:
                 failures.append(f"at {point}: '{value}' is {concrete['shapes'].get(value)}, "
                                 f"the fit says {predicted}")
         # The footprint at the range's maximum bounds every computed value at every point (a
         # symbolic value is computed from the inputs, never bound data).
-        sizes = [evaluate_bytes(polys, point, ranged["element_bytes"][value])
+        sizes = [evaluate_bytes(polys, at, ranged["element_bytes"][value])
                  for value, polys in fitted.items() if is_symbolic(polys)]
         foot = ranged["footprint"]
         if sizes and (max(sizes) > foot["largest_bytes"] or sum(sizes) > foot["total_bytes"]):
@@ -135,8 +155,7 @@ def check_model(kiln, path, entry, expect, points, rng):
     # hold says where).
     # Held to the probe points and to `points` random points of the range (from 2 up, where a
     # template is expected).
-    extra = [{s: rng.randint(min(max(lo, 2), hi), hi) for s, (lo, hi) in entry["ranges"].items()}
-             for _ in range(points)]
+    extra = [{s: draw(rng, r, floor=2) for s, r in entry["ranges"].items()} for _ in range(points)]
     t = kiln_json(kiln, path, "--ranged", entry,
                   ["--template", "--template-points", json.dumps(extra)])["template"]
     if t["emits"] < 1 or (not t["holds"] and not t["disagreement"]):
