@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -360,6 +361,147 @@ std::vector<CaseResult> RunBatch(const std::vector<FuzzGraph>& graphs, const Dif
   }
   CompileAndRun(graphs, prepared, valid, options, results, stats);
   return results;
+}
+
+namespace {
+
+// `t` with `rows` rows along dim 0, row r a copy of row r % t.dim(0).
+Result<Tensor> WithRows(const Tensor& t, int64_t rows) {
+  Shape shape = t.shape();
+  const int64_t have = shape[0];
+  const size_t row_bytes = have ? t.nbytes() / static_cast<size_t>(have) : 0;
+  shape[0] = rows;
+  std::vector<uint8_t> bytes(row_bytes * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(
+        bytes.data() + row_bytes * static_cast<size_t>(r),
+        static_cast<const uint8_t*>(t.raw_data()) + row_bytes * static_cast<size_t>(r % have),
+        row_bytes);
+  }
+  return Tensor::FromBytes(t.dtype(), shape, bytes.data(), bytes.size());
+}
+
+}  // namespace
+
+CaseResult RunRanged(const FuzzGraph& fg, const DiffOptions& options, int64_t span,
+                     RangedStats* stats) {
+  if (stats) ++stats->graphs;
+  // The entry: the leading dim of the first input is `n`, and so is every other input's leading
+  // dim of the same size (eager says whether the graph takes them together); the rest is fixed.
+  int64_t v = -1;
+  RangedEntry entry;
+  std::set<std::string> ranged;
+  for (const auto& [name, t] : fg.inputs) {
+    if (!t.is_tensor() || t.dtype() == DType::kString) {
+      return {Outcome::kInvalid, "input '" + name + "' is " + t.TypeString()};
+    }
+    if (v < 0 && t.rank() >= 1 && t.dim(0) >= 1) v = t.dim(0);
+    std::vector<DimSpec>& dims = entry.inputs[name];
+    const bool symbolic = v >= 1 && t.rank() >= 1 && t.dim(0) == v;
+    if (symbolic) ranged.insert(name);
+    for (int64_t d = 0; d < t.rank(); ++d) {
+      dims.push_back(d == 0 && symbolic ? DimSpec{0, "n"} : DimSpec{t.dim(d), ""});
+    }
+  }
+  if (v < 0) return {Outcome::kInvalid, "no input with a leading dim"};
+  entry.ranges["n"] = {v, v + span - 1};
+  // The model declares the ranged inputs' leading dim as `n`, as an exporter with dynamic axes
+  // writes it (a fixed size there makes eager refuse the other points).
+  onnx::ModelProto model = fg.model;
+  for (auto& in : *model.mutable_graph()->mutable_input()) {
+    auto* shape = in.mutable_type()->mutable_tensor_type()->mutable_shape();
+    if (ranged.count(in.name()) && shape->dim_size() > 0) shape->mutable_dim(0)->set_dim_param("n");
+  }
+  model.mutable_graph()->clear_value_info();
+  for (auto& out : *model.mutable_graph()->mutable_output()) {
+    out.mutable_type()->mutable_tensor_type()->clear_shape();
+  }
+  auto graph = Import(model, fg.name);
+  if (!graph.ok()) return {Outcome::kInvalid, "import: " + graph.status().ToString()};
+  auto eager = Interpreter::Create(*graph);
+  if (!eager.ok()) return {Outcome::kInvalid, "eager: " + eager.status().ToString()};
+  // Eager at every point of the range.
+  std::vector<TensorMap> inputs, want;
+  for (int64_t m = v; m < v + span; ++m) {
+    TensorMap in;
+    for (const auto& [name, t] : fg.inputs) {
+      if (!ranged.count(name)) {
+        in[name] = t;
+        continue;
+      }
+      auto rows = WithRows(t, m);
+      if (!rows.ok()) return {Outcome::kInvalid, rows.status().ToString()};
+      in[name] = std::move(rows).value();
+    }
+    auto ref = eager->Run(in);
+    if (!ref.ok()) {
+      return {Outcome::kInvalid,
+              "eager at n=" + std::to_string(m) + ": " + ref.status().ToString()};
+    }
+    inputs.push_back(std::move(in));
+    want.push_back(std::move(ref).value());
+  }
+  // The cell: the ranged entry's pieces, or a gap.
+  Envelope env;
+  env.ranged = {entry};
+  CompileOptions copt;
+  copt.disabled_passes = options.disabled_passes;
+  auto cell = GenerateCell(**graph, env, "graph-fuzz-ranged", copt, nullptr);
+  if (!cell.ok()) return {Outcome::kCompileRefused, cell.status().ToString()};
+  if (!cell->gaps.empty()) {
+    if (stats) ++stats->gaps;
+    return {Outcome::kCompileRefused, "gap: " + cell->gaps[0].second};
+  }
+  auto toolchain = LocalToolchain();
+  if (!toolchain.ok()) return {Outcome::kRunFailed, toolchain.status().ToString()};
+  auto driver = MakeSystemCompilerDriver(*toolchain);
+  static int counter = 0;
+  const std::string dir = options.work_dir + "/kiln-graph-fuzz-ranged-" +
+                          std::to_string(::getpid()) + "-" + std::to_string(counter++);
+  std::error_code ec;
+  std::filesystem::remove_all(dir, ec);
+  if (Status s = MakeDirs(dir); !s.ok()) return {Outcome::kRunFailed, s.ToString()};
+  auto start = std::chrono::steady_clock::now();
+  auto so = BuildSharedObject(cell->source, cell->ranged_pieces.size(), DefaultSmTarget(),
+                              "graph-fuzz-ranged", *driver, dir, 2, nullptr);
+  if (stats) stats->build_ms += Ms(start);
+  Result<std::shared_ptr<CellLibrary>> lib =
+      so.ok() ? OpenCellBytes(*so, dir + "/load")
+              : Result<std::shared_ptr<CellLibrary>>(so.status());
+  std::filesystem::remove_all(dir, ec);
+  if (!lib.ok()) return {Outcome::kRunFailed, "build: " + lib.status().ToString()};
+  Envelope compiled;
+  for (const auto& [r, piece] : cell->ranged_pieces) compiled.ranged.push_back(piece);
+  auto entries = EntriesFromDescribe(cell->describe, compiled);
+  if (!entries.ok()) return {Outcome::kRunFailed, entries.status().ToString()};
+  if (stats) ++stats->compiled;
+  const WeightMap weights = GraphWeights(**graph);
+  start = std::chrono::steady_clock::now();
+  CaseResult result;
+  for (int threads : options.threads) {
+    auto armed = ArmedCell::Arm(*lib, *entries, weights, Lane::kIntake, "", threads);
+    if (!armed.ok()) return {Outcome::kRunFailed, "arm: " + armed.status().ToString()};
+    for (size_t p = 0; p < inputs.size() && result.outcome == Outcome::kMatch; ++p) {
+      const std::string at = "n=" + std::to_string(v + static_cast<int64_t>(p)) + " of " +
+                             DescribeRanged(entry) + " on " + std::to_string(threads) + " thread" +
+                             (threads == 1 ? "" : "s");
+      std::string why;
+      const int e = (*armed)->Admit(inputs[p], &why);
+      if (e < 0) return {Outcome::kRunFailed, "at " + at + " no entry admits: " + why};
+      auto got = (*armed)->Run(e, inputs[p]);
+      if (stats) ++stats->points;
+      if (!got.ok()) return {Outcome::kRunFailed, "at " + at + ": " + got.status().ToString()};
+      EntryNumerics n = CompareOutputs(want[p], *got, options.thresholds);
+      if (n.verdict != Verdict::kHealthy) {
+        std::ostringstream note;
+        note << VerdictName(n.verdict) << " at " << at << ": cos=" << n.cos << " ret=" << n.ret
+             << (n.note.empty() ? "" : "; " + n.note);
+        result = {Outcome::kDiffers, note.str()};
+      }
+    }
+  }
+  if (stats) stats->run_ms += Ms(start);
+  return result;
 }
 
 namespace {

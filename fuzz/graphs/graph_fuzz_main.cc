@@ -5,12 +5,17 @@
 //              [--threads 1,2] [--opsets 11,13,17] [--shrink-seconds T] [--shrink-max M]
 //   graph_fuzz --one SEED --opset O [--out DIR]     one graph, as a run named it
 //   graph_fuzz --replay DIR...                       reproducers (a directory of them, or one)
+//   graph_fuzz --ranged SPAN [--seed S] [--graphs N] [--opsets ...] [--out DIR]
+//              each graph compiled once with a ranged entry over its leading dim (SPAN values)
+//              and run at every value against eager (differ.h RunRanged)
 //
 // Graph j of a run has seed S * 1000003 + j and the opset of its batch; batch b holds graphs
 // [bK, (b+1)K) and is compiled into one cell. A difference (compiled refused, failed, or not
 // HEALTHY under the strict gate) is shrunk by deleting nodes and saved under DIR as a
 // reproducer; the exit status is 1 when any graph differed or was invalid.
 #include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -41,6 +46,7 @@ struct Args {
   int64_t one = -1;
   int64_t one_opset = 17;
   std::vector<std::string> replay;
+  int64_t ranged = 0;  // > 0: ranged mode over that many values
   DiffOptions diff;
 };
 
@@ -166,6 +172,114 @@ int Replay(const Args& a) {
   return bad == 0 && total > 0 ? 0 : 1;
 }
 
+// RunRanged in a child process, so a cell that corrupts memory or crashes (a wrong extent computed
+// at run time writes out of bounds) is reported as that graph's failure instead of ending the
+// run. The child sends its result and its counts through a pipe.
+CaseResult RunRangedIsolated(const FuzzGraph& g, const Args& a, RangedStats* stats) {
+  int fds[2];
+  if (::pipe(fds) != 0) return {Outcome::kRunFailed, "pipe failed"};
+  std::fflush(stdout);
+  const pid_t pid = ::fork();
+  if (pid < 0) return {Outcome::kRunFailed, "fork failed"};
+  if (pid == 0) {
+    ::close(fds[0]);
+    RangedStats mine;
+    const CaseResult r = RunRanged(g, a.diff, a.ranged, &mine);
+    std::ostringstream os;
+    os << static_cast<int>(r.outcome) << " " << mine.points << " " << mine.gaps << " "
+       << mine.compiled << " " << mine.build_ms << " " << mine.run_ms << "\n"
+       << r.note;
+    const std::string out = os.str();
+    size_t done = 0;
+    while (done < out.size()) {
+      const ssize_t n = ::write(fds[1], out.data() + done, out.size() - done);
+      if (n <= 0) break;
+      done += static_cast<size_t>(n);
+    }
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  std::string text;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof(buf))) > 0;)
+    text.append(buf, static_cast<size_t>(n));
+  ::close(fds[0]);
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  ++stats->graphs;
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 || text.find('\n') == std::string::npos) {
+    return {Outcome::kRunFailed,
+            WIFSIGNALED(status)
+                ? "the process running the cell died of signal " + std::to_string(WTERMSIG(status))
+                : "the process running the cell exited without a result"};
+  }
+  std::istringstream head(text.substr(0, text.find('\n')));
+  int outcome = 0, points = 0, gaps = 0, compiled = 0;
+  double build_ms = 0, run_ms = 0;
+  head >> outcome >> points >> gaps >> compiled >> build_ms >> run_ms;
+  stats->points += points;
+  stats->gaps += gaps;
+  stats->compiled += compiled;
+  stats->build_ms += build_ms;
+  stats->run_ms += run_ms;
+  return {static_cast<Outcome>(outcome), text.substr(text.find('\n') + 1)};
+}
+
+// Ranged mode: one cell per graph, each in a child process, no shrinking (the shrinker compares
+// concrete cells); a difference is saved as the generated graph with the failing point in its
+// README.
+int RunRangedMode(const Args& a) {
+  const auto start = std::chrono::steady_clock::now();
+  std::map<Outcome, int> counts;
+  std::map<std::string, int> refusals;  // a gap's or refusal's first words, counted
+  std::map<std::string, int> invalid;   // why a graph has no range, counted
+  RangedStats stats;
+  int bad = 0;
+  for (int j = 0; j < a.graphs; ++j) {
+    const int64_t opset = a.opsets[static_cast<size_t>(j) % a.opsets.size()];
+    const uint64_t seed = a.seed * 1000003ULL + static_cast<uint64_t>(j);
+    GenOptions o;
+    o.opset = opset;
+    FuzzGraph g = GenerateGraph(seed, o);
+    g.name = "s" + std::to_string(seed) + "o" + std::to_string(opset);
+    const CaseResult r = RunRangedIsolated(g, a, &stats);
+    ++counts[r.outcome];
+    if (r.outcome == Outcome::kInvalid) {
+      ++invalid[r.note.substr(0, r.note.find_first_of("('"))];
+    }
+    if (r.outcome == Outcome::kCompileRefused) {
+      // What broke, past "ranged entry {...}, piece {...}: ".
+      const size_t entry = r.note.find("ranged entry {");
+      const size_t cut = entry == std::string::npos ? std::string::npos : r.note.find("}: ", entry);
+      ++refusals[r.note.substr(cut == std::string::npos ? 0 : cut + 3, 70)];
+    }
+    if (r.outcome == Outcome::kDiffers || r.outcome == Outcome::kRunFailed) {
+      ++bad;
+      const std::string dir = a.out + "/" + g.name + "-ranged-" + OutcomeName(r.outcome);
+      std::ostringstream note;
+      note << "ranged mode (--ranged " << a.ranged << ", leading dim n): " << OutcomeName(r.outcome)
+           << ": " << r.note << "\nmoves:";
+      for (const auto& m : g.moves) note << " " << m;
+      Status s = SaveCase(g, dir, note.str());
+      std::printf("  %s %s: %s\n    -> %s\n", g.name.c_str(), OutcomeName(r.outcome),
+                  r.note.substr(0, 400).c_str(), s.ok() ? dir.c_str() : s.ToString().c_str());
+      std::fflush(stdout);
+    }
+  }
+  std::printf(
+      "\n%d graphs in ranged mode (%lld values of the leading dim each), %.0f s wall: "
+      "%d compiled (%d points run, C++ builds %.0f s, runs %.1f s), %d with a gap\n",
+      stats.graphs, static_cast<long long>(a.ranged), Seconds(start), stats.compiled, stats.points,
+      stats.build_ms / 1000, stats.run_ms / 1000, stats.gaps);
+  for (const auto& [o, n] : counts) std::printf("  %-16s %d\n", OutcomeName(o), n);
+  std::printf("no range (invalid), by reason:\n");
+  for (const auto& [why, n] : invalid) std::printf("  %3d  %s\n", n, why.c_str());
+  std::printf("refusals and gaps, by their first words:\n");
+  for (const auto& [why, n] : refusals) std::printf("  %3d  %s\n", n, why.c_str());
+  std::fflush(stdout);
+  return bad == 0 ? 0 : 1;
+}
+
 int Run(const Args& a) {
   const auto start = std::chrono::steady_clock::now();
   std::map<Outcome, int> counts;
@@ -276,6 +390,9 @@ int Main(int argc, char** argv) {
       a.one = std::stoll(v);
     } else if (arg == "--opset" && (v = next())) {
       a.one_opset = std::stoll(v);
+    } else if (arg == "--ranged" && (v = next())) {
+      a.ranged = std::stoll(v);
+      if (a.ranged < 2 || a.ranged > 64) return Usage("--ranged takes a span in [2, 64]");
     } else if (arg == "--replay" && (v = next())) {
       a.replay.push_back(v);
     } else {
@@ -290,6 +407,7 @@ int Main(int argc, char** argv) {
     }
   }
   if (!a.replay.empty()) return Replay(a);
+  if (a.ranged > 0) return RunRangedMode(a);
   return Run(a);
 }
 
