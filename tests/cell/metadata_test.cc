@@ -294,7 +294,7 @@ TEST(MetadataTest, ARangedEntryIsCarriedAsEveryOneOfItsPieces) {
   EXPECT_EQ(parsed->entries, m.entries);
   EXPECT_EQ(SerializeMetadata(*parsed).value(), *text);
   // The entry at a point: its specs' shapes there, and the point as its class.
-  const EntryMetadata at = EntryAt(m.entries[3], {{"batch", 5}});
+  const EntryMetadata at = EntryAt(m.entries[3], {{"batch", 5}}).value();
   EXPECT_EQ(at.inputs[0].shape, (Shape{5, 8}));
   EXPECT_EQ(at.outputs[0].shape, (Shape{5, 3}));
   EXPECT_TRUE(at.inputs[0].dim_symbols.empty());
@@ -323,11 +323,54 @@ TEST(MetadataTest, ARangedEntryIsCarriedAsEveryOneOfItsPieces) {
   };
   ExpectError(edited([](nlohmann::json& j) { j["entries"][3]["outputs"][0]["shape"][0] = "seq"; }),
               StatusCode::kInvalidArgument,
-              "$.entries[3].outputs[0].shape[0] is 'seq', expected a dim or a symbol of the entry");
+              "$.entries[3].outputs[0].shape[0] is 'seq', expected a dim, a symbol of the entry");
   ExpectError(edited([](nlohmann::json& j) { j["entries"][3]["inputs"][0]["shape"][1] = 9; }),
               StatusCode::kInvalidArgument, "input 'x' is not the ranged entry's input");
   ExpectError(edited([](nlohmann::json& j) { j["entries"][0]["inputs"][0]["shape"][0] = "batch"; }),
               StatusCode::kInvalidArgument, "expected a non-negative integer dim");
+
+  // An output dim may be a polynomial in the symbols ({"poly": "2*batch+1"}): it round-trips and
+  // sizes the output at a point; one that is malformed, names another symbol, goes negative at a
+  // corner of the range, or stands in an input is refused by name.
+  CellMetadata poly = m;
+  poly.entries[3].outputs[0].dim_polys = {"", "2*batch+1"};
+  poly.entries[3].outputs[0].shape = {0, 0};
+  Result<std::string> poly_text = SerializeMetadata(poly);
+  ASSERT_TRUE(poly_text.ok()) << poly_text.status().ToString();
+  EXPECT_NE(poly_text->find("\"shape\":[\"batch\",{\"poly\":\"2*batch+1\"}]"), std::string::npos)
+      << *poly_text;
+  Result<CellMetadata> poly_back = ParseMetadata(*poly_text, "metadata.json");
+  ASSERT_TRUE(poly_back.ok()) << poly_back.status().ToString();
+  EXPECT_EQ(poly_back->entries, poly.entries);
+  EXPECT_EQ(EntryAt(poly.entries[3], {{"batch", 5}}).value().outputs[0].shape, (Shape{5, 11}));
+  auto with_poly = [&](const std::string& where, int dim, const std::string& p) {
+    nlohmann::json j = ParseJson(*text, "m").value();
+    j["entries"][3][where][0]["shape"][dim] = nlohmann::json{{"poly", p}};
+    return ParseMetadata(j.dump(), "m").status();
+  };
+  ExpectError(with_poly("outputs", 1, "2**batch"), StatusCode::kInvalidArgument,
+              "dim polynomial '2**batch' has a factor that is no number or symbol");
+  ExpectError(with_poly("outputs", 1, "2*seq"), StatusCode::kInvalidArgument,
+              "is 2*seq, whose 'seq' is no symbol of the entry");
+  ExpectError(with_poly("outputs", 1, "8-batch"), StatusCode::kInvalidArgument,
+              "is 8-batch, which is no size >= 0 at a corner of the entry's ranges");
+  ExpectError(with_poly("outputs", 1, "99999999999*batch*batch"), StatusCode::kInvalidArgument,
+              "repeats symbol 'batch' in one term");
+  ExpectError(with_poly("inputs", 1, "2*batch"), StatusCode::kInvalidArgument,
+              "input 'x' has a dim polynomial");
+}
+
+TEST(MetadataTest, DimPolynomialsReadBackWhatTheyPrint) {
+  for (const std::string text : {"2*batch*seq+1", "-3", "n", "seq-1", "4*side+2", "0"}) {
+    Result<SymDim> d = ParseSymDim(text);
+    ASSERT_TRUE(d.ok()) << text << ": " << d.status().ToString();
+    EXPECT_EQ(d->ToString(), text);
+  }
+  for (const std::string text : {"", "2*", "+", "a b", "3 4", "2*3", "1-1x", "*n"}) {
+    EXPECT_FALSE(ParseSymDim(text).ok()) << "'" << text << "'";
+  }
+  EXPECT_EQ(ParseSymDim("n+n").value().ToString(), "2*n");
+  EXPECT_EQ(ParseSymDim("n-n").value().ToString(), "0");
 }
 
 TEST(MetadataTest, RestateKeyRefusesNonCanonicalEnvelope) {

@@ -234,16 +234,25 @@ TEST(RangedShapes, APointTheGraphCannotTakeIsAnErrorNamingIt) {
   EXPECT_NE(refusal.message().find("at n="), std::string::npos) << refusal.ToString();
 }
 
-TEST(RangedShapes, AnOutputDimThatIsNoSymbolIsRefusedByNameAndTheSameEachTime) {
-  // The caller allocates a ranged entry's outputs from the request's symbols: an output dim must
-  // be a constant or one symbol. The encoder's `cat` is 2*seq long: refused, named, and in the
-  // same words each time (a gap's reason is re-derived by every worker that adopts the cell).
+TEST(RangedShapes, AnOutputDimThatIsNoSymbolIsWrittenAsItsPolynomial) {
+  // The caller allocates a ranged entry's outputs from the request's symbols: an output dim that
+  // is no single symbol (the encoder's `cat` is 2*seq long, `flat` seq*8) is described as its
+  // polynomial, which the metadata carries and the loader evaluates at each request.
   Graph g = Encoderish();
   Status s = CompileRangedEntry(g, BatchSeq(8, 3, 256), CompileOptions{});
-  EXPECT_EQ(s.code(), StatusCode::kUnimplemented) << s.ToString();
-  EXPECT_NE(s.message().find("graph output 'cat' has dim 1 = 2*seq"), std::string::npos)
-      << s.ToString();
-  EXPECT_EQ(s.message(), CompileRangedEntry(g, BatchSeq(8, 3, 256), CompileOptions{}).message());
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  Envelope env;
+  env.ranged = {BatchSeq(8, 3, 256)};
+  auto cell = GenerateCell(g, env, "d", CompileOptions{}, nullptr);
+  ASSERT_TRUE(cell.ok()) << cell.status().ToString();
+  ASSERT_TRUE(cell->gaps.empty());
+  const std::string describe = cell->describe.dump();
+  EXPECT_NE(
+      describe.find(R"({"dtype":"float32","name":"cat","shape":["batch",{"poly":"2*seq"},8]})"),
+      std::string::npos)
+      << describe;
+  EXPECT_NE(describe.find(R"("name":"flat","shape":["batch",{"poly":"8*seq"}])"), std::string::npos)
+      << describe;
 }
 
 TEST(RangedShapes, AMeanOverTheRangedDimCompiles) {

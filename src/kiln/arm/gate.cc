@@ -316,7 +316,8 @@ Result<std::vector<Probe>> EntryProbes(const ArmedCell& cell, size_t i, const Gr
   std::vector<std::pair<std::string, EntryMetadata>> at;
   if (e.ranged) {
     for (const SymbolPoint& point : RangeProbePoints(*e.ranged)) {
-      at.emplace_back(" at " + DescribePoint(point), EntryAt(e, point));
+      KILN_ASSIGN_OR_RETURN(EntryMetadata there, EntryAt(e, point));
+      at.emplace_back(" at " + DescribePoint(point), std::move(there));
     }
   } else {
     at.emplace_back("", e);

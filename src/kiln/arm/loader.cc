@@ -386,7 +386,10 @@ Result<std::map<std::string, Tensor>> ArmedCell::Run(
     }
     std::vector<int64_t> values;
     for (const auto& [name, range] : ranged.ranged->ranges) values.push_back(m.values.at(name));
-    at_point = EntryAt(ranged, m.values);
+    Result<EntryMetadata> there = EntryAt(ranged, m.values);
+    if (!there.ok())
+      return out_of_envelope("entry " + std::to_string(index) + ": " + there.status().message());
+    at_point = std::move(there).value();
     Result<std::shared_ptr<kiln_cell_entry>> got = Instance(static_cast<size_t>(index), values);
     if (!got.ok()) {
       if (got.status().Is(kCellFault)) return fault(got.status().message());

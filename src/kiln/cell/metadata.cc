@@ -24,6 +24,9 @@ Json SpecToJson(const TensorSpec& t) {
   for (size_t i = 0; i < t.dim_symbols.size() && i < t.shape.size(); ++i) {
     if (!t.dim_symbols[i].empty()) shape[i] = t.dim_symbols[i];
   }
+  for (size_t i = 0; i < t.dim_polys.size() && i < t.shape.size(); ++i) {
+    if (!t.dim_polys[i].empty()) shape[i] = Json{{"poly", t.dim_polys[i]}};
+  }
   Json j{{"name", t.name}, {"dtype", DTypeName(t.dtype)}, {"shape", shape}};
   if (t.dynamic) j["dynamic"] = true;  // written only when set: static specs keep their bytes
   return j;
@@ -221,8 +224,42 @@ Result<Shape> ParseDims(const Json& v, const std::string& path) {
 
 // `symbols`: the symbols a ranged entry's spec may name in its shape (null: none, a concrete
 // entry's).
-Result<TensorSpec> ParseSpec(const Json& v, const std::string& path,
-                             const std::map<std::string, std::pair<int64_t, int64_t>>* symbols) {
+// A ranged output's dim polynomial: well formed, in the entry's symbols, and a size >= 0 that fits
+// 64 bits at every corner of the ranges. It is multilinear (no symbol twice in a term), so its
+// value anywhere in the box lies between its corners' values: the corners bound it everywhere.
+Status CheckDimPoly(const std::string& text, const RangedEntry& ranged, const std::string& at) {
+  Result<SymDim> poly = ParseSymDim(text);
+  if (!poly.ok()) return poly.status().WithContext(at);
+  std::vector<std::string> symbols;
+  for (const auto& [names, coeff] : poly->terms) {
+    for (const std::string& n : names) {
+      if (!ranged.ranges.count(n)) {
+        return Status::InvalidArgument(at + " is " + text + ", whose '" + n +
+                                       "' is no symbol of the entry");
+      }
+      if (std::find(symbols.begin(), symbols.end(), n) == symbols.end()) symbols.push_back(n);
+    }
+  }
+  if (symbols.size() > 6) {
+    return Status::InvalidArgument(at + " is " + text + ", a polynomial in more than 6 symbols");
+  }
+  for (size_t corner = 0; corner < (size_t{1} << symbols.size()); ++corner) {
+    SymbolPoint p;
+    for (size_t b = 0; b < symbols.size(); ++b) {
+      const auto [lo, hi] = ranged.ranges.at(symbols[b]);
+      p[symbols[b]] = CoordinateOf(ranged, symbols[b], (corner >> b) & 1 ? hi : lo);
+    }
+    int64_t v = -1;
+    if (!poly->Eval(p, &v) || v < 0) {
+      return Status::InvalidArgument(at + " is " + text + ", which is no size >= 0 at a corner " +
+                                     "of the entry's ranges (coordinates " + DescribePoint(p) +
+                                     ")");
+    }
+  }
+  return Status::OK();
+}
+
+Result<TensorSpec> ParseSpec(const Json& v, const std::string& path, const RangedEntry* ranged) {
   ObjectReader r(v, path);
   KILN_RETURN_IF_ERROR(r.CheckIsObject());
   TensorSpec t;
@@ -233,22 +270,32 @@ Result<TensorSpec> ParseSpec(const Json& v, const std::string& path,
   if (!dt.ok()) return dt.status().WithContext(path + ".dtype");
   t.dtype = *dt;
   KILN_ASSIGN_OR_RETURN(const Json* shape, r.Array("shape"));
-  if (symbols != nullptr) {
+  if (ranged != nullptr) {
     Json dims = *shape;
-    std::vector<std::string> names(dims.size());
-    bool any = false;
+    std::vector<std::string> names(dims.size()), polys(dims.size());
+    bool any = false, any_poly = false;
     for (size_t i = 0; i < dims.size(); ++i) {
+      const std::string at = path + ".shape[" + std::to_string(i) + "]";
+      if (dims[i].is_object() && dims[i].size() == 1 && dims[i].contains("poly") &&
+          dims[i]["poly"].is_string()) {
+        polys[i] = dims[i]["poly"].get<std::string>();
+        KILN_RETURN_IF_ERROR(CheckDimPoly(polys[i], *ranged, at));
+        dims[i] = 0;
+        any_poly = true;
+        continue;
+      }
       if (!dims[i].is_string()) continue;
       names[i] = dims[i].get<std::string>();
-      if (symbols->count(names[i]) == 0) {
-        return Status::InvalidArgument(path + ".shape[" + std::to_string(i) + "] is '" + names[i] +
-                                       "', expected a dim or a symbol of the entry");
+      if (ranged->ranges.count(names[i]) == 0) {
+        return Status::InvalidArgument(at + " is '" + names[i] +
+                                       "', expected a dim, a symbol of the entry or {\"poly\": …}");
       }
       dims[i] = 0;
       any = true;
     }
     KILN_ASSIGN_OR_RETURN(t.shape, ParseDims(dims, path + ".shape"));
     if (any) t.dim_symbols = std::move(names);
+    if (any_poly) t.dim_polys = std::move(polys);
   } else {
     KILN_ASSIGN_OR_RETURN(t.shape, ParseDims(*shape, path + ".shape"));
   }
@@ -267,15 +314,14 @@ Result<TensorSpec> ParseSpec(const Json& v, const std::string& path,
 }
 
 // A list of specs whose names are unique within the list (weights and I/O are bound by name).
-Result<std::vector<TensorSpec>> ParseSpecs(
-    ObjectReader& r, const std::string& name,
-    const std::map<std::string, std::pair<int64_t, int64_t>>* symbols = nullptr) {
+Result<std::vector<TensorSpec>> ParseSpecs(ObjectReader& r, const std::string& name,
+                                           const RangedEntry* ranged = nullptr) {
   KILN_ASSIGN_OR_RETURN(const Json* arr, r.Array(name));
   std::vector<TensorSpec> out;
   std::set<std::string> names;
   for (size_t i = 0; i < arr->size(); ++i) {
     const std::string path = r.path() + "." + name + "[" + std::to_string(i) + "]";
-    KILN_ASSIGN_OR_RETURN(TensorSpec t, ParseSpec((*arr)[i], path, symbols));
+    KILN_ASSIGN_OR_RETURN(TensorSpec t, ParseSpec((*arr)[i], path, ranged));
     if (!names.insert(t.name).second) {
       return Status::InvalidArgument(path + " names '" + t.name + "' again; each " + name +
                                      " name must appear once");
@@ -299,14 +345,14 @@ Result<EntryMetadata> ParseEntry(const Json& v, const std::string& path) {
   EntryMetadata e;
   KILN_ASSIGN_OR_RETURN(uint64_t index, r.Unsigned("index", std::numeric_limits<uint32_t>::max()));
   e.index = static_cast<uint32_t>(index);
-  const std::map<std::string, std::pair<int64_t, int64_t>>* symbols = nullptr;
+  const RangedEntry* symbols = nullptr;
   if (v.contains("ranged")) {
     KILN_ASSIGN_OR_RETURN(const Json* ranged, r.Object("ranged"));
     Result<RangedEntry> entry = RangedFromJson(*ranged);
     if (!entry.ok()) return entry.status().WithContext(path + ".ranged");
     KILN_RETURN_IF_ERROR(CheckRangedEntry(*entry, path + ".ranged"));
     e.ranged = std::move(entry).value();
-    symbols = &e.ranged->ranges;
+    symbols = &*e.ranged;
   } else {
     // An empty shape class is the entry of a graph with no runtime inputs.
     KILN_ASSIGN_OR_RETURN(const Json* sc, r.Object("shape_class"));
@@ -317,6 +363,11 @@ Result<EntryMetadata> ParseEntry(const Json& v, const std::string& path) {
   if (e.ranged) {
     // The inputs are the entry's, dim by dim: what ingress matches a request against.
     for (const TensorSpec& t : e.inputs) {
+      if (!t.dim_polys.empty()) {
+        return Status::InvalidArgument(path + " input '" + t.name +
+                                       "' has a dim polynomial; an input's dims are sizes or "
+                                       "symbols");
+      }
       auto it = e.ranged->inputs.find(t.name);
       bool same = it != e.ranged->inputs.end() && it->second.size() == t.shape.size();
       for (size_t i = 0; same && i < t.shape.size(); ++i) {
@@ -570,19 +621,44 @@ Status CheckEntriesCoverEnvelope(const CellMetadata& m) {
 
 }  // namespace
 
-EntryMetadata EntryAt(const EntryMetadata& entry, const std::map<std::string, int64_t>& point) {
+Result<EntryMetadata> EntryAt(const EntryMetadata& entry,
+                              const std::map<std::string, int64_t>& point) {
   EntryMetadata out = entry;
   out.ranged.reset();
-  auto at = [&](std::vector<TensorSpec>& specs) {
+  SymbolPoint coordinates;
+  for (const auto& [name, v] : point) {
+    coordinates[name] = entry.ranged ? CoordinateOf(*entry.ranged, name, v) : v;
+  }
+  auto at = [&](std::vector<TensorSpec>& specs) -> Status {
     for (TensorSpec& t : specs) {
       for (size_t i = 0; i < t.dim_symbols.size(); ++i) {
-        if (!t.dim_symbols[i].empty()) t.shape[i] = point.at(t.dim_symbols[i]);
+        if (t.dim_symbols[i].empty()) continue;
+        auto it = point.find(t.dim_symbols[i]);
+        if (it == point.end()) {
+          return Status::InvalidArgument("'" + t.name + "' dim " + std::to_string(i) +
+                                         " is symbol '" + t.dim_symbols[i] +
+                                         "', which the point does not give");
+        }
+        t.shape[i] = it->second;
+      }
+      for (size_t i = 0; i < t.dim_polys.size(); ++i) {
+        if (t.dim_polys[i].empty()) continue;
+        Result<SymDim> poly = ParseSymDim(t.dim_polys[i]);
+        int64_t v = -1;
+        if (!poly.ok() || !poly->Eval(coordinates, &v) || v < 0) {
+          return Status::InvalidArgument("'" + t.name + "' dim " + std::to_string(i) + " = " +
+                                         t.dim_polys[i] + " has no size >= 0 at " +
+                                         DescribePoint(point));
+        }
+        t.shape[i] = v;
       }
       t.dim_symbols.clear();
+      t.dim_polys.clear();
     }
+    return Status::OK();
   };
-  at(out.inputs);
-  at(out.outputs);
+  KILN_RETURN_IF_ERROR(at(out.inputs));
+  KILN_RETURN_IF_ERROR(at(out.outputs));
   for (const TensorSpec& t : out.inputs) out.shape_class[t.name] = t.shape;
   return out;
 }

@@ -49,6 +49,10 @@ struct TensorSpec {
   // A ranged entry's spec: per dim, the symbol whose value it is ("" for a fixed dim; shape[i] is
   // 0 then). Empty for a concrete entry's. In the JSON the symbol's name stands in "shape".
   std::vector<std::string> dim_symbols = {};
+  // A ranged entry's output: per dim, a polynomial in the symbols' coordinates (SymDim's text,
+  // "2*seq"; "" where the dim is fixed or a symbol). Empty when no dim has one. In the JSON
+  // {"poly": "2*seq"} stands in "shape". Never an input's: ingress matches inputs dim by dim.
+  std::vector<std::string> dim_polys = {};
   bool operator==(const TensorSpec&) const = default;
 };
 
@@ -97,7 +101,8 @@ struct CellMetadata {
 
 // A ranged entry at one point (a value of each of its symbols): its specs' shapes there, and the
 // point as the entry's class. REQUIRES: `entry.ranged` and every symbol in `point`.
-EntryMetadata EntryAt(const EntryMetadata& entry, const std::map<std::string, int64_t>& point);
+Result<EntryMetadata> EntryAt(const EntryMetadata& entry,
+                              const std::map<std::string, int64_t>& point);
 
 // Canonical bytes of metadata.json.
 Result<std::string> SerializeMetadata(const CellMetadata& m);

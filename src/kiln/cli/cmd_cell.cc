@@ -212,7 +212,10 @@ Status DoInspect(const Args& a) {
       std::string out;
       for (size_t i = 0; i < s.shape.size(); ++i) {
         const bool symbol = i < s.dim_symbols.size() && !s.dim_symbols[i].empty();
-        out += (i ? "," : "") + (symbol ? s.dim_symbols[i] : std::to_string(s.shape[i]));
+        const bool poly = i < s.dim_polys.size() && !s.dim_polys[i].empty();
+        out += (i ? "," : "") + (symbol ? s.dim_symbols[i]
+                                 : poly ? s.dim_polys[i]
+                                        : std::to_string(s.shape[i]));
       }
       return "[" + out + "]";
     };

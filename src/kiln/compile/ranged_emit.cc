@@ -755,8 +755,8 @@ Result<RangedEntryCode> EmitRangedEntry(const EmittedTemplate& t, const RangedEn
       } else if (const std::string sym = SymbolValueOf(entry, dim); !sym.empty()) {
         dims.push_back(sym);
       } else {
-        return Status::Unimplemented("'" + value + "' has dim " + std::to_string(d) + " = " +
-                                     dim.ToString() + ", not one symbol or a constant");
+        // The caller sizes the output from the polynomial at the request's coordinates.
+        dims.push_back(nlohmann::json{{"poly", dim.ToString()}});
       }
     }
     return nlohmann::json{{"name", value}, {"dtype", DTypeName(b.type.dtype)}, {"shape", dims}};

@@ -115,55 +115,6 @@ Fit FitValue(const std::string& name, const std::vector<InferredGraph>& box,
 
 }  // namespace
 
-SymDim SymDim::Constant(int64_t c) {
-  SymDim d;
-  if (c != 0) d.terms[{}] = c;
-  return d;
-}
-
-bool SymDim::IsConstant() const {
-  return terms.empty() || (terms.size() == 1 && terms.begin()->first.empty());
-}
-
-int64_t SymDim::ConstantValue() const { return terms.empty() ? 0 : terms.begin()->second; }
-
-bool SymDim::Eval(const SymbolPoint& point, int64_t* out) const {
-  int64_t sum = 0;
-  for (const auto& [names, coeff] : terms) {
-    int64_t term = coeff;
-    for (const std::string& n : names) {
-      auto it = point.find(n);
-      if (it == point.end() || __builtin_mul_overflow(term, it->second, &term)) return false;
-    }
-    if (__builtin_add_overflow(sum, term, &sum)) return false;
-  }
-  *out = sum;
-  return true;
-}
-
-std::string SymDim::ToString() const {
-  std::string s;
-  auto append = [&](int64_t coeff, const std::vector<std::string>& names) {
-    std::string body;
-    for (const std::string& n : names) body += (body.empty() ? "" : "*") + n;
-    const int64_t mag = coeff < 0 ? -coeff : coeff;
-    std::string piece = body.empty() ? std::to_string(mag)
-                        : mag == 1   ? body
-                                     : std::to_string(mag) + "*" + body;
-    if (s.empty()) {
-      s = (coeff < 0 ? "-" : "") + piece;
-    } else {
-      s += (coeff < 0 ? "-" : "+") + piece;
-    }
-  };
-  for (const auto& [names, coeff] : terms) {
-    if (!names.empty()) append(coeff, names);
-  }
-  auto constant = terms.find({});
-  if (constant != terms.end()) append(constant->second, {});
-  return s.empty() ? "0" : s;
-}
-
 int64_t FitBase(const RangedEntry& entry, const std::string& symbol) {
   const auto [lo, hi] = entry.ranges.at(symbol);
   const int64_t step = StepOf(entry, symbol);

@@ -27,20 +27,6 @@
 
 namespace kiln {
 
-// c0 + sum of c_U * prod(U) over sets U of distinct symbols; no zero coefficients are kept, so
-// two equal polynomials compare equal. A constant has at most the empty monomial.
-struct SymDim {
-  std::map<std::vector<std::string>, int64_t> terms;  // sorted symbol names -> coefficient
-
-  static SymDim Constant(int64_t c);
-  bool IsConstant() const;
-  int64_t ConstantValue() const;  // REQUIRES: IsConstant()
-  // The value at `point`, which gives every symbol the polynomial uses; false on overflow.
-  bool Eval(const SymbolPoint& point, int64_t* out) const;
-  std::string ToString() const;  // "2*batch*seq+1", "64"
-  bool operator==(const SymDim&) const = default;
-};
-
 struct RangedShapes {
   // The symbols whose range holds more than one value, in name order; a symbol with lo == hi is
   // folded into the constants.

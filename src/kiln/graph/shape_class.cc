@@ -367,6 +367,114 @@ std::vector<SymbolPoint> RangeProbePoints(const RangedEntry& entry) {
   return points;
 }
 
+SymDim SymDim::Constant(int64_t c) {
+  SymDim d;
+  if (c != 0) d.terms[{}] = c;
+  return d;
+}
+
+bool SymDim::IsConstant() const {
+  return terms.empty() || (terms.size() == 1 && terms.begin()->first.empty());
+}
+
+int64_t SymDim::ConstantValue() const { return terms.empty() ? 0 : terms.begin()->second; }
+
+bool SymDim::Eval(const SymbolPoint& point, int64_t* out) const {
+  int64_t sum = 0;
+  for (const auto& [names, coeff] : terms) {
+    int64_t term = coeff;
+    for (const std::string& n : names) {
+      auto it = point.find(n);
+      if (it == point.end() || __builtin_mul_overflow(term, it->second, &term)) return false;
+    }
+    if (__builtin_add_overflow(sum, term, &sum)) return false;
+  }
+  *out = sum;
+  return true;
+}
+
+std::string SymDim::ToString() const {
+  std::string s;
+  auto append = [&](int64_t coeff, const std::vector<std::string>& names) {
+    std::string body;
+    for (const std::string& n : names) body += (body.empty() ? "" : "*") + n;
+    const int64_t mag = coeff < 0 ? -coeff : coeff;
+    std::string piece = body.empty() ? std::to_string(mag)
+                        : mag == 1   ? body
+                                     : std::to_string(mag) + "*" + body;
+    if (s.empty()) {
+      s = (coeff < 0 ? "-" : "") + piece;
+    } else {
+      s += (coeff < 0 ? "-" : "+") + piece;
+    }
+  };
+  for (const auto& [names, coeff] : terms) {
+    if (!names.empty()) append(coeff, names);
+  }
+  auto constant = terms.find({});
+  if (constant != terms.end()) append(constant->second, {});
+  return s.empty() ? "0" : s;
+}
+
+Result<SymDim> ParseSymDim(const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument("dim polynomial '" + text + "' " + why +
+                                   "; expected terms like 2*batch*seq+1");
+  };
+  if (text.empty() || text.size() > 4096) return bad("is empty or longer than 4096 characters");
+  SymDim out;
+  size_t i = 0;
+  bool first = true;
+  while (i < text.size()) {
+    int64_t sign = 1;
+    if (text[i] == '+' || text[i] == '-') {
+      sign = text[i] == '-' ? -1 : 1;
+      ++i;
+    } else if (!first) {
+      return bad("has no sign between two terms");
+    }
+    first = false;
+    int64_t coeff = 1;
+    bool has_coeff = false;
+    std::vector<std::string> names;
+    for (bool factor = true; factor;) {
+      if (i < text.size() && std::isdigit(static_cast<unsigned char>(text[i]))) {
+        if (has_coeff) return bad("has two numbers in one term");
+        int64_t n = 0;
+        for (; i < text.size() && std::isdigit(static_cast<unsigned char>(text[i])); ++i) {
+          if (__builtin_mul_overflow(n, 10, &n) || __builtin_add_overflow(n, text[i] - '0', &n)) {
+            return bad("has a coefficient past 64 bits");
+          }
+        }
+        coeff = n;
+        has_coeff = true;
+      } else {
+        size_t j = i;
+        while (j < text.size() &&
+               (std::isalnum(static_cast<unsigned char>(text[j])) || text[j] == '_')) {
+          ++j;
+        }
+        const std::string name = text.substr(i, j - i);
+        if (!IsSymbolName(name)) return bad("has a factor that is no number or symbol");
+        if (std::find(names.begin(), names.end(), name) != names.end()) {
+          return bad("repeats symbol '" + name + "' in one term");
+        }
+        names.push_back(name);
+        i = j;
+      }
+      factor = i < text.size() && text[i] == '*';
+      if (factor) ++i;
+    }
+    std::sort(names.begin(), names.end());
+    int64_t& slot = out.terms[names];
+    if (__builtin_mul_overflow(coeff, sign, &coeff) || __builtin_add_overflow(slot, coeff, &slot)) {
+      return bad("overflows 64 bits");
+    }
+    if (slot == 0) out.terms.erase(names);
+  }
+  return out;
+}
+
 ShapeClass ShapesAt(const RangedEntry& entry, const SymbolPoint& point) {
   ShapeClass shapes;
   for (const auto& [input, dims] : entry.inputs) {

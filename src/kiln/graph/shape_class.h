@@ -104,6 +104,26 @@ using SymbolPoint = std::map<std::string, int64_t>;
 std::vector<SymbolPoint> RangeProbePoints(const RangedEntry& entry);
 Status CheckRangedProbes(const RangedEntry& entry);
 
+// A dim over a range: c0 + sum of c_U * prod(U) over sets U of distinct symbols, each symbol
+// standing for its coordinate (value / step; the value itself without a step). No zero
+// coefficients are kept, so two equal polynomials compare equal. A constant has at most the empty
+// monomial. The compiler fits every value's dims as these (compile/ranged_shapes.h); a ranged
+// entry's output dim that is no single symbol is written as one in the cell's metadata.
+struct SymDim {
+  std::map<std::vector<std::string>, int64_t> terms;  // sorted symbol names -> coefficient
+
+  static SymDim Constant(int64_t c);
+  bool IsConstant() const;
+  int64_t ConstantValue() const;  // REQUIRES: IsConstant()
+  // The value at `point`, which gives every symbol the polynomial uses; false on overflow.
+  bool Eval(const SymbolPoint& point, int64_t* out) const;
+  std::string ToString() const;  // "2*batch*seq+1", "64"
+  bool operator==(const SymDim&) const = default;
+};
+
+// Reads ToString's form back ("2*batch*seq+1", "-3", "n"); an error naming the text otherwise.
+Result<SymDim> ParseSymDim(const std::string& text);
+
 // The concrete input shapes of `entry` at `point`.
 ShapeClass ShapesAt(const RangedEntry& entry, const SymbolPoint& point);
 

@@ -25,19 +25,25 @@ Result<TensorSpec> SpecFromJson(const nlohmann::json& j) {
   TensorSpec s;
   s.name = j.at("name").get<std::string>();
   KILN_ASSIGN_OR_RETURN(s.dtype, DTypeFromName(j.at("dtype").get<std::string>()));
-  // A ranged entry's dims may be a symbol's name.
-  bool symbolic = false;
+  // A ranged entry's dims may be a symbol's name, or (an output's) a polynomial {"poly": "2*n"}.
+  bool symbolic = false, poly = false;
   for (const auto& d : j.at("shape")) {
+    s.dim_symbols.emplace_back();
+    s.dim_polys.emplace_back();
     if (d.is_string()) {
       symbolic = true;
-      s.dim_symbols.push_back(d.get<std::string>());
+      s.dim_symbols.back() = d.get<std::string>();
+      s.shape.push_back(0);
+    } else if (d.is_object()) {
+      poly = true;
+      s.dim_polys.back() = d.at("poly").get<std::string>();
       s.shape.push_back(0);
     } else {
-      s.dim_symbols.emplace_back();
       s.shape.push_back(d.get<int64_t>());
     }
   }
   if (!symbolic) s.dim_symbols.clear();
+  if (!poly) s.dim_polys.clear();
   s.dynamic = j.value("dynamic", false);
   return s;
 }
