@@ -365,18 +365,21 @@ std::vector<CaseResult> RunBatch(const std::vector<FuzzGraph>& graphs, const Dif
 
 namespace {
 
-// `t` with `rows` rows along dim 0, row r a copy of row r % t.dim(0).
-Result<Tensor> WithRows(const Tensor& t, int64_t rows) {
+// `t` with `rows` slices along `axis`, slice r a copy of slice r % t.dim(axis).
+Result<Tensor> WithRows(const Tensor& t, int64_t axis, int64_t rows) {
   Shape shape = t.shape();
-  const int64_t have = shape[0];
-  const size_t row_bytes = have ? t.nbytes() / static_cast<size_t>(have) : 0;
-  shape[0] = rows;
-  std::vector<uint8_t> bytes(row_bytes * static_cast<size_t>(rows));
-  for (int64_t r = 0; r < rows; ++r) {
-    std::memcpy(
-        bytes.data() + row_bytes * static_cast<size_t>(r),
-        static_cast<const uint8_t*>(t.raw_data()) + row_bytes * static_cast<size_t>(r % have),
-        row_bytes);
+  const int64_t have = shape[static_cast<size_t>(axis)];
+  int64_t outer = 1;
+  for (int64_t d = 0; d < axis; ++d) outer *= shape[static_cast<size_t>(d)];
+  const size_t block = have && outer ? t.nbytes() / static_cast<size_t>(outer * have) : 0;
+  shape[static_cast<size_t>(axis)] = rows;
+  std::vector<uint8_t> bytes(block * static_cast<size_t>(outer * rows));
+  const auto* src = static_cast<const uint8_t*>(t.raw_data());
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(bytes.data() + block * static_cast<size_t>(o * rows + r),
+                  src + block * static_cast<size_t>(o * have + r % have), block);
+    }
   }
   return Tensor::FromBytes(t.dtype(), shape, bytes.data(), bytes.size());
 }
@@ -384,33 +387,39 @@ Result<Tensor> WithRows(const Tensor& t, int64_t rows) {
 }  // namespace
 
 CaseResult RunRanged(const FuzzGraph& fg, const DiffOptions& options, int64_t span,
-                     RangedStats* stats) {
+                     const std::vector<int64_t>& axes, RangedStats* stats) {
   if (stats) ++stats->graphs;
-  // The entry: the leading dim of the first input is `n`, and so is every other input's leading
-  // dim of the same size (eager says whether the graph takes them together); the rest is fixed.
+  // The entry: the first of `axes` of the first input that has it gives v; every dim among
+  // `axes` of every input whose size is v is `n` (eager says whether the graph takes them
+  // together); the rest is fixed.
   int64_t v = -1;
   RangedEntry entry;
-  std::set<std::string> ranged;
+  std::map<std::string, std::vector<int64_t>> ranged;  // input -> its dims that are `n`
+  const int64_t first = axes.at(0);
   for (const auto& [name, t] : fg.inputs) {
     if (!t.is_tensor() || t.dtype() == DType::kString) {
       return {Outcome::kInvalid, "input '" + name + "' is " + t.TypeString()};
     }
-    if (v < 0 && t.rank() >= 1 && t.dim(0) >= 1) v = t.dim(0);
+    if (v < 0 && t.rank() > first && t.dim(first) >= 1) v = t.dim(first);
     std::vector<DimSpec>& dims = entry.inputs[name];
-    const bool symbolic = v >= 1 && t.rank() >= 1 && t.dim(0) == v;
-    if (symbolic) ranged.insert(name);
     for (int64_t d = 0; d < t.rank(); ++d) {
-      dims.push_back(d == 0 && symbolic ? DimSpec{0, "n"} : DimSpec{t.dim(d), ""});
+      const bool symbolic =
+          v >= 1 && t.dim(d) == v && std::find(axes.begin(), axes.end(), d) != axes.end();
+      if (symbolic) ranged[name].push_back(d);
+      dims.push_back(symbolic ? DimSpec{0, "n"} : DimSpec{t.dim(d), ""});
     }
   }
-  if (v < 0) return {Outcome::kInvalid, "no input with a leading dim"};
+  if (v < 0) return {Outcome::kInvalid, "no input with a dim " + std::to_string(first)};
   entry.ranges["n"] = {v, v + span - 1};
-  // The model declares the ranged inputs' leading dim as `n`, as an exporter with dynamic axes
+  // The model declares the ranged inputs' dims as `n`, as an exporter with dynamic axes
   // writes it (a fixed size there makes eager refuse the other points).
   onnx::ModelProto model = fg.model;
   for (auto& in : *model.mutable_graph()->mutable_input()) {
     auto* shape = in.mutable_type()->mutable_tensor_type()->mutable_shape();
-    if (ranged.count(in.name()) && shape->dim_size() > 0) shape->mutable_dim(0)->set_dim_param("n");
+    auto it = ranged.find(in.name());
+    for (int64_t d : it == ranged.end() ? std::vector<int64_t>{} : it->second) {
+      if (shape->dim_size() > d) shape->mutable_dim(static_cast<int>(d))->set_dim_param("n");
+    }
   }
   model.mutable_graph()->clear_value_info();
   for (auto& out : *model.mutable_graph()->mutable_output()) {
@@ -425,13 +434,14 @@ CaseResult RunRanged(const FuzzGraph& fg, const DiffOptions& options, int64_t sp
   for (int64_t m = v; m < v + span; ++m) {
     TensorMap in;
     for (const auto& [name, t] : fg.inputs) {
-      if (!ranged.count(name)) {
-        in[name] = t;
-        continue;
+      Tensor x = t;
+      auto it = ranged.find(name);
+      for (int64_t d : it == ranged.end() ? std::vector<int64_t>{} : it->second) {
+        auto rows = WithRows(x, d, m);
+        if (!rows.ok()) return {Outcome::kInvalid, rows.status().ToString()};
+        x = std::move(rows).value();
       }
-      auto rows = WithRows(t, m);
-      if (!rows.ok()) return {Outcome::kInvalid, rows.status().ToString()};
-      in[name] = std::move(rows).value();
+      in[name] = std::move(x);
     }
     auto ref = eager->Run(in);
     if (!ref.ok()) {

@@ -57,20 +57,23 @@ std::vector<CaseResult> RunBatch(const std::vector<FuzzGraph>& graphs, const Dif
 FuzzGraph Shrink(const FuzzGraph& failing, const DiffOptions& options, double budget_s,
                  int* rounds);
 
-// Ranged mode: the same graph compiled once for a range of its leading dim and run at every
-// value of the range. Every graph input must have rank >= 1 and one leading size v; the entry
-// gives that dim as symbol `n` over [v, v + span - 1] (v = 1 makes two pieces, 1 and the rest).
-// Inputs at n = m repeat the generated rows cyclically (row r is row r % v), so indices and
-// non-finite values keep their domain. Eager at every point is the oracle: a graph eager cannot
-// run at some point (a Reshape to a fixed size) is kInvalid, and a piece the compiler refuses
-// over the range is a gap, kCompileRefused with the refusal (a gap is served eager: not a bug).
-// A compiled point whose answer is not HEALTHY under the strict gate is kDiffers.
+// Ranged mode: the same graph compiled once for a range of some of its dims and run at every
+// value of the range. The first input with dim axes[0] (0: the batch; 1: a sequence or channels;
+// 2,3: an image's sides) gives its size v; every dim among `axes` of every input whose size is v
+// is symbol `n` over [v, v + span - 1] (v = 1 makes two pieces, 1 and the rest), so "2,3" ranges
+// a square image's side and its plane is n*n. Inputs at n = m repeat the generated slices along
+// each such dim cyclically (slice r is slice r % v), so indices and non-finite values keep their
+// domain. Eager at
+// every point is the oracle: a graph eager cannot run at some point (a Reshape to a fixed size) is
+// kInvalid, and a piece the compiler refuses over the range is a gap, kCompileRefused with the
+// refusal (a gap is served eager: not a bug). A compiled point whose answer is not HEALTHY under
+// the strict gate is kDiffers.
 struct RangedStats {
   int graphs = 0, points = 0, gaps = 0, compiled = 0;
   double build_ms = 0, run_ms = 0;
 };
 CaseResult RunRanged(const FuzzGraph& graph, const DiffOptions& options, int64_t span,
-                     RangedStats* stats);
+                     const std::vector<int64_t>& axes, RangedStats* stats);
 
 // Nodes of a model, subgraphs included.
 int CountNodes(const onnx::GraphProto& g);

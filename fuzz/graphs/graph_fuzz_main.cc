@@ -5,9 +5,10 @@
 //              [--threads 1,2] [--opsets 11,13,17] [--shrink-seconds T] [--shrink-max M]
 //   graph_fuzz --one SEED --opset O [--out DIR]     one graph, as a run named it
 //   graph_fuzz --replay DIR...                       reproducers (a directory of them, or one)
-//   graph_fuzz --ranged SPAN [--seed S] [--graphs N] [--opsets ...] [--out DIR]
-//              each graph compiled once with a ranged entry over its leading dim (SPAN values)
-//              and run at every value against eager (differ.h RunRanged)
+//   graph_fuzz --ranged SPAN [--ranged-axis A,B] [--seed S] [--graphs N] [--opsets ...]
+//              [--out DIR]: each graph compiled once with a ranged entry over dims A, B of its
+//              inputs (0, the batch, by default; SPAN values) and run at every value against
+//              eager (differ.h RunRanged)
 //
 // Graph j of a run has seed S * 1000003 + j and the opset of its batch; batch b holds graphs
 // [bK, (b+1)K) and is compiled into one cell. A difference (compiled refused, failed, or not
@@ -47,6 +48,7 @@ struct Args {
   int64_t one_opset = 17;
   std::vector<std::string> replay;
   int64_t ranged = 0;  // > 0: ranged mode over that many values
+  std::vector<int64_t> ranged_axes = {0};
   DiffOptions diff;
 };
 
@@ -172,6 +174,12 @@ int Replay(const Args& a) {
   return bad == 0 && total > 0 ? 0 : 1;
 }
 
+std::string AxesText(const Args& a) {
+  std::string s;
+  for (int64_t ax : a.ranged_axes) s += (s.empty() ? "" : ",") + std::to_string(ax);
+  return s;
+}
+
 // RunRanged in a child process, so a cell that corrupts memory or crashes (a wrong extent computed
 // at run time writes out of bounds) is reported as that graph's failure instead of ending the
 // run. The child sends its result and its counts through a pipe.
@@ -184,7 +192,7 @@ CaseResult RunRangedIsolated(const FuzzGraph& g, const Args& a, RangedStats* sta
   if (pid == 0) {
     ::close(fds[0]);
     RangedStats mine;
-    const CaseResult r = RunRanged(g, a.diff, a.ranged, &mine);
+    const CaseResult r = RunRanged(g, a.diff, a.ranged, a.ranged_axes, &mine);
     std::ostringstream os;
     os << static_cast<int>(r.outcome) << " " << mine.points << " " << mine.gaps << " "
        << mine.compiled << " " << mine.build_ms << " " << mine.run_ms << "\n"
@@ -257,8 +265,8 @@ int RunRangedMode(const Args& a) {
       ++bad;
       const std::string dir = a.out + "/" + g.name + "-ranged-" + OutcomeName(r.outcome);
       std::ostringstream note;
-      note << "ranged mode (--ranged " << a.ranged << ", leading dim n): " << OutcomeName(r.outcome)
-           << ": " << r.note << "\nmoves:";
+      note << "ranged mode (--ranged " << a.ranged << " --ranged-axis " << AxesText(a)
+           << ", those dims are n): " << OutcomeName(r.outcome) << ": " << r.note << "\nmoves:";
       for (const auto& m : g.moves) note << " " << m;
       Status s = SaveCase(g, dir, note.str());
       std::printf("  %s %s: %s\n    -> %s\n", g.name.c_str(), OutcomeName(r.outcome),
@@ -267,10 +275,10 @@ int RunRangedMode(const Args& a) {
     }
   }
   std::printf(
-      "\n%d graphs in ranged mode (%lld values of the leading dim each), %.0f s wall: "
+      "\n%d graphs in ranged mode (%lld values of dims %s each), %.0f s wall: "
       "%d compiled (%d points run, C++ builds %.0f s, runs %.1f s), %d with a gap\n",
-      stats.graphs, static_cast<long long>(a.ranged), Seconds(start), stats.compiled, stats.points,
-      stats.build_ms / 1000, stats.run_ms / 1000, stats.gaps);
+      stats.graphs, static_cast<long long>(a.ranged), AxesText(a).c_str(), Seconds(start),
+      stats.compiled, stats.points, stats.build_ms / 1000, stats.run_ms / 1000, stats.gaps);
   for (const auto& [o, n] : counts) std::printf("  %-16s %d\n", OutcomeName(o), n);
   std::printf("no range (invalid), by reason:\n");
   for (const auto& [why, n] : invalid) std::printf("  %3d  %s\n", n, why.c_str());
@@ -393,6 +401,12 @@ int Main(int argc, char** argv) {
     } else if (arg == "--ranged" && (v = next())) {
       a.ranged = std::stoll(v);
       if (a.ranged < 2 || a.ranged > 64) return Usage("--ranged takes a span in [2, 64]");
+    } else if (arg == "--ranged-axis" && (v = next())) {
+      a.ranged_axes = IntList(v);
+      for (int64_t ax : a.ranged_axes) {
+        if (ax < 0 || ax > 5) return Usage("--ranged-axis takes dims 0 to 5, comma-separated");
+      }
+      if (a.ranged_axes.empty()) return Usage("--ranged-axis takes at least one dim");
     } else if (arg == "--replay" && (v = next())) {
       a.replay.push_back(v);
     } else {
