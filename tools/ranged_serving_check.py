@@ -40,7 +40,6 @@ import json
 import math
 import os
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -53,6 +52,7 @@ import torchvision
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from corpus import BertEncoder, GptDecoder, UNetDenoiser  # noqa: E402
+from mint_serving_latency import free_port  # noqa: E402
 
 COS_WARN = 0.99999
 RETENTION = 0.999
@@ -151,14 +151,6 @@ def models(work, only):
 
 def step(r):
     return r[2] if len(r) > 2 else 1
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 DTYPES = {np.dtype(np.float32): "FP32", np.dtype(np.int64): "INT64"}

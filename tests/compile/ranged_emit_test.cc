@@ -204,9 +204,8 @@ TEST(EmittedTemplate, PositionIdsAreComputedWhenTheEntryRunsNotFoldedIntoATable)
   EXPECT_NE(cell->source.find("0LL, 1LL, 2LL, 3LL, 4LL,}"), std::string::npos);
 }
 
-TEST(EmittedTemplate, AStridedConvolutionOverARangedSideIsNoPolynomialAndIsNamed) {
-  // A stride-2 convolution's output side is floor((side - 1) / 2) + 1: the fit through side
-  // 8, 9, 10 misses it further up, and the literal, the point and the line are named.
+// x[1, 4, side, side] -> a 3x3 stride-2 convolution; and its entry over `side` (a range to set).
+Graph StridedConv() {
   OnnxBuilder b;
   b.Input("x", kFloat, {1, 4, -1, -1});
   b.Output("y", kFloat, {1, 4, -1, -1});
@@ -214,9 +213,20 @@ TEST(EmittedTemplate, AStridedConvolutionOverARangedSideIsNoPolynomialAndIsNamed
   auto& conv = b.Node("Conv", {"x", "w"}, {"y"});
   OnnxBuilder::IntsAttr(conv, "strides", {2, 2});
   OnnxBuilder::IntsAttr(conv, "pads", {1, 1, 1, 1});
-  Graph g = Import(b);
+  return Import(b);
+}
+
+RangedEntry Side() {
   RangedEntry e;
   e.inputs["x"] = {DimSpec{1, ""}, DimSpec{4, ""}, DimSpec{0, "side"}, DimSpec{0, "side"}};
+  return e;
+}
+
+TEST(EmittedTemplate, AStridedConvolutionOverARangedSideIsNoPolynomialAndIsNamed) {
+  // A stride-2 convolution's output side is floor((side - 1) / 2) + 1: the fit through side
+  // 8, 9, 10 misses it further up, and the literal, the point and the line are named.
+  Graph g = StridedConv();
+  RangedEntry e = Side();
   e.ranges["side"] = {8, 40};
   auto t = FitEmittedTemplate(g, e, CompileOptions{});
   ASSERT_TRUE(t.ok()) << t.status().ToString();
@@ -228,16 +238,8 @@ TEST(EmittedTemplate, AStridedConvolutionOverARangedSideIsNoPolynomialAndIsNamed
 }
 
 TEST(EmittedTemplate, TheSameConvolutionOnAStepItsStrideDividesIsOneTemplate) {
-  OnnxBuilder b;
-  b.Input("x", kFloat, {1, 4, -1, -1});
-  b.Output("y", kFloat, {1, 4, -1, -1});
-  b.FloatInit("w", {4, 4, 3, 3}, std::vector<float>(144, 0.1f));
-  auto& conv = b.Node("Conv", {"x", "w"}, {"y"});
-  OnnxBuilder::IntsAttr(conv, "strides", {2, 2});
-  OnnxBuilder::IntsAttr(conv, "pads", {1, 1, 1, 1});
-  Graph g = Import(b);
-  RangedEntry e;
-  e.inputs["x"] = {DimSpec{1, ""}, DimSpec{4, ""}, DimSpec{0, "side"}, DimSpec{0, "side"}};
+  Graph g = StridedConv();
+  RangedEntry e = Side();
   ASSERT_TRUE(SetRangeSpec(&e, "side", {8, 40, 8}));
   auto t = FitEmittedTemplate(g, e, CompileOptions{}, {SymbolPoint{{"side", 24}}});
   ASSERT_TRUE(t.ok()) << t.status().ToString();

@@ -140,18 +140,28 @@ TEST(RangedShapes, TheFootprintAtTheMaximumBoundsEveryPointOfTheRange) {
   }
 }
 
-// A stride-2 convolution over a ranged spatial size halves it with a floor: no polynomial, and
-// the analysis names the value and the point where a fit breaks.
-TEST(RangedShapes, AFloorDivisionIsIrregularAndNamed) {
+// img[1, 1, side, side] -> a 3x3 stride-2 convolution; and its entry over `side` (a range to set).
+Graph StridedConv() {
   OnnxBuilder b;
   b.Input("img", kFloat, {1, 1, -1, -1}).Output("y", kFloat, {1, 1, -1, -1});
   b.FloatInit("k", {1, 1, 3, 3}, std::vector<float>(9, 1.0f));
   auto& conv = b.Node("Conv", {"img", "k"}, {"y"});
   OnnxBuilder::IntsAttr(conv, "strides", {2, 2});
   OnnxBuilder::IntsAttr(conv, "pads", {1, 1, 1, 1});
-  Graph g = Import(b);
+  return Import(b);
+}
+
+RangedEntry Side() {
   RangedEntry e;
   e.inputs["img"] = {DimSpec{1, ""}, DimSpec{1, ""}, DimSpec{0, "side"}, DimSpec{0, "side"}};
+  return e;
+}
+
+// A stride-2 convolution over a ranged spatial size halves it with a floor: no polynomial, and
+// the analysis names the value and the point where a fit breaks.
+TEST(RangedShapes, AFloorDivisionIsIrregularAndNamed) {
+  Graph g = StridedConv();
+  RangedEntry e = Side();
   e.ranges["side"] = {8, 64};
   auto s = InferRangedShapes(g, e);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
@@ -165,15 +175,8 @@ TEST(RangedShapes, AFloorDivisionIsIrregularAndNamed) {
 // On a grid that every stride divides, the same convolution halves the side exactly: over the
 // side's coordinate (side / 8) the input is 8 of it and the output 4.
 TEST(RangedShapes, AStepTheStridesDivideMakesTheFloorExact) {
-  OnnxBuilder b;
-  b.Input("img", kFloat, {1, 1, -1, -1}).Output("y", kFloat, {1, 1, -1, -1});
-  b.FloatInit("k", {1, 1, 3, 3}, std::vector<float>(9, 1.0f));
-  auto& conv = b.Node("Conv", {"img", "k"}, {"y"});
-  OnnxBuilder::IntsAttr(conv, "strides", {2, 2});
-  OnnxBuilder::IntsAttr(conv, "pads", {1, 1, 1, 1});
-  Graph g = Import(b);
-  RangedEntry e;
-  e.inputs["img"] = {DimSpec{1, ""}, DimSpec{1, ""}, DimSpec{0, "side"}, DimSpec{0, "side"}};
+  Graph g = StridedConv();
+  RangedEntry e = Side();
   ASSERT_TRUE(SetRangeSpec(&e, "side", {8, 64, 8}));
   auto s = InferRangedShapes(g, e);
   ASSERT_TRUE(s.ok()) << s.status().ToString();
